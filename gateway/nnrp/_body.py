@@ -1,0 +1,184 @@
+"""Typed bodies of FRAME_SUBMIT and RESULT_PUSH (nnrp-wire.md section 3, "Body prelude").
+
+    body = prelude (32 B: six u32 region lengths, body_flags, reserved)
+         ‖ inline_object ‖ object_reference ‖ typed_descriptor ‖ typed_frame
+         ‖ extension_descriptor ‖ extension_payload
+
+The typed-descriptor region holds ``payload_frame_count`` descriptors of 24 B; each
+points (offset, length) into the typed-frame region. Offsets ascend and never overlap,
+and the union of the descriptors' kinds must equal the non-tensor bits of the
+metadata's ``payload_kind_bitmap``.
+
+A violation raises ``TypedBodyError``: it fails the one operation, never the
+connection (the reference server hands such a submit to the application, which
+answers ``invalid_submit_body``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import attrs
+
+from ._constants import PayloadKind, StreamSemantics
+from ._errors import TypedBodyError
+
+PRELUDE = struct.Struct("<8I")
+DESCRIPTOR = struct.Struct("<HBBIIHHII")
+PRELUDE_LEN = PRELUDE.size  # 32
+DESCRIPTOR_LEN = DESCRIPTOR.size  # 24
+_KIND_BITS = frozenset(int(k) for k in PayloadKind if k and k != PayloadKind.TENSOR)
+
+
+@attrs.frozen
+class Prelude:
+    """The body-region prelude: the six region lengths, in wire order."""
+
+    inline_object: int = 0
+    object_reference: int = 0
+    typed_descriptor: int = 0
+    typed_frame: int = 0
+    extension_descriptor: int = 0
+    extension_payload: int = 0
+
+    def pack(self) -> bytes:
+        return PRELUDE.pack(self.inline_object, self.object_reference, self.typed_descriptor,
+                            self.typed_frame, self.extension_descriptor,
+                            self.extension_payload, 0, 0)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> Prelude:
+        if len(data) < PRELUDE_LEN:
+            raise TypedBodyError(f"typed body of {len(data)} bytes is shorter than the "
+                                 f"{PRELUDE_LEN}-byte prelude")
+        *lengths, body_flags, reserved = PRELUDE.unpack_from(data, 0)
+        if body_flags or reserved:
+            raise TypedBodyError("prelude body_flags and reserved must be 0")
+        return cls(*lengths)
+
+    def total(self) -> int:
+        return (self.inline_object + self.object_reference + self.typed_descriptor
+                + self.typed_frame + self.extension_descriptor + self.extension_payload)
+
+
+@attrs.frozen
+class TypedDescriptor:
+    """A 24-byte TypedPayloadDescriptor."""
+
+    profile_id: int = 0
+    payload_kind: int = int(PayloadKind.STRUCTURED_EVENT)
+    descriptor_flags: int = 0
+    schema_id: int = 0
+    schema_version: int = 0
+    stream_semantics: int = int(StreamSemantics.SNAPSHOT)
+    offset: int = 0
+    length: int = 0
+
+    def pack(self) -> bytes:
+        return DESCRIPTOR.pack(self.profile_id, self.payload_kind, self.descriptor_flags,
+                               self.schema_id, self.schema_version, self.stream_semantics, 0,
+                               self.offset, self.length)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview, offset: int = 0) -> TypedDescriptor:
+        (profile_id, kind, flags, schema_id, schema_version, semantics, reserved, off,
+         length) = DESCRIPTOR.unpack_from(data, offset)
+        if kind not in _KIND_BITS:
+            raise TypedBodyError(f"descriptor payload_kind {kind:#x} is not one non-tensor kind")
+        if flags & ~0x0F:
+            raise TypedBodyError(f"descriptor flags {flags:#x} has reserved bits")
+        if semantics > StreamSemantics.APPEND:
+            raise TypedBodyError(f"descriptor stream_semantics {semantics} is not defined")
+        if reserved:
+            raise TypedBodyError("descriptor reserved field must be 0")
+        return cls(profile_id, kind, flags, schema_id, schema_version, semantics, off, length)
+
+
+@attrs.frozen
+class TypedFrame:
+    """One typed payload frame: its descriptor and its bytes."""
+
+    descriptor: TypedDescriptor
+    payload: bytes
+
+
+@attrs.frozen
+class TypedBody:
+    """A parsed typed body. Object and extension regions are kept raw."""
+
+    frames: tuple[TypedFrame, ...]
+    inline_object: bytes = b""
+    object_reference: bytes = b""
+    extension_descriptor: bytes = b""
+    extension_payload: bytes = b""
+
+
+def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]]) -> bytes:
+    """Build prelude ‖ descriptors ‖ frame payloads, laying the payloads out back to back.
+
+    The descriptors' ``offset`` and ``length`` are filled in here.
+    """
+    descriptors = bytearray()
+    offset = 0
+    for descriptor, payload in frames:
+        descriptors += attrs.evolve(descriptor, offset=offset, length=len(payload)).pack()
+        offset += len(payload)
+    prelude = Prelude(typed_descriptor=len(descriptors), typed_frame=offset)
+    return b"".join((prelude.pack(), bytes(descriptors), *(p for _, p in frames)))
+
+
+def pack_single_frame(payload: bytes, *, profile_id: int = 0,
+                      kind: int = int(PayloadKind.STRUCTURED_EVENT), flags: int = 0,
+                      schema_id: int = 0, schema_version: int = 0,
+                      stream_semantics: int = int(StreamSemantics.SNAPSHOT)) -> bytes:
+    """The common case, one typed frame: a fast path without intermediate objects."""
+    return b"".join((
+        PRELUDE.pack(0, 0, DESCRIPTOR_LEN, len(payload), 0, 0, 0, 0),
+        DESCRIPTOR.pack(profile_id, kind, flags, schema_id, schema_version, stream_semantics,
+                        0, 0, len(payload)),
+        payload,
+    ))
+
+
+def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_count: int
+                     ) -> TypedBody:
+    """Parse and check a typed body against its metadata's bitmap and frame count."""
+    prelude = Prelude.unpack(body)
+    if PRELUDE_LEN + prelude.total() != len(body):
+        raise TypedBodyError(
+            f"body regions add up to {PRELUDE_LEN + prelude.total()} bytes, body_len is "
+            f"{len(body)}")
+    if prelude.typed_descriptor != DESCRIPTOR_LEN * payload_frame_count:
+        raise TypedBodyError(
+            f"typed_descriptor region is {prelude.typed_descriptor} bytes, payload_frame_count "
+            f"{payload_frame_count} needs {DESCRIPTOR_LEN * payload_frame_count}")
+    view = memoryview(body)
+    cursor = PRELUDE_LEN
+    regions = []
+    for length in (prelude.inline_object, prelude.object_reference, prelude.typed_descriptor,
+                   prelude.typed_frame, prelude.extension_descriptor, prelude.extension_payload):
+        regions.append(view[cursor:cursor + length])
+        cursor += length
+    inline, objref, desc_region, frame_region, ext_desc, ext_payload = regions
+
+    frames: list[TypedFrame] = []
+    kinds = 0
+    end_of_previous = 0
+    for index in range(payload_frame_count):
+        descriptor = TypedDescriptor.unpack(desc_region, index * DESCRIPTOR_LEN)
+        if descriptor.offset < end_of_previous:
+            raise TypedBodyError(f"descriptor {index} offset {descriptor.offset} overlaps or "
+                                 f"goes back (previous frame ends at {end_of_previous})")
+        end = descriptor.offset + descriptor.length
+        if end > len(frame_region):
+            raise TypedBodyError(f"descriptor {index} runs to {end}, past the "
+                                 f"{len(frame_region)}-byte typed_frame region")
+        frames.append(TypedFrame(descriptor, bytes(frame_region[descriptor.offset:end])))
+        kinds |= descriptor.payload_kind
+        end_of_previous = end
+    if kinds != payload_kind_bitmap & ~int(PayloadKind.TENSOR):
+        raise TypedBodyError(f"descriptor kinds {kinds:#x} differ from payload_kind_bitmap "
+                             f"{payload_kind_bitmap:#x}")
+    return TypedBody(tuple(frames), bytes(inline), bytes(objref), bytes(ext_desc),
+                     bytes(ext_payload))

@@ -1,0 +1,355 @@
+"""The client side of an NNRP/1 connection, as a sans-IO state machine.
+
+Rules:
+
+1. ``hello()`` first; nothing else is sent before SERVER_HELLO_ACK arrives.
+2. ``open_session()`` may be called many times; each SESSION_OPEN is answered in order
+   (the server assigns the id, so acks are matched to requests first-in first-out).
+3. ``submit()`` registers (operation_id, frame_id); both must be fresh in the session.
+4. Results for an operation arrive as PARTIAL_RESULTs with result_sequence 1, 2, 3...
+   then exactly one terminal: RESULT_PUSH or RESULT_DROP_REASON (or RESULT_DROP).
+   A gap in the sequence, a frame for an unknown operation, or anything after the
+   terminal is a ``RemoteProtocolError``: the server broke the ordering guarantee.
+5. ``close_session()`` sends SESSION_CLOSE; SESSION_CLOSE_ACK ends the session.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from ._body import TypedBody, pack_single_frame, parse_typed_body
+from ._codec import Decoder, Packet, decode_packet, encode
+from ._constants import (
+    DEFAULT_MAX_PACKET,
+    TOKEN_SCHEMA_ID,
+    TOKEN_SCHEMA_VERSION,
+    ErrorCode,
+    InFlightPolicy,
+    PayloadKind,
+    Role,
+    SessionOpenStatus,
+    StandardProfile,
+)
+from ._errors import LocalProtocolError, RemoteProtocolError, TypedBodyError
+from ._messages import (
+    Abort,
+    Cancel,
+    ClientHello,
+    Deadline,
+    Error,
+    FrameCancel,
+    FrameSubmit,
+    Message,
+    PartialResult,
+    Ping,
+    ResultDropReason,
+    ResultPush,
+    ServerHelloAck,
+    SessionClose,
+    SessionCloseAck,
+    SessionOpen,
+    SessionOpenAck,
+    TraceContext,
+)
+
+
+class ClientState(enum.Enum):
+    IDLE = "idle"
+    AWAIT_HELLO_ACK = "await_hello_ack"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+# --------------------------------------------------------------------------- events
+
+
+@attrs.frozen
+class HelloAcked:
+    ack: ServerHelloAck
+
+
+@attrs.frozen
+class SessionOpenAnswered:
+    session_id: int
+    ack: SessionOpenAck
+    diagnostic: bytes
+
+    @property
+    def opened(self) -> bool:
+        return self.ack.status in (SessionOpenStatus.OPENED, SessionOpenStatus.RESUMED)
+
+
+@attrs.frozen
+class PartialReceived:
+    session_id: int
+    operation_id: int
+    frame_id: int
+    sequence: int
+    body: bytes
+
+
+@attrs.frozen
+class ResultReceived:
+    """Terminal RESULT_PUSH. ``typed_body`` is None for a body-less success."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    meta: ResultPush
+    typed_body: TypedBody | None
+
+
+@attrs.frozen
+class DropReceived:
+    """Terminal RESULT_DROP_REASON (or header-only RESULT_DROP, with reason 0)."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    drop_reason: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class SessionCloseAcked:
+    session_id: int
+    ack: SessionCloseAck
+
+
+@attrs.frozen
+class ErrorReceived:
+    session_id: int
+    error: Error
+    diagnostic: bytes
+
+
+@attrs.frozen
+class OtherReceived:
+    """Any other valid server message (PONG, PROGRESS, TRACE_CONTEXT, flow hints...)."""
+
+    packet: Packet
+
+
+ClientEvent = (HelloAcked | SessionOpenAnswered | PartialReceived | ResultReceived
+               | DropReceived | SessionCloseAcked | ErrorReceived | OtherReceived)
+
+
+@attrs.define
+class _ClientOp:
+    operation_id: int
+    frame_id: int
+    sequence: int = 0
+
+
+@attrs.define
+class _ClientSession:
+    session_id: int
+    by_frame: dict[int, _ClientOp] = attrs.field(factory=dict)
+    by_operation: dict[int, _ClientOp] = attrs.field(factory=dict)
+    closing: bool = False
+
+
+class ClientConnection:
+    """Sans-IO client role for one transport connection."""
+
+    def __init__(self, max_packet: int = DEFAULT_MAX_PACKET) -> None:
+        self.state = ClientState.IDLE
+        self.max_packet = max_packet
+        self._decoder = Decoder(max_packet)
+        self._sessions: dict[int, _ClientSession] = {}
+        self._opening = 0
+        self.server_hello: ServerHelloAck | None = None
+
+    # ------------------------------------------------------------------ sends
+
+    def hello(self, *, profile_bitmap: int = 0b11,
+              payload_kind_bitmap: int = 0x73, latency_budget_ms: int = 500) -> bytes:
+        if self.state is not ClientState.IDLE:
+            raise LocalProtocolError("hello() may only be sent once, first")
+        self.state = ClientState.AWAIT_HELLO_ACK
+        return encode(Packet(ClientHello(profile_bitmap=profile_bitmap,
+                                         payload_kind_bitmap=payload_kind_bitmap,
+                                         latency_budget_ms=latency_budget_ms)))
+
+    def open_session(self, *, requested_session_id: int = 0,
+                     profile_id: int = int(StandardProfile.TOKEN),
+                     schema_id: int = TOKEN_SCHEMA_ID,
+                     schema_version: int = TOKEN_SCHEMA_VERSION, max_in_flight: int = 0,
+                     auth: bytes = b"") -> bytes:
+        self._require_ready()
+        self._opening += 1
+        meta = SessionOpen(requested_session_id=requested_session_id, profile_id=profile_id,
+                           priority_class=1, schema_id=schema_id, schema_version=schema_version,
+                           max_in_flight=max_in_flight, lease_ttl_hint_ms=30_000,
+                           auth_bytes=len(auth))
+        return encode(Packet(meta, body=auth))
+
+    def submit(self, session_id: int, operation_id: int, frame_id: int, payload: bytes, *,
+               trace_id: int = 0) -> bytes:
+        """FRAME_SUBMIT with one STRUCTURED_EVENT typed frame (the openai mapping)."""
+        session = self._session(session_id)
+        if (operation_id == 0 or frame_id == 0 or operation_id in session.by_operation
+                or frame_id in session.by_frame):
+            raise LocalProtocolError(
+                f"operation {operation_id} / frame {frame_id} is zero or already in flight")
+        operation = _ClientOp(operation_id, frame_id)
+        session.by_frame[frame_id] = operation
+        session.by_operation[operation_id] = operation
+        meta = FrameSubmit(operation_id=operation_id,
+                           payload_kind_bitmap=int(PayloadKind.STRUCTURED_EVENT),
+                           payload_frame_count=1)
+        return encode(Packet(meta, session_id=session_id, frame_id=frame_id,
+                             body=pack_single_frame(payload), trace_id=trace_id))
+
+    def cancel(self, session_id: int, operation_id: int, *, frame_id: int = 0,
+               control_sequence: int = 1, reason: int = 1, abort: bool = False,
+               diagnostic: bytes = b"") -> bytes:
+        """CANCEL (or ABORT); ``operation_id`` 0 cancels the whole session."""
+        self._session(session_id)
+        cls = Abort if abort else Cancel
+        meta = cls(operation_id=operation_id, control_sequence=control_sequence, reason=reason,
+                   source_role=int(Role.CLIENT), flags=0x01 if not abort else 0x02,
+                   diagnostic_bytes=len(diagnostic))
+        return encode(Packet(meta, session_id=session_id, frame_id=frame_id, body=diagnostic))
+
+    def frame_cancel(self, session_id: int, frame_id: int) -> bytes:
+        self._session(session_id)
+        return encode(Packet(FrameCancel(), session_id=session_id, frame_id=frame_id))
+
+    def deadline(self, session_id: int, operation_id: int, deadline_unix_ms: int, *,
+                 frame_id: int = 0, control_sequence: int = 1) -> bytes:
+        self._session(session_id)
+        meta = Deadline(operation_id=operation_id, control_sequence=control_sequence,
+                        deadline_unix_ms=deadline_unix_ms)
+        return encode(Packet(meta, session_id=session_id, frame_id=frame_id))
+
+    def trace_context(self, session_id: int, *, trace_id: int, span_id: int,
+                      parent_span_id: int = 0, trace_flags: int = 1, frame_id: int = 0,
+                      attributes: bytes = b"") -> bytes:
+        """TRACE_CONTEXT: ``frame_id`` 0 = session default, else that operation's frame."""
+        self._session(session_id)
+        meta = TraceContext(trace_id=trace_id, span_id=span_id, parent_span_id=parent_span_id,
+                            trace_flags=trace_flags, body_bytes=len(attributes))
+        return encode(Packet(meta, session_id=session_id, frame_id=frame_id, trace_id=trace_id,
+                             body=attributes))
+
+    def ping(self) -> bytes:
+        self._require_ready()
+        return encode(Packet(Ping()))
+
+    def close_session(self, session_id: int, *, abort: bool = False,
+                      drain_timeout_ms: int = 5_000) -> bytes:
+        session = self._session(session_id)
+        session.closing = True
+        meta = SessionClose(reason=1, in_flight_policy=int(InFlightPolicy.ABORT if abort
+                                                           else InFlightPolicy.DRAIN),
+                            drain_timeout_ms=drain_timeout_ms)
+        return encode(Packet(meta, session_id=session_id))
+
+    def _require_ready(self) -> None:
+        if self.state is not ClientState.READY:
+            raise LocalProtocolError(f"connection is {self.state.value}, not ready")
+
+    def _session(self, session_id: int) -> _ClientSession:
+        self._require_ready()
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise LocalProtocolError(f"session {session_id} is not open")
+        return session
+
+    # ------------------------------------------------------------------ receives
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
+        """Bytes from a stream transport. Raises RemoteProtocolError on a server violation."""
+        events = [self._handle(packet) for packet in self._decoder.feed(data)]
+        if self._decoder.error is not None:
+            self.state = ClientState.CLOSED
+            if not events:
+                raise self._decoder.error
+        return events
+
+    def receive_message(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
+        """One WebSocket binary message (exactly one packet)."""
+        return [self._handle(decode_packet(data, self.max_packet))]
+
+    def _handle(self, packet: Packet) -> ClientEvent:
+        message: Message = packet.message
+        if self.state is ClientState.AWAIT_HELLO_ACK and not isinstance(message, Error):
+            if not isinstance(message, ServerHelloAck):
+                raise RemoteProtocolError(f"expected SERVER_HELLO_ACK, got {packet.msg_type.name}",
+                                          code=ErrorCode.INVALID_STATE)
+            self.server_hello = message
+            self.state = ClientState.READY
+            return HelloAcked(message)
+        if isinstance(message, SessionOpenAck):
+            if self._opening <= 0:
+                raise RemoteProtocolError("unsolicited SESSION_OPEN_ACK",
+                                          code=ErrorCode.INVALID_STATE)
+            self._opening -= 1
+            event = SessionOpenAnswered(packet.session_id, message, packet.body)
+            if event.opened:
+                self._sessions[packet.session_id] = _ClientSession(packet.session_id)
+            return event
+        if isinstance(message, Error):
+            if message.is_fatal:
+                self.state = ClientState.CLOSED
+            return ErrorReceived(packet.session_id, message, packet.body)
+        if isinstance(message, SessionCloseAck):
+            self._sessions.pop(packet.session_id, None)
+            return SessionCloseAcked(packet.session_id, message)
+        if isinstance(message, PartialResult):
+            operation = self._operation_for(packet, message.operation_id)
+            expected = operation.sequence + 1
+            if message.result_sequence != expected:
+                raise RemoteProtocolError(
+                    f"PARTIAL_RESULT sequence {message.result_sequence}, expected {expected}",
+                    code=ErrorCode.INVALID_STATE)
+            operation.sequence = expected
+            return PartialReceived(packet.session_id, operation.operation_id, packet.frame_id,
+                                   expected, packet.body)
+        if isinstance(message, ResultPush):
+            operation = self._terminal(packet, None)
+            typed = None
+            if message.payload_frame_count or packet.body:
+                try:
+                    typed = parse_typed_body(packet.body,
+                                             payload_kind_bitmap=message.payload_kind_bitmap,
+                                             payload_frame_count=message.payload_frame_count)
+                except TypedBodyError as exc:
+                    raise RemoteProtocolError(f"RESULT_PUSH body: {exc}",
+                                              code=ErrorCode.MALFORMED_BODY) from exc
+            return ResultReceived(packet.session_id, operation.operation_id, packet.frame_id,
+                                  message, typed)
+        if isinstance(message, ResultDropReason):
+            operation = self._terminal(packet, message.operation_id)
+            return DropReceived(packet.session_id, operation.operation_id, packet.frame_id,
+                                message.drop_reason, packet.body)
+        if packet.msg_type.name == "RESULT_DROP":
+            operation = self._terminal(packet, None)
+            return DropReceived(packet.session_id, operation.operation_id, packet.frame_id, 0,
+                                b"")
+        return OtherReceived(packet)
+
+    def _operation_for(self, packet: Packet, operation_id: int | None) -> _ClientOp:
+        session = self._sessions.get(packet.session_id)
+        operation = session.by_frame.get(packet.frame_id) if session else None
+        if operation is None or (operation_id is not None
+                                 and operation.operation_id != operation_id):
+            raise RemoteProtocolError(
+                f"{packet.msg_type.name} for session {packet.session_id} frame "
+                f"{packet.frame_id}, which has no operation in flight",
+                code=ErrorCode.INVALID_STATE)
+        return operation
+
+    def _terminal(self, packet: Packet, operation_id: int | None) -> _ClientOp:
+        operation = self._operation_for(packet, operation_id)
+        session = self._sessions[packet.session_id]
+        del session.by_frame[operation.frame_id]
+        del session.by_operation[operation.operation_id]
+        return operation
+
+    def in_flight(self, session_id: int) -> int:
+        session = self._sessions.get(session_id)
+        return len(session.by_operation) if session else 0

@@ -1,0 +1,250 @@
+"""Packets: the 40-byte common header, encoding, and the incremental decoder.
+
+    packet = header (40 B) ‖ metadata (meta_len) ‖ body (body_len)
+
+No other framing exists on any transport (nnrp-wire.md section 0); over WebSocket a
+binary message holds exactly one packet.
+
+The decoder is sans-IO: ``Decoder.feed(bytes)`` returns every complete packet and
+buffers the rest. It validates in the order that bounds memory first: the header
+(magic, version, header_len, flag mask, known type, exact meta_len) and the size cap
+are checked as soon as 40 bytes are in, *before* any body byte is buffered. Every
+error it raises is fatal to the connection; typed bodies are parsed separately (see
+``_body``) because their errors are operation-level.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+
+from ._constants import (
+    DEFAULT_MAX_PACKET,
+    HEADER_FLAG_MASK,
+    HEADER_LEN,
+    MAGIC,
+    PROTOCOL_MAX_PACKET,
+    VERSION_MAJOR,
+    WIRE_FORMAT,
+    ErrorCode,
+    MsgType,
+)
+from ._errors import LocalProtocolError, RemoteProtocolError
+from ._messages import MESSAGE_CLASSES, Message, PartialResult
+
+HEADER = struct.Struct("<4sBBBBIIIIIHHQ")
+assert HEADER.size == HEADER_LEN
+
+
+@attrs.frozen
+class Header:
+    """The common header exactly as on the wire (meta_len and body_len included)."""
+
+    msg_type: int
+    flags: int = 0
+    meta_len: int = 0
+    body_len: int = 0
+    session_id: int = 0
+    frame_id: int = 0
+    view_id: int = 0
+    route_id: int = 0
+    trace_id: int = 0
+    version_major: int = VERSION_MAJOR
+    wire_format: int = WIRE_FORMAT
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, self.version_major, self.wire_format, self.msg_type, HEADER_LEN,
+                           self.flags, self.meta_len, self.body_len, self.session_id,
+                           self.frame_id, self.view_id, self.route_id, self.trace_id)
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview, offset: int = 0) -> Header:
+        """Parse and check the fields every header must get right, whatever its type."""
+        (magic, version, wire_format, msg_type, header_len, flags, meta_len, body_len,
+         session_id, frame_id, view_id, route_id, trace_id) = HEADER.unpack_from(data, offset)
+        if magic != MAGIC:
+            raise RemoteProtocolError(f"bad magic {bytes(magic)!r}",
+                                      code=ErrorCode.MALFORMED_HEADER)
+        if version != VERSION_MAJOR or wire_format != WIRE_FORMAT:
+            raise RemoteProtocolError(
+                f"unsupported version {version}.{wire_format} (need {VERSION_MAJOR}.{WIRE_FORMAT})",
+                code=ErrorCode.UNSUPPORTED_VERSION)
+        if header_len != HEADER_LEN:
+            raise RemoteProtocolError(f"header_len {header_len} is not {HEADER_LEN}",
+                                      code=ErrorCode.MALFORMED_HEADER)
+        if flags & ~HEADER_FLAG_MASK:
+            raise RemoteProtocolError(f"reserved header flag bits {flags & ~HEADER_FLAG_MASK:#x}",
+                                      code=ErrorCode.MALFORMED_HEADER)
+        return cls(msg_type, flags, meta_len, body_len, session_id, frame_id, view_id, route_id,
+                   trace_id, version, wire_format)
+
+
+@attrs.frozen
+class Packet:
+    """One NNRP packet: a typed message plus the header fields the sender chooses."""
+
+    message: Message
+    session_id: int = 0
+    frame_id: int = 0
+    body: bytes = b""
+    flags: int = 0
+    view_id: int = 0
+    route_id: int = 0
+    trace_id: int = 0
+
+    @property
+    def msg_type(self) -> MsgType:
+        return self.message.MSG_TYPE
+
+
+def encode(packet: Packet) -> bytes:
+    """Serialise a packet. Refuses a body that contradicts its metadata's length field."""
+    message = packet.message
+    layout = message.LAYOUT
+    body = packet.body
+    expected = message.expected_body_len()
+    if expected is not None and expected != len(body):
+        raise LocalProtocolError(
+            f"{message.MSG_TYPE.name}: metadata announces a {expected}-byte body, got {len(body)}")
+    meta = layout.pack_struct.pack(*layout.get_values(message))
+    header = HEADER.pack(MAGIC, VERSION_MAJOR, WIRE_FORMAT, message.MSG_TYPE, HEADER_LEN,
+                         packet.flags, layout.size, len(body), packet.session_id,
+                         packet.frame_id, packet.view_id, packet.route_id, packet.trace_id)
+    return header + meta + body
+
+
+_PARTIAL_RESULT = struct.Struct(HEADER.format + PartialResult.LAYOUT.pack_struct.format[1:])
+_PARTIAL_META_LEN = PartialResult.LAYOUT.size
+
+
+def encode_partial_result(session_id: int, frame_id: int, operation_id: int, sequence: int,
+                          body: bytes) -> bytes:
+    """Fast path for the hottest frame: one PARTIAL_RESULT of the openai mapping.
+
+    result_sequence = delta_sequence = ``sequence``, object_id 0, flags 0
+    (nnrp-wire.md section 4, "Non-terminal events"). Byte-identical to ``encode``.
+    """
+    return _PARTIAL_RESULT.pack(
+        MAGIC, VERSION_MAJOR, WIRE_FORMAT, MsgType.PARTIAL_RESULT, HEADER_LEN, 0,
+        _PARTIAL_META_LEN, len(body), session_id, frame_id, 0, 0, 0,
+        operation_id, sequence, 0, sequence, len(body), 0) + body
+
+
+def _check_header(header: Header, max_packet: int) -> type[Message]:
+    cls = MESSAGE_CLASSES.get(header.msg_type)
+    if cls is None:
+        raise RemoteProtocolError(f"unknown msg_type {header.msg_type:#04x}",
+                                  code=ErrorCode.MALFORMED_HEADER)
+    if header.meta_len != cls.LAYOUT.size:
+        raise RemoteProtocolError(
+            f"{cls.MSG_TYPE.name}: meta_len {header.meta_len}, must be {cls.LAYOUT.size}",
+            code=ErrorCode.MALFORMED_HEADER)
+    total = HEADER_LEN + header.meta_len + header.body_len
+    if total > max_packet:
+        raise RemoteProtocolError(
+            f"{cls.MSG_TYPE.name}: packet of {total} bytes exceeds the {max_packet}-byte limit",
+            code=ErrorCode.LIMIT_EXCEEDED)
+    return cls
+
+
+def _build(header: Header, cls: type[Message], data: bytes | bytearray | memoryview,
+           offset: int) -> Packet:
+    """Decode metadata and body of a complete packet starting at ``offset``."""
+    meta_start = offset + HEADER_LEN
+    values = cls.LAYOUT.unpack(data, meta_start, cls.MSG_TYPE.name)
+    message = cls(*values)
+    message.validate()
+    body_start = meta_start + header.meta_len
+    body = bytes(data[body_start:body_start + header.body_len])
+    expected = message.expected_body_len()
+    if expected is not None and expected != header.body_len:
+        raise RemoteProtocolError(
+            f"{cls.MSG_TYPE.name}: body_len {header.body_len}, metadata announces {expected}",
+            code=ErrorCode.MALFORMED_BODY)
+    return Packet(message, header.session_id, header.frame_id, body, header.flags,
+                  header.view_id, header.route_id, header.trace_id)
+
+
+def decode_packet(data: bytes | bytearray | memoryview,
+                  max_packet: int = DEFAULT_MAX_PACKET) -> Packet:
+    """Decode exactly one packet (a WebSocket message); trailing or missing bytes are errors."""
+    if len(data) < HEADER_LEN:
+        raise RemoteProtocolError(f"message of {len(data)} bytes is shorter than a header",
+                                  code=ErrorCode.MALFORMED_HEADER)
+    header = Header.unpack(data)
+    cls = _check_header(header, max_packet)
+    total = HEADER_LEN + header.meta_len + header.body_len
+    if total != len(data):
+        raise RemoteProtocolError(f"message of {len(data)} bytes holds a {total}-byte packet",
+                                  code=ErrorCode.MALFORMED_HEADER)
+    return _build(header, cls, data, 0)
+
+
+class Decoder:
+    """Incremental packet decoder for byte streams (TCP, unix sockets).
+
+    Args:
+        max_packet: largest packet accepted (header + metadata + body). Defaults to
+            16 MiB; never more than the protocol's 64 MiB.
+
+    Error handling: the first invalid packet raises ``RemoteProtocolError`` and the
+    decoder stays broken (every later ``feed`` raises the same error): after a
+    framing error the byte stream cannot be trusted. Valid packets that came before
+    the bad one in the same ``feed`` are returned first; the error follows on the
+    next call.
+    """
+
+    def __init__(self, max_packet: int = DEFAULT_MAX_PACKET) -> None:
+        if not HEADER_LEN <= max_packet <= PROTOCOL_MAX_PACKET:
+            raise ValueError(f"max_packet must be between {HEADER_LEN} and {PROTOCOL_MAX_PACKET}")
+        self.max_packet = max_packet
+        self._buffer = bytearray()
+        self._pending: tuple[Header, type[Message]] | None = None
+        self._error: RemoteProtocolError | None = None
+
+    @property
+    def error(self) -> RemoteProtocolError | None:
+        """The error that broke the stream, once one has (see ``feed``)."""
+        return self._error
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an incomplete packet."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+        """Add bytes; return every packet they complete, in order."""
+        if self._error is not None:
+            raise self._error
+        buffer = self._buffer
+        buffer += data
+        packets: list[Packet] = []
+        offset = 0
+        available = len(buffer)
+        try:
+            while True:
+                pending = self._pending
+                if pending is None:
+                    if available - offset < HEADER_LEN:
+                        break
+                    header = Header.unpack(buffer, offset)
+                    pending = (header, _check_header(header, self.max_packet))
+                    self._pending = pending
+                header, cls = pending
+                total = HEADER_LEN + header.meta_len + header.body_len
+                if available - offset < total:
+                    break
+                packets.append(_build(header, cls, buffer, offset))
+                self._pending = None
+                offset += total
+        except RemoteProtocolError as exc:
+            self._error = exc
+            self._buffer = bytearray()
+            if packets:
+                # Deliver what was valid; the next feed() raises.
+                return packets
+            raise
+        if offset:
+            del buffer[:offset]
+        return packets

@@ -1,0 +1,319 @@
+"""NNRP/1 preview4 registries: message types, flags, error codes and enum ranges.
+
+Every number here is a wire value; each comment names the section of
+``nnrp-wire.md`` (the project's digest of the spec) it comes from.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum, IntFlag
+
+MAGIC = b"NNRP"
+VERSION_MAJOR = 1
+WIRE_FORMAT = 0
+HEADER_LEN = 40
+
+#: Largest packet the protocol allows (section 1); a bigger one is fatal.
+PROTOCOL_MAX_PACKET = 64 * 1024 * 1024
+#: Our default cap: generous for JSON envelopes, small enough to bound memory per connection.
+DEFAULT_MAX_PACKET = 16 * 1024 * 1024
+
+
+class MsgType(IntEnum):
+    """msg_type codes (section 2)."""
+
+    CLIENT_HELLO = 0x01
+    SERVER_HELLO_ACK = 0x02
+    SESSION_PATCH = 0x03
+    SESSION_PATCH_ACK = 0x04
+    CLOSE = 0x05
+    ERROR = 0x06
+    SESSION_OPEN = 0x07
+    SESSION_OPEN_ACK = 0x08
+    SESSION_CLOSE = 0x09
+    SESSION_CLOSE_ACK = 0x0A
+    FRAME_SUBMIT = 0x10
+    FRAME_CANCEL = 0x11
+    RESULT_PUSH = 0x12
+    RESULT_DROP = 0x13
+    CACHE_PUT = 0x14
+    CACHE_ACK = 0x15
+    CACHE_INVALIDATE = 0x16
+    FLOW_UPDATE = 0x17
+    RESULT_HINT = 0x18
+    TRANSPORT_PROBE = 0x19
+    TRANSPORT_PROBE_ACK = 0x1A
+    SESSION_MIGRATE = 0x1B
+    SESSION_MIGRATE_ACK = 0x1C
+    PING = 0x20
+    PONG = 0x21
+    CANCEL = 0x30
+    ABORT = 0x31
+    PRIORITY_UPDATE = 0x32
+    DEADLINE = 0x33
+    EXPIRE_AT = 0x34
+    SUPERSEDE = 0x35
+    BUDGET_UPDATE = 0x36
+    PROGRESS = 0x37
+    PARTIAL_RESULT = 0x38
+    BACKPRESSURE = 0x39
+    CREDIT_UPDATE = 0x3A
+    CAPABILITY_NEGOTIATION = 0x3B
+    DEGRADE_PROFILE = 0x3C
+    ROUTE_HINT = 0x3D
+    EXECUTION_HINT = 0x3E
+    TRACE_CONTEXT = 0x3F
+    RESULT_DROP_REASON = 0x40
+    OBJECT_DECLARE = 0x41
+    OBJECT_REF = 0x42
+    OBJECT_RELEASE = 0x43
+    OBJECT_PATCH = 0x44
+    OBJECT_DELTA = 0x45
+    CACHE_REFERENCE = 0x46
+    CACHE_MISS = 0x47
+    ERROR_RECOVERABLE = 0x48
+    RETRY_AFTER = 0x49
+
+
+class HeaderFlag(IntFlag):
+    """Common-header flags (section 2); any bit outside the mask is rejected."""
+
+    NONE = 0
+    ACK_REQUIRED = 0x01
+    CAN_DROP = 0x02
+    STALE = 0x04
+    EOS = 0x08
+    RETRANSMIT = 0x10
+    KEYFRAME = 0x20
+
+
+HEADER_FLAG_MASK = 0x3F
+
+
+class ErrorCode(IntEnum):
+    """ERROR (0x06) codes (section 3, "Connection-level errors")."""
+
+    UNSUPPORTED_VERSION = 0x01
+    AUTH_FAILED = 0x02
+    INVALID_STATE = 0x03
+    MALFORMED_HEADER = 0x04
+    MALFORMED_BODY = 0x05
+    UNSUPPORTED_CAPABILITY = 0x06
+    LIMIT_EXCEEDED = 0x07
+    FRAME_EXPIRED = 0x08
+    FRAME_CANCELLED = 0x09
+    CACHE_MISS = 0x0A
+    SERVER_BUSY = 0x0B
+    INTERNAL_ERROR = 0x0C
+
+
+class ErrorScope(IntEnum):
+    CONNECTION = 0
+    SESSION = 1
+    FRAME = 2
+
+
+class PayloadKind(IntFlag):
+    """payload_kind bits (section 3, FRAME_SUBMIT)."""
+
+    NONE = 0
+    TENSOR = 0x01
+    TOKEN_CHUNK = 0x02
+    AUDIO = 0x04
+    VIDEO = 0x08
+    STRUCTURED_EVENT = 0x10
+    TOOL_DELTA = 0x20
+    OPAQUE = 0x40
+
+
+PAYLOAD_KIND_MASK = 0x7F
+
+
+class StreamSemantics(IntEnum):
+    UNSPECIFIED = 0
+    SNAPSHOT = 1
+    APPEND = 2
+
+
+class DescriptorFlag(IntFlag):
+    NONE = 0
+    TERMINAL = 0x01
+    PARTIAL = 0x02
+    SCHEMA_OVERRIDE = 0x04
+    PROFILE_HINT = 0x08
+
+
+class PriorityClass(IntEnum):
+    INTERACTIVE = 0
+    BALANCED = 1
+    BACKGROUND = 2
+
+
+class SessionOpenStatus(IntEnum):
+    OPENED = 0
+    REJECTED = 1
+    RETRY_LATER = 2
+    RESUMED = 3
+
+
+class SessionError(IntEnum):
+    """session_error_code values of SESSION_OPEN_ACK (section 3)."""
+
+    NONE = 0
+    AUTH_FAILED = 0x00010001
+    PROFILE_UNSUPPORTED = 0x00010002
+    SCHEMA_UNSUPPORTED = 0x00010003
+    PRIORITY_REJECTED = 0x00010004
+    LEASE_POLICY_REJECTED = 0x00010005
+    RESUME_REJECTED = 0x00010006
+    LIMIT_REACHED = 0x00010007
+
+
+class CloseReason(IntEnum):
+    NORMAL = 0
+    CLIENT_SHUTDOWN = 1
+    SERVER_SHUTDOWN = 2
+    IDLE = 3
+    PROTOCOL_ERROR = 4
+    AUTH_REVOKED = 5
+
+
+class InFlightPolicy(IntEnum):
+    DRAIN = 0
+    ABORT = 1
+
+
+class CloseAckStatus(IntEnum):
+    ACK = 0
+    DRAINING = 1
+    CLOSED = 2
+    REJECTED = 3
+
+
+class ControlReason(IntEnum):
+    """reason registry of CANCEL/ABORT (section 3, "Registries")."""
+
+    UNSPECIFIED = 0
+    USER_CANCELLED = 1
+    SUPERSEDED = 2
+    DEADLINE_EXPIRED = 3
+    BUDGET_EXCEEDED = 4
+    DEPENDENCY_FAILED = 5
+    TRANSPORT_CLOSING = 6
+    SHUTDOWN = 7
+    CONFORMANCE_INJECTION = 8
+
+
+class DropReason(IntEnum):
+    """drop_reason registry of RESULT_DROP_REASON (section 3)."""
+
+    NONE = 0
+    DEADLINE_EXPIRED = 1
+    SUPERSEDED = 2
+    PEER_CANCELLED = 3
+    BACKPRESSURE = 4
+    CAPABILITY_MISMATCH = 5
+    BUDGET_EXCEEDED = 6
+    OBJECT_INVALIDATED = 7
+    TRANSPORT_CLOSED = 8
+    INJECTION = 9
+
+
+class Role(IntEnum):
+    """source_role registry; 0 is "unspecified" and accepted from peers."""
+
+    UNSPECIFIED = 0
+    CLIENT = 1
+    SERVER = 2
+    RUNTIME = 3
+    SUBAGENT = 4
+    TOOL = 5
+    SCHEDULER = 6
+    CONFORMANCE_RUNNER = 7
+
+
+class Stage(IntEnum):
+    """PROGRESS stage codes; 0x8000 and above is vendor space."""
+
+    QUEUED = 1
+    ADMITTED = 2
+    INPUT_RECEIVED = 3
+    PREPROCESSING = 4
+    EXECUTING = 5
+    WAITING_DEPENDENCY = 6
+    PRODUCING_PARTIAL = 7
+    FINALIZING = 8
+    COMPLETED = 9
+    DROPPED = 0x0A
+    FAILED = 0x0B
+
+
+STAGE_VENDOR_BASE = 0x8000
+
+
+class PressureLevel(IntEnum):
+    NONE = 0
+    SOFT = 1
+    HARD = 2
+    PAUSED = 3
+
+
+class FlowScope(IntEnum):
+    CONNECTION = 0
+    SESSION = 1
+    OPERATION = 2
+
+
+class FlowReason(IntEnum):
+    GRANT = 0
+    REDUCE = 1
+    PAUSE = 2
+    RESUME = 3
+    CONGESTION = 4
+
+
+class FlowBackpressure(IntEnum):
+    NONE = 0
+    SOFT = 1
+    HARD = 2
+
+
+class FlowFlag(IntFlag):
+    NONE = 0
+    CREDIT_VALID = 0x01
+    RETRY_AFTER_VALID = 0x02
+    BACKGROUND_ONLY = 0x04
+    DRAIN_IN_FLIGHT_ONLY = 0x08
+
+
+class SubmitMode(IntEnum):
+    INLINE = 0
+    REFERENCE = 1
+    MIXED = 2
+
+
+class ResultClass(IntEnum):
+    COMPLETE = 0
+    PARTIAL = 1
+    STALE_REUSE = 2
+    DEGRADED = 3
+
+
+class TransportId(IntEnum):
+    QUIC = 1
+    TCP = 2
+    IPC = 3
+    WEBSOCKET = 4
+
+
+class StandardProfile(IntEnum):
+    """Profile ids: bit (profile_id - 1) of a hello profile bitmap stands for the profile."""
+
+    OPENAI_TYPED = 0  # per-frame profile of the openai-compatible/1 typed descriptor
+    TENSOR = 1
+    TOKEN = 2
+
+
+#: The stock clients' session schema (section 1): token profile, schema 0x1001 v3.
+TOKEN_SCHEMA_ID = 0x1001
+TOKEN_SCHEMA_VERSION = 3

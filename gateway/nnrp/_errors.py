@@ -1,0 +1,44 @@
+"""Protocol errors raised by the sans-IO layer.
+
+    ProtocolError                 anything that breaks NNRP rules
+    ├── RemoteProtocolError       the peer sent something invalid
+    │   └── TypedBodyError        a FRAME_SUBMIT/RESULT_PUSH typed body is invalid:
+    │                             operation-level, the connection survives
+    └── LocalProtocolError        we tried to do something the rules forbid
+                                  (a send after an operation's terminal, say)
+
+Each error carries the NNRP ``ErrorCode`` that an ERROR frame would report and
+whether the problem is fatal to the connection.
+"""
+
+from __future__ import annotations
+
+from ._constants import ErrorCode
+
+
+class ProtocolError(Exception):
+    """Base class. ``code`` is the ERROR frame code; ``fatal`` ends the connection."""
+
+    def __init__(self, message: str, *, code: ErrorCode = ErrorCode.MALFORMED_HEADER,
+                 fatal: bool = True) -> None:
+        super().__init__(message)
+        self.code = code
+        self.fatal = fatal
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer violated the protocol."""
+
+
+class TypedBodyError(RemoteProtocolError):
+    """A typed body (prelude, descriptors, regions) is invalid; fails one operation only."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=ErrorCode.MALFORMED_BODY, fatal=False)
+
+
+class LocalProtocolError(ProtocolError):
+    """Our own side tried an action the state machine forbids; never reaches the wire."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=ErrorCode.INVALID_STATE, fatal=False)

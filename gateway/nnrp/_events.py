@@ -1,0 +1,165 @@
+"""Events the sans-IO server connection hands to its I/O adapter.
+
+Frozen attrs classes; never subclass them. The adapter processes them in order.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from ._body import TypedBody
+from ._errors import ProtocolError
+from ._messages import ClientHello, Error, FrameSubmit, SessionOpen
+
+
+class CancelSource(enum.Enum):
+    """What ended an operation early (feeds metrics and logs)."""
+
+    FRAME_CANCEL = "frame_cancel"
+    CANCEL = "cancel"
+    ABORT = "abort"
+    SESSION_CANCEL = "session_cancel"  # CANCEL/ABORT with operation_id 0
+    SESSION_CLOSE = "session_close"  # SESSION_CLOSE with in_flight=abort
+
+
+class RefusalReason(enum.Enum):
+    """Why a FRAME_SUBMIT was refused before it became an operation."""
+
+    DUPLICATE_OPERATION_ID = "duplicate_operation_id"
+    OPERATION_LIMIT = "adapter_operation_limit"
+    SESSION_CLOSING = "session_closing"
+
+
+@attrs.frozen
+class TraceInfo:
+    """A TRACE_CONTEXT's metadata; the attribute body is only counted."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int
+    trace_flags: int
+    attribute_bytes: int
+
+    @property
+    def eligible(self) -> bool:
+        """Both ids non-zero: the context can become a W3C traceparent."""
+        return self.trace_id != 0 and self.span_id != 0
+
+
+@attrs.frozen
+class SendBytes:
+    """Bytes the state machine wants written (a reply), in order with other sends."""
+
+    data: bytes
+
+
+@attrs.frozen
+class HandshakeCompleted:
+    hello: ClientHello
+    accepted_profile_bitmap: int
+
+
+@attrs.frozen
+class SessionOpened:
+    session_id: int
+    request: SessionOpen
+    max_in_flight: int
+
+
+@attrs.frozen
+class SessionOpenRefused:
+    session_id: int
+    error_code: int
+    message: str
+
+
+@attrs.frozen
+class OperationSubmitted:
+    """A new operation. ``typed_body`` is None when the body failed to parse (``body_error``)."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    submit: FrameSubmit
+    typed_body: TypedBody | None
+    body_error: str | None
+    header_trace_id: int
+    trace: TraceInfo | None
+    deadline_unix_ms: int | None
+    deadline_drop_reason: int
+
+
+@attrs.frozen
+class SubmitRefused:
+    """A FRAME_SUBMIT that did not become an operation; answer with ``send_refusal``."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    reason: RefusalReason
+    message: str
+
+
+@attrs.frozen
+class OperationCancelled:
+    session_id: int
+    operation_id: int
+    frame_id: int
+    source: CancelSource
+    reason: int
+    diagnostic: bytes
+
+
+@attrs.frozen
+class DeadlineUpdated:
+    session_id: int
+    operation_id: int
+    deadline_unix_ms: int
+    drop_reason: int
+
+
+@attrs.frozen
+class TraceContextUpdated:
+    """A TRACE_CONTEXT; ``operation_id`` None means the session default."""
+
+    session_id: int
+    operation_id: int | None
+    trace: TraceInfo
+
+
+@attrs.frozen
+class SessionCloseRequested:
+    session_id: int
+    abort: bool
+    drain_timeout_ms: int
+
+
+@attrs.frozen
+class PeerClosed:
+    """The peer sent CLOSE."""
+
+
+@attrs.frozen
+class PeerError:
+    """The peer sent ERROR; ``fatal`` ends the connection."""
+
+    error: Error
+    diagnostic: bytes
+    fatal: bool
+
+
+@attrs.frozen
+class ConnectionFailed:
+    """A fatal protocol violation. Write ``reply`` (if any), then close the connection."""
+
+    error: ProtocolError
+    reply: bytes | None
+
+
+Event = (
+    SendBytes | HandshakeCompleted | SessionOpened | SessionOpenRefused | OperationSubmitted
+    | SubmitRefused | OperationCancelled | DeadlineUpdated | TraceContextUpdated
+    | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed
+)

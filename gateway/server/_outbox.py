@@ -1,0 +1,75 @@
+"""A bounded, coalescing outbox: the only path from a connection to its transport.
+
+Operation tasks and the reader append encoded packets; one writer task takes
+everything queued at once and writes it in one call, so a burst of events leaves in
+few syscalls. Memory is bounded: ``wait_for_room`` blocks producers while more than
+``high_water`` bytes wait, until the writer brings it under ``low_water``. A client
+that never reads therefore stalls its own operations (TCP backpressure reaches the
+operation tasks, and through them the upstream streams), never the process.
+"""
+
+from __future__ import annotations
+
+import trio
+
+
+class Outbox:
+    def __init__(self, high_water: int = 1 << 20, low_water: int | None = None) -> None:
+        self.high_water = high_water
+        self.low_water = high_water // 2 if low_water is None else low_water
+        self._queue: list[bytes] = []
+        self._bytes = 0
+        self._closed = False
+        self._has_data = trio.Event()
+        self._has_room = trio.Event()
+        self._has_room.set()
+        self._flushed = trio.Event()
+        self._flushed.set()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def put(self, packet: bytes) -> None:
+        """Queue a packet now (synchronous: order equals call order). Never blocks."""
+        if self._closed:
+            return
+        self._queue.append(packet)
+        self._bytes += len(packet)
+        self._has_data.set()
+        self._flushed = trio.Event() if self._flushed.is_set() else self._flushed
+        if self._bytes > self.high_water and self._has_room.is_set():
+            self._has_room = trio.Event()
+
+    async def wait_for_room(self) -> None:
+        """Block while the queue is over its high-water mark."""
+        while not self._has_room.is_set() and not self._closed:
+            await self._has_room.wait()
+
+    async def take(self) -> list[bytes]:
+        """Everything queued, waiting for at least one packet; [] once closed and empty."""
+        while not self._queue:
+            if self._closed:
+                return []
+            self._has_data = trio.Event()
+            await self._has_data.wait()
+        batch, self._queue = self._queue, []
+        return batch
+
+    def written(self, batch: list[bytes]) -> None:
+        """The writer finished writing ``batch``."""
+        self._bytes -= sum(map(len, batch))
+        if self._bytes <= self.low_water:
+            self._has_room.set()
+        if not self._queue:
+            self._flushed.set()
+
+    async def wait_flushed(self) -> None:
+        await self._flushed.wait()
+
+    def close(self) -> None:
+        """No more packets; wakes the writer and every blocked producer."""
+        self._closed = True
+        self._has_data.set()
+        self._has_room.set()
+        self._flushed.set()

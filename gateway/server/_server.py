@@ -1,0 +1,182 @@
+"""The NNRP server: listeners, admission, connections, graceful shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import TYPE_CHECKING
+
+import attrs
+import structlog
+import trio
+import trio_websocket
+
+from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
+
+from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._listeners import ListenSpec, open_unix_listener, parse_listen_uri
+from ._transport import StreamTransport, WebSocketTransport, describe_peer, set_nodelay
+
+if TYPE_CHECKING:
+    from ._operation import OperationHandler
+
+log = structlog.get_logger("gateway.server")
+
+
+@attrs.frozen
+class BoundEndpoint:
+    """A listener after binding: the URI clients use (port 0 resolved)."""
+
+    spec: ListenSpec
+    uri: str
+    host: str = ""
+    port: int = 0
+
+    @property
+    def transport(self) -> str:
+        return self.spec.transport
+
+
+class GatewayServer:
+    """Serves NNRP on any number of listeners, handing operations to ``handler``.
+
+    Args:
+        handler: runs one operation to its terminal (the vLLM pipeline).
+        config: protocol limits (sessions per connection, in-flight per session, size cap).
+        limits: per-connection I/O limits (handshake timeout, output buffer).
+        max_connections: beyond this, a new connection gets ERROR SERVER_BUSY and is closed.
+    """
+
+    def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
+                 limits: ConnectionLimits | None = None, max_connections: int = 1024,
+                 refusal: RefusalHandler | None = None) -> None:
+        self.handler = handler
+        self.config = config or ServerConfig()
+        self.limits = limits or ConnectionLimits()
+        self.max_connections = max_connections
+        self.refusal = refusal
+        self.endpoints: list[BoundEndpoint] = []
+        self.connections: set[Connection] = set()
+        self.refused_connections = 0
+        self._accept_scope = trio.CancelScope()
+        self._connection_nursery: trio.Nursery | None = None
+        self._unix_paths: list[str] = []
+        self.accepting = False
+
+    async def serve(self, uris: list[str], *,
+                    task_status: trio.TaskStatus[list[BoundEndpoint]] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Bind every listener, report the endpoints, and serve until cancelled or shut down."""
+        specs = [parse_listen_uri(uri) for uri in uris]
+        try:
+            async with trio.open_nursery() as connections:
+                self._connection_nursery = connections
+                with self._accept_scope:
+                    async with trio.open_nursery() as accept:
+                        for spec in specs:
+                            endpoint = await accept.start(self._listen, spec)
+                            self.endpoints.append(endpoint)
+                        self.accepting = True
+                        task_status.started(list(self.endpoints))
+                self.accepting = False
+        finally:
+            for path in self._unix_paths:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        """Stop accepting, drain in-flight operations, then drop what is left."""
+        self.accepting = False
+        self._accept_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            for connection in list(self.connections):
+                nursery.start_soon(connection.shutdown, drain_timeout)
+
+    # ------------------------------------------------------------------ listeners
+
+    async def _listen(self, spec: ListenSpec,
+                      task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+        if spec.scheme == "ws":
+            await self._listen_websocket(spec, task_status)
+            return
+        if spec.scheme == "tcp":
+            listeners = await trio.open_tcp_listeners(spec.port, host=spec.host)
+            host, port = listeners[0].socket.getsockname()[:2]
+            endpoint = BoundEndpoint(spec, f"tcp://{_fmt_host(host)}:{port}", host, port)
+        else:
+            listeners = [await open_unix_listener(spec.path)]
+            self._unix_paths.append(spec.path)
+            endpoint = BoundEndpoint(spec, f"unix://{spec.path}")
+        log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
+        task_status.started(endpoint)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, spec.transport)
+
+    async def _accept_loop(self, listener: trio.SocketListener, transport: str) -> None:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # EMFILE and friends: back off, keep serving
+                    log.warning("accept failed", error=str(exc))
+                    await trio.sleep(0.1)
+                    continue
+                set_nodelay(stream)
+                assert self._connection_nursery is not None
+                carrier = StreamTransport(stream, transport, describe_peer(stream))
+                self._connection_nursery.start_soon(self._serve_connection, carrier)
+
+    async def _listen_websocket(self, spec: ListenSpec,
+                                task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+        assert self._connection_nursery is not None
+
+        async def on_request(request: trio_websocket.WebSocketRequest) -> None:
+            if request.path.split("?")[0] != spec.path:
+                await request.reject(404, body=b"no NNRP endpoint at this path")
+                return
+            connection = await request.accept()
+            remote = request.remote
+            peer = (f"{remote.address}:{remote.port}"
+                    if isinstance(remote, trio_websocket.Endpoint) else "unknown")
+            await self._serve_connection(WebSocketTransport(connection, peer))
+
+        async with trio.open_nursery() as nursery:
+            # The listener lives here, under the accept scope; connections live in the
+            # connection nursery, so stopping accepting never cuts a session short.
+            server = await nursery.start(functools.partial(
+                trio_websocket.serve_websocket, on_request, spec.host, spec.port, None,
+                handler_nursery=self._connection_nursery))
+            endpoint = BoundEndpoint(spec, f"ws://{_fmt_host(spec.host)}:{server.port}{spec.path}",
+                                     spec.host, server.port)
+            log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
+            task_status.started(endpoint)
+
+    # ------------------------------------------------------------------ connections
+
+    async def _serve_connection(self, transport: StreamTransport | WebSocketTransport) -> None:
+        if len(self.connections) >= self.max_connections or not self.accepting:
+            self.refused_connections += 1
+            await self._refuse(transport)
+            return
+        connection = Connection(transport, self.handler, self.config, self.limits, self.refusal)
+        self.connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+
+    async def _refuse(self, transport: StreamTransport | WebSocketTransport) -> None:
+        """Admission refusal: one fatal ERROR SERVER_BUSY, then close (fast, bounded)."""
+        reply = ServerConnection().send_error(
+            ErrorCode.SERVER_BUSY, "connection limit reached; retry later", fatal=True,
+            scope=ErrorScope.CONNECTION)
+        with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError,
+                                                          trio.ClosedResourceError):
+            await transport.send([reply])
+        await transport.aclose()
+
+
+def _fmt_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,115 @@
+"""Packet transports: what a connection reads and writes, whatever carries it.
+
+* Stream transports (TCP, unix sockets) carry packets back to back: reads return any
+  number of bytes, and a burst of packets leaves in one ``send_all``.
+* WebSocket carries one packet per binary message; a text message is a protocol
+  error (nnrp-wire.md section 1).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Protocol
+
+import trio
+import trio_websocket
+
+#: Bytes asked for per read: large enough that a burst of submits is one syscall.
+READ_SIZE = 64 * 1024
+
+
+class TextMessageError(Exception):
+    """A WebSocket text message arrived; NNRP allows binary messages only."""
+
+
+class PacketTransport(Protocol):
+    """What a connection needs from its carrier."""
+
+    kind: str  # "tcp", "ipc" or "websocket": a bounded metrics label
+    message_based: bool  # True: each receive() is exactly one packet
+    peer: str
+
+    async def receive(self) -> bytes | None:
+        """Next bytes (or message); None at end of stream."""
+        ...
+
+    async def send(self, packets: list[bytes]) -> None:
+        """Write encoded packets in order."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class StreamTransport:
+    """TCP or unix-socket stream."""
+
+    message_based = False
+
+    def __init__(self, stream: trio.abc.Stream, kind: str, peer: str) -> None:
+        self.stream = stream
+        self.kind = kind
+        self.peer = peer
+
+    async def receive(self) -> bytes | None:
+        try:
+            data = await self.stream.receive_some(READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        return bytes(data) or None
+
+    async def send(self, packets: list[bytes]) -> None:
+        await self.stream.send_all(packets[0] if len(packets) == 1 else b"".join(packets))
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+class WebSocketTransport:
+    """One packet per binary WebSocket message."""
+
+    message_based = True
+    kind = "websocket"
+
+    def __init__(self, connection: trio_websocket.WebSocketConnection, peer: str) -> None:
+        self.connection = connection
+        self.peer = peer
+
+    async def receive(self) -> bytes | None:
+        try:
+            message = await self.connection.get_message()
+        except trio_websocket.ConnectionClosed:
+            return None
+        if isinstance(message, str):
+            raise TextMessageError("WebSocket text message: NNRP packets are binary messages")
+        return message
+
+    async def send(self, packets: list[bytes]) -> None:
+        try:
+            for packet in packets:
+                await self.connection.send_message(packet)
+        except trio_websocket.ConnectionClosed as exc:
+            raise trio.BrokenResourceError("WebSocket closed") from exc
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self.connection.aclose()
+
+
+def set_nodelay(stream: trio.abc.Stream) -> None:
+    """Small packets (one token event each) must not wait for Nagle (nnrp-py.md section 5)."""
+    if isinstance(stream, trio.SocketStream) and stream.socket.family in (
+            socket.AF_INET, socket.AF_INET6):
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+
+
+def describe_peer(stream: trio.abc.Stream) -> str:
+    if isinstance(stream, trio.SocketStream):
+        try:
+            name = stream.socket.getpeername()
+        except OSError:
+            return "unknown"
+        if isinstance(name, tuple):
+            return f"{name[0]}:{name[1]}"
+        return str(name) or "unix"
+    return "unknown"

@@ -1,0 +1,182 @@
+"""The packet codec, tested whole, byte by byte and with trailing bytes (h11's reader rule)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import nnrp
+
+from .strategies import ALL_CLASSES, packets
+
+
+def feed_three_ways(data: bytes) -> list[nnrp.Packet]:
+    """Decode ``data`` whole, one byte at a time, and followed by a partial packet."""
+    whole = nnrp.Decoder().feed(data)
+    decoder = nnrp.Decoder()
+    bytewise: list[nnrp.Packet] = []
+    for index in range(len(data)):
+        bytewise += decoder.feed(data[index:index + 1])
+    assert decoder.buffered == 0
+    trailing_decoder = nnrp.Decoder()
+    # Trailing bytes: the start of another header must be buffered, not decoded.
+    trailing = trailing_decoder.feed(data + data[:39])
+    assert trailing_decoder.buffered == min(39, len(data))
+    assert whole == bytewise == trailing
+    return whole
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.MSG_TYPE.name)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_roundtrip_every_message(cls: type[Any], data: st.DataObject) -> None:
+    packet = data.draw(packets(cls))
+    raw = nnrp.encode(packet)
+    assert len(raw) == 40 + cls.LAYOUT.size + len(packet.body)
+    assert feed_three_ways(raw) == [packet]
+    assert nnrp.decode_packet(raw) == packet
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(packets(), min_size=1, max_size=6), st.data())
+def test_stream_of_packets_any_chunking(batch: list[nnrp.Packet], data: st.DataObject) -> None:
+    raw = b"".join(nnrp.encode(p) for p in batch)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=8)))
+    decoder = nnrp.Decoder()
+    out: list[nnrp.Packet] = []
+    previous = 0
+    for cut in [*cuts, len(raw)]:
+        out += decoder.feed(raw[previous:cut])
+        previous = cut
+    assert out == batch
+    assert feed_three_ways(raw) == batch
+
+
+def test_partial_result_fast_path_matches_generic_encoder() -> None:
+    body = b'{"type":"response.output_text.delta","index":0,"delta":"hi"}'
+    generic = nnrp.encode(nnrp.Packet(
+        nnrp.PartialResult(operation_id=0x65, result_sequence=7, delta_sequence=7,
+                           body_bytes=len(body)), session_id=3, frame_id=9, body=body))
+    assert nnrp.encode_partial_result(3, 9, 0x65, 7, body) == generic
+
+
+def test_encode_refuses_body_that_contradicts_metadata() -> None:
+    with pytest.raises(nnrp.LocalProtocolError, match="announces a 3-byte body"):
+        nnrp.encode(nnrp.Packet(nnrp.Cancel(operation_id=1, diagnostic_bytes=3), body=b"ab"))
+
+
+# --------------------------------------------------------------------------- rejections
+
+PING = nnrp.encode(nnrp.Packet(nnrp.Ping()))
+
+
+def _patched(raw: bytes, offset: int, fmt: str, value: int) -> bytes:
+    data = bytearray(raw)
+    struct.pack_into(fmt, data, offset, value)
+    return bytes(data)
+
+
+CANCEL = nnrp.encode(nnrp.Packet(nnrp.Cancel(operation_id=5, reason=1, source_role=1),
+                                 session_id=1, frame_id=1))
+
+HEADER_REJECTIONS = {
+    "bad magic": (b"XNRP" + PING[4:], nnrp.ErrorCode.MALFORMED_HEADER, "bad magic"),
+    "version 2": (_patched(PING, 4, "<B", 2), nnrp.ErrorCode.UNSUPPORTED_VERSION, "version"),
+    "wire format 1": (_patched(PING, 5, "<B", 1), nnrp.ErrorCode.UNSUPPORTED_VERSION, "version"),
+    "header_len 41": (_patched(PING, 7, "<B", 41), nnrp.ErrorCode.MALFORMED_HEADER,
+                      "header_len"),
+    "reserved flag bit": (_patched(PING, 8, "<I", 0x40), nnrp.ErrorCode.MALFORMED_HEADER,
+                          "reserved header flag"),
+    "unknown type": (_patched(PING, 6, "<B", 0x7F), nnrp.ErrorCode.MALFORMED_HEADER,
+                     "unknown msg_type"),
+    "cache type is not served": (_patched(PING, 6, "<B", 0x14), nnrp.ErrorCode.MALFORMED_HEADER,
+                                 "unknown msg_type"),
+    "wrong meta_len": (_patched(PING, 12, "<I", 8), nnrp.ErrorCode.MALFORMED_HEADER,
+                       "meta_len 8, must be 0"),
+    "reserved metadata field": (_patched(CANCEL, 40 + 24, "<Q", 1),
+                                nnrp.ErrorCode.MALFORMED_BODY, "reserved field at byte 24"),
+    "enum out of range": (_patched(CANCEL, 40 + 16, "<H", 99), nnrp.ErrorCode.MALFORMED_BODY,
+                          "cancel.reason"),
+    "reserved flags in metadata": (_patched(CANCEL, 40 + 19, "<B", 0x80),
+                                   nnrp.ErrorCode.MALFORMED_BODY, "cancel.flags"),
+    "body_len vs diag_bytes": (_patched(CANCEL, 40 + 20, "<I", 4) + b"", nnrp.ErrorCode.MALFORMED_BODY,
+                               "body_len 0, metadata announces 4"),
+}
+
+
+@pytest.mark.parametrize("name", HEADER_REJECTIONS)
+def test_decoder_rejects(name: str) -> None:
+    raw, code, text = HEADER_REJECTIONS[name]
+    decoder = nnrp.Decoder()
+    with pytest.raises(nnrp.RemoteProtocolError, match=text) as info:
+        decoder.feed(raw)
+    assert info.value.code == code
+    assert info.value.fatal
+    # The decoder stays broken: a framing error poisons the stream.
+    with pytest.raises(nnrp.RemoteProtocolError):
+        decoder.feed(PING)
+    with pytest.raises(nnrp.RemoteProtocolError):
+        nnrp.decode_packet(raw)
+
+
+def test_size_cap_is_enforced_before_the_body_is_buffered() -> None:
+    decoder = nnrp.Decoder(max_packet=1024)
+    # A header announcing a 4 GiB - 1 body: refused from its 40 header bytes alone.
+    huge = _patched(nnrp.encode(nnrp.Packet(nnrp.PartialResult(operation_id=1))), 16, "<I",
+                    0xFFFFFFFF)[:40]
+    with pytest.raises(nnrp.RemoteProtocolError, match="exceeds the 1024-byte limit") as info:
+        decoder.feed(huge)
+    assert info.value.code == nnrp.ErrorCode.LIMIT_EXCEEDED
+    assert decoder.buffered == 0
+
+
+def test_default_cap_and_protocol_bounds() -> None:
+    assert nnrp.Decoder().max_packet == 16 * 1024 * 1024
+    with pytest.raises(ValueError, match="max_packet"):
+        nnrp.Decoder(max_packet=64 * 1024 * 1024 + 1)
+
+
+def test_valid_packets_before_a_bad_one_are_delivered() -> None:
+    decoder = nnrp.Decoder()
+    assert decoder.feed(PING + PING + b"garbage" + b"\0" * 40) == [
+        nnrp.decode_packet(PING), nnrp.decode_packet(PING)]
+    with pytest.raises(nnrp.RemoteProtocolError, match="bad magic"):
+        decoder.feed(b"")
+
+
+def test_websocket_message_must_hold_exactly_one_packet() -> None:
+    with pytest.raises(nnrp.RemoteProtocolError, match="holds a 40-byte packet"):
+        nnrp.decode_packet(PING + b"x")
+    with pytest.raises(nnrp.RemoteProtocolError, match="shorter than a header"):
+        nnrp.decode_packet(PING[:39])
+
+
+@pytest.mark.parametrize(("message", "text"), [
+    (nnrp.FrameSubmit(operation_id=0), "operation_id must be non-zero"),
+    (nnrp.FrameSubmit(operation_id=1, src_width=8), "tensor fields must be 0"),
+    (nnrp.FrameSubmit(operation_id=1, loss_tolerance=7), "loss_tolerance"),
+    (nnrp.ResultPush(result_class=2), "stale semantics and a non-zero reused_frame_id"),
+    (nnrp.ResultPush(reused_frame_id=3), "stale semantics and a non-zero reused_frame_id"),
+    (nnrp.ResultPush(tile_count=3), "tensor fields must be 0"),
+    (nnrp.ResultPush(payload_kind_bitmap=1, tile_count=3, covered_tiles=1),
+     "covered_tiles \\+ dropped_tiles"),
+    (nnrp.FlowUpdate(scope=1, connection_credit=1), "session scope may only set"),
+    (nnrp.FlowUpdate(scope=2, operation_id=1, session_credit=1), "operation scope may only"),
+    (nnrp.FrameSubmit(operation_id=1, camera_bytes=4), "tensor fields must be 0"),
+    (nnrp.FlowUpdate(scope=0, session_credit=1), "connection scope may only set"),
+    (nnrp.FlowUpdate(scope=2), "operation scope needs an operation_id"),
+    (nnrp.FlowUpdate(retry_after_ms=5), "retry_after_ms without retry_after_valid"),
+    (nnrp.Deadline(operation_id=1), "deadline_unix_ms must be non-zero"),
+    (nnrp.Progress(percent_x100=10001), "percent_x100"),
+    (nnrp.Progress(stage=0x0C), "progress.stage"),
+    (nnrp.Error(code=0), "error.code"),
+    (nnrp.SessionOpen(session_flags=0x10), "session_flags"),
+    (nnrp.ResultHint(reason=5), "result_hint.reason"),
+])
+def test_metadata_rules(message: Any, text: str) -> None:
+    with pytest.raises(nnrp.RemoteProtocolError, match=text):
+        message.validate()

@@ -1,0 +1,322 @@
+"""The trio server over real sockets, driven by the project's own client and by raw bytes."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from gateway import nnrp
+from gateway.client import ClientError, NnrpClient, connect
+from gateway.server import ConnectionLimits
+
+from .conftest import RunningServer, start_server
+
+TRANSPORTS = ["tcp", "ipc", "websocket"]
+
+
+def script(**kw: Any) -> bytes:
+    return json.dumps(kw).encode()
+
+
+async def collect(operation: Any) -> list[Any]:
+    return [event async for event in operation.events()]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_two_sessions_stream_in_order(running: RunningServer, transport: str) -> None:
+    with trio.fail_after(10):
+        async with connect(running.uri(transport)) as client:
+            first, second = await client.open_session(), await client.open_session()
+            assert first.session_id != second.session_id
+            op1 = await first.submit(script(events=20))
+            op2 = await second.submit(script(events=5))
+            events1, events2 = await collect(op1), await collect(op2)
+            assert [e.sequence for e in events1[:-1]] == list(range(1, 21))
+            assert isinstance(events1[-1], nnrp.ResultReceived)
+            assert events1[-1].meta.status_code == 200
+            assert isinstance(events2[-1], nnrp.ResultReceived)
+            await first.close()
+            await second.close()
+
+
+@pytest.mark.parametrize("how", ["cancel", "frame_cancel", "abort"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_cancel_mid_stream(running: RunningServer, transport: str, how: str) -> None:
+    with trio.fail_after(10):
+        async with connect(running.uri(transport)) as client:
+            session = await client.open_session()
+            operation = await session.submit(script(events=500, delay=0.005))
+            events = []
+            async for event in operation.events():
+                events.append(event)
+                if len(events) == 3:
+                    await operation.cancel(how)  # type: ignore[arg-type]
+            terminal = events[-1]
+            assert isinstance(terminal, nnrp.DropReceived)
+            assert terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
+            assert terminal.diagnostic == b"peer_cancelled"
+            assert all(isinstance(e, nnrp.PartialReceived) for e in events[:-1])
+            # Nothing after the terminal: another operation's stream stays clean.
+            follow = await collect(await session.submit(script(events=2)))
+            assert [type(e).__name__ for e in follow] == [
+                "PartialReceived", "PartialReceived", "ResultReceived"]
+            assert running.seen.cancelled == [running.seen.operations[0]]
+
+
+async def test_cancel_whole_session_with_operation_zero(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        ops = [await session.submit(script(hang=True)) for _ in range(3)]
+        await trio.sleep(0.05)
+        await client.send(client.sans_io.cancel(session.session_id, 0))
+        for operation in ops:
+            (terminal,) = await collect(operation)
+            assert terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
+
+
+async def test_deadline_and_expire_at(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        # DEADLINE before the submit (wire case deadline-before-submit): held, then applied.
+        soon = int(time.time() * 1000) + 100
+        await client.send(client.sans_io.deadline(session.session_id, 151, soon, frame_id=1))
+        operation = await session.submit(script(hang=True), operation_id=151, frame_id=1)
+        with trio.fail_after(5):
+            (terminal,) = await collect(operation)
+        assert terminal.drop_reason == nnrp.DropReason.DEADLINE_EXPIRED
+        # EXPIRE_AT in the past: dropped with superseded (nnrp-wire.md section 7).
+        operation = await session.submit(script(hang=True), operation_id=152, frame_id=2)
+        await running.seen.started.wait()
+        await client.send(nnrp.encode(nnrp.Packet(
+            nnrp.ExpireAt(operation_id=152, deadline_unix_ms=1), session_id=session.session_id)))
+        with trio.fail_after(5):
+            (terminal,) = await collect(operation)
+        assert terminal.drop_reason == nnrp.DropReason.SUPERSEDED
+
+
+async def test_trace_context_reaches_the_handler(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        await session.trace_context(trace_id=0x1111, span_id=0x2222, attributes=b"tenant=a")
+        operation = await session.submit(script(events=1), trace_id=0xABC)
+        events = await collect(operation)
+        body = json.loads(events[-1].typed_body.frames[0].payload)
+        assert body["trace"] == [0x1111, 0x2222]
+        assert body["header_trace_id"] == 0xABC
+        seen = running.seen.operations[0]
+        assert seen.trace is not None
+        assert seen.trace.attribute_bytes == len(b"tenant=a")
+
+
+async def test_handler_without_terminal_gets_a_drop(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        events = await collect(await session.submit(script(events=1, no_terminal=True)))
+        assert events[-1].drop_reason == nnrp.DropReason.TRANSPORT_CLOSED
+
+
+# --------------------------------------------------------------------------- malformed input
+
+
+_raw_streams: list[trio.SocketStream] = []
+
+
+async def raw_connection(uri: str) -> trio.SocketStream:
+    """A raw TCP connection, closed by the ``close_raw_streams`` fixture."""
+    host, port = uri.removeprefix("tcp://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    _raw_streams.append(stream)
+    return stream
+
+
+@pytest.fixture(autouse=True)
+async def close_raw_streams() -> Any:
+    yield
+    while _raw_streams:
+        await _raw_streams.pop().aclose()
+
+
+async def read_all(stream: trio.SocketStream) -> bytes:
+    data = b""
+    with trio.move_on_after(3):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def test_garbage_before_hello_closes_without_reply(running: RunningServer) -> None:
+    stream = await raw_connection(running.uri())
+    await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 20)
+    assert await read_all(stream) == b""
+
+
+async def test_garbage_in_session_sends_fatal_error_and_spares_others(
+        running: RunningServer) -> None:
+    async with connect(running.uri()) as good:
+        session = await good.open_session()
+        slow = await session.submit(script(events=40, delay=0.01))
+        # A second connection handshakes, then sends a broken header.
+        bad = await raw_connection(running.uri())
+        client = nnrp.ClientConnection()
+        await bad.send_all(client.hello())
+        await bad.send_all(b"NNRP\x01\x00\x20\x28" + b"\xff" * 32)  # reserved flags
+        packets = nnrp.Decoder().feed(await read_all(bad))
+        assert isinstance(packets[0].message, nnrp.ServerHelloAck)
+        error = packets[-1].message
+        assert isinstance(error, nnrp.Error)
+        assert error.is_fatal == 1
+        assert error.code == nnrp.ErrorCode.MALFORMED_HEADER
+        events = await collect(slow)
+        assert len(events) == 41
+        assert isinstance(events[-1], nnrp.ResultReceived)
+
+
+async def test_oversized_packet_is_refused_before_buffering(nursery: trio.Nursery,
+                                                           socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir,
+                                 config=nnrp.ServerConfig(max_packet=64 * 1024))
+    stream = await raw_connection(running.uri())
+    client = nnrp.ClientConnection()
+    await stream.send_all(client.hello())
+    header = bytearray(nnrp.encode(nnrp.Packet(nnrp.PartialResult(operation_id=1))))[:40]
+    header[16:20] = (0xFFFFFFF0).to_bytes(4, "little")  # announces ~4 GiB
+    await stream.send_all(bytes(header))
+    packets = nnrp.Decoder().feed(await read_all(stream))
+    assert packets[-1].message.code == nnrp.ErrorCode.LIMIT_EXCEEDED
+
+
+async def test_websocket_text_message_is_a_protocol_error(running: RunningServer) -> None:
+    import trio_websocket
+
+    async with trio_websocket.open_websocket_url(running.uri("websocket")) as ws:
+        await ws.send_message(nnrp.ClientConnection().hello())
+        assert isinstance(nnrp.decode_packet(await ws.get_message()).message,
+                          nnrp.ServerHelloAck)
+        await ws.send_message("not a packet")
+        error = nnrp.decode_packet(await ws.get_message())
+        assert error.message.is_fatal == 1
+        assert b"text message" in error.body
+
+
+async def test_bad_typed_body_reaches_the_handler_as_body_error(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        await client.send(nnrp.encode(nnrp.Packet(
+            nnrp.FrameSubmit(operation_id=9, payload_kind_bitmap=0x10, payload_frame_count=1),
+            session_id=session.session_id, frame_id=9, body=b"\0" * 33)))
+        await running.seen.started.wait()
+        assert running.seen.operations[0].body_error is not None
+
+
+async def test_handshake_timeout_closes_slowloris(running: RunningServer) -> None:
+    stream = await raw_connection(running.uri())
+    hello = nnrp.ClientConnection().hello()
+    start = trio.current_time()
+    with trio.move_on_after(5):
+        for byte in hello[:10]:
+            try:
+                await stream.send_all(bytes([byte]))
+            except trio.BrokenResourceError:
+                break
+            await trio.sleep(0.5)
+    assert await read_all(stream) == b""
+    assert trio.current_time() - start < 4.5
+
+
+# --------------------------------------------------------------------------- admission
+
+
+async def test_connection_limit_refuses_fast(nursery: trio.Nursery, socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir, max_connections=1)
+    async with connect(running.uri()) as first:
+        session = await first.open_session()
+        with pytest.raises(ClientError, match="SERVER_BUSY: connection limit reached"):
+            async with connect(running.uri()):
+                pass
+        events = await collect(await session.submit(script(events=2)))
+        assert isinstance(events[-1], nnrp.ResultReceived)
+    assert running.server.refused_connections == 1
+
+
+async def test_in_flight_limit_refusal_is_answered_on_its_frame(nursery: trio.Nursery,
+                                                                socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir, config=nnrp.ServerConfig(max_in_flight=1))
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        hanging = await session.submit(script(hang=True))
+        refused = await session.submit(script(events=1))
+        (terminal,) = await collect(refused)
+        assert isinstance(terminal, nnrp.ResultReceived)
+        assert terminal.meta.status_code == 503
+        await hanging.cancel()
+        await collect(hanging)
+
+
+async def test_session_close_drains_in_flight_work(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        operation = await session.submit(script(events=5, delay=0.02))
+        await session.close()  # waits for SESSION_CLOSE_ACK
+        events = await collect(operation)
+        assert isinstance(events[-1], nnrp.ResultReceived)
+        assert len(events) == 6
+
+
+async def test_graceful_shutdown_drops_with_transport_closed(nursery: trio.Nursery,
+                                                             socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir)
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        quick = await session.submit(script(events=3, delay=0.01))
+        stuck = await session.submit(script(hang=True))
+        await trio.sleep(0.05)
+        with trio.fail_after(5):
+            await running.server.shutdown(drain_timeout=0.3)
+        assert isinstance((await collect(quick))[-1], nnrp.ResultReceived)
+        (terminal,) = await collect(stuck)
+        assert terminal.drop_reason == nnrp.DropReason.TRANSPORT_CLOSED
+    assert not running.server.accepting
+
+
+async def test_slow_reader_backpressure_bounds_memory(nursery: trio.Nursery,
+                                                      socket_dir: Any) -> None:
+    limits = ConnectionLimits(outbox_high_water=64 * 1024)
+    running = await start_server(nursery, socket_dir, limits=limits)
+    stream = await raw_connection(running.uri())
+    client = nnrp.ClientConnection()
+    await stream.send_all(client.hello())
+    await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))))
+    await stream.receive_some(65536)  # hello ack + session ack (small)
+    await stream.send_all(nnrp.encode(nnrp.Packet(
+        nnrp.FrameSubmit(operation_id=1, payload_kind_bitmap=0x10, payload_frame_count=1),
+        session_id=1, frame_id=1, body=nnrp.pack_single_frame(script(events=100_000, size=1000)))))
+    # Never read: the operation must stall, with queued output bounded by the high-water mark.
+    await trio.sleep(1.0)
+    (connection,) = running.server.connections
+    operation = running.seen.operations[0]
+    stalled_at = operation.events_sent
+    await trio.sleep(0.5)
+    assert operation.events_sent == stalled_at < 100_000
+    assert connection.outbox.queued_bytes <= 64 * 1024 + 2048
+    # Other clients are unaffected.
+    async with connect(running.uri()) as other:
+        session = await other.open_session()
+        assert isinstance((await collect(await session.submit(script(events=3))))[-1],
+                          nnrp.ResultReceived)
+    await stream.aclose()
+
+
+async def test_client_reports_server_gone(running: RunningServer) -> None:
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        operation = await session.submit(script(hang=True))
+        await running.seen.started.wait()
+        (connection,) = running.server.connections
+        await connection.transport.aclose()
+        with pytest.raises(ClientError):
+            await collect(operation)
+        assert isinstance(client, NnrpClient)
