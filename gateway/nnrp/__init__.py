@@ -79,6 +79,9 @@ from ._codec import (
     encode as encode,
 )
 from ._codec import (
+    encode_openai_submit as encode_openai_submit,
+)
+from ._codec import (
     encode_partial_result as encode_partial_result,
 )
 from ._constants import *  # noqa: F403

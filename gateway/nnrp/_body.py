@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import attrs
 
@@ -62,9 +63,8 @@ class Prelude:
                 + self.typed_frame + self.extension_descriptor + self.extension_payload)
 
 
-@attrs.frozen
-class TypedDescriptor:
-    """A 24-byte TypedPayloadDescriptor."""
+class TypedDescriptor(NamedTuple):
+    """A 24-byte TypedPayloadDescriptor (a NamedTuple: built once per frame on the hot path)."""
 
     profile_id: int = 0
     payload_kind: int = int(PayloadKind.STRUCTURED_EVENT)
@@ -82,6 +82,7 @@ class TypedDescriptor:
 
     @classmethod
     def unpack(cls, data: bytes | memoryview, offset: int = 0) -> TypedDescriptor:
+        """Parse and check one descriptor."""
         (profile_id, kind, flags, schema_id, schema_version, semantics, reserved, off,
          length) = DESCRIPTOR.unpack_from(data, offset)
         if kind not in _KIND_BITS:
@@ -95,16 +96,14 @@ class TypedDescriptor:
         return cls(profile_id, kind, flags, schema_id, schema_version, semantics, off, length)
 
 
-@attrs.frozen
-class TypedFrame:
+class TypedFrame(NamedTuple):
     """One typed payload frame: its descriptor and its bytes."""
 
     descriptor: TypedDescriptor
     payload: bytes
 
 
-@attrs.frozen
-class TypedBody:
+class TypedBody(NamedTuple):
     """A parsed typed body. Object and extension regions are kept raw."""
 
     frames: tuple[TypedFrame, ...]
@@ -122,7 +121,7 @@ def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]]) -> bytes:
     descriptors = bytearray()
     offset = 0
     for descriptor, payload in frames:
-        descriptors += attrs.evolve(descriptor, offset=offset, length=len(payload)).pack()
+        descriptors += descriptor._replace(offset=offset, length=len(payload)).pack()
         offset += len(payload)
     prelude = Prelude(typed_descriptor=len(descriptors), typed_frame=offset)
     return b"".join((prelude.pack(), bytes(descriptors), *(p for _, p in frames)))
@@ -144,6 +143,17 @@ def pack_single_frame(payload: bytes, *, profile_id: int = 0,
 def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_count: int
                      ) -> TypedBody:
     """Parse and check a typed body against its metadata's bitmap and frame count."""
+    if payload_frame_count == 1 and len(body) >= PRELUDE_LEN + DESCRIPTOR_LEN:
+        # Fast path for the openai mapping: one frame, no object or extension regions.
+        (inline, objref, desc_len, frame_len, ext_desc, ext_payload, body_flags,
+         reserved) = PRELUDE.unpack_from(body, 0)
+        if (desc_len == DESCRIPTOR_LEN and not (inline or objref or ext_desc or ext_payload
+                                                or body_flags or reserved)
+                and PRELUDE_LEN + DESCRIPTOR_LEN + frame_len == len(body)):
+            descriptor = TypedDescriptor.unpack(body, PRELUDE_LEN)
+            if (descriptor.offset == 0 and descriptor.length == frame_len
+                    and descriptor.payload_kind == payload_kind_bitmap & ~int(PayloadKind.TENSOR)):
+                return TypedBody((TypedFrame(descriptor, body[PRELUDE_LEN + DESCRIPTOR_LEN:]),))
     prelude = Prelude.unpack(body)
     if PRELUDE_LEN + prelude.total() != len(body):
         raise TypedBodyError(

@@ -19,15 +19,14 @@ import enum
 
 import attrs
 
-from ._body import TypedBody, pack_single_frame, parse_typed_body
-from ._codec import Decoder, Packet, decode_packet, encode
+from ._body import TypedBody, parse_typed_body
+from ._codec import Decoder, Packet, decode_packet, encode, encode_openai_submit
 from ._constants import (
     DEFAULT_MAX_PACKET,
     TOKEN_SCHEMA_ID,
     TOKEN_SCHEMA_VERSION,
     ErrorCode,
     InFlightPolicy,
-    PayloadKind,
     Role,
     SessionOpenStatus,
     StandardProfile,
@@ -40,7 +39,6 @@ from ._messages import (
     Deadline,
     Error,
     FrameCancel,
-    FrameSubmit,
     Message,
     PartialResult,
     Ping,
@@ -197,11 +195,8 @@ class ClientConnection:
         operation = _ClientOp(operation_id, frame_id)
         session.by_frame[frame_id] = operation
         session.by_operation[operation_id] = operation
-        meta = FrameSubmit(operation_id=operation_id,
-                           payload_kind_bitmap=int(PayloadKind.STRUCTURED_EVENT),
-                           payload_frame_count=1)
-        return encode(Packet(meta, session_id=session_id, frame_id=frame_id,
-                             body=pack_single_frame(payload), trace_id=trace_id))
+        return encode_openai_submit(session_id, frame_id, operation_id, payload,
+                                    trace_id=trace_id)
 
     def cancel(self, session_id: int, operation_id: int, *, frame_id: int = 0,
                control_sequence: int = 1, reason: int = 1, abort: bool = False,

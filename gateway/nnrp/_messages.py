@@ -47,10 +47,27 @@ from ._constants import (
 )
 from ._layout import Layout, check, check_mask, check_range
 
-_ROLES = range(len(Role))
-_REASONS = range(len(ControlReason))
-_DROP_REASONS = range(len(DropReason))
+#: Registries as ranges, computed once (len() of an enum iterates it).
+_CLOSEACKSTATUS_VALUES = range(len(CloseAckStatus))
+_CLOSEREASON_VALUES = range(len(CloseReason))
+_CONTROLREASON_VALUES = range(len(ControlReason))
+_DROPREASON_VALUES = range(len(DropReason))
+_ERRORSCOPE_VALUES = range(len(ErrorScope))
+_FLOWBACKPRESSURE_VALUES = range(len(FlowBackpressure))
+_FLOWREASON_VALUES = range(len(FlowReason))
+_FLOWSCOPE_VALUES = range(len(FlowScope))
+_INFLIGHTPOLICY_VALUES = range(len(InFlightPolicy))
+_PRESSURELEVEL_VALUES = range(len(PressureLevel))
+_PRIORITYCLASS_VALUES = range(len(PriorityClass))
+_RESULTCLASS_VALUES = range(len(ResultClass))
+_ROLE_VALUES = range(len(Role))
+_SESSIONOPENSTATUS_VALUES = range(len(SessionOpenStatus))
+_SUBMITMODE_VALUES = range(len(SubmitMode))
+_ROLES = _ROLE_VALUES
+_REASONS = _CONTROLREASON_VALUES
+_DROP_REASONS = _DROPREASON_VALUES
 _STAGES = frozenset(int(s) for s in Stage)
+_ERROR_CODES = range(1, len(ErrorCode) + 1)
 
 
 class _Message:
@@ -265,7 +282,7 @@ class SessionOpen(_Message):
     client_session_tag: int = 0
 
     def validate(self) -> None:
-        check_range(self.priority_class, range(len(PriorityClass)), "session_open.priority_class")
+        check_range(self.priority_class, _PRIORITYCLASS_VALUES, "session_open.priority_class")
         check_mask(self.session_flags, 0x0F, "session_open.session_flags")
 
     def expected_body_len(self) -> int | None:
@@ -303,9 +320,9 @@ class SessionOpenAck(_Message):
     session_flags_ack: int = 0
 
     def validate(self) -> None:
-        check_range(self.priority_class, range(len(PriorityClass)),
+        check_range(self.priority_class, _PRIORITYCLASS_VALUES,
                     "session_open_ack.priority_class")
-        check_range(self.status, range(len(SessionOpenStatus)), "session_open_ack.status")
+        check_range(self.status, _SESSIONOPENSTATUS_VALUES, "session_open_ack.status")
         check_mask(self.session_flags_ack, 0x1F, "session_open_ack.session_flags_ack")
 
     def expected_body_len(self) -> int | None:
@@ -330,8 +347,8 @@ class SessionClose(_Message):
     close_tag: int = 0
 
     def validate(self) -> None:
-        check_range(self.reason, range(len(CloseReason)), "session_close.reason")
-        check_range(self.in_flight_policy, range(len(InFlightPolicy)),
+        check_range(self.reason, _CLOSEREASON_VALUES, "session_close.reason")
+        check_range(self.in_flight_policy, _INFLIGHTPOLICY_VALUES,
                     "session_close.in_flight_policy")
 
 
@@ -349,7 +366,7 @@ class SessionCloseAck(_Message):
     session_error_code: int = 0
 
     def validate(self) -> None:
-        check_range(self.status, range(len(CloseAckStatus)), "session_close_ack.status")
+        check_range(self.status, _CLOSEACKSTATUS_VALUES, "session_close_ack.status")
 
 
 @attrs.frozen
@@ -372,8 +389,8 @@ class Error(_Message):
     diagnostic_bytes: int = 0
 
     def validate(self) -> None:
-        check_range(self.code, range(1, len(ErrorCode) + 1), "error.code")
-        check_range(self.scope, range(len(ErrorScope)), "error.scope")
+        check_range(self.code, _ERROR_CODES, "error.code")
+        check_range(self.scope, _ERRORSCOPE_VALUES, "error.scope")
         check_range(self.is_fatal, range(2), "error.is_fatal")
 
     def expected_body_len(self) -> int | None:
@@ -425,20 +442,25 @@ class FrameSubmit(_Message):
     payload_frame_count: int = 0
 
     def validate(self) -> None:
+        # One cheap guard for the common case; the detailed checks name the culprit.
+        if (self.operation_id and self.submit_mode <= 2 and self.budget_policy <= 0x0F
+                and (self.loss_tolerance <= 3 or self.loss_tolerance == 0xFF)
+                and self.payload_kind_bitmap <= PAYLOAD_KIND_MASK
+                and self.tile_index_mode <= 3 and self.input_profile <= 2
+                and (self.payload_kind_bitmap & 1 or not (
+                    self.src_width or self.src_height or self.tile_width or self.tile_height
+                    or self.tile_count or self.section_count or self.input_profile
+                    or self.tile_base_id or self.camera_bytes or self.tile_index_bytes))):
+            return
         check(self.operation_id != 0, "frame_submit.operation_id must be non-zero")
-        check_range(self.submit_mode, range(len(SubmitMode)), "frame_submit.submit_mode")
+        check_range(self.submit_mode, _SUBMITMODE_VALUES, "frame_submit.submit_mode")
         check_mask(self.budget_policy, 0x0F, "frame_submit.budget_policy")
         check(self.loss_tolerance <= 3 or self.loss_tolerance == 0xFF,
               f"frame_submit.loss_tolerance {self.loss_tolerance} is not 0-3 or 0xFF")
         check_mask(self.payload_kind_bitmap, PAYLOAD_KIND_MASK, "frame_submit.payload_kind_bitmap")
         check_range(self.tile_index_mode, range(4), "frame_submit.tile_index_mode")
         check_range(self.input_profile, range(3), "frame_submit.input_profile")
-        if not self.payload_kind_bitmap & PayloadKind.TENSOR:
-            tensor_fields = (self.src_width, self.src_height, self.tile_width, self.tile_height,
-                             self.tile_count, self.section_count, self.input_profile,
-                             self.tile_base_id, self.camera_bytes, self.tile_index_bytes)
-            check(not any(tensor_fields),
-                  "frame_submit: tensor fields must be 0 without a tensor payload")
+        check(False, "frame_submit: tensor fields must be 0 without a tensor payload")
 
     def expected_body_len(self) -> int | None:
         return None
@@ -478,7 +500,7 @@ class ResultPush(_Message):
 
     def validate(self) -> None:
         check_mask(self.result_flags, 0x07, "result_push.result_flags")
-        check_range(self.result_class, range(len(ResultClass)), "result_push.result_class")
+        check_range(self.result_class, _RESULTCLASS_VALUES, "result_push.result_class")
         check_mask(self.applied_budget, 0x0F, "result_push.applied_budget")
         check_mask(self.payload_kind_bitmap, PAYLOAD_KIND_MASK, "result_push.payload_kind_bitmap")
         stale = self.result_class == ResultClass.STALE_REUSE or bool(self.result_flags & 0x01)
@@ -525,9 +547,9 @@ class FlowUpdate(_Message):
     flags: int = 0
 
     def validate(self) -> None:
-        check_range(self.scope, range(len(FlowScope)), "flow_update.scope")
-        check_range(self.reason, range(len(FlowReason)), "flow_update.reason")
-        check_range(self.backpressure, range(len(FlowBackpressure)), "flow_update.backpressure")
+        check_range(self.scope, _FLOWSCOPE_VALUES, "flow_update.scope")
+        check_range(self.reason, _FLOWREASON_VALUES, "flow_update.reason")
+        check_range(self.backpressure, _FLOWBACKPRESSURE_VALUES, "flow_update.backpressure")
         check_mask(self.flags, 0x0F, "flow_update.flags")
         # Each scope carries only its own credit (and only operation scope an operation_id).
         if self.scope == FlowScope.CONNECTION:
@@ -626,7 +648,7 @@ class PriorityUpdate(_Scheduling):
 
     def validate(self) -> None:
         super().validate()
-        check_range(self.priority_class, range(len(PriorityClass)),
+        check_range(self.priority_class, _PRIORITYCLASS_VALUES,
                     "priority_update.priority_class")
 
 
@@ -759,7 +781,7 @@ class _Pressure(_Message):
     flags: int = 0
 
     def validate(self) -> None:
-        check_range(self.level, range(len(PressureLevel)), "pressure.level")
+        check_range(self.level, _PRESSURELEVEL_VALUES, "pressure.level")
         check_mask(self.flags, 0x03, "pressure.flags")
 
 
@@ -919,7 +941,7 @@ class ErrorRecoverable(_Message):
     diagnostic_bytes: int = 0
 
     def validate(self) -> None:
-        check_range(self.scope, range(len(ErrorScope)), "error_recoverable.scope")
+        check_range(self.scope, _ERRORSCOPE_VALUES, "error_recoverable.scope")
         check_range(self.role, _ROLES, "error_recoverable.role")
         check_mask(self.flags, 0x03, "error_recoverable.flags")
 
