@@ -12,8 +12,11 @@ from gateway import nnrp
 from gateway.client import connect
 from gateway.server import GatewayServer, OperationContext
 
+from .bench import bench_app
+
 app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
+app.add_typer(bench_app, name="bench")
 
 
 @app.command()

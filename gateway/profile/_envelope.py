@@ -1,0 +1,166 @@
+"""The openai-compatible/1 request envelope (nnrp-wire.md section 4, reference-adapter.md 6).
+
+    {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
+     "request_id"?: str, "body": {OpenAI request}, "nnrp"?: {"timeout_ms", "diagnostics",
+     "include_openai_chunk", "cancel_after_events"}}
+
+Validation order decides which error a doubly-broken request gets: typed body first,
+then JSON, then schema_version, operation, body fields, request_id, nnrp policy.
+The ``nnrp`` object is removed here: it never reaches vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import attrs
+
+from gateway.nnrp import PayloadKind, StreamSemantics, TypedBody
+
+from ._errors import ProfileError
+
+SCHEMA_VERSION = "openai-compatible/1"
+CHAT_COMPLETIONS = "chat.completions.create"
+#: Level 2/3 operations of the profile; refused with unsupported_operation until served.
+KNOWN_OPERATIONS = frozenset({CHAT_COMPLETIONS, "responses.create", "models.list",
+                              "embeddings.create"})
+#: The gateway's own extension operation: the capability document over NNRP.
+CAPABILITIES_OPERATION = "gateway.capabilities"
+
+DEFAULT_MAX_ENVELOPE_BYTES = 4 << 20
+DEFAULT_MAX_DEPTH = 64
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+@attrs.frozen
+class NnrpPolicy:
+    """The envelope's ``nnrp`` object: per-request gateway behaviour."""
+
+    timeout_ms: int | None = None
+    diagnostics: bool = False
+    include_openai_chunk: bool = False
+    cancel_after_events: int | None = None
+
+
+@attrs.frozen
+class Envelope:
+    operation: str
+    body: dict[str, Any]
+    request_id: str | None = None
+    policy: NnrpPolicy = NnrpPolicy()
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def stream(self) -> bool:
+        return self.body.get("stream") is True
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth, stopping early past ``limit``."""
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def check_typed_body(typed_body: TypedBody | None, body_error: str | None) -> bytes:
+    """The frozen request mapping: exactly one STRUCTURED_EVENT frame, profile 0,
+    schema 0/0, SNAPSHOT (nnrp-wire.md section 4). Returns the JSON payload."""
+    if typed_body is None:
+        raise ProfileError("invalid_submit_body", f"typed body is malformed: {body_error}")
+    if len(typed_body.frames) != 1:
+        raise ProfileError("invalid_submit_body",
+                           f"expected exactly one typed frame, got {len(typed_body.frames)}")
+    descriptor, payload = typed_body.frames[0]
+    expected = (0, int(PayloadKind.STRUCTURED_EVENT), 0, 0, 0, int(StreamSemantics.SNAPSHOT))
+    actual = (descriptor.profile_id, descriptor.payload_kind, descriptor.descriptor_flags,
+              descriptor.schema_id, descriptor.schema_version, descriptor.stream_semantics)
+    if actual != expected:
+        raise ProfileError(
+            "invalid_submit_body",
+            "typed frame must be profile 0, STRUCTURED_EVENT, flags 0, schema 0/0, SNAPSHOT; "
+            f"got profile {actual[0]}, kind {actual[1]:#x}, flags {actual[2]}, "
+            f"schema {actual[3]}/{actual[4]}, semantics {actual[5]}")
+    if typed_body.inline_object or typed_body.object_reference or typed_body.extension_payload:
+        raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
+    return payload
+
+
+def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+                   max_depth: int = DEFAULT_MAX_DEPTH,
+                   operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})) -> Envelope:
+    """Validate a UTF-8 JSON envelope; raise ProfileError with the profile's code."""
+    if len(payload) > max_bytes:
+        raise ProfileError("invalid_body",
+                           f"envelope of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError("invalid_body", f"envelope is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise ProfileError("invalid_body", "envelope must be a JSON object")
+    if _depth(document, max_depth) > max_depth:
+        raise ProfileError("invalid_body", f"envelope nests deeper than {max_depth} levels")
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError("unsupported_schema_version",
+                           f"schema_version must be {SCHEMA_VERSION!r}, "
+                           f"got {document.get('schema_version')!r}")
+    operation = document.get("operation")
+    if not isinstance(operation, str) or operation not in operations:
+        raise ProfileError("unsupported_operation",
+                           f"operation {operation!r} is not supported; supported: "
+                           f"{', '.join(sorted(operations))}")
+    body = document.get("body", {} if operation == CAPABILITIES_OPERATION else None)
+    if not isinstance(body, dict):
+        raise ProfileError("invalid_body", "body must be a JSON object")
+    if operation == CHAT_COMPLETIONS:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise ProfileError("missing_model", "body.model must be a non-empty string")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ProfileError("missing_messages", "body.messages must be a non-empty array")
+    request_id = document.get("request_id")
+    if request_id is not None and (not isinstance(request_id, str)
+                                   or not _REQUEST_ID.match(request_id)):
+        raise ProfileError("invalid_request_id",
+                           "request_id must be 1-128 characters of [A-Za-z0-9._:@/+=-]")
+    return Envelope(operation, body, request_id, _parse_policy(document.get("nnrp")))
+
+
+def _parse_policy(raw: Any) -> NnrpPolicy:
+    if raw is None:
+        return NnrpPolicy()
+    if not isinstance(raw, dict):
+        raise ProfileError("invalid_nnrp_policy", "nnrp must be a JSON object")
+    known = {"timeout_ms", "diagnostics", "include_openai_chunk", "cancel_after_events"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ProfileError("invalid_nnrp_policy", f"unknown nnrp fields: {', '.join(unknown)}")
+    timeout_ms = raw.get("timeout_ms")
+    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int)
+                                   or timeout_ms < 0):
+        raise ProfileError("invalid_nnrp_policy", "nnrp.timeout_ms must be an integer >= 0")
+    cancel_after = raw.get("cancel_after_events")
+    if cancel_after is not None and (isinstance(cancel_after, bool)
+                                     or not isinstance(cancel_after, int) or cancel_after < 0):
+        raise ProfileError("invalid_nnrp_policy",
+                           "nnrp.cancel_after_events must be an integer >= 0")
+    for flag in ("diagnostics", "include_openai_chunk"):
+        if flag in raw and not isinstance(raw[flag], bool):
+            raise ProfileError("invalid_nnrp_policy", f"nnrp.{flag} must be a boolean")
+    return NnrpPolicy(timeout_ms, bool(raw.get("diagnostics", False)),
+                      bool(raw.get("include_openai_chunk", False)), cancel_after)

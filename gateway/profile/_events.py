@@ -1,0 +1,95 @@
+"""Profile event builders: each returns the compact JSON body of one event.
+
+Encoding follows the reference adapter (reference-adapter.md section 6 and the live
+capture of nnrp-wire.md section 6): compact separators, sorted keys, UTF-8 as is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._errors import ERROR_TABLE, ProfileError
+
+_encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    return _encoder.encode(event).encode("utf-8")
+
+
+def _with_chunk(event: dict[str, Any], chunk: dict[str, Any] | None) -> dict[str, Any]:
+    if chunk is not None:
+        event["openai_chunk"] = chunk
+    return event
+
+
+def text_delta(index: int, delta: str, chunk: dict[str, Any] | None = None) -> dict[str, Any]:
+    return _with_chunk({"type": "response.output_text.delta", "index": index, "delta": delta},
+                       chunk)
+
+
+def reasoning_delta(index: int, delta: str, chunk: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """Declared non-critical extension ``vllm.reasoning``: clients may ignore it."""
+    return _with_chunk({"type": "response.reasoning_text.delta", "index": index,
+                        "delta": delta}, chunk)
+
+
+def tool_call_started(index: int, item_id: str, call_id: str, name: str,
+                      choice_index: int = 0) -> dict[str, Any]:
+    return {"type": "response.tool_call.started", "index": index, "item_id": item_id,
+            "call_id": call_id, "name": name, "choice_index": choice_index}
+
+
+def tool_call_delta(index: int, item_id: str, call_id: str, arguments_delta: str,
+                    choice_index: int = 0) -> dict[str, Any]:
+    return {"type": "response.tool_call.delta", "index": index, "item_id": item_id,
+            "call_id": call_id, "arguments_delta": arguments_delta,
+            "choice_index": choice_index}
+
+
+def tool_call_completed(index: int, item_id: str, call_id: str, name: str, arguments: str,
+                        choice_index: int = 0) -> dict[str, Any]:
+    return {"type": "response.tool_call.completed", "index": index, "item_id": item_id,
+            "call_id": call_id, "name": name, "arguments": arguments,
+            "choice_index": choice_index}
+
+
+def tool_call_error(index: int, item_id: str, call_id: str, code: str, message: str,
+                    choice_index: int = 0) -> dict[str, Any]:
+    return {"type": "response.tool_call.error", "index": index, "item_id": item_id,
+            "call_id": call_id, "choice_index": choice_index,
+            "error": {"type": "backend_error", "code": code, "message": message}}
+
+
+def usage(usage_object: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "response.usage", "usage": usage_object}
+
+
+def completed(body: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "response.completed", "body": body}
+
+
+def diagnostics(record: dict[str, Any]) -> dict[str, Any]:
+    """Declared non-critical extension ``vllm.diagnostics``; unknown fields are ignorable."""
+    return {"type": "response.diagnostics", "diagnostics": record}
+
+
+def error_event(error: ProfileError) -> dict[str, Any]:
+    body: dict[str, Any] = {"type": error.spec.error_type, "code": error.code,
+                            "message": error.message}
+    if error.param is not None:
+        body["param"] = error.param
+    event: dict[str, Any] = {"type": "response.error", "error": body}
+    if error.diagnostics:
+        event["diagnostics"] = error.diagnostics
+    return event
+
+
+def error_status(code: str) -> int:
+    return ERROR_TABLE[code].status
+
+
+def cancelled(reason: str) -> dict[str, Any]:
+    return {"type": "response.cancelled", "reason": reason}

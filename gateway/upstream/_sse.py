@@ -1,0 +1,118 @@
+"""A sans-IO Server-Sent Events decoder for vLLM's ``text/event-stream``.
+
+Bytes in, events out; any chunking of the byte stream gives the same events.
+
+Lines end with LF, CRLF or CR and nothing else (WHATWG SSE "Parsing an event
+stream"). ``str.splitlines`` must not be used: it also splits on U+2028, U+0085, \\x1c
+and friends, which occur raw inside JSON token text (conventions.md A4, the bug
+httpx-sse fixed in 0.4.2). Decoding works on bytes, so a multi-byte UTF-8 sequence
+split across reads is never a problem: only complete lines are decoded.
+
+vLLM sends ``data: <json>\\n\\n`` per event and ends with ``data: [DONE]``; comments,
+``event:``, ``id:`` and ``retry:`` fields are parsed per the spec and ignored here.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+#: Longest line accepted: one token chunk is well under 4 KiB; a logprobs chunk with
+#: many alternatives stays under 256 KiB.
+DEFAULT_MAX_LINE = 1 << 20
+DEFAULT_MAX_EVENT = 4 << 20
+
+
+class SSEError(Exception):
+    """The stream broke an SSE rule or a size cap (the operation fails with backend_error)."""
+
+
+@attrs.frozen
+class SSEEvent:
+    data: str
+    event: str = "message"
+
+    @property
+    def is_done(self) -> bool:
+        """vLLM's end-of-stream sentinel."""
+        return self.data == "[DONE]"
+
+
+class SSEDecoder:
+    """Incremental decoder. ``feed(bytes) -> list[SSEEvent]``; ``close()`` at end of stream."""
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE, max_event: int = DEFAULT_MAX_EVENT
+                 ) -> None:
+        self.max_line = max_line
+        self.max_event = max_event
+        self._buffer = bytearray()
+        self._data: list[str] = []
+        self._data_size = 0
+        self._event_type = ""
+        self._pending_cr = False  # a CR ended the last chunk: a following LF belongs to it
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        if not chunk:
+            return events
+        if self._pending_cr:
+            self._pending_cr = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        buffer = self._buffer
+        buffer += chunk
+        start = 0
+        length = len(buffer)
+        while True:
+            lf = buffer.find(b"\n", start)
+            cr = buffer.find(b"\r", start, lf if lf >= 0 else length)
+            if cr >= 0:
+                end, after = cr, cr + 1
+                if after < length and buffer[after] == 0x0A:
+                    after += 1
+                elif after == length:
+                    self._pending_cr = True  # CRLF may be split across chunks
+            elif lf >= 0:
+                end, after = lf, lf + 1
+            else:
+                break
+            if end - start > self.max_line:
+                raise SSEError(f"SSE line of {end - start} bytes exceeds {self.max_line}")
+            self._line(bytes(buffer[start:end]), events)
+            start = after
+        del buffer[:start]
+        if len(buffer) > self.max_line:
+            raise SSEError(f"SSE line of over {self.max_line} bytes without an end")
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: a final unterminated event is discarded (per the SSE spec)."""
+        self._buffer.clear()
+        self._data.clear()
+        self._data_size = 0
+        return []
+
+    def _line(self, raw: bytes, events: list[SSEEvent]) -> None:
+        if not raw:
+            if self._data:
+                events.append(SSEEvent("\n".join(self._data), self._event_type or "message"))
+            self._data = []
+            self._data_size = 0
+            self._event_type = ""
+            return
+        if raw[:1] == b":":
+            return  # comment
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SSEError(f"SSE line is not valid UTF-8: {exc}") from exc
+        name, colon, value = line.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data_size += len(value)
+            if self._data_size > self.max_event:
+                raise SSEError(f"SSE event exceeds {self.max_event} bytes")
+            self._data.append(value)
+        elif name == "event":
+            self._event_type = value
+        # "id" and "retry" and unknown fields: ignored (vLLM sends none).
