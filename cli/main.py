@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+from pathlib import Path
+from typing import Annotated
 
 import trio
 import typer
 
 import gateway
 from gateway import nnrp
-from gateway.client import connect
-from gateway.server import GatewayServer, OperationContext
+from gateway.app import Gateway, GatewayConfig
+from gateway.client import ClientError, connect
+from gateway.replay import ReplayServer
+from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
 
@@ -18,46 +24,181 @@ app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=Fals
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
 app.add_typer(bench_app, name="bench")
 
+Listen = Annotated[list[str], typer.Option(
+    "--listen", envvar="NNRP_GATEWAY_LISTEN",
+    help="NNRP listener: tcp://host:port, unix:///path or ws://host:port/path (repeatable).")]
+VllmUrl = Annotated[str, typer.Option("--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL",
+                                      help="Base URL of the co-located vLLM OpenAI server.")]
+
 
 @app.command()
 def version() -> None:
     """Print the gateway's version."""
-    typer.echo(f"nnrp-vllm-gateway {gateway.__version__}")
+    typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})")
 
 
-async def _echo_words(op: OperationContext) -> None:
-    """Interim demo handler: streams the request's words back as text deltas."""
-    assert op.typed_body is not None
-    words = json.loads(op.typed_body.frames[0].payload)["text"].split()
-    for word in words:
-        await op.emit(json.dumps({"type": "response.output_text.delta", "index": 0,
-                                  "delta": word + " "}).encode())
-        await trio.sleep(0.02)
-    await op.finish(200, b'{"type":"response.completed"}')
+@app.command()
+def serve(
+    listen: Listen = ["tcp://127.0.0.1:7700"],  # noqa: B006
+    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    upstream_api_key: Annotated[str | None, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_API_KEY",
+        help="Bearer token for vLLM's --api-key (never logged).")] = None,
+    allow_untested_vllm: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM",
+        help="Serve a vLLM outside the tested families with the nearest binding.")] = False,
+    tool_calls: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_TOOL_CALLS",
+        help="Declare that vLLM runs with a tool parser (advertises tool_calls).")] = False,
+    drain_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_DRAIN_TIMEOUT",
+        help="Seconds in-flight operations may finish after SIGTERM.")] = 30.0,
+) -> None:
+    """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
+    config = GatewayConfig(listen=tuple(listen), vllm_url=vllm_url,
+                           upstream_api_key=upstream_api_key,
+                           allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
+                           drain_timeout=drain_timeout)
+    try:
+        trio.run(_serve, config)
+    except BaseExceptionGroup as group:
+        version_errors, _ = group.split(UnsupportedVersion)
+        if version_errors is not None:
+            typer.echo(f"error: {version_errors.exceptions[0]}", err=True)
+            raise typer.Exit(3) from None
+        listen_errors, _ = group.split(OSError)
+        if listen_errors is not None:
+            typer.echo(f"error: cannot listen: {listen_errors.exceptions[0]}", err=True)
+            raise typer.Exit(2) from None
+        raise
 
 
-async def _demo() -> None:
-    server = GatewayServer(_echo_words)
+async def _serve(config: GatewayConfig) -> None:
+    gateway_app = Gateway(config)
     async with trio.open_nursery() as nursery:
-        (endpoint,) = await nursery.start(server.serve, ["tcp://127.0.0.1:0"])
-        typer.echo(f"NNRP server on {endpoint.uri}")
-        async with connect(endpoint.uri) as client:
-            session = await client.open_session()
-            operation = await session.submit(
-                json.dumps({"text": "streamed over a real NNRP session"}).encode())
-            async for event in operation.events():
-                if isinstance(event, nnrp.PartialReceived):
-                    typer.echo(json.loads(event.body)["delta"], nl=False)
-            typer.echo()
-            await session.close()
+        endpoints = await nursery.start(gateway_app.run)
+        for endpoint in endpoints:
+            typer.echo(f"serving NNRP on {endpoint.uri}")
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                typer.echo("draining...", err=True)
+                await gateway_app.server.shutdown(config.drain_timeout)
+                nursery.cancel_scope.cancel()
+                return
+
+
+@app.command("replay-server")
+def replay_server(
+    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8000",
+    vllm_version: Annotated[str, typer.Option(help="Family to impersonate: 0.18, 0.22, 0.26."
+                                              )] = "0.26",
+    speed: Annotated[float, typer.Option(help="Timing scale: 2 plays twice as fast.")] = 1.0,
+    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
+) -> None:
+    """A loopback fake vLLM that plays recorded transcripts (for tests and demos)."""
+    host, _, port = listen.rpartition(":")
+    server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(server.serve, host or "127.0.0.1", int(port))
+            typer.echo(f"replay vLLM {server.version} on {url}")
+
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(run)
+
+
+@app.command()
+def record(vllm_url: VllmUrl, out: Annotated[Path, typer.Option(help="Directory for JSONL.")],
+           model: Annotated[str, typer.Option(help="Served model name.")] = "tiny") -> None:
+    """Record transcripts of the standard scenarios from a real vLLM."""
+    from gateway.replay._record import record_all
+
+    for path in record_all(vllm_url, out, model):
+        typer.echo(f"wrote {path}")
+
+
+@app.command()
+def capabilities(
+    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    tool_calls: Annotated[bool, typer.Option(help="vLLM runs with a tool parser.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Compact JSON.")] = False,
+) -> None:
+    """Print the capability document (probing vLLM for its version and models)."""
+    config = GatewayConfig(vllm_url=vllm_url, tool_calls=tool_calls)
+
+    async def probe() -> dict[str, object]:
+        gateway_app = Gateway(config)
+        try:
+            with trio.move_on_after(5):
+                await gateway_app.probe_once()
+        except Exception as exc:
+            typer.echo(f"warning: vLLM probe failed: {exc}", err=True)
+        finally:
+            await gateway_app.client.aclose()
+        return gateway_app.capabilities()
+
+    document = trio.run(probe)
+    typer.echo(json.dumps(document, separators=(",", ":")) if as_json
+               else json.dumps(document, indent=2))
+
+
+DEMO_PROMPT = "Stream a short answer over NNRP, please."
+
+
+async def _demo() -> int:
+    replay = ReplayServer(speed=1.0)
+    async with trio.open_nursery() as nursery:
+        vllm_url = await nursery.start(replay.serve)
+        typer.echo(f"replay vLLM {replay.version} on {vllm_url}")
+        gateway_app = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=vllm_url))
+        (endpoint,) = await nursery.start(gateway_app.run)
+        typer.echo(f"gateway serving NNRP on {endpoint.uri}")
+        with trio.fail_after(10):
+            await gateway_app.probed.wait()
+        envelope = {"schema_version": "openai-compatible/1",
+                    "operation": "chat.completions.create",
+                    "body": {"model": "example-model", "stream": True, "max_tokens": 16,
+                             "messages": [{"role": "user", "content": DEMO_PROMPT}],
+                             "stream_options": {"include_usage": True}}}
+        status = 1
+        with trio.fail_after(30):
+            async with connect(endpoint.uri) as client:
+                session = await client.open_session()
+                typer.echo(f"> {DEMO_PROMPT}\n< ", nl=False)
+                operation = await session.submit(json.dumps(envelope).encode())
+                async for event in operation.events():
+                    if isinstance(event, nnrp.PartialReceived):
+                        payload = json.loads(event.body)
+                        if payload["type"] == "response.output_text.delta":
+                            typer.echo(payload["delta"], nl=False)
+                        elif payload["type"] == "response.usage":
+                            usage = payload["usage"]
+                    elif isinstance(event, nnrp.ResultReceived):
+                        assert event.typed_body is not None
+                        final = json.loads(event.typed_body.frames[0].payload)
+                        typer.echo(f"\n[{final['type']}, status {event.meta.status_code}, "
+                                   f"usage {usage}]")
+                        status = 0 if final["type"] == "response.completed" else 1
+                await session.close()
         nursery.cancel_scope.cancel()
+    return status
 
 
 @app.command()
 def demo() -> None:
-    """Start a server on a free port and stream one answer through it over NNRP."""
-    trio.run(_demo)
+    """Replay vLLM + gateway on free ports; stream one chat answer over a real NNRP session."""
+    try:
+        code = trio.run(_demo)
+    except (ClientError, trio.TooSlowError) as exc:
+        typer.echo(f"demo failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -86,11 +87,13 @@ class ConnectionLimits:
     write_timeout: float = 30.0
 
 
-class RefusalHandler:
-    """Builds the profile's answer to a refused submit (the pipeline supplies it)."""
+#: Builds the (status, payload) answer to a refused submit; the profile supplies it.
+RefusalHandler = Callable[[SubmitRefused], tuple[int, bytes]]
 
-    def __call__(self, refusal: SubmitRefused) -> tuple[int, bytes]:
-        return 503, refusal.message.encode()
+
+def plain_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
+    """Default for servers without a profile: 503 and the reason as text."""
+    return 503, refusal.message.encode()
 
 
 class Connection:
@@ -100,7 +103,7 @@ class Connection:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
-        self.refusal = refusal or RefusalHandler()
+        self.refusal = refusal or plain_refusal
         self.limits = limits
         self.sans_io = ServerConnection(config)
         self.outbox = Outbox(limits.outbox_high_water)

@@ -76,6 +76,8 @@ class OperationContext:
         self.events_sent = 0
         self.bytes_sent = 0
         self.outcome: str | None = None
+        #: What the handler learned (the pipeline's OperationNotes), for observation.
+        self.notes: object | None = None
         self.finished = trio.Event()
         if deadline_unix_ms:
             self.set_deadline(deadline_unix_ms, self.deadline_drop_reason)

@@ -1,0 +1,127 @@
+"""The gateway process: vLLM probe and health loop, the chat pipeline, the NNRP server.
+
+Start-up never waits on vLLM (a sidecar starts long before the model is loaded): the
+probe loop retries until ``GET /version`` answers, selects the version binding, and
+only then marks the upstream ready. Until then, and whenever ``/health`` fails later,
+operations fail fast with ``backend_unavailable``. An untested vLLM version is fatal
+(``UnsupportedVersion``) unless ``allow_untested`` is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+import gateway
+from gateway.nnrp import ServerConfig
+from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
+from gateway.profile._capabilities import capability_document
+from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer
+from gateway.upstream import (
+    UnsupportedVersion,
+    UpstreamConfig,
+    UpstreamError,
+    VllmClient,
+    VllmInfo,
+)
+
+log = structlog.get_logger("gateway")
+
+
+@attrs.frozen
+class GatewayConfig:
+    listen: tuple[str, ...] = ("tcp://127.0.0.1:7700",)
+    vllm_url: str = "http://127.0.0.1:8000"
+    upstream_api_key: str | None = attrs.field(default=None, repr=False)
+    allow_untested_vllm: bool = False
+    tool_calls: bool = False
+    probe_interval: float = 1.0
+    health_interval: float = 5.0
+    drain_timeout: float = 30.0
+    max_connections: int = 1024
+    server: ServerConfig = attrs.field(factory=ServerConfig)
+    connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
+    pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
+    upstream_connect_timeout: float = 2.0
+    upstream_pool_size: int = 256
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.client = VllmClient(UpstreamConfig(
+            config.vllm_url, config.upstream_api_key, config.upstream_connect_timeout,
+            config.upstream_pool_size))
+        self.info: VllmInfo | None = None
+        self.upstream_healthy = False
+        self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
+                                     config.pipeline)
+        self.server = GatewayServer(self.pipeline, config=config.server,
+                                    limits=config.connection,
+                                    max_connections=config.max_connections,
+                                    refusal=profile_refusal)
+        self.endpoints: list[BoundEndpoint] = []
+        self.probed = trio.Event()
+
+    def ready_info(self) -> VllmInfo | None:
+        """The probe result while vLLM is healthy; None means backend_unavailable."""
+        return self.info if self.upstream_healthy else None
+
+    def capabilities(self) -> dict[str, Any]:
+        info = self.info
+        models = info.models if info else ()
+        return capability_document(
+            adapter=f"nnrp-vllm-gateway {gateway.__version__}", models=models,
+            tool_calls=self.config.tool_calls,
+            vllm_version=info.version if info else None,
+            backend_family=info.binding.family if info else None)
+
+    async def run(self, *, task_status: trio.TaskStatus[list[BoundEndpoint]]
+                  = trio.TASK_STATUS_IGNORED) -> None:
+        """Probe vLLM and serve NNRP until cancelled. UnsupportedVersion ends the run."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.endpoints = await nursery.start(self.server.serve,
+                                                     list(self.config.listen))
+                nursery.start_soon(self._upstream_loop)
+                task_status.started(self.endpoints)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self.client.aclose()
+
+    async def probe_once(self) -> VllmInfo:
+        info = await self.client.probe(allow_untested=self.config.allow_untested_vllm)
+        if info.untested:
+            log.warning("untested vLLM version; using the nearest binding",
+                        vllm_version=info.version, binding=info.binding.family)
+        self.info = info
+        self.upstream_healthy = True
+        self.probed.set()
+        log.info("vLLM ready", vllm_version=info.version, binding=info.binding.family,
+                 models=list(info.models))
+        return info
+
+    async def _upstream_loop(self) -> None:
+        """Probe until vLLM answers, then watch /health; re-probe after an outage."""
+        waiting_logged = False
+        while True:
+            if not self.upstream_healthy:
+                try:
+                    await self.probe_once()
+                except UnsupportedVersion:
+                    raise
+                except UpstreamError as exc:
+                    if not waiting_logged:
+                        log.info("waiting for vLLM", vllm_url=self.config.vllm_url,
+                                 reason=str(exc))
+                        waiting_logged = True
+                    await trio.sleep(self.config.probe_interval)
+                    continue
+                waiting_logged = False
+            await trio.sleep(self.config.health_interval)
+            if not await self.client.health():
+                self.upstream_healthy = False
+                log.warning("vLLM health check failed; new operations fail fast")

@@ -1,0 +1,110 @@
+"""Chunk checks: a vLLM stream chunk is forwarded only if it is what vLLM promises.
+
+Every chunk needs a non-empty ``id`` and ``model``, an integer ``created`` >= 0,
+``object`` exactly ``chat.completion.chunk`` and a structurally valid ``choices``
+list. ``{"error": {...}}`` is vLLM's in-stream error event (vllm-http.md section 1).
+A violation raises ``UpstreamMalformed`` naming what was wrong, so the operation
+ends with ``backend_error`` instead of forwarding garbage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.upstream import UpstreamMalformed
+
+
+def parse_chunk(data: str) -> dict[str, Any]:
+    """JSON-decode one SSE ``data`` payload and check it (or raise)."""
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise UpstreamMalformed(f"stream chunk is not JSON: {exc.msg} at {exc.pos}") from exc
+    if not isinstance(chunk, dict):
+        raise UpstreamMalformed("stream chunk is not a JSON object")
+    error = chunk.get("error")
+    if error is not None:
+        if isinstance(error, dict):
+            code = error.get("code")
+            raise UpstreamMalformed(
+                f"vLLM reported an error mid-stream: {error.get('message', 'no message')}",
+                kind="in_stream_error", error_type=_opt_str(error.get("type")),
+                status=code if isinstance(code, int) else None,
+                param=_opt_str(error.get("param")))
+        raise UpstreamMalformed(f"vLLM reported an error mid-stream: {error}",
+                                kind="in_stream_error")
+    check_chunk(chunk)
+    return chunk
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def check_chunk(chunk: dict[str, Any]) -> None:
+    for field in ("id", "model"):
+        value = chunk.get(field)
+        if not isinstance(value, str) or not value:
+            raise UpstreamMalformed(f"stream chunk has no non-empty string {field!r}")
+    created = chunk.get("created")
+    if isinstance(created, bool) or not isinstance(created, int) or created < 0:
+        raise UpstreamMalformed(f"stream chunk 'created' is {created!r}, not an integer >= 0")
+    if chunk.get("object") != "chat.completion.chunk":
+        raise UpstreamMalformed(
+            f"stream chunk 'object' is {chunk.get('object')!r}, not 'chat.completion.chunk'")
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        raise UpstreamMalformed("stream chunk 'choices' is not a list")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise UpstreamMalformed("stream chunk choice is not an object")
+        index = choice.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise UpstreamMalformed(f"stream chunk choice index is {index!r}")
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            raise UpstreamMalformed(f"choice {index}: 'delta' is not an object")
+        for text_field in ("content", "reasoning", "reasoning_content"):
+            if delta.get(text_field) is not None and not isinstance(delta[text_field], str):
+                raise UpstreamMalformed(f"choice {index}: delta.{text_field} is not a string")
+        tool_calls = delta.get("tool_calls")
+        if tool_calls is not None:
+            _check_tool_calls(index, tool_calls)
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise UpstreamMalformed("stream chunk 'usage' is not an object")
+
+
+def _check_tool_calls(choice: int, tool_calls: Any) -> None:
+    if not isinstance(tool_calls, list):
+        raise UpstreamMalformed(f"choice {choice}: delta.tool_calls is not a list")
+    for call in tool_calls:
+        if not isinstance(call, dict):
+            raise UpstreamMalformed(f"choice {choice}: a tool call delta is not an object")
+        index = call.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise UpstreamMalformed(f"choice {choice}: tool call index is {index!r}")
+        function = call.get("function", {})
+        if not isinstance(function, dict):
+            raise UpstreamMalformed(f"choice {choice}: tool call function is not an object")
+        for field in ("name", "arguments"):
+            if function.get(field) is not None and not isinstance(function[field], str):
+                raise UpstreamMalformed(f"choice {choice}: tool call function.{field} "
+                                        "is not a string")
+
+
+def parse_completion(data: bytes) -> dict[str, Any]:
+    """A non-streaming chat.completion body (checked like a chunk, lightly)."""
+    try:
+        body = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UpstreamMalformed(f"completion body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise UpstreamMalformed("completion body is not a JSON object")
+    if body.get("object") != "chat.completion":
+        raise UpstreamMalformed(
+            f"completion 'object' is {body.get('object')!r}, not 'chat.completion'")
+    if not isinstance(body.get("id"), str) or not isinstance(body.get("choices"), list):
+        raise UpstreamMalformed("completion body lacks 'id' or 'choices'")
+    return body

@@ -1,0 +1,55 @@
+"""Envelope -> upstream HTTP request; NNRP trace context -> W3C ``traceparent``.
+
+Frozen traceparent rules (architecture.md, "The mapping"): an eligible context has a
+non-zero trace_id and span_id; it becomes exactly one header
+``00-0000000000000000{trace_id:016x}-{span_id:016x}-{flags&1:02x}`` (the 64-bit NNRP
+trace id zero-extended to W3C's 128 bits, only the sampled bit kept), frozen when the
+request is dispatched. It is never copied into the OpenAI body, and attribute bodies
+are counted, never forwarded or logged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from gateway.nnrp import TraceInfo
+    from gateway.profile import Envelope
+
+
+def traceparent(trace: TraceInfo | None) -> str | None:
+    """The W3C traceparent for an NNRP trace context, or None when it is not eligible."""
+    if trace is None or not trace.eligible:
+        return None
+    return f"00-{0:016x}{trace.trace_id:016x}-{trace.span_id:016x}-{trace.trace_flags & 1:02x}"
+
+
+@attrs.frozen
+class UpstreamRequest:
+    body: dict[str, Any]
+    headers: dict[str, str]
+    request_id: str
+    stream: bool
+    usage_requested: bool
+
+
+def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
+                  connection_id: int, trace: TraceInfo | None) -> UpstreamRequest:
+    """The body exactly as sent, plus ``stream_options.include_usage`` for streams (usage is
+    always recorded; the usage *event* is only for clients that asked)."""
+    body = dict(envelope.body)
+    stream = envelope.stream
+    options = body.get("stream_options")
+    usage_requested = isinstance(options, dict) and options.get("include_usage") is True
+    if stream:
+        merged = dict(options) if isinstance(options, dict) else {}
+        merged["include_usage"] = True
+        body["stream_options"] = merged
+    request_id = envelope.request_id or f"nnrp-{connection_id}-{session_id}-{operation_id}"
+    headers = {"x-request-id": request_id}
+    parent = traceparent(trace)
+    if parent is not None:
+        headers["traceparent"] = parent
+    return UpstreamRequest(body, headers, request_id, stream, usage_requested)

@@ -1,0 +1,405 @@
+"""A loopback fake vLLM (trio + h11) that plays recorded transcripts byte for byte.
+
+It answers like vLLM's OpenAI server: ``/health``, ``/ping``, ``/version`` (per the
+chosen family), ``/v1/models`` and ``POST /v1/chat/completions``. A chat request is
+answered from a transcript chosen by the request (``choose``), with the recorded chunk
+boundaries and timing (scaled by ``speed``), the response ``id`` rebuilt from the
+request's ``X-Request-Id`` and ``model`` set to the requested model, as vLLM does.
+
+For tests and conformance evidence it records every request (headers included) and
+every client disconnect before the end of a response (when, after how many chunks).
+``GET /__replay/log`` returns both as JSON.
+
+Failure modes: HTTP errors from the error transcripts (400, 401 with an API key, 404,
+500), an in-stream error, a stalled stream (first chunk or mid-stream), a reset
+mid-body, and engine death: the recorded in-stream error, then ``/health`` 503 and
+refused connections until ``revive()``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+import attrs
+import h11
+import structlog
+import trio
+
+from . import _synthesize as synth
+from ._transcripts import FAMILIES, VERSIONS, Transcript, bundled_transcripts, derive
+
+log = structlog.get_logger("gateway.replay")
+
+SERVED_MODELS = ("tiny", "example-model", "reference-model")
+BACKEND_ERROR_MODEL = "backend-error"
+#: Scenarios that are behaviours rather than transcripts.
+SPECIAL = ("stall_first_chunk", "stall_mid_stream", "reset_mid_body", "long_stream")
+
+
+@attrs.frozen
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+    scenario: str | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@attrs.frozen
+class Disconnect:
+    """The client closed before the response ended (the gateway's upstream abort)."""
+
+    request_id: str
+    scenario: str
+    at: float
+    chunks_sent: int
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    chunks: tuple[tuple[float, bytes], ...]
+    scenario: str
+    streaming: bool = False
+    stall_after: int | None = None  # chunks sent before stalling forever
+    reset_after: int | None = None  # chunks sent before resetting the connection
+    kill_engine: bool = False
+
+
+class ReplayServer:
+    def __init__(self, *, family: str = "0.26", speed: float = 1.0,
+                 api_key: str | None = None, served_models: tuple[str, ...] = SERVED_MODELS,
+                 default_tokens: int = 48, token_interval_ms: float = 10.0,
+                 echo_request_id: bool = True) -> None:
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
+        self.family = family
+        self.version = VERSIONS[family]
+        self.speed = speed
+        self.api_key = api_key
+        self.served_models = served_models
+        self.default_tokens = default_tokens
+        self.token_interval_ms = token_interval_ms
+        self.echo_request_id = echo_request_id
+        self.transcripts = {name: derive(t, family) for name, t in bundled_transcripts().items()}
+        self.requests: list[RecordedRequest] = []
+        self.disconnects: list[Disconnect] = []
+        self.completed: list[str] = []
+        self.engine_dead = False
+        self.port = 0
+        self.host = "127.0.0.1"
+        self._listeners: list[trio.SocketListener] = []
+        self._revived = trio.Event()
+        self._request_seen = trio.Condition()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, *,
+                    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``kill_engine`` closes the listener, ``revive`` reopens it."""
+        self.host = host
+        started = False
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._listeners = await trio.open_tcp_listeners(self.port or port, host=host)
+                self.port = self._listeners[0].socket.getsockname()[1]
+                if not started:
+                    started = True
+                    log.info("replay vLLM listening", url=self.url, family=self.family)
+                    task_status.started(self.url)
+                self._revived = trio.Event()
+                with trio.CancelScope() as accept_scope:
+                    self._accept_scope = accept_scope
+                    await trio.serve_listeners(self._connection, self._listeners,
+                                               handler_nursery=nursery)
+                for listener in self._listeners:
+                    await listener.aclose()
+                await self._revived.wait()
+
+    def kill_engine(self) -> None:
+        """Engine death: /health 503 for live connections, then refused connections."""
+        self.engine_dead = True
+        self._accept_scope.cancel()
+
+    def revive(self) -> None:
+        self.engine_dead = False
+        self._revived.set()
+
+    async def wait_for_requests(self, count: int) -> None:
+        async with self._request_seen:
+            while len([r for r in self.requests if r.method == "POST"]) < count:
+                await self._request_seen.wait()
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        connection = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request = await self._read_request(connection, stream)
+                if request is None:
+                    return
+                reply = self._route(request)
+                await self._play(connection, stream, request, reply)
+                if connection.our_state is h11.MUST_CLOSE or reply.reset_after is not None:
+                    return
+                try:
+                    connection.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _read_request(self, connection: h11.Connection, stream: trio.SocketStream
+                            ) -> RecordedRequest | None:
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = connection.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                connection.receive_data(data)
+                if not data and connection.their_state is h11.IDLE:
+                    return None
+                continue
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                headers = {k.decode().lower(): v.decode() for k, v in head.headers}
+                return RecordedRequest(head.method.decode(), head.target.decode(), headers,
+                                       bytes(body), trio.current_time())
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    def _route(self, request: RecordedRequest) -> Reply:
+        path = request.path.split("?")[0]
+        if request.method == "GET" and path in ("/health", "/ping"):
+            return _json_reply(503 if self.engine_dead else 200, b"", "health")
+        if request.method == "GET" and path == "/version":
+            return _json_reply(200, json.dumps({"version": self.version}).encode(), "version")
+        if request.method == "GET" and path == "/v1/models":
+            return _json_reply(200, self._models(), "models")
+        if request.method == "GET" and path == "/__replay/log":
+            return _json_reply(200, json.dumps(self.log_document()).encode(), "log")
+        if request.method == "POST" and path == "/v1/chat/completions":
+            reply = self._chat(request)
+            self.requests.append(attrs.evolve(request, scenario=reply.scenario))
+            return reply
+        self.requests.append(request)
+        return _json_reply(404, b'{"detail":"Not Found"}', "not_found")
+
+    def log_document(self) -> dict[str, Any]:
+        return {"requests": [{"method": r.method, "path": r.path, "headers": r.headers,
+                              "body": r.body.decode("utf-8", "replace"), "at": r.at,
+                              "scenario": r.scenario} for r in self.requests],
+                "disconnects": [attrs.asdict(d) for d in self.disconnects],
+                "completed": self.completed}
+
+    def _models(self) -> bytes:
+        return json.dumps({"object": "list", "data": [
+            {"id": model, "object": "model", "created": synth.CREATED, "owned_by": "vllm",
+             "root": "tiny", "parent": None, "max_model_len": 512, "permission": []}
+            for model in self.served_models]}).encode()
+
+    # ------------------------------------------------------------------ choosing a reply
+
+    def _chat(self, request: RecordedRequest) -> Reply:
+        if self.api_key is not None and request.headers.get("authorization") != (
+                f"Bearer {self.api_key}"):
+            return _json_reply(401, b'{"error":"Unauthorized"}', "error_401")
+        if self.engine_dead:
+            return _json_reply(500, json.dumps({"error": {
+                "message": "EngineCore encountered an issue. See stack trace (above) for the "
+                           "root cause.", "type": "InternalServerError", "param": None,
+                "code": 500}}).encode(), "engine_dead")
+        request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+        try:
+            body = json.loads(request.body)
+        except json.JSONDecodeError:
+            return self._transcript_reply("error_400_bad_json", request_id, None)
+        if not isinstance(body, dict):
+            return self._transcript_reply("error_400_bad_json", request_id, None)
+        model = body.get("model")
+        stream = body.get("stream") is True
+        named = request.headers.get("x-replay-scenario")
+        if named:
+            return self._named(named, request_id, model, body)
+        if model == BACKEND_ERROR_MODEL:
+            return self._engine_failure(request_id, stream)
+        if model not in self.served_models:
+            message = (f"The model `{model}` does not exist. Valid aliases: "
+                       f"{', '.join(self.served_models)}.")
+            return _json_reply(404, json.dumps({"error": {
+                "message": message, "type": "NotFoundError", "param": "model",
+                "code": 404}}, separators=(",", ":")).encode(), "error_404_model")
+        if not isinstance(body.get("messages"), list):
+            return self._transcript_reply("error_400_missing_messages", request_id, model)
+        if "stream_options" in body and not stream:
+            return self._transcript_reply("error_400_stream_options_without_stream",
+                                          request_id, model)
+        tools = body.get("tools")
+        if tools:
+            if stream:
+                name = ("stream_tool_call_parallel" if len(tools) > 1
+                        else "stream_tool_call_single")
+            else:
+                name = "nonstream_tool_call"
+            return self._transcript_reply(name, request_id, model)
+        if stream and body.get("n") == 2:
+            return self._transcript_reply("stream_n2_interleaved", request_id, model)
+        if stream:
+            tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            return self._text_stream(request_id, model,
+                                     int(tokens) if isinstance(tokens, int) else
+                                     self.default_tokens)
+        return self._transcript_reply("nonstream_length", request_id, model)
+
+    def _named(self, name: str, request_id: str, model: Any, body: dict[str, Any]) -> Reply:
+        if name == "long_stream":
+            return self._text_stream(request_id, model, 100_000)
+        if name == "stall_first_chunk":
+            return Reply(200, synth.SSE_HEADERS, (), name, streaming=True, stall_after=0)
+        if name == "stall_mid_stream":
+            reply = self._text_stream(request_id, model, 20)
+            return attrs.evolve(reply, stall_after=3, scenario=name)
+        if name == "reset_mid_body":
+            reply = self._text_stream(request_id, model, 20)
+            return attrs.evolve(reply, reset_after=3, scenario=name)
+        if name not in self.transcripts:
+            return _json_reply(400, json.dumps({"error": {
+                "message": f"unknown replay scenario {name!r}", "type": "BadRequestError",
+                "param": "x-replay-scenario", "code": 400}}).encode(), "unknown")
+        reply = self._transcript_reply(name, request_id, model)
+        if name == "engine_death_mid_stream":
+            reply = attrs.evolve(reply, kill_engine=True)
+        return reply
+
+    def _engine_failure(self, request_id: str, stream: bool) -> Reply:
+        error = {"error": {"message": "Internal server error", "type": "InternalServerError",
+                           "param": None, "code": 500}}
+        if not stream:
+            return _json_reply(500, json.dumps(error).encode(), "backend_error")
+        # Nothing produced yet: the error is the first event, then [DONE] (seen live).
+        chunks = ((5.0, b"data: " + json.dumps(error).encode() + b"\n\n"),
+                  (5.0, synth.DONE))
+        return Reply(200, synth.SSE_HEADERS, chunks, "backend_error_stream", streaming=True)
+
+    def _text_stream(self, request_id: str, model: Any, tokens: int) -> Reply:
+        chunks = synth.text_stream(request_id, str(model), tokens, self.token_interval_ms)
+        if self.family == "0.18":
+            chunks = [(t, data.replace(b',"prompt_text":null', b"")
+                       .replace(f',"system_fingerprint":"{synth.FINGERPRINT}"'.encode(), b""))
+                      for t, data in chunks]
+        return Reply(200, synth.SSE_HEADERS, tuple(chunks), "text_stream", streaming=True)
+
+    def _transcript_reply(self, name: str, request_id: str, model: Any) -> Reply:
+        transcript = self.transcripts[name]
+        return Reply(transcript.status, _headers(transcript),
+                     tuple(_rewrite(transcript, data, request_id, model)
+                           for data in transcript.chunks), name, streaming=transcript.streaming)
+
+    # ------------------------------------------------------------------ playback
+
+    async def _play(self, connection: h11.Connection, stream: trio.SocketStream,
+                    request: RecordedRequest, reply: Reply) -> None:
+        request_id = request.headers.get("x-request-id", "")
+        headers = [(k, v) for k, v in reply.headers if k != "x-request-id"]
+        if self.echo_request_id and request_id:
+            headers.append(("x-request-id", request_id))
+        if not reply.streaming:
+            size = sum(len(data) for _, data in reply.chunks)
+            headers = [(k, v) for k, v in headers if k not in ("content-length",
+                                                               "transfer-encoding")]
+            headers.append(("content-length", str(size)))
+        await stream.send_all(connection.send(h11.Response(status_code=reply.status,
+                                                           headers=headers)))
+        sent = 0
+        disconnected = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch_for_disconnect() -> None:
+                nonlocal disconnected
+                while True:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        disconnected = True
+                        nursery.cancel_scope.cancel()
+                        return
+                    connection.receive_data(data)  # a pipelined request: keep it
+
+            if reply.chunks or reply.stall_after is not None:
+                nursery.start_soon(watch_for_disconnect)
+            previous = 0.0
+            for t_ms, data in reply.chunks:
+                if reply.stall_after is not None and sent >= reply.stall_after:
+                    await trio.sleep_forever()
+                if reply.reset_after is not None and sent >= reply.reset_after:
+                    stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER,
+                                             b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    await trio.aclose_forcefully(stream)
+                    nursery.cancel_scope.cancel()
+                    return
+                delay = max(0.0, (t_ms - previous) / 1000 / self.speed)
+                previous = t_ms
+                if delay:
+                    await trio.sleep(delay)
+                await stream.send_all(connection.send(h11.Data(data=data)))
+                sent += 1
+            if reply.stall_after is not None:
+                await trio.sleep_forever()
+            await stream.send_all(connection.send(h11.EndOfMessage()))
+            nursery.cancel_scope.cancel()
+        if disconnected:
+            self.disconnects.append(Disconnect(request_id, reply.scenario, trio.current_time(),
+                                               sent))
+            log.info("client disconnected mid-response", request_id=request_id,
+                     scenario=reply.scenario, chunks_sent=sent)
+            raise trio.ClosedResourceError("client went away")
+        self.completed.append(request_id)
+        async with self._request_seen:
+            self._request_seen.notify_all()
+        if reply.kill_engine:
+            self.kill_engine()
+
+
+def _json_reply(status: int, body: bytes, scenario: str) -> Reply:
+    return Reply(status, (("content-type", "application/json"),), ((0.0, body),) if body else (),
+                 scenario)
+
+
+def _headers(transcript: Transcript) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in transcript.response_headers
+                 if k not in ("date", "server", "vary"))
+
+
+def _rewrite(transcript: Transcript, chunk: tuple[float, bytes], request_id: str,
+             model: Any) -> tuple[float, bytes]:
+    """vLLM builds ``id`` from X-Request-Id and echoes the requested model name."""
+    t_ms, data = chunk
+    recorded_id = dict(transcript.request_headers).get("x-request-id")
+    if recorded_id:
+        data = data.replace(f'"chatcmpl-{recorded_id}"'.encode(),
+                            f'"chatcmpl-{request_id}"'.encode())
+    recorded_model = transcript.request_body.get("model")
+    if isinstance(model, str) and isinstance(recorded_model, str) and model != recorded_model:
+        data = data.replace(f'"model":"{recorded_model}"'.encode(),
+                            json.dumps({"model": model}, separators=(",", ":"))[1:-1].encode())
+    return t_ms, data
+
+

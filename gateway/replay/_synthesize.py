@@ -1,0 +1,212 @@
+"""Transcripts for what a tiny random-weight model cannot be made to say.
+
+The CPU capture model never emits valid tool calls or reasoning, so these scenarios are
+built here in exactly vLLM's 0.26 wire shape (vllm-http.md section 1): compact chunks
+with fields in declaration order, the role chunk first, one event per HTTP chunk, the
+finish chunk carrying the last fragment, the usage chunk with ``"choices":[]``, then
+``data: [DONE]``. Also the dynamic text stream used when a request names no scenario.
+
+Regenerate the files with ``python -m gateway.replay._synthesize``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ._transcripts import Transcript
+
+CREATED = 1796034842
+FINGERPRINT = "vllm-0.26.0-66f56952"
+SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
+               ("transfer-encoding", "chunked"))
+JSON_HEADERS = (("content-type", "application/json"),)
+WORDS = ("The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog",
+         " while", " NNRP", " streams", " every", " token", " in", " order", ".")
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _event(value: Any) -> bytes:
+    return b"data: " + _dump(value) + b"\n\n"
+
+
+def _chunk(request_id: str, model: str, choices: list[dict[str, Any]], **extra: Any
+           ) -> bytes:
+    return _event({"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk",
+                   "created": CREATED, "model": model, "choices": choices, **extra})
+
+
+def role_chunk(request_id: str, model: str, index: int = 0) -> bytes:
+    return _chunk(request_id, model, [{"index": index,
+                                       "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}],
+                  prompt_token_ids=None, prompt_text=None)
+
+
+def delta_chunk(request_id: str, model: str, delta: dict[str, Any], index: int = 0,
+                finish: str | None = None, stop_reason: Any = None) -> bytes:
+    choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None,
+                              "finish_reason": finish}
+    if finish is not None:
+        choice["stop_reason"] = stop_reason
+    choice["token_ids"] = None
+    return _chunk(request_id, model, [choice])
+
+
+def usage_chunk(request_id: str, model: str, prompt: int, completion: int) -> bytes:
+    return _chunk(request_id, model, [], usage={
+        "prompt_tokens": prompt, "total_tokens": prompt + completion,
+        "completion_tokens": completion}, system_fingerprint=FINGERPRINT)
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def text_stream(request_id: str, model: str, tokens: int, interval_ms: float,
+                ttft_ms: float = 5.0) -> list[tuple[float, bytes]]:
+    """A plain text stream of ``tokens`` tokens, finishing with ``length``."""
+    chunks = [(ttft_ms, role_chunk(request_id, model))]
+    t = ttft_ms
+    for number in range(tokens):
+        t += interval_ms
+        last = number == tokens - 1
+        chunks.append((t, delta_chunk(request_id, model, {"content": WORDS[number % len(WORDS)]},
+                                      finish="length" if last else None)))
+    chunks.append((t, usage_chunk(request_id, model, 9, tokens)))
+    chunks.append((t, DONE))
+    return chunks
+
+
+def _tool_start(index: int, call_id: str, name: str) -> dict[str, Any]:
+    return {"tool_calls": [{"id": call_id, "type": "function", "index": index,
+                            "function": {"name": name}}]}
+
+
+def _tool_args(index: int, fragment: str) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
+
+
+def _stream(name: str, chunks: list[bytes], request: dict[str, Any], note: str,
+            step_ms: float = 4.0) -> Transcript:
+    timed = tuple((5.0 + step_ms * i, data) for i, data in enumerate(chunks))
+    return Transcript(name, "0.26.0", 200, SSE_HEADERS, timed, request,
+                      (("x-request-id", f"cap-{name}"),), note)
+
+
+def _request(**body: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], **body}
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "Local time", "parameters": {"type": "object",
+                                                                    "properties": {}}}}
+
+
+def synthesized() -> list[Transcript]:
+    rid, m = "cap-{}", "tiny"
+    out = []
+    name = "stream_tool_call_single"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, _tool_start(0, "chatcmpl-tool-9f1c2a4b5d6e7f80", "get_weather")),
+        delta_chunk(r, m, _tool_args(0, '{"ci')),
+        delta_chunk(r, m, _tool_args(0, 'ty": "Par')),
+        delta_chunk(r, m, _tool_args(0, 'is"}'), finish="tool_calls"),
+        usage_chunk(r, m, 41, 12), DONE,
+    ], _request(stream=True, tools=[WEATHER_TOOL], tool_choice="auto"),
+        "one tool call, the last fragment on the finish chunk"))
+    name = "stream_tool_call_parallel"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, _tool_start(0, "chatcmpl-tool-a1a1a1a1a1a1a1a1", "get_weather")),
+        delta_chunk(r, m, _tool_args(0, '{"city": ')),
+        delta_chunk(r, m, _tool_start(1, "chatcmpl-tool-b2b2b2b2b2b2b2b2", "get_time")),
+        delta_chunk(r, m, _tool_args(0, '"Oslo"}')),
+        delta_chunk(r, m, _tool_args(1, "{}"), finish="tool_calls"),
+        usage_chunk(r, m, 60, 20), DONE,
+    ], _request(stream=True, tools=[WEATHER_TOOL, TIME_TOOL]),
+        "two parallel calls whose fragments interleave"))
+    name = "stream_tool_call_broken"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, _tool_start(0, "chatcmpl-tool-c3c3c3c3c3c3c3c3", "get_weather")),
+        delta_chunk(r, m, _tool_args(0, '{"city": "Li')),
+        b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace '
+        b'(above) for the root cause.", "type": "InternalServerError", "param": null, '
+        b'"code": 500}}\n\n',
+        DONE,
+    ], _request(stream=True, tools=[WEATHER_TOOL]), "engine failure in the middle of a call"))
+    name = "stream_reasoning"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"reasoning": "The user greets me."}),
+        delta_chunk(r, m, {"reasoning": " Greet back."}),
+        delta_chunk(r, m, {"content": "Hello"}),
+        delta_chunk(r, m, {"content": "!"}, finish="stop"),
+        usage_chunk(r, m, 8, 9), DONE,
+    ], _request(stream=True), "--reasoning-parser: reasoning deltas, then content"))
+    name = "stream_n2_interleaved"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m, 0), role_chunk(r, m, 1),
+        delta_chunk(r, m, {"content": "Hi"}, 0), delta_chunk(r, m, {"content": "Hey"}, 1),
+        delta_chunk(r, m, {"content": " there"}, 1, finish="stop"),
+        delta_chunk(r, m, {"content": "!"}, 0, finish="length"),
+        usage_chunk(r, m, 4, 6), DONE,
+    ], _request(stream=True, n=2), "n=2: choice indices interleave"))
+    name = "stream_malformed_chunk"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"content": "ok"}),
+        _event({"id": "", "object": "chat.completion.chunk", "created": CREATED, "model": m,
+                "choices": []}),
+        DONE,
+    ], _request(stream=True), "a chunk with an empty id (not something vLLM sends)"))
+    name = "nonstream_tool_call"
+    body = {"id": "chatcmpl-cap-nonstream_tool_call", "object": "chat.completion",
+            "created": CREATED, "model": m, "choices": [{
+                "index": 0, "message": {
+                    "role": "assistant", "content": None, "refusal": None, "annotations": None,
+                    "audio": None, "function_call": None, "tool_calls": [{
+                        "id": "chatcmpl-tool-d4d4d4d4d4d4d4d4", "type": "function",
+                        "function": {"name": "get_weather",
+                                     "arguments": '{"city": "Paris"}'}}],
+                    "reasoning": None},
+                "logprobs": None, "finish_reason": "tool_calls", "stop_reason": None,
+                "token_ids": None}],
+            "service_tier": None, "system_fingerprint": FINGERPRINT,
+            "usage": {"prompt_tokens": 41, "total_tokens": 53, "completion_tokens": 12,
+                      "prompt_tokens_details": None},
+            "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None}
+    data = _dump(body)
+    out.append(Transcript("nonstream_tool_call", "0.26.0", 200,
+                          (("content-type", "application/json"),
+                           ("content-length", str(len(data)))), ((30.0, data),),
+                          _request(tools=[WEATHER_TOOL]),
+                          (("x-request-id", "cap-nonstream_tool_call"),),
+                          "non-streaming tool call, content null"))
+    return out
+
+
+def main() -> None:
+    folder = Path(__file__).parent / "transcripts"
+    for transcript in synthesized():
+        (folder / f"{transcript.scenario}.jsonl").write_text(transcript.to_jsonl())
+
+
+if __name__ == "__main__":
+    main()

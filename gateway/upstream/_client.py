@@ -1,0 +1,144 @@
+"""The vLLM HTTP client: the only module that touches httpx.
+
+Timeouts: httpx's own per-read timeout is off (``read=None``); first-chunk, idle and
+total deadlines are cancel scopes owned by the pipeline (conventions.md A4). Only the
+connect timeout is httpx's.
+
+Cancellation: leaving ``stream_chat`` early (a cancelled scope, an exception) closes
+the response before it is fully read, so httpx closes the socket instead of pooling
+it, and vLLM aborts the request on disconnect (vllm-http.md section 3).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+
+from ._errors import UpstreamError, UpstreamMalformed, UpstreamStatus, UpstreamUnavailable
+from ._versions import Binding, select_binding
+
+#: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
+MAX_ERROR_BODY = 64 * 1024
+MAX_JSON_BODY = 64 * 1024 * 1024
+
+
+@attrs.frozen
+class UpstreamConfig:
+    base_url: str
+    api_key: str | None = attrs.field(default=None, repr=False)
+    connect_timeout: float = 2.0
+    pool_size: int = 256
+
+
+@attrs.frozen
+class VllmInfo:
+    """What the start-up probe learned."""
+
+    version: str
+    binding: Binding
+    untested: bool
+    models: tuple[str, ...]
+
+
+class VllmClient:
+    """Loopback HTTP/1.1 client for vLLM's OpenAI server."""
+
+    def __init__(self, config: UpstreamConfig,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        # identity: raw bytes on loopback, so the SSE decoder sees exactly what vLLM wrote.
+        headers = {"user-agent": "nnrp-vllm-gateway", "accept-encoding": "identity"}
+        if config.api_key:
+            headers["authorization"] = f"Bearer {config.api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"),
+            timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0,
+                                  pool=config.connect_timeout),
+            limits=httpx.Limits(max_connections=config.pool_size,
+                                max_keepalive_connections=config.pool_size),
+            headers=headers, trust_env=False, transport=transport)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ probes
+
+    async def get_json(self, path: str) -> Any:
+        try:
+            response = await self._client.get(path)
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise UpstreamStatus(response.status_code, response.content[:MAX_ERROR_BODY])
+        try:
+            return response.json()
+        except json.JSONDecodeError as exc:
+            raise UpstreamError(f"GET {path}: not JSON") from exc
+
+    async def health(self) -> bool:
+        """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""
+        try:
+            response = await self._client.get("/health")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def probe(self, *, allow_untested: bool = False) -> VllmInfo:
+        """GET /version (selects the binding) and GET /v1/models."""
+        version = str((await self.get_json("/version")).get("version", ""))
+        binding, untested = select_binding(version, allow_untested=allow_untested)
+        models_doc = await self.get_json("/v1/models")
+        models = tuple(str(m.get("id")) for m in models_doc.get("data", [])
+                       if isinstance(m, dict) and m.get("id"))
+        return VllmInfo(version, binding, untested, models)
+
+    # ------------------------------------------------------------------ chat
+
+    @asynccontextmanager
+    async def stream_chat(self, body: dict[str, Any], headers: dict[str, str]
+                          ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """POST /v1/chat/completions; yields the response body's byte chunks.
+
+        Raises UpstreamStatus for a non-200 answer (its bounded body parsed) and
+        UpstreamUnavailable when no response arrives.
+        """
+        request = self._client.build_request(
+            "POST", "/v1/chat/completions", content=json.dumps(body).encode(),
+            headers={"content-type": "application/json", **headers})
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            if response.status_code != 200:
+                raise UpstreamStatus(response.status_code, await _read_bounded(response))
+            yield _iter_body(response)
+        finally:
+            await response.aclose()
+
+
+async def _iter_body(response: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.aiter_raw():
+            yield chunk
+    except httpx.TransportError as exc:
+        # A reset mid-body: the stream is broken, not merely unavailable.
+        raise UpstreamMalformed(f"vLLM connection broke mid-response: {type(exc).__name__}",
+                                kind="connection_lost") from exc
+
+
+async def _read_bounded(response: httpx.Response) -> bytes:
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_raw():
+            data += chunk
+            if len(data) >= MAX_ERROR_BODY:
+                break
+    except httpx.TransportError:
+        pass  # the status is what matters; keep what arrived
+    return bytes(data[:MAX_ERROR_BODY])

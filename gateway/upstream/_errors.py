@@ -1,0 +1,116 @@
+"""What can go wrong talking to vLLM, and the one table that maps it to profile errors.
+
+    UpstreamError
+    ├── UpstreamUnavailable   connection refused/reset before any response byte
+    ├── UpstreamTimeout       connect / first chunk / idle / total (kind says which)
+    ├── UpstreamStatus        vLLM answered 4xx/5xx (body parsed for message and param)
+    └── UpstreamMalformed     a stream or body that breaks vLLM's contract, or an
+                              in-stream {"error": ...} event (kind says which)
+
+``to_profile_error`` is the only mapping from these to profile codes (issue table):
+400 -> invalid_backend_request (vLLM's message and param kept), 401 ->
+backend_auth_failed, 404 -> unsupported_model, 503 -> backend_overload, other status ->
+backend_error; unavailable -> backend_unavailable; timeouts -> request_timeout;
+malformed streams and in-stream errors -> backend_error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.profile import ProfileError
+
+
+class UpstreamError(Exception):
+    """Base: vLLM could not serve the request."""
+
+
+class UpstreamUnavailable(UpstreamError):
+    """No response at all: refused, reset, or closed before the status line."""
+
+
+class UpstreamTimeout(UpstreamError):
+    def __init__(self, kind: str, seconds: float) -> None:
+        super().__init__(f"upstream {kind} timeout after {seconds:g} s")
+        self.kind = kind  # "connect", "first_chunk", "idle", "total"
+        self.seconds = seconds
+
+
+class UpstreamStatus(UpstreamError):
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+        self.message, self.error_type, self.param = _parse_error_body(body)
+        super().__init__(f"vLLM answered {status}: {self.message}")
+
+
+class UpstreamMalformed(UpstreamError):
+    def __init__(self, message: str, *, kind: str = "malformed_stream",
+                 error_type: str | None = None, status: int | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind  # "malformed_stream" or "in_stream_error"
+        self.error_type = error_type
+        self.status = status
+        self.param = param
+
+
+def _parse_error_body(body: bytes) -> tuple[str, str | None, str | None]:
+    """vLLM's envelope {"error": {message, type, param, code}} or the flat 401/503 form."""
+    try:
+        document: Any = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        text = body.decode("utf-8", "replace").strip()
+        return (text[:500] or "no error body"), None, None
+    error = document.get("error") if isinstance(document, dict) else None
+    if isinstance(error, dict):
+        param = error.get("param")
+        return (str(error.get("message", ""))[:2000], _str_or_none(error.get("type")),
+                _str_or_none(param))
+    if isinstance(error, str):  # the flat {"error": "Unauthorized"} of the API-key check
+        return error, None, None
+    if isinstance(document, dict) and "message" in document:  # pre-0.10.1 flat envelope
+        return str(document["message"]), _str_or_none(document.get("type")), None
+    return body.decode("utf-8", "replace")[:500], None, None
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+_STATUS_CODES = {400: "invalid_backend_request", 401: "backend_auth_failed",
+                 404: "unsupported_model", 422: "invalid_backend_request",
+                 503: "backend_overload"}
+
+
+def to_profile_error(error: UpstreamError) -> ProfileError:
+    """The single mapping from upstream failures to profile errors (with diagnostics)."""
+    if isinstance(error, UpstreamStatus):
+        code = _STATUS_CODES.get(error.status, "backend_error")
+        diagnostics: dict[str, object] = {"backend_status": error.status}
+        if error.error_type:
+            diagnostics["backend_error_type"] = error.error_type
+        if error.param:
+            diagnostics["backend_param"] = error.param
+        if code == "backend_auth_failed":
+            message = "vLLM refused the gateway's credentials (check --upstream-api-key)"
+        else:
+            message = error.message
+        return ProfileError(code, message, param=error.param if code.startswith("invalid")
+                            else None, diagnostics=diagnostics)
+    if isinstance(error, UpstreamTimeout):
+        return ProfileError("request_timeout", str(error),
+                            diagnostics={"timeout": error.kind})
+    if isinstance(error, UpstreamUnavailable):
+        return ProfileError("backend_unavailable", f"vLLM is unreachable: {error}")
+    if isinstance(error, UpstreamMalformed):
+        diagnostics = {"backend_error_family": error.kind}
+        if error.status is not None:
+            diagnostics["backend_status"] = error.status
+        if error.error_type:
+            diagnostics["backend_error_type"] = error.error_type
+        if error.param:
+            diagnostics["backend_param"] = error.param
+        return ProfileError("backend_error", str(error), diagnostics=diagnostics)
+    return ProfileError("backend_error", str(error))
