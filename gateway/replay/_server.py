@@ -19,6 +19,7 @@ refused connections until ``revive()``.
 from __future__ import annotations
 
 import json
+import random
 import secrets
 from typing import Any
 
@@ -61,6 +62,12 @@ class Disconnect:
     chunks_sent: int
 
 
+@attrs.define
+class _Progress:
+    sent: int = 0
+    reset: bool = False
+
+
 @attrs.frozen
 class Reply:
     status: int
@@ -77,11 +84,14 @@ class ReplayServer:
     def __init__(self, *, family: str = "0.26", speed: float = 1.0,
                  api_key: str | None = None, served_models: tuple[str, ...] = SERVED_MODELS,
                  default_tokens: int = 48, token_interval_ms: float = 10.0,
-                 echo_request_id: bool = True) -> None:
+                 echo_request_id: bool = True, version: str | None = None,
+                 rechunk_seed: int | None = None) -> None:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
         self.family = family
-        self.version = VERSIONS[family]
+        self.version = version or VERSIONS[family]
+        #: Re-split every body at random points (same bytes, other chunk boundaries).
+        self.rechunk = random.Random(rechunk_seed) if rechunk_seed is not None else None
         self.speed = speed
         self.api_key = api_key
         self.served_models = served_models
@@ -158,8 +168,8 @@ class ReplayServer:
                     connection.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
-            return
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+            pass  # the client went away (a disconnect mid-response is recorded by _play)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -237,7 +247,11 @@ class ReplayServer:
             return self._transcript_reply("error_400_bad_json", request_id, None)
         model = body.get("model")
         stream = body.get("stream") is True
+        # A scenario is named by header, or (through the gateway, which forwards only the
+        # request id) by a request id of the form "replay:<scenario>:<anything>".
         named = request.headers.get("x-replay-scenario")
+        if named is None and request_id.startswith("replay:"):
+            named = request_id.split(":")[1]
         if named:
             return self._named(named, request_id, model, body)
         if model == BACKEND_ERROR_MODEL:
@@ -271,8 +285,8 @@ class ReplayServer:
         return self._transcript_reply("nonstream_length", request_id, model)
 
     def _named(self, name: str, request_id: str, model: Any, body: dict[str, Any]) -> Reply:
-        if name == "long_stream":
-            return self._text_stream(request_id, model, 100_000)
+        if name == "long_stream":  # long enough for any cancel or timeout to land mid-stream
+            return attrs.evolve(self._text_stream(request_id, model, 5_000), scenario=name)
         if name == "stall_first_chunk":
             return Reply(200, synth.SSE_HEADERS, (), name, streaming=True, stall_after=0)
         if name == "stall_mid_stream":
@@ -316,8 +330,22 @@ class ReplayServer:
 
     # ------------------------------------------------------------------ playback
 
+    def _rechunked(self, reply: Reply) -> Reply:
+        assert self.rechunk is not None
+        data = b"".join(chunk for _, chunk in reply.chunks)
+        if len(data) < 2:
+            return reply
+        cuts = sorted(self.rechunk.sample(range(1, len(data)), min(len(data) - 1,
+                                                                    self.rechunk.randint(1, 40))))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        end = reply.chunks[-1][0]
+        return attrs.evolve(reply, chunks=tuple((end * i / len(pieces), piece)
+                                                for i, piece in enumerate(pieces)))
+
     async def _play(self, connection: h11.Connection, stream: trio.SocketStream,
                     request: RecordedRequest, reply: Reply) -> None:
+        if self.rechunk is not None and reply.chunks and reply.stall_after is None:
+            reply = self._rechunked(reply)
         request_id = request.headers.get("x-request-id", "")
         headers = [(k, v) for k, v in reply.headers if k != "x-request-id"]
         if self.echo_request_id and request_id:
@@ -329,14 +357,17 @@ class ReplayServer:
             headers.append(("content-length", str(size)))
         await stream.send_all(connection.send(h11.Response(status_code=reply.status,
                                                            headers=headers)))
-        sent = 0
+        progress = _Progress()
         disconnected = False
         async with trio.open_nursery() as nursery:
 
             async def watch_for_disconnect() -> None:
                 nonlocal disconnected
                 while True:
-                    data = await stream.receive_some(65536)
+                    try:
+                        data = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        data = b""  # a reset is a disconnect too
                     if not data:
                         disconnected = True
                         nursery.cancel_scope.cancel()
@@ -345,37 +376,48 @@ class ReplayServer:
 
             if reply.chunks or reply.stall_after is not None:
                 nursery.start_soon(watch_for_disconnect)
-            previous = 0.0
-            for t_ms, data in reply.chunks:
-                if reply.stall_after is not None and sent >= reply.stall_after:
-                    await trio.sleep_forever()
-                if reply.reset_after is not None and sent >= reply.reset_after:
-                    stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER,
-                                             b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    await trio.aclose_forcefully(stream)
-                    nursery.cancel_scope.cancel()
-                    return
-                delay = max(0.0, (t_ms - previous) / 1000 / self.speed)
-                previous = t_ms
-                if delay:
-                    await trio.sleep(delay)
-                await stream.send_all(connection.send(h11.Data(data=data)))
-                sent += 1
-            if reply.stall_after is not None:
-                await trio.sleep_forever()
-            await stream.send_all(connection.send(h11.EndOfMessage()))
+            try:
+                await self._send_chunks(connection, stream, reply, progress)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                disconnected = True  # the write noticed the close before the watcher did
             nursery.cancel_scope.cancel()
+        if reply.kill_engine:
+            self.kill_engine()  # the engine died whether or not the client stayed to the end
         if disconnected:
             self.disconnects.append(Disconnect(request_id, reply.scenario, trio.current_time(),
-                                               sent))
+                                               progress.sent))
             log.info("client disconnected mid-response", request_id=request_id,
-                     scenario=reply.scenario, chunks_sent=sent)
+                     scenario=reply.scenario, chunks_sent=progress.sent)
             raise trio.ClosedResourceError("client went away")
+        if progress.reset:
+            return
         self.completed.append(request_id)
         async with self._request_seen:
             self._request_seen.notify_all()
-        if reply.kill_engine:
-            self.kill_engine()
+
+    async def _send_chunks(self, connection: h11.Connection, stream: trio.SocketStream,
+                           reply: Reply, progress: _Progress) -> None:
+        """Send the reply's chunks with their recorded timing, counting them in ``progress``."""
+        previous = 0.0
+        for t_ms, data in reply.chunks:
+            if reply.stall_after is not None and progress.sent >= reply.stall_after:
+                await trio.sleep_forever()
+            if reply.reset_after is not None and progress.sent >= reply.reset_after:
+                # RST instead of FIN: linger 0, then close.
+                stream.socket.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER,
+                                         b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                await trio.aclose_forcefully(stream)
+                progress.reset = True
+                return
+            delay = max(0.0, (t_ms - previous) / 1000 / self.speed)
+            previous = t_ms
+            if delay:
+                await trio.sleep(delay)
+            await stream.send_all(connection.send(h11.Data(data=data)))
+            progress.sent += 1
+        if reply.stall_after is not None:
+            await trio.sleep_forever()
+        await stream.send_all(connection.send(h11.EndOfMessage()))
 
 
 def _json_reply(status: int, body: bytes, scenario: str) -> Reply:

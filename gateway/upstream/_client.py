@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from ._errors import UpstreamError, UpstreamMalformed, UpstreamStatus, UpstreamUnavailable
 from ._versions import Binding, select_binding
@@ -117,19 +118,34 @@ class VllmClient:
         try:
             if response.status_code != 200:
                 raise UpstreamStatus(response.status_code, await _read_bounded(response))
-            yield _iter_body(response)
+            yield _BodyChunks(response)
         finally:
-            await response.aclose()
+            # Closing an unfinished response closes its socket: that is vLLM's abort.
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await response.aclose()
 
 
-async def _iter_body(response: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.aiter_raw():
-            yield chunk
-    except httpx.TransportError as exc:
-        # A reset mid-body: the stream is broken, not merely unavailable.
-        raise UpstreamMalformed(f"vLLM connection broke mid-response: {type(exc).__name__}",
-                                kind="connection_lost") from exc
+class _BodyChunks:
+    """The response body's raw chunks; a reset mid-body becomes UpstreamMalformed.
+
+    A plain iterator, not an async generator: leaving it early must not leave a
+    suspended generator for trio to finalize (the pipeline leaves early on purpose).
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_raw()
+
+    def __aiter__(self) -> _BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except httpx.TransportError as exc:
+            # A reset mid-body: the stream is broken, not merely unavailable.
+            raise UpstreamMalformed(
+                f"vLLM connection broke mid-response: {type(exc).__name__}",
+                kind="connection_lost") from exc
 
 
 async def _read_bounded(response: httpx.Response) -> bytes:

@@ -1,0 +1,380 @@
+"""The pipeline end to end: recorded vLLM bytes in, profile events out, over real sockets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway import nnrp
+from gateway.app import Gateway, GatewayConfig
+from gateway.client import connect
+from gateway.pipeline import PipelineLimits
+from gateway.replay import ReplayServer, bundled_transcripts
+from gateway.upstream import UnsupportedVersion
+from tests.pipeline.test_stages import translate
+
+from .conftest import Stack, chat, envelope, run_operation, scenario_id, start_stack
+
+TRANSCRIPTS = bundled_transcripts()
+CHAT_SCENARIOS = sorted(name for name in TRANSCRIPTS if not name.startswith("get_"))
+
+#: What each recorded exchange must end as through the gateway.
+EXPECTED_TERMINAL = {
+    "engine_death_mid_stream": "backend_error",
+    "error_400_bad_json": "invalid_backend_request",
+    "error_400_context_length": "invalid_backend_request",
+    "error_400_context_length_stream": "invalid_backend_request",
+    "error_400_max_tokens": "invalid_backend_request",
+    "error_400_missing_messages": "invalid_backend_request",
+    "error_400_stream_options_without_stream": "invalid_backend_request",
+    "error_400_temperature": "invalid_backend_request",
+    "error_400_validation": "invalid_backend_request",
+    "error_404_model": "unsupported_model",
+    "stream_malformed_chunk": "backend_error",
+    # Recorded by a client that hung up after 3 chunks: replayed, the body ends without
+    # data: [DONE], which the gateway must treat as a broken stream.
+    "stream_client_abort": "backend_error",
+    "stream_tool_call_broken": "backend_error",
+}
+
+
+def request_for(name: str) -> dict[str, Any]:
+    body = dict(TRANSCRIPTS[name].request_body)
+    if "raw" in body or not isinstance(body.get("messages"), list):
+        body = chat(stream=TRANSCRIPTS[name].streaming)
+    if not body.get("stream"):
+        body.pop("stream_options", None)
+    return body
+
+
+@pytest.mark.parametrize("name", CHAT_SCENARIOS)
+async def test_every_transcript_through_the_gateway(stack: Stack, session: Any, name: str
+                                                    ) -> None:
+    outcome = await run_operation(session, envelope(request_for(name),
+                                                    request_id=scenario_id(name)))
+    assert outcome.final is not None
+    expected_error = EXPECTED_TERMINAL.get(name)
+    if expected_error is not None:
+        assert outcome.final["type"] == "response.error"
+        assert outcome.final["error"]["code"] == expected_error
+        assert outcome.status == nnrp_status(expected_error)
+    else:
+        assert outcome.final["type"] == "response.completed", outcome.final
+        assert outcome.status == 200
+        body = outcome.final["body"]
+        assert body["object"] == "chat.completion"
+        assert body["id"].startswith("chatcmpl-replay:")
+        assert "prompt_token_ids" not in body
+    if TRANSCRIPTS[name].streaming and expected_error is None:
+        # Through the wire, the events equal the pure translator's (usage only if asked).
+        asked = bool((request_for(name).get("stream_options") or {}).get("include_usage"))
+        expected, _ = translate(name, usage_requested=asked)
+        assert outcome.partials == expected
+    if name == "engine_death_mid_stream":
+        stack.replay.revive()
+
+
+def nnrp_status(code: str) -> int:
+    from gateway.profile import ERROR_TABLE
+
+    return ERROR_TABLE[code].status
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_rechunking_gives_identical_events(nursery: trio.Nursery,
+                                                        socket_dir: Path, seed: int) -> None:
+    plain = await start_stack(nursery, socket_dir)
+    rechunked = await start_stack(nursery, _subdir(socket_dir, seed),
+                                  replay=ReplayServer(speed=50.0, rechunk_seed=seed))
+    for name in ("stream_tool_call_parallel", "stream_usage", "stream_n2_interleaved",
+                 "stream_logprobs", "stream_reasoning"):
+        results = []
+        for target in (plain, rechunked):
+            async with connect(target.uri()) as client:
+                session = await client.open_session()
+                results.append(await run_operation(session, envelope(
+                    request_for(name), request_id=f"replay:{name}:same")))
+        assert results[0].partials == results[1].partials
+        assert results[0].final == results[1].final
+
+
+def _subdir(base: Path, seed: int) -> Path:
+    path = base / f"r{seed}"
+    path.mkdir()
+    return path
+
+
+async def test_default_routes_of_the_replay_backend(session: Any) -> None:
+    text = await run_operation(session, envelope(chat(stream=True, max_tokens=7,
+                                                      stream_options={"include_usage": True})))
+    assert text.types == ["response.output_text.delta"] * 7 + ["response.usage"]
+    tools = await run_operation(session, envelope(chat(stream=False, tools=[{
+        "type": "function", "function": {"name": "get_weather"}}])))
+    message = tools.final["body"]["choices"][0]["message"]
+    assert message["content"] is None
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+    backend = await run_operation(session, envelope(chat("backend-error")))
+    assert backend.final["error"]["code"] == "backend_error"
+    backend_stream = await run_operation(session, envelope(chat("backend-error", stream=True)))
+    assert backend_stream.final["error"]["code"] == "backend_error"
+    assert backend_stream.final["diagnostics"]["backend_error_family"] == "in_stream_error"
+
+
+# --------------------------------------------------------------------------- error table
+
+
+async def test_upstream_401(nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer(api_key="k-secret"))
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat()))
+    assert outcome.final["error"]["code"] == "backend_auth_failed"
+    assert "k-secret" not in json.dumps(outcome.final)
+
+
+async def test_upstream_api_key_is_sent(nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer(api_key="k-secret"),
+                              upstream_api_key="k-secret")
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat()))
+    assert outcome.final["type"] == "response.completed"
+    assert stack.replay.requests[-1].headers["authorization"] == "Bearer k-secret"
+
+
+async def test_connection_refused_is_backend_unavailable(nursery: trio.Nursery,
+                                                         socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir)
+    # Point a second gateway at a port nothing listens on, with a probe result in hand.
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    dead_port = listener.getsockname()[1]
+    listener.close()
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",),
+                                    vllm_url=f"http://127.0.0.1:{dead_port}"))
+    gateway.info, gateway.upstream_healthy = stack.gateway.info, True
+    endpoints = await nursery.start(gateway.run)
+    async with connect(endpoints[0].uri) as client:
+        session = await client.open_session()
+        with trio.fail_after(5):
+            outcome = await run_operation(session, envelope(chat(stream=True)))
+    assert outcome.final["error"]["code"] == "backend_unavailable"
+    assert outcome.status == 503
+
+
+async def test_not_ready_fails_fast(nursery: trio.Nursery) -> None:
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",),
+                                    vllm_url="http://127.0.0.1:9"))
+    endpoints = await nursery.start(gateway.run)
+    async with connect(endpoints[0].uri) as client:
+        session = await client.open_session()
+        with trio.fail_after(1):
+            outcome = await run_operation(session, envelope(chat()))
+    assert outcome.final["error"]["code"] == "backend_unavailable"
+
+
+@pytest.mark.parametrize(("scenario", "extra", "kind"), [
+    ("stall_first_chunk", {}, "first_chunk"),
+    ("stall_mid_stream", {}, "idle"),
+    ("long_stream", {"nnrp_policy": {"timeout_ms": 300}}, "total"),
+])
+async def test_timeouts_are_request_timeout_and_abort_upstream(
+        nursery: trio.Nursery, socket_dir: Path, scenario: str, extra: dict[str, Any],
+        kind: str) -> None:
+    stack = await start_stack(nursery, socket_dir, pipeline=PipelineLimits(
+        first_chunk_timeout=0.3, idle_timeout=0.3))
+    start = trio.current_time()
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(
+            chat(stream=True), request_id=scenario_id(scenario), **extra))
+    assert outcome.final["error"]["code"] == "request_timeout"
+    assert outcome.final["diagnostics"]["timeout"] == kind
+    assert outcome.status == 504
+    assert trio.current_time() - start < 3
+    with trio.fail_after(2):
+        await _until(lambda: bool(stack.replay.disconnects))
+    assert stack.replay.disconnects[-1].scenario == scenario
+
+
+async def test_reset_mid_body_is_backend_error(stack: Stack, session: Any) -> None:
+    outcome = await run_operation(session, envelope(chat(stream=True),
+                                                    request_id=scenario_id("reset_mid_body")))
+    assert outcome.final["error"]["code"] == "backend_error"
+    assert outcome.final["diagnostics"]["backend_error_family"] == "connection_lost"
+
+
+async def test_engine_death_then_refused_then_recovery(stack: Stack, session: Any) -> None:
+    dying = await run_operation(session, envelope(
+        request_for("engine_death_mid_stream"),
+        request_id=scenario_id("engine_death_mid_stream")))
+    assert dying.final["error"]["code"] == "backend_error"
+    assert "EngineCore" in dying.final["error"]["message"]
+    with trio.fail_after(3):
+        await _until(lambda: not stack.gateway.upstream_healthy)
+    refused = await run_operation(session, envelope(chat()))
+    assert refused.final["error"]["code"] == "backend_unavailable"
+    stack.replay.revive()
+    with trio.fail_after(5):
+        await _until(lambda: stack.gateway.upstream_healthy)
+    assert (await run_operation(session, envelope(chat()))).final["type"] == "response.completed"
+
+
+# --------------------------------------------------------------------------- cancellation
+
+
+@pytest.mark.parametrize("how", ["cancel", "frame_cancel", "abort"])
+async def test_cancel_closes_the_upstream_socket(stack: Stack, session: Any, how: str) -> None:
+    operation = await session.submit(envelope(chat(stream=True),
+                                              request_id=scenario_id("long_stream")))
+    seen: list[Any] = []
+    cancelled_at = None
+    async for event in operation.events():
+        seen.append(event)
+        if len(seen) == 3:
+            await operation.cancel(how)
+            cancelled_at = trio.current_time()
+    assert isinstance(seen[-1], nnrp.DropReceived)
+    assert seen[-1].drop_reason == nnrp.DropReason.PEER_CANCELLED
+    assert cancelled_at is not None
+    with trio.fail_after(2):
+        await _until(lambda: bool(stack.replay.disconnects))
+    disconnect = stack.replay.disconnects[-1]
+    assert disconnect.scenario == "long_stream"
+    # The backend saw the disconnect promptly (loopback, one scheduler tick or so).
+    assert disconnect.at - cancelled_at < 0.25
+
+
+async def test_cancel_non_streaming_request_aborts_upstream(stack: Stack, session: Any) -> None:
+    operation = await session.submit(envelope(chat(stream=False),
+                                              request_id=scenario_id("stall_first_chunk")))
+    with trio.fail_after(2):
+        await _until(lambda: any(r.scenario == "stall_first_chunk"
+                                 for r in stack.replay.requests))
+    await operation.cancel()
+    (terminal,) = [event async for event in operation.events()]
+    assert terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
+    with trio.fail_after(2):
+        await _until(lambda: bool(stack.replay.disconnects))
+
+
+async def _until(condition: Any) -> None:
+    """Poll state owned by another component (the replay backend, the gateway)."""
+    while not condition():  # noqa: ASYNC110 - no event exists for these conditions
+        await trio.sleep(0.005)
+
+
+# --------------------------------------------------------------------------- trace and ids
+
+
+async def test_traceparent_is_byte_exact_and_frozen(stack: Stack) -> None:
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        await session.trace_context(trace_id=0xABCDEF0123456789, span_id=0x1122334455667788,
+                                    trace_flags=0x3, attributes=b"secret=attr")
+        outcome = await run_operation(session, envelope(chat(), request_id="trace-1"))
+        assert outcome.final["type"] == "response.completed"
+        plain = await client.open_session()
+        await run_operation(plain, envelope(chat(), request_id="trace-2"), trace_id=0x77)
+    headers = {r.headers["x-request-id"]: r.headers for r in stack.replay.requests
+               if r.method == "POST"}
+    assert headers["trace-1"]["traceparent"] == (
+        "00-0000000000000000abcdef0123456789-1122334455667788-01")
+    assert "traceparent" not in headers["trace-2"]  # a header trace_id alone has no span
+    body = next(r.json() for r in stack.replay.requests if r.headers.get("x-request-id")
+                == "trace-1")
+    assert "nnrp" not in body
+    assert "secret" not in json.dumps(body)
+
+
+async def test_derived_request_id_and_include_usage(stack: Stack, session: Any) -> None:
+    await run_operation(session, envelope(chat(stream=True, max_tokens=2)))
+    request = stack.replay.requests[-1]
+    assert request.headers["x-request-id"].startswith("nnrp-")
+    assert request.json()["stream_options"] == {"include_usage": True}
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@pytest.mark.parametrize("family", ["0.18", "0.22", "0.26"])
+async def test_version_selection_and_equal_events(nursery: trio.Nursery, socket_dir: Path,
+                                                  family: str) -> None:
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer(family=family,
+                                                                       speed=50))
+    assert stack.gateway.info is not None
+    assert stack.gateway.info.binding.family == f"{family}.x"
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(
+            request_for("stream_tool_call_single"),
+            request_id="replay:stream_tool_call_single:x"))
+        unary = await run_operation(session, envelope(chat(stream=False)))
+    expected, _ = translate("stream_tool_call_single", "0.26", usage_requested=False)
+    assert outcome.partials == expected
+    message = unary.final["body"]["choices"][0]["message"]
+    assert "tool_calls" not in message  # 0.18/0.22's empty list normalised away
+
+
+async def test_untested_version_refused_or_allowed(nursery: trio.Nursery) -> None:
+    replay = ReplayServer(version="0.20.1")
+    url = await nursery.start(replay.serve)
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=url))
+    with pytest.raises(UnsupportedVersion, match=r"0\.20\.1"):
+        await gateway.probe_once()
+    allowed = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=url,
+                                    allow_untested_vllm=True))
+    info = await allowed.probe_once()
+    assert (info.binding.family, info.untested) == ("0.18.x", True)
+    await gateway.client.aclose()
+    await allowed.client.aclose()
+
+
+# --------------------------------------------------------------------------- extras
+
+
+async def test_capabilities_over_nnrp_and_diagnostics(stack: Stack, session: Any) -> None:
+    outcome = await run_operation(session, json.dumps({
+        "schema_version": "openai-compatible/1", "operation": "gateway.capabilities"}).encode())
+    document = outcome.final["body"]
+    assert document["compatibility_levels"] == [1]
+    assert [m["id"] for m in document["models"]] == ["tiny", "example-model", "reference-model"]
+    assert document["operations"][0]["tool_calls"] is False
+    diagnosed = await run_operation(session, envelope(chat(stream=True, max_tokens=2),
+                                                      nnrp_policy={"diagnostics": True}))
+    assert diagnosed.types[0] == "response.diagnostics"
+    assert diagnosed.partials[0]["diagnostics"]["backend_family"] == "0.26.x"
+
+
+async def test_profile_errors_do_not_reach_vllm(stack: Stack, session: Any) -> None:
+    before = len(stack.replay.requests)
+    missing = await run_operation(session, envelope({"model": "m"}))
+    unsupported = await run_operation(session, json.dumps({
+        "schema_version": "openai-compatible/1", "operation": "responses.create",
+        "body": {"model": "m", "input": "x"}}).encode())
+    assert missing.final["error"]["code"] == "missing_messages"
+    assert unsupported.final["error"]["code"] == "unsupported_operation"
+    assert missing.status == 400
+    assert len(stack.replay.requests) == before
+
+
+@pytest.mark.parametrize("transport", ["ipc", "websocket"])
+async def test_other_transports_carry_the_pipeline(stack: Stack, transport: str) -> None:
+    async with connect(stack.uri(transport)) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat(stream=True, max_tokens=4)))
+    assert outcome.types == ["response.output_text.delta"] * 4
+    assert outcome.final["type"] == "response.completed"
+
+
+async def test_pipeline_limits_are_configurable(nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, pipeline=PipelineLimits(max_envelope_bytes=64))
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat()))
+    assert outcome.final["error"]["code"] == "invalid_body"
+    assert "64-byte limit" in outcome.final["error"]["message"]

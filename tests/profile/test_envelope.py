@@ -1,0 +1,114 @@
+"""The envelope stage: every error code of the profile, and what reaches vLLM."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway import nnrp
+from gateway.profile import ProfileError, check_typed_body, events, parse_envelope
+
+GOOD = {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+
+
+def envelope(**changes: Any) -> bytes:
+    document = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in document.items() if v is not ...}).encode()
+
+
+def code_of(payload: bytes) -> str:
+    with pytest.raises(ProfileError) as info:
+        parse_envelope(payload)
+    return info.value.code
+
+
+def test_good_envelope_keeps_body_and_strips_nnrp() -> None:
+    parsed = parse_envelope(envelope(request_id="r-1", nnrp={"timeout_ms": 5, "diagnostics": True}))
+    assert parsed.body == GOOD["body"]
+    assert "nnrp" not in parsed.body
+    assert parsed.request_id == "r-1"
+    assert parsed.policy.timeout_ms == 5
+    assert parsed.policy.diagnostics
+
+
+@pytest.mark.parametrize(("payload", "code"), [
+    (b"\xff\xfe", "invalid_body"),
+    (b"[1,2]", "invalid_body"),
+    (b"{not json", "invalid_body"),
+    (envelope(schema_version="openai-compatible/2"), "unsupported_schema_version"),
+    (envelope(schema_version=...), "unsupported_schema_version"),
+    (envelope(operation="responses.create"), "unsupported_operation"),
+    (envelope(operation="embeddings.create"), "unsupported_operation"),
+    (envelope(operation="models.list"), "unsupported_operation"),
+    (envelope(body=[1]), "invalid_body"),
+    (envelope(body={"messages": [{"role": "user", "content": "x"}]}), "missing_model"),
+    (envelope(body={"model": "", "messages": [{"role": "user", "content": "x"}]}), "missing_model"),
+    (envelope(body={"model": "m"}), "missing_messages"),
+    (envelope(body={"model": "m", "messages": []}), "missing_messages"),
+    (envelope(request_id=7), "invalid_request_id"),
+    (envelope(request_id="has space"), "invalid_request_id"),
+    (envelope(request_id="x" * 129), "invalid_request_id"),
+    (envelope(nnrp=[]), "invalid_nnrp_policy"),
+    (envelope(nnrp={"timeout_ms": -1}), "invalid_nnrp_policy"),
+    (envelope(nnrp={"timeout_ms": True}), "invalid_nnrp_policy"),
+    (envelope(nnrp={"diagnostics": "yes"}), "invalid_nnrp_policy"),
+    (envelope(nnrp={"surprise": 1}), "invalid_nnrp_policy"),
+])
+def test_error_codes(payload: bytes, code: str) -> None:
+    assert code_of(payload) == code
+
+
+def test_size_and_depth_limits() -> None:
+    with pytest.raises(ProfileError, match="exceeds the 100-byte limit"):
+        parse_envelope(envelope(), max_bytes=100)
+    deep: Any = "x"
+    for _ in range(70):
+        deep = [deep]
+    assert code_of(envelope(body={"model": "m", "messages": deep})) == "invalid_body"
+
+
+def _typed(descriptor: nnrp.TypedDescriptor, payload: bytes = b"{}") -> nnrp.TypedBody:
+    return nnrp.TypedBody((nnrp.TypedFrame(descriptor, payload),))
+
+
+@pytest.mark.parametrize("descriptor", [
+    nnrp.TypedDescriptor(profile_id=2),
+    nnrp.TypedDescriptor(payload_kind=int(nnrp.PayloadKind.TOKEN_CHUNK)),
+    nnrp.TypedDescriptor(schema_id=0x1001, schema_version=3),
+    nnrp.TypedDescriptor(stream_semantics=2),
+    nnrp.TypedDescriptor(descriptor_flags=2),
+])
+def test_typed_body_must_be_the_frozen_mapping(descriptor: nnrp.TypedDescriptor) -> None:
+    with pytest.raises(ProfileError) as info:
+        check_typed_body(_typed(descriptor), None)
+    assert info.value.code == "invalid_submit_body"
+
+
+def test_typed_body_frame_count_and_parse_errors() -> None:
+    two = nnrp.TypedBody((nnrp.TypedFrame(nnrp.TypedDescriptor(), b"{}"),) * 2)
+    with pytest.raises(ProfileError, match="exactly one typed frame"):
+        check_typed_body(two, None)
+    with pytest.raises(ProfileError, match="prelude"):
+        check_typed_body(None, "prelude body_flags and reserved must be 0")
+    assert check_typed_body(_typed(nnrp.TypedDescriptor(), b"abc"), None) == b"abc"
+
+
+def test_error_event_shape_and_status() -> None:
+    error = ProfileError("invalid_backend_request", "bad temperature", param="temperature",
+                         diagnostics={"backend_status": 400})
+    event = events.error_event(error)
+    assert event == {"type": "response.error",
+                     "error": {"type": "invalid_request_error", "code": "invalid_backend_request",
+                               "message": "bad temperature", "param": "temperature"},
+                     "diagnostics": {"backend_status": 400}}
+    assert error.spec.status == 400
+    assert ProfileError("request_timeout", "x").spec.status == 504
+    assert ProfileError("backend_error", "x").spec.status == 500
+    # Compact, sorted keys, UTF-8 as is (the reference adapter's encoding).
+    assert events.encode_event(events.text_delta(0, "é")) == (
+        '{"delta":"é","index":0,"type":"response.output_text.delta"}'.encode())
+    with pytest.raises(ValueError, match="unknown profile error code"):
+        ProfileError("nope", "x")
