@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
 import platform
 from pathlib import Path
 from typing import Annotated
 
-import structlog
 import trio
 import typer
 
 from gateway.bench import Figure, run_codec_bench, run_wire_bench
+from gateway.observe import configure_logging
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
 
@@ -22,7 +21,7 @@ Out = Annotated[Path | None, typer.Option("--out", help="Also write results JSON
 
 
 def _quiet_logs() -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    configure_logging(level="warning", to_stderr=True)
 
 
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None) -> None:

@@ -15,7 +15,9 @@ import gateway
 from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
 from gateway.client import ClientError, connect
+from gateway.observe import configure_logging
 from gateway.replay import ReplayServer
+from gateway.server import ListenError
 from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
@@ -59,18 +61,31 @@ def serve(
                            upstream_api_key=upstream_api_key,
                            allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
                            drain_timeout=drain_timeout)
+    configure_logging()
     try:
         trio.run(_serve, config)
     except BaseExceptionGroup as group:
-        version_errors, _ = group.split(UnsupportedVersion)
-        if version_errors is not None:
-            typer.echo(f"error: {version_errors.exceptions[0]}", err=True)
-            raise typer.Exit(3) from None
-        listen_errors, _ = group.split(OSError)
-        if listen_errors is not None:
-            typer.echo(f"error: cannot listen: {listen_errors.exceptions[0]}", err=True)
-            raise typer.Exit(2) from None
+        _exit_for_user_error(group)
         raise
+
+
+#: Errors that are the operator's to fix: one line and an exit code, never a traceback.
+_USER_ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
+    (UnsupportedVersion, 3, "error: {}"),
+    (ListenError, 2, "error: {}"),
+    (OSError, 2, "error: cannot listen: {}"),
+)
+
+
+def _exit_for_user_error(group: BaseExceptionGroup) -> None:
+    for kind, code, template in _USER_ERRORS:
+        matched, _ = group.split(kind)
+        if matched is not None:
+            leaf: BaseException = matched
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            typer.echo(template.format(leaf), err=True)
+            raise typer.Exit(code) from None
 
 
 async def _serve(config: GatewayConfig) -> None:
@@ -96,6 +111,7 @@ def replay_server(
     api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
 ) -> None:
     """A loopback fake vLLM that plays recorded transcripts (for tests and demos)."""
+    configure_logging()
     host, _, port = listen.rpartition(":")
     server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
 
@@ -125,6 +141,7 @@ def capabilities(
     as_json: Annotated[bool, typer.Option("--json", help="Compact JSON.")] = False,
 ) -> None:
     """Print the capability document (probing vLLM for its version and models)."""
+    configure_logging(to_stderr=True)
     config = GatewayConfig(vllm_url=vllm_url, tool_calls=tool_calls)
 
     async def probe() -> dict[str, object]:
@@ -188,6 +205,7 @@ async def _demo() -> int:
 @app.command()
 def demo() -> None:
     """Replay vLLM + gateway on free ports; stream one chat answer over a real NNRP session."""
+    configure_logging(level="warning", to_stderr=True)
     try:
         code = trio.run(_demo)
     except (ClientError, trio.TooSlowError) as exc:

@@ -1,0 +1,52 @@
+"""structlog set-up: JSON lines (console rendering on a TTY), contextvars first.
+
+The serving process logs to stdout (what container runtimes collect); one-shot commands
+whose stdout is their result (``capabilities --json``, ``bench --json``) log to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+class _CurrentStream:
+    """``sys.stdout`` or ``sys.stderr`` as it is at write time (not at configure time), so a
+    replaced stream (test runners, daemonizers) never leaves the logger writing to a closed
+    file."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return int(getattr(sys, self.name).write(text))
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(sys, self.name).isatty())
+
+
+def configure_logging(*, level: str = "info", to_stderr: bool = False,
+                      json_lines: bool | None = None) -> None:
+    stream = _CurrentStream("stderr" if to_stderr else "stdout")
+    if json_lines is None:
+        json_lines = not stream.isatty()
+    renderer: structlog.typing.Processor = (structlog.processors.JSONRenderer() if json_lines
+                                            else structlog.dev.ConsoleRenderer())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.dict_tracebacks,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(stream),  # type: ignore[arg-type]
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,103 @@
+"""The typer CLI, through CliRunner, with real servers behind it where a command needs one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from cli.main import app
+from gateway.replay import ReplayServer, load_transcript
+
+runner = CliRunner()
+
+
+class ReplayThread:
+    """A replay vLLM in its own thread and trio loop (CliRunner commands call trio.run)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.server = ReplayServer(**kwargs)  # type: ignore[arg-type]
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.url = await nursery.start(self.server.serve)
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def __enter__(self) -> ReplayThread:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None and self._stop is not None
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def replay() -> Iterator[ReplayThread]:
+    with ReplayThread(speed=50.0) as thread:
+        yield thread
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0
+    assert "nnrp-vllm-gateway 0.1.0" in result.output
+    assert "vllm>=0.18.0,<0.27" in result.output
+
+
+def test_demo_streams_one_answer() -> None:
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert "The quick brown fox" in result.output
+    assert "[response.completed, status 200" in result.output
+
+
+def test_capabilities_json(replay: ReplayThread) -> None:
+    result = runner.invoke(app, ["capabilities", "--vllm-url", replay.url, "--json",
+                                 "--tool-calls"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["operations"][0]["tool_calls"] is True
+    assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x"}
+
+
+def test_serve_refuses_an_untested_vllm() -> None:
+    with ReplayThread(version="0.20.1") as old:
+        result = runner.invoke(app, ["serve", "--listen", "tcp://127.0.0.1:0",
+                                     "--vllm-url", old.url])
+    assert result.exit_code == 3
+    assert "vLLM 0.20.1 is not a tested version" in result.output
+    assert "0.26.0" in result.output
+
+
+def test_serve_reports_a_bad_listener() -> None:
+    result = runner.invoke(app, ["serve", "--listen", "ftp://x:1", "--vllm-url",
+                                 "http://127.0.0.1:9"])
+    assert result.exit_code != 0
+    assert "tcp://, unix:// or ws://" in str(result.exception) + result.output
+
+
+def test_record_writes_transcripts(replay: ReplayThread, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["record", "--vllm-url", replay.url, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    usage = load_transcript(tmp_path / "stream_usage.jsonl")
+    assert usage.status == 200
+    assert usage.body.endswith(b"data: [DONE]\n\n")
+    assert load_transcript(tmp_path / "error_404_model.jsonl").status == 404
+    assert load_transcript(tmp_path / "error_400_stream_options_without_stream.jsonl").status == 400
