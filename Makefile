@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit conformance bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/nnrp-gateway demo
 
-test: lint typecheck unit
+test: lint typecheck unit conformance
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway cli tests
@@ -25,6 +25,9 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+conformance: $(STAMP)
+	BIN=$(BIN) bash .ci/conformance
 
 bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec

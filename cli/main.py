@@ -15,16 +15,19 @@ import gateway
 from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
 from gateway.client import ClientError, connect
+from gateway.conformance import target_manifest, write_atomically
 from gateway.observe import configure_logging
 from gateway.replay import ReplayServer
 from gateway.server import ListenError
 from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
+from .conformance import conformance_app
 
 app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(conformance_app, name="conformance")
 
 Listen = Annotated[list[str], typer.Option(
     "--listen", envvar="NNRP_GATEWAY_LISTEN",
@@ -55,6 +58,10 @@ def serve(
     drain_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_DRAIN_TIMEOUT",
         help="Seconds in-flight operations may finish after SIGTERM.")] = 30.0,
+    target_manifest: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_TARGET_MANIFEST",
+        help="Write the suite's wire target manifest here once all listeners are bound.")
+    ] = None,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
     config = GatewayConfig(listen=tuple(listen), vllm_url=vllm_url,
@@ -63,7 +70,7 @@ def serve(
                            drain_timeout=drain_timeout)
     configure_logging()
     try:
-        trio.run(_serve, config)
+        trio.run(_serve, config, target_manifest)
     except BaseExceptionGroup as group:
         _exit_for_user_error(group)
         raise
@@ -88,12 +95,18 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
             raise typer.Exit(code) from None
 
 
-async def _serve(config: GatewayConfig) -> None:
+async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
     gateway_app = Gateway(config)
     async with trio.open_nursery() as nursery:
         endpoints = await nursery.start(gateway_app.run)
         for endpoint in endpoints:
             typer.echo(f"serving NNRP on {endpoint.uri}")
+        if manifest_path is not None:
+            manifest = target_manifest(
+                [e.uri for e in endpoints], target_name="nnrp-vllm-gateway",
+                max_frame_bytes=config.server.max_packet,
+                max_in_flight=config.server.max_in_flight)
+            await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 typer.echo("draining...", err=True)

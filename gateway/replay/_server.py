@@ -36,7 +36,8 @@ log = structlog.get_logger("gateway.replay")
 SERVED_MODELS = ("tiny", "example-model", "reference-model")
 BACKEND_ERROR_MODEL = "backend-error"
 #: Scenarios that are behaviours rather than transcripts.
-SPECIAL = ("stall_first_chunk", "stall_mid_stream", "reset_mid_body", "long_stream")
+SPECIAL = ("stall_first_chunk", "stall_mid_stream", "reset_mid_body", "reset_before_response",
+           "long_stream")
 
 
 @attrs.frozen
@@ -78,6 +79,7 @@ class Reply:
     stall_after: int | None = None  # chunks sent before stalling forever
     reset_after: int | None = None  # chunks sent before resetting the connection
     kill_engine: bool = False
+    no_response: bool = False  # hang up before the status line (a reset before a response)
 
 
 class ReplayServer:
@@ -292,6 +294,8 @@ class ReplayServer:
         if name == "stall_mid_stream":
             reply = self._text_stream(request_id, model, 20)
             return attrs.evolve(reply, stall_after=3, scenario=name)
+        if name == "reset_before_response":
+            return Reply(0, (), (), name, no_response=True)
         if name == "reset_mid_body":
             reply = self._text_stream(request_id, model, 20)
             return attrs.evolve(reply, reset_after=3, scenario=name)
@@ -344,6 +348,9 @@ class ReplayServer:
 
     async def _play(self, connection: h11.Connection, stream: trio.SocketStream,
                     request: RecordedRequest, reply: Reply) -> None:
+        if reply.no_response:
+            await trio.aclose_forcefully(stream)
+            raise trio.ClosedResourceError("hung up before responding (scripted)")
         if self.rechunk is not None and reply.chunks and reply.stall_after is None:
             reply = self._rechunked(reply)
         request_id = request.headers.get("x-request-id", "")

@@ -1,0 +1,208 @@
+"""``nnrp-gateway conformance``: plan, run, validate, wire-probe.
+
+Against a deployment::
+
+    nnrp-gateway conformance run --endpoint tcp://host:port --output DIR
+    nnrp-gateway conformance validate --results DIR/results.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import trio
+import typer
+
+from gateway.client import ClientError, connect
+from gateway.conformance import (
+    build_plan,
+    native_available,
+    run_plan,
+    run_wire_probe,
+    schema_errors,
+    suite_capabilities,
+    validate_results,
+)
+from gateway.observe import configure_logging
+
+conformance_app = typer.Typer(no_args_is_help=True,
+                              help="The openai-compatible/1 suite and the wire scenario.")
+
+Endpoint = Annotated[str, typer.Option("--endpoint", help="tcp://, unix:// or ws:// endpoint.")]
+Capabilities = Annotated[Path | None, typer.Option(
+    help="Capability document (default: fetched live from --endpoint over NNRP).")]
+BackendLog = Annotated[str | None, typer.Option(
+    help="URL of the replay backend behind the gateway: enables the replay-backed project "
+         "recipes and records upstream evidence.")]
+NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's recipes.")]
+
+
+async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
+    """The gateway's own capability document, over NNRP (operation gateway.capabilities)."""
+    async with connect(endpoint) as client:
+        session = await client.open_session()
+        operation = await session.submit(json.dumps({
+            "schema_version": "openai-compatible/1",
+            "operation": "gateway.capabilities"}).encode())
+        document: dict[str, Any] | None = None
+        async for event in operation.events():
+            typed = getattr(event, "typed_body", None)
+            if typed is not None:
+                final = json.loads(typed.frames[0].payload)
+                if final.get("type") == "response.completed":
+                    document = final["body"]
+        await session.close()
+    if document is None:
+        raise ClientError("the endpoint did not answer gateway.capabilities")
+    return document
+
+
+def _capabilities(endpoint: str | None, path: Path | None, without_extensions: bool
+                  ) -> dict[str, Any]:
+    if path is not None:
+        document: dict[str, Any] = json.loads(path.read_text())
+    elif endpoint is not None:
+        document = trio.run(fetch_capabilities, endpoint)
+    else:
+        raise typer.BadParameter("give --capabilities or --endpoint")
+    document = suite_capabilities(document)
+    errors = schema_errors(document, "api-profile-capabilities.schema.json")
+    if errors:
+        typer.echo("capability document is not valid:\n  " + "\n  ".join(errors), err=True)
+        raise typer.Exit(2)
+    if without_extensions:
+        document["extensions"] = []
+    return document
+
+
+@conformance_app.command()
+def plan(
+    output: Annotated[Path, typer.Option(help="Where to write the execution plan.")],
+    endpoint: Annotated[str | None, typer.Option(help="Fetch capabilities live.")] = None,
+    capabilities: Capabilities = None,
+    replay_backend: Annotated[bool, typer.Option(
+        help="The backend is the replay server (claims gateway.replay-backend).")] = False,
+    suite_only: NoProject = False,
+    without_extensions: Annotated[bool, typer.Option(help="Plan as if no extensions.")] = False,
+) -> None:
+    """Select recipes from the capability document, as the suite's runner does."""
+    configure_logging(level="warning", to_stderr=True)
+    document = _capabilities(endpoint, capabilities, without_extensions)
+    execution_plan, not_claimed = build_plan(document, include_project=not suite_only,
+                                             replay_backend=replay_backend)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(execution_plan, indent=2) + "\n")
+    for case in execution_plan["cases"]:
+        typer.echo(f"selected     {case['id']} ({case['status']})")
+    for case_id in not_claimed:
+        typer.echo(f"not_claimed  {case_id}")
+
+
+def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any],
+              backend_log: str | None, suite_only: bool) -> dict[str, Any]:
+    execution_plan, not_claimed = build_plan(
+        document, include_project=not suite_only, replay_backend=backend_log is not None,
+        results_path=str(output / "results.json"), evidence_dir=str(output / "evidence"))
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "plan.json").write_text(json.dumps(execution_plan, indent=2) + "\n")
+    results = trio.run(lambda: run_plan(execution_plan, endpoint, client=client,
+                                        evidence_dir=output / "evidence",
+                                        backend_log=backend_log,
+                                        adapter=document.get("adapter", "nnrp-vllm-gateway")))
+    (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    for result in results["results"]:
+        line = f"{result['outcome']:<7} {result['id']}"
+        typer.echo(line + (f"  ({result['message']})" if "message" in result else ""))
+    for case_id in not_claimed:
+        typer.echo(f"{'n/a':<7} {case_id} (not_claimed)")
+    return results
+
+
+@conformance_app.command()
+def run(
+    endpoint: Endpoint,
+    output: Annotated[Path, typer.Option(help="Directory for plan, results and evidence.")],
+    client: Annotated[str | None, typer.Option(
+        help="native (nnrp-py's Rust-backed client; the default when installed) or builtin."
+    )] = None,
+    capabilities: Capabilities = None,
+    backend_log: BackendLog = None,
+    suite_only: NoProject = False,
+    check_without_extensions: Annotated[bool, typer.Option(
+        help="Also run with extensions removed; the passed cases must be the same.")] = True,
+) -> None:
+    """Run every selected case over a real NNRP session; write results and evidence."""
+    configure_logging(level="warning", to_stderr=True)
+    chosen = client or ("native" if native_available() else "builtin")
+    if chosen == "native" and not native_available():
+        typer.echo("error: --client native needs nnrp-py (pip install nnrp-py)", err=True)
+        raise typer.Exit(2)
+    try:
+        document = _capabilities(endpoint, capabilities, False)
+        results = _run_once(endpoint, output, chosen, document, backend_log, suite_only)
+        summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint,
+                                   "passed": sum(r["outcome"] == "passed"
+                                                 for r in results["results"]),
+                                   "selected": len(results["results"])}
+        if check_without_extensions:
+            bare = dict(document, extensions=[])
+            typer.echo("-- again, with extensions removed --")
+            again = _run_once(endpoint, output / "without-extensions", chosen, bare,
+                              backend_log, suite_only)
+            passed = {r["id"] for r in results["results"] if r["outcome"] == "passed"}
+            passed_bare = {r["id"] for r in again["results"] if r["outcome"] == "passed"}
+            bare_ids = {r["id"] for r in again["results"]}
+            summary["without_extensions"] = {
+                "passed": len(passed_bare),
+                "same_passes": passed & bare_ids == passed_bare}
+    except (ClientError, OSError) as exc:
+        typer.echo(f"error: cannot reach {endpoint}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    ok = summary["passed"] == summary["selected"] and summary.get(
+        "without_extensions", {}).get("same_passes", True)
+    typer.echo(f"{summary['passed']}/{summary['selected']} passed with the {chosen} client")
+    raise typer.Exit(0 if ok else 1)
+
+
+@conformance_app.command()
+def validate(
+    results: Annotated[Path, typer.Option(help="results.json written by 'run'.")],
+    plan_path: Annotated[Path | None, typer.Option(
+        "--plan", help="Execution plan (default: plan.json beside the results).")] = None,
+) -> None:
+    """Apply the suite's validation rules strictly: exit non-zero unless passed == selected."""
+    plan_file = plan_path or results.parent / "plan.json"
+    report = validate_results(json.loads(plan_file.read_text()),
+                              json.loads(results.read_text()))
+    for error in report.errors:
+        typer.echo(f"error   {error}")
+    for failure in report.failed:
+        typer.echo(f"failed  {failure}")
+    typer.echo(f"{report.passed}/{report.selected} passed"
+               + ("" if report.ok else " - NOT CONFORMANT"))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@conformance_app.command("wire-probe")
+def wire_probe(
+    endpoint: Annotated[list[str], typer.Option(
+        "--endpoint", help="Endpoint per transport to probe (repeatable).")],
+    output: Annotated[Path, typer.Option(help="wire-conformance-case-results JSON.")],
+    target_name: Annotated[str, typer.Option(help="Name in the report.")] = "nnrp-vllm-gateway",
+) -> None:
+    """The wire.profile.openai-compatible.level1 scenario on each given transport."""
+    configure_logging(level="warning", to_stderr=True)
+    report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name))
+    errors = schema_errors(report, "wire-conformance-case-results.schema.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    for result in report["results"]:
+        typer.echo(f"{result['outcome']:<7} {result['id']}"
+                   + (f"  ({result['message']})" if "message" in result else ""))
+    for error in errors:
+        typer.echo(f"error   {error}")
+    ok = not errors and all(r["outcome"] == "passed" for r in report["results"])
+    raise typer.Exit(0 if ok else 1)

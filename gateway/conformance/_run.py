@@ -1,0 +1,347 @@
+"""Run a plan's cases over real NNRP sessions and write the suite's case results.
+
+Each case's recipe request becomes one envelope sent as one typed FRAME_SUBMIT. Partial
+results are collected in order; the terminal RESULT_PUSH adds its final event; a
+RESULT_DROP_REASON becomes ``response.cancelled`` (terminal ``cancelled``).
+
+Runner directives live in ``request.nnrp`` and are never forwarded to the gateway:
+``cancel_after_events`` (the suite's: a real CANCEL after N events), and the project's
+``x_request_id`` (chooses a replay scenario), ``x_trace_context`` (a session
+TRACE_CONTEXT sent first) and ``x_expect_upstream`` (checked against the replay
+backend's log: ``traceparent``, ``disconnected``, ``requests``).
+
+Clients: ``builtin`` is the project's trio client; ``native`` is nnrp-py's Rust-backed
+client (only when nnrp-py is installed; it is a test/conformance tool, never imported by
+the serving path).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from gateway import nnrp
+from gateway.client import ClientSession, connect
+
+from ._validate import check_case
+
+RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
+_TERMINALS = {"response.completed": "success", "response.error": "error",
+              "response.cancelled": "cancelled"}
+
+
+@attrs.define
+class Observation:
+    frames: list[dict[str, Any]] = attrs.field(factory=list)
+    events: list[dict[str, Any]] = attrs.field(factory=list)
+    terminal: str = "error"
+    status: int | None = None
+    problem: str | None = None
+    started: float = 0.0
+    elapsed_ms: float = 0.0
+
+
+@attrs.frozen
+class CaseRequest:
+    case_id: str
+    envelope: bytes
+    request_id: str
+    cancel_after: int | None
+    trace: dict[str, int] | None
+    expect_upstream: dict[str, Any] | None
+
+
+def case_request(case: dict[str, Any], number: int, run_token: str) -> CaseRequest:
+    """The envelope for one case. Request ids carry ``run_token`` so evidence from a
+    long-lived backend is never mixed up between runs."""
+    request = case["request"]
+    directives = dict(request.get("nnrp") or {})
+    policy = {k: v for k, v in directives.items() if k not in RUNNER_KEYS}
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", case["id"]).strip("-")[-60:]
+    chosen = directives.get("x_request_id")
+    request_id = (f"{chosen}:{run_token}" if chosen
+                  else f"conf-{run_token}-{number}-{slug}")
+    envelope: dict[str, Any] = {"schema_version": "openai-compatible/1",
+                                "operation": case["operation"], "request_id": request_id,
+                                "body": request["body"]}
+    if policy:
+        envelope["nnrp"] = policy
+    return CaseRequest(case["id"], json.dumps(envelope).encode(), request_id,
+                       directives.get("cancel_after_events"), directives.get("x_trace_context"),
+                       directives.get("x_expect_upstream"))
+
+
+def _finish_terminal(observation: Observation, final: dict[str, Any] | None,
+                     dropped: bool, drop_reason: int | None) -> None:
+    if dropped:
+        observation.terminal = "cancelled"
+        observation.events.append({"type": "response.cancelled", "reason": "peer_cancelled",
+                                   "drop_reason": drop_reason})
+    elif final is not None:
+        observation.terminal = _TERMINALS.get(final.get("type", ""), "error")
+        observation.events.append(final)
+
+
+# --------------------------------------------------------------------------- builtin client
+
+
+async def _run_builtin_case(session: ClientSession, request: CaseRequest) -> Observation:
+    observation = Observation(started=time.time())
+    start = trio.current_time()
+    if request.trace:
+        await session.trace_context(trace_id=request.trace["trace_id"],
+                                    span_id=request.trace["span_id"],
+                                    trace_flags=request.trace.get("flags", 1))
+    operation = await session.submit(request.envelope)
+    final = None
+    dropped = False
+    drop_reason = None
+    partials = 0
+    async for event in operation.events():
+        t_ms = round((trio.current_time() - start) * 1000, 3)
+        if isinstance(event, nnrp.PartialReceived):
+            partials += 1
+            body = json.loads(event.body)
+            observation.events.append(body)
+            observation.frames.append({"frame": "PARTIAL_RESULT", "sequence": event.sequence,
+                                       "t_ms": t_ms, "type": body.get("type")})
+            if request.cancel_after is not None and partials == request.cancel_after:
+                await operation.cancel()
+                observation.frames.append({"frame": "CANCEL", "direction": "sent",
+                                           "t_ms": t_ms})
+        elif isinstance(event, nnrp.ResultReceived):
+            observation.status = event.meta.status_code
+            assert event.typed_body is not None
+            final = json.loads(event.typed_body.frames[0].payload)
+            observation.frames.append({"frame": "RESULT_PUSH", "status": observation.status,
+                                       "t_ms": t_ms, "type": final.get("type")})
+        else:
+            dropped, drop_reason = True, event.drop_reason
+            observation.frames.append({"frame": "RESULT_DROP_REASON", "t_ms": t_ms,
+                                       "drop_reason": event.drop_reason,
+                                       "diagnostic": event.diagnostic.decode("ascii", "replace")})
+    _finish_terminal(observation, final, dropped, drop_reason)
+    observation.elapsed_ms = round((trio.current_time() - start) * 1000, 3)
+    return observation
+
+
+async def run_builtin(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
+    observations = []
+    async with connect(endpoint) as client:
+        session = await client.open_session()
+        for request in requests:
+            with trio.fail_after(60):
+                observations.append(await _run_builtin_case(session, request))
+        await session.close()
+    return observations
+
+
+# --------------------------------------------------------------------------- native client
+
+
+def native_available() -> bool:
+    try:
+        import nnrp.client.native  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _native_options(endpoint: str) -> Any:
+    from nnrp.client.native import NativeClientOptions, NativeClientProviderRoute
+    from nnrp.core.messages import TransportPolicy
+
+    if endpoint.startswith("tcp://"):
+        return NativeClientOptions("nnrp://" + endpoint.removeprefix("tcp://"),
+                                   transport_policy=TransportPolicy.FORCE_TCP)
+    name = "ipc" if endpoint.startswith("unix://") else "websocket"
+    policy = TransportPolicy.FORCE_IPC if name == "ipc" else TransportPolicy.FORCE_WEBSOCKET
+    return NativeClientOptions("nnrp://gateway.local", provider_routes={
+        name: NativeClientProviderRoute(provider_endpoint=endpoint)}, transport_policy=policy)
+
+
+def run_native(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
+    """Blocking: drive nnrp-py's native client (call from a worker thread)."""
+    import asyncio
+
+    from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+    from nnrp.client.transport import (
+        SubmitHeaderContext,
+        SubmitIdentity,
+        SubmitPolicy,
+        SubmitRequest,
+        TypedPayloadInputFrame,
+        TypedPayloadSubmitInput,
+    )
+    from nnrp.core.enums import MessageType, PayloadKind
+    from nnrp.runtime.types import TraceContextMetadata
+    from nnrp.schema import StreamSemantics
+
+    observations = []
+    with connect_native_client_connection(_native_options(endpoint)) as connection:
+        session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
+        for number, request in enumerate(requests, start=1):
+            observation = Observation(started=time.time())
+            start = time.perf_counter()
+            if request.trace:
+                session.send_trace_context(TraceContextMetadata(
+                    request.trace["trace_id"], request.trace["span_id"], 0, 0,
+                    request.trace.get("flags", 1), 0), b"")
+            frame = TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, request.envelope,
+                                           stream_semantics=StreamSemantics.SNAPSHOT)
+            session.submit_operation(SubmitRequest.typed_payload(TypedPayloadSubmitInput(
+                SubmitIdentity(number, number, SubmitHeaderContext()), SubmitPolicy(),
+                (frame,))))
+            final, dropped, drop_reason, partials = None, False, None, 0
+            cancelled_at: float | None = None
+            deadline = time.monotonic() + 60
+            done = False
+            while not done and time.monotonic() < deadline:
+                for event in session.poll_events(timeout_ms=20):
+                    header = getattr(event, "header", None)
+                    if header is None or header.frame_id != number:
+                        continue
+                    t_ms = round((time.perf_counter() - start) * 1000, 3)
+                    kind = header.message_type
+                    if kind is MessageType.PARTIAL_RESULT:
+                        partials += 1
+                        body = json.loads(bytes(event.tail.body))
+                        observation.events.append(body)
+                        observation.frames.append({
+                            "frame": "PARTIAL_RESULT", "t_ms": t_ms, "type": body.get("type"),
+                            "sequence": event.metadata.value.result_sequence})
+                        if request.cancel_after is not None and partials == request.cancel_after:
+                            connection.cancel_runtime_operation(
+                                session, operation_id=number, control_sequence=1,
+                                reason_code=1)
+                            cancelled_at = time.monotonic()
+                            observation.frames.append({"frame": "CANCEL", "direction": "sent",
+                                                       "t_ms": t_ms})
+                    elif kind is MessageType.RESULT_PUSH:
+                        meta = event.metadata.value
+                        observation.status = meta.status_code
+                        typed = nnrp.parse_typed_body(
+                            bytes(event.tail.body),
+                            payload_kind_bitmap=int(meta.payload_kind_bitmap),
+                            payload_frame_count=meta.payload_frame_count)
+                        final = json.loads(typed.frames[0].payload)
+                        observation.frames.append({"frame": "RESULT_PUSH", "t_ms": t_ms,
+                                                   "status": meta.status_code,
+                                                   "type": final.get("type")})
+                        done = True
+                    elif kind is MessageType.RESULT_DROP_REASON:
+                        dropped = True
+                        drop_reason = int(event.metadata.value.drop_reason_code)
+                        observation.frames.append({"frame": "RESULT_DROP_REASON", "t_ms": t_ms,
+                                                   "drop_reason": drop_reason})
+                        done = True
+                # nnrp-py hides results of operations it cancelled; its drop is the terminal.
+                if cancelled_at is not None and not done and time.monotonic() - cancelled_at > 2:
+                    dropped, done = True, True
+            if not done:
+                observation.problem = "no terminal within 60 s"
+            _finish_terminal(observation, final, dropped, drop_reason)
+            observation.elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
+            observations.append(observation)
+        session.close()
+    return observations
+
+
+# --------------------------------------------------------------------------- plan execution
+
+
+async def _backend_log(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        response = await client.get(f"{url.rstrip('/')}/__replay/log")
+        response.raise_for_status()
+        document: dict[str, Any] = response.json()
+        return document
+
+
+def _upstream_evidence(log: dict[str, Any] | None, request_id: str) -> dict[str, Any] | None:
+    if log is None:
+        return None
+    requests = [r for r in log["requests"] if r["headers"].get("x-request-id") == request_id]
+    disconnects = [d for d in log["disconnects"] if d["request_id"] == request_id]
+    return {"requests": [{"path": r["path"], "headers": r["headers"], "scenario": r["scenario"],
+                          "body": json.loads(r["body"]) if r["body"] else None}
+                         for r in requests],
+            "disconnects": disconnects}
+
+
+def _check_upstream(expect: dict[str, Any], evidence: dict[str, Any] | None) -> str | None:
+    if evidence is None:
+        return "x_expect_upstream needs --backend-log (the replay backend's URL)"
+    requests = evidence["requests"]
+    if "requests" in expect and len(requests) != expect["requests"]:
+        return f"upstream saw {len(requests)} request(s), expected {expect['requests']}"
+    if "traceparent" in expect:
+        sent = [r["headers"].get("traceparent") for r in requests]
+        if sent != [expect["traceparent"]]:
+            return f"upstream traceparent {sent}, expected {[expect['traceparent']]}"
+    if expect.get("disconnected") and not evidence["disconnects"]:
+        return "the upstream request was not aborted (no disconnect recorded)"
+    return None
+
+
+def _write_evidence(folder: Path, files: list[tuple[str, dict[str, Any]]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, document in files:
+        (folder / name).write_text(json.dumps(document, indent=2) + "\n")
+
+
+async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builtin",
+                   evidence_dir: Path | None = None, backend_log: str | None = None,
+                   adapter: str = "nnrp-vllm-gateway") -> dict[str, Any]:
+    """Run every case; return an ``api-profile-case-results`` document."""
+    run_token = secrets.token_hex(4)
+    requests = [case_request(case, number, run_token)
+                for number, case in enumerate(plan["cases"], 1)]
+    if client == "native":
+        observations = await trio.to_thread.run_sync(run_native, endpoint, requests)
+    else:
+        observations = await run_builtin(endpoint, requests)
+    log = None
+    if backend_log:
+        await trio.sleep(0.3)  # let the backend notice disconnects of the last cases
+        log = await _backend_log(backend_log)
+    results = []
+    evidence_files: list[tuple[str, dict[str, Any]]] = []
+    for number, (case, request, observation) in enumerate(
+            zip(plan["cases"], requests, observations, strict=True), start=1):
+        problem = observation.problem or check_case(case["expect"], observation.terminal,
+                                                    observation.events)
+        evidence = _upstream_evidence(log, request.request_id)
+        if problem is None and request.expect_upstream is not None:
+            problem = _check_upstream(request.expect_upstream, evidence)
+        result: dict[str, Any] = {"id": case["id"],
+                                  "outcome": "passed" if problem is None else "failed",
+                                  "terminal": observation.terminal,
+                                  "events": observation.events,
+                                  "diagnostics": {"client": client, "endpoint": endpoint,
+                                                  "status": observation.status,
+                                                  "elapsed_ms": observation.elapsed_ms}}
+        if problem is not None:
+            result["message"] = problem
+        results.append(result)
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", case["id"]).strip("-")
+        evidence_files.append((f"{number:03d}-{slug}.json", {
+            "case": case["id"], "client": client, "endpoint": endpoint,
+            "request_id": request.request_id,
+            "envelope": json.loads(request.envelope), "frames": observation.frames,
+            "terminal": observation.terminal, "status": observation.status,
+            "elapsed_ms": observation.elapsed_ms, "upstream": evidence,
+            "outcome": result["outcome"], "message": problem}))
+    if evidence_dir is not None:
+        await trio.to_thread.run_sync(_write_evidence, evidence_dir, evidence_files)
+    return {"$schema": "../schemas/api-profile-case-results.schema.json",
+            "profile": "openai-compatible", "schema_version": "openai-compatible/1",
+            "adapter": adapter, "results": results}
