@@ -17,9 +17,11 @@ import trio
 
 import gateway
 from gateway.nnrp import ServerConfig
+from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
+from gateway.profile import ERROR_TABLE
 from gateway.profile._capabilities import capability_document
-from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer
+from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer, OperationContext
 from gateway.upstream import (
     UnsupportedVersion,
     UpstreamConfig,
@@ -29,6 +31,7 @@ from gateway.upstream import (
 )
 
 log = structlog.get_logger("gateway")
+operation_log = structlog.get_logger("gateway.operation")
 
 
 @attrs.frozen
@@ -47,6 +50,8 @@ class GatewayConfig:
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
     upstream_connect_timeout: float = 2.0
     upstream_pool_size: int = 256
+    admin_listen: str | None = None  # "host:port"; off unless given
+    metrics: bool = False
 
 
 class Gateway:
@@ -65,6 +70,45 @@ class Gateway:
                                     refusal=profile_refusal)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
+        self.draining = False
+        self.metrics = GatewayMetrics()
+        self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
+        self.server.stats.observers.append(self._observe)
+        self.admin = AdminServer(AdminRoutes(
+            self.readiness, self.capabilities,
+            self.metrics.registry if config.metrics else None))
+
+    def readiness(self) -> list[str]:
+        """Why the gateway is not ready (empty when it is)."""
+        reasons = []
+        if not self.endpoints or not self.server.accepting:
+            reasons.append("listeners are not accepting")
+        if self.info is None:
+            reasons.append("vLLM has not been probed yet")
+        elif not self.upstream_healthy:
+            reasons.append("vLLM health check failed")
+        if self.draining:
+            reasons.append("draining")
+        return reasons
+
+    def _observe(self, op: OperationContext) -> None:
+        """The canonical log line and the metrics, from one record per operation."""
+        record = build_record(op)
+        self.metrics.observe(record)
+        level = "info"
+        if record.error_code is not None:
+            level = ERROR_TABLE[record.error_code].log_level
+        elif record.outcome == "internal_error":
+            level = "error"
+        getattr(operation_log, level)("operation", **record.as_dict())
+
+    async def drain(self) -> None:
+        """SIGTERM: readiness goes false, stop accepting, drain, then drop the rest."""
+        self.draining = True
+        log.info("draining", timeout_s=self.config.drain_timeout,
+                 inflight=self.server.stats.inflight)
+        await self.server.shutdown(self.config.drain_timeout)
+        log.info("drained")
 
     def ready_info(self) -> VllmInfo | None:
         """The probe result while vLLM is healthy; None means backend_unavailable."""
@@ -84,9 +128,15 @@ class Gateway:
         """Probe vLLM and serve NNRP until cancelled. UnsupportedVersion ends the run."""
         try:
             async with trio.open_nursery() as nursery:
+                if self.config.admin_listen:
+                    host, _, port = self.config.admin_listen.rpartition(":")
+                    await nursery.start(self.admin.serve, host or "127.0.0.1", int(port))
                 self.endpoints = await nursery.start(self.server.serve,
                                                      list(self.config.listen))
                 nursery.start_soon(self._upstream_loop)
+                log.info("gateway started", version=gateway.__version__,
+                         endpoints=[e.uri for e in self.endpoints],
+                         vllm_url=self.config.vllm_url)
                 task_status.started(self.endpoints)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -98,6 +148,7 @@ class Gateway:
             log.warning("untested vLLM version; using the nearest binding",
                         vllm_version=info.version, binding=info.binding.family)
         self.info = info
+        self.metrics.known_models = frozenset(info.models)
         self.upstream_healthy = True
         self.probed.set()
         log.info("vLLM ready", vllm_version=info.version, binding=info.binding.family,

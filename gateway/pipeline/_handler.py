@@ -18,9 +18,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import structlog
 import trio
 
 from gateway.nnrp import RefusalReason, SubmitRefused
+from gateway.observe import build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
@@ -74,6 +76,8 @@ class OperationNotes:
     upstream_closed: float | None = None
     usage: dict[str, Any] | None = None
     error_code: str | None = None
+    diagnostics: bool = False
+    backend: dict[str, str] | None = None
 
 
 class ChatPipeline:
@@ -109,11 +113,12 @@ class ChatPipeline:
                                     connection_id=op.connection_id, trace=op.trace)
             notes.request_id, notes.stream = request.request_id, request.stream
             notes.traceparent = request.headers.get("traceparent")  # frozen at dispatch
-            if envelope.policy.diagnostics:
-                await op.emit(ev.encode_event(ev.diagnostics({
-                    "selected_model": envelope.model, "operation": envelope.operation,
-                    "request_id": request.request_id, "backend_family": info.binding.family,
-                    "vllm_version": info.version, "transport": op.transport})))
+            notes.diagnostics = envelope.policy.diagnostics
+            notes.backend = {"backend_family": info.binding.family,
+                             "vllm_version": info.version}
+            structlog.contextvars.bind_contextvars(request_id=request.request_id,
+                                                   session_id=op.session_id,
+                                                   operation_id=op.operation_id)
             total = self.limits.total_timeout
             if envelope.policy.timeout_ms is not None:
                 policy_total = envelope.policy.timeout_ms / 1000
@@ -206,11 +211,23 @@ class ChatPipeline:
     # ------------------------------------------------------------------ terminals
 
     async def _finish(self, op: OperationContext, event: dict[str, Any]) -> None:
+        await self._diagnostics(op, "ok")
         await op.finish(200, ev.encode_event(event), outcome="ok")
+
+    async def _diagnostics(self, op: OperationContext, outcome: str) -> None:
+        """``response.diagnostics`` (extension vllm.diagnostics), built from the same
+        observation record as the log line and the metrics, just before the terminal."""
+        notes = op.notes
+        if not isinstance(notes, OperationNotes) or not notes.diagnostics:
+            return
+        record = attrs.evolve(build_record(op), outcome=outcome).as_dict()
+        record["selected_model"] = record.pop("model", None)
+        await op.emit(ev.encode_event(ev.diagnostics({**record, **(notes.backend or {})})))
 
     async def _fail(self, op: OperationContext, error: ProfileError,
                     notes: OperationNotes) -> None:
         notes.error_code = error.code
+        await self._diagnostics(op, error.spec.outcome)
         backend_status = error.diagnostics.get("backend_status")
         if isinstance(backend_status, int):
             notes.upstream_status = backend_status

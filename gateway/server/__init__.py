@@ -9,6 +9,9 @@ from ._connection import (
 from ._connection import (
     RefusalHandler as RefusalHandler,
 )
+from ._connection import (
+    ServerStats as ServerStats,
+)
 from ._listeners import ListenError as ListenError
 from ._listeners import ListenSpec as ListenSpec
 from ._listeners import parse_listen_uri as parse_listen_uri

@@ -71,6 +71,26 @@ _DROP_DIAGNOSTIC = {
 }
 
 
+@attrs.define
+class ServerStats:
+    """Counters shared by a server's connections (exported at scrape time, no locks)."""
+
+    connections_active: int = 0
+    connections_total: int = 0
+    connections_refused: int = 0
+    sessions_active: int = 0
+    sessions_total: int = 0
+    sessions_refused: int = 0
+    refused_submits: int = 0
+    inflight: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    frames_out: int = 0
+    protocol_errors: int = 0
+    #: Called with each operation once it has ended (observation records).
+    observers: list[Callable[[OperationContext], None]] = attrs.field(factory=list)
+
+
 _OUTCOMES: dict[EndReason | None, str] = {
     EndReason.PEER_CANCEL: "cancelled", EndReason.DEADLINE: "deadline",
     EndReason.SHUTDOWN: "shutdown",
@@ -99,7 +119,8 @@ def plain_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
 class Connection:
     def __init__(self, transport: PacketTransport, handler: OperationHandler,
                  config: ServerConfig, limits: ConnectionLimits,
-                 refusal: RefusalHandler | None = None) -> None:
+                 refusal: RefusalHandler | None = None,
+                 stats: ServerStats | None = None) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
@@ -114,6 +135,7 @@ class Connection:
         self._handshake_done = trio.Event()
         self.closed = trio.Event()
         self.sessions_opened = 0
+        self.stats = stats or ServerStats()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,6 +156,9 @@ class Connection:
         finally:
             self.outbox.close()
             self._end_all(EndReason.DISCONNECT)
+            # Sessions that never sent SESSION_CLOSE end with their connection.
+            self.stats.sessions_active -= len(self._session_tasks)
+            self._session_tasks.clear()
             with trio.CancelScope(shield=True):
                 await self.transport.aclose()
             self.closed.set()
@@ -177,6 +202,7 @@ class Connection:
                 return
             if data is None:
                 return
+            self.stats.bytes_in += len(data)
             events = (sans_io.receive_message(data) if self.transport.message_based
                       else sans_io.receive_data(data))
             for event in events:
@@ -204,8 +230,11 @@ class Connection:
                 self._nursery.cancel_scope.cancel()
                 return
             outbox.written(batch)
+            self.stats.bytes_out += sum(map(len, batch))
+            self.stats.frames_out += len(batch)
 
     async def _fail(self, failure: ConnectionFailed) -> None:
+        self.stats.protocol_errors += 1
         self.log.info("protocol violation; closing connection", error=str(failure.error),
                       code=failure.error.code.name, replied=failure.reply is not None)
         if failure.reply is not None:
@@ -236,6 +265,7 @@ class Connection:
         elif isinstance(event, TraceContextUpdated):
             self._apply_trace(event)
         elif isinstance(event, SubmitRefused):
+            self.stats.refused_submits += 1
             status, payload = self.refusal(event)
             self.write(self.sans_io.send_refusal(event.session_id, event.frame_id, status,
                                                  payload))
@@ -246,8 +276,11 @@ class Connection:
             self._handshake_done.set()
         elif isinstance(event, SessionOpened):
             self.sessions_opened += 1
+            self.stats.sessions_active += 1
+            self.stats.sessions_total += 1
             self._session_tasks[event.session_id] = 0
         elif isinstance(event, SessionOpenRefused):
+            self.stats.sessions_refused += 1
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
         elif isinstance(event, PeerError):
             self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
@@ -275,6 +308,8 @@ class Connection:
         self._nursery.start_soon(self._run_operation, operation)
 
     async def _run_operation(self, operation: OperationContext) -> None:
+        self.stats.inflight += 1
+        operation.started_at = trio.current_time()
         try:
             with operation.cancel_scope:
                 try:
@@ -296,7 +331,13 @@ class Connection:
             idle = self._session_idle.get(operation.session_id)
             if count == 0 and idle is not None:
                 idle.set()
+            self.stats.inflight -= 1
             operation.finished.set()
+            for observer in self.stats.observers:
+                try:
+                    observer(operation)
+                except Exception:
+                    self.log.exception("operation observer failed")
 
     def _end_operation(self, operation: OperationContext) -> None:
         """After the handler: make sure exactly one terminal went out (rule 8)."""
@@ -343,6 +384,7 @@ class Connection:
                 await idle.wait()
         self._session_idle.pop(session_id, None)
         self._session_tasks.pop(session_id, None)
+        self.stats.sessions_active -= 1
         try:
             self.write(self.sans_io.send_session_close_ack(session_id))
         except LocalProtocolError as exc:
@@ -350,4 +392,4 @@ class Connection:
 
 
 # CancelSource is re-exported for handlers that inspect ``cancel_info``.
-__all__ = ["CancelSource", "Connection", "ConnectionLimits", "RefusalHandler"]
+__all__ = ["CancelSource", "Connection", "ConnectionLimits", "RefusalHandler", "ServerStats"]

@@ -71,7 +71,10 @@ class OperationContext:
         self.end_reason: EndReason | None = None
         self.cancel_info: CancelInfo | None = None
         self.received_at = trio.current_time()
+        self.started_at: float | None = None
         self.first_event_at: float | None = None
+        self.last_event_at: float | None = None
+        self.max_gap = 0.0
         self.terminal_at: float | None = None
         self.events_sent = 0
         self.bytes_sent = 0
@@ -125,8 +128,12 @@ class OperationContext:
             await trio.lowlevel.checkpoint()  # raises Cancelled when the cancel is ours
         data = self._connection.sans_io.send_partial(self.session_id, self.operation_id, body)
         self._connection.write(data)
+        now = trio.current_time()
         if self.first_event_at is None:
-            self.first_event_at = trio.current_time()
+            self.first_event_at = now
+        elif self.last_event_at is not None:
+            self.max_gap = max(self.max_gap, now - self.last_event_at)
+        self.last_event_at = now
         self.events_sent += 1
         self.bytes_sent += len(body)
 

@@ -14,7 +14,7 @@ import trio_websocket
 
 from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
 
-from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._connection import Connection, ConnectionLimits, RefusalHandler, ServerStats
 from ._listeners import ListenSpec, open_unix_listener, parse_listen_uri
 from ._transport import StreamTransport, WebSocketTransport, describe_peer, set_nodelay
 
@@ -58,7 +58,7 @@ class GatewayServer:
         self.refusal = refusal
         self.endpoints: list[BoundEndpoint] = []
         self.connections: set[Connection] = set()
-        self.refused_connections = 0
+        self.stats = ServerStats()
         self._accept_scope = trio.CancelScope()
         self._connection_nursery: trio.Nursery | None = None
         self._unix_paths: list[str] = []
@@ -157,15 +157,19 @@ class GatewayServer:
 
     async def _serve_connection(self, transport: StreamTransport | WebSocketTransport) -> None:
         if len(self.connections) >= self.max_connections or not self.accepting:
-            self.refused_connections += 1
+            self.stats.connections_refused += 1
             await self._refuse(transport)
             return
-        connection = Connection(transport, self.handler, self.config, self.limits, self.refusal)
+        connection = Connection(transport, self.handler, self.config, self.limits, self.refusal,
+                                self.stats)
         self.connections.add(connection)
+        self.stats.connections_active += 1
+        self.stats.connections_total += 1
         try:
             await connection.run()
         finally:
             self.connections.discard(connection)
+            self.stats.connections_active -= 1
 
     async def _refuse(self, transport: StreamTransport | WebSocketTransport) -> None:
         """Admission refusal: one fatal ERROR SERVER_BUSY, then close (fast, bounded)."""

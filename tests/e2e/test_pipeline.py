@@ -346,8 +346,17 @@ async def test_capabilities_over_nnrp_and_diagnostics(stack: Stack, session: Any
     assert document["operations"][0]["tool_calls"] is False
     diagnosed = await run_operation(session, envelope(chat(stream=True, max_tokens=2),
                                                       nnrp_policy={"diagnostics": True}))
-    assert diagnosed.types[0] == "response.diagnostics"
-    assert diagnosed.partials[0]["diagnostics"]["backend_family"] == "0.26.x"
+    # Built from the observation record, just before the terminal: timings and usage in it.
+    assert diagnosed.types == ["response.output_text.delta"] * 2 + ["response.diagnostics"]
+    record = diagnosed.partials[-1]["diagnostics"]
+    assert record["backend_family"] == "0.26.x"
+    assert record["selected_model"] == "example-model"
+    assert record["outcome"] == "ok"
+    assert record["events"] == 2
+    assert record["upstream_status"] == 200
+    assert record["usage"]["completion_tokens"] == 2
+    assert record["transport"] == "tcp"
+    assert "first_event_ms" in record
 
 
 async def test_profile_errors_do_not_reach_vllm(stack: Stack, session: Any) -> None:

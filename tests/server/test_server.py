@@ -239,7 +239,7 @@ async def test_connection_limit_refuses_fast(nursery: trio.Nursery, socket_dir: 
                 pass
         events = await collect(await session.submit(script(events=2)))
         assert isinstance(events[-1], nnrp.ResultReceived)
-    assert running.server.refused_connections == 1
+    assert running.server.stats.connections_refused == 1
 
 
 async def test_in_flight_limit_refusal_is_answered_on_its_frame(nursery: trio.Nursery,
