@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import tomllib
 from pathlib import Path
 from typing import Annotated
 
+import attrs
 import trio
 import typer
 
@@ -16,18 +18,24 @@ from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
 from gateway.client import ClientError, connect
 from gateway.conformance import target_manifest, write_atomically
+from gateway.nnrp import ServerConfig
 from gateway.observe import configure_logging
+from gateway.pipeline import PipelineLimits
 from gateway.replay import ReplayServer
-from gateway.server import ListenError
+from gateway.server import ConnectionLimits, ListenError, parse_listen_uri
 from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
 from .conformance import conformance_app
+from .ops import chat, check, health
 
 app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(conformance_app, name="conformance")
+app.command()(health)
+app.command()(check)
+app.command()(chat)
 
 Listen = Annotated[list[str], typer.Option(
     "--listen", envvar="NNRP_GATEWAY_LISTEN",
@@ -42,8 +50,38 @@ def version() -> None:
     typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})")
 
 
+def _load_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
+    """``--config FILE`` (TOML): defaults below flags and environment (click's default_map).
+
+    Keys are option names with underscores, at top level or in a ``[serve]`` table."""
+    if path is None:
+        return None
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc}") from None
+    section = {**{k: v for k, v in document.items() if not isinstance(v, dict)},
+               **document.get("serve", {})}
+    ctx.default_map = {**(ctx.default_map or {}), **section}
+    return path
+
+
+def _mask(config: GatewayConfig) -> dict[str, object]:
+    document = attrs.asdict(config, recurse=True, filter=lambda a, v: not callable(v))
+    if document.get("upstream_api_key"):
+        document["upstream_api_key"] = "***"
+    return document
+
+
+Seconds = Annotated[float, typer.Option(min=0.0)]
+
+
 @app.command()
 def serve(
+    ctx: typer.Context,
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", envvar="NNRP_GATEWAY_CONFIG", is_eager=True, callback=_load_config_file,
+        help="TOML file of defaults (flags > NNRP_GATEWAY_* env > file > built-in).")] = None,
     listen: Listen = ["tcp://127.0.0.1:7700"],  # noqa: B006
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     upstream_api_key: Annotated[str | None, typer.Option(
@@ -55,20 +93,71 @@ def serve(
     tool_calls: Annotated[bool, typer.Option(
         envvar="NNRP_GATEWAY_TOOL_CALLS",
         help="Declare that vLLM runs with a tool parser (advertises tool_calls).")] = False,
+    admin_listen: Annotated[str | None, typer.Option(
+        envvar="NNRP_GATEWAY_ADMIN_LISTEN",
+        help="host:port for /healthz, /readyz, /capabilities (off unless given).")] = None,
+    metrics: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_METRICS", help="Serve /metrics on the admin listener.")] = False,
     drain_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_DRAIN_TIMEOUT",
+        envvar="NNRP_GATEWAY_DRAIN_TIMEOUT", min=0.0,
         help="Seconds in-flight operations may finish after SIGTERM.")] = 30.0,
+    max_connections: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_CONNECTIONS", min=1)] = 1024,
+    max_sessions_per_connection: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_SESSIONS_PER_CONNECTION", min=1)] = 64,
+    max_operations_per_session: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_OPERATIONS_PER_SESSION", min=1)] = 64,
+    max_frame_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_FRAME_BYTES", min=1024, max=64 * 1024 * 1024)] = 16 << 20,
+    max_envelope_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_ENVELOPE_BYTES", min=64)] = 4 << 20,
+    max_event_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_EVENT_BYTES", min=1024)] = 4 << 20,
+    handshake_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_HANDSHAKE_TIMEOUT", min=0.1)] = 10.0,
+    upstream_connect_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", min=0.1)] = 2.0,
+    first_chunk_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_FIRST_CHUNK_TIMEOUT", min=0.1)] = 120.0,
+    idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_IDLE_TIMEOUT", min=0.1)] = 60.0,
+    total_timeout: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_TOTAL_TIMEOUT", min=0.1)] = None,
+    upstream_pool_size: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1)] = 256,
+    log_level: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_LOG_LEVEL")] = "info",
+    print_config: Annotated[bool, typer.Option(
+        help="Print the effective configuration (secrets masked) and exit.")] = False,
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST",
         help="Write the suite's wire target manifest here once all listeners are bound.")
     ] = None,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
-    config = GatewayConfig(listen=tuple(listen), vllm_url=vllm_url,
-                           upstream_api_key=upstream_api_key,
-                           allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
-                           drain_timeout=drain_timeout)
-    configure_logging()
+    for uri in listen:
+        try:
+            parse_listen_uri(uri)
+        except ListenError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+    config = GatewayConfig(
+        listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
+        allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
+        drain_timeout=drain_timeout, max_connections=max_connections,
+        server=ServerConfig(max_packet=max_frame_bytes,
+                            max_sessions=max_sessions_per_connection,
+                            max_in_flight=max_operations_per_session),
+        connection=ConnectionLimits(handshake_timeout=handshake_timeout),
+        pipeline=PipelineLimits(first_chunk_timeout=first_chunk_timeout,
+                                idle_timeout=idle_timeout, total_timeout=total_timeout,
+                                max_envelope_bytes=max_envelope_bytes,
+                                max_event_bytes=max_event_bytes),
+        upstream_connect_timeout=upstream_connect_timeout,
+        upstream_pool_size=upstream_pool_size, admin_listen=admin_listen, metrics=metrics)
+    if print_config:
+        typer.echo(json.dumps(_mask(config), indent=2, default=str))
+        return
+    configure_logging(level=log_level)
     try:
         trio.run(_serve, config, target_manifest)
     except BaseExceptionGroup as group:
@@ -109,8 +198,7 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
             await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
-                typer.echo("draining...", err=True)
-                await gateway_app.server.shutdown(config.drain_timeout)
+                await gateway_app.drain()
                 nursery.cancel_scope.cancel()
                 return
 

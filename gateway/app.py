@@ -143,7 +143,10 @@ class Gateway:
                 await self.client.aclose()
 
     async def probe_once(self) -> VllmInfo:
+        """Version, binding and models, then health: a dead engine still answers /version."""
         info = await self.client.probe(allow_untested=self.config.allow_untested_vllm)
+        if not await self.client.health():
+            raise UpstreamError("vLLM answers but /health reports the engine unhealthy")
         if info.untested:
             log.warning("untested vLLM version; using the nearest binding",
                         vllm_version=info.version, binding=info.binding.family)

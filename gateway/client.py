@@ -60,15 +60,12 @@ class ClientOperation:
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
 
-    async def events(self) -> AsyncIterator[OperationEvent]:
-        """Partial results in order, then the terminal; ends after the terminal."""
-        while self.terminal is None:
-            item = await self._receive.receive()
-            if isinstance(item, ClientError):
-                raise item
-            if isinstance(item, ResultReceived | DropReceived):
-                self.terminal = item
-            yield item
+    def events(self) -> _OperationEvents:
+        """Partial results in order, then the terminal; ends after the terminal.
+
+        An iterator object rather than an async generator: callers may stop early
+        (``break``) without leaving a suspended generator behind."""
+        return _OperationEvents(self)
 
     async def cancel(self, how: Literal["cancel", "abort", "frame_cancel"] = "cancel", *,
                      reason: int = 1, diagnostic: bytes = b"") -> None:
@@ -88,6 +85,25 @@ class ClientOperation:
         await client.send(client.sans_io.trace_context(
             self.session.session_id, trace_id=trace_id, span_id=span_id,
             trace_flags=trace_flags, frame_id=self.frame_id, attributes=attributes))
+
+
+class _OperationEvents:
+    def __init__(self, operation: ClientOperation) -> None:
+        self.operation = operation
+
+    def __aiter__(self) -> _OperationEvents:
+        return self
+
+    async def __anext__(self) -> OperationEvent:
+        operation = self.operation
+        if operation.terminal is not None:
+            raise StopAsyncIteration
+        item = await operation._receive.receive()
+        if isinstance(item, ClientError):
+            raise item
+        if isinstance(item, ResultReceived | DropReceived):
+            operation.terminal = item
+        return item
 
 
 class ClientSession:

@@ -1,0 +1,250 @@
+"""Operations: admin endpoints, metrics, logs, configuration, health/check/chat, drain."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from cli.main import app
+from gateway.app import Gateway, GatewayConfig
+from gateway.client import connect
+from gateway.replay import ReplayServer
+from tests.cli.test_cli import ReplayThread
+from tests.e2e.conftest import chat, envelope, run_operation
+
+runner = CliRunner()
+
+
+async def start(nursery: trio.Nursery, **config: Any) -> tuple[Gateway, ReplayServer, str]:
+    replay = ReplayServer(speed=50.0)
+    url = await nursery.start(replay.serve)
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=url,
+                                    admin_listen="127.0.0.1:0", probe_interval=0.05,
+                                    health_interval=0.1, **config))
+    await nursery.start(gateway.run)
+    return gateway, replay, f"http://127.0.0.1:{gateway.admin.port}"
+
+
+async def get(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False) as client:
+        return await client.get(url)
+
+
+async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
+    gateway, replay, admin = await start(nursery)
+    assert (await get(f"{admin}/healthz")).status_code == 200
+    with trio.fail_after(5):
+        await gateway.probed.wait()
+    ready = await get(f"{admin}/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"ready": True, "reasons": []}
+    assert (await get(f"{admin}/metrics")).status_code == 404  # metrics are opt-in
+    capabilities = (await get(f"{admin}/capabilities")).json()
+    assert capabilities["profile"] == "openai-compatible"
+    # vLLM goes away: readiness false, liveness unaffected; it comes back: ready again.
+    replay.kill_engine()
+    with trio.fail_after(5):
+        while (await get(f"{admin}/readyz")).status_code != 503:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert "vLLM health check failed" in (await get(f"{admin}/readyz")).json()["reasons"]
+    assert (await get(f"{admin}/healthz")).status_code == 200
+    replay.revive()
+    with trio.fail_after(5):
+        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    await gateway.drain()
+    reasons = (await get(f"{admin}/readyz")).json()["reasons"]
+    assert "draining" in reasons
+
+
+async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
+    gateway, _, admin = await start(nursery, metrics=True)
+    await gateway.probed.wait()
+    async with connect(gateway.endpoints[0].uri) as client:
+        session = await client.open_session()
+        await run_operation(session, envelope(chat(stream=True, max_tokens=3,
+                                                   stream_options={"include_usage": True})))
+        await run_operation(session, envelope(chat("no-such-model")))
+        operation = await session.submit(envelope(chat(stream=True),
+                                                  request_id="replay:long_stream:m"))
+        async for event in operation.events():
+            await operation.cancel()
+            break
+        async for _ in operation.events():
+            pass
+        await trio.sleep(0.1)
+        text = (await get(f"{admin}/metrics")).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("nnrp_gateway_requests_total",
+                    (("model_name", "example-model"), ("outcome", "ok")))] == 1
+    assert samples[("nnrp_gateway_requests_total",
+                    (("model_name", "other"), ("outcome", "upstream_error")))] == 1
+    assert samples[("nnrp_gateway_requests_total",
+                    (("model_name", "example-model"), ("outcome", "cancelled")))] == 1
+    assert samples[("nnrp_gateway_tokens_total",
+                    (("kind", "completion"), ("model_name", "example-model")))] == 3
+    assert samples[("nnrp_gateway_cancellations_total", (("kind", "cancel"),))] == 1
+    assert samples[("nnrp_gateway_upstream_abort_seconds_count", ())] == 1
+    assert samples[("nnrp_gateway_sessions_active", ())] == 1
+    assert samples[("nnrp_gateway_upstream_ready", ())] == 1
+    assert samples[("nnrp_gateway_build_info", (("version", "0.1.0"),))] == 1
+    assert samples[("nnrp_gateway_bytes_total", (("direction", "out"),))] > 0
+    assert not any(name.startswith(("vllm:", "http_")) for name, _ in samples)
+
+
+async def test_canonical_log_line_and_no_secrets(nursery: trio.Nursery) -> None:
+    replay = ReplayServer(speed=50.0, api_key="sk-very-secret")
+    url = await nursery.start(replay.serve)
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=url,
+                                    upstream_api_key="sk-very-secret"))
+    await nursery.start(gateway.run)
+    await gateway.probed.wait()
+    with structlog.testing.capture_logs() as logs:
+        async with connect(gateway.endpoints[0].uri) as client:
+            session = await client.open_session()
+            await session.trace_context(trace_id=5, span_id=6, attributes=b"user=alice")
+            await run_operation(session, envelope(chat(stream=True, max_tokens=2),
+                                                  request_id="log-1"))
+            await trio.sleep(0.05)
+    lines = [line for line in logs if line["event"] == "operation"]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["outcome"] == "ok"
+    assert line["request_id"] == "log-1"
+    assert line["events"] == 2
+    assert line["trace_attribute_bytes"] == len(b"user=alice")
+    assert line["trace_id"] == f"{5:016x}"
+    dump = json.dumps(logs, default=str)
+    assert "sk-very-secret" not in dump
+    assert "alice" not in dump
+
+
+def test_config_precedence_and_masking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('vllm_url = "http://file:1"\nmax_connections = 7\n'
+                      '[serve]\nidle_timeout = 11.0\nupstream_api_key = "from-file"\n')
+    result = runner.invoke(app, ["serve", "--config", str(config), "--print-config"])
+    assert result.exit_code == 0, result.output
+    effective = json.loads(result.stdout)
+    assert effective["vllm_url"] == "http://file:1"
+    assert effective["max_connections"] == 7
+    assert effective["pipeline"]["idle_timeout"] == 11.0
+    assert effective["upstream_api_key"] == "***"
+    assert "from-file" not in result.output
+    monkeypatch.setenv("NNRP_GATEWAY_VLLM_URL", "http://env:2")
+    monkeypatch.setenv("NNRP_GATEWAY_MAX_CONNECTIONS", "8")
+    effective = json.loads(runner.invoke(app, ["serve", "--config", str(config),
+                                               "--print-config"]).stdout)
+    assert (effective["vllm_url"], effective["max_connections"]) == ("http://env:2", 8)
+    effective = json.loads(runner.invoke(app, ["serve", "--config", str(config),
+                                               "--vllm-url", "http://flag:3",
+                                               "--print-config"]).stdout)
+    assert effective["vllm_url"] == "http://flag:3"
+
+
+def test_bad_flags_are_one_line_errors() -> None:
+    result = runner.invoke(app, ["serve", "--max-connections", "0"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["serve", "--listen", "http://x:1"])
+    assert result.exit_code == 2
+    assert "scheme must be" in result.output
+
+
+def test_check_and_health_commands() -> None:
+    with ReplayThread(speed=50.0) as replay:
+        result = runner.invoke(app, ["check", "--vllm-url", replay.url, "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert (report["binding"], report["ready"]) == ("0.26.x", True)
+    with ReplayThread(version="0.21.0") as old:
+        result = runner.invoke(app, ["check", "--vllm-url", old.url])
+        assert result.exit_code == 1
+        assert "not a tested version" in result.output
+    result = runner.invoke(app, ["check", "--vllm-url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "unreachable" in result.output
+    result = runner.invoke(app, ["health", "--admin-url", "http://127.0.0.1:9", "--quiet"])
+    assert result.exit_code == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def served_stack(tmp_path: Path) -> Any:
+    """``replay-server`` and ``serve`` as real processes (signals need a real process)."""
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    vllm_port, nnrp_port, admin_port = _free_port(), _free_port(), _free_port()
+    replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm_port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gateway = subprocess.Popen(
+        [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
+         f"http://127.0.0.1:{vllm_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+         "--drain-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{admin_port}/readyz").status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    yield gateway, f"tcp://127.0.0.1:{nnrp_port}", f"http://127.0.0.1:{admin_port}"
+    for process in (gateway, replay):
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def test_sigterm_drains_in_flight_stream(served_stack: Any) -> None:
+    gateway, endpoint, admin = served_stack
+    assert runner.invoke(app, ["health", "--admin-url", admin, "--ready"]).exit_code == 0
+
+    async def stream_through_sigterm() -> list[Any]:
+        async with connect(endpoint) as client:
+            session = await client.open_session()
+            operation = await session.submit(envelope(chat(stream=True, max_tokens=60)))
+            events = []
+            async for event in operation.events():
+                events.append(event)
+                if len(events) == 5:
+                    os.kill(gateway.pid, signal.SIGTERM)
+            return events
+
+    events = trio.run(stream_through_sigterm)
+    assert type(events[-1]).__name__ == "ResultReceived"  # drained, not dropped
+    assert len(events) == 61
+    assert gateway.wait(timeout=15) == 0
+    output = gateway.stdout.read()
+    assert '"event": "draining"' in output
+    assert '"event": "drained"' in output
+
+
+def test_chat_one_shot(served_stack: Any) -> None:
+    _, endpoint, _ = served_stack
+    result = runner.invoke(app, ["chat", "Hello there", "--endpoint", endpoint,
+                                 "--max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert "The quick brown fox" in result.output
+    assert "completion_tokens" in result.output
