@@ -80,7 +80,7 @@ async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
         await run_operation(session, envelope(chat("no-such-model")))
         operation = await session.submit(envelope(chat(stream=True),
                                                   request_id="replay:long_stream:m"))
-        async for event in operation.events():
+        async for _first in operation.events():
             await operation.cancel()
             break
         async for _ in operation.events():
