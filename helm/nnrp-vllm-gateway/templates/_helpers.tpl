@@ -1,0 +1,120 @@
+{{/* Chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "nnrp-vllm-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release plus chart, unless the release already contains it. */}}
+{{- define "nnrp-vllm-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "nnrp-vllm-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nnrp-vllm-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "nnrp-vllm-gateway.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "nnrp-vllm-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: nnrp-vllm-gateway
+{{- end }}
+
+{{- define "nnrp-vllm-gateway.metrics" -}}
+{{- if or .Values.gateway.metrics .Values.serviceMonitor.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The gateway container; rendered under initContainers (native) or containers. */}}
+{{- define "nnrp-vllm-gateway.gatewayContainer" -}}
+- name: gateway
+  image: "{{ .Values.gateway.image.repository }}:{{ .Values.gateway.image.tag | default .Chart.AppVersion }}"
+  imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+  {{- if eq .Values.sidecarMode "native" }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    - --listen
+    - tcp://0.0.0.0:{{ .Values.gateway.port }}
+    {{- if .Values.gateway.wsPort }}
+    - --listen
+    - ws://0.0.0.0:{{ .Values.gateway.wsPort }}/nnrp
+    {{- end }}
+    - --vllm-url
+    - http://127.0.0.1:{{ .Values.vllm.port }}
+    - --admin-listen
+    - 0.0.0.0:{{ .Values.gateway.adminPort }}
+    - --drain-timeout
+    - {{ .Values.gateway.drainTimeoutSeconds | quote }}
+    {{- if include "nnrp-vllm-gateway.metrics" . }}
+    - --metrics
+    {{- end }}
+    {{- if .Values.gateway.toolCalls }}
+    - --tool-calls
+    {{- end }}
+    {{- range .Values.gateway.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  env:
+    - name: PYTHONDONTWRITEBYTECODE
+      value: "1"
+    {{- if .Values.gateway.upstreamApiKeySecret }}
+    - name: NNRP_GATEWAY_UPSTREAM_API_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.gateway.upstreamApiKeySecret }}
+          key: api-key
+    {{- end }}
+    {{- with .Values.gateway.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: nnrp
+      containerPort: {{ .Values.gateway.port }}
+      protocol: TCP
+    {{- if .Values.gateway.wsPort }}
+    - name: nnrp-ws
+      containerPort: {{ .Values.gateway.wsPort }}
+      protocol: TCP
+    {{- end }}
+    - name: admin
+      containerPort: {{ .Values.gateway.adminPort }}
+      protocol: TCP
+  # Startup and liveness never depend on vLLM: in native mode a vLLM-dependent startup
+  # probe would block vLLM from ever starting; readiness does follow vLLM.
+  startupProbe:
+    httpGet: {path: /healthz, port: admin}
+    periodSeconds: 2
+    failureThreshold: 30
+  livenessProbe:
+    httpGet: {path: /healthz, port: admin}
+    periodSeconds: 10
+    failureThreshold: 3
+  readinessProbe:
+    httpGet: {path: /readyz, port: admin}
+    periodSeconds: 5
+    failureThreshold: 2
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: {{ .Values.gateway.preStopSleepSeconds }}
+  resources:
+    {{- toYaml .Values.gateway.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.gateway.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}

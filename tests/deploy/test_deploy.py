@@ -1,0 +1,262 @@
+"""Deployment artefacts checked without Docker or a cluster: the chart (lint, render every
+ci values file, kubernetes-validate, yamllint, wiring), the compose files against the real
+CLI, the Dockerfile (hadolint), and the image's install steps (wheel into a fresh venv)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from cli.main import app
+
+ROOT = Path(__file__).parents[2]
+CHART = ROOT / "helm" / "nnrp-vllm-gateway"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+BIN = Path(sys.executable).parent
+
+helm = pytest.importorskip("helm_python")
+
+
+def render(values_file: Path | None) -> dict[str, list[dict[str, Any]]]:
+    values = yaml.safe_load(values_file.read_text()) if values_file else {}
+    chart = helm.Chart.load(str(CHART))
+    rendered = chart.render(values, name="test", namespace="ml")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path, text in rendered.items():
+        if path.endswith(".yaml"):
+            for document in yaml.safe_load_all(text):
+                if document:
+                    out.setdefault(document["kind"], []).append(document)
+    return out
+
+
+def cli_options(command: str) -> tuple[set[str], set[str]]:
+    """The long options and the NNRP_GATEWAY_* variables a CLI command really has."""
+    group: Any = typer.main.get_command(app)
+    cmd = group.commands[command]
+    options = {opt for param in cmd.params for opt in getattr(param, "opts", [])
+               if opt.startswith("--")}
+    options |= {opt for param in cmd.params for opt in getattr(param, "secondary_opts", [])}
+    envvars = {param.envvar for param in cmd.params if isinstance(getattr(param, "envvar", None),
+                                                                   str)}
+    return options, envvars
+
+
+# --------------------------------------------------------------------------- chart
+
+
+def test_chart_lints_strictly() -> None:
+    report = helm.lint(str(CHART), strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    for values_file in CI_VALUES:
+        values = yaml.safe_load(values_file.read_text())
+        report = helm.lint(str(CHART), values, strict=True)
+        assert [m for m in report["messages"] if m["severity"] >= 2] == [], values_file.name
+
+
+@pytest.mark.parametrize("values_file", [None, *CI_VALUES],
+                         ids=lambda p: p.name if p else "defaults")
+def test_rendered_manifests_validate(values_file: Path | None, tmp_path: Path) -> None:
+    manifests = render(values_file)
+    assert set(manifests) >= {"Deployment", "Service"}
+    for kind, documents in manifests.items():
+        for number, document in enumerate(documents):
+            path = tmp_path / f"{kind}-{number}.yaml"
+            path.write_text(yaml.safe_dump(document))
+            result = subprocess.run([str(BIN / "yamllint"), "-d", "relaxed", str(path)],
+                                    capture_output=True, text=True)
+            assert result.returncode == 0, result.stdout
+            if kind == "ServiceMonitor":
+                continue  # a CRD: no offline schema in kubernetes-validate
+            result = subprocess.run([str(BIN / "kubernetes-validate"), "--strict", "--quiet",
+                                     "-k", "1.30.0", str(path)],
+                                    capture_output=True, text=True)
+            assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _gateway(manifests: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], bool]:
+    spec = manifests["Deployment"][0]["spec"]["template"]["spec"]
+    for container in spec.get("initContainers", []):
+        if container["name"] == "gateway":
+            return container, True
+    return next(c for c in spec["containers"] if c["name"] == "gateway"), False
+
+
+def test_native_and_container_sidecar_modes() -> None:
+    gateway, native = _gateway(render(CHART / "ci" / "native-values.yaml"))
+    assert native
+    assert gateway["restartPolicy"] == "Always"
+    gateway, native = _gateway(render(CHART / "ci" / "container-values.yaml"))
+    assert not native
+    assert "restartPolicy" not in gateway
+
+
+@pytest.mark.parametrize("values_file", [None, *CI_VALUES],
+                         ids=lambda p: p.name if p else "defaults")
+def test_wiring(values_file: Path | None) -> None:
+    manifests = render(values_file)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if values_file:
+        _merge(values, yaml.safe_load(values_file.read_text()))
+    gateway, _ = _gateway(manifests)
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports["nnrp"] == values["gateway"]["port"]
+    assert ports["admin"] == values["gateway"]["adminPort"]
+    # Probes: startup and liveness never depend on vLLM; readiness follows it.
+    assert gateway["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # The sidecar's flags are the CLI's.
+    options, _ = cli_options("serve")
+    assert {a for a in gateway["args"] if a.startswith("--")} <= options
+    args = gateway["args"]
+    assert args[args.index("--vllm-url") + 1] == f"http://127.0.0.1:{values['vllm']['port']}"
+    assert args[args.index("--admin-listen") + 1] == f"0.0.0.0:{values['gateway']['adminPort']}"
+    assert ("--metrics" in args) == (values["serviceMonitor"]["enabled"]
+                                     or values["gateway"]["metrics"])
+    # Hardened container, and a grace period that covers preStop plus the drain.
+    security = gateway["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= (gateway["lifecycle"]["preStop"]["sleep"]
+                                                    ["seconds"]
+                                                    + values["gateway"]["drainTimeoutSeconds"])
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert "--port" in vllm["args"]
+    assert vllm["args"][vllm["args"].index("--port") + 1] == str(values["vllm"]["port"])
+    assert vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"] >= 600
+    service_ports = {p["name"]: p["port"] for p in manifests["Service"][0]["spec"]["ports"]}
+    assert service_ports["nnrp"] == values["gateway"]["port"]
+    assert ("ServiceMonitor" in manifests) == values["serviceMonitor"]["enabled"]
+    if "ServiceMonitor" in manifests:
+        endpoint = manifests["ServiceMonitor"][0]["spec"]["endpoints"][0]
+        assert endpoint == {"port": "admin", "path": "/metrics", "interval": "30s",
+                            "scrapeTimeout": "25s"}
+        assert "admin" in service_ports
+    labels = manifests["Deployment"][0]["metadata"]["labels"]
+    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by", "helm.sh/chart"} <= set(labels)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def test_values_schema_in_sync_with_values() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if isinstance(value, dict) and "properties" in node:
+            assert set(value) == set(node["properties"]), f"{path}: keys drifted"
+            for key, item in value.items():
+                walk(item, node["properties"][key], f"{path}.{key}")
+        else:
+            expected = {bool: "boolean", int: "integer", float: "number", str: "string",
+                        list: "array", dict: "object"}[type(value)]
+            assert node.get("type") == expected, f"{path}: {node.get('type')} != {expected}"
+
+    walk(values, schema, "values")
+    documented = re.findall(r"^\s*# -- ", (CHART / "values.yaml").read_text(), re.M)
+    assert len(documented) >= 40  # every key carries a helm-docs comment
+
+
+def test_schema_rejects_bad_values() -> None:
+    chart = helm.Chart.load(str(CHART))
+    for bad in ({"sidecarMode": "maybe"}, {"gateway": {"port": 70000}},
+                {"gateway": {"unknown": 1}}):
+        with pytest.raises(helm.HelmError):
+            chart.render(bad, name="x")
+    with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds"):
+        chart.render({"terminationGracePeriodSeconds": 10}, name="x")
+
+
+# --------------------------------------------------------------------------- compose
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "compose.replay.yml"])
+def test_compose_files_match_the_cli(name: str) -> None:
+    document = yaml.safe_load((ROOT / "deploy" / name).read_text())
+    services = document["services"]
+    gateway = services["gateway"]
+    assert gateway["network_mode"] == "service:vllm"
+    assert "ports" not in gateway  # published on the vllm service, Docker requires it
+    assert set(gateway["depends_on"]) <= set(services)
+    assert gateway["depends_on"]["vllm"]["condition"] == "service_healthy"
+    assert "start_period" in services["vllm"]["healthcheck"]
+    options, envvars = cli_options("serve")
+    assert {a for a in gateway["command"] if a.startswith("--")} <= options
+    assert set(gateway["environment"]) <= envvars
+    assert gateway["environment"]["NNRP_GATEWAY_VLLM_URL"].startswith("http://127.0.0.1:")
+    published = {p.split(":")[0] for p in services["vllm"]["ports"]}
+    listens = [gateway["command"][i + 1] for i, a in enumerate(gateway["command"])
+               if a == "--listen"]
+    assert {re.search(r":(\d+)", uri).group(1) for uri in listens} <= published  # type: ignore[union-attr]
+    assert gateway["environment"]["NNRP_GATEWAY_ADMIN_LISTEN"].split(":")[1] in published
+    drain = float(gateway["environment"]["NNRP_GATEWAY_DRAIN_TIMEOUT"])
+    assert float(gateway["stop_grace_period"].rstrip("s")) > drain
+    if name == "compose.replay.yml":
+        replay_options, _ = cli_options("replay-server")
+        vllm = services["vllm"]
+        assert vllm["entrypoint"] == ["nnrp-gateway", "replay-server"]
+        assert {a for a in vllm["command"] if a.startswith("--")} <= replay_options
+
+
+# --------------------------------------------------------------------------- image
+
+
+def test_dockerfile_is_hadolint_clean() -> None:
+    result = subprocess.run([str(BIN / "hadolint"), str(ROOT / "Dockerfile")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r'^ENTRYPOINT \["nnrp-gateway", "serve"\]$', text, re.M)
+    assert re.search(r"^USER 10001", text, re.M)
+    assert 'HEALTHCHECK' in text and '"nnrp-gateway", "health"' in text
+
+
+@pytest.mark.slow
+def test_image_install_steps(tmp_path: Path) -> None:
+    """What the Dockerfile's builder does: build the wheel, install it into a fresh venv."""
+    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir",
+                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    pip = subprocess.run([str(env_dir / "bin" / "pip"), "install", "--quiet", str(wheel)],
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    exe = str(env_dir / "bin" / "nnrp-gateway")
+    version = subprocess.run([exe, "version"], capture_output=True, text=True, cwd=tmp_path)
+    assert version.returncode == 0
+    assert "nnrp-vllm-gateway 0.1.0" in version.stdout
+    health = subprocess.run([exe, "health", "--help"], capture_output=True, text=True)
+    assert health.returncode == 0
+    # The wheel carries the recipes and transcripts the conformance and replay commands use.
+    listing = subprocess.run([str(env_dir / "bin" / "python"), "-c",
+                              "from gateway.conformance import recipes_root; "
+                              "from gateway.replay import bundled_transcripts; "
+                              "print(recipes_root(), len(bundled_transcripts()))"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert "site-packages/gateway/conformance/recipes" in listing.stdout
+    assert int(listing.stdout.split()[-1]) >= 30
+    assert shutil.which("nnrp-gateway", path=str(env_dir / "bin"))
