@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck unit conformance bench clean
+.PHONY: demo test lint typecheck unit conformance bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/nnrp-gateway demo
 
-test: lint typecheck unit conformance
+test: lint typecheck unit conformance bench-smoke
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway cli tests
@@ -29,9 +29,16 @@ unit: $(STAMP)
 conformance: $(STAMP)
 	BIN=$(BIN) bash .ci/conformance
 
+# Proves the benchmark commands work; the figures are not checked (never timed in CI).
+bench-smoke: $(STAMP)
+	$(BIN)/nnrp-gateway bench codec --quick > /dev/null
+	$(BIN)/nnrp-gateway bench run --quick --out out/bench-quick > /dev/null
+	@echo "bench --quick: ok (out/bench-quick/summary.md)"
+
 bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec
 	$(BIN)/nnrp-gateway bench wire
+	$(BIN)/nnrp-gateway bench run --out out/bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

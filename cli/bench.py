@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import trio
 import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from gateway.bench import Figure, run_codec_bench, run_wire_bench
+from gateway.bench._scenarios import SCENARIOS, live, run_scenarios
 from gateway.observe import configure_logging
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
@@ -63,3 +66,115 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     """Round trips/s, events/s to one client, memory per idle session (real sockets)."""
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)
+
+
+def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"command": command, "machine": _machine(),
+                "scenarios": {name: [f.as_dict() for f in figures]
+                              for name, figures in results.items()}}
+    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
+    lines = [f"# nnrp-gateway bench results\n\n`{command}` on {_machine()}\n"]
+    for name, figures in results.items():
+        lines.append(f"\n## {name}\n\n| figure | value | goal | met | baseline | spread |\n"
+                     "|---|---:|---:|---|---:|---|")
+        for f in figures:
+            goal = "" if f.goal is None else f"{f.goal:g}"
+            met = {True: "yes", False: "**no**", None: ""}[f.goal_met]
+            base = f"{f.baseline:.1f} ({f.baseline_name})" if f.baseline else ""
+            lines.append(f"| {f.name} | {f.value:.2f} {f.unit} | {goal} | {met} | {base} | "
+                         f"{f.spread} |")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    _plots(out, results)
+
+
+def _plots(out: Path, results: dict[str, list[Figure]]) -> None:
+    """PNG plots when matplotlib (the 'plots' extra) is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    if "latency" in results:
+        figures = [f for f in results["latency"] if f.baseline is not None]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        labels = [f.name.replace("added event latency ", "") for f in figures]
+        direct = [f.baseline or 0 for f in figures]
+        gateway = [(f.baseline or 0) + f.value for f in figures]
+        positions = range(len(figures))
+        ax.bar([p - 0.2 for p in positions], direct, 0.4, label="direct HTTP/SSE")
+        ax.bar([p + 0.2 for p in positions], gateway, 0.4, label="through the gateway")
+        ax.set_xticks(list(positions), labels, fontsize=8)
+        ax.set_ylabel("emit -> receive (us)")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title("Streaming event latency percentiles")
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=120)
+        plt.close(fig)
+    if "throughput" in results:
+        figures = results["throughput"]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([f.name.split(", ")[-1] for f in figures], [f.value for f in figures], "o-")
+        ax.axhline(50_000, linestyle="--", color="grey", label="goal 50,000/s")
+        ax.set_ylabel("events/s")
+        ax.set_title("Throughput by concurrency")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+
+
+def _with_progress(work: Callable[[Callable[[str], None]], dict[str, list[Figure]]],
+                   as_json: bool) -> dict[str, list[Figure]]:
+    if as_json:
+        return work(lambda _: None)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+        return work(lambda text: bar.update(task, description=text))
+
+
+@bench_app.command("run")
+def run_scenarios_command(
+    quick: Quick = False, as_json: AsJson = False, out: Out = None,
+    scenario: Annotated[list[str] | None, typer.Option(
+        help=f"Scenarios to run (default all): {', '.join(SCENARIOS)}.")] = None,
+) -> None:
+    """Latency, throughput, non-streaming, cancellation, scale: gateway vs direct HTTP."""
+    _quiet_logs()
+    names = scenario or list(SCENARIOS)
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    results = _with_progress(lambda p: trio.run(run_scenarios, names, quick, p), as_json)
+    command = "nnrp-gateway bench run" + (" --quick" if quick else "")
+    if out is not None:
+        _write_out(out, results, command)
+    if as_json:
+        typer.echo(json.dumps({name: [f.as_dict() for f in figures]
+                               for name, figures in results.items()}, indent=2))
+        return
+    for name, figures in results.items():
+        typer.echo(f"\n== {name}")
+        _report(name, figures, False, None)
+
+
+@bench_app.command("live")
+def live_command(
+    vllm_url: Annotated[str, typer.Option(
+        help="A real vLLM (the CPU build here, a GPU elsewhere).")],
+    endpoint: Annotated[str | None, typer.Option(
+        help="An existing gateway in front of that vLLM (default: start one).")] = None,
+    model: Annotated[str, typer.Option()] = "tiny",
+    quick: Quick = False, as_json: AsJson = False, out: Out = None,
+) -> None:
+    """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
+    _quiet_logs()
+    results = _with_progress(
+        lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
+    if out is not None:
+        _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
+    _report("live", results["live"], as_json, None)

@@ -22,7 +22,13 @@ from gateway.nnrp import ServerConfig
 from gateway.observe import configure_logging
 from gateway.pipeline import PipelineLimits
 from gateway.replay import ReplayServer
-from gateway.server import ConnectionLimits, ListenError, parse_listen_uri
+from gateway.server import (
+    ConnectionLimits,
+    ListenError,
+    TlsConfig,
+    TokenAuthenticator,
+    parse_listen_uri,
+)
 from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
@@ -70,6 +76,10 @@ def _mask(config: GatewayConfig) -> dict[str, object]:
     document = attrs.asdict(config, recurse=True, filter=lambda a, v: not callable(v))
     if document.get("upstream_api_key"):
         document["upstream_api_key"] = "***"
+    server = document.get("server")
+    if isinstance(server, dict):
+        server["authenticate"] = ("tokens configured" if config.server.authenticate
+                                  else "off")
     return document
 
 
@@ -126,6 +136,19 @@ def serve(
     upstream_pool_size: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1)] = 256,
     log_level: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_LOG_LEVEL")] = "info",
+    tls_cert: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_TLS_CERT", help="PEM certificate chain for tcps:// and wss://.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_TLS_KEY", help="PEM private key for the certificate.")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_TLS_CLIENT_CA",
+        help="Require client certificates signed by this CA (mutual TLS).")] = None,
+    auth_token: Annotated[list[str] | None, typer.Option(
+        envvar="NNRP_GATEWAY_AUTH_TOKEN",
+        help="Bearer token sessions must present in SESSION_OPEN (repeatable).")] = None,
+    auth_token_file: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_AUTH_TOKEN_FILE", help="File of tokens, one per line.")] = None,
     print_config: Annotated[bool, typer.Option(
         help="Print the effective configuration (secrets masked) and exit.")] = False,
     target_manifest: Annotated[Path | None, typer.Option(
@@ -140,20 +163,32 @@ def serve(
         except ListenError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+    if (tls_cert is None) != (tls_key is None):
+        typer.echo("error: --tls-cert and --tls-key go together", err=True)
+        raise typer.Exit(2)
+    try:
+        authenticate = TokenAuthenticator.from_sources(auth_token or [], auth_token_file)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: auth tokens: {exc}", err=True)
+        raise typer.Exit(2) from None
+    tls = (TlsConfig(tls_cert, tls_key, tls_client_ca)
+           if tls_cert is not None and tls_key is not None else None)
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
         drain_timeout=drain_timeout, max_connections=max_connections,
         server=ServerConfig(max_packet=max_frame_bytes,
                             max_sessions=max_sessions_per_connection,
-                            max_in_flight=max_operations_per_session),
+                            max_in_flight=max_operations_per_session,
+                            authenticate=authenticate),
         connection=ConnectionLimits(handshake_timeout=handshake_timeout),
         pipeline=PipelineLimits(first_chunk_timeout=first_chunk_timeout,
                                 idle_timeout=idle_timeout, total_timeout=total_timeout,
                                 max_envelope_bytes=max_envelope_bytes,
                                 max_event_bytes=max_event_bytes),
         upstream_connect_timeout=upstream_connect_timeout,
-        upstream_pool_size=upstream_pool_size, admin_listen=admin_listen, metrics=metrics)
+        upstream_pool_size=upstream_pool_size, admin_listen=admin_listen, metrics=metrics,
+        tls=tls)
     if print_config:
         typer.echo(json.dumps(_mask(config), indent=2, default=str))
         return
@@ -196,8 +231,11 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
                 max_frame_bytes=config.server.max_packet,
                 max_in_flight=config.server.max_in_flight)
             await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    gateway_app.reload_tls()
+                    continue
                 await gateway_app.drain()
                 nursery.cancel_scope.cancel()
                 return

@@ -21,7 +21,15 @@ from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_reco
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import ERROR_TABLE
 from gateway.profile._capabilities import capability_document
-from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer, OperationContext
+from gateway.server import (
+    BoundEndpoint,
+    ConnectionLimits,
+    GatewayServer,
+    OperationContext,
+    TlsConfig,
+    load_tls,
+    server_context,
+)
 from gateway.upstream import (
     UnsupportedVersion,
     UpstreamConfig,
@@ -52,6 +60,7 @@ class GatewayConfig:
     upstream_pool_size: int = 256
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
+    tls: TlsConfig | None = None
 
 
 class Gateway:
@@ -64,10 +73,11 @@ class Gateway:
         self.upstream_healthy = False
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
                                      config.pipeline)
+        self.ssl_context = server_context(config.tls) if config.tls else None
         self.server = GatewayServer(self.pipeline, config=config.server,
                                     limits=config.connection,
                                     max_connections=config.max_connections,
-                                    refusal=profile_refusal)
+                                    refusal=profile_refusal, ssl_context=self.ssl_context)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
@@ -101,6 +111,17 @@ class Gateway:
         elif record.outcome == "internal_error":
             level = "error"
         getattr(operation_log, level)("operation", **record.as_dict())
+
+    def reload_tls(self) -> None:
+        """SIGHUP: re-read the certificate files; new handshakes use them."""
+        if self.config.tls is None or self.ssl_context is None:
+            return
+        try:
+            load_tls(self.ssl_context, self.config.tls)
+        except (OSError, ValueError) as exc:  # keep serving with the old certificate
+            log.error("TLS reload failed; keeping the previous certificate", error=str(exc))
+            return
+        log.info("TLS certificate reloaded", cert=str(self.config.tls.cert_file))
 
     async def drain(self) -> None:
         """SIGTERM: readiness goes false, stop accepting, drain, then drop the rest."""

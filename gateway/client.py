@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -213,23 +214,32 @@ class NnrpClient:
             self.others.append(event)
 
 
-async def _open_transport(uri: str, nursery: trio.Nursery) -> PacketTransport:
+async def _open_transport(uri: str, nursery: trio.Nursery,
+                          ssl_context: ssl.SSLContext | None = None) -> PacketTransport:
     spec = parse_listen_uri(uri)
-    if spec.scheme == "tcp":
+    if spec.scheme in ("tcp", "tcps"):
         stream: trio.abc.Stream = await trio.open_tcp_stream(spec.host, spec.port)
         set_nodelay(stream)
+        if spec.tls:
+            ssl_stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(),
+                                        server_hostname=spec.host)
+            await ssl_stream.do_handshake()
+            stream = ssl_stream
         return StreamTransport(stream, "tcp", uri)
     if spec.scheme == "unix":
         return StreamTransport(await trio.open_unix_socket(spec.path), "ipc", uri)
+    scheme = "wss" if spec.tls else "ws"
     connection = await trio_websocket.connect_websocket_url(
-        nursery, f"ws://{spec.host}:{spec.port}{spec.path}", message_queue_size=4096)
+        nursery, f"{scheme}://{spec.host}:{spec.port}{spec.path}", message_queue_size=4096,
+        ssl_context=(ssl_context or ssl.create_default_context()) if spec.tls else None)
     return WebSocketTransport(connection, uri)
 
 
 @asynccontextmanager
-async def connect(uri: str, *, handshake_timeout: float = 10.0
-                  ) -> AsyncIterator[NnrpClient]:
-    """Connect to ``tcp://``, ``unix://`` or ``ws://`` and complete the hello.
+async def connect(uri: str, *, handshake_timeout: float = 10.0,
+                  ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[NnrpClient]:
+    """Connect to ``tcp://``, ``unix://``, ``ws://`` (or ``tcps://``, ``wss://`` with
+    ``ssl_context``) and complete the hello.
 
     Error handling: a refused or broken handshake raises ``ClientError``; an exception
     from the body propagates as itself (the internal nursery's group is unwrapped).
@@ -237,7 +247,7 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0
     try:
         async with trio.open_nursery() as nursery:
             with trio.fail_after(handshake_timeout):
-                transport = await _open_transport(uri, nursery)
+                transport = await _open_transport(uri, nursery, ssl_context)
             client = NnrpClient(transport)
             nursery.start_soon(client._reader)
             try:

@@ -65,6 +65,9 @@ class _StatsCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_protocol_errors",
                                   "Connections closed for protocol violations.",
                                   value=s.protocol_errors)
+        yield CounterMetricFamily(f"{PREFIX}_auth_failures",
+                                  "Session opens refused for bad credentials.",
+                                  value=s.auth_failures)
         yield CounterMetricFamily(f"{PREFIX}_refused_submits",
                                   "Submits refused (duplicate id, in-flight limit, closing).",
                                   value=s.refused_submits)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import secrets
+import time
 from typing import Any
 
 import attrs
@@ -34,6 +35,8 @@ from ._transcripts import FAMILIES, VERSIONS, Transcript, bundled_transcripts, d
 log = structlog.get_logger("gateway.replay")
 
 SERVED_MODELS = ("tiny", "example-model", "reference-model")
+#: Replaced by the send time (monotonic ns) as a timestamped chunk is written.
+TIMESTAMP = b"@@MONOTONIC_NS@@"
 BACKEND_ERROR_MODEL = "backend-error"
 #: Scenarios that are behaviours rather than transcripts.
 SPECIAL = ("stall_first_chunk", "stall_mid_stream", "reset_mid_body", "reset_before_response",
@@ -61,6 +64,7 @@ class Disconnect:
     scenario: str
     at: float
     chunks_sent: int
+    at_ns: int = 0  # time.monotonic_ns(): comparable with other processes on the host
 
 
 @attrs.define
@@ -254,6 +258,8 @@ class ReplayServer:
         named = request.headers.get("x-replay-scenario")
         if named is None and request_id.startswith("replay:"):
             named = request_id.split(":")[1]
+        if named == "timestamped":
+            return self._timestamped(request_id, model, stream)
         if named:
             return self._named(named, request_id, model, body)
         if model == BACKEND_ERROR_MODEL:
@@ -307,6 +313,26 @@ class ReplayServer:
         if name == "engine_death_mid_stream":
             reply = attrs.evolve(reply, kill_engine=True)
         return reply
+
+    def _timestamped(self, request_id: str, model: Any, stream: bool) -> Reply:
+        """Benchmarks: ``replay:timestamped:<tokens>:<interval_us>:<id>``. Each token's text
+        is the backend's ``time.monotonic_ns()`` at the moment it is written, so a client on
+        the same host can measure emit-to-receive latency across processes."""
+        parts = request_id.split(":")
+        tokens = int(parts[2]) if len(parts) > 2 else 16
+        interval_ms = int(parts[3]) / 1000 if len(parts) > 3 else 0.0
+        if not stream:
+            reply = self._transcript_reply("nonstream_length", request_id, model)
+            return attrs.evolve(reply, scenario="timestamped")
+        chunks = synth.text_stream(request_id, str(model), tokens, interval_ms, ttft_ms=0.0,
+                                   word=TIMESTAMP.decode())
+        stamped = chunks
+        if interval_ms == 0:
+            # An instant backend: 64 events per write, as vLLM's --stream-interval does, so
+            # the Python replay server is not what a throughput benchmark measures.
+            stamped = [(0.0, b"".join(data for _, data in chunks[i:i + 64]))
+                       for i in range(0, len(chunks), 64)]
+        return Reply(200, synth.SSE_HEADERS, tuple(stamped), "timestamped", streaming=True)
 
     def _engine_failure(self, request_id: str, stream: bool) -> Reply:
         error = {"error": {"message": "Internal server error", "type": "InternalServerError",
@@ -392,7 +418,7 @@ class ReplayServer:
             self.kill_engine()  # the engine died whether or not the client stayed to the end
         if disconnected:
             self.disconnects.append(Disconnect(request_id, reply.scenario, trio.current_time(),
-                                               progress.sent))
+                                               progress.sent, time.monotonic_ns()))
             log.info("client disconnected mid-response", request_id=request_id,
                      scenario=reply.scenario, chunks_sent=progress.sent)
             raise trio.ClosedResourceError("client went away")
@@ -420,6 +446,8 @@ class ReplayServer:
             previous = t_ms
             if delay:
                 await trio.sleep(delay)
+            if TIMESTAMP in data:
+                data = data.replace(TIMESTAMP, str(time.monotonic_ns()).encode())
             await stream.send_all(connection.send(h11.Data(data=data)))
             progress.sent += 1
         if reply.stall_after is not None:

@@ -67,14 +67,20 @@ DONE = b"data: [DONE]\n\n"
 
 
 def text_stream(request_id: str, model: str, tokens: int, interval_ms: float,
-                ttft_ms: float = 5.0) -> list[tuple[float, bytes]]:
-    """A plain text stream of ``tokens`` tokens, finishing with ``length``."""
+                ttft_ms: float = 5.0, word: str | None = None) -> list[tuple[float, bytes]]:
+    """A plain text stream of ``tokens`` tokens (``word`` each, or the demo sentence),
+    finishing with ``length``."""
     chunks = [(ttft_ms, role_chunk(request_id, model))]
     t = ttft_ms
+    middle = delta_chunk(request_id, model, {"content": word}) if word is not None else b""
     for number in range(tokens):
         t += interval_ms
         last = number == tokens - 1
-        chunks.append((t, delta_chunk(request_id, model, {"content": WORDS[number % len(WORDS)]},
+        if word is not None and not last:
+            chunks.append((t, middle))
+            continue
+        chunks.append((t, delta_chunk(request_id, model,
+                                      {"content": word or WORDS[number % len(WORDS)]},
                                       finish="length" if last else None)))
     chunks.append((t, usage_chunk(request_id, model, 9, tokens)))
     chunks.append((t, DONE))

@@ -1,5 +1,6 @@
 """trio I/O for NNRP: listeners (tcp, unix, ws), connections, operations, shutdown."""
 
+from ._auth import TokenAuthenticator as TokenAuthenticator
 from ._connection import (
     Connection as Connection,
 )
@@ -29,3 +30,6 @@ from ._operation import (
 )
 from ._server import BoundEndpoint as BoundEndpoint
 from ._server import GatewayServer as GatewayServer
+from ._tls import TlsConfig as TlsConfig
+from ._tls import load_tls as load_tls
+from ._tls import server_context as server_context

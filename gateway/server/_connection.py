@@ -46,6 +46,7 @@ from gateway.nnrp import (
     ServerConfig,
     ServerConnection,
     SessionCloseRequested,
+    SessionError,
     SessionOpened,
     SessionOpenRefused,
     SubmitRefused,
@@ -87,6 +88,7 @@ class ServerStats:
     bytes_out: int = 0
     frames_out: int = 0
     protocol_errors: int = 0
+    auth_failures: int = 0
     #: Called with each operation once it has ended (observation records).
     observers: list[Callable[[OperationContext], None]] = attrs.field(factory=list)
 
@@ -281,7 +283,12 @@ class Connection:
             self._session_tasks[event.session_id] = 0
         elif isinstance(event, SessionOpenRefused):
             self.stats.sessions_refused += 1
-            self.log.info("session refused", error_code=event.error_code, reason=event.message)
+            if event.error_code == SessionError.AUTH_FAILED:
+                self.stats.auth_failures += 1
+                self.log.warning("session authentication failed", peer=self.transport.peer)
+            else:
+                self.log.info("session refused", error_code=event.error_code,
+                              reason=event.message)
         elif isinstance(event, PeerError):
             self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
 

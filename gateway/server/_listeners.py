@@ -1,4 +1,5 @@
-"""Listener URIs: ``tcp://host:port``, ``unix:///path`` and ``ws://host:port/path``."""
+"""Listener URIs: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, and the
+TLS forms ``tcps://host:port`` and ``wss://host:port/path``."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ class ListenError(ValueError):
 
 @attrs.frozen
 class ListenSpec:
-    scheme: str  # "tcp", "unix" or "ws"
+    scheme: str  # "tcp", "tcps", "unix", "ws" or "wss"
     host: str = ""
     port: int = 0
     path: str = ""
 
     @property
     def transport(self) -> str:
-        return {"tcp": "tcp", "unix": "ipc", "ws": "websocket"}[self.scheme]
+        return {"tcp": "tcp", "tcps": "tcp", "unix": "ipc", "ws": "websocket",
+                "wss": "websocket"}[self.scheme]
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in ("tcps", "wss")
 
 
 def parse_listen_uri(uri: str) -> ListenSpec:
@@ -36,8 +42,8 @@ def parse_listen_uri(uri: str) -> ListenSpec:
         if not path:
             raise ListenError(f"{uri}: a unix listener needs a path (unix:///run/nnrp.sock)")
         return ListenSpec("unix", path=path)
-    if scheme not in ("tcp", "ws"):
-        raise ListenError(f"{uri}: scheme must be tcp://, unix:// or ws://")
+    if scheme not in ("tcp", "tcps", "ws", "wss"):
+        raise ListenError(f"{uri}: scheme must be tcp://, unix:// or ws:// (or tcps://, wss://)")
     try:
         port = parts.port
     except ValueError as exc:

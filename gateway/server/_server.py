@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import ssl
 from typing import TYPE_CHECKING
 
 import attrs
@@ -15,7 +16,7 @@ import trio_websocket
 from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler, ServerStats
-from ._listeners import ListenSpec, open_unix_listener, parse_listen_uri
+from ._listeners import ListenError, ListenSpec, open_unix_listener, parse_listen_uri
 from ._transport import StreamTransport, WebSocketTransport, describe_peer, set_nodelay
 
 if TYPE_CHECKING:
@@ -50,12 +51,14 @@ class GatewayServer:
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
                  limits: ConnectionLimits | None = None, max_connections: int = 1024,
-                 refusal: RefusalHandler | None = None) -> None:
+                 refusal: RefusalHandler | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
         self.config = config or ServerConfig()
         self.limits = limits or ConnectionLimits()
         self.max_connections = max_connections
         self.refusal = refusal
+        self.ssl_context = ssl_context
         self.endpoints: list[BoundEndpoint] = []
         self.connections: set[Connection] = set()
         self.stats = ServerStats()
@@ -97,13 +100,16 @@ class GatewayServer:
 
     async def _listen(self, spec: ListenSpec,
                       task_status: trio.TaskStatus[BoundEndpoint]) -> None:
-        if spec.scheme == "ws":
+        if spec.tls and self.ssl_context is None:
+            raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, --tls-key)")
+        if spec.scheme in ("ws", "wss"):
             await self._listen_websocket(spec, task_status)
             return
-        if spec.scheme == "tcp":
+        if spec.scheme in ("tcp", "tcps"):
             listeners = await trio.open_tcp_listeners(spec.port, host=spec.host)
             host, port = listeners[0].socket.getsockname()[:2]
-            endpoint = BoundEndpoint(spec, f"tcp://{_fmt_host(host)}:{port}", host, port)
+            endpoint = BoundEndpoint(spec, f"{spec.scheme}://{_fmt_host(host)}:{port}", host,
+                                     port)
         else:
             listeners = [await open_unix_listener(spec.path)]
             self._unix_paths.append(spec.path)
@@ -112,9 +118,10 @@ class GatewayServer:
         task_status.started(endpoint)
         async with trio.open_nursery() as nursery:
             for listener in listeners:
-                nursery.start_soon(self._accept_loop, listener, spec.transport)
+                nursery.start_soon(self._accept_loop, listener, spec.transport, spec.tls)
 
-    async def _accept_loop(self, listener: trio.SocketListener, transport: str) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, transport: str,
+                           tls: bool = False) -> None:
         async with listener:
             while True:
                 try:
@@ -125,7 +132,14 @@ class GatewayServer:
                     continue
                 set_nodelay(stream)
                 assert self._connection_nursery is not None
-                carrier = StreamTransport(stream, transport, describe_peer(stream))
+                peer = describe_peer(stream)
+                wrapped: trio.abc.Stream = stream
+                if tls:
+                    # The handshake runs on first read, inside the connection's handshake
+                    # timeout; a failed one closes only this connection.
+                    assert self.ssl_context is not None
+                    wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
+                carrier = StreamTransport(wrapped, transport, peer)
                 self._connection_nursery.start_soon(self._serve_connection, carrier)
 
     async def _listen_websocket(self, spec: ListenSpec,
@@ -146,10 +160,12 @@ class GatewayServer:
             # The listener lives here, under the accept scope; connections live in the
             # connection nursery, so stopping accepting never cuts a session short.
             server = await nursery.start(functools.partial(
-                trio_websocket.serve_websocket, on_request, spec.host, spec.port, None,
+                trio_websocket.serve_websocket, on_request, spec.host, spec.port,
+                self.ssl_context if spec.tls else None,
                 handler_nursery=self._connection_nursery))
-            endpoint = BoundEndpoint(spec, f"ws://{_fmt_host(spec.host)}:{server.port}{spec.path}",
-                                     spec.host, server.port)
+            endpoint = BoundEndpoint(
+                spec, f"{spec.scheme}://{_fmt_host(spec.host)}:{server.port}{spec.path}",
+                spec.host, server.port)
             log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
             task_status.started(endpoint)
 

@@ -1,0 +1,455 @@
+"""The gateway's cost, measured side by side against direct HTTP on the same backend.
+
+The replay backend and the gateway run as real processes (``nnrp-gateway replay-server``
+and ``nnrp-gateway serve``); the clients run here. The gateway's CPU time and RSS are read
+from /proc. Latencies across processes use ``time.monotonic_ns()`` (one clock per host):
+the backend writes its send time into each token (the ``timestamped`` scenario), the
+client subtracts it on receipt. "Added" latency is the gateway path's percentile minus the
+direct path's, from the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from gateway import nnrp
+from gateway.client import ClientSession, connect
+from gateway.upstream import SSEDecoder
+
+from ._stats import Figure, percentile
+
+Progress = Callable[[str], None]
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def process_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def process_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as statm:
+        return int(statm.read().split()[1]) * _PAGE
+
+
+class Stack:
+    """A replay backend and a gateway, as processes, on free loopback ports."""
+
+    def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = ()) -> None:
+        self.speed = speed
+        self.gateway_args = gateway_args
+        exe = Path(sys.executable).parent / "nnrp-gateway"
+        self.exe = str(exe) if exe.exists() else "nnrp-gateway"
+        self.vllm_port, self.nnrp_port, self.admin_port = (_free_port(), _free_port(),
+                                                           _free_port())
+        self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
+        self.endpoint = f"tcp://127.0.0.1:{self.nnrp_port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.startup_seconds = 0.0
+
+    @property
+    def gateway_pid(self) -> int:
+        return self.processes[-1].pid
+
+    async def __aenter__(self) -> Stack:
+        quiet = subprocess.DEVNULL
+        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+            [self.exe, "replay-server", "--listen", f"127.0.0.1:{self.vllm_port}",
+             "--speed", str(self.speed)], stdout=quiet, stderr=quiet))
+        await self._wait(f"{self.vllm_url}/health")
+        start = time.perf_counter()
+        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+            [self.exe, "serve", "--listen", self.endpoint, "--vllm-url", self.vllm_url,
+             "--admin-listen", f"127.0.0.1:{self.admin_port}", "--log-level", "warning",
+             *self.gateway_args], stdout=quiet, stderr=quiet))
+        await self._wait(f"{self.admin_url}/readyz")
+        self.startup_seconds = time.perf_counter() - start
+        return self
+
+    async def _wait(self, url: str) -> None:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            with trio.fail_after(30):
+                while True:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get(url, timeout=1)).status_code == 200:
+                            return
+                    await trio.sleep(0.02)
+
+    async def __aexit__(self, *exc: object) -> None:
+        for process in reversed(self.processes):
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                await trio.to_thread.run_sync(process.wait, 10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    async def backend_log(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            document: dict[str, Any] = (await client.get(f"{self.vllm_url}/__replay/log")).json()
+            return document
+
+
+def _envelope(request_id: str, *, stream: bool = True, max_tokens: int | None = None,
+              model: str = "example-model") -> bytes:
+    body: dict[str, Any] = {"model": model, "stream": stream,
+                            "messages": [{"role": "user", "content": "benchmark"}]}
+    if max_tokens:
+        body["max_tokens"] = max_tokens
+    return json.dumps({"schema_version": "openai-compatible/1",
+                       "operation": "chat.completions.create", "request_id": request_id,
+                       "body": body}).encode()
+
+
+def _chat_body(request_id: str, stream: bool = True) -> dict[str, Any]:
+    return json.loads(_envelope(request_id, stream=stream))["body"]  # type: ignore[no-any-return]
+
+
+async def _gateway_stream(session: ClientSession, request_id: str, latencies: list[float]
+                          ) -> int:
+    operation = await session.submit(_envelope(request_id))
+    count = 0
+    async for event in operation.events():
+        if isinstance(event, nnrp.PartialReceived):
+            now = time.monotonic_ns()
+            payload = json.loads(event.body)
+            if payload["type"] == "response.output_text.delta":
+                latencies.append((now - int(payload["delta"])) / 1e3)
+                count += 1
+    return count
+
+
+async def _direct_stream(client: httpx.AsyncClient, url: str, request_id: str,
+                         latencies: list[float]) -> int:
+    decoder = SSEDecoder()
+    count = 0
+    async with client.stream("POST", f"{url}/v1/chat/completions",
+                             json=_chat_body(request_id),
+                             headers={"x-request-id": request_id}) as response:
+        async for raw in response.aiter_raw():
+            now = time.monotonic_ns()
+            for event in decoder.feed(raw):
+                if event.is_done:
+                    return count
+                chunk = json.loads(event.data)
+                for choice in chunk["choices"]:
+                    content = choice["delta"].get("content")
+                    if content:
+                        latencies.append((now - int(content)) / 1e3)
+                        count += 1
+    return count
+
+
+async def _indexed_gateway_stream(sessions: list[ClientSession], prefix: str,
+                                  latencies: list[float], index: int) -> int:
+    return await _gateway_stream(sessions[index], f"{prefix}-{index}", latencies)
+
+
+async def _indexed_direct_stream(client: httpx.AsyncClient, url: str, prefix: str,
+                                 latencies: list[float], index: int) -> int:
+    return await _direct_stream(client, url, f"{prefix}-{index}", latencies)
+
+
+@contextlib.asynccontextmanager
+async def _sessions(endpoint: str, count: int) -> AsyncIterator[list[ClientSession]]:
+    """``count`` sessions over up to 16 connections (the gateway's per-connection limit)."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(connect(endpoint))
+                   for _ in range(min(16, count))]
+        sessions = [await clients[i % len(clients)].open_session() for i in range(count)]
+        yield sessions
+
+
+async def _fan_out(count: int, job: Callable[[int], Any]) -> None:
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(job, index)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """1. Streaming event latency, backend emit -> client receive, gateway vs direct."""
+    figures = []
+    events = 40 if quick else 200
+    for streams in ((1, 32) if quick else (1, 256)):
+        progress(f"latency: {streams} stream(s) x {events} events")
+        via: list[float] = []
+        direct: list[float] = []
+        run = time.monotonic_ns()
+        async with _sessions(stack.endpoint, streams) as sessions:
+            await _fan_out(streams, functools.partial(
+                _indexed_gateway_stream, sessions, f"replay:timestamped:{events}:10000:g{run}",
+                via))
+        async with httpx.AsyncClient(trust_env=False, timeout=None,
+                                     limits=httpx.Limits(max_connections=512)) as client:
+            await _fan_out(streams, functools.partial(
+                _indexed_direct_stream, client, stack.vllm_url,
+                f"replay:timestamped:{events}:10000:d{run}", direct))
+        for q, goal in ((0.5, 150.0 if streams == 1 else None),
+                        (0.99, 1000.0 if streams == 1 else 5000.0)):
+            added = percentile(via, q) - percentile(direct, q)
+            figures.append(Figure(
+                f"added event latency p{int(q * 100)}, {streams} stream(s)", added, "us",
+                goal=goal, baseline=percentile(direct, q), baseline_name="direct HTTP/SSE",
+                spread=f"gateway p50/p95/p99 {percentile(via, .5):.0f}/"
+                       f"{percentile(via, .95):.0f}/{percentile(via, .99):.0f} us; direct "
+                       f"{percentile(direct, .5):.0f}/{percentile(direct, .95):.0f}/"
+                       f"{percentile(direct, .99):.0f} us; n={len(via)}"))
+    return figures
+
+
+async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """2. Events/s through the gateway from an instant backend, at several concurrencies."""
+    figures = []
+    for streams in ((1, 16, 64) if quick else (1, 16, 256)):
+        events = max(200, (4000 if quick else 20000) // streams)
+        progress(f"throughput: {streams} stream(s) x {events} events")
+        received: list[float] = []
+        run = time.monotonic_ns()
+        async with _sessions(stack.endpoint, streams) as sessions:
+            cpu = process_cpu_seconds(stack.gateway_pid)
+            start = time.perf_counter()
+            await _fan_out(streams, functools.partial(
+                _indexed_gateway_stream, sessions, f"replay:timestamped:{events}:0:t{run}",
+                received))
+            wall = time.perf_counter() - start
+            cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+        figures.append(Figure(f"events/s through the gateway, {streams} stream(s)",
+                              len(received) / wall, "events/s", goal=50_000,
+                              higher_is_better=True,
+                              spread=f"{len(received)} events in {wall:.2f} s; gateway CPU "
+                                     f"{cpu / wall * 100:.0f}% of a core (client shares the "
+                                     "machine)"))
+    return figures
+
+
+async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """3. Non-streaming requests: requests/s and added latency vs direct HTTP."""
+    seconds = 2.0 if quick else 8.0
+    progress(f"non-streaming: {seconds:.0f} s each path")
+    via: list[float] = []
+    direct: list[float] = []
+    async with connect(stack.endpoint) as client:
+        session = await client.open_session()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            operation = await session.submit(_envelope("unary", stream=False))
+            async for _ in operation.events():
+                pass
+            via.append((time.perf_counter() - start) * 1e6)
+    async with httpx.AsyncClient(trust_env=False) as http:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            response = await http.post(f"{stack.vllm_url}/v1/chat/completions",
+                                       json=_chat_body("unary", stream=False))
+            response.raise_for_status()
+            direct.append((time.perf_counter() - start) * 1e6)
+    return [Figure("non-streaming added latency p50", percentile(via, .5) - percentile(direct, .5),
+                   "us", goal=300, baseline=percentile(direct, .5),
+                   baseline_name="direct HTTP",
+                   spread=f"gateway {len(via) / seconds:.0f} req/s (p50 {percentile(via, .5):.0f}"
+                          f" us, p99 {percentile(via, .99):.0f}); direct "
+                          f"{len(direct) / seconds:.0f} req/s (p50 "
+                          f"{percentile(direct, .5):.0f} us)"),
+            Figure("non-streaming requests/s through the gateway", len(via) / seconds, "req/s",
+                   higher_is_better=True, baseline=len(direct) / seconds,
+                   baseline_name="direct HTTP")]
+
+
+async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """4. CANCEL sent -> upstream socket closed, as the backend saw it; late frames."""
+    rounds = 20 if quick else 100
+    progress(f"cancellation: {rounds} rounds")
+    sent: dict[str, int] = {}
+    late = 0
+    async with connect(stack.endpoint) as client:
+        session = await client.open_session()
+        for number in range(rounds):
+            request_id = f"replay:long_stream:c{time.monotonic_ns()}-{number}"
+            operation = await session.submit(_envelope(request_id))
+            events = 0
+            try:
+                async for event in operation.events():
+                    events += 1
+                    if events == 3:
+                        sent[request_id] = time.monotonic_ns()
+                        await operation.cancel()
+                    elif events > 3 and not isinstance(
+                            event, nnrp.PartialReceived | nnrp.DropReceived):
+                        late += 1
+            except Exception:
+                late += 1
+    await trio.sleep(0.2)
+    closed = {d["request_id"]: d["at_ns"] for d in (await stack.backend_log())["disconnects"]}
+    delays = [(closed[rid] - at) / 1e6 for rid, at in sent.items() if rid in closed]
+    missing = len(sent) - len(delays)
+    return [Figure("cancel -> upstream socket closed p50", percentile(delays, .5), "ms", goal=1.0,
+                   spread=f"p99 {percentile(delays, .99):.3f} ms; {len(delays)} rounds; "
+                          f"{missing} without a recorded abort"),
+            Figure("cancel -> upstream socket closed p99", percentile(delays, .99), "ms",
+                   goal=5.0),
+            Figure("frames after the cancel's terminal", late, "frames", goal=0)]
+
+
+async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """5. RSS per idle session and per active stream; start-up time."""
+    figures = [Figure("gateway start-up (spawn -> /readyz)", stack.startup_seconds, "s",
+                      goal=1.0)]
+    pid = stack.gateway_pid
+    for count in ((200,) if quick else (1000, 10000)):
+        progress(f"scale: {count} idle sessions")
+        before = process_rss(pid)
+        async with contextlib.AsyncExitStack() as exits:
+            clients = [await exits.enter_async_context(connect(stack.endpoint))
+                       for _ in range(max(1, count // 512))]
+            for index in range(count):
+                await clients[index % len(clients)].open_session()
+            await trio.sleep(0.3)
+            after = process_rss(pid)
+        figures.append(Figure(f"RSS per idle session ({count} sessions)",
+                              (after - before) / count / 1024, "KiB", goal=32,
+                              spread=f"gateway RSS {before / 2**20:.1f} -> "
+                                     f"{after / 2**20:.1f} MiB"))
+    active = 100 if quick else 1000
+    progress(f"scale: {active} active streams")
+    before = process_rss(pid)
+    async with _sessions(stack.endpoint, active) as sessions, trio.open_nursery() as nursery:
+        started = trio.Semaphore(0)
+
+        async def hold(index: int) -> None:
+            operation = await sessions[index].submit(_envelope(
+                f"replay:timestamped:100000:50000:s{index}"))
+            async for _ in operation.events():
+                started.release()
+                break
+            await trio.sleep_forever()
+
+        for index in range(active):
+            nursery.start_soon(hold, index)
+        for _ in range(active):
+            await started.acquire()
+        await trio.sleep(0.5)
+        after = process_rss(pid)
+        nursery.cancel_scope.cancel()
+    figures.append(Figure(f"RSS per active stream ({active} streams)",
+                          (after - before) / active / 1024, "KiB", goal=64,
+                          spread=f"gateway RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB"))
+    return figures
+
+
+async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
+               progress: Progress) -> list[Figure]:
+    """6. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
+    rounds = 3 if quick else 10
+    tokens = 32
+    progress(f"live: {rounds} requests each path against {vllm_url}")
+
+    async def measure(stream_fn: Callable[[], AsyncIterator[float]]) -> tuple[float, float]:
+        start = time.perf_counter()
+        times = [t async for t in stream_fn()]
+        return (times[0] - start) * 1e3, ((times[-1] - times[0]) / max(1, len(times) - 1)) * 1e3
+
+    via: list[tuple[float, float]] = []
+    direct: list[tuple[float, float]] = []
+    stack: Stack | None = None
+    if endpoint is None:
+        stack = Stack(gateway_args=("--allow-untested-vllm",))
+        stack.vllm_url = vllm_url  # point the gateway at the live vLLM, no replay
+    body = {"model": model, "stream": True, "max_tokens": tokens, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Count slowly."}]}
+    async with contextlib.AsyncExitStack() as exits:
+        if stack is not None:
+            await exits.enter_async_context(_LiveGateway(stack))
+            endpoint = stack.endpoint
+        assert endpoint is not None
+        client = await exits.enter_async_context(connect(endpoint))
+        session = await client.open_session()
+        http = await exits.enter_async_context(httpx.AsyncClient(trust_env=False, timeout=None))
+
+        async def via_gateway() -> AsyncIterator[float]:
+            operation = await session.submit(json.dumps({
+                "schema_version": "openai-compatible/1",
+                "operation": "chat.completions.create", "body": body}).encode())
+            async for event in operation.events():
+                if isinstance(event, nnrp.PartialReceived):
+                    yield time.perf_counter()
+
+        async def via_http() -> AsyncIterator[float]:
+            decoder = SSEDecoder()
+            async with http.stream("POST", f"{vllm_url}/v1/chat/completions",
+                                   json=body) as response:
+                async for raw in response.aiter_raw():
+                    for event in decoder.feed(raw):
+                        if not event.is_done and json.loads(event.data)["choices"]:
+                            yield time.perf_counter()
+
+        for _ in range(rounds):
+            via.append(await measure(via_gateway))
+            direct.append(await measure(via_http))
+    ttft_v, ttft_d = percentile([v[0] for v in via], .5), percentile([d[0] for d in direct], .5)
+    tpot_v, tpot_d = percentile([v[1] for v in via], .5), percentile([d[1] for d in direct], .5)
+    return [Figure("live TTFT p50 through the gateway", ttft_v, "ms", goal=ttft_d * 1.03,
+                   baseline=ttft_d, baseline_name="direct HTTP/SSE"),
+            Figure("live time per output token p50 through the gateway", tpot_v, "ms",
+                   goal=tpot_d * 1.03, baseline=tpot_d, baseline_name="direct HTTP/SSE")]
+
+
+class _LiveGateway:
+    """Only the gateway process, pointed at an existing vLLM."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    async def __aenter__(self) -> None:
+        s = self.stack
+        s.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+            [s.exe, "serve", "--listen", s.endpoint, "--vllm-url", s.vllm_url,
+             "--admin-listen", f"127.0.0.1:{s.admin_port}", "--log-level", "warning",
+             *s.gateway_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        await s._wait(f"{s.admin_url}/readyz")
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.__aexit__()
+
+
+SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = {
+    "latency": latency, "throughput": throughput, "unary": unary,
+    "cancellation": cancellation, "scale": scale,
+}
+
+
+async def run_scenarios(names: list[str], quick: bool, progress: Progress
+                        ) -> dict[str, list[Figure]]:
+    results: dict[str, list[Figure]] = {}
+    for name in names:
+        args = ("--max-sessions-per-connection", "1024") if name == "scale" else ()
+        async with Stack(gateway_args=args) as stack:
+            results[name] = await SCENARIOS[name](stack, quick, progress)
+    return results

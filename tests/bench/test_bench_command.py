@@ -1,0 +1,34 @@
+"""The bench command works (CI never times it): one quick scenario through the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.slow
+def test_bench_run_quick_cancellation_writes_results(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "run", "--quick", "--scenario", "cancellation",
+                                 "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)["cancellation"]
+    names = [f["name"] for f in figures]
+    assert "frames after the cancel's terminal" in names
+    late = next(f for f in figures if f["name"] == "frames after the cancel's terminal")
+    assert late["value"] == 0  # a correctness property, not a timing
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["scenarios"]["cancellation"][0]["unit"] == "ms"
+    assert "| cancel -> upstream socket closed p50 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_unknown_scenario_is_a_clean_error() -> None:
+    result = runner.invoke(app, ["bench", "run", "--scenario", "nope"])
+    assert result.exit_code == 2
+    assert "unknown scenario" in result.output

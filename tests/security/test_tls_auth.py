@@ -1,0 +1,198 @@
+"""Who gets in: TLS (tcps://, wss://), mutual TLS, certificate reload, session tokens."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+
+from gateway.app import Gateway, GatewayConfig
+from gateway.client import ClientError, connect
+from gateway.nnrp import ServerConfig
+from gateway.replay import ReplayServer
+from gateway.server import TlsConfig, TokenAuthenticator
+from tests.e2e.conftest import chat, envelope, run_operation
+
+x509 = pytest.importorskip("cryptography.x509")
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+
+
+def _name(common: str) -> Any:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _issue(subject: str, issuer_key: Any, issuer: str, *, ca: bool = False,
+           server: bool = False) -> tuple[Any, Any]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=1))
+               .not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if server:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return builder.sign(issuer_key or key, hashes.SHA256()), key
+
+
+def _write(folder: Path, name: str, cert: Any, key: Any) -> tuple[Path, Path]:
+    cert_path, key_path = folder / f"{name}.pem", folder / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca, _ = _issue("test-ca", ca_key, "test-ca", ca=True)
+    ca = x509.CertificateBuilder().subject_name(_name("test-ca")).issuer_name(_name("test-ca")) \
+        .public_key(ca_key.public_key()).serial_number(1) \
+        .not_valid_before(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)) \
+        .not_valid_after(datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1)) \
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True) \
+        .sign(ca_key, hashes.SHA256())
+    paths = {}
+    paths["ca"], _ = _write(folder, "ca", ca, ca_key)
+    for name, server in (("server", True), ("server2", True), ("client", False)):
+        cert, key = _issue(name, ca_key, "test-ca", server=server)
+        paths[name], paths[f"{name}_key"] = _write(folder, name, cert, key)
+    return paths
+
+
+def client_context(pki: dict[str, Path], *, with_cert: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    if with_cert:
+        context.load_cert_chain(str(pki["client"]), str(pki["client_key"]))
+    return context
+
+
+async def start(nursery: trio.Nursery, tmp_path: Path, **config: Any) -> Gateway:
+    replay = ReplayServer(speed=50.0)
+    url = await nursery.start(replay.serve)
+    listen = (("tcps://127.0.0.1:0", "wss://127.0.0.1:0/nnrp") if "tls" in config else ()) + (
+        "tcp://127.0.0.1:0",)
+    gateway = Gateway(GatewayConfig(listen=listen, vllm_url=url, probe_interval=0.05,
+                                    **config))
+    await nursery.start(gateway.run)
+    await gateway.probed.wait()
+    return gateway
+
+
+def uri(gateway: Gateway, scheme: str) -> str:
+    return next(e.uri for e in gateway.endpoints if e.uri.startswith(f"{scheme}://"))
+
+
+@pytest.mark.parametrize("scheme", ["tcps", "wss"])
+async def test_tls_listeners_stream(nursery: trio.Nursery, tmp_path: Path,
+                                    pki: dict[str, Path], scheme: str) -> None:
+    gateway = await start(nursery, tmp_path, tls=TlsConfig(pki["server"], pki["server_key"]))
+    async with connect(uri(gateway, scheme),
+                       ssl_context=client_context(pki, with_cert=False)) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat(stream=True, max_tokens=3)))
+    assert outcome.types == ["response.output_text.delta"] * 3
+    assert outcome.final["type"] == "response.completed"
+
+
+async def test_plaintext_client_on_tls_port_is_refused(nursery: trio.Nursery, tmp_path: Path,
+                                                      pki: dict[str, Path]) -> None:
+    gateway = await start(nursery, tmp_path, tls=TlsConfig(pki["server"], pki["server_key"]))
+    plain = uri(gateway, "tcps").replace("tcps://", "tcp://")
+    with trio.fail_after(5), pytest.raises((ClientError, trio.BrokenResourceError,
+                                            trio.TooSlowError, OSError)):
+        async with connect(plain, handshake_timeout=2):
+            pass
+
+
+async def test_mutual_tls_requires_a_client_certificate(nursery: trio.Nursery, tmp_path: Path,
+                                                        pki: dict[str, Path]) -> None:
+    gateway = await start(nursery, tmp_path, tls=TlsConfig(pki["server"], pki["server_key"],
+                                                           pki["ca"]))
+    async with connect(uri(gateway, "tcps"),
+                       ssl_context=client_context(pki, with_cert=True)) as client:
+        session = await client.open_session()
+        assert (await run_operation(session, envelope(chat()))).final["type"] == (
+            "response.completed")
+    with trio.fail_after(5), pytest.raises((ClientError, trio.BrokenResourceError, OSError,
+                                            ssl.SSLError)):
+        async with connect(uri(gateway, "tcps"), handshake_timeout=2,
+                           ssl_context=client_context(pki, with_cert=False)) as client:
+            await client.open_session()
+
+
+async def test_certificate_reload(nursery: trio.Nursery, tmp_path: Path,
+                                  pki: dict[str, Path]) -> None:
+    cert, key = tmp_path / "live.pem", tmp_path / "live.key"
+    cert.write_bytes(pki["server"].read_bytes())
+    key.write_bytes(pki["server_key"].read_bytes())
+    gateway = await start(nursery, tmp_path, tls=TlsConfig(cert, key))
+
+    async def served_subject() -> str:
+        async with connect(uri(gateway, "tcps"),
+                           ssl_context=client_context(pki, with_cert=False)) as client:
+            stream = client.transport.stream  # type: ignore[attr-defined]
+            der = stream.getpeercert(binary_form=True)
+        subject = x509.load_der_x509_certificate(der).subject
+        return str(subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
+
+    assert await served_subject() == "server"
+    cert.write_bytes(pki["server2"].read_bytes())
+    key.write_bytes(pki["server2_key"].read_bytes())
+    gateway.reload_tls()  # what SIGHUP does
+    assert await served_subject() == "server2"
+    key.write_text("not a key")
+    gateway.reload_tls()  # a bad file keeps the old certificate
+    assert await served_subject() == "server2"
+
+
+async def test_session_tokens(nursery: trio.Nursery, tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text("# team tokens\nsecond-token-456\n")
+    authenticate = TokenAuthenticator.from_sources(["first-token-123"], token_file)
+    assert authenticate is not None
+    assert "first-token" not in repr(authenticate)
+    gateway = await start(nursery, tmp_path,
+                          server=ServerConfig(authenticate=authenticate), metrics=True)
+    endpoint = uri(gateway, "tcp")
+    with structlog.testing.capture_logs() as logs:
+        async with connect(endpoint) as client:
+            with pytest.raises(ClientError, match="0x10001"):
+                await client.open_session(auth=b"wrong-token")
+            with pytest.raises(ClientError, match="0x10001"):
+                await client.open_session()
+            for token in (b"first-token-123", b"second-token-456"):
+                session = await client.open_session(auth=token)
+                outcome = await run_operation(session, envelope(chat()))
+                assert outcome.final["type"] == "response.completed"
+    assert gateway.server.stats.auth_failures == 2
+    dump = json.dumps(logs, default=str)
+    assert "wrong-token" not in dump
+    assert "first-token" not in dump
+    assert any(line["event"] == "session authentication failed" for line in logs)
+    from prometheus_client import generate_latest
+
+    assert b"nnrp_gateway_auth_failures_total 2.0" in generate_latest(gateway.metrics.registry)
+
+
+def test_authenticator_rules() -> None:
+    assert TokenAuthenticator.from_sources([], None) is None
+    with pytest.raises(ValueError, match="non-empty"):
+        TokenAuthenticator([b""])
+    check = TokenAuthenticator([b"a" * 32, b"b" * 32])
+    assert check(b"b" * 32)
+    assert not check(b"b" * 31)
+    assert not check(b"")
