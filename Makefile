@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck unit conformance bench bench-smoke clean
+.PHONY: demo test lint typecheck unit conformance bench bench-smoke fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec
 	$(BIN)/nnrp-gateway bench wire
 	$(BIN)/nnrp-gateway bench run --out out/bench
+
+# Coverage-guided fuzzing (atheris) of the four untrusted-input parsers, FUZZ_SECONDS each.
+# New inputs go to out/fuzz/<target>; the seed corpus in tests/fuzz/corpus stays clean.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/python -m pip install --quiet atheris
+	for target in nnrp_decoder typed_body envelope sse; do \
+	  mkdir -p out/fuzz/$$target; \
+	  $(BIN)/python tests/fuzz/fuzz_targets.py $$target out/fuzz/$$target \
+	    tests/fuzz/corpus/$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    2>&1 | tail -12 || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
