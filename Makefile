@@ -34,6 +34,8 @@ bench-smoke: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec --quick > /dev/null
 	$(BIN)/nnrp-gateway bench run --quick --out out/bench-quick > /dev/null
 	@echo "bench --quick: ok (out/bench-quick/summary.md)"
+	$(BIN)/nnrp-gateway bench soak --streams 200 --seconds 30 --out out/soak
+	$(BIN)/nnrp-gateway bench soak --streams 100 --seconds 15 --sigterm-at 8 --out out/soak-sigterm
 
 bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec

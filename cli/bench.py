@@ -14,6 +14,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from gateway.bench import Figure, run_codec_bench, run_wire_bench
 from gateway.bench._scenarios import SCENARIOS, live, run_scenarios
+from gateway.bench._soak import SoakReport, soak
 from gateway.observe import configure_logging
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
@@ -178,3 +179,47 @@ def live_command(
     if out is not None:
         _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
     _report("live", results["live"], as_json, None)
+
+
+@bench_app.command("soak")
+def soak_command(
+    streams: Annotated[int, typer.Option(min=1, help="Concurrent streams.")] = 200,
+    seconds: Annotated[float, typer.Option(min=1, help="Duration.")] = 30.0,
+    sigterm_at: Annotated[float | None, typer.Option(
+        help="Send SIGTERM to the gateway after this many seconds (shutdown under load).")
+    ] = None,
+    as_json: AsJson = False, out: Out = None,
+    max_rss_growth: Annotated[float, typer.Option(help="Fail above this growth.")] = 0.05,
+) -> None:
+    """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
+    any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up."""
+    _quiet_logs()
+
+    holder: list[SoakReport] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        holder.append(trio.run(lambda: soak(streams, seconds, sigterm_at=sigterm_at,
+                                            progress=progress)))
+        return {}
+
+    _with_progress(work, as_json)
+    report = holder[0]
+    document = report.as_dict()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "soak.json").write_text(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        typer.echo(f"{report.started} started, {report.completed} completed, {report.dropped} "
+                   f"dropped, {report.errors} errors; RSS growth after warm-up "
+                   f"{report.rss_growth * 100:.1f} %; accounted: {report.accounted}")
+        for sample in report.samples[:: max(1, len(report.samples) // 10)]:
+            typer.echo(f"  t={sample['t']:>6}s RSS {sample['rss_mib']:.1f} MiB, "
+                       f"{sample['fds']} fds, {sample['completed']} completed")
+        for line in report.error_samples:
+            typer.echo(f"  error: {line}")
+    ok = (report.errors == 0 and report.accounted
+          and (sigterm_at is not None or report.rss_growth <= max_rss_growth)
+          and (sigterm_at is None or report.gateway_exit == 0))
+    raise typer.Exit(0 if ok else 1)

@@ -125,6 +125,10 @@ def serve(
         envvar="NNRP_GATEWAY_MAX_EVENT_BYTES", min=1024)] = 4 << 20,
     handshake_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_HANDSHAKE_TIMEOUT", min=0.1)] = 10.0,
+    connection_idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_CONNECTION_IDLE_TIMEOUT", min=0.1,
+        help="Close connections with nothing in flight and nothing received this long.")
+    ] = 300.0,
     upstream_connect_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", min=0.1)] = 2.0,
     first_chunk_timeout: Annotated[float, typer.Option(
@@ -181,7 +185,8 @@ def serve(
                             max_sessions=max_sessions_per_connection,
                             max_in_flight=max_operations_per_session,
                             authenticate=authenticate),
-        connection=ConnectionLimits(handshake_timeout=handshake_timeout),
+        connection=ConnectionLimits(handshake_timeout=handshake_timeout,
+                                    idle_timeout=connection_idle_timeout),
         pipeline=PipelineLimits(first_chunk_timeout=first_chunk_timeout,
                                 idle_timeout=idle_timeout, total_timeout=total_timeout,
                                 max_envelope_bytes=max_envelope_bytes,

@@ -104,6 +104,9 @@ class ConnectionLimits:
     """Per-connection limits; the sans-IO ``ServerConfig`` holds the protocol ones."""
 
     handshake_timeout: float = 10.0
+    #: A connection with no operation in flight and nothing received for this long is
+    #: closed (a client that vanished without closing; TCP keepalive covers busy ones).
+    idle_timeout: float = 300.0
     outbox_high_water: int = 1 << 20
     default_drain_timeout: float = 30.0
     write_timeout: float = 30.0
@@ -135,6 +138,7 @@ class Connection:
         self._session_idle: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
+        self._last_receive = trio.current_time()
         self.closed = trio.Event()
         self.sessions_opened = 0
         self.stats = stats or ServerStats()
@@ -149,6 +153,7 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._handshake_watchdog)
+                nursery.start_soon(self._idle_watchdog)
                 await self._reader()
                 # The reader ended: the peer is gone or broke the protocol.
                 self._end_all(EndReason.DISCONNECT)
@@ -180,6 +185,20 @@ class Connection:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    async def _idle_watchdog(self) -> None:
+        timeout = self.limits.idle_timeout
+        while True:
+            await trio.sleep_until(self._last_receive + timeout)
+            if self.operations or trio.current_time() < self._last_receive + timeout:
+                if self.operations:
+                    self._last_receive = trio.current_time()
+                continue
+            self.log.info("idle timeout; closing connection", idle_s=timeout,
+                          peer=self.transport.peer)
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            return
+
     async def _handshake_watchdog(self) -> None:
         with trio.move_on_after(self.limits.handshake_timeout):
             await self._handshake_done.wait()
@@ -204,6 +223,7 @@ class Connection:
                 return
             if data is None:
                 return
+            self._last_receive = trio.current_time()
             self.stats.bytes_in += len(data)
             events = (sans_io.receive_message(data) if self.transport.message_based
                       else sans_io.receive_data(data))

@@ -320,3 +320,26 @@ async def test_client_reports_server_gone(running: RunningServer) -> None:
         with pytest.raises(ClientError):
             await collect(operation)
         assert isinstance(client, NnrpClient)
+
+
+async def test_idle_connection_is_closed(nursery: trio.Nursery, socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir, limits=ConnectionLimits(
+        handshake_timeout=5, idle_timeout=0.3))
+    stream = await raw_connection(running.uri())
+    client = nnrp.ClientConnection()
+    await stream.send_all(client.hello())
+    await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))))
+    start = trio.current_time()
+    received = await read_all(stream)  # the client then goes silent
+    assert trio.current_time() - start < 2.5
+    kinds = [type(p.message).__name__ for p in nnrp.Decoder().feed(received)]
+    assert kinds == ["ServerHelloAck", "SessionOpenAck"]  # then closed, no error frame
+
+
+async def test_busy_connection_is_not_idle(nursery: trio.Nursery, socket_dir: Any) -> None:
+    running = await start_server(nursery, socket_dir, limits=ConnectionLimits(
+        handshake_timeout=5, idle_timeout=0.2))
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        events = await collect(await session.submit(script(events=10, delay=0.1)))
+    assert isinstance(events[-1], nnrp.ResultReceived)  # 1 s of streaming, nothing received

@@ -1,0 +1,146 @@
+"""Soak: N concurrent streams for T seconds against the replay backend.
+
+Each of N workers loops: submit a streaming request, read it to its terminal, repeat. The
+run reports errors, completed operations, the gateway's RSS and open file descriptors
+over time, and RSS growth after warm-up (first sample after 20 % of the run vs the last).
+
+``sigterm_at`` sends SIGTERM to the gateway mid-run (shutdown under load): every
+operation must then end with ``response.completed`` or an explicit RESULT_DROP_REASON,
+and started == completed + dropped (nothing lost, nothing hung).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import attrs
+import trio
+
+from gateway import nnrp
+from gateway.client import ClientError, connect
+
+from ._scenarios import Progress, Stack, _envelope, process_rss
+
+
+@attrs.define
+class SoakReport:
+    streams: int
+    seconds: float
+    started: int = 0
+    completed: int = 0
+    dropped: int = 0
+    errors: int = 0
+    error_samples: list[str] = attrs.field(factory=list)
+    samples: list[dict[str, float]] = attrs.field(factory=list)
+    sigterm_at: float | None = None
+    gateway_exit: int | None = None
+
+    @property
+    def rss_growth(self) -> float:
+        """Relative RSS growth from the first sample after warm-up to the last."""
+        if len(self.samples) < 3:
+            return 0.0
+        warm = [s for s in self.samples if s["t"] >= self.seconds * 0.2] or self.samples
+        return (self.samples[-1]["rss_mib"] - warm[0]["rss_mib"]) / warm[0]["rss_mib"]
+
+    @property
+    def accounted(self) -> bool:
+        return self.started == self.completed + self.dropped + self.errors
+
+    def as_dict(self) -> dict[str, Any]:
+        document = attrs.asdict(self)
+        document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted)
+        return document
+
+
+def _open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
+               progress: Progress = lambda _: None) -> SoakReport:
+    report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
+    async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
+                                   "--drain-timeout", "10")) as stack:
+        pid = stack.gateway_pid
+        start = trio.current_time()
+        deadline = start + seconds
+        stopping = trio.Event()
+
+        async def worker(session: Any, index: int) -> None:
+            number = 0
+            while trio.current_time() < deadline and not stopping.is_set():
+                number += 1
+                report.started += 1
+                try:
+                    operation = await session.submit(_envelope(
+                        f"replay:timestamped:40:20000:soak-{index}-{number}"))
+                    terminal = None
+                    async for event in operation.events():
+                        terminal = event
+                    if isinstance(terminal, nnrp.ResultReceived):
+                        report.completed += 1
+                    elif isinstance(terminal, nnrp.DropReceived):
+                        report.dropped += 1
+                    else:
+                        raise ClientError("no terminal")
+                except (ClientError, trio.BrokenResourceError, OSError) as exc:
+                    if stopping.is_set() and report.sigterm_at is not None:
+                        # After SIGTERM the gateway may close before a new submit lands.
+                        report.started -= 1
+                        return
+                    report.errors += 1
+                    if len(report.error_samples) < 5:
+                        report.error_samples.append(f"{type(exc).__name__}: {exc}")
+                    return
+
+        async def sampler() -> None:
+            while trio.current_time() < deadline and not stopping.is_set():
+                with trio.move_on_after(1.0):
+                    await stopping.wait()
+                try:
+                    rss = process_rss(pid) / 2**20
+                except OSError:
+                    return
+                report.samples.append({"t": round(trio.current_time() - start, 2),
+                                       "rss_mib": round(rss, 2), "fds": _open_fds(pid),
+                                       "completed": report.completed})
+                progress(f"soak: {report.completed} completed, {report.errors} errors, "
+                         f"RSS {rss:.1f} MiB")
+
+        async def terminator() -> None:
+            assert sigterm_at is not None
+            await trio.sleep(sigterm_at)
+            stopping.set()
+            os.kill(pid, signal.SIGTERM)
+
+        clients = max(1, streams // 200)
+        async with connect(stack.endpoint) as first:
+            extra = [first]
+            async with trio.open_nursery() as outer:
+                for _ in range(clients - 1):
+                    extra.append(await outer.start(_hold_client, stack.endpoint))
+                sessions = [await extra[i % len(extra)].open_session() for i in range(streams)]
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sampler)
+                    if sigterm_at is not None:
+                        nursery.start_soon(terminator)
+                    for index, session in enumerate(sessions):
+                        nursery.start_soon(worker, session, index)
+                outer.cancel_scope.cancel()
+        if sigterm_at is not None:
+            code = await trio.to_thread.run_sync(stack.processes[-1].wait, 30)
+            report.gateway_exit = code
+        report.seconds = round(trio.current_time() - start, 2)
+    return report
+
+
+async def _hold_client(endpoint: str, task_status: trio.TaskStatus[Any]) -> None:
+    async with connect(endpoint) as client:
+        task_status.started(client)
+        await trio.sleep_forever()
