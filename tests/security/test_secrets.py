@@ -1,0 +1,81 @@
+"""Secrets never leave: the upstream API key, session tokens and trace attribute bodies are
+absent from logs, diagnostics events, error messages and --print-config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import trio
+from typer.testing import CliRunner
+
+from cli.main import app
+from gateway.client import ClientError, connect
+from tests.e2e.conftest import chat, envelope, run_operation
+from tests.ops.test_ops import _free_port
+
+API_KEY = "sk-upstream-SECRET-1f2e"
+TOKEN = "tok-session-SECRET-9a8b"
+ATTRIBUTE = b"customer=SECRET-attribute-77"
+SECRETS = ("SECRET-1f2e", "SECRET-9a8b", "SECRET-attribute")
+
+
+def test_no_secret_in_any_output(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    vllm, nnrp_port, admin = _free_port(), _free_port(), _free_port()
+    replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm}",
+                               "--api-key", API_KEY], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    gateway = subprocess.Popen(
+        [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
+         f"http://127.0.0.1:{vllm}", "--admin-listen", f"127.0.0.1:{admin}", "--metrics",
+         "--upstream-api-key", API_KEY, "--auth-token", TOKEN, "--log-level", "debug"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs: list[str] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{admin}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+
+        async def drive() -> None:
+            async with connect(f"tcp://127.0.0.1:{nnrp_port}") as client:
+                try:
+                    await client.open_session(auth=b"tok-wrong-SECRET-9a8b-guess")
+                except ClientError as exc:
+                    outputs.append(str(exc))
+                session = await client.open_session(auth=TOKEN.encode())
+                await session.trace_context(trace_id=1, span_id=2, attributes=ATTRIBUTE)
+                for body in (chat(stream=True, max_tokens=2), chat("no-such-model"),
+                             chat(temperature=-1)):
+                    outcome = await run_operation(session, envelope(
+                        body, nnrp_policy={"diagnostics": True}))
+                    outputs.append(json.dumps(outcome.partials))
+                    outputs.append(json.dumps(outcome.final))
+                async with httpx.AsyncClient() as http:
+                    for path in ("/metrics", "/capabilities", "/readyz"):
+                        outputs.append((await http.get(f"http://127.0.0.1:{admin}{path}")).text)
+
+        trio.run(drive)
+    finally:
+        gateway.terminate()
+        outputs.append(gateway.communicate(timeout=20)[0])
+        replay.kill()
+        replay.wait()
+    printed = CliRunner().invoke(app, ["serve", "--upstream-api-key", API_KEY,
+                                       "--auth-token", TOKEN, "--print-config"])
+    outputs.append(printed.output)
+    everything = "\n".join(outputs)
+    assert '"event": "operation"' in everything  # the logs were captured
+    assert "response.diagnostics" in everything
+    assert "session authentication failed" in everything
+    for secret in SECRETS:
+        assert secret not in everything, secret
