@@ -209,6 +209,9 @@ class ReplayServer:
             return _json_reply(503 if self.engine_dead else 200, b"", "health")
         if request.method == "GET" and path == "/version":
             return _json_reply(200, json.dumps({"version": self.version}).encode(), "version")
+        if request.method == "GET" and path == "/load":
+            return _json_reply(200, json.dumps({"server_load": len(self.requests)
+                                                - len(self.completed)}).encode(), "load")
         if request.method == "GET" and path == "/v1/models":
             return _json_reply(200, self._models(), "models")
         if request.method == "GET" and path == "/__replay/log":

@@ -181,6 +181,59 @@ def synthesized() -> list[Transcript]:
                 "choices": []}),
         DONE,
     ], _request(stream=True), "a chunk with an empty id (not something vLLM sends)"))
+    name = "stream_reasoning_then_tool_call"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"reasoning": "I need the weather."}),
+        delta_chunk(r, m, _tool_start(0, "chatcmpl-tool-e5e5e5e5e5e5e5e5", "get_weather")),
+        delta_chunk(r, m, _tool_args(0, '{"city": "Rome"}'), finish="tool_calls"),
+        usage_chunk(r, m, 50, 14), DONE,
+    ], _request(stream=True, tools=[WEATHER_TOOL]),
+        "tool parsing starts only after reasoning ends (vllm-http.md section 1)"))
+    name = "stream_reasoning_hidden"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"content": "Hello"}),
+        delta_chunk(r, m, {"content": "!"}, finish="stop"),
+        usage_chunk(r, m, 8, 9), DONE,
+    ], _request(stream=True, include_reasoning=False),
+        "include_reasoning:false: the reasoning tokens are produced but not sent"))
+    name = "stream_finish_abort"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"content": "Partial"}),
+        delta_chunk(r, m, {}, finish="abort"),
+        usage_chunk(r, m, 8, 1), DONE,
+    ], _request(stream=True), "server-side abort (pause, abort_requests) ends normally"))
+    name = "nonstream_reasoning"
+    reasoning_body = {
+        "id": "chatcmpl-cap-nonstream_reasoning", "object": "chat.completion",
+        "created": CREATED, "model": m, "choices": [{
+            "index": 0, "message": {
+                "role": "assistant", "content": "Hello!", "refusal": None, "annotations": None,
+                "audio": None, "function_call": None, "tool_calls": [],
+                "reasoning": "The user greets me."},
+            "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": None}],
+        "service_tier": None, "system_fingerprint": FINGERPRINT,
+        "usage": {"prompt_tokens": 8, "total_tokens": 17, "completion_tokens": 9,
+                  "prompt_tokens_details": None},
+        "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
+        "ec_transfer_params": None, "metrics": None}
+    data = _dump(reasoning_body)
+    out.append(Transcript(name, "0.26.0", 200, (("content-type", "application/json"),
+                                                ("content-length", str(len(data)))),
+                          ((25.0, data),), _request(), (("x-request-id", f"cap-{name}"),),
+                          "non-streaming with --reasoning-parser"))
+    error = _dump({"error": {"message": "The model does not support this endpoint",
+                             "type": "NotImplementedError", "param": None, "code": 501}})
+    out.append(Transcript("error_501_not_implemented", "0.26.0", 501,
+                          (("content-type", "application/json"),
+                           ("content-length", str(len(error)))), ((3.0, error),), _request(),
+                          (("x-request-id", "cap-error_501_not_implemented"),),
+                          "not implemented: a real status before any stream"))
     name = "nonstream_tool_call"
     body = {"id": "chatcmpl-cap-nonstream_tool_call", "object": "chat.completion",
             "created": CREATED, "model": m, "choices": [{

@@ -34,6 +34,7 @@ EXPECTED_TERMINAL = {
     "error_400_temperature": "invalid_backend_request",
     "error_400_validation": "invalid_backend_request",
     "error_404_model": "unsupported_model",
+    "error_501_not_implemented": "backend_error",
     "stream_malformed_chunk": "backend_error",
     # Recorded by a client that hung up after 3 chunks: replayed, the body ends without
     # data: [DONE], which the gateway must treat as a broken stream.

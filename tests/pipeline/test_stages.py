@@ -199,3 +199,16 @@ def test_empty_content_is_skipped_and_openai_chunk_copies() -> None:
     assert translator.feed({**CHUNK, "choices": [{"index": 0, "delta": {"content": ""}}]}) == []
     (event,) = translator.feed(CHUNK)
     assert event["openai_chunk"] == CHUNK
+
+
+def test_reasoning_then_tool_call_and_server_abort() -> None:
+    events, translator = translate("stream_reasoning_then_tool_call")
+    assert [e["type"] for e in events][:2] == ["response.reasoning_text.delta",
+                                               "response.tool_call.started"]
+    message = translator.completed_body()["choices"][0]["message"]
+    assert message["reasoning"] == "I need the weather."
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+    events, translator = translate("stream_finish_abort")
+    assert translator.completed_body()["choices"][0]["finish_reason"] == "abort"
+    events, _ = translate("stream_reasoning_hidden")
+    assert "response.reasoning_text.delta" not in [e["type"] for e in events]
