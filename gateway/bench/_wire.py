@@ -39,25 +39,12 @@ def _native_round_trips(uri: str, seconds: float, in_flight: int, queue: Any) ->
     (1 = strictly sequential), each resubmitted as soon as its terminal arrives."""
     import asyncio
 
-    from nnrp.client.native import (
-        NativeClientOptions,
-        NativeClientSessionOptions,
-        connect_native_client_connection,
-    )
-    from nnrp.client.transport import (
-        SubmitHeaderContext,
-        SubmitIdentity,
-        SubmitPolicy,
-        SubmitRequest,
-        TypedPayloadInputFrame,
-        TypedPayloadSubmitInput,
-    )
-    from nnrp.core.enums import MessageType, PayloadKind
-    from nnrp.core.messages import TransportPolicy
-    from nnrp.schema import StreamSemantics
+    from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+    from nnrp.core.enums import MessageType
 
-    options = NativeClientOptions("nnrp://" + uri.removeprefix("tcp://"),
-                                  transport_policy=TransportPolicy.FORCE_TCP)
+    from gateway.conformance import native_client_options, native_openai_submit
+
+    options = native_client_options(uri)
     payload = json.dumps({"events": 0}).encode()
     latencies: list[float] = []
     with connect_native_client_connection(options) as connection:
@@ -69,12 +56,8 @@ def _native_round_trips(uri: str, seconds: float, in_flight: int, queue: Any) ->
         def submit() -> None:
             nonlocal number
             number += 1
-            frame = TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
-                                           stream_semantics=StreamSemantics.SNAPSHOT)
-            request = SubmitRequest.typed_payload(TypedPayloadSubmitInput(
-                SubmitIdentity(number, number, SubmitHeaderContext()), SubmitPolicy(), (frame,)))
             started[number] = time.perf_counter()
-            session.submit_operation(request)
+            session.submit_operation(native_openai_submit(number, number, payload))
 
         end = time.perf_counter() + seconds
         for _ in range(in_flight):

@@ -1,7 +1,9 @@
 """Conformance: the suite-owned openai-compatible/1 recipes over the wire, the wire
 scenario, the project's own recipes, and the wire target manifest."""
 
-from ._run import native_available as native_available
+from ._native import native_available as native_available
+from ._native import native_client_options as native_client_options
+from ._native import native_openai_submit as native_openai_submit
 from ._run import run_plan as run_plan
 from ._suite import (
     build_plan as build_plan,

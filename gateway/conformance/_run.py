@@ -31,6 +31,7 @@ import trio
 from gateway import nnrp
 from gateway.client import ClientSession, connect
 
+from ._native import native_client_options, native_openai_submit
 from ._validate import check_case
 
 RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
@@ -147,46 +148,16 @@ async def run_builtin(endpoint: str, requests: list[CaseRequest]) -> list[Observ
 # --------------------------------------------------------------------------- native client
 
 
-def native_available() -> bool:
-    try:
-        import nnrp.client.native  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _native_options(endpoint: str) -> Any:
-    from nnrp.client.native import NativeClientOptions, NativeClientProviderRoute
-    from nnrp.core.messages import TransportPolicy
-
-    if endpoint.startswith("tcp://"):
-        return NativeClientOptions("nnrp://" + endpoint.removeprefix("tcp://"),
-                                   transport_policy=TransportPolicy.FORCE_TCP)
-    name = "ipc" if endpoint.startswith("unix://") else "websocket"
-    policy = TransportPolicy.FORCE_IPC if name == "ipc" else TransportPolicy.FORCE_WEBSOCKET
-    return NativeClientOptions("nnrp://gateway.local", provider_routes={
-        name: NativeClientProviderRoute(provider_endpoint=endpoint)}, transport_policy=policy)
-
-
 def run_native(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
     """Blocking: drive nnrp-py's native client (call from a worker thread)."""
     import asyncio
 
     from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
-    from nnrp.client.transport import (
-        SubmitHeaderContext,
-        SubmitIdentity,
-        SubmitPolicy,
-        SubmitRequest,
-        TypedPayloadInputFrame,
-        TypedPayloadSubmitInput,
-    )
-    from nnrp.core.enums import MessageType, PayloadKind
+    from nnrp.core.enums import MessageType
     from nnrp.runtime.types import TraceContextMetadata
-    from nnrp.schema import StreamSemantics
 
     observations = []
-    with connect_native_client_connection(_native_options(endpoint)) as connection:
+    with connect_native_client_connection(native_client_options(endpoint)) as connection:
         session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
         for number, request in enumerate(requests, start=1):
             observation = Observation(started=time.time())
@@ -195,11 +166,7 @@ def run_native(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
                 session.send_trace_context(TraceContextMetadata(
                     request.trace["trace_id"], request.trace["span_id"], 0, 0,
                     request.trace.get("flags", 1), 0), b"")
-            frame = TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, request.envelope,
-                                           stream_semantics=StreamSemantics.SNAPSHOT)
-            session.submit_operation(SubmitRequest.typed_payload(TypedPayloadSubmitInput(
-                SubmitIdentity(number, number, SubmitHeaderContext()), SubmitPolicy(),
-                (frame,))))
+            session.submit_operation(native_openai_submit(number, number, request.envelope))
             final, dropped, drop_reason, partials = None, False, None, 0
             cancelled_at: float | None = None
             deadline = time.monotonic() + 60

@@ -14,49 +14,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from nnrp.client.native import (
-    NativeClientOptions,
-    NativeClientProviderRoute,
-    NativeClientSessionOptions,
-    connect_native_client_connection,
-)
-from nnrp.client.transport import (
-    SubmitHeaderContext,
-    SubmitIdentity,
-    SubmitPolicy,
-    SubmitRequest,
-    TypedPayloadInputFrame,
-    TypedPayloadSubmitInput,
-)
-from nnrp.core.enums import MessageType, PayloadKind
-from nnrp.core.messages import TransportPolicy
+from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+from nnrp.core.enums import MessageType
 from nnrp.runtime.types import TraceContextMetadata
-from nnrp.schema import StreamSemantics
 
 from gateway import nnrp as ours
+from gateway.conformance import native_client_options, native_openai_submit
 
 
-def client_options(transport: str, uri: str) -> NativeClientOptions:
-    """Native client options reaching one of our listeners."""
-    if transport == "tcp":
-        return NativeClientOptions("nnrp://" + uri.removeprefix("tcp://"),
-                                   transport_policy=TransportPolicy.FORCE_TCP)
-    name = {"ipc": "ipc", "websocket": "websocket"}[transport]
-    policy = TransportPolicy.FORCE_IPC if name == "ipc" else TransportPolicy.FORCE_WEBSOCKET
-    return NativeClientOptions(
-        "nnrp://gateway.local",
-        provider_routes={name: NativeClientProviderRoute(provider_endpoint=uri)},
-        transport_policy=policy)
+def native_client_options_for(transport: str, uri: str) -> Any:
+    """Options for our listener ``uri`` (``transport`` is implied by its scheme)."""
+    return native_client_options(uri)
 
 
-def openai_submit(operation_id: int, frame_id: int, payload: bytes, *,
-                  trace_id: int = 0) -> SubmitRequest:
-    """The openai-compatible/1 request mapping: one STRUCTURED_EVENT frame, SNAPSHOT."""
-    frame = TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
-                                   stream_semantics=StreamSemantics.SNAPSHOT)
-    return SubmitRequest.typed_payload(TypedPayloadSubmitInput(
-        SubmitIdentity(operation_id, frame_id, SubmitHeaderContext(trace_id=trace_id)),
-        SubmitPolicy(), (frame,)))
+#: The shared helpers (also used by the conformance runner and the benchmarks).
+client_options = native_client_options_for
+openai_submit = native_openai_submit
 
 
 def describe(event: Any) -> dict[str, Any]:
@@ -103,7 +76,7 @@ def poll_until(session: Any, done: Callable[[list[dict[str, Any]]], bool],
 
 @contextmanager
 def native_connection(transport: str, uri: str) -> Iterator[Any]:
-    with connect_native_client_connection(client_options(transport, uri)) as connection:
+    with connect_native_client_connection(native_client_options(uri)) as connection:
         yield connection
 
 
