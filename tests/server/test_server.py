@@ -343,3 +343,25 @@ async def test_busy_connection_is_not_idle(nursery: trio.Nursery, socket_dir: An
         session = await client.open_session()
         events = await collect(await session.submit(script(events=10, delay=0.1)))
     assert isinstance(events[-1], nnrp.ResultReceived)  # 1 s of streaming, nothing received
+
+
+async def test_bursts_are_coalesced_into_few_writes(running: RunningServer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.server._transport import StreamTransport
+
+    writes: list[int] = []
+    original = StreamTransport.send
+
+    async def counting_send(self: StreamTransport, packets: list[bytes]) -> None:
+        writes.append(len(packets))
+        await original(self, packets)
+
+    monkeypatch.setattr(StreamTransport, "send", counting_send)
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        before = len(writes)
+        events = await collect(await session.submit(script(events=500)))
+    assert len(events) == 501
+    burst_writes = writes[before:]
+    assert sum(burst_writes) >= 501
+    assert len(burst_writes) <= 20  # 501 packets left in a handful of send calls
