@@ -42,7 +42,33 @@ def _opt_str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
+_PLAIN_DELTA_KEYS = frozenset({"role", "content"})
+
+
 def check_chunk(chunk: dict[str, Any]) -> None:
+    """Check a chunk's structure; the common shape (a few choices with role/content
+    deltas) is checked in one pass, anything else by ``_check_in_detail``, which also
+    produces the precise error message."""
+    chunk_id, model, created = chunk.get("id"), chunk.get("model"), chunk.get("created")
+    choices = chunk.get("choices")
+    if (type(chunk_id) is str and chunk_id and type(model) is str and model
+            and type(created) is int and created >= 0
+            and chunk.get("object") == "chat.completion.chunk" and type(choices) is list
+            and type(chunk.get("usage", {})) in (dict, type(None))):
+        for choice in choices:
+            if type(choice) is not dict:
+                break
+            index, delta = choice.get("index"), choice.get("delta")
+            if (type(index) is not int or index < 0 or type(delta) is not dict
+                    or not delta.keys() <= _PLAIN_DELTA_KEYS
+                    or type(delta.get("content", "")) not in (str, type(None))):
+                break
+        else:
+            return
+    _check_in_detail(chunk)
+
+
+def _check_in_detail(chunk: dict[str, Any]) -> None:
     for field in ("id", "model"):
         value = chunk.get(field)
         if not isinstance(value, str) or not value:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gateway.server import OperationContext
 
 MAX_COMPLETION_BODY = 64 * 1024 * 1024
+log = structlog.get_logger("gateway.pipeline")
 
 
 @attrs.frozen
@@ -139,6 +140,12 @@ class ChatPipeline:
                 for event in translator.abort(str(error)):
                     await op.emit(ev.encode_event(event))
             await self._fail(op, to_profile_error(error), notes)
+        except Exception as exc:  # a bug or an input we did not foresee: say so, once
+            log.exception("pipeline failed", operation_id=op.operation_id)
+            if not op.is_terminal:
+                await self._fail(op, ProfileError(
+                    "adapter_runtime_error", f"the gateway failed: {type(exc).__name__}"),
+                    notes)
 
     # ------------------------------------------------------------------ streaming
 

@@ -14,7 +14,17 @@ from ._errors import ERROR_TABLE, ProfileError
 _encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
+_string = json.JSONEncoder(ensure_ascii=False).encode
+_TEXT_DELTA_KEYS = frozenset({"type", "index", "delta"})
+
+
 def encode_event(event: dict[str, Any]) -> bytes:
+    """Compact, sorted-key UTF-8 JSON. The plain text delta (most events) takes a direct
+    path that produces the same bytes as the general encoder."""
+    if (event.keys() == _TEXT_DELTA_KEYS and event["type"] == "response.output_text.delta"
+            and type(event["index"]) is int and type(event["delta"]) is str):
+        return (f'{{"delta":{_string(event["delta"])},"index":{event["index"]},'
+                f'"type":"response.output_text.delta"}}').encode()
     return _encoder.encode(event).encode("utf-8")
 
 

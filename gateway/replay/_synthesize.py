@@ -234,6 +234,14 @@ def synthesized() -> list[Transcript]:
                            ("content-length", str(len(error)))), ((3.0, error),), _request(),
                           (("x-request-id", "cap-error_501_not_implemented"),),
                           "not implemented: a real status before any stream"))
+    name = "stream_lone_surrogate"
+    r = rid.format(name)
+    out.append(_stream(name, [
+        role_chunk(r, m),
+        delta_chunk(r, m, {"content": "ok"}),
+        delta_chunk(r, m, {"content": "SURROGATE"}).replace(b"SURROGATE", b"\\ud800"),
+        DONE,
+    ], _request(stream=True), "valid JSON, but a lone surrogate: not encodable as UTF-8"))
     name = "nonstream_tool_call"
     body = {"id": "chatcmpl-cap-nonstream_tool_call", "object": "chat.completion",
             "created": CREATED, "model": m, "choices": [{

@@ -102,8 +102,12 @@ def bundled_transcripts() -> dict[str, Transcript]:
 
 
 def _dump(value: Any) -> bytes:
-    """vLLM's compact encoding (pydantic model_dump_json: no spaces, UTF-8 as is)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """vLLM's compact encoding (pydantic model_dump_json: no spaces, UTF-8 as is). A lone
+    surrogate cannot be written as UTF-8; it stays escaped, as the recorded bytes had it."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 def _rewrite_sse(data: bytes, transform: Any) -> bytes:

@@ -54,6 +54,11 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         if not chunk:
             return events
+        if (not self._buffer and not self._data and not self._pending_cr
+                and chunk.endswith(b"\n\n") and b"\r" not in chunk):
+            fast = self._feed_whole_events(chunk)
+            if fast is not None:
+                return fast
         if self._pending_cr:
             self._pending_cr = False
             if chunk[:1] == b"\n":
@@ -82,6 +87,19 @@ class SSEDecoder:
         del buffer[:start]
         if len(buffer) > self.max_line:
             raise SSEError(f"SSE line of over {self.max_line} bytes without an end")
+        return events
+
+    def _feed_whole_events(self, chunk: bytes) -> list[SSEEvent] | None:
+        """The usual case: whole ``data: <json>\\n\\n`` events, one line each (vLLM writes
+        exactly this). None means "not that shape": the general parser takes over."""
+        events = []
+        for block in chunk[:-2].split(b"\n\n"):
+            if not block.startswith(b"data: ") or b"\n" in block or len(block) > self.max_line:
+                return None
+            try:
+                events.append(SSEEvent(block[6:].decode("utf-8")))
+            except UnicodeDecodeError:
+                return None
         return events
 
     def close(self) -> list[SSEEvent]:

@@ -36,6 +36,8 @@ EXPECTED_TERMINAL = {
     "error_404_model": "unsupported_model",
     "error_501_not_implemented": "backend_error",
     "stream_malformed_chunk": "backend_error",
+    # Valid JSON that cannot be re-encoded as UTF-8: the gateway says it failed, cleanly.
+    "stream_lone_surrogate": "adapter_runtime_error",
     # Recorded by a client that hung up after 3 chunks: replayed, the body ends without
     # data: [DONE], which the gateway must treat as a broken stream.
     "stream_client_abort": "backend_error",

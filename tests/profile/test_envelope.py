@@ -112,3 +112,12 @@ def test_error_event_shape_and_status() -> None:
         '{"delta":"é","index":0,"type":"response.output_text.delta"}'.encode())
     with pytest.raises(ValueError, match="unknown profile error code"):
         ProfileError("nope", "x")
+
+
+@pytest.mark.parametrize("delta", ["", "plain", 'quote " and \\ backslash', "é\u2028\x1c\n",
+                                   "\U0001f600 emoji", "\x00"])
+def test_text_delta_fast_path_matches_the_general_encoder(delta: str) -> None:
+    event = events.text_delta(3, delta)
+    assert events.encode_event(event) == events._encoder.encode(event).encode("utf-8")
+    with_chunk = events.text_delta(0, delta, chunk={"id": "x"})
+    assert json.loads(events.encode_event(with_chunk))["openai_chunk"] == {"id": "x"}
