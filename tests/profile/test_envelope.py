@@ -34,6 +34,15 @@ def test_good_envelope_keeps_body_and_strips_nnrp() -> None:
     assert parsed.policy.diagnostics
 
 
+def test_nnrp_key_inside_body_is_an_openai_field_not_policy() -> None:
+    # Found by the envelope fuzz target: only the top-level "nnrp" object is gateway policy;
+    # a key of the same name inside body belongs to the OpenAI request and is forwarded as is.
+    body = {**GOOD["body"], "nnrp": {"timeout_ms": 1}}
+    parsed = parse_envelope(envelope(body=body))
+    assert parsed.body == body
+    assert parsed.policy.timeout_ms is None
+
+
 @pytest.mark.parametrize(("payload", "code"), [
     (b"\xff\xfe", "invalid_body"),
     (b"[1,2]", "invalid_body"),
