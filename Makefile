@@ -43,7 +43,8 @@ bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench run --out out/bench
 
 # Coverage-guided fuzzing (atheris) of the four untrusted-input parsers, FUZZ_SECONDS each.
-# New inputs go to out/fuzz/<target>; the seed corpus in tests/fuzz/corpus stays clean.
+# New inputs go to out/fuzz/<target>, crash inputs to out/fuzz/crash-*, logs to
+# out/fuzz/<target>.log; the seed corpus in tests/fuzz/corpus stays clean.
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install --quiet atheris
@@ -51,7 +52,9 @@ fuzz: $(STAMP)
 	  mkdir -p out/fuzz/$$target; \
 	  $(BIN)/python tests/fuzz/fuzz_targets.py $$target out/fuzz/$$target \
 	    tests/fuzz/corpus/$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    2>&1 | tail -12 || exit 1; \
+	    -artifact_prefix=out/fuzz/ > out/fuzz/$$target.log 2>&1; status=$$?; \
+	  tail -12 out/fuzz/$$target.log; \
+	  if [ $$status -ne 0 ]; then echo "fuzz $$target found a crash: see out/fuzz/"; exit 1; fi; \
 	done
 
 clean:
