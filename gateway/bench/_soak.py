@@ -11,6 +11,7 @@ and started == completed + dropped (nothing lost, nothing hung).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from typing import Any
@@ -55,6 +56,18 @@ class SoakReport:
         return document
 
 
+def _terminal_type(result: nnrp.ResultReceived) -> str:
+    if result.typed_body is None or not result.typed_body.frames:
+        return "(no body)"
+    try:
+        document = json.loads(result.typed_body.frames[0].payload)
+    except ValueError:
+        return "(not JSON)"
+    if document.get("type") == "response.error":
+        return f"response.error {document.get('error', {}).get('code')}"
+    return str(document.get("type"))
+
+
 def _open_fds(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -84,6 +97,14 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                     async for event in operation.events():
                         terminal = event
                     if isinstance(terminal, nnrp.ResultReceived):
+                        kind = _terminal_type(terminal)
+                        if kind != "response.completed":
+                            # A response.error is a RESULT_PUSH too: it must not count as
+                            # completed (an earlier version did, and hid fast failures).
+                            report.errors += 1
+                            if len(report.error_samples) < 5:
+                                report.error_samples.append(f"terminal {kind}")
+                            return
                         report.completed += 1
                     elif isinstance(terminal, nnrp.DropReceived):
                         report.dropped += 1

@@ -84,6 +84,7 @@ from ._events import (
     TraceContextUpdated,
     TraceInfo,
 )
+from ._idruns import IdRuns
 from ._messages import (
     Abort,
     Cancel,
@@ -221,8 +222,8 @@ class _Session:
     state: SessionState = SessionState.OPEN
     operations: dict[int, _Operation] = attrs.field(factory=dict)
     by_frame: dict[int, int] = attrs.field(factory=dict)
-    seen_operations: set[int] = attrs.field(factory=set)
-    seen_frames: set[int] = attrs.field(factory=set)
+    seen_operations: IdRuns = attrs.field(factory=IdRuns)
+    seen_frames: IdRuns = attrs.field(factory=IdRuns)
     pending_deadlines: dict[int, tuple[int, int]] = attrs.field(factory=dict)
     trace: TraceInfo | None = None
     last_operation_id: int = 0

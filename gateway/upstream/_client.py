@@ -34,6 +34,7 @@ class UpstreamConfig:
     api_key: str | None = attrs.field(default=None, repr=False)
     connect_timeout: float = 2.0
     pool_size: int = 256
+    probe_timeout: float = 5.0
 
 
 @attrs.frozen
@@ -56,22 +57,33 @@ class VllmClient:
         headers = {"user-agent": "nnrp-vllm-gateway", "accept-encoding": "identity"}
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
+        # Requests: no httpx read or pool timeout; waiting for a pooled connection counts
+        # against the operation's own first-chunk, idle and total deadlines (trio scopes).
         self._client = httpx.AsyncClient(
             base_url=config.base_url.rstrip("/"),
             timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0,
-                                  pool=config.connect_timeout),
+                                  pool=None),
             limits=httpx.Limits(max_connections=config.pool_size,
                                 max_keepalive_connections=config.pool_size),
+            headers=headers, trust_env=False, transport=transport)
+        # Probes get their own pool: behind a full request pool a /health call would queue
+        # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
+        # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
+        self._probe_client = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"),
+            timeout=httpx.Timeout(config.probe_timeout, connect=config.connect_timeout),
+            limits=httpx.Limits(max_connections=2, max_keepalive_connections=2),
             headers=headers, trust_env=False, transport=transport)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._probe_client.aclose()
 
     # ------------------------------------------------------------------ probes
 
     async def get_json(self, path: str) -> Any:
         try:
-            response = await self._client.get(path)
+            response = await self._probe_client.get(path)
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
@@ -84,7 +96,7 @@ class VllmClient:
     async def health(self) -> bool:
         """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""
         try:
-            response = await self._client.get("/health")
+            response = await self._probe_client.get("/health")
         except httpx.TransportError:
             return False
         return response.status_code == 200

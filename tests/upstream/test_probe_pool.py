@@ -1,0 +1,28 @@
+"""Probes never queue behind streaming requests (found by the 1,000-stream soak)."""
+
+from __future__ import annotations
+
+import trio
+
+from gateway.replay import ReplayServer
+from gateway.upstream import UpstreamConfig, VllmClient
+
+BODY = {"model": "example-model", "stream": True,
+        "messages": [{"role": "user", "content": "hold the only pooled connection"}]}
+
+
+async def test_health_answers_while_the_request_pool_is_full(nursery: trio.Nursery) -> None:
+    url = await nursery.start(ReplayServer().serve)
+    client = VllmClient(UpstreamConfig(url, pool_size=1))
+    try:
+        # Five tokens a second apart: the single pooled connection stays busy for seconds.
+        headers = {"x-request-id": "replay:timestamped:5:1000000:pool"}
+        async with client.stream_chat(BODY, headers) as chunks:
+            first = await chunks.__anext__()
+            assert first
+            with trio.fail_after(2):  # well under the stream's remaining four seconds
+                assert await client.health()
+                assert (await client.get_json("/version"))["version"]
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
