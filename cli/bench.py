@@ -188,6 +188,9 @@ def soak_command(
     sigterm_at: Annotated[float | None, typer.Option(
         help="Send SIGTERM to the gateway after this many seconds (shutdown under load).")
     ] = None,
+    token_interval_ms: Annotated[float, typer.Option(
+        min=0, help="Gap between a stream's 40 tokens; offered load is "
+                    "streams * 1000 / interval events/s.")] = 20.0,
     as_json: AsJson = False, out: Out = None,
     max_rss_growth: Annotated[float, typer.Option(help="Fail above this growth.")] = 0.05,
 ) -> None:
@@ -199,6 +202,7 @@ def soak_command(
 
     def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
         holder.append(trio.run(lambda: soak(streams, seconds, sigterm_at=sigterm_at,
+                                            token_interval_ms=token_interval_ms,
                                             progress=progress)))
         return {}
 

@@ -51,6 +51,9 @@ class GatewayConfig:
     tool_calls: bool = False
     probe_interval: float = 1.0
     health_interval: float = 5.0
+    #: Unanswered /health checks in a row before vLLM counts as down. An answer saying
+    #: unhealthy (503: the engine died) counts at once; silence may be a busy server.
+    health_failure_threshold: int = 3
     drain_timeout: float = 30.0
     max_connections: int = 1024
     server: ServerConfig = attrs.field(factory=ServerConfig)
@@ -182,6 +185,7 @@ class Gateway:
     async def _upstream_loop(self) -> None:
         """Probe until vLLM answers, then watch /health; re-probe after an outage."""
         waiting_logged = False
+        misses = 0
         while True:
             if not self.upstream_healthy:
                 try:
@@ -197,6 +201,13 @@ class Gateway:
                     continue
                 waiting_logged = False
             await trio.sleep(self.config.health_interval)
-            if not await self.client.health():
+            health = await self.client.health_check()
+            misses = 0 if health else misses + 1
+            if health is False or misses >= self.config.health_failure_threshold:
+                misses = 0
                 self.upstream_healthy = False
-                log.warning("vLLM health check failed; new operations fail fast")
+                log.warning("vLLM health check failed; new operations fail fast",
+                            answered=health is False)
+            elif health is None:
+                log.info("vLLM did not answer /health", misses=misses,
+                         threshold=self.config.health_failure_threshold)

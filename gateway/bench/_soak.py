@@ -76,8 +76,12 @@ def _open_fds(pid: int) -> int:
 
 
 async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
+               token_interval_ms: float = 20.0,
                progress: Progress = lambda _: None) -> SoakReport:
+    """Each stream is 40 tokens ``token_interval_ms`` apart, so the offered load is
+    ``streams * 1000 / token_interval_ms`` events/s: size it to the machine."""
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
+    interval_us = round(token_interval_ms * 1000)
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
                                    "--drain-timeout", "10")) as stack:
         pid = stack.gateway_pid
@@ -92,7 +96,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                 report.started += 1
                 try:
                     operation = await session.submit(_envelope(
-                        f"replay:timestamped:40:20000:soak-{index}-{number}"))
+                        f"replay:timestamped:40:{interval_us}:soak-{index}-{number}"))
                     terminal = None
                     async for event in operation.events():
                         terminal = event

@@ -1,10 +1,10 @@
 """A set of ids kept as sorted, disjoint runs of consecutive values.
 
 A session must refuse a repeated frame_id or operation_id for its whole life (nnrp-wire.md
-"FRAME_SUBMIT"), so it remembers every id it has seen. Peers allocate ids by
-counting (nnrp-py and our client both do), so a plain set grew by one entry per operation
-and a long-lived session leaked ~80 bytes per request (found by the 1,000-stream soak:
-+86 MiB after 800,000 operations). As runs, counting ids cost one run per session.
+"FRAME_SUBMIT"), so it remembers every id it has seen. As a plain set that memory grew by
+one entry per operation, without bound on a long-lived session (found by the 1,000-stream
+soak). Peers allocate ids by counting (our client does), so as runs a session holds one
+run however many operations it carries; a peer that skips ids pays one run per gap.
 """
 
 from __future__ import annotations

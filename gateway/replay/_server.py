@@ -109,6 +109,8 @@ class ReplayServer:
         self.disconnects: list[Disconnect] = []
         self.completed: list[str] = []
         self.engine_dead = False
+        #: A busy server: /health requests are read and never answered.
+        self.health_silent = False
         self.port = 0
         self.host = "127.0.0.1"
         self._listeners: list[trio.SocketListener] = []
@@ -166,6 +168,8 @@ class ReplayServer:
                 request = await self._read_request(connection, stream)
                 if request is None:
                     return
+                if self.health_silent and request.path.split("?")[0] == "/health":
+                    await trio.sleep_forever()
                 reply = self._route(request)
                 await self._play(connection, stream, request, reply)
                 if connection.our_state is h11.MUST_CLOSE or reply.reset_after is not None:

@@ -95,10 +95,15 @@ class VllmClient:
 
     async def health(self) -> bool:
         """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""
+        return await self.health_check() is True
+
+    async def health_check(self) -> bool | None:
+        """True: healthy; False: vLLM answered that it is not; None: no answer (down, or
+        too busy to answer within the probe timeout)."""
         try:
             response = await self._probe_client.get("/health")
         except httpx.TransportError:
-            return False
+            return None
         return response.status_code == 200
 
     async def probe(self, *, allow_untested: bool = False) -> VllmInfo:

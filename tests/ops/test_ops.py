@@ -43,6 +43,27 @@ async def get(url: str) -> httpx.Response:
         return await client.get(url)
 
 
+async def test_unanswered_health_checks_mark_down_only_after_the_threshold(
+        nursery: trio.Nursery) -> None:
+    # A vLLM too busy to answer /health is not dead: one silent check must not fail every
+    # new request (found by the 1,000-stream soak); three in a row do.
+    gateway, replay, admin = await start(nursery)
+    with trio.fail_after(5):
+        await gateway.probed.wait()
+    gateway.client._probe_client.timeout = httpx.Timeout(0.2)
+    replay.health_silent = True
+    checks_before_down = 0
+    with trio.fail_after(10):
+        while gateway.upstream_healthy:
+            await trio.sleep(0.1)  # health_interval; each silent check takes 0.2 s
+            checks_before_down += 1
+    assert checks_before_down >= 6  # three checks of >= 0.3 s each, not one
+    replay.health_silent = False
+    with trio.fail_after(10):
+        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
+            await trio.sleep(0.05)
+
+
 async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     gateway, replay, admin = await start(nursery)
     assert (await get(f"{admin}/healthz")).status_code == 200
