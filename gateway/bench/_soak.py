@@ -83,6 +83,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
     interval_us = round(token_interval_ms * 1000)
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
+                                   "--upstream-pool-size", str(max(256, streams)),
                                    "--drain-timeout", "10")) as stack:
         pid = stack.gateway_pid
         start = trio.current_time()

@@ -26,3 +26,29 @@ async def test_health_answers_while_the_request_pool_is_full(nursery: trio.Nurse
     finally:
         with trio.CancelScope(shield=True):
             await client.aclose()
+
+
+async def test_requests_beyond_the_pool_wait_their_turn(nursery: trio.Nursery) -> None:
+    # Past the pool, a request waits (under the operation's own deadlines) instead of
+    # failing after a pool timeout, and is served in its turn.
+    url = await nursery.start(ReplayServer().serve)
+    client = VllmClient(UpstreamConfig(url, pool_size=1, connect_timeout=0.5))
+    finished: list[str] = []
+
+    async def stream(name: str, interval_us: int) -> None:
+        headers = {"x-request-id": f"replay:timestamped:3:{interval_us}:{name}"}
+        async with client.stream_chat(BODY, headers) as chunks:
+            async for _ in chunks:
+                pass
+        finished.append(name)
+
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as streams:
+                streams.start_soon(stream, "first", 500_000)  # holds the slot ~1.5 s
+                await trio.sleep(0.1)
+                streams.start_soon(stream, "second", 1_000)  # waits past connect_timeout
+        assert finished == ["first", "second"]
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
