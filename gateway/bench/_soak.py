@@ -64,7 +64,8 @@ def _terminal_type(result: nnrp.ResultReceived) -> str:
     except ValueError:
         return "(not JSON)"
     if document.get("type") == "response.error":
-        return f"response.error {document.get('error', {}).get('code')}"
+        error = document.get("error", {})
+        return f"response.error {error.get('code')}: {error.get('message')}"
     return str(document.get("type"))
 
 
