@@ -109,7 +109,7 @@ class ReplayServer:
         self.disconnects: list[Disconnect] = []
         self.completed: list[str] = []
         self.engine_dead = False
-        #: A busy server: /health requests are read and never answered.
+        #: A busy server: /health never finishes answering (a scripted stall).
         self.health_silent = False
         self.port = 0
         self.host = "127.0.0.1"
@@ -168,8 +168,6 @@ class ReplayServer:
                 request = await self._read_request(connection, stream)
                 if request is None:
                     return
-                if self.health_silent and request.path.split("?")[0] == "/health":
-                    await trio.sleep_forever()
                 reply = self._route(request)
                 await self._play(connection, stream, request, reply)
                 if connection.our_state is h11.MUST_CLOSE or reply.reset_after is not None:
@@ -210,6 +208,9 @@ class ReplayServer:
     def _route(self, request: RecordedRequest) -> Reply:
         path = request.path.split("?")[0]
         if request.method == "GET" and path in ("/health", "/ping"):
+            if self.health_silent and path == "/health":
+                # A busy server: the status line comes, the body never does.
+                return Reply(200, (), (), "health", streaming=True, stall_after=0)
             return _json_reply(503 if self.engine_dead else 200, b"", "health")
         if request.method == "GET" and path == "/version":
             return _json_reply(200, json.dumps({"version": self.version}).encode(), "version")
