@@ -57,24 +57,24 @@ class VllmClient:
         headers = {"user-agent": "nnrp-vllm-gateway", "accept-encoding": "identity"}
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
+
+        def pool(timeout: httpx.Timeout, connections: int) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=config.base_url.rstrip("/"), timeout=timeout,
+                limits=httpx.Limits(max_connections=connections,
+                                    max_keepalive_connections=connections),
+                headers=headers, trust_env=False, transport=transport)
+
         # Requests: no httpx read or pool timeout; waiting for a pooled connection counts
         # against the operation's own first-chunk, idle and total deadlines (trio scopes).
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/"),
-            timeout=httpx.Timeout(connect=config.connect_timeout, read=None, write=30.0,
-                                  pool=None),
-            limits=httpx.Limits(max_connections=config.pool_size,
-                                max_keepalive_connections=config.pool_size),
-            headers=headers, trust_env=False, transport=transport)
+        self._client = pool(httpx.Timeout(connect=config.connect_timeout, read=None,
+                                          write=30.0, pool=None), config.pool_size)
         self._slots = trio.CapacityLimiter(config.pool_size)
         # Probes get their own pool: behind a full request pool a /health call would queue
         # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
-        self._probe_client = httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/"),
-            timeout=httpx.Timeout(config.probe_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=2),
-            headers=headers, trust_env=False, transport=transport)
+        self._probe_client = pool(httpx.Timeout(config.probe_timeout,
+                                                connect=config.connect_timeout), 2)
 
     async def aclose(self) -> None:
         await self._client.aclose()
