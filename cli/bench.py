@@ -195,7 +195,8 @@ def soak_command(
     max_rss_growth: Annotated[float, typer.Option(help="Fail above this growth.")] = 0.05,
 ) -> None:
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
-    any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up."""
+    any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.
+    With --out, the gateway's and the backend's logs are kept in OUT/logs."""
     _quiet_logs()
 
     holder: list[SoakReport] = []
@@ -203,6 +204,7 @@ def soak_command(
     def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
         holder.append(trio.run(lambda: soak(streams, seconds, sigterm_at=sigterm_at,
                                             token_interval_ms=token_interval_ms,
+                                            log_dir=out / "logs" if out else None,
                                             progress=progress)))
         return {}
 

@@ -57,9 +57,13 @@ def process_rss(pid: int) -> int:
 class Stack:
     """A replay backend and a gateway, as processes, on free loopback ports."""
 
-    def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = (),
+                 log_dir: Path | None = None) -> None:
         self.speed = speed
         self.gateway_args = gateway_args
+        #: Where the processes' output goes (gateway.log, replay.log); discarded if None.
+        self.log_dir = log_dir
+        self._logs: list[Any] = []
         exe = Path(sys.executable).parent / "nnrp-gateway"
         self.exe = str(exe) if exe.exists() else "nnrp-gateway"
         self.vllm_port, self.nnrp_port, self.admin_port = (_free_port(), _free_port(),
@@ -74,17 +78,25 @@ class Stack:
     def gateway_pid(self) -> int:
         return self.processes[-1].pid
 
+    def _log_file(self, name: str) -> Any:
+        if self.log_dir is None:
+            return subprocess.DEVNULL
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._logs.append((self.log_dir / name).open("wb"))  # closed in __aexit__
+        return self._logs[-1]
+
     async def __aenter__(self) -> Stack:
-        quiet = subprocess.DEVNULL
+        log = self._log_file("replay.log")
         self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
             [self.exe, "replay-server", "--listen", f"127.0.0.1:{self.vllm_port}",
-             "--speed", str(self.speed)], stdout=quiet, stderr=quiet))
+             "--speed", str(self.speed)], stdout=log, stderr=log))
         await self._wait(f"{self.vllm_url}/health")
         start = time.perf_counter()
+        log = self._log_file("gateway.log")
         self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
             [self.exe, "serve", "--listen", self.endpoint, "--vllm-url", self.vllm_url,
              "--admin-listen", f"127.0.0.1:{self.admin_port}", "--log-level", "warning",
-             *self.gateway_args], stdout=quiet, stderr=quiet))
+             *self.gateway_args], stdout=log, stderr=log))
         await self._wait(f"{self.admin_url}/readyz")
         self.startup_seconds = time.perf_counter() - start
         return self
@@ -106,6 +118,8 @@ class Stack:
                 await trio.to_thread.run_sync(process.wait, 10)
             except subprocess.TimeoutExpired:
                 process.kill()
+        for log_file in self._logs:
+            log_file.close()
 
     async def backend_log(self) -> dict[str, Any]:
         async with httpx.AsyncClient(trust_env=False) as client:

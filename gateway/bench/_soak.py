@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -77,15 +78,17 @@ def _open_fds(pid: int) -> int:
 
 
 async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
-               token_interval_ms: float = 20.0,
+               token_interval_ms: float = 20.0, log_dir: Path | None = None,
                progress: Progress = lambda _: None) -> SoakReport:
     """Each stream is 40 tokens ``token_interval_ms`` apart, so the offered load is
-    ``streams * 1000 / token_interval_ms`` events/s: size it to the machine."""
+    ``streams * 1000 / token_interval_ms`` events/s: size it to the machine. With
+    ``log_dir``, the gateway's and the backend's logs are kept there."""
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
     interval_us = round(token_interval_ms * 1000)
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
                                    "--upstream-pool-size", str(max(256, streams)),
-                                   "--drain-timeout", "10")) as stack:
+                                   "--drain-timeout", "10"),
+                     log_dir=log_dir) as stack:
         pid = stack.gateway_pid
         start = trio.current_time()
         deadline = start + seconds
