@@ -177,20 +177,26 @@ class ChatPipeline:
                             for event in translator.feed(parse_chunk(sse.data)):
                                 await op.emit(ev.encode_event(event))
                         if done:
+                            # The answer is complete: the client gets its terminal now, and
+                            # only then is the connection's trailer read, so it is reused.
+                            notes.upstream_closed = trio.current_time()
+                            notes.usage = translator.usage
+                            for event in translator.finish():
+                                await op.emit(ev.encode_event(event))
+                            await self._finish(op, ev.completed(translator.completed_body()))
+                            await chunks.read_trailer()
                             break
                         clock.deadline = trio.current_time() + limits.idle_timeout
         finally:
-            notes.upstream_closed = trio.current_time()
-            notes.usage = translator.usage
+            if notes.upstream_closed is None:
+                notes.upstream_closed = trio.current_time()
+                notes.usage = translator.usage
         if clock.cancelled_caught:
             kind = "idle" if got_bytes else "first_chunk"
             seconds = limits.idle_timeout if got_bytes else limits.first_chunk_timeout
             raise UpstreamTimeout(kind, seconds)
         if not done:
             raise UpstreamMalformed("vLLM's stream ended before data: [DONE]")
-        for event in translator.finish():
-            await op.emit(ev.encode_event(event))
-        await self._finish(op, ev.completed(translator.completed_body()))
 
     # ------------------------------------------------------------------ non-streaming
 

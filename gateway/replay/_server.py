@@ -108,6 +108,8 @@ class ReplayServer:
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[Disconnect] = []
         self.completed: list[str] = []
+        #: TCP connections accepted: how tests see that the gateway reuses its pool.
+        self.connections = 0
         self.engine_dead = False
         #: A busy server: /health never finishes answering (a scripted stall).
         self.health_silent = False
@@ -162,6 +164,7 @@ class ReplayServer:
     # ------------------------------------------------------------------ HTTP
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
         connection = h11.Connection(h11.SERVER)
         try:
             while True:

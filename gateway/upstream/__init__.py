@@ -1,6 +1,9 @@
 """vLLM over HTTP: the client (the only httpx user), the SSE decoder, version bindings."""
 
 from ._client import (
+    BodyChunks as BodyChunks,
+)
+from ._client import (
     UpstreamConfig as UpstreamConfig,
 )
 from ._client import (

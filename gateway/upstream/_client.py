@@ -12,7 +12,7 @@ it, and vLLM aborts the request on disconnect (vllm-http.md section 3).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,12 @@ from ._versions import Binding, select_binding
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
 MAX_ERROR_BODY = 64 * 1024
 MAX_JSON_BODY = 64 * 1024 * 1024
+#: How long a finished stream waits for the rest of its body (vLLM sends the chunked
+#: terminator right after [DONE]); past it, the connection is closed, not pooled.
+TRAILER_WAIT = 0.25
+#: Idle connections are closed before vLLM's server would (uvicorn's keep-alive timeout,
+#: 5 s in vLLM), so a request is never sent on a connection the server is closing.
+KEEPALIVE_EXPIRY = 4.0
 
 
 @attrs.frozen
@@ -47,6 +53,51 @@ class VllmInfo:
     models: tuple[str, ...]
 
 
+class ConnectionSlots:
+    """At most ``size`` requests at once, each on a client of its own that keeps one
+    connection: checking out a slot is checking out a connection.
+
+    Why not one httpx client with ``size`` connections: httpcore 1.0's pool rescans every
+    connection on each request start and end, and its keep-alive check there is quadratic
+    (encode/httpcore#1035); at 1,000 connections that scan was 59 % of the gateway's CPU
+    (py-spy, 1,000-stream soak). A pass can also close an idle connection already handed
+    to a request that has not started yet (encode/httpcore#1110): with no read timeout,
+    that request waited out its first-chunk deadline. With one connection per client both
+    are gone: the scan is O(1) and no other request ever shares the pool.
+
+    Waiting for a slot is FIFO (a trio limiter), under the operation's own deadlines.
+    Free slots are reused last-in first-out, so the warmest connections carry the load
+    and the rest expire idle.
+    """
+
+    def __init__(self, size: int, new_client: Callable[[], httpx.AsyncClient]) -> None:
+        self._limiter = trio.CapacityLimiter(size)
+        self._new_client = new_client
+        self._free: list[httpx.AsyncClient] = []
+        self._clients: list[httpx.AsyncClient] = []
+
+    @property
+    def in_use(self) -> int:
+        return int(self._limiter.borrowed_tokens)
+
+    @asynccontextmanager
+    async def checkout(self) -> AsyncIterator[httpx.AsyncClient]:
+        async with self._limiter:
+            if self._free:
+                client = self._free.pop()
+            else:
+                client = self._new_client()
+                self._clients.append(client)
+            try:
+                yield client
+            finally:
+                self._free.append(client)
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+
 class VllmClient:
     """Loopback HTTP/1.1 client for vLLM's OpenAI server."""
 
@@ -58,27 +109,37 @@ class VllmClient:
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
 
+        # One TLS context for every client: httpx builds one per client otherwise (44 ms
+        # and most of a MiB each, for an https:// vLLM URL that loopback rarely uses).
+        tls = httpx.create_ssl_context()
+
         def pool(timeout: httpx.Timeout, connections: int) -> httpx.AsyncClient:
             return httpx.AsyncClient(
-                base_url=config.base_url.rstrip("/"), timeout=timeout,
+                base_url=config.base_url.rstrip("/"), timeout=timeout, verify=tls,
                 limits=httpx.Limits(max_connections=connections,
-                                    max_keepalive_connections=connections),
+                                    max_keepalive_connections=connections,
+                                    keepalive_expiry=KEEPALIVE_EXPIRY),
                 headers=headers, trust_env=False, transport=transport)
 
-        # Requests: no httpx read or pool timeout; waiting for a pooled connection counts
-        # against the operation's own first-chunk, idle and total deadlines (trio scopes).
-        self._client = pool(httpx.Timeout(connect=config.connect_timeout, read=None,
-                                          write=30.0, pool=None), config.pool_size)
-        self._slots = trio.CapacityLimiter(config.pool_size)
-        # Probes get their own pool: behind a full request pool a /health call would queue
+        # Requests: no httpx read or pool timeout; waiting for a slot counts against the
+        # operation's own first-chunk, idle and total deadlines (trio scopes).
+        request_timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
+                                        write=30.0, pool=None)
+        self._slots = ConnectionSlots(config.pool_size, lambda: pool(request_timeout, 1))
+        # Probes get their own pool: behind busy request slots a /health call would queue
         # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
         self._probe_client = pool(httpx.Timeout(config.probe_timeout,
                                                 connect=config.connect_timeout), 2)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._slots.aclose()
         await self._probe_client.aclose()
+
+    @property
+    def slots_in_use(self) -> int:
+        """Requests holding an upstream connection now."""
+        return self._slots.in_use
 
     # ------------------------------------------------------------------ probes
 
@@ -120,35 +181,32 @@ class VllmClient:
 
     @asynccontextmanager
     async def stream_chat(self, body: dict[str, Any], headers: dict[str, str]
-                          ) -> AsyncIterator[AsyncIterator[bytes]]:
+                          ) -> AsyncIterator[BodyChunks]:
         """POST /v1/chat/completions; yields the response body's byte chunks.
 
         Raises UpstreamStatus for a non-200 answer (its bounded body parsed) and
         UpstreamUnavailable when no response arrives.
         """
-        request = self._client.build_request(
-            "POST", "/v1/chat/completions", content=json.dumps(body).encode(),
-            headers={"content-type": "application/json", **headers})
-        # Queue here, not in httpcore: its pool rescans every waiting request on each
-        # change, and 750 requests queued behind 256 connections held the gateway at 100 %
-        # CPU with nothing completing (1,000-stream soak). A trio limiter queues in FIFO
-        # order at O(1), and the wait still counts against the operation's deadlines.
-        async with self._slots:
+        content = json.dumps(body).encode()
+        headers = {"content-type": "application/json", **headers}
+        async with self._slots.checkout() as client:
+            request = client.build_request("POST", "/v1/chat/completions", content=content,
+                                           headers=headers)
             try:
-                response = await self._client.send(request, stream=True)
+                response = await client.send(request, stream=True)
             except httpx.TransportError as exc:
                 raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
             try:
                 if response.status_code != 200:
                     raise UpstreamStatus(response.status_code, await _read_bounded(response))
-                yield _BodyChunks(response)
+                yield BodyChunks(response)
             finally:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
 
 
-class _BodyChunks:
+class BodyChunks:
     """The response body's raw chunks; a reset mid-body becomes UpstreamMalformed.
 
     A plain iterator, not an async generator: leaving it early must not leave a
@@ -158,7 +216,26 @@ class _BodyChunks:
     def __init__(self, response: httpx.Response) -> None:
         self._chunks = response.aiter_raw()
 
-    def __aiter__(self) -> _BodyChunks:
+    async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
+        """After ``data: [DONE]``: read the little that is left (the chunked-encoding
+        terminator) so the connection goes back to the pool. Breaking off at [DONE]
+        instead left every response unfinished, so httpx closed its socket and each
+        request paid a new connect; 1,000 streams reconnecting together then met connect
+        timeouts (1,000-stream soak). More than ``max_bytes`` or a slower end and the
+        connection is closed as before. True when the body ended cleanly."""
+        received = 0
+        with trio.move_on_after(TRAILER_WAIT):
+            try:
+                async for chunk in self._chunks:
+                    received += len(chunk)
+                    if received > max_bytes:
+                        return False
+            except httpx.TransportError:
+                return False
+            return True
+        return False
+
+    def __aiter__(self) -> BodyChunks:
         return self
 
     async def __anext__(self) -> bytes:

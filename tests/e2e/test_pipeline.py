@@ -127,6 +127,18 @@ async def test_default_routes_of_the_replay_backend(session: Any) -> None:
     assert backend_stream.final["diagnostics"]["backend_error_family"] == "in_stream_error"
 
 
+async def test_streams_in_a_row_share_one_upstream_connection(stack: Stack, session: Any
+                                                              ) -> None:
+    # The terminal goes out at [DONE]; the trailer is read after it, so the pooled
+    # connection is reused rather than reopened per request (1,000-stream soak).
+    probes = stack.replay.connections  # the probe pool's own connection
+    for _ in range(4):
+        outcome = await run_operation(session, envelope(chat(stream=True, max_tokens=3)))
+        assert outcome.final["type"] == "response.completed"
+        await trio.sleep(0.05)  # let the operation read its trailer and release the slot
+    assert stack.replay.connections == probes + 1
+
+
 # --------------------------------------------------------------------------- error table
 
 
