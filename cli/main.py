@@ -139,6 +139,13 @@ def serve(
         envvar="NNRP_GATEWAY_TOTAL_TIMEOUT", min=0.1)] = None,
     upstream_pool_size: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1)] = 256,
+    health_interval: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_HEALTH_INTERVAL", min=0.1,
+        help="Seconds between vLLM /health checks once it is ready.")] = 5.0,
+    health_failure_threshold: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_HEALTH_FAILURE_THRESHOLD", min=1,
+        help="Unanswered /health checks in a row (with no stream flowing) before vLLM "
+             "counts as down; a non-200 answer counts at once.")] = 3,
     log_level: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_LOG_LEVEL")] = "info",
     tls_cert: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TLS_CERT", help="PEM certificate chain for tcps:// and wss://.")
@@ -192,8 +199,9 @@ def serve(
                                 max_envelope_bytes=max_envelope_bytes,
                                 max_event_bytes=max_event_bytes),
         upstream_connect_timeout=upstream_connect_timeout,
-        upstream_pool_size=upstream_pool_size, admin_listen=admin_listen, metrics=metrics,
-        tls=tls)
+        upstream_pool_size=upstream_pool_size, health_interval=health_interval,
+        health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
+        metrics=metrics, tls=tls)
     if print_config:
         typer.echo(json.dumps(_mask(config), indent=2, default=str))
         return

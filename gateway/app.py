@@ -5,6 +5,11 @@ probe loop retries until ``GET /version`` answers, selects the version binding, 
 only then marks the upstream ready. Until then, and whenever ``/health`` fails later,
 operations fail fast with ``backend_unavailable``. An untested vLLM version is fatal
 (``UnsupportedVersion``) unless ``allow_untested`` is set.
+
+When /health fails: an answer other than 200 (vLLM says its engine is dead) marks vLLM
+down at once; an unanswered check counts as a miss, and ``health_failure_threshold``
+misses in a row mark it down. A check that goes unanswered while a response stream
+delivered bytes is not a miss: a vLLM busy streaming is alive.
 """
 
 from __future__ import annotations
@@ -201,7 +206,12 @@ class Gateway:
                     continue
                 waiting_logged = False
             await trio.sleep(self.config.health_interval)
+            asked_at = trio.current_time()
             health = await self.client.health_check()
+            if health is None and self.client.last_stream_byte >= asked_at:
+                # No answer to /health in time, but vLLM streamed to us while we waited:
+                # busy, not dead (its API server answers probes behind the token stream).
+                health = True
             misses = 0 if health else misses + 1
             if health is False or misses >= self.config.health_failure_threshold:
                 misses = 0

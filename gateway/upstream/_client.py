@@ -12,6 +12,7 @@ it, and vLLM aborts the request on disconnect (vllm-http.md section 3).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -126,6 +127,7 @@ class VllmClient:
         request_timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
                                         write=30.0, pool=None)
         self._slots = ConnectionSlots(config.pool_size, lambda: pool(request_timeout, 1))
+        self._pulse = _Pulse()
         # Probes get their own pool: behind busy request slots a /health call would queue
         # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
@@ -135,6 +137,12 @@ class VllmClient:
     async def aclose(self) -> None:
         await self._slots.aclose()
         await self._probe_client.aclose()
+
+    @property
+    def last_stream_byte(self) -> float:
+        """When (trio clock) a response body last delivered bytes: a busy vLLM that is
+        slow to answer /health but still streaming is alive."""
+        return self._pulse.last
 
     @property
     def slots_in_use(self) -> int:
@@ -199,11 +207,18 @@ class VllmClient:
             try:
                 if response.status_code != 200:
                     raise UpstreamStatus(response.status_code, await _read_bounded(response))
-                yield BodyChunks(response)
+                yield BodyChunks(response, self._pulse)
             finally:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
+
+
+@attrs.define
+class _Pulse:
+    """When a response body last delivered bytes (shared by every stream of a client)."""
+
+    last: float = -math.inf
 
 
 class BodyChunks:
@@ -213,8 +228,9 @@ class BodyChunks:
     suspended generator for trio to finalize (the pipeline leaves early on purpose).
     """
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, pulse: _Pulse | None = None) -> None:
         self._chunks = response.aiter_raw()
+        self._pulse = pulse or _Pulse()
 
     async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
         """After ``data: [DONE]``: read the little that is left (the chunked-encoding
@@ -240,7 +256,9 @@ class BodyChunks:
 
     async def __anext__(self) -> bytes:
         try:
-            return await self._chunks.__anext__()
+            chunk = await self._chunks.__anext__()
+            self._pulse.last = trio.current_time()
+            return chunk
         except httpx.TransportError as exc:
             # A reset mid-body: the stream is broken, not merely unavailable.
             raise UpstreamMalformed(

@@ -64,6 +64,28 @@ async def test_unanswered_health_checks_mark_down_only_after_the_threshold(
             await trio.sleep(0.05)
 
 
+async def test_a_vllm_busy_streaming_is_alive_though_health_is_silent(
+        nursery: trio.Nursery) -> None:
+    # Under load vLLM's API server may answer /health late; bytes arriving on a response
+    # stream while a check waits show it alive, so only checks with nothing flowing count.
+    gateway, replay, _ = await start(nursery)
+    with trio.fail_after(5):
+        await gateway.probed.wait()
+    gateway.client._probe_client.timeout = httpx.Timeout(0.2)
+    replay.health_silent = True
+    async with connect(gateway.endpoints[0].uri) as client:
+        session = await client.open_session()
+        # 30 tokens 100 ms apart (5 s at the backend's speed 50): about ten silent checks.
+        request = envelope(chat(stream=True), request_id="replay:timestamped:30:5000000:busy")
+        outcome = await run_operation(session, request)
+        assert outcome.final["type"] == "response.completed"
+        assert gateway.upstream_healthy
+        # Nothing flowing now: three silent checks in a row mark vLLM down.
+        with trio.fail_after(5):
+            while gateway.upstream_healthy:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+
 async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     gateway, replay, admin = await start(nursery)
     assert (await get(f"{admin}/healthz")).status_code == 200
@@ -168,9 +190,11 @@ def test_config_precedence_and_masking(tmp_path: Path, monkeypatch: pytest.Monke
     assert "from-file" not in result.output
     monkeypatch.setenv("NNRP_GATEWAY_VLLM_URL", "http://env:2")
     monkeypatch.setenv("NNRP_GATEWAY_MAX_CONNECTIONS", "8")
+    monkeypatch.setenv("NNRP_GATEWAY_HEALTH_FAILURE_THRESHOLD", "5")
     effective = json.loads(runner.invoke(app, ["serve", "--config", str(config),
                                                "--print-config"]).stdout)
     assert (effective["vllm_url"], effective["max_connections"]) == ("http://env:2", 8)
+    assert effective["health_failure_threshold"] == 5
     effective = json.loads(runner.invoke(app, ["serve", "--config", str(config),
                                                "--vllm-url", "http://flag:3",
                                                "--print-config"]).stdout)
