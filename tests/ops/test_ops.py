@@ -38,6 +38,17 @@ async def start(nursery: trio.Nursery, **config: Any) -> tuple[Gateway, ReplaySe
     return gateway, replay, f"http://127.0.0.1:{gateway.admin.port}"
 
 
+async def start_with_silent_health(nursery: trio.Nursery
+                                   ) -> tuple[Gateway, ReplayServer, str]:
+    """A ready gateway whose vLLM then stops answering /health (checks time out in 0.2 s)."""
+    gateway, replay, admin = await start(nursery)
+    with trio.fail_after(5):
+        await gateway.probed.wait()
+    gateway.client._probe_client.timeout = httpx.Timeout(0.2)
+    replay.health_silent = True
+    return gateway, replay, admin
+
+
 async def get(url: str) -> httpx.Response:
     async with httpx.AsyncClient(trust_env=False) as client:
         return await client.get(url)
@@ -47,11 +58,7 @@ async def test_unanswered_health_checks_mark_down_only_after_the_threshold(
         nursery: trio.Nursery) -> None:
     # A vLLM too busy to answer /health is not dead: one silent check must not fail every
     # new request (found by the 1,000-stream soak); three in a row do.
-    gateway, replay, admin = await start(nursery)
-    with trio.fail_after(5):
-        await gateway.probed.wait()
-    gateway.client._probe_client.timeout = httpx.Timeout(0.2)
-    replay.health_silent = True
+    gateway, replay, admin = await start_with_silent_health(nursery)
     checks_before_down = 0
     with trio.fail_after(10):
         while gateway.upstream_healthy:
@@ -68,11 +75,7 @@ async def test_a_vllm_busy_streaming_is_alive_though_health_is_silent(
         nursery: trio.Nursery) -> None:
     # Under load vLLM's API server may answer /health late; bytes arriving on a response
     # stream while a check waits show it alive, so only checks with nothing flowing count.
-    gateway, replay, _ = await start(nursery)
-    with trio.fail_after(5):
-        await gateway.probed.wait()
-    gateway.client._probe_client.timeout = httpx.Timeout(0.2)
-    replay.health_silent = True
+    gateway, _, _ = await start_with_silent_health(nursery)
     async with connect(gateway.endpoints[0].uri) as client:
         session = await client.open_session()
         # 30 tokens 100 ms apart (5 s at the backend's speed 50): about ten silent checks.
