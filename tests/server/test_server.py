@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -122,22 +123,27 @@ async def test_handler_without_terminal_gets_a_drop(running: RunningServer) -> N
 # --------------------------------------------------------------------------- malformed input
 
 
-_raw_streams: list[trio.SocketStream] = []
+RawConnect = Callable[[str], Awaitable[trio.SocketStream]]
 
 
-async def raw_connection(uri: str) -> trio.SocketStream:
-    """A raw TCP connection, closed by the ``close_raw_streams`` fixture."""
-    host, port = uri.removeprefix("tcp://").rsplit(":", 1)
-    stream = await trio.open_tcp_stream(host, int(port))
-    _raw_streams.append(stream)
-    return stream
+@pytest.fixture
+async def raw_connect() -> AsyncIterator[RawConnect]:
+    """Open raw TCP connections that are closed after the test.
 
+    Requested by name: pytest-trio does not run async autouse fixtures
+    (python-trio/pytest-trio#123), so an autouse version never closed these sockets
+    (the "unclosed socket" ResourceWarnings at the end of every full test run).
+    """
+    streams: list[trio.SocketStream] = []
 
-@pytest.fixture(autouse=True)
-async def close_raw_streams() -> Any:
-    yield
-    while _raw_streams:
-        await _raw_streams.pop().aclose()
+    async def connect(uri: str) -> trio.SocketStream:
+        host, port = uri.removeprefix("tcp://").rsplit(":", 1)
+        streams.append(await trio.open_tcp_stream(host, int(port)))
+        return streams[-1]
+
+    yield connect
+    for stream in streams:
+        await stream.aclose()
 
 
 async def read_all(stream: trio.SocketStream) -> bytes:
@@ -148,19 +154,20 @@ async def read_all(stream: trio.SocketStream) -> bytes:
     return data
 
 
-async def test_garbage_before_hello_closes_without_reply(running: RunningServer) -> None:
-    stream = await raw_connection(running.uri())
+async def test_garbage_before_hello_closes_without_reply(running: RunningServer,
+                                                         raw_connect: RawConnect) -> None:
+    stream = await raw_connect(running.uri())
     await stream.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 20)
     assert await read_all(stream) == b""
 
 
 async def test_garbage_in_session_sends_fatal_error_and_spares_others(
-        running: RunningServer) -> None:
+        running: RunningServer, raw_connect: RawConnect) -> None:
     async with connect(running.uri()) as good:
         session = await good.open_session()
         slow = await session.submit(script(events=40, delay=0.01))
         # A second connection handshakes, then sends a broken header.
-        bad = await raw_connection(running.uri())
+        bad = await raw_connect(running.uri())
         client = nnrp.ClientConnection()
         await bad.send_all(client.hello())
         await bad.send_all(b"NNRP\x01\x00\x20\x28" + b"\xff" * 32)  # reserved flags
@@ -176,10 +183,11 @@ async def test_garbage_in_session_sends_fatal_error_and_spares_others(
 
 
 async def test_oversized_packet_is_refused_before_buffering(nursery: trio.Nursery,
-                                                           socket_dir: Any) -> None:
+                                                           socket_dir: Any,
+                                                           raw_connect: RawConnect) -> None:
     running = await start_server(nursery, socket_dir,
                                  config=nnrp.ServerConfig(max_packet=64 * 1024))
-    stream = await raw_connection(running.uri())
+    stream = await raw_connect(running.uri())
     client = nnrp.ClientConnection()
     await stream.send_all(client.hello())
     header = bytearray(nnrp.encode(nnrp.Packet(nnrp.PartialResult(operation_id=1))))[:40]
@@ -202,7 +210,8 @@ async def test_websocket_text_message_is_a_protocol_error(running: RunningServer
         assert b"text message" in error.body
 
 
-async def test_bad_typed_body_reaches_the_handler_as_body_error(running: RunningServer) -> None:
+async def test_bad_typed_body_reaches_the_handler_as_body_error(running: RunningServer,
+                                                                raw_connect: RawConnect) -> None:
     async with connect(running.uri()) as client:
         session = await client.open_session()
         await client.send(nnrp.encode(nnrp.Packet(
@@ -212,8 +221,9 @@ async def test_bad_typed_body_reaches_the_handler_as_body_error(running: Running
         assert running.seen.operations[0].body_error is not None
 
 
-async def test_handshake_timeout_closes_slowloris(running: RunningServer) -> None:
-    stream = await raw_connection(running.uri())
+async def test_handshake_timeout_closes_slowloris(running: RunningServer,
+                                                  raw_connect: RawConnect) -> None:
+    stream = await raw_connect(running.uri())
     hello = nnrp.ClientConnection().hello()
     start = trio.current_time()
     with trio.move_on_after(5):
@@ -283,10 +293,11 @@ async def test_graceful_shutdown_drops_with_transport_closed(nursery: trio.Nurse
 
 
 async def test_slow_reader_backpressure_bounds_memory(nursery: trio.Nursery,
-                                                      socket_dir: Any) -> None:
+                                                      socket_dir: Any,
+                                                      raw_connect: RawConnect) -> None:
     limits = ConnectionLimits(outbox_high_water=64 * 1024)
     running = await start_server(nursery, socket_dir, limits=limits)
-    stream = await raw_connection(running.uri())
+    stream = await raw_connect(running.uri())
     client = nnrp.ClientConnection()
     await stream.send_all(client.hello())
     await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))))
@@ -322,10 +333,11 @@ async def test_client_reports_server_gone(running: RunningServer) -> None:
         assert isinstance(client, NnrpClient)
 
 
-async def test_idle_connection_is_closed(nursery: trio.Nursery, socket_dir: Any) -> None:
+async def test_idle_connection_is_closed(nursery: trio.Nursery, socket_dir: Any,
+                                         raw_connect: RawConnect) -> None:
     running = await start_server(nursery, socket_dir, limits=ConnectionLimits(
         handshake_timeout=5, idle_timeout=0.3))
-    stream = await raw_connection(running.uri())
+    stream = await raw_connect(running.uri())
     client = nnrp.ClientConnection()
     await stream.send_all(client.hello())
     await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))))
