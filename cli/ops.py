@@ -29,7 +29,8 @@ def health(admin_url: AdminUrl = "http://127.0.0.1:9090",
            readiness: Annotated[bool, typer.Option(
                "--ready", help="Check /readyz instead of /healthz.")] = False,
            quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-           timeout: Annotated[float, typer.Option(help="Seconds.")] = 3.0) -> None:
+           timeout: Annotated[float, typer.Option(
+               help="Seconds; a gateway saturated by streams answers late.")] = 5.0) -> None:
     """Exit 0 when the gateway answers /healthz (or /readyz with --ready), 1 otherwise."""
     path = "/readyz" if readiness else "/healthz"
     try:

@@ -117,6 +117,11 @@ def test_wiring(values_file: Path | None) -> None:
     assert gateway["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # Probe timeouts tolerate a saturated event loop (/healthz took up to 2.1 s in a
+    # saturating soak); Kubernetes' default 1 s would restart a busy gateway.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert gateway[probe]["timeoutSeconds"] == values["gateway"]["probeTimeoutSeconds"]
+        assert gateway[probe]["timeoutSeconds"] >= 5
     # The sidecar's flags are the CLI's.
     options, _ = cli_options("serve")
     assert {a for a in gateway["args"] if a.startswith("--")} <= options
@@ -139,6 +144,8 @@ def test_wiring(values_file: Path | None) -> None:
     assert "--port" in vllm["args"]
     assert vllm["args"][vllm["args"].index("--port") + 1] == str(values["vllm"]["port"])
     assert vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"] >= 600
+    assert vllm["livenessProbe"]["timeoutSeconds"] == values["vllm"]["probes"]["timeoutSeconds"]
+    assert vllm["livenessProbe"]["timeoutSeconds"] >= 5
     service_ports = {p["name"]: p["port"] for p in manifests["Service"][0]["spec"]["ports"]}
     assert service_ports["nnrp"] == values["gateway"]["port"]
     assert ("ServiceMonitor" in manifests) == values["serviceMonitor"]["enabled"]

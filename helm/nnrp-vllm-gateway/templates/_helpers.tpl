@@ -94,14 +94,17 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
   startupProbe:
     httpGet: {path: /healthz, port: admin}
     periodSeconds: 2
+    timeoutSeconds: {{ .Values.gateway.probeTimeoutSeconds }}
     failureThreshold: 30
   livenessProbe:
     httpGet: {path: /healthz, port: admin}
     periodSeconds: 10
+    timeoutSeconds: {{ .Values.gateway.probeTimeoutSeconds }}
     failureThreshold: 3
   readinessProbe:
     httpGet: {path: /readyz, port: admin}
     periodSeconds: 5
+    timeoutSeconds: {{ .Values.gateway.probeTimeoutSeconds }}
     failureThreshold: 2
   lifecycle:
     preStop:
