@@ -6,16 +6,17 @@ import json
 import platform
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import trio
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from gateway.bench import Figure, run_codec_bench, run_wire_bench
-from gateway.bench._scenarios import SCENARIOS, live, run_scenarios
-from gateway.bench._soak import SoakReport, soak
-from gateway.observe import configure_logging
+if TYPE_CHECKING:
+    from gateway.bench import Figure
+    from gateway.bench._soak import SoakReport
+
+#: The scenarios of ``bench run``, named here so the CLI's help needs no benchmark import
+#: (tests/cli checks them against gateway.bench's table).
+SCENARIO_NAMES = ("latency", "throughput", "unary", "cancellation", "scale")
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
 
@@ -25,6 +26,8 @@ Out = Annotated[Path | None, typer.Option("--out", help="Also write results JSON
 
 
 def _quiet_logs() -> None:
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
 
 
@@ -59,12 +62,18 @@ def _machine() -> dict[str, object]:
 @bench_app.command("codec")
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
+    from gateway.bench import run_codec_bench
+
     _report("codec", run_codec_bench(quick), as_json, out)
 
 
 @bench_app.command("wire")
 def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Round trips/s, events/s to one client, memory per idle session (real sockets)."""
+    import trio
+
+    from gateway.bench import run_wire_bench
+
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)
 
@@ -130,6 +139,8 @@ def _plots(out: Path, results: dict[str, list[Figure]]) -> None:
 
 def _with_progress(work: Callable[[Callable[[str], None]], dict[str, list[Figure]]],
                    as_json: bool) -> dict[str, list[Figure]]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     if as_json:
         return work(lambda _: None)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -142,12 +153,16 @@ def _with_progress(work: Callable[[Callable[[str], None]], dict[str, list[Figure
 def run_scenarios_command(
     quick: Quick = False, as_json: AsJson = False, out: Out = None,
     scenario: Annotated[list[str] | None, typer.Option(
-        help=f"Scenarios to run (default all): {', '.join(SCENARIOS)}.")] = None,
+        help=f"Scenarios to run (default all): {', '.join(SCENARIO_NAMES)}.")] = None,
 ) -> None:
     """Latency, throughput, non-streaming, cancellation, scale: gateway vs direct HTTP."""
+    import trio
+
+    from gateway.bench._scenarios import run_scenarios
+
     _quiet_logs()
-    names = scenario or list(SCENARIOS)
-    unknown = set(names) - set(SCENARIOS)
+    names = scenario or list(SCENARIO_NAMES)
+    unknown = set(names) - set(SCENARIO_NAMES)
     if unknown:
         raise typer.BadParameter(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results = _with_progress(lambda p: trio.run(run_scenarios, names, quick, p), as_json)
@@ -173,6 +188,10 @@ def live_command(
     quick: Quick = False, as_json: AsJson = False, out: Out = None,
 ) -> None:
     """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
+    import trio
+
+    from gateway.bench._scenarios import live
+
     _quiet_logs()
     results = _with_progress(
         lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
@@ -197,6 +216,10 @@ def soak_command(
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
     any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.
     With --out, the gateway's and the backend's logs are kept in OUT/logs."""
+    import trio
+
+    from gateway.bench._soak import soak
+
     _quiet_logs()
 
     holder: list[SoakReport] = []

@@ -1,4 +1,5 @@
-"""``nnrp-gateway conformance``: plan, run, validate, wire-probe.
+"""``nnrp-gateway conformance``: plan, run, validate, wire-probe (imports inside the
+commands: see cli/main.py).
 
 Against a deployment::
 
@@ -12,20 +13,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-import trio
 import typer
-
-from gateway.client import ClientError, connect
-from gateway.conformance import (
-    build_plan,
-    native_available,
-    run_plan,
-    run_wire_probe,
-    schema_errors,
-    suite_capabilities,
-    validate_results,
-)
-from gateway.observe import configure_logging
 
 conformance_app = typer.Typer(no_args_is_help=True,
                               help="The openai-compatible/1 suite and the wire scenario.")
@@ -41,6 +29,8 @@ NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's 
 
 async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
     """The gateway's own capability document, over NNRP (operation gateway.capabilities)."""
+    from gateway.client import ClientError, connect
+
     async with connect(endpoint) as client:
         session = await client.open_session()
         operation = await session.submit(json.dumps({
@@ -61,6 +51,10 @@ async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
 
 def _capabilities(endpoint: str | None, path: Path | None, without_extensions: bool
                   ) -> dict[str, Any]:
+    import trio
+
+    from gateway.conformance import schema_errors, suite_capabilities
+
     if path is not None:
         document: dict[str, Any] = json.loads(path.read_text())
     elif endpoint is not None:
@@ -88,6 +82,9 @@ def plan(
     without_extensions: Annotated[bool, typer.Option(help="Plan as if no extensions.")] = False,
 ) -> None:
     """Select recipes from the capability document, as the suite's runner does."""
+    from gateway.conformance import build_plan
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
     document = _capabilities(endpoint, capabilities, without_extensions)
     execution_plan, not_claimed = build_plan(document, include_project=not suite_only,
@@ -102,6 +99,10 @@ def plan(
 
 def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any],
               backend_log: str | None, suite_only: bool) -> dict[str, Any]:
+    import trio
+
+    from gateway.conformance import build_plan, run_plan
+
     execution_plan, not_claimed = build_plan(
         document, include_project=not suite_only, replay_backend=backend_log is not None,
         results_path=str(output / "results.json"), evidence_dir=str(output / "evidence"))
@@ -134,6 +135,10 @@ def run(
         help="Also run with extensions removed; the passed cases must be the same.")] = True,
 ) -> None:
     """Run every selected case over a real NNRP session; write results and evidence."""
+    from gateway.client import ClientError
+    from gateway.conformance import native_available
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
     chosen = client or ("native" if native_available() else "builtin")
     if chosen == "native" and not native_available():
@@ -174,6 +179,8 @@ def validate(
         "--plan", help="Execution plan (default: plan.json beside the results).")] = None,
 ) -> None:
     """Apply the suite's validation rules strictly: exit non-zero unless passed == selected."""
+    from gateway.conformance import validate_results
+
     plan_file = plan_path or results.parent / "plan.json"
     report = validate_results(json.loads(plan_file.read_text()),
                               json.loads(results.read_text()))
@@ -194,6 +201,11 @@ def wire_probe(
     target_name: Annotated[str, typer.Option(help="Name in the report.")] = "nnrp-vllm-gateway",
 ) -> None:
     """The wire.profile.openai-compatible.level1 scenario on each given transport."""
+    import trio
+
+    from gateway.conformance import run_wire_probe, schema_errors
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
     report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name))
     errors = schema_errors(report, "wire-conformance-case-results.schema.json")

@@ -1,4 +1,9 @@
-"""The ``nnrp-gateway`` command line (typer). Thin: parse options, call ``trio.run``."""
+"""The ``nnrp-gateway`` command line (typer). Thin: parse options, call ``trio.run``.
+
+The gateway's modules are imported inside the commands that use them, so ``health``
+(the container health check, run every few seconds), ``version`` and ``--help`` start in
+a fraction of the time ``serve`` needs (tests/cli checks what a bare import loads).
+"""
 
 from __future__ import annotations
 
@@ -7,33 +12,18 @@ import json
 import signal
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import attrs
-import trio
 import typer
 
 import gateway
-from gateway import nnrp
-from gateway.app import Gateway, GatewayConfig
-from gateway.client import ClientError, connect
-from gateway.conformance import target_manifest, write_atomically
-from gateway.nnrp import ServerConfig
-from gateway.observe import configure_logging
-from gateway.pipeline import PipelineLimits
-from gateway.replay import ReplayServer
-from gateway.server import (
-    ConnectionLimits,
-    ListenError,
-    TlsConfig,
-    TokenAuthenticator,
-    parse_listen_uri,
-)
-from gateway.upstream import SUPPORTED_BAND, UnsupportedVersion
 
 from .bench import bench_app
 from .conformance import conformance_app
 from .ops import chat, check, health
+
+if TYPE_CHECKING:
+    from gateway.app import GatewayConfig
 
 app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
@@ -53,6 +43,8 @@ VllmUrl = Annotated[str, typer.Option("--vllm-url", envvar="NNRP_GATEWAY_VLLM_UR
 @app.command()
 def version() -> None:
     """Print the gateway's version."""
+    from gateway.upstream import SUPPORTED_BAND
+
     typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})")
 
 
@@ -73,6 +65,8 @@ def _load_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
 
 
 def _mask(config: GatewayConfig) -> dict[str, object]:
+    import attrs
+
     document = attrs.asdict(config, recurse=True, filter=lambda a, v: not callable(v))
     if document.get("upstream_api_key"):
         document["upstream_api_key"] = "***"
@@ -168,6 +162,20 @@ def serve(
     ] = None,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
+    import trio
+
+    from gateway.app import GatewayConfig
+    from gateway.nnrp import ServerConfig
+    from gateway.observe import configure_logging
+    from gateway.pipeline import PipelineLimits
+    from gateway.server import (
+        ConnectionLimits,
+        ListenError,
+        TlsConfig,
+        TokenAuthenticator,
+        parse_listen_uri,
+    )
+
     for uri in listen:
         try:
             parse_listen_uri(uri)
@@ -213,16 +221,17 @@ def serve(
         raise
 
 
-#: Errors that are the operator's to fix: one line and an exit code, never a traceback.
-_USER_ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
-    (UnsupportedVersion, 3, "error: {}"),
-    (ListenError, 2, "error: {}"),
-    (OSError, 2, "error: cannot listen: {}"),
-)
-
-
 def _exit_for_user_error(group: BaseExceptionGroup) -> None:
-    for kind, code, template in _USER_ERRORS:
+    """Errors that are the operator's to fix: one line and an exit code, no traceback."""
+    from gateway.server import ListenError
+    from gateway.upstream import UnsupportedVersion
+
+    user_errors: tuple[tuple[type[Exception], int, str], ...] = (
+        (UnsupportedVersion, 3, "error: {}"),
+        (ListenError, 2, "error: {}"),
+        (OSError, 2, "error: cannot listen: {}"),
+    )
+    for kind, code, template in user_errors:
         matched, _ = group.split(kind)
         if matched is not None:
             leaf: BaseException = matched
@@ -233,6 +242,11 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
 
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
+    import trio
+
+    from gateway.app import Gateway
+    from gateway.conformance import target_manifest, write_atomically
+
     gateway_app = Gateway(config)
     async with trio.open_nursery() as nursery:
         endpoints = await nursery.start(gateway_app.run)
@@ -263,6 +277,11 @@ def replay_server(
     api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
 ) -> None:
     """A loopback fake vLLM that plays recorded transcripts (for tests and demos)."""
+    import trio
+
+    from gateway.observe import configure_logging
+    from gateway.replay import ReplayServer
+
     configure_logging()
     host, _, port = listen.rpartition(":")
     server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
@@ -293,6 +312,11 @@ def capabilities(
     as_json: Annotated[bool, typer.Option("--json", help="Compact JSON.")] = False,
 ) -> None:
     """Print the capability document (probing vLLM for its version and models)."""
+    import trio
+
+    from gateway.app import Gateway, GatewayConfig
+    from gateway.observe import configure_logging
+
     configure_logging(to_stderr=True)
     config = GatewayConfig(vllm_url=vllm_url, tool_calls=tool_calls)
 
@@ -316,6 +340,13 @@ DEMO_PROMPT = "Stream a short answer over NNRP, please."
 
 
 async def _demo() -> int:
+    import trio
+
+    from gateway import nnrp
+    from gateway.app import Gateway, GatewayConfig
+    from gateway.client import connect
+    from gateway.replay import ReplayServer
+
     replay = ReplayServer(speed=1.0)
     async with trio.open_nursery() as nursery:
         vllm_url = await nursery.start(replay.serve)
@@ -357,6 +388,11 @@ async def _demo() -> int:
 @app.command()
 def demo() -> None:
     """Replay vLLM + gateway on free ports; stream one chat answer over a real NNRP session."""
+    import trio
+
+    from gateway.client import ClientError
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
     try:
         code = trio.run(_demo)

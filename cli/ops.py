@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
-import trio
 import typer
 
-from gateway import nnrp
-from gateway.client import ClientError, ClientOperation, connect
-from gateway.observe import configure_logging
-from gateway.upstream import (
-    UnsupportedVersion,
-    UpstreamConfig,
-    UpstreamError,
-    VllmClient,
-)
+if TYPE_CHECKING:
+    from gateway.client import ClientOperation
 
 AdminUrl = Annotated[str, typer.Option(envvar="NNRP_GATEWAY_ADMIN_URL",
                                        help="Base URL of the gateway's admin listener.")]
@@ -33,17 +26,22 @@ def health(admin_url: AdminUrl = "http://127.0.0.1:9090",
                help="Seconds; a gateway saturated by streams answers late.")] = 5.0) -> None:
     """Exit 0 when the gateway answers /healthz (or /readyz with --ready), 1 otherwise."""
     path = "/readyz" if readiness else "/healthz"
+    # The standard library, not httpx: a container runs this every few seconds, and
+    # httpx (with httpcore and trio behind it) would double its start-up. No proxies.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        response = httpx.get(f"{admin_url.rstrip('/')}{path}", timeout=timeout,
-                             trust_env=False)
-    except httpx.HTTPError as exc:
+        with opener.open(f"{admin_url.rstrip('/')}{path}", timeout=timeout) as response:
+            status, text = response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:  # an answer all the same (503 from /readyz)
+        status, text = exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
         if not quiet:
             typer.echo(f"unhealthy: {admin_url}{path} unreachable ({type(exc).__name__})",
                        err=True)
         raise typer.Exit(1) from None
     if not quiet:
-        typer.echo(f"{response.status_code} {response.text}")
-    raise typer.Exit(0 if response.status_code == 200 else 1)
+        typer.echo(f"{status} {text}")
+    raise typer.Exit(0 if status == 200 else 1)
 
 
 def check(vllm_url: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_VLLM_URL")]
@@ -54,6 +52,11 @@ def check(vllm_url: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_VLLM_URL")]
               envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM")] = False,
           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Can the gateway serve this vLLM? Health, version and binding, models. Exit 1 if not."""
+    import trio
+
+    from gateway.observe import configure_logging
+    from gateway.upstream import UnsupportedVersion, UpstreamConfig, UpstreamError, VllmClient
+
     configure_logging(level="warning", to_stderr=True)
 
     async def probe() -> dict[str, Any]:
@@ -91,6 +94,11 @@ def chat(prompt: Annotated[str | None, typer.Argument(
          usage: Annotated[bool, typer.Option(help="Ask for and show token usage.")] = True) -> None:
     """Chat over NNRP from a terminal: streams text, shows tool calls and usage; Ctrl-C
     during an answer sends a real CANCEL (the gateway aborts vLLM's request)."""
+    import trio
+
+    from gateway.client import ClientError
+    from gateway.observe import configure_logging
+
     configure_logging(level="warning", to_stderr=True)
     try:
         trio.run(_chat, prompt, endpoint, model, max_tokens, usage)
@@ -101,6 +109,10 @@ def chat(prompt: Annotated[str | None, typer.Argument(
 
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
                 usage: bool) -> None:
+    import trio
+
+    from gateway.client import connect
+
     history: list[dict[str, Any]] = []
     async with connect(endpoint) as client:
         session = await client.open_session()
@@ -134,6 +146,10 @@ def _ask() -> str | None:
 
 
 async def _stream_answer(operation: ClientOperation) -> str | None:
+    import trio
+
+    from gateway import nnrp
+
     parts: list[str] = []
     try:
         async for event in operation.events():

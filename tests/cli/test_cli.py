@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +61,24 @@ def test_version() -> None:
     assert result.exit_code == 0
     assert "nnrp-vllm-gateway 0.1.0" in result.output
     assert "vllm>=0.18.0,<0.27" in result.output
+
+
+def test_light_commands_do_not_load_the_gateway() -> None:
+    # `health` runs every few seconds in a container; importing the CLI must not pull in
+    # trio, httpx, structlog or the gateway's modules (1.0 s of imports before, 0.2 s now).
+    code = ("import sys, cli.main; print(sorted(m for m in sys.modules if m in "
+            "('trio', 'httpx', 'structlog', 'attrs', 'gateway.app', 'gateway.nnrp', "
+            "'gateway.bench', 'gateway.conformance')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_bench_scenario_names_match_the_benchmarks() -> None:
+    from cli.bench import SCENARIO_NAMES
+    from gateway.bench._scenarios import SCENARIOS
+
+    assert tuple(SCENARIOS) == SCENARIO_NAMES
 
 
 def test_demo_streams_one_answer() -> None:

@@ -114,6 +114,11 @@ async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     await gateway.drain()
     reasons = (await get(f"{admin}/readyz")).json()["reasons"]
     assert "draining" in reasons
+    # The container check reads a 503 as an answer: exit 1, and says why.
+    result = await trio.to_thread.run_sync(runner.invoke, app,
+                                           ["health", "--admin-url", admin, "--ready"])
+    assert result.exit_code == 1
+    assert result.output.startswith("503 ") and "draining" in result.output
 
 
 async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
