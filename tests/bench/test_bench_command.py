@@ -32,3 +32,18 @@ def test_unknown_scenario_is_a_clean_error() -> None:
     result = runner.invoke(app, ["bench", "run", "--scenario", "nope"])
     assert result.exit_code == 2
     assert "unknown scenario" in result.output
+
+
+def test_soak_rss_growth_is_measured_after_warm_up() -> None:
+    from gateway.bench._soak import SoakReport, warm_up_seconds
+
+    assert warm_up_seconds(600) == 120  # a fifth of a long run
+    assert warm_up_seconds(30) == 15  # at least 15 s
+    assert warm_up_seconds(16) == 8  # never more than half the run
+    report = SoakReport(streams=1, seconds=30)
+    # Climbs while warming up (as a CI run did), then holds: +1 %, not +5 %.
+    report.samples = [{"t": float(t), "rss_mib": 64.0 + min(t, 15) * 0.2 + t * 0.01}
+                      for t in range(1, 31)]
+    assert round(report.rss_growth, 3) == round((67.3 - 67.15) / 67.15, 3)
+    report.samples[-1]["rss_mib"] = 80.0  # growth after warm-up still counts
+    assert report.rss_growth > 0.05
