@@ -103,6 +103,35 @@ def _stream(name: str, chunks: list[bytes], request: dict[str, Any], note: str,
                       (("x-request-id", f"cap-{name}"),), note)
 
 
+def _json(name: str, status: int, body: Any, request: dict[str, Any], note: str,
+          t_ms: float) -> Transcript:
+    """A non-streaming answer: one JSON body with its content-length."""
+    data = _dump(body)
+    return Transcript(name, "0.26.0", status, (("content-type", "application/json"),
+                                               ("content-length", str(len(data)))),
+                      ((t_ms, data),), request, (("x-request-id", f"cap-{name}"),), note)
+
+
+def _completion(name: str, model: str, content: str | None, tool_calls: list[Any],
+                reasoning: str | None, finish: str, prompt: int, completion: int
+                ) -> dict[str, Any]:
+    """vLLM 0.26's chat.completion body: every field it sends, nulls included, in its
+    order."""
+    return {"id": f"chatcmpl-cap-{name}", "object": "chat.completion",
+            "created": CREATED, "model": model, "choices": [{
+                "index": 0, "message": {
+                    "role": "assistant", "content": content, "refusal": None,
+                    "annotations": None, "audio": None, "function_call": None,
+                    "tool_calls": tool_calls, "reasoning": reasoning},
+                "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                "token_ids": None}],
+            "service_tier": None, "system_fingerprint": FINGERPRINT,
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                      "completion_tokens": completion, "prompt_tokens_details": None},
+            "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
+            "ec_transfer_params": None, "metrics": None}
+
+
 def _request(**body: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], **body}
 
@@ -208,32 +237,13 @@ def synthesized() -> list[Transcript]:
         delta_chunk(r, m, {}, finish="abort"),
         usage_chunk(r, m, 8, 1), DONE,
     ], _request(stream=True), "server-side abort (pause, abort_requests) ends normally"))
-    name = "nonstream_reasoning"
-    reasoning_body = {
-        "id": "chatcmpl-cap-nonstream_reasoning", "object": "chat.completion",
-        "created": CREATED, "model": m, "choices": [{
-            "index": 0, "message": {
-                "role": "assistant", "content": "Hello!", "refusal": None, "annotations": None,
-                "audio": None, "function_call": None, "tool_calls": [],
-                "reasoning": "The user greets me."},
-            "logprobs": None, "finish_reason": "stop", "stop_reason": None, "token_ids": None}],
-        "service_tier": None, "system_fingerprint": FINGERPRINT,
-        "usage": {"prompt_tokens": 8, "total_tokens": 17, "completion_tokens": 9,
-                  "prompt_tokens_details": None},
-        "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
-        "ec_transfer_params": None, "metrics": None}
-    data = _dump(reasoning_body)
-    out.append(Transcript(name, "0.26.0", 200, (("content-type", "application/json"),
-                                                ("content-length", str(len(data)))),
-                          ((25.0, data),), _request(), (("x-request-id", f"cap-{name}"),),
-                          "non-streaming with --reasoning-parser"))
-    error = _dump({"error": {"message": "The model does not support this endpoint",
-                             "type": "NotImplementedError", "param": None, "code": 501}})
-    out.append(Transcript("error_501_not_implemented", "0.26.0", 501,
-                          (("content-type", "application/json"),
-                           ("content-length", str(len(error)))), ((3.0, error),), _request(),
-                          (("x-request-id", "cap-error_501_not_implemented"),),
-                          "not implemented: a real status before any stream"))
+    out.append(_json("nonstream_reasoning", 200, _completion(
+        "nonstream_reasoning", m, "Hello!", [], "The user greets me.", "stop", 8, 9),
+        _request(), "non-streaming with --reasoning-parser", 25.0))
+    out.append(_json("error_501_not_implemented", 501, {"error": {
+        "message": "The model does not support this endpoint",
+        "type": "NotImplementedError", "param": None, "code": 501}},
+        _request(), "not implemented: a real status before any stream", 3.0))
     name = "stream_lone_surrogate"
     r = rid.format(name)
     out.append(_stream(name, [
@@ -242,30 +252,12 @@ def synthesized() -> list[Transcript]:
         delta_chunk(r, m, {"content": "SURROGATE"}).replace(b"SURROGATE", b"\\ud800"),
         DONE,
     ], _request(stream=True), "valid JSON, but a lone surrogate: not encodable as UTF-8"))
-    name = "nonstream_tool_call"
-    body = {"id": "chatcmpl-cap-nonstream_tool_call", "object": "chat.completion",
-            "created": CREATED, "model": m, "choices": [{
-                "index": 0, "message": {
-                    "role": "assistant", "content": None, "refusal": None, "annotations": None,
-                    "audio": None, "function_call": None, "tool_calls": [{
-                        "id": "chatcmpl-tool-d4d4d4d4d4d4d4d4", "type": "function",
-                        "function": {"name": "get_weather",
-                                     "arguments": '{"city": "Paris"}'}}],
-                    "reasoning": None},
-                "logprobs": None, "finish_reason": "tool_calls", "stop_reason": None,
-                "token_ids": None}],
-            "service_tier": None, "system_fingerprint": FINGERPRINT,
-            "usage": {"prompt_tokens": 41, "total_tokens": 53, "completion_tokens": 12,
-                      "prompt_tokens_details": None},
-            "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None,
-            "ec_transfer_params": None, "metrics": None}
-    data = _dump(body)
-    out.append(Transcript("nonstream_tool_call", "0.26.0", 200,
-                          (("content-type", "application/json"),
-                           ("content-length", str(len(data)))), ((30.0, data),),
-                          _request(tools=[WEATHER_TOOL]),
-                          (("x-request-id", "cap-nonstream_tool_call"),),
-                          "non-streaming tool call, content null"))
+    out.append(_json("nonstream_tool_call", 200, _completion(
+        "nonstream_tool_call", m, None, [{
+            "id": "chatcmpl-tool-d4d4d4d4d4d4d4d4", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+        None, "tool_calls", 41, 12),
+        _request(tools=[WEATHER_TOOL]), "non-streaming tool call, content null", 30.0))
     return out
 
 
