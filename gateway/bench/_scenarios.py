@@ -37,7 +37,8 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback TCP port that is free now (for processes started with it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -66,8 +67,8 @@ class Stack:
         self._logs: list[Any] = []
         exe = Path(sys.executable).parent / "nnrp-gateway"
         self.exe = str(exe) if exe.exists() else "nnrp-gateway"
-        self.vllm_port, self.nnrp_port, self.admin_port = (_free_port(), _free_port(),
-                                                           _free_port())
+        self.vllm_port, self.nnrp_port, self.admin_port = (free_port(), free_port(),
+                                                           free_port())
         self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
         self.endpoint = f"tcp://127.0.0.1:{self.nnrp_port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.app import Gateway, GatewayConfig
+from gateway.bench._scenarios import free_port
 from gateway.client import connect
 from gateway.replay import ReplayServer
 from tests.cli.test_cli import ReplayThread
@@ -235,33 +236,30 @@ def test_check_and_health_commands() -> None:
     assert result.exit_code == 1
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def wait_ready(admin_url: str, seconds: float = 20.0) -> None:
+    """Poll a gateway process's /readyz until it answers 200 (or time runs out)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{admin_url}/readyz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
 
 
 @pytest.fixture
 def served_stack(tmp_path: Path) -> Any:
     """``replay-server`` and ``serve`` as real processes (signals need a real process)."""
     exe = str(Path(sys.executable).parent / "nnrp-gateway")
-    vllm_port, nnrp_port, admin_port = _free_port(), _free_port(), _free_port()
+    vllm_port, nnrp_port, admin_port = free_port(), free_port(), free_port()
     replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm_port}"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gateway = subprocess.Popen(
         [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
          f"http://127.0.0.1:{vllm_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
          "--drain-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{admin_port}/readyz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    wait_ready(f"http://127.0.0.1:{admin_port}")
     yield gateway, f"tcp://127.0.0.1:{nnrp_port}", f"http://127.0.0.1:{admin_port}"
     for process in (gateway, replay):
         process.kill()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,9 +13,10 @@ import trio
 from typer.testing import CliRunner
 
 from cli.main import app
+from gateway.bench._scenarios import free_port
 from gateway.client import ClientError, connect
 from tests.e2e.conftest import chat, envelope, run_operation
-from tests.ops.test_ops import _free_port
+from tests.ops.test_ops import wait_ready
 
 API_KEY = "sk-upstream-SECRET-1f2e"
 TOKEN = "tok-session-SECRET-9a8b"
@@ -26,7 +26,7 @@ SECRETS = ("SECRET-1f2e", "SECRET-9a8b", "SECRET-attribute")
 
 def test_no_secret_in_any_output(tmp_path: Path) -> None:
     exe = str(Path(sys.executable).parent / "nnrp-gateway")
-    vllm, nnrp_port, admin = _free_port(), _free_port(), _free_port()
+    vllm, nnrp_port, admin = free_port(), free_port(), free_port()
     replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm}",
                                "--api-key", API_KEY], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -37,14 +37,7 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs: list[str] = []
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{admin}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{admin}")
 
         async def drive() -> None:
             async with connect(f"tcp://127.0.0.1:{nnrp_port}") as client:
