@@ -217,12 +217,12 @@ class NnrpClient:
 async def _open_transport(uri: str, nursery: trio.Nursery,
                           ssl_context: ssl.SSLContext | None = None) -> PacketTransport:
     spec = parse_listen_uri(uri)
+    tls = (ssl_context or ssl.create_default_context()) if spec.tls else None
     if spec.scheme in ("tcp", "tcps"):
         stream: trio.abc.Stream = await trio.open_tcp_stream(spec.host, spec.port)
         set_nodelay(stream)
-        if spec.tls:
-            ssl_stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(),
-                                        server_hostname=spec.host)
+        if tls is not None:
+            ssl_stream = trio.SSLStream(stream, tls, server_hostname=spec.host)
             await ssl_stream.do_handshake()
             stream = ssl_stream
         return StreamTransport(stream, "tcp", uri)
@@ -231,7 +231,7 @@ async def _open_transport(uri: str, nursery: trio.Nursery,
     scheme = "wss" if spec.tls else "ws"
     connection = await trio_websocket.connect_websocket_url(
         nursery, f"{scheme}://{spec.host}:{spec.port}{spec.path}", message_queue_size=4096,
-        ssl_context=(ssl_context or ssl.create_default_context()) if spec.tls else None)
+        ssl_context=tls)
     return WebSocketTransport(connection, uri)
 
 

@@ -189,10 +189,11 @@ class Connection:
         timeout = self.limits.idle_timeout
         while True:
             await trio.sleep_until(self._last_receive + timeout)
-            if self.operations or trio.current_time() < self._last_receive + timeout:
-                if self.operations:
-                    self._last_receive = trio.current_time()
+            if self.operations:  # work in flight: the idle time starts when it ends
+                self._last_receive = trio.current_time()
                 continue
+            if trio.current_time() < self._last_receive + timeout:
+                continue  # something arrived while we slept
             self.log.info("idle timeout; closing connection", idle_s=timeout,
                           peer=self.transport.peer)
             assert self._nursery is not None

@@ -187,9 +187,9 @@ class BodyChunks:
     suspended generator for trio to finalize (the pipeline leaves early on purpose).
     """
 
-    def __init__(self, response: httpx.Response, pulse: _Pulse | None = None) -> None:
+    def __init__(self, response: httpx.Response, pulse: _Pulse) -> None:
         self._chunks = response.aiter_raw()
-        self._pulse = pulse or _Pulse()
+        self._pulse = pulse
 
     async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
         """After ``data: [DONE]``: read the little that is left (the chunked-encoding
