@@ -41,7 +41,7 @@ from gateway.server._transport import (
     PacketTransport,
     StreamTransport,
     WebSocketTransport,
-    set_nodelay,
+    tune_tcp,
 )
 
 OperationEvent = PartialReceived | ResultReceived | DropReceived
@@ -220,7 +220,7 @@ async def _open_transport(uri: str, nursery: trio.Nursery,
     tls = (ssl_context or ssl.create_default_context()) if spec.tls else None
     if spec.scheme in ("tcp", "tcps"):
         stream: trio.abc.Stream = await trio.open_tcp_stream(spec.host, spec.port)
-        set_nodelay(stream)
+        tune_tcp(stream)
         if tls is not None:
             ssl_stream = trio.SSLStream(stream, tls, server_hostname=spec.host)
             await ssl_stream.do_handshake()

@@ -17,7 +17,7 @@ from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler, ServerStats
 from ._listeners import ListenError, ListenSpec, open_unix_listener, parse_listen_uri
-from ._transport import StreamTransport, WebSocketTransport, describe_peer, set_nodelay
+from ._transport import StreamTransport, WebSocketTransport, describe_peer, tune_tcp
 
 if TYPE_CHECKING:
     from ._operation import OperationHandler
@@ -130,7 +130,7 @@ class GatewayServer:
                     log.warning("accept failed", error=str(exc))
                     await trio.sleep(0.1)
                     continue
-                set_nodelay(stream)
+                tune_tcp(stream)
                 assert self._connection_nursery is not None
                 peer = describe_peer(stream)
                 wrapped: trio.abc.Stream = stream

@@ -96,7 +96,7 @@ class WebSocketTransport:
             await self.connection.aclose()
 
 
-def set_nodelay(stream: trio.abc.Stream) -> None:
+def tune_tcp(stream: trio.abc.Stream) -> None:
     """Small packets (one token event each) must not wait for Nagle (nnrp-py.md section 5),
     and a peer that vanishes without a FIN is found by TCP keepalive within ~1 minute (idle
     30 s, then 3 probes 10 s apart), which ends its operations and aborts their upstreams."""
