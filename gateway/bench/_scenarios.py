@@ -189,11 +189,13 @@ async def _indexed_direct_stream(client: httpx.AsyncClient, url: str, prefix: st
 
 
 @contextlib.asynccontextmanager
-async def _sessions(endpoint: str, count: int) -> AsyncIterator[list[ClientSession]]:
-    """``count`` sessions over up to 16 connections (the gateway's per-connection limit)."""
+async def _sessions(endpoint: str, count: int, *, connections: int | None = None
+                    ) -> AsyncIterator[list[ClientSession]]:
+    """``count`` sessions spread over ``connections`` connections (default: up to 16, as
+    the gateway's default per-connection session limit needs)."""
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(connect(endpoint))
-                   for _ in range(min(16, count))]
+                   for _ in range(connections or min(16, count))]
         sessions = [await clients[i % len(clients)].open_session() for i in range(count)]
         yield sessions
 

@@ -21,9 +21,9 @@ import attrs
 import trio
 
 from gateway import nnrp
-from gateway.client import ClientError, connect
+from gateway.client import ClientError
 
-from ._scenarios import Progress, Stack, _envelope, process_rss
+from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
 
 
 def warm_up_seconds(seconds: float) -> float:
@@ -157,28 +157,18 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
             stopping.set()
             os.kill(pid, signal.SIGTERM)
 
-        clients = max(1, streams // 200)
-        async with connect(stack.endpoint) as first:
-            extra = [first]
-            async with trio.open_nursery() as outer:
-                for _ in range(clients - 1):
-                    extra.append(await outer.start(_hold_client, stack.endpoint))
-                sessions = [await extra[i % len(extra)].open_session() for i in range(streams)]
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(sampler)
-                    if sigterm_at is not None:
-                        nursery.start_soon(terminator)
-                    for index, session in enumerate(sessions):
-                        nursery.start_soon(worker, session, index)
-                outer.cancel_scope.cancel()
+        # 200 sessions per connection (the gateway runs with up to 1,024 each).
+        async with (_sessions(stack.endpoint, streams,
+                              connections=max(1, streams // 200)) as sessions,
+                    trio.open_nursery() as nursery):
+            nursery.start_soon(sampler)
+            if sigterm_at is not None:
+                nursery.start_soon(terminator)
+            for index, session in enumerate(sessions):
+                nursery.start_soon(worker, session, index)
         if sigterm_at is not None:
             code = await trio.to_thread.run_sync(stack.processes[-1].wait, 30)
             report.gateway_exit = code
         report.seconds = round(trio.current_time() - start, 2)
     return report
 
-
-async def _hold_client(endpoint: str, task_status: trio.TaskStatus[Any]) -> None:
-    async with connect(endpoint) as client:
-        task_status.started(client)
-        await trio.sleep_forever()
