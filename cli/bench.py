@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -53,8 +54,6 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
 
 
 def _machine() -> dict[str, object]:
-    import os
-
     return {"python": platform.python_version(), "cpus": os.cpu_count(),
             "platform": platform.platform()}
 
@@ -80,11 +79,12 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
 
 def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    document = {"command": command, "machine": _machine(),
+    machine = _machine()
+    document = {"command": command, "machine": machine,
                 "scenarios": {name: [f.as_dict() for f in figures]
                               for name, figures in results.items()}}
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
-    lines = [f"# nnrp-gateway bench results\n\n`{command}` on {_machine()}\n"]
+    lines = [f"# nnrp-gateway bench results\n\n`{command}` on {machine}\n"]
     for name, figures in results.items():
         lines.append(f"\n## {name}\n\n| figure | value | goal | met | baseline | spread |\n"
                      "|---|---:|---:|---|---:|---|")
