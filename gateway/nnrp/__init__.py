@@ -1,116 +1,174 @@
 """Sans-IO NNRP/1 (preview4): codec, typed bodies and session state machines.
 
-Bytes in, events out: nothing here imports trio or httpx (architecture.md, rule 1).
+Bytes in, events out: nothing here imports trio or httpx (docs/architecture.md, rule 1).
+
+Layout (h11's): ``_constants`` (registries), ``_layout`` (how a metadata field is
+declared), ``_messages`` (one class per message type), ``_codec`` (header, packets,
+the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
+machine reports), ``_server`` / ``_client`` (the state machines), ``_errors``.
 """
 
 from ._body import (
     DESCRIPTOR_LEN as DESCRIPTOR_LEN,
-)
-from ._body import (
     PRELUDE_LEN as PRELUDE_LEN,
-)
-from ._body import (
     Prelude as Prelude,
-)
-from ._body import (
     TypedBody as TypedBody,
-)
-from ._body import (
     TypedDescriptor as TypedDescriptor,
-)
-from ._body import (
     TypedFrame as TypedFrame,
-)
-from ._body import (
     pack_single_frame as pack_single_frame,
-)
-from ._body import (
     pack_typed_body as pack_typed_body,
-)
-from ._body import (
     parse_typed_body as parse_typed_body,
 )
 from ._client import (
     ClientConnection as ClientConnection,
-)
-from ._client import (
     ClientEvent as ClientEvent,
-)
-from ._client import (
     ClientState as ClientState,
-)
-from ._client import (
     DropReceived as DropReceived,
-)
-from ._client import (
     ErrorReceived as ErrorReceived,
-)
-from ._client import (
     HelloAcked as HelloAcked,
-)
-from ._client import (
     OtherReceived as OtherReceived,
-)
-from ._client import (
     PartialReceived as PartialReceived,
-)
-from ._client import (
     ResultReceived as ResultReceived,
-)
-from ._client import (
     SessionCloseAcked as SessionCloseAcked,
-)
-from ._client import (
     SessionOpenAnswered as SessionOpenAnswered,
 )
 from ._codec import (
     Decoder as Decoder,
-)
-from ._codec import (
     Header as Header,
-)
-from ._codec import (
     Packet as Packet,
-)
-from ._codec import (
     decode_packet as decode_packet,
-)
-from ._codec import (
     encode as encode,
-)
-from ._codec import (
     encode_openai_submit as encode_openai_submit,
-)
-from ._codec import (
     encode_partial_result as encode_partial_result,
 )
-from ._constants import *  # noqa: F403
+from ._constants import (
+    DEFAULT_MAX_PACKET as DEFAULT_MAX_PACKET,
+    HEADER_FLAG_MASK as HEADER_FLAG_MASK,
+    HEADER_LEN as HEADER_LEN,
+    MAGIC as MAGIC,
+    PAYLOAD_KIND_MASK as PAYLOAD_KIND_MASK,
+    PROTOCOL_MAX_PACKET as PROTOCOL_MAX_PACKET,
+    STAGE_VENDOR_BASE as STAGE_VENDOR_BASE,
+    TOKEN_SCHEMA_ID as TOKEN_SCHEMA_ID,
+    TOKEN_SCHEMA_VERSION as TOKEN_SCHEMA_VERSION,
+    VERSION_MAJOR as VERSION_MAJOR,
+    WIRE_FORMAT as WIRE_FORMAT,
+    BudgetPolicy as BudgetPolicy,
+    CancelFlag as CancelFlag,
+    CapabilityFlag as CapabilityFlag,
+    CloseAckStatus as CloseAckStatus,
+    CloseReason as CloseReason,
+    ControlReason as ControlReason,
+    DescriptorFlag as DescriptorFlag,
+    DropFlag as DropFlag,
+    DropReason as DropReason,
+    ErrorCode as ErrorCode,
+    ErrorScope as ErrorScope,
+    FlowBackpressure as FlowBackpressure,
+    FlowFlag as FlowFlag,
+    FlowReason as FlowReason,
+    FlowScope as FlowScope,
+    HeaderFlag as HeaderFlag,
+    InFlightPolicy as InFlightPolicy,
+    InputProfile as InputProfile,
+    LossTolerance as LossTolerance,
+    MsgType as MsgType,
+    PartialFlag as PartialFlag,
+    PayloadKind as PayloadKind,
+    PressureFlag as PressureFlag,
+    PressureLevel as PressureLevel,
+    PriorityClass as PriorityClass,
+    ResultClass as ResultClass,
+    ResultFlag as ResultFlag,
+    ResultHintBudgetPolicy as ResultHintBudgetPolicy,
+    ResultHintCongestion as ResultHintCongestion,
+    ResultHintReason as ResultHintReason,
+    Role as Role,
+    SchedulingFlag as SchedulingFlag,
+    SessionError as SessionError,
+    SessionOpenStatus as SessionOpenStatus,
+    Stage as Stage,
+    StandardProfile as StandardProfile,
+    StreamSemantics as StreamSemantics,
+    SubmitMode as SubmitMode,
+    TileIndexMode as TileIndexMode,
+    TraceFlag as TraceFlag,
+    TransportId as TransportId,
+)
 from ._errors import (
     LocalProtocolError as LocalProtocolError,
-)
-from ._errors import (
     ProtocolError as ProtocolError,
-)
-from ._errors import (
     RemoteProtocolError as RemoteProtocolError,
-)
-from ._errors import (
     TypedBodyError as TypedBodyError,
 )
-from ._events import *  # noqa: F403
-from ._messages import *  # noqa: F403
+from ._events import (
+    CancelSource as CancelSource,
+    ConnectionFailed as ConnectionFailed,
+    DeadlineUpdated as DeadlineUpdated,
+    Event as Event,
+    HandshakeCompleted as HandshakeCompleted,
+    OperationCancelled as OperationCancelled,
+    OperationSubmitted as OperationSubmitted,
+    PeerClosed as PeerClosed,
+    PeerError as PeerError,
+    RefusalReason as RefusalReason,
+    SendBytes as SendBytes,
+    SessionCloseRequested as SessionCloseRequested,
+    SessionOpened as SessionOpened,
+    SessionOpenRefused as SessionOpenRefused,
+    SubmitRefused as SubmitRefused,
+    TraceContextUpdated as TraceContextUpdated,
+    TraceInfo as TraceInfo,
+)
+from ._layout import (
+    FieldSpec as FieldSpec,
+    WireMessage as WireMessage,
+)
+from ._messages import (
+    MESSAGE_CLASSES as MESSAGE_CLASSES,
+    Abort as Abort,
+    Backpressure as Backpressure,
+    BudgetUpdate as BudgetUpdate,
+    Cancel as Cancel,
+    CapabilityNegotiation as CapabilityNegotiation,
+    ClientHello as ClientHello,
+    Close as Close,
+    CreditUpdate as CreditUpdate,
+    Deadline as Deadline,
+    DegradeProfile as DegradeProfile,
+    Error as Error,
+    ErrorRecoverable as ErrorRecoverable,
+    ExecutionHint as ExecutionHint,
+    ExpireAt as ExpireAt,
+    FlowUpdate as FlowUpdate,
+    FrameCancel as FrameCancel,
+    FrameSubmit as FrameSubmit,
+    Message as Message,
+    PartialResult as PartialResult,
+    Ping as Ping,
+    Pong as Pong,
+    PriorityUpdate as PriorityUpdate,
+    Progress as Progress,
+    ResultDrop as ResultDrop,
+    ResultDropReason as ResultDropReason,
+    ResultHint as ResultHint,
+    ResultPush as ResultPush,
+    RetryAfter as RetryAfter,
+    RouteHint as RouteHint,
+    ServerHelloAck as ServerHelloAck,
+    SessionClose as SessionClose,
+    SessionCloseAck as SessionCloseAck,
+    SessionOpen as SessionOpen,
+    SessionOpenAck as SessionOpenAck,
+    Supersede as Supersede,
+    TraceContext as TraceContext,
+    TransportProbe as TransportProbe,
+    TransportProbeAck as TransportProbeAck,
+)
 from ._server import (
     ConnState as ConnState,
-)
-from ._server import (
     OpState as OpState,
-)
-from ._server import (
     ServerConfig as ServerConfig,
-)
-from ._server import (
     ServerConnection as ServerConnection,
-)
-from ._server import (
     SessionState as SessionState,
 )

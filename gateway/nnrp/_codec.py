@@ -200,8 +200,7 @@ def _build(values: RawHeader, cls: type[Message], data: bytes | bytearray | memo
     """Decode metadata and body of a complete packet starting at ``offset``."""
     meta_start = offset + HEADER_LEN
     layout = cls.LAYOUT
-    message = cls(*layout.unpack(data, meta_start, cls.MSG_TYPE.name))
-    message.validate()
+    message = cls.unpack(data, meta_start)
     body_len = values[7]
     body_start = meta_start + layout.size
     body = bytes(data[body_start:body_start + body_len]) if body_len else b""

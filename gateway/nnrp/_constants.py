@@ -108,6 +108,8 @@ class ErrorCode(IntEnum):
 
 
 class ErrorScope(IntEnum):
+    """ERROR and ERROR_RECOVERABLE scope."""
+
     CONNECTION = 0
     SESSION = 1
     FRAME = 2
@@ -286,10 +288,139 @@ class FlowFlag(IntFlag):
     DRAIN_IN_FLIGHT_ONLY = 0x08
 
 
+class CancelFlag(IntFlag):
+    """CANCEL / ABORT flags."""
+
+    NONE = 0
+    COOPERATIVE = 0x01
+    HARD = 0x02
+
+
+class SchedulingFlag(IntFlag):
+    """PRIORITY_UPDATE / DEADLINE / EXPIRE_AT flags."""
+
+    NONE = 0
+    DISCARD_STALE = 0x01
+    EMIT_DROP_REASON = 0x02
+
+
+class PartialFlag(IntFlag):
+    """PARTIAL_RESULT flags."""
+
+    NONE = 0
+    FINAL_PARTIAL = 0x01
+    OBJECT_REF = 0x02
+
+
+class PressureFlag(IntFlag):
+    """BACKPRESSURE / CREDIT_UPDATE flags: which scope ``scope_id`` names (neither: session)."""
+
+    NONE = 0
+    CONNECTION = 0x01
+    OPERATION = 0x02
+
+
+class CapabilityFlag(IntFlag):
+    """CAPABILITY_NEGOTIATION / DEGRADE_PROFILE flags."""
+
+    NONE = 0
+    HARD_REQUIREMENT = 0x01
+    DOWNGRADE_ALLOWED = 0x02
+
+
+class TraceFlag(IntFlag):
+    """TRACE_CONTEXT trace_flags."""
+
+    NONE = 0
+    SAMPLED = 0x01
+    ERROR = 0x02
+
+
+class DropFlag(IntFlag):
+    """RESULT_DROP_REASON flags."""
+
+    NONE = 0
+    FINAL = 0x01
+    RETRYABLE = 0x02
+
+
+#: Two flag bits whose names the digest does not give (SUPERSEDE has one).
+TWO_FLAG_BITS = 0x03
+
+
 class SubmitMode(IntEnum):
     INLINE = 0
     REFERENCE = 1
     MIXED = 2
+
+
+class InputProfile(IntEnum):
+    """FRAME_SUBMIT input_profile (tensor submits only)."""
+
+    UNSPECIFIED = 0
+    CHANGED_TILES_LUMA = 1
+    DENSE_LUMA_FRAME = 2
+
+
+class TileIndexMode(IntEnum):
+    """FRAME_SUBMIT tile_index_mode; the SDK's builder sets RAW_U16 even without tensors."""
+
+    DENSE_RANGE = 0
+    RAW_U16 = 1
+    DELTA_U16 = 2
+    BITSET = 3
+
+
+class LossTolerance(IntEnum):
+    """FRAME_SUBMIT loss_tolerance; 0xFF means "inherit the session's"."""
+
+    STRICT = 0
+    BEST_EFFORT = 1
+    LOW_LATENCY = 2
+    FIRE_AND_FORGET = 3
+    INHERIT = 0xFF
+
+
+class BudgetPolicy(IntFlag):
+    """FRAME_SUBMIT budget_policy bits (and RESULT_PUSH applied_budget)."""
+
+    NONE = 0
+    ALLOW_PARTIAL = 0x01
+    ALLOW_STALE_REUSE = 0x02
+    ALLOW_DEGRADED = 0x04
+    ALLOW_DROP = 0x08
+
+
+class ResultFlag(IntFlag):
+    """RESULT_PUSH result_flags."""
+
+    NONE = 0
+    STALE = 0x01
+    FALLBACK = 0x02
+    PARTIAL = 0x04
+
+
+class ResultHintBudgetPolicy(IntEnum):
+    NONE = 0
+    FULL = 1
+    PARTIAL = 2
+    STALE_REUSE = 3
+    DROP = 4
+
+
+class ResultHintCongestion(IntEnum):
+    NONE = 0
+    STEADY = 1
+    ELEVATED = 2
+    SATURATED = 3
+
+
+class ResultHintReason(IntEnum):
+    NONE = 0
+    QUEUE_FULL = 1
+    SERVER_BUSY = 2
+    BUDGET_EXCEEDED = 3
+    SUPERSEDED = 4
 
 
 class ResultClass(IntEnum):

@@ -1,4 +1,5 @@
-"""Protocol errors raised by the sans-IO layer.
+"""Protocol errors raised by the sans-IO layer (their place in the whole tree:
+``gateway.errors``).
 
     ProtocolError                 anything that breaks NNRP rules
     ├── RemoteProtocolError       the peer sent something invalid
@@ -13,10 +14,12 @@ whether the problem is fatal to the connection.
 
 from __future__ import annotations
 
+from gateway.errors import GatewayError
+
 from ._constants import ErrorCode
 
 
-class ProtocolError(Exception):
+class ProtocolError(GatewayError):
     """Base class. ``code`` is the ERROR frame code; ``fatal`` ends the connection."""
 
     def __init__(self, message: str, *, code: ErrorCode = ErrorCode.MALFORMED_HEADER,

@@ -141,43 +141,6 @@ _OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
     (OpState.CANCELLING, OpAction.CANCEL): OpState.CANCELLING,
 }
 
-#: Which client messages each connection state accepts, and the handler for each.
-#: AWAIT_HELLO misses are silent closes (rule 1); READY misses are fatal ERRORs (rule 2).
-_CONNECTION_TABLE: dict[ConnState, dict[MsgType, str]] = {
-    ConnState.AWAIT_HELLO: {
-        MsgType.TRANSPORT_PROBE: "_on_probe",
-        MsgType.CLIENT_HELLO: "_on_hello",
-    },
-    ConnState.READY: {
-        MsgType.TRANSPORT_PROBE: "_on_probe",
-        MsgType.SESSION_OPEN: "_on_session_open",
-        MsgType.SESSION_CLOSE: "_on_session_close",
-        MsgType.FRAME_SUBMIT: "_on_submit",
-        MsgType.FRAME_CANCEL: "_on_frame_cancel",
-        MsgType.CANCEL: "_on_cancel",
-        MsgType.ABORT: "_on_cancel",
-        MsgType.DEADLINE: "_on_deadline",
-        MsgType.EXPIRE_AT: "_on_deadline",
-        MsgType.TRACE_CONTEXT: "_on_trace_context",
-        MsgType.PING: "_on_ping",
-        MsgType.PONG: "_on_ignorable",
-        MsgType.FLOW_UPDATE: "_on_ignorable",
-        MsgType.CREDIT_UPDATE: "_on_ignorable",
-        MsgType.BACKPRESSURE: "_on_ignorable",
-        MsgType.CLOSE: "_on_close",
-        MsgType.ERROR: "_on_peer_error",
-        # Valid preview4 controls this server does not implement: a typed, non-fatal
-        # refusal instead of silence (the reference adapter does the same).
-        MsgType.PRIORITY_UPDATE: "_on_unsupported",
-        MsgType.SUPERSEDE: "_on_unsupported",
-        MsgType.BUDGET_UPDATE: "_on_unsupported",
-        MsgType.CAPABILITY_NEGOTIATION: "_on_unsupported",
-        MsgType.ROUTE_HINT: "_on_unsupported",
-        MsgType.EXECUTION_HINT: "_on_unsupported",
-    },
-    ConnState.CLOSED: {},
-}
-
 #: Session-scoped messages must name an open session (header.session_id).
 _SESSION_SCOPED = frozenset({
     MsgType.SESSION_CLOSE, MsgType.FRAME_SUBMIT, MsgType.FRAME_CANCEL, MsgType.CANCEL,
@@ -292,8 +255,8 @@ class ServerConnection:
 
     def _dispatch(self, packet: Packet, events: list[Event]) -> None:
         msg_type = packet.msg_type
-        handler_name = _CONNECTION_TABLE[self.state].get(msg_type)
-        if handler_name is None:
+        handler = _CONNECTION_TABLE[self.state].get(msg_type)
+        if handler is None:
             if self.state is ConnState.AWAIT_HELLO:
                 raise RemoteProtocolError(f"{msg_type.name} before CLIENT_HELLO",
                                           code=ErrorCode.INVALID_STATE)
@@ -303,7 +266,7 @@ class ServerConnection:
             raise RemoteProtocolError(
                 f"{msg_type.name} names session {packet.session_id}, which is not open",
                 code=ErrorCode.INVALID_STATE)
-        getattr(self, handler_name)(packet, events)
+        handler(self, packet, events)
 
     def _fail(self, error: ProtocolError) -> ConnectionFailed:
         """Rules 1 and 2: silent before the handshake, ERROR + close after it."""
@@ -696,27 +659,43 @@ class ServerConnection:
                      diagnostic_bytes=len(body))
         return encode(Packet(meta, session_id=session_id, body=body))
 
-    def session_ids(self) -> list[int]:
-        return list(self._sessions)
 
-    def active_operations(self, session_id: int | None = None) -> list[tuple[int, int]]:
-        """(session_id, operation_id) of every operation still in flight."""
-        sessions = ([self._sessions[session_id]] if session_id in self._sessions
-                    else [] if session_id is not None else list(self._sessions.values()))
-        return [(s.session_id, op) for s in sessions for op in s.operations]
+#: What one client message does to the connection: (connection, packet, events out).
+Handler = Callable[[ServerConnection, Packet, list[Event]], None]
 
-    def session_state(self, session_id: int) -> SessionState | None:
-        session = self._sessions.get(session_id)
-        return session.state if session else None
-
-    def drop_all(self) -> list[tuple[int, int]]:
-        """Mark every in-flight operation cancelled (shutdown): each then needs ``send_drop``."""
-        ended = []
-        for session in self._sessions.values():
-            for operation in session.operations.values():
-                if operation.state is OpState.ACTIVE:
-                    operation.state = OpState.CANCELLING
-                ended.append((session.session_id, operation.operation_id))
-        return ended
-
-
+#: Which client messages each connection state accepts, and the handler for each.
+#: AWAIT_HELLO misses are silent closes (rule 1); READY misses are fatal ERRORs (rule 2).
+_CONNECTION_TABLE: dict[ConnState, dict[MsgType, Handler]] = {
+    ConnState.AWAIT_HELLO: {
+        MsgType.TRANSPORT_PROBE: ServerConnection._on_probe,
+        MsgType.CLIENT_HELLO: ServerConnection._on_hello,
+    },
+    ConnState.READY: {
+        MsgType.TRANSPORT_PROBE: ServerConnection._on_probe,
+        MsgType.SESSION_OPEN: ServerConnection._on_session_open,
+        MsgType.SESSION_CLOSE: ServerConnection._on_session_close,
+        MsgType.FRAME_SUBMIT: ServerConnection._on_submit,
+        MsgType.FRAME_CANCEL: ServerConnection._on_frame_cancel,
+        MsgType.CANCEL: ServerConnection._on_cancel,
+        MsgType.ABORT: ServerConnection._on_cancel,
+        MsgType.DEADLINE: ServerConnection._on_deadline,
+        MsgType.EXPIRE_AT: ServerConnection._on_deadline,
+        MsgType.TRACE_CONTEXT: ServerConnection._on_trace_context,
+        MsgType.PING: ServerConnection._on_ping,
+        MsgType.PONG: ServerConnection._on_ignorable,
+        MsgType.FLOW_UPDATE: ServerConnection._on_ignorable,
+        MsgType.CREDIT_UPDATE: ServerConnection._on_ignorable,
+        MsgType.BACKPRESSURE: ServerConnection._on_ignorable,
+        MsgType.CLOSE: ServerConnection._on_close,
+        MsgType.ERROR: ServerConnection._on_peer_error,
+        # Valid preview4 controls this server does not implement: a typed, non-fatal
+        # refusal instead of silence (the reference adapter does the same).
+        MsgType.PRIORITY_UPDATE: ServerConnection._on_unsupported,
+        MsgType.SUPERSEDE: ServerConnection._on_unsupported,
+        MsgType.BUDGET_UPDATE: ServerConnection._on_unsupported,
+        MsgType.CAPABILITY_NEGOTIATION: ServerConnection._on_unsupported,
+        MsgType.ROUTE_HINT: ServerConnection._on_unsupported,
+        MsgType.EXECUTION_HINT: ServerConnection._on_unsupported,
+    },
+    ConnState.CLOSED: {},
+}

@@ -6,12 +6,10 @@ import struct
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
-
-from .strategies import ALL_CLASSES, packets
+from tests.support.strategies import ALL_CLASSES, packets
 
 
 def feed_three_ways(data: bytes) -> list[nnrp.Packet]:

@@ -9,12 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
-
-from .strategies import messages, packets
+from tests.support.strategies import messages, packets
 
 core = pytest.importorskip("nnrp.core")
 runtime_types = pytest.importorskip("nnrp.runtime.types")
@@ -65,8 +63,7 @@ def _meta_bytes(message: Any) -> bytes:
 
 
 def _ours_decode(cls: type[Any], raw: bytes) -> Any:
-    value = cls(*cls.LAYOUT.unpack(raw, 0, cls.__name__))
-    value.validate()
+    value = cls.unpack(raw)
     return value
 
 

@@ -34,8 +34,7 @@ VECTORS_BY_NAME = _vectors()
 def _meta_roundtrip(cls: type[Any], hex_text: str) -> Any:
     raw = bytes.fromhex(hex_text)
     assert len(raw) == cls.LAYOUT.size
-    message = cls(*cls.LAYOUT.unpack(raw, 0, cls.__name__))
-    message.validate()
+    message = cls.unpack(raw)
     assert cls.LAYOUT.pack_struct.pack(*cls.LAYOUT.get_values(message)) == raw
     return message
 

@@ -11,69 +11,40 @@ from gateway import nnrp
 from gateway.nnrp._messages import MESSAGE_CLASSES
 
 _MAX = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF, "Q": 0xFFFFFFFFFFFFFFFF}
-_STAGES = [int(s) for s in nnrp.Stage] + [0x8000, 0xFFFF]
 
-#: Registries and masks, by field name (the names are unique enough across messages).
+#: Fields with rules beyond their declared registry or mask.
 _FIELD_OVERRIDES: dict[str, st.SearchStrategy[int]] = {
     "min_version": st.just(1),
     "max_version": st.integers(1, 3),
-    "priority_class": st.integers(0, 2),
-    "in_flight_policy": st.integers(0, 1),
-    "status": st.integers(0, 3),
-    "source_role": st.integers(0, 7),
-    "role": st.integers(0, 7),
-    "drop_reason": st.integers(0, 9),
-    "scope": st.integers(0, 2),
-    "backpressure": st.integers(0, 2),
-    "level": st.integers(0, 3),
-    "code": st.integers(1, 12),
-    "is_fatal": st.integers(0, 1),
-    "submit_mode": st.integers(0, 2),
-    "budget_policy": st.integers(0, 4),
-    "applied_budget": st.integers(0, 15),
-    "loss_tolerance": st.sampled_from([0, 1, 2, 3, 0xFF]),
-    "tile_index_mode": st.integers(0, 3),
-    "result_class": st.integers(0, 3),
-    "result_flags": st.integers(0, 7),
-    "congestion": st.integers(0, 3),
-    "input_profile": st.integers(0, 2),
-    "stage": st.sampled_from(_STAGES),
+    "stage": st.sampled_from([int(s) for s in nnrp.Stage] + [0x8000, 0xFFFF]),
     "percent_x100": st.one_of(st.integers(0, 10000), st.just(0xFFFF)),
-    "session_flags": st.integers(0, 0x0F),
-    "session_flags_ack": st.integers(0, 0x1F),
-    "trace_flags": st.integers(0, 3),
-    "payload_kind_bitmap": st.integers(0, 0x7F),
     "deadline_unix_ms": st.integers(1, _MAX["Q"]),
     "operation_id": st.integers(1, _MAX["Q"]),
 }
-#: Fields whose registry differs per message.
 _CLASS_OVERRIDES: dict[tuple[type[Any], str], st.SearchStrategy[int]] = {
-    (nnrp.SessionClose, "reason"): st.integers(0, 5),
-    (nnrp.Cancel, "reason"): st.integers(0, 8),
-    (nnrp.Abort, "reason"): st.integers(0, 8),
-    (nnrp.FlowUpdate, "reason"): st.integers(0, 4),
-    (nnrp.ResultHint, "reason"): st.integers(0, 4),
-    (nnrp.FlowUpdate, "flags"): st.integers(0, 0x0F),
-    (nnrp.Supersede, "flags"): st.integers(0, 1),
     (nnrp.FlowUpdate, "operation_id"): st.integers(0, _MAX["Q"]),
+    (nnrp.PriorityUpdate, "priority_class"): st.integers(0, 2),
 }
 _BODY_LENGTH_FIELDS = {"diagnostic_bytes", "body_bytes", "payload_bytes", "auth_bytes",
                        "control_extension_bytes", "resume_token_bytes",
                        "session_extension_bytes"}
 
 
-def _field_strategy(cls: type[Any], name: str, code: str) -> st.SearchStrategy[int]:
+def _field_strategy(cls: type[Any], name: str, spec: Any) -> st.SearchStrategy[int]:
+    """Values the field's own declaration allows (registry or mask), else its full range."""
     if (cls, name) in _CLASS_OVERRIDES:
         return _CLASS_OVERRIDES[(cls, name)]
     if name in _BODY_LENGTH_FIELDS:
         return st.integers(0, 48)
     if name in _FIELD_OVERRIDES:
         return _FIELD_OVERRIDES[name]
-    if name == "flags":
-        return st.integers(0, 3)
-    if code == "h":
+    if spec.allowed is not None:
+        return st.sampled_from(sorted(spec.allowed))
+    if spec.mask is not None:
+        return st.integers(0, spec.mask).map(lambda value, mask=spec.mask: value & mask)
+    if spec.code == "h":
         return st.integers(-0x8000, 0x7FFF)
-    return st.integers(0, _MAX[code])
+    return st.integers(0, _MAX[spec.code])
 
 
 def _valid(message: Any) -> bool:
@@ -121,8 +92,8 @@ def _repair(message: Any) -> Any:
 
 def messages(cls: type[Any]) -> st.SearchStrategy[Any]:
     """Valid metadata objects of one message class."""
-    fields = {name: _field_strategy(cls, name, code)
-              for name, code in cls.LAYOUT.fields if name is not None}
+    fields = {name: _field_strategy(cls, name, spec)
+              for name, spec in cls.LAYOUT.fields if not spec.is_reserved}
     return st.builds(cls, **fields).map(_repair).filter(_valid)
 
 

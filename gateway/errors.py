@@ -1,0 +1,34 @@
+"""The gateway's one error tree (conventions.md, style principle 7).
+
+    GatewayError
+    ├── ProtocolError            gateway.nnrp: the NNRP rules were broken
+    │   ├── RemoteProtocolError    ...by the peer: fatal to the connection unless scoped
+    │   │   └── TypedBodyError       ...inside a typed body: fails one operation only
+    │   └── LocalProtocolError     ...by us: a send the state machine forbids (never sent)
+    ├── ProfileError             gateway.profile: the request is refused; carries its EndCause
+    ├── UpstreamError            gateway.upstream: vLLM could not serve the request
+    │   ├── UpstreamUnavailable    refused or reset before any response byte
+    │   ├── UpstreamTimeout        connect / first chunk / idle / total
+    │   ├── UpstreamStatus         a 4xx/5xx answer (vLLM's message and param parsed)
+    │   ├── UpstreamMalformed      a stream or body that breaks vLLM's contract
+    │   └── UnsupportedVersion     the probed vLLM is outside the tested families
+    └── ConfigError              an option that cannot be used (listen URI, TLS files)
+        └── ListenError
+
+How each ends an operation (which terminal, outcome label, log level, metric) is one
+table: ``gateway.profile.END_TABLE``, keyed by ``EndCause``. ``ProtocolError`` never ends
+an operation by itself: a fatal one ends its connection (every operation then ends
+``disconnected`` or with the drop the table gives), a scoped one is answered on the wire.
+
+This module imports nothing, so every layer (the sans-IO ones included) may build on it.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Root of every error the gateway raises on purpose."""
+
+
+class ConfigError(GatewayError, ValueError):
+    """A configuration value that cannot be used; the message names it."""
