@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from gateway.bench import Figure
-    from gateway.bench._soak import SoakReport
+    from gateway.tools.bench import Figure
+    from gateway.tools.bench._soak import SoakReport
 
 #: The scenarios of ``bench run``, named here so the CLI's help needs no benchmark import
-#: (tests/cli checks them against gateway.bench's table).
+#: (tests/cli checks them against gateway.tools.bench's table).
 SCENARIO_NAMES = ("latency", "throughput", "unary", "cancellation", "scale")
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
@@ -61,7 +61,7 @@ def _machine() -> dict[str, object]:
 @bench_app.command("codec")
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
-    from gateway.bench import run_codec_bench
+    from gateway.tools.bench import run_codec_bench
 
     _report("codec", run_codec_bench(quick), as_json, out)
 
@@ -71,7 +71,7 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     """Round trips/s, events/s to one client, memory per idle session (real sockets)."""
     import trio
 
-    from gateway.bench import run_wire_bench
+    from gateway.tools.bench import run_wire_bench
 
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)
@@ -158,7 +158,7 @@ def run_scenarios_command(
     """Latency, throughput, non-streaming, cancellation, scale: gateway vs direct HTTP."""
     import trio
 
-    from gateway.bench._scenarios import run_scenarios
+    from gateway.tools.bench._scenarios import run_scenarios
 
     _quiet_logs()
     names = scenario or list(SCENARIO_NAMES)
@@ -190,7 +190,7 @@ def live_command(
     """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
     import trio
 
-    from gateway.bench._scenarios import live
+    from gateway.tools.bench._scenarios import live
 
     _quiet_logs()
     results = _with_progress(
@@ -218,7 +218,7 @@ def soak_command(
     With --out, the gateway's and the backend's logs are kept in OUT/logs."""
     import trio
 
-    from gateway.bench._soak import soak
+    from gateway.tools.bench._soak import soak
 
     _quiet_logs()
 

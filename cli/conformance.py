@@ -29,7 +29,7 @@ NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's 
 
 async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
     """The gateway's own capability document, over NNRP (operation gateway.capabilities)."""
-    from gateway.client import ClientError, connect
+    from gateway.tools.client import ClientError, connect
 
     async with connect(endpoint) as client:
         session = await client.open_session()
@@ -53,7 +53,7 @@ def _capabilities(endpoint: str | None, path: Path | None, without_extensions: b
                   ) -> dict[str, Any]:
     import trio
 
-    from gateway.conformance import schema_errors, suite_capabilities
+    from gateway.tools.conformance import schema_errors, suite_capabilities
 
     if path is not None:
         document: dict[str, Any] = json.loads(path.read_text())
@@ -77,13 +77,13 @@ def plan(
     endpoint: Annotated[str | None, typer.Option(help="Fetch capabilities live.")] = None,
     capabilities: Capabilities = None,
     replay_backend: Annotated[bool, typer.Option(
-        help="The backend is the replay server (claims gateway.replay-backend).")] = False,
+        help="The backend is the replay server (claims gateway.tools.replay-backend).")] = False,
     suite_only: NoProject = False,
     without_extensions: Annotated[bool, typer.Option(help="Plan as if no extensions.")] = False,
 ) -> None:
     """Select recipes from the capability document, as the suite's runner does."""
-    from gateway.conformance import build_plan
     from gateway.observe import configure_logging
+    from gateway.tools.conformance import build_plan
 
     configure_logging(level="warning", to_stderr=True)
     document = _capabilities(endpoint, capabilities, without_extensions)
@@ -101,7 +101,7 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
               backend_log: str | None, suite_only: bool) -> dict[str, Any]:
     import trio
 
-    from gateway.conformance import build_plan, run_plan
+    from gateway.tools.conformance import build_plan, run_plan
 
     execution_plan, not_claimed = build_plan(
         document, include_project=not suite_only, replay_backend=backend_log is not None,
@@ -135,9 +135,9 @@ def run(
         help="Also run with extensions removed; the passed cases must be the same.")] = True,
 ) -> None:
     """Run every selected case over a real NNRP session; write results and evidence."""
-    from gateway.client import ClientError
-    from gateway.conformance import native_available
     from gateway.observe import configure_logging
+    from gateway.tools.client import ClientError
+    from gateway.tools.conformance import native_available
 
     configure_logging(level="warning", to_stderr=True)
     chosen = client or ("native" if native_available() else "builtin")
@@ -179,7 +179,7 @@ def validate(
         "--plan", help="Execution plan (default: plan.json beside the results).")] = None,
 ) -> None:
     """Apply the suite's validation rules strictly: exit non-zero unless passed == selected."""
-    from gateway.conformance import validate_results
+    from gateway.tools.conformance import validate_results
 
     plan_file = plan_path or results.parent / "plan.json"
     report = validate_results(json.loads(plan_file.read_text()),
@@ -203,8 +203,8 @@ def wire_probe(
     """The wire.profile.openai-compatible.level1 scenario on each given transport."""
     import trio
 
-    from gateway.conformance import run_wire_probe, schema_errors
     from gateway.observe import configure_logging
+    from gateway.tools.conformance import run_wire_probe, schema_errors
 
     configure_logging(level="warning", to_stderr=True)
     report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name))

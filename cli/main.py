@@ -168,17 +168,12 @@ def serve(
     from gateway.nnrp import ServerConfig
     from gateway.observe import configure_logging
     from gateway.pipeline import PipelineLimits
-    from gateway.server import (
-        ConnectionLimits,
-        ListenError,
-        TlsConfig,
-        TokenAuthenticator,
-        parse_listen_uri,
-    )
+    from gateway.server import ConnectionLimits, TlsConfig, TokenAuthenticator
+    from gateway.transport import ListenError, parse_endpoint
 
     for uri in listen:
         try:
-            parse_listen_uri(uri)
+            parse_endpoint(uri)
         except ListenError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
@@ -223,7 +218,7 @@ def serve(
 
 def _exit_for_user_error(group: BaseExceptionGroup) -> None:
     """Errors that are the operator's to fix: one line and an exit code, no traceback."""
-    from gateway.server import ListenError
+    from gateway.transport import ListenError
     from gateway.upstream import UnsupportedVersion
 
     user_errors: tuple[tuple[type[Exception], int, str], ...] = (
@@ -245,7 +240,7 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
     import trio
 
     from gateway.app import Gateway
-    from gateway.conformance import target_manifest, write_atomically
+    from gateway.tools.conformance import target_manifest, write_atomically
 
     gateway_app = Gateway(config)
     async with trio.open_nursery() as nursery:
@@ -280,7 +275,7 @@ def replay_server(
     import trio
 
     from gateway.observe import configure_logging
-    from gateway.replay import ReplayServer
+    from gateway.tools.replay import ReplayServer
 
     configure_logging()
     host, _, port = listen.rpartition(":")
@@ -299,7 +294,7 @@ def replay_server(
 def record(vllm_url: VllmUrl, out: Annotated[Path, typer.Option(help="Directory for JSONL.")],
            model: Annotated[str, typer.Option(help="Served model name.")] = "tiny") -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
-    from gateway.replay._record import record_all
+    from gateway.tools.replay._record import record_all
 
     for path in record_all(vllm_url, out, model):
         typer.echo(f"wrote {path}")
@@ -344,8 +339,8 @@ async def _demo() -> int:
 
     from gateway import nnrp
     from gateway.app import Gateway, GatewayConfig
-    from gateway.client import connect
-    from gateway.replay import ReplayServer
+    from gateway.tools.client import connect
+    from gateway.tools.replay import ReplayServer
 
     replay = ReplayServer(speed=1.0)
     async with trio.open_nursery() as nursery:
@@ -390,8 +385,8 @@ def demo() -> None:
     """Replay vLLM + gateway on free ports; stream one chat answer over a real NNRP session."""
     import trio
 
-    from gateway.client import ClientError
     from gateway.observe import configure_logging
+    from gateway.tools.client import ClientError
 
     configure_logging(level="warning", to_stderr=True)
     try:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from gateway.client import ClientOperation
+    from gateway.tools.client import ClientOperation
 
 AdminUrl = Annotated[str, typer.Option(envvar="NNRP_GATEWAY_ADMIN_URL",
                                        help="Base URL of the gateway's admin listener.")]
@@ -96,8 +96,8 @@ def chat(prompt: Annotated[str | None, typer.Argument(
     during an answer sends a real CANCEL (the gateway aborts vLLM's request)."""
     import trio
 
-    from gateway.client import ClientError
     from gateway.observe import configure_logging
+    from gateway.tools.client import ClientError
 
     configure_logging(level="warning", to_stderr=True)
     try:
@@ -111,7 +111,7 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
                 usage: bool) -> None:
     import trio
 
-    from gateway.client import connect
+    from gateway.tools.client import connect
 
     history: list[dict[str, Any]] = []
     async with connect(endpoint) as client:

@@ -24,13 +24,12 @@ import gateway
 from gateway.nnrp import ServerConfig
 from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
-from gateway.profile import ERROR_TABLE
-from gateway.profile._capabilities import capability_document
+from gateway.profile import capability_document
 from gateway.server import (
     BoundEndpoint,
     ConnectionLimits,
     GatewayServer,
-    OperationContext,
+    Operation,
     TlsConfig,
     load_tls,
     server_context,
@@ -85,13 +84,13 @@ class Gateway:
         self.server = GatewayServer(self.pipeline, config=config.server,
                                     limits=config.connection,
                                     max_connections=config.max_connections,
-                                    refusal=profile_refusal, ssl_context=self.ssl_context)
+                                    refusal=profile_refusal, observer=self._observe,
+                                    ssl_context=self.ssl_context)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
         self.metrics = GatewayMetrics()
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
-        self.server.stats.observers.append(self._observe)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
             self.metrics.registry if config.metrics else None))
@@ -109,16 +108,11 @@ class Gateway:
             reasons.append("draining")
         return reasons
 
-    def _observe(self, op: OperationContext) -> None:
+    def _observe(self, op: Operation) -> None:
         """The canonical log line and the metrics, from one record per operation."""
         record = build_record(op)
         self.metrics.observe(record)
-        level = "info"
-        if record.error_code is not None:
-            level = ERROR_TABLE[record.error_code].log_level
-        elif record.outcome == "internal_error":
-            level = "error"
-        getattr(operation_log, level)("operation", **record.as_dict())
+        getattr(operation_log, record.log_level)("operation", **record.as_dict())
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the certificate files; new handshakes use them."""

@@ -1,9 +1,11 @@
 """Observability: one observation record per operation feeds the NNRP diagnostics event,
 the canonical log line and the Prometheus metrics; plus the admin HTTP listener."""
 
-from ._admin import AdminRoutes as AdminRoutes
-from ._admin import AdminServer as AdminServer
+from ._admin import AdminRoutes as AdminRoutes, AdminServer as AdminServer
 from ._logging import configure_logging as configure_logging
 from ._metrics import GatewayMetrics as GatewayMetrics
-from ._record import ObservationRecord as ObservationRecord
-from ._record import build_record as build_record
+from ._record import (
+    ObservationRecord as ObservationRecord,
+    OperationNotes as OperationNotes,
+    build_record as build_record,
+)

@@ -7,7 +7,8 @@ Ids never become labels. The package never binds a port: the admin listener serv
 ``generate_latest(registry)`` when metrics are enabled.
 
 Connection-level counters live in ``ServerStats`` as plain ints and are exported by a
-custom collector at scrape time, so the hot path pays no lock per frame.
+custom collector at scrape time, so the hot path pays no lock per frame. Which operations
+count as upstream errors, and their outcome label, is ``END_TABLE``'s (gateway.profile).
 """
 
 from __future__ import annotations
@@ -123,9 +124,7 @@ class GatewayMetrics:
             self.first_event.labels(model).observe(record.first_event_ms / 1000)
         if record.events:
             self.events.labels(model).inc(record.events)
-        if (record.error_code is not None and record.upstream_status is not None) or (
-                record.error_code in ("backend_unavailable", "backend_error",
-                                      "request_timeout")):
+        if record.upstream_error:  # END_TABLE says which end causes are vLLM's
             self.upstream_errors.labels(record.error_code or "unknown").inc()
         if record.cancel_source is not None:
             self.cancellations.labels(record.cancel_source).inc()

@@ -1,8 +1,8 @@
 """The observation record: one per operation, built once, feeding three outputs.
 
-    OperationContext + pipeline notes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
-                                                            ├─▶ canonical JSON log line
-                                                            └─▶ Prometheus metrics
+    Operation + its OperationNotes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
+                                                         ├─▶ canonical JSON log line
+                                                         └─▶ Prometheus metrics
 
 Never in it: trace attribute bodies (only their byte count), API keys, message content.
 """
@@ -13,13 +13,33 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from gateway.profile import END_TABLE, EndCause, Outcome
+
 if TYPE_CHECKING:
-    from gateway.server import OperationContext
+    from gateway.server import Operation
+
+
+@attrs.define
+class OperationNotes:
+    """What the operation's handler learned (the pipeline fills it in as it goes)."""
+
+    model: str | None = None
+    operation: str | None = None
+    request_id: str | None = None
+    stream: bool | None = None
+    traceparent: str | None = None
+    upstream_status: int | None = None
+    upstream_started: float | None = None
+    upstream_first_byte: float | None = None
+    upstream_closed: float | None = None
+    usage: dict[str, Any] | None = None
+    diagnostics: bool = False
+    backend: dict[str, str] | None = None
 
 
 @attrs.frozen
 class ObservationRecord:
-    outcome: str
+    outcome: Outcome
     transport: str
     connection_id: int
     session_id: int
@@ -46,9 +66,20 @@ class ObservationRecord:
     trace_id: str | None
     span_id: str | None
     trace_attribute_bytes: int
+    #: Why it ended; decides the log level and the metrics (not part of the log line).
+    end_cause: EndCause | None = attrs.field(default=None, repr=False)
+
+    @property
+    def log_level(self) -> str:
+        return END_TABLE[self.end_cause].log_level if self.end_cause else "info"
+
+    @property
+    def upstream_error(self) -> bool:
+        return self.end_cause is not None and END_TABLE[self.end_cause].upstream_error
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: value for key, value in attrs.asdict(self).items() if value is not None}
+        return {key: value for key, value in attrs.asdict(
+            self, filter=lambda a, _: a.name != "end_cause").items() if value is not None}
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -57,36 +88,38 @@ def _ms(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000, 3)
 
 
-def build_record(op: OperationContext) -> ObservationRecord:
+def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRecord:
+    """The record of ``op`` as it stands (``cause`` overrides its end cause: the
+    diagnostics event is built just before the terminal)."""
     notes = op.notes
-
-    def get(name: str) -> Any:
-        return getattr(notes, name, None)
-
+    cause = cause or op.end_cause
+    spec = END_TABLE[cause] if cause is not None else None
     trace = op.trace
     cancel = op.cancel_info
-    upstream_started = get("upstream_started")
-    upstream_closed = get("upstream_closed")
-    aborted = (op.outcome in ("cancelled", "deadline", "shutdown", "disconnected")
-               and upstream_started is not None)
+    aborted = (spec is not None and spec.ended_from_outside
+               and notes.upstream_started is not None)
+    error_code = (str(cause) if spec is not None and cause is not EndCause.COMPLETED
+                  and not spec.ended_from_outside else None)
     return ObservationRecord(
-        outcome=op.outcome or "unknown", transport=op.transport,
+        outcome=spec.outcome if spec is not None else Outcome.OK,
+        transport=op.transport,
         connection_id=op.connection_id, session_id=op.session_id,
-        operation_id=op.operation_id, frame_id=op.frame_id, model=get("model"),
-        operation=get("operation"), request_id=get("request_id"), stream=get("stream"),
+        operation_id=op.operation_id, frame_id=op.frame_id, model=notes.model,
+        operation=notes.operation, request_id=notes.request_id, stream=notes.stream,
         queue_delay_ms=_ms(op.received_at, op.started_at),
         first_event_ms=_ms(op.received_at, op.first_event_at),
         duration_ms=_ms(op.received_at, op.terminal_at),
         events=op.events_sent, event_bytes=op.bytes_sent,
         inter_event_gap_ms_max=round(op.max_gap * 1000, 3) if op.max_gap else None,
-        usage=get("usage"), upstream_status=get("upstream_status"),
-        upstream_ms=_ms(upstream_started, upstream_closed),
+        usage=notes.usage, upstream_status=notes.upstream_status,
+        upstream_ms=_ms(notes.upstream_started, notes.upstream_closed),
         upstream_aborted=aborted,
-        upstream_abort_ms=_ms(cancel.at, upstream_closed) if aborted and cancel else None,
-        error_code=get("error_code"),
+        upstream_abort_ms=_ms(cancel.at, notes.upstream_closed) if aborted and cancel else None,
+        error_code=error_code,
         cancel_source=cancel.source.value if cancel else (
-            op.end_reason.value if op.end_reason else None),
+            str(cause) if spec is not None and spec.ended_from_outside else None),
         cancel_reason=cancel.reason if cancel else None,
         trace_id=f"{trace.trace_id:016x}" if trace else None,
         span_id=f"{trace.span_id:016x}" if trace else None,
-        trace_attribute_bytes=trace.attribute_bytes if trace else 0)
+        trace_attribute_bytes=trace.attribute_bytes if trace else 0,
+        end_cause=cause)

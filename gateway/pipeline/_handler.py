@@ -1,14 +1,19 @@
 """The chat pipeline: one NNRP operation -> one vLLM request -> profile events.
 
-    typed body ─▶ envelope ─▶ upstream request ─▶ httpx stream ─▶ SSE decode ─▶ chunk checks
+    typed body ─▶ envelope ─▶ upstream request ─▶ checked chunks (gateway.upstream)
         ─▶ translate ─▶ PARTIAL_RESULT per event ─▶ one terminal RESULT_PUSH
 
-Time (architecture.md rule 2): the total timeout (``nnrp.timeout_ms`` or the configured
-total) and the first-chunk / idle timeouts are cancel scopes; the idle clock is paused
-while the gateway itself waits on a slow NNRP reader, so backpressure is never mistaken
-for a stalled vLLM. An NNRP cancel or deadline cancels the operation's scope from
-outside: the httpx stream is left, its socket closes, and vLLM aborts the request; the
-connection then sends the RESULT_DROP_REASON and nothing else.
+Each stage is a pure function or a small class (``parse_envelope``, ``build_request``,
+``Translator``); this module only strings them together and owns the clocks the stages
+do not: the total timeout (``nnrp.timeout_ms`` or the configured total) is a cancel
+scope around the upstream exchange. The first-chunk and idle clocks belong to the
+upstream stream, which times its reads only, so a slow NNRP reader never looks like a
+stalled vLLM.
+
+The terminal goes out after the upstream exchange has closed (the connection is back in
+its slot). An NNRP cancel or deadline cancels the operation's scope from outside: the
+upstream stream is left, its socket closes, vLLM aborts the request, and the operation
+sends its own drop (gateway.server).
 """
 
 from __future__ import annotations
@@ -21,35 +26,31 @@ import attrs
 import structlog
 import trio
 
-from gateway.nnrp import RefusalReason, SubmitRefused
 from gateway.observe import build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
+    EndCause,
     ProfileError,
     check_typed_body,
+    events as ev,
     parse_envelope,
 )
-from gateway.profile import events as ev
 from gateway.upstream import (
-    SSEDecoder,
-    SSEError,
     UpstreamError,
-    UpstreamMalformed,
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
     to_profile_error,
 )
 
-from ._chunks import parse_chunk, parse_completion
 from ._request import UpstreamRequest, build_request
 from ._translate import Translator
 
 if TYPE_CHECKING:
-    from gateway.server import OperationContext
+    from gateway.nnrp import SubmitRefused
+    from gateway.server import Operation
 
-MAX_COMPLETION_BODY = 64 * 1024 * 1024
 log = structlog.get_logger("gateway.pipeline")
 
 
@@ -60,25 +61,6 @@ class PipelineLimits:
     total_timeout: float | None = None
     max_envelope_bytes: int = 4 << 20
     max_event_bytes: int = 4 << 20
-
-
-@attrs.define
-class OperationNotes:
-    """What the pipeline learned about one operation (feeds the observation record)."""
-
-    model: str | None = None
-    operation: str | None = None
-    request_id: str | None = None
-    stream: bool | None = None
-    traceparent: str | None = None
-    upstream_status: int | None = None
-    upstream_started: float | None = None
-    upstream_first_byte: float | None = None
-    upstream_closed: float | None = None
-    usage: dict[str, Any] | None = None
-    error_code: str | None = None
-    diagnostics: bool = False
-    backend: dict[str, str] | None = None
 
 
 class ChatPipeline:
@@ -93,21 +75,20 @@ class ChatPipeline:
         self.limits = limits or PipelineLimits()
         self.operations = frozenset({CHAT_COMPLETIONS, CAPABILITIES_OPERATION})
 
-    async def __call__(self, op: OperationContext) -> None:
-        notes = OperationNotes()
-        op.notes = notes
+    async def __call__(self, op: Operation) -> None:
+        notes = op.notes
         translator: Translator | None = None
         try:
-            payload = check_typed_body(op.typed_body, op.body_error)
-            envelope = parse_envelope(payload, max_bytes=self.limits.max_envelope_bytes,
+            envelope = parse_envelope(check_typed_body(op.typed_body, op.body_error),
+                                      max_bytes=self.limits.max_envelope_bytes,
                                       operations=self.operations)
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.operation == CAPABILITIES_OPERATION:
-                await self._finish(op, ev.completed(self.capabilities()))
+                await self._complete(op, ev.completed(self.capabilities()))
                 return
             info = self.info()
             if info is None:
-                raise ProfileError("backend_unavailable",
+                raise ProfileError(EndCause.BACKEND_UNAVAILABLE,
                                    "vLLM is not ready (start-up probe has not succeeded)")
             request = build_request(envelope, session_id=op.session_id,
                                     operation_id=op.operation_id,
@@ -120,142 +101,107 @@ class ChatPipeline:
             structlog.contextvars.bind_contextvars(request_id=request.request_id,
                                                    session_id=op.session_id,
                                                    operation_id=op.operation_id)
-            total = self.limits.total_timeout
-            if envelope.policy.timeout_ms is not None:
-                policy_total = envelope.policy.timeout_ms / 1000
-                total = policy_total if total is None else min(total, policy_total)
-            translator = Translator(info.binding, usage_requested=request.usage_requested,
-                                    include_openai_chunk=envelope.policy.include_openai_chunk)
-            with trio.move_on_after(total if total is not None else math.inf) as total_scope:
+            total = self._total_timeout(envelope.policy.timeout_ms)
+            body: dict[str, Any] | None = None
+            with trio.move_on_after(total):
                 if request.stream:
-                    await self._stream(op, request, translator, notes)
+                    translator = Translator(
+                        info.binding, usage_requested=request.usage_requested,
+                        include_openai_chunk=envelope.policy.include_openai_chunk)
+                    body = await self._stream(op, request, translator)
                 else:
-                    await self._unary(op, request, info, notes)
-            if total_scope.cancelled_caught:
-                raise UpstreamTimeout("total", total or 0.0)
+                    body = info.binding.normalize_body(await self._unary(op, request))
+            if body is None:
+                raise UpstreamTimeout("total", total)
+            await self._complete(op, ev.completed(body))
         except ProfileError as error:
-            await self._fail(op, error, notes)
+            await self._fail(op, error)
         except UpstreamError as error:
             if translator is not None:
                 for event in translator.abort(str(error)):
                     await op.emit(ev.encode_event(event))
-            await self._fail(op, to_profile_error(error), notes)
+            await self._fail(op, to_profile_error(error))
         except Exception as exc:  # a bug or an input we did not foresee: say so, once
             log.exception("pipeline failed", operation_id=op.operation_id)
             if not op.is_terminal:
                 await self._fail(op, ProfileError(
-                    "adapter_runtime_error", f"the gateway failed: {type(exc).__name__}"),
-                    notes)
+                    EndCause.ADAPTER_RUNTIME_ERROR, f"the gateway failed: {type(exc).__name__}"))
 
-    # ------------------------------------------------------------------ streaming
+    def _total_timeout(self, policy_ms: int | None) -> float:
+        total = self.limits.total_timeout
+        if policy_ms is not None:
+            total = policy_ms / 1000 if total is None else min(total, policy_ms / 1000)
+        return math.inf if total is None else total
 
-    async def _stream(self, op: OperationContext, request: UpstreamRequest,
-                      translator: Translator, notes: OperationNotes) -> None:
-        limits = self.limits
-        decoder = SSEDecoder(max_event=limits.max_event_bytes)
-        clock = trio.CancelScope(deadline=trio.current_time() + limits.first_chunk_timeout)
-        done = False
-        got_bytes = False
+    # ------------------------------------------------------------------ upstream
+
+    async def _stream(self, op: Operation, request: UpstreamRequest, translator: Translator
+                      ) -> dict[str, Any]:
+        """Events as the chunks arrive; the completed body rebuilt once vLLM is done."""
+        limits, notes = self.limits, op.notes
         notes.upstream_started = trio.current_time()
         try:
-            with clock:
-                async with self.client.stream_chat(request.body, request.headers) as chunks:
-                    notes.upstream_status = 200
-                    async for raw in chunks:
-                        if not got_bytes:
-                            got_bytes = True
-                            notes.upstream_first_byte = trio.current_time()
-                        try:
-                            sse_events = decoder.feed(raw)
-                        except SSEError as exc:
-                            raise UpstreamMalformed(str(exc)) from exc
-                        clock.deadline = math.inf  # our own backpressure is not vLLM idling
-                        for sse in sse_events:
-                            if sse.is_done:
-                                done = True
-                                break
-                            for event in translator.feed(parse_chunk(sse.data)):
-                                await op.emit(ev.encode_event(event))
-                        if done:
-                            # The answer is complete: the client gets its terminal now, and
-                            # only then is the connection's trailer read, so it is reused.
-                            notes.upstream_closed = trio.current_time()
-                            notes.usage = translator.usage
-                            for event in translator.finish():
-                                await op.emit(ev.encode_event(event))
-                            await self._finish(op, ev.completed(translator.completed_body()))
-                            await chunks.read_trailer()
-                            break
-                        clock.deadline = trio.current_time() + limits.idle_timeout
-        finally:
-            if notes.upstream_closed is None:
-                notes.upstream_closed = trio.current_time()
-                notes.usage = translator.usage
-        if clock.cancelled_caught:
-            kind = "idle" if got_bytes else "first_chunk"
-            seconds = limits.idle_timeout if got_bytes else limits.first_chunk_timeout
-            raise UpstreamTimeout(kind, seconds)
-        if not done:
-            raise UpstreamMalformed("vLLM's stream ended before data: [DONE]")
-
-    # ------------------------------------------------------------------ non-streaming
-
-    async def _unary(self, op: OperationContext, request: UpstreamRequest, info: VllmInfo,
-                     notes: OperationNotes) -> None:
-        clock = trio.CancelScope(deadline=trio.current_time() + self.limits.first_chunk_timeout)
-        data = bytearray()
-        notes.upstream_started = trio.current_time()
-        try:
-            with clock:
-                async with self.client.stream_chat(request.body, request.headers) as chunks:
-                    notes.upstream_status = 200
-                    async for raw in chunks:
-                        data += raw
-                        if len(data) > MAX_COMPLETION_BODY:
-                            raise UpstreamMalformed("completion body exceeds 64 MiB")
+            async with self.client.chunks(request.body, request.headers,
+                                          first_chunk=limits.first_chunk_timeout,
+                                          idle=limits.idle_timeout,
+                                          max_event=limits.max_event_bytes) as stream:
+                notes.upstream_status = 200
+                async for batch in stream:
+                    if notes.upstream_first_byte is None:
+                        notes.upstream_first_byte = stream.first_byte_at
+                    for chunk in batch:
+                        for event in translator.feed(chunk):
+                            await op.emit(ev.encode_event(event))
         finally:
             notes.upstream_closed = trio.current_time()
-        if clock.cancelled_caught:
+            notes.usage = translator.usage
+        for event in translator.finish():
+            await op.emit(ev.encode_event(event))
+        return translator.completed_body()
+
+    async def _unary(self, op: Operation, request: UpstreamRequest) -> dict[str, Any]:
+        notes = op.notes
+        notes.upstream_started = trio.current_time()
+        body: dict[str, Any] | None = None
+        try:
+            # vLLM answers a non-streaming request only when it has finished: the
+            # first-chunk clock bounds the whole exchange.
+            with trio.move_on_after(self.limits.first_chunk_timeout):
+                body = await self.client.completion(request.body, request.headers)
+        finally:
+            notes.upstream_closed = trio.current_time()
+        if body is None:
             raise UpstreamTimeout("first_chunk", self.limits.first_chunk_timeout)
-        body = info.binding.normalize_body(parse_completion(bytes(data)))
-        notes.usage = body.get("usage")
-        await self._finish(op, ev.completed(body))
+        notes.upstream_status = 200
+        usage = body.get("usage")
+        notes.usage = usage if isinstance(usage, dict) else None
+        return body
 
     # ------------------------------------------------------------------ terminals
 
-    async def _finish(self, op: OperationContext, event: dict[str, Any]) -> None:
-        await self._diagnostics(op, "ok")
-        await op.finish(200, ev.encode_event(event), outcome="ok")
+    async def _complete(self, op: Operation, event: dict[str, Any]) -> None:
+        await self._diagnostics(op, EndCause.COMPLETED)
+        await op.close(EndCause.COMPLETED, ev.encode_event(event))
 
-    async def _diagnostics(self, op: OperationContext, outcome: str) -> None:
-        """``response.diagnostics`` (extension vllm.diagnostics), built from the same
-        observation record as the log line and the metrics, just before the terminal."""
-        notes = op.notes
-        if not isinstance(notes, OperationNotes) or not notes.diagnostics:
-            return
-        record = attrs.evolve(build_record(op), outcome=outcome).as_dict()
-        record["selected_model"] = record.pop("model", None)
-        await op.emit(ev.encode_event(ev.diagnostics({**record, **(notes.backend or {})})))
-
-    async def _fail(self, op: OperationContext, error: ProfileError,
-                    notes: OperationNotes) -> None:
-        notes.error_code = error.code
-        await self._diagnostics(op, error.spec.outcome)
+    async def _fail(self, op: Operation, error: ProfileError) -> None:
         backend_status = error.diagnostics.get("backend_status")
         if isinstance(backend_status, int):
-            notes.upstream_status = backend_status
-        await op.finish(error.spec.status, ev.encode_event(ev.error_event(error)),
-                        outcome=error.spec.outcome)
+            op.notes.upstream_status = backend_status
+        await self._diagnostics(op, error.code)
+        await op.close(error.code, ev.encode_event(ev.error_event(error)))
 
-
-_REFUSAL_CODES = {
-    RefusalReason.DUPLICATE_OPERATION_ID: "duplicate_operation_id",
-    RefusalReason.OPERATION_LIMIT: "adapter_operation_limit",
-    RefusalReason.SESSION_CLOSING: "session_closing",
-}
+    async def _diagnostics(self, op: Operation, cause: EndCause) -> None:
+        """``response.diagnostics`` (extension vllm.diagnostics), built from the same
+        observation record as the log line and the metrics, just before the terminal."""
+        if not op.notes.diagnostics:
+            return
+        record = build_record(op, cause).as_dict()
+        record["selected_model"] = record.pop("model", None)
+        await op.emit(ev.encode_event(ev.diagnostics({**record, **(op.notes.backend or {})})))
 
 
 def profile_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
-    """The profile's answer to a submit refused before it became an operation."""
-    error = ProfileError(_REFUSAL_CODES[refusal.reason], refusal.message)
-    return error.spec.status, ev.encode_event(ev.error_event(error))
+    """The profile's answer to a submit refused before it became an operation (the
+    refusal reasons are end causes; END_TABLE gives their status)."""
+    error = ProfileError(EndCause(refusal.reason.value), refusal.message)
+    return error.status, ev.encode_event(ev.error_event(error))

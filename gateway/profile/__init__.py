@@ -1,32 +1,29 @@
-"""openai-compatible/1: envelope validation, event builders, error codes, capabilities."""
+"""openai-compatible/1: envelope validation, event builders, how operations end
+(the outcome table), the capability document. Pure: no trio, no httpx."""
 
 from . import _events as events
+from ._capabilities import capability_document as capability_document
 from ._envelope import (
     CAPABILITIES_OPERATION as CAPABILITIES_OPERATION,
-)
-from ._envelope import (
     CHAT_COMPLETIONS as CHAT_COMPLETIONS,
-)
-from ._envelope import (
     KNOWN_OPERATIONS as KNOWN_OPERATIONS,
-)
-from ._envelope import (
     SCHEMA_VERSION as SCHEMA_VERSION,
-)
-from ._envelope import (
     Envelope as Envelope,
-)
-from ._envelope import (
     NnrpPolicy as NnrpPolicy,
-)
-from ._envelope import (
     check_typed_body as check_typed_body,
-)
-from ._envelope import (
     parse_envelope as parse_envelope,
 )
-from ._errors import ERROR_TABLE as ERROR_TABLE
-from ._errors import ErrorSpec as ErrorSpec
 from ._errors import ProfileError as ProfileError
+from ._outcomes import (
+    END_TABLE as END_TABLE,
+    ERROR_CAUSES as ERROR_CAUSES,
+    Drop as Drop,
+    EndCause as EndCause,
+    EndSpec as EndSpec,
+    Outcome as Outcome,
+    Push as Push,
+    Silent as Silent,
+    Terminal as Terminal,
+)
 
 __all__ = ["events"]

@@ -7,6 +7,10 @@
 Validation order decides which error a doubly-broken request gets: typed body first,
 then JSON, then schema_version, operation, body fields, request_id, nnrp policy.
 The ``nnrp`` object is removed here: it never reaches vLLM.
+
+The ``nnrp`` policy is structured by cattrs (an edge: JSON in, a frozen attrs class out)
+with unknown keys forbidden and strict JSON types: ``true`` is not an integer and ``1``
+is not a boolean. Every refusal names the field (``nnrp.timeout_ms must be ...``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 from typing import Any
 
 import attrs
+import cattrs
 
 from gateway.nnrp import PayloadKind, StreamSemantics, TypedBody
 
@@ -34,14 +39,44 @@ DEFAULT_MAX_DEPTH = 64
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
 
+class _PolicyFieldError(ValueError):
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and value < 0:
+        raise _PolicyFieldError(attribute.name)
+
+
 @attrs.frozen
 class NnrpPolicy:
     """The envelope's ``nnrp`` object: per-request gateway behaviour."""
 
-    timeout_ms: int | None = None
+    timeout_ms: int | None = attrs.field(default=None, validator=_non_negative)
     diagnostics: bool = False
     include_openai_chunk: bool = False
-    cancel_after_events: int | None = None
+    #: The suite runner's directive (a CANCEL after N events); accepted, never acted on.
+    cancel_after_events: int | None = attrs.field(default=None, validator=_non_negative)
+
+
+#: What each policy field must be, for the refusal message.
+_POLICY_RULES = {"timeout_ms": "an integer >= 0", "cancel_after_events": "an integer >= 0",
+                 "diagnostics": "a boolean", "include_openai_chunk": "a boolean"}
+
+
+def _strict(kind: type) -> Any:
+    def structure(value: Any, _: type) -> Any:
+        if type(value) is not kind:  # JSON: no bool for int, no 0/1 for bool
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+    return structure
+
+
+_policy_converter = cattrs.Converter(forbid_extra_keys=True)
+_policy_converter.register_structure_hook(int, _strict(int))
+_policy_converter.register_structure_hook(bool, _strict(bool))
 
 
 @attrs.frozen
@@ -146,21 +181,21 @@ def _parse_policy(raw: Any) -> NnrpPolicy:
         return NnrpPolicy()
     if not isinstance(raw, dict):
         raise ProfileError("invalid_nnrp_policy", "nnrp must be a JSON object")
-    known = {"timeout_ms", "diagnostics", "include_openai_chunk", "cancel_after_events"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ProfileError("invalid_nnrp_policy", f"unknown nnrp fields: {', '.join(unknown)}")
-    timeout_ms = raw.get("timeout_ms")
-    if timeout_ms is not None and (isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int)
-                                   or timeout_ms < 0):
-        raise ProfileError("invalid_nnrp_policy", "nnrp.timeout_ms must be an integer >= 0")
-    cancel_after = raw.get("cancel_after_events")
-    if cancel_after is not None and (isinstance(cancel_after, bool)
-                                     or not isinstance(cancel_after, int) or cancel_after < 0):
-        raise ProfileError("invalid_nnrp_policy",
-                           "nnrp.cancel_after_events must be an integer >= 0")
-    for flag in ("diagnostics", "include_openai_chunk"):
-        if flag in raw and not isinstance(raw[flag], bool):
-            raise ProfileError("invalid_nnrp_policy", f"nnrp.{flag} must be a boolean")
-    return NnrpPolicy(timeout_ms, bool(raw.get("diagnostics", False)),
-                      bool(raw.get("include_openai_chunk", False)), cancel_after)
+    try:
+        return _policy_converter.structure(raw, NnrpPolicy)
+    except cattrs.ClassValidationError as exc:
+        raise ProfileError("invalid_nnrp_policy", _policy_problem(exc)) from None
+
+
+def _policy_problem(error: cattrs.ClassValidationError) -> str:
+    """The first problem, naming its field the way the envelope spells it."""
+    for exception in error.exceptions:
+        if isinstance(exception, cattrs.ForbiddenExtraKeysError):
+            return f"unknown nnrp fields: {', '.join(sorted(exception.extra_fields))}"
+    for exception in error.exceptions:
+        names = [exception.field] if isinstance(exception, _PolicyFieldError) else [
+            str(note).rpartition("@ attribute ")[2] for note in getattr(exception, "__notes__", ())]
+        for name in names:
+            if name in _POLICY_RULES:
+                return f"nnrp.{name} must be {_POLICY_RULES[name]}"
+    return "nnrp policy is invalid"

@@ -7,9 +7,10 @@ capture of nnrp-wire.md section 6): compact separators, sorted keys, UTF-8 as is
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._errors import ERROR_TABLE, ProfileError
+if TYPE_CHECKING:
+    from ._errors import ProfileError
 
 _encoder = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
@@ -28,22 +29,13 @@ def encode_event(event: dict[str, Any]) -> bytes:
     return _encoder.encode(event).encode("utf-8")
 
 
-def _with_chunk(event: dict[str, Any], chunk: dict[str, Any] | None) -> dict[str, Any]:
-    if chunk is not None:
-        event["openai_chunk"] = chunk
-    return event
+def text_delta(index: int, delta: str) -> dict[str, Any]:
+    return {"type": "response.output_text.delta", "index": index, "delta": delta}
 
 
-def text_delta(index: int, delta: str, chunk: dict[str, Any] | None = None) -> dict[str, Any]:
-    return _with_chunk({"type": "response.output_text.delta", "index": index, "delta": delta},
-                       chunk)
-
-
-def reasoning_delta(index: int, delta: str, chunk: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+def reasoning_delta(index: int, delta: str) -> dict[str, Any]:
     """Declared non-critical extension ``vllm.reasoning``: clients may ignore it."""
-    return _with_chunk({"type": "response.reasoning_text.delta", "index": index,
-                        "delta": delta}, chunk)
+    return {"type": "response.reasoning_text.delta", "index": index, "delta": delta}
 
 
 def tool_call_started(index: int, item_id: str, call_id: str, name: str,
@@ -87,7 +79,7 @@ def diagnostics(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def error_event(error: ProfileError) -> dict[str, Any]:
-    body: dict[str, Any] = {"type": error.spec.error_type, "code": error.code,
+    body: dict[str, Any] = {"type": error.error_type, "code": str(error.code),
                             "message": error.message}
     if error.param is not None:
         body["param"] = error.param
@@ -95,11 +87,3 @@ def error_event(error: ProfileError) -> dict[str, Any]:
     if error.diagnostics:
         event["diagnostics"] = error.diagnostics
     return event
-
-
-def error_status(code: str) -> int:
-    return ERROR_TABLE[code].status
-
-
-def cancelled(reason: str) -> dict[str, Any]:
-    return {"type": "response.cancelled", "reason": reason}

@@ -1,35 +1,19 @@
-"""trio I/O for NNRP: listeners (tcp, unix, ws), connections, operations, shutdown."""
+"""trio I/O for NNRP: listeners (tcp, unix, ws and their TLS forms), connections,
+sessions, operations, graceful shutdown. Transports themselves: ``gateway.transport``."""
 
 from ._auth import TokenAuthenticator as TokenAuthenticator
 from ._connection import (
     Connection as Connection,
-)
-from ._connection import (
     ConnectionLimits as ConnectionLimits,
-)
-from ._connection import (
     RefusalHandler as RefusalHandler,
 )
-from ._connection import (
-    ServerStats as ServerStats,
-)
-from ._listeners import ListenError as ListenError
-from ._listeners import ListenSpec as ListenSpec
-from ._listeners import parse_listen_uri as parse_listen_uri
 from ._operation import (
     CancelInfo as CancelInfo,
-)
-from ._operation import (
-    EndReason as EndReason,
-)
-from ._operation import (
-    OperationContext as OperationContext,
-)
-from ._operation import (
+    Operation as Operation,
     OperationHandler as OperationHandler,
+    OperationPort as OperationPort,
 )
-from ._server import BoundEndpoint as BoundEndpoint
-from ._server import GatewayServer as GatewayServer
-from ._tls import TlsConfig as TlsConfig
-from ._tls import load_tls as load_tls
-from ._tls import server_context as server_context
+from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer
+from ._session import Observer as Observer, Session as Session
+from ._stats import ServerStats as ServerStats
+from ._tls import TlsConfig as TlsConfig, load_tls as load_tls, server_context as server_context

@@ -1,4 +1,4 @@
-"""One NNRP connection: a nursery with a reader, a writer and a task per operation.
+"""One NNRP connection: a nursery with a reader, a writer, and its sessions' operations.
 
 Malformed input policy (architecture.md rule 5; nnrp-wire.md section 5):
 
@@ -15,21 +15,22 @@ Malformed input policy (architecture.md rule 5; nnrp-wire.md section 5):
 
 Nothing in this table touches another connection: each runs in its own nursery and
 no exception leaves ``Connection.run`` (``Cancelled`` excepted).
+
+The connection owns the sans-IO protocol state and the outbox; sessions own their
+operations; each operation reaches the wire only through the ``_Port`` bound to it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import assert_never
 
 import attrs
 import structlog
 import trio
 
 from gateway.nnrp import (
-    CancelSource,
     ConnectionFailed,
     DeadlineUpdated,
     DropReason,
@@ -52,51 +53,16 @@ from gateway.nnrp import (
     SubmitRefused,
     TraceContextUpdated,
 )
+from gateway.profile import EndCause
+from gateway.transport import PacketTransport, TextMessageError
 
-from ._operation import CancelInfo, EndReason, OperationContext, OperationHandler
+from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
-from ._transport import TextMessageError
-
-if TYPE_CHECKING:
-    from ._transport import PacketTransport
+from ._session import Observer, Session
+from ._stats import ServerStats
 
 log = structlog.get_logger("gateway.server")
 _connection_ids = itertools.count(1)
-
-#: Diagnostics of RESULT_DROP_REASON, ASCII as the mapping requires (section 4).
-_DROP_DIAGNOSTIC = {
-    DropReason.PEER_CANCELLED: b"peer_cancelled",
-    DropReason.DEADLINE_EXPIRED: b"deadline_expired",
-    DropReason.SUPERSEDED: b"superseded",
-    DropReason.TRANSPORT_CLOSED: b"transport_closed",
-}
-
-
-@attrs.define
-class ServerStats:
-    """Counters shared by a server's connections (exported at scrape time, no locks)."""
-
-    connections_active: int = 0
-    connections_total: int = 0
-    connections_refused: int = 0
-    sessions_active: int = 0
-    sessions_total: int = 0
-    sessions_refused: int = 0
-    refused_submits: int = 0
-    inflight: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    frames_out: int = 0
-    protocol_errors: int = 0
-    auth_failures: int = 0
-    #: Called with each operation once it has ended (observation records).
-    observers: list[Callable[[OperationContext], None]] = attrs.field(factory=list)
-
-
-_OUTCOMES: dict[EndReason | None, str] = {
-    EndReason.PEER_CANCEL: "cancelled", EndReason.DEADLINE: "deadline",
-    EndReason.SHUTDOWN: "shutdown",
-}
 
 
 @attrs.frozen
@@ -121,28 +87,63 @@ def plain_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
     return 503, refusal.message.encode()
 
 
+class _Port:
+    """The wire as one operation sees it: bound to (session, operation)."""
+
+    __slots__ = ("_connection", "operation_id", "session_id")
+
+    def __init__(self, connection: Connection, session_id: int, operation_id: int) -> None:
+        self._connection = connection
+        self.session_id = session_id
+        self.operation_id = operation_id
+
+    async def room(self) -> None:
+        await self._connection.outbox.wait_for_room()
+
+    def send_partial(self, body: bytes) -> None:
+        connection = self._connection
+        connection.outbox.put(connection.protocol.send_partial(
+            self.session_id, self.operation_id, body))
+
+    def send_result(self, status: int, payload: bytes) -> None:
+        connection = self._connection
+        connection.outbox.put(connection.protocol.send_result(
+            self.session_id, self.operation_id, status, payload))
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
+        connection = self._connection
+        connection.outbox.put(connection.protocol.send_drop(
+            self.session_id, self.operation_id, reason, diagnostic))
+
+
 class Connection:
     def __init__(self, transport: PacketTransport, handler: OperationHandler,
-                 config: ServerConfig, limits: ConnectionLimits,
-                 refusal: RefusalHandler | None = None,
+                 config: ServerConfig, limits: ConnectionLimits, *,
+                 refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  stats: ServerStats | None = None) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
         self.refusal = refusal or plain_refusal
+        self.observer = observer
         self.limits = limits
-        self.sans_io = ServerConnection(config)
+        #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
+        self.protocol = ServerConnection(config)
         self.outbox = Outbox(limits.outbox_high_water)
-        self.operations: dict[tuple[int, int], OperationContext] = {}
-        self._session_tasks: dict[int, int] = {}
-        self._session_idle: dict[int, trio.Event] = {}
+        #: The open sessions, each owning its running operations.
+        self.sessions: dict[int, Session] = {}
+        self.stats = stats or ServerStats()
+        self.sessions_opened = 0
+        self.closed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
         self._last_receive = trio.current_time()
-        self.closed = trio.Event()
-        self.sessions_opened = 0
-        self.stats = stats or ServerStats()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
+
+    @property
+    def operations(self) -> int:
+        """Operations in flight on this connection."""
+        return sum(len(session.operations) for session in self.sessions.values())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -156,34 +157,34 @@ class Connection:
                 nursery.start_soon(self._idle_watchdog)
                 await self._reader()
                 # The reader ended: the peer is gone or broke the protocol.
-                self._end_all(EndReason.DISCONNECT)
+                self._end_all(EndCause.DISCONNECTED)
                 nursery.cancel_scope.cancel()
         except Exception:
             self.log.exception("connection crashed")
         finally:
             self.outbox.close()
-            self._end_all(EndReason.DISCONNECT)
+            self._end_all(EndCause.DISCONNECTED)
             # Sessions that never sent SESSION_CLOSE end with their connection.
-            self.stats.sessions_active -= len(self._session_tasks)
-            self._session_tasks.clear()
+            self.stats.sessions_active -= len(self.sessions)
+            self.sessions.clear()
             with trio.CancelScope(shield=True):
                 await self.transport.aclose()
             self.closed.set()
 
     async def shutdown(self, drain_timeout: float) -> None:
-        """Graceful end: let operations finish for ``drain_timeout``, drop the rest, flush."""
-        with trio.move_on_after(drain_timeout):
-            while self.operations:
-                ops = list(self.operations.values())
-                await ops[0].finished.wait()
-        for operation in list(self.operations.values()):
-            operation.cancel(EndReason.SHUTDOWN)
+        """Graceful end: every session drains (operations finish for ``drain_timeout``,
+        the rest are dropped), the output is flushed, and the connection closes."""
+        async with trio.open_nursery() as nursery:
+            for session in list(self.sessions.values()):
+                nursery.start_soon(session.drain, drain_timeout)
         with trio.move_on_after(min(drain_timeout, 5.0) + 1.0):
-            while self.operations:
-                await next(iter(self.operations.values())).finished.wait()
             await self.outbox.wait_flushed()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def _end_all(self, cause: EndCause) -> None:
+        for session in self.sessions.values():
+            session.cancel_all(cause)
 
     async def _idle_watchdog(self) -> None:
         timeout = self.limits.idle_timeout
@@ -211,30 +212,29 @@ class Connection:
     # ------------------------------------------------------------------ I/O tasks
 
     async def _reader(self) -> None:
-        sans_io = self.sans_io
+        protocol = self.protocol
         while True:
             # Stop reading while our output backs up: the peer then feels TCP backpressure.
             await self.outbox.wait_for_room()
             try:
                 data = await self.transport.receive()
             except TextMessageError as exc:
-                failure = sans_io.protocol_failure(
-                    RemoteProtocolError(str(exc), code=ErrorCode.MALFORMED_HEADER))
-                await self._fail(failure)
+                await self._fail(protocol.protocol_failure(
+                    RemoteProtocolError(str(exc), code=ErrorCode.MALFORMED_HEADER)))
                 return
             if data is None:
                 return
             self._last_receive = trio.current_time()
             self.stats.bytes_in += len(data)
-            events = (sans_io.receive_message(data) if self.transport.message_based
-                      else sans_io.receive_data(data))
+            events = (protocol.receive_message(data) if self.transport.message_based
+                      else protocol.receive_data(data))
             for event in events:
                 if isinstance(event, ConnectionFailed):
                     await self._fail(event)
                     return
                 if isinstance(event, PeerClosed):
                     return
-                self._handle_event(event)
+                self._handle(event)
                 if isinstance(event, PeerError) and event.fatal:
                     return
 
@@ -257,167 +257,113 @@ class Connection:
             self.stats.frames_out += len(batch)
 
     async def _fail(self, failure: ConnectionFailed) -> None:
+        """A fatal protocol violation: every operation ends now (its protocol state is
+        gone), then the ERROR reply (if any) is flushed before the connection closes."""
         self.stats.protocol_errors += 1
+        self._end_all(EndCause.DISCONNECTED)
         self.log.info("protocol violation; closing connection", error=str(failure.error),
                       code=failure.error.code.name, replied=failure.reply is not None)
         if failure.reply is not None:
-            self.write(failure.reply)
+            self.outbox.put(failure.reply)
             with trio.move_on_after(1.0) as scope:
                 scope.shield = True
                 await self.outbox.wait_flushed()
 
-    def write(self, data: bytes) -> None:
-        self.outbox.put(data)
-
     # ------------------------------------------------------------------ events
 
-    def _handle_event(self, event: Event) -> None:
-        if isinstance(event, SendBytes):
-            self.write(event.data)
-        elif isinstance(event, OperationSubmitted):
-            self._start_operation(event)
-        elif isinstance(event, OperationCancelled):
-            operation = self.operations.get((event.session_id, event.operation_id))
-            if operation is not None:
-                operation.cancel(EndReason.PEER_CANCEL, CancelInfo(
-                    event.source, event.reason, event.diagnostic, trio.current_time()))
-        elif isinstance(event, DeadlineUpdated):
-            operation = self.operations.get((event.session_id, event.operation_id))
-            if operation is not None:
-                operation.set_deadline(event.deadline_unix_ms, DropReason(event.drop_reason))
-        elif isinstance(event, TraceContextUpdated):
-            self._apply_trace(event)
-        elif isinstance(event, SubmitRefused):
-            self.stats.refused_submits += 1
-            status, payload = self.refusal(event)
-            self.write(self.sans_io.send_refusal(event.session_id, event.frame_id, status,
-                                                 payload))
-        elif isinstance(event, SessionCloseRequested):
-            assert self._nursery is not None
-            self._nursery.start_soon(self._close_session, event)
-        elif isinstance(event, HandshakeCompleted):
-            self._handshake_done.set()
-        elif isinstance(event, SessionOpened):
-            self.sessions_opened += 1
-            self.stats.sessions_active += 1
-            self.stats.sessions_total += 1
-            self._session_tasks[event.session_id] = 0
-        elif isinstance(event, SessionOpenRefused):
-            self.stats.sessions_refused += 1
-            if event.error_code == SessionError.AUTH_FAILED:
-                self.stats.auth_failures += 1
-                self.log.warning("session authentication failed", peer=self.transport.peer)
-            else:
-                self.log.info("session refused", error_code=event.error_code,
-                              reason=event.message)
-        elif isinstance(event, PeerError):
-            self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
+    def _handle(self, event: Event) -> None:
+        """One protocol event, in order; never awaits (the reader's order is the wire's)."""
+        match event:
+            case SendBytes(data=data):
+                self.outbox.put(data)
+            case OperationSubmitted():
+                self._start_operation(event)
+            case OperationCancelled():
+                session = self.sessions.get(event.session_id)
+                if session is not None:
+                    session.cancel(event.operation_id, EndCause.PEER_CANCELLED, CancelInfo(
+                        event.source, event.reason, event.diagnostic, trio.current_time()))
+            case DeadlineUpdated():
+                operation = self._operation(event.session_id, event.operation_id)
+                if operation is not None:
+                    operation.set_deadline(event.deadline_unix_ms,
+                                           DropReason(event.drop_reason))
+            case TraceContextUpdated():
+                self._apply_trace(event)
+            case SubmitRefused():
+                self.stats.refused_submits += 1
+                status, payload = self.refusal(event)
+                self.outbox.put(self.protocol.send_refusal(event.session_id, event.frame_id,
+                                                           status, payload))
+            case SessionCloseRequested():
+                assert self._nursery is not None
+                self._nursery.start_soon(self._close_session, event)
+            case HandshakeCompleted():
+                self._handshake_done.set()
+            case SessionOpened():
+                self._open_session(event.session_id)
+            case SessionOpenRefused():
+                self._session_refused(event)
+            case PeerError():
+                self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
+            case ConnectionFailed() | PeerClosed():
+                pass  # the reader ends the connection on these before they get here
+            case _:
+                assert_never(event)
+
+    def _operation(self, session_id: int, operation_id: int) -> Operation | None:
+        session = self.sessions.get(session_id)
+        return session.operations.get(operation_id) if session is not None else None
 
     def _apply_trace(self, event: TraceContextUpdated) -> None:
+        session = self.sessions.get(event.session_id)
+        if session is None:
+            return
         if event.operation_id is not None:
-            operation = self.operations.get((event.session_id, event.operation_id))
+            operation = session.operations.get(event.operation_id)
             if operation is not None:
                 operation.update_trace(event.trace, operation_scoped=True)
             return
-        for (session_id, _), operation in self.operations.items():
-            if session_id == event.session_id:
-                operation.update_trace(event.trace, operation_scoped=False)
+        for operation in session.operations.values():
+            operation.update_trace(event.trace, operation_scoped=False)
 
-    # ------------------------------------------------------------------ operations
+    # ------------------------------------------------------------------ sessions
+
+    def _open_session(self, session_id: int) -> None:
+        assert self._nursery is not None
+        self.sessions[session_id] = Session(session_id, self._nursery, self.handler,
+                                            self.observer, self.stats)
+        self.sessions_opened += 1
+        self.stats.sessions_active += 1
+        self.stats.sessions_total += 1
+
+    def _session_refused(self, event: SessionOpenRefused) -> None:
+        self.stats.sessions_refused += 1
+        if event.error_code == SessionError.AUTH_FAILED:
+            self.stats.auth_failures += 1
+            self.log.warning("session authentication failed", peer=self.transport.peer)
+        else:
+            self.log.info("session refused", error_code=event.error_code, reason=event.message)
 
     def _start_operation(self, event: OperationSubmitted) -> None:
-        operation = OperationContext(
-            self, event.session_id, event.operation_id, event.frame_id, event.typed_body,
-            event.body_error, event.header_trace_id, event.trace, event.deadline_unix_ms,
-            event.deadline_drop_reason)
-        self.operations[(event.session_id, event.operation_id)] = operation
-        self._session_tasks[event.session_id] = self._session_tasks.get(event.session_id, 0) + 1
-        assert self._nursery is not None
-        self._nursery.start_soon(self._run_operation, operation)
-
-    async def _run_operation(self, operation: OperationContext) -> None:
-        self.stats.inflight += 1
-        operation.started_at = trio.current_time()
-        try:
-            with operation.cancel_scope:
-                try:
-                    await self.handler(operation)
-                except LocalProtocolError as exc:
-                    self.log.error("handler broke the operation rules", error=str(exc),
-                                   session_id=operation.session_id,
-                                   operation_id=operation.operation_id)
-                except Exception:
-                    self.log.exception("operation handler failed",
-                                       session_id=operation.session_id,
-                                       operation_id=operation.operation_id)
-            self._end_operation(operation)
-        finally:
-            key = (operation.session_id, operation.operation_id)
-            self.operations.pop(key, None)
-            count = self._session_tasks.get(operation.session_id, 1) - 1
-            self._session_tasks[operation.session_id] = count
-            idle = self._session_idle.get(operation.session_id)
-            if count == 0 and idle is not None:
-                idle.set()
-            self.stats.inflight -= 1
-            operation.finished.set()
-            for observer in self.stats.observers:
-                try:
-                    observer(operation)
-                except Exception:
-                    self.log.exception("operation observer failed")
-
-    def _end_operation(self, operation: OperationContext) -> None:
-        """After the handler: make sure exactly one terminal went out (rule 8)."""
-        if operation.is_terminal:
-            return
-        reason = operation.end_reason
-        if reason is None and operation.cancel_scope.cancelled_caught:
-            reason = EndReason.DEADLINE
-        drop = {
-            EndReason.PEER_CANCEL: DropReason.PEER_CANCELLED,
-            EndReason.DEADLINE: operation.deadline_drop_reason,
-            EndReason.SHUTDOWN: DropReason.TRANSPORT_CLOSED,
-            None: DropReason.TRANSPORT_CLOSED,  # the handler returned without a terminal
-        }.get(reason)
-        operation.end_reason = reason
-        if drop is None:  # DISCONNECT: nobody to tell
-            operation._mark_terminal("disconnected")
-            return
-        if reason is None:
-            self.log.error("handler returned without a terminal",
-                           operation_id=operation.operation_id)
-        # LocalProtocolError: the connection state is gone (fatal error); nothing may be sent.
-        with contextlib.suppress(LocalProtocolError):
-            self.write(self.sans_io.send_drop(operation.session_id, operation.operation_id,
-                                              drop, _DROP_DIAGNOSTIC[drop]))
-        operation._mark_terminal(_OUTCOMES.get(reason, "internal_error"))
-
-    def _end_all(self, reason: EndReason) -> None:
-        for operation in list(self.operations.values()):
-            operation.cancel(reason)
+        session = self.sessions[event.session_id]
+        session.start(Operation(
+            _Port(self, event.session_id, event.operation_id),
+            connection_id=self.connection_id, transport=self.transport.kind,
+            session_id=event.session_id, operation_id=event.operation_id,
+            frame_id=event.frame_id, typed_body=event.typed_body, body_error=event.body_error,
+            header_trace_id=event.header_trace_id, trace=event.trace,
+            deadline_unix_ms=event.deadline_unix_ms,
+            deadline_drop_reason=event.deadline_drop_reason))
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
-        session_id = event.session_id
+        session = self.sessions[event.session_id]
         timeout = (event.drain_timeout_ms / 1000 if event.drain_timeout_ms
                    else self.limits.default_drain_timeout)
-        if self._session_tasks.get(session_id, 0):
-            idle = self._session_idle[session_id] = trio.Event()
-            with trio.move_on_after(timeout):
-                await idle.wait()
-            for (sid, _), operation in list(self.operations.items()):
-                if sid == session_id:
-                    operation.cancel(EndReason.SHUTDOWN)
-            if self._session_tasks.get(session_id, 0):
-                await idle.wait()
-        self._session_idle.pop(session_id, None)
-        self._session_tasks.pop(session_id, None)
-        self.stats.sessions_active -= 1
+        await session.drain(timeout)
+        if self.sessions.pop(event.session_id, None) is not None:
+            self.stats.sessions_active -= 1
         try:
-            self.write(self.sans_io.send_session_close_ack(session_id))
-        except LocalProtocolError as exc:
-            self.log.warning("session close ack not sent", error=str(exc))
-
-
-# CancelSource is re-exported for handlers that inspect ``cancel_info``.
-__all__ = ["CancelSource", "Connection", "ConnectionLimits", "RefusalHandler", "ServerStats"]
+            self.outbox.put(self.protocol.send_session_close_ack(event.session_id))
+        except LocalProtocolError as exc:  # the connection failed while the session drained
+            self.log.info("session close ack not sent", error=str(exc))

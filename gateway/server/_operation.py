@@ -1,62 +1,84 @@
-"""The operation context: what a handler (the vLLM pipeline) sees of one NNRP operation."""
+"""One NNRP operation, from its FRAME_SUBMIT to its single terminal: what a handler sees.
+
+The operation owns its whole lifecycle (conventions.md: one owner per lifecycle):
+
+    submitted ─▶ run(handler) ─▶ emit()* ─▶ close(cause, payload)     the handler ends it
+                      │                                               (or returns without
+                      └─ cancel(cause) from outside ─▶ scope cancelled  ending it: a bug)
+                                        └──────────────▶ _end(cause): the terminal the
+                                                         outcome table gives (a drop, or
+                                                         nothing when the peer is gone)
+
+It talks to the wire only through its ``OperationPort``, bound by the connection to this
+(session, operation): room, send partial, send result, send drop. Which terminal each
+end cause gets is ``END_TABLE``'s decision (gateway.profile), never this module's.
+
+Error handling: once a cancel has arrived, ``emit`` and ``close`` raise ``trio.Cancelled``
+through the cancelled scope (a cancelled operation sends nothing more); after the
+terminal they raise ``LocalProtocolError``.
+"""
 
 from __future__ import annotations
 
-import enum
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
+import structlog
 import trio
 
-from gateway.nnrp import CancelSource, DropReason, OpState, TraceInfo, TypedBody
+from gateway.nnrp import CancelSource, DropReason, LocalProtocolError, TraceInfo, TypedBody
+from gateway.observe import OperationNotes
+from gateway.profile import END_TABLE, Drop, EndCause, Outcome, Push
 
-if TYPE_CHECKING:
-    from ._connection import Connection
+log = structlog.get_logger("gateway.server")
 
 
-class EndReason(enum.Enum):
-    """Why an operation's scope was cancelled from outside the handler."""
+class OperationPort(Protocol):
+    """The wire, as one operation may use it (bound to its session and operation ids)."""
 
-    PEER_CANCEL = "peer_cancel"
-    DEADLINE = "deadline"
-    SHUTDOWN = "shutdown"
-    DISCONNECT = "disconnect"
+    async def room(self) -> None:
+        """Wait until the connection can take more output (backpressure)."""
+        ...
+
+    def send_partial(self, body: bytes) -> None: ...
+
+    def send_result(self, status: int, payload: bytes) -> None: ...
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None: ...
 
 
 @attrs.frozen
 class CancelInfo:
+    """What a peer's cancel said (feeds the observation record)."""
+
     source: CancelSource
     reason: int
     diagnostic: bytes
     at: float  # trio.current_time() when the cancel arrived
 
 
-class OperationContext:
-    """One operation, from its FRAME_SUBMIT to its single terminal.
+#: Which end cause an expired DEADLINE / EXPIRE_AT gives (their drop reasons differ).
+_DEADLINE_CAUSES = {DropReason.DEADLINE_EXPIRED: EndCause.DEADLINE_EXPIRED,
+                    DropReason.SUPERSEDED: EndCause.EXPIRED_AT}
 
-    Attributes a handler reads: the ids, ``transport``, ``typed_body`` (or
-    ``body_error``), ``trace`` (the best trace context so far), ``deadline_unix_ms``,
-    ``cancel_scope`` (the handler runs inside it).
 
-    Methods a handler calls: ``emit`` for each non-terminal event (PARTIAL_RESULT) and
-    exactly one of ``finish`` (RESULT_PUSH). If the handler returns without a terminal,
-    or is cancelled, the connection sends the right RESULT_DROP_REASON itself.
+class Operation:
+    """One operation. A handler reads the ids, ``transport``, ``typed_body`` (or
+    ``body_error``), ``trace`` (the best trace context so far) and ``deadline_unix_ms``;
+    it calls ``emit`` per event and ends with exactly one ``close``. It runs inside
+    ``cancel_scope``; ``notes`` is where it writes what it learned."""
 
-    Error handling: after the terminal, or once a cancel has arrived, ``emit`` and
-    ``finish`` raise ``trio.Cancelled`` through the cancelled scope (a cancelled
-    operation sends nothing more); calling them with no cancel and after a terminal
-    raises ``LocalProtocolError``.
-    """
-
-    def __init__(self, connection: Connection, session_id: int, operation_id: int,
-                 frame_id: int, typed_body: TypedBody | None, body_error: str | None,
-                 header_trace_id: int, trace: TraceInfo | None,
-                 deadline_unix_ms: int | None, deadline_drop_reason: int) -> None:
-        self._connection = connection
-        self.connection_id = connection.connection_id
-        self.transport = connection.transport.kind
+    def __init__(self, port: OperationPort, *, connection_id: int, transport: str,
+                 session_id: int, operation_id: int, frame_id: int,
+                 typed_body: TypedBody | None, body_error: str | None, header_trace_id: int,
+                 trace: TraceInfo | None, deadline_unix_ms: int | None,
+                 deadline_drop_reason: int) -> None:
+        self._port = port
+        self.connection_id = connection_id
+        self.transport = transport
         self.session_id = session_id
         self.operation_id = operation_id
         self.frame_id = frame_id
@@ -66,9 +88,12 @@ class OperationContext:
         self.trace = trace
         self.operation_trace: TraceInfo | None = None
         self.deadline_unix_ms: int | None = None
-        self.deadline_drop_reason = DropReason(deadline_drop_reason or DropReason.DEADLINE_EXPIRED)
+        self.deadline_drop_reason = DropReason(deadline_drop_reason
+                                               or DropReason.DEADLINE_EXPIRED)
         self.cancel_scope = trio.CancelScope()
-        self.end_reason: EndReason | None = None
+        self.notes = OperationNotes()
+        #: Why it ended (None while it runs); set from outside by ``cancel``.
+        self.end_cause: EndCause | None = None
         self.cancel_info: CancelInfo | None = None
         self.received_at = trio.current_time()
         self.started_at: float | None = None
@@ -78,12 +103,53 @@ class OperationContext:
         self.terminal_at: float | None = None
         self.events_sent = 0
         self.bytes_sent = 0
-        self.outcome: str | None = None
-        #: What the handler learned (the pipeline's OperationNotes), for observation.
-        self.notes: object | None = None
-        self.finished = trio.Event()
         if deadline_unix_ms:
             self.set_deadline(deadline_unix_ms, self.deadline_drop_reason)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, handler: OperationHandler) -> None:
+        """Run ``handler`` to this operation's terminal; end it here if the handler did not
+        (cancelled, expired, or a bug). Never raises but ``Cancelled``."""
+        self.started_at = trio.current_time()
+        with self.cancel_scope:
+            try:
+                await handler(self)
+            except LocalProtocolError as exc:
+                log.error("handler broke the operation rules", error=str(exc),
+                          session_id=self.session_id, operation_id=self.operation_id)
+            except Exception:
+                log.exception("operation handler failed", session_id=self.session_id,
+                              operation_id=self.operation_id)
+        if self.is_terminal:
+            return
+        cause = self.end_cause
+        if cause is None:
+            if self.cancel_scope.cancelled_caught:
+                cause = _DEADLINE_CAUSES[self.deadline_drop_reason]
+            else:
+                log.error("handler returned without a terminal",
+                          operation_id=self.operation_id)
+                cause = EndCause.NO_TERMINAL
+        self._end(cause)
+
+    def cancel(self, cause: EndCause, info: CancelInfo | None = None) -> None:
+        """End the operation from outside (a peer's cancel, a drain, a lost connection).
+        The first cause wins; the handler's scope is cancelled."""
+        if self.end_cause is None and not self.is_terminal:
+            self.end_cause = cause
+            self.cancel_info = info
+        self.cancel_scope.cancel()
+
+    def _end(self, cause: EndCause) -> None:
+        """The terminal the outcome table gives a cause that ended us from outside."""
+        self.end_cause = cause
+        terminal = END_TABLE[cause].terminal
+        if isinstance(terminal, Drop):
+            # LocalProtocolError: the connection's protocol state is gone (a fatal error).
+            with contextlib.suppress(LocalProtocolError):
+                self._port.send_drop(terminal.reason, terminal.diagnostic)
+        self._mark_terminal()
 
     # ------------------------------------------------------------------ inputs
 
@@ -105,29 +171,26 @@ class OperationContext:
         elif self.operation_trace is None:
             self.trace = trace
 
-    def cancel(self, reason: EndReason, info: CancelInfo | None = None) -> None:
-        if self.end_reason is None:
-            self.end_reason = reason
-            self.cancel_info = info
-        self.cancel_scope.cancel()
-
     # ------------------------------------------------------------------ outputs
 
     @property
     def is_terminal(self) -> bool:
         return self.terminal_at is not None
 
-    def _check_sendable(self) -> bool:
-        state = self._connection.sans_io.operation_state(self.session_id, self.operation_id)
-        return state is OpState.ACTIVE and self.end_reason is None
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome label of how it ended (None while it runs)."""
+        return END_TABLE[self.end_cause].outcome if self.end_cause is not None else None
+
+    async def _sendable(self) -> None:
+        await self._port.room()
+        if self.end_cause is not None:
+            await trio.lowlevel.checkpoint()  # raises Cancelled: the cancel is ours
 
     async def emit(self, body: bytes) -> None:
         """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure."""
-        await self._connection.outbox.wait_for_room()
-        if not self._check_sendable():
-            await trio.lowlevel.checkpoint()  # raises Cancelled when the cancel is ours
-        data = self._connection.sans_io.send_partial(self.session_id, self.operation_id, body)
-        self._connection.write(data)
+        await self._sendable()
+        self._port.send_partial(body)
         now = trio.current_time()
         if self.first_event_at is None:
             self.first_event_at = now
@@ -137,23 +200,23 @@ class OperationContext:
         self.events_sent += 1
         self.bytes_sent += len(body)
 
-    async def finish(self, status: int, payload: bytes, *, outcome: str = "ok") -> None:
-        """Send the terminal RESULT_PUSH (typed body with ``payload``)."""
-        await self._connection.outbox.wait_for_room()
-        if not self._check_sendable():
-            await trio.lowlevel.checkpoint()
-        data = self._connection.sans_io.send_result(self.session_id, self.operation_id, status,
-                                                    payload)
-        self._connection.write(data)
-        self._mark_terminal(outcome)
+    async def close(self, cause: EndCause, payload: bytes) -> None:
+        """End the operation: the terminal RESULT_PUSH that ``cause`` gets, carrying
+        ``payload`` (the profile's terminal event)."""
+        terminal = END_TABLE[cause].terminal
+        if not isinstance(terminal, Push):
+            raise LocalProtocolError(f"{cause} is not a handler's terminal")
+        await self._sendable()
+        self._port.send_result(terminal.status, payload)
+        self.end_cause = cause
+        self._mark_terminal()
         self.bytes_sent += len(payload)
 
-    def _mark_terminal(self, outcome: str) -> None:
+    def _mark_terminal(self) -> None:
         self.terminal_at = trio.current_time()
         if self.first_event_at is None:
             self.first_event_at = self.terminal_at
-        self.outcome = outcome
 
 
 #: The interface the vLLM pipeline implements: run one operation to its terminal.
-OperationHandler = Callable[[OperationContext], Awaitable[None]]
+OperationHandler = Callable[[Operation], Awaitable[None]]

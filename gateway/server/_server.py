@@ -14,13 +14,23 @@ import trio
 import trio_websocket
 
 from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
+from gateway.transport import (
+    Endpoint,
+    ListenError,
+    StreamTransport,
+    WebSocketTransport,
+    describe_peer,
+    parse_endpoint,
+    tune_tcp,
+)
 
-from ._connection import Connection, ConnectionLimits, RefusalHandler, ServerStats
-from ._listeners import ListenError, ListenSpec, open_unix_listener, parse_listen_uri
-from ._transport import StreamTransport, WebSocketTransport, describe_peer, tune_tcp
+from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._listeners import open_unix_listener
+from ._stats import ServerStats
 
 if TYPE_CHECKING:
     from ._operation import OperationHandler
+    from ._session import Observer
 
 log = structlog.get_logger("gateway.server")
 
@@ -29,7 +39,7 @@ log = structlog.get_logger("gateway.server")
 class BoundEndpoint:
     """A listener after binding: the URI clients use (port 0 resolved)."""
 
-    spec: ListenSpec
+    spec: Endpoint
     uri: str
     host: str = ""
     port: int = 0
@@ -47,13 +57,16 @@ class GatewayServer:
         config: protocol limits (sessions per connection, in-flight per session, size cap).
         limits: per-connection I/O limits (handshake timeout, output buffer).
         max_connections: beyond this, a new connection gets ERROR SERVER_BUSY and is closed.
+        refusal: the answer to a refused submit (the profile's).
+        observer: told of every operation once it has ended (logs and metrics).
     """
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
                  limits: ConnectionLimits | None = None, max_connections: int = 1024,
-                 refusal: RefusalHandler | None = None,
+                 refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.observer = observer
         self.config = config or ServerConfig()
         self.limits = limits or ConnectionLimits()
         self.max_connections = max_connections
@@ -71,7 +84,7 @@ class GatewayServer:
                     task_status: trio.TaskStatus[list[BoundEndpoint]] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         """Bind every listener, report the endpoints, and serve until cancelled or shut down."""
-        specs = [parse_listen_uri(uri) for uri in uris]
+        specs = [parse_endpoint(uri) for uri in uris]
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
@@ -98,7 +111,7 @@ class GatewayServer:
 
     # ------------------------------------------------------------------ listeners
 
-    async def _listen(self, spec: ListenSpec,
+    async def _listen(self, spec: Endpoint,
                       task_status: trio.TaskStatus[BoundEndpoint]) -> None:
         if spec.tls and self.ssl_context is None:
             raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, --tls-key)")
@@ -142,7 +155,7 @@ class GatewayServer:
                 carrier = StreamTransport(wrapped, transport, peer)
                 self._connection_nursery.start_soon(self._serve_connection, carrier)
 
-    async def _listen_websocket(self, spec: ListenSpec,
+    async def _listen_websocket(self, spec: Endpoint,
                                 task_status: trio.TaskStatus[BoundEndpoint]) -> None:
         assert self._connection_nursery is not None
 
@@ -176,8 +189,8 @@ class GatewayServer:
             self.stats.connections_refused += 1
             await self._refuse(transport)
             return
-        connection = Connection(transport, self.handler, self.config, self.limits, self.refusal,
-                                self.stats)
+        connection = Connection(transport, self.handler, self.config, self.limits,
+                                refusal=self.refusal, observer=self.observer, stats=self.stats)
         self.connections.add(connection)
         self.stats.connections_active += 1
         self.stats.connections_total += 1

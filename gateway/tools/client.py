@@ -21,7 +21,6 @@ from contextlib import asynccontextmanager
 from typing import Literal
 
 import trio
-import trio_websocket
 
 from gateway.nnrp import (
     ClientConnection,
@@ -36,13 +35,7 @@ from gateway.nnrp import (
     SessionCloseAcked,
     SessionOpenAnswered,
 )
-from gateway.server import parse_listen_uri
-from gateway.server._transport import (
-    PacketTransport,
-    StreamTransport,
-    WebSocketTransport,
-    tune_tcp,
-)
+from gateway.transport import PacketTransport, connect as connect_transport
 
 OperationEvent = PartialReceived | ResultReceived | DropReceived
 
@@ -214,27 +207,6 @@ class NnrpClient:
             self.others.append(event)
 
 
-async def _open_transport(uri: str, nursery: trio.Nursery,
-                          ssl_context: ssl.SSLContext | None = None) -> PacketTransport:
-    spec = parse_listen_uri(uri)
-    tls = (ssl_context or ssl.create_default_context()) if spec.tls else None
-    if spec.scheme in ("tcp", "tcps"):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(spec.host, spec.port)
-        tune_tcp(stream)
-        if tls is not None:
-            ssl_stream = trio.SSLStream(stream, tls, server_hostname=spec.host)
-            await ssl_stream.do_handshake()
-            stream = ssl_stream
-        return StreamTransport(stream, "tcp", uri)
-    if spec.scheme == "unix":
-        return StreamTransport(await trio.open_unix_socket(spec.path), "ipc", uri)
-    scheme = "wss" if spec.tls else "ws"
-    connection = await trio_websocket.connect_websocket_url(
-        nursery, f"{scheme}://{spec.host}:{spec.port}{spec.path}", message_queue_size=4096,
-        ssl_context=tls)
-    return WebSocketTransport(connection, uri)
-
-
 @asynccontextmanager
 async def connect(uri: str, *, handshake_timeout: float = 10.0,
                   ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[NnrpClient]:
@@ -247,7 +219,7 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
     try:
         async with trio.open_nursery() as nursery:
             with trio.fail_after(handshake_timeout):
-                transport = await _open_transport(uri, nursery, ssl_context)
+                transport = await connect_transport(uri, nursery, ssl_context)
             client = NnrpClient(transport)
             nursery.start_soon(client._reader)
             try:

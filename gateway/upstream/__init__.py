@@ -1,50 +1,30 @@
-"""vLLM over HTTP: the client (the only httpx user), the SSE decoder, version bindings."""
+"""vLLM over HTTP: the client (the only httpx caller), the checked chunk stream, the
+SSE decoder, chunk checks and version bindings."""
 
-from ._client import (
-    BodyChunks as BodyChunks,
+from ._chunks import (
+    check_chunk as check_chunk,
+    parse_chunk as parse_chunk,
+    parse_completion as parse_completion,
 )
 from ._client import (
     UpstreamConfig as UpstreamConfig,
-)
-from ._client import (
     VllmClient as VllmClient,
-)
-from ._client import (
     VllmInfo as VllmInfo,
 )
 from ._errors import (
     UpstreamError as UpstreamError,
-)
-from ._errors import (
     UpstreamMalformed as UpstreamMalformed,
-)
-from ._errors import (
     UpstreamStatus as UpstreamStatus,
-)
-from ._errors import (
     UpstreamTimeout as UpstreamTimeout,
-)
-from ._errors import (
     UpstreamUnavailable as UpstreamUnavailable,
-)
-from ._errors import (
     to_profile_error as to_profile_error,
 )
-from ._sse import SSEDecoder as SSEDecoder
-from ._sse import SSEError as SSEError
-from ._sse import SSEEvent as SSEEvent
+from ._sse import SSEDecoder as SSEDecoder, SSEError as SSEError, SSEEvent as SSEEvent
+from ._stream import ChunkStream as ChunkStream
 from ._versions import (
     BINDINGS as BINDINGS,
-)
-from ._versions import (
     SUPPORTED_BAND as SUPPORTED_BAND,
-)
-from ._versions import (
     Binding as Binding,
-)
-from ._versions import (
     UnsupportedVersion as UnsupportedVersion,
-)
-from ._versions import (
     select_binding as select_binding,
 )

@@ -3,16 +3,21 @@
 Every chunk needs a non-empty ``id`` and ``model``, an integer ``created`` >= 0,
 ``object`` exactly ``chat.completion.chunk`` and a structurally valid ``choices``
 list. ``{"error": {...}}`` is vLLM's in-stream error event (vllm-http.md section 1).
-A violation raises ``UpstreamMalformed`` naming what was wrong, so the operation
-ends with ``backend_error`` instead of forwarding garbage.
+Text must be Unicode: JSON may escape a lone surrogate (``"\\ud800"``), which no UTF-8
+frame can carry. A violation raises ``UpstreamMalformed`` naming what was wrong, so the
+operation ends with ``backend_error`` instead of forwarding garbage.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from gateway.upstream import UpstreamMalformed
+from ._errors import UpstreamMalformed
+
+#: A surrogate escape; only then can decoded text hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def parse_chunk(data: str) -> dict[str, Any]:
@@ -23,6 +28,9 @@ def parse_chunk(data: str) -> dict[str, Any]:
         raise UpstreamMalformed(f"stream chunk is not JSON: {exc.msg} at {exc.pos}") from exc
     if not isinstance(chunk, dict):
         raise UpstreamMalformed("stream chunk is not a JSON object")
+    if "\\u" in data and _SURROGATE_ESCAPE.search(data) and _has_lone_surrogate(chunk):
+        raise UpstreamMalformed("stream chunk holds text that is not Unicode (a lone "
+                                "surrogate): it cannot be carried as UTF-8")
     error = chunk.get("error")
     if error is not None:
         if isinstance(error, dict):
@@ -36,6 +44,17 @@ def parse_chunk(data: str) -> dict[str, Any]:
                                 kind="in_stream_error")
     check_chunk(chunk)
     return chunk
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """A surrogate left unpaired by JSON decoding (a valid pair decodes to one character)."""
+    if isinstance(value, str):
+        return any("\ud800" <= char <= "\udfff" for char in value)
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
 
 
 def _opt_str(value: object) -> str | None:
@@ -128,6 +147,9 @@ def parse_completion(data: bytes) -> dict[str, Any]:
         raise UpstreamMalformed(f"completion body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise UpstreamMalformed("completion body is not a JSON object")
+    if b"\\u" in data and _has_lone_surrogate(body):
+        raise UpstreamMalformed("completion body holds text that is not Unicode (a lone "
+                                "surrogate): it cannot be carried as UTF-8")
     if body.get("object") != "chat.completion":
         raise UpstreamMalformed(
             f"completion 'object' is {body.get('object')!r}, not 'chat.completion'")

@@ -1,15 +1,21 @@
-"""The vLLM HTTP client: the only module that touches httpx.
+"""The vLLM HTTP client: the only module that calls httpx.
 
-Timeouts: httpx's own per-read timeout is off (``read=None``); first-chunk, idle and
-total deadlines are cancel scopes owned by the pipeline (conventions.md A4). Only the
-connect timeout is httpx's.
+    chunks(body, headers, ...)     a streamed completion as checked chunks (``_stream``)
+    completion(body, headers, ...) a non-streaming completion as a checked body
+    probe(), health_check()        GET /version, /v1/models, /health on their own pool
 
-Cancellation: leaving ``stream_chat`` early (a cancelled scope, an exception) closes
-the response before it is fully read, so httpx closes the socket instead of pooling
-it, and vLLM aborts the request on disconnect (vllm-http.md section 3).
+Timeouts: httpx's own per-read timeout is off (``read=None``); first-chunk and idle
+deadlines are cancel scopes around each read (``_stream``), the total deadline a scope
+owned by the caller (conventions.md A4). Only the connect timeout is httpx's, and it
+surfaces as ``UpstreamUnavailable`` (no response at all).
 
-Reuse: a stream read to its end (``read_trailer`` after ``data: [DONE]``) returns its
-connection to its slot (``_slots.ConnectionSlots``) for the next request.
+Cancellation: leaving ``chunks`` early (a cancelled scope, an exception) closes the
+response before it is fully read, so httpx closes the socket instead of pooling it, and
+vLLM aborts the request on disconnect (vllm-http.md section 3).
+
+Reuse: a stream that reached ``data: [DONE]`` reads the rest of its body (the chunked
+terminator) on the way out of ``chunks``, so its connection goes back to its slot
+(``_slots.ConnectionSlots``) for the next request.
 """
 
 from __future__ import annotations
@@ -24,8 +30,17 @@ import attrs
 import httpx
 import trio
 
-from ._errors import UpstreamError, UpstreamMalformed, UpstreamStatus, UpstreamUnavailable
+from ._chunks import parse_completion
+from ._errors import (
+    UpstreamError,
+    UpstreamMalformed,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from ._slots import ConnectionSlots
+from ._sse import DEFAULT_MAX_EVENT
+from ._stream import ChunkStream
 from ._versions import Binding, select_binding
 
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
@@ -147,26 +162,59 @@ class VllmClient:
     # ------------------------------------------------------------------ chat
 
     @asynccontextmanager
-    async def stream_chat(self, body: dict[str, Any], headers: dict[str, str]
-                          ) -> AsyncIterator[BodyChunks]:
-        """POST /v1/chat/completions; yields the response body's byte chunks.
+    async def chunks(self, body: dict[str, Any], headers: dict[str, str], *,
+                     first_chunk: float, idle: float, max_event: int = DEFAULT_MAX_EVENT
+                     ) -> AsyncIterator[ChunkStream]:
+        """POST a streaming /v1/chat/completions; yield its checked chunks (``_stream``).
 
-        Raises UpstreamStatus for a non-200 answer (its bounded body parsed) and
-        UpstreamUnavailable when no response arrives.
+        ``first_chunk`` bounds the wait for a slot, the status line and the first body
+        bytes together; ``idle`` each later read. Raises UpstreamStatus for a non-200
+        answer, UpstreamUnavailable when no response arrives, UpstreamTimeout.
         """
+        deadline = trio.current_time() + first_chunk
+        async with self._response(body, headers, deadline, first_chunk) as response:
+            raw = BodyChunks(response, self._pulse)
+            stream = ChunkStream(raw, first_chunk_deadline=deadline,
+                                 first_chunk_timeout=first_chunk, idle_timeout=idle,
+                                 max_event=max_event)
+            yield stream
+            if stream.done:
+                await raw.read_trailer()
+
+    async def completion(self, body: dict[str, Any], headers: dict[str, str]
+                         ) -> dict[str, Any]:
+        """POST a non-streaming /v1/chat/completions; the checked ``chat.completion``.
+        vLLM answers only when it has finished: the caller's scope bounds the wait."""
+        async with self._response(body, headers, math.inf, math.inf) as response:
+            data = bytearray()
+            async for raw in BodyChunks(response, self._pulse):
+                data += raw
+                if len(data) > MAX_JSON_BODY:
+                    raise UpstreamMalformed("completion body exceeds 64 MiB")
+            return parse_completion(bytes(data))
+
+    @asynccontextmanager
+    async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
+                        first_chunk: float) -> AsyncIterator[httpx.Response]:
+        """A slot, the request sent, and a 200 response whose body is not yet read, by
+        ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
         content = json.dumps(body).encode()
         headers = {"content-type": "application/json", **headers}
+        response: httpx.Response | None = None
         async with self._slots.checkout() as client:
-            request = client.build_request("POST", "/v1/chat/completions", content=content,
-                                           headers=headers)
-            try:
-                response = await client.send(request, stream=True)
-            except httpx.TransportError as exc:
-                raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            with trio.move_on_at(deadline):
+                request = client.build_request("POST", "/v1/chat/completions",
+                                               content=content, headers=headers)
+                try:
+                    response = await client.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            if response is None:
+                raise UpstreamTimeout("first_chunk", first_chunk)
             try:
                 if response.status_code != 200:
                     raise UpstreamStatus(response.status_code, await _read_bounded(response))
-                yield BodyChunks(response, self._pulse)
+                yield response
             finally:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
                 with trio.CancelScope(shield=True), trio.move_on_after(2):

@@ -1,17 +1,19 @@
-"""What can go wrong talking to vLLM, and the one table that maps it to profile errors.
+"""What can go wrong talking to vLLM, and which end cause each failure is.
 
-    UpstreamError
+    UpstreamError                 (a GatewayError; the whole tree: gateway.errors)
     ├── UpstreamUnavailable   connection refused/reset before any response byte
-    ├── UpstreamTimeout       connect / first chunk / idle / total (kind says which)
+    ├── UpstreamTimeout       first chunk / idle / total (kind says which)
     ├── UpstreamStatus        vLLM answered 4xx/5xx (body parsed for message and param)
-    └── UpstreamMalformed     a stream or body that breaks vLLM's contract, or an
-                              in-stream {"error": ...} event (kind says which)
+    ├── UpstreamMalformed     a stream or body that breaks vLLM's contract, or an
+    │                         in-stream {"error": ...} event (kind says which)
+    └── UnsupportedVersion    (gateway.upstream._versions) outside the tested families
 
-``to_profile_error`` is the only mapping from these to profile codes (issue table):
-400 -> invalid_backend_request (vLLM's message and param kept), 401 ->
-backend_auth_failed, 404 -> unsupported_model, 503 -> backend_overload, other status ->
-backend_error; unavailable -> backend_unavailable; timeouts -> request_timeout;
-malformed streams and in-stream errors -> backend_error.
+``to_profile_error`` classifies a failure as an ``EndCause`` (what that cause then means
+on the wire is ``END_TABLE``'s job): 400 and 422 -> invalid_backend_request (vLLM's
+message and param kept), 401 -> backend_auth_failed, 404 -> unsupported_model, 503 ->
+backend_overload, any other status -> backend_error; unavailable ->
+backend_unavailable; timeouts -> request_timeout; malformed streams and in-stream errors
+-> backend_error.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.profile import ProfileError
+from gateway.errors import GatewayError
+from gateway.profile import EndCause, ProfileError
 
 
-class UpstreamError(Exception):
+class UpstreamError(GatewayError):
     """Base: vLLM could not serve the request."""
 
 
@@ -33,7 +36,7 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     def __init__(self, kind: str, seconds: float) -> None:
         super().__init__(f"upstream {kind} timeout after {seconds:g} s")
-        self.kind = kind  # "connect", "first_chunk", "idle", "total"
+        self.kind = kind  # "first_chunk", "idle" or "total"
         self.seconds = seconds
 
 
@@ -79,31 +82,34 @@ def _str_or_none(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-_STATUS_CODES = {400: "invalid_backend_request", 401: "backend_auth_failed",
-                 404: "unsupported_model", 422: "invalid_backend_request",
-                 503: "backend_overload"}
+#: What vLLM's HTTP status says about a request (vllm-http.md section 2; 422 is 0.26's
+#: media-fetch failure). Anything else is backend_error.
+_STATUS_CAUSES = {400: EndCause.INVALID_BACKEND_REQUEST, 401: EndCause.BACKEND_AUTH_FAILED,
+                  404: EndCause.UNSUPPORTED_MODEL, 422: EndCause.INVALID_BACKEND_REQUEST,
+                  503: EndCause.BACKEND_OVERLOAD}
 
 
 def to_profile_error(error: UpstreamError) -> ProfileError:
     """The single mapping from upstream failures to profile errors (with diagnostics)."""
     if isinstance(error, UpstreamStatus):
-        code = _STATUS_CODES.get(error.status, "backend_error")
+        code = _STATUS_CAUSES.get(error.status, EndCause.BACKEND_ERROR)
         diagnostics: dict[str, object] = {"backend_status": error.status}
         if error.error_type:
             diagnostics["backend_error_type"] = error.error_type
         if error.param:
             diagnostics["backend_param"] = error.param
-        if code == "backend_auth_failed":
+        if code is EndCause.BACKEND_AUTH_FAILED:
             message = "vLLM refused the gateway's credentials (check --upstream-api-key)"
         else:
             message = error.message
-        return ProfileError(code, message, param=error.param if code.startswith("invalid")
-                            else None, diagnostics=diagnostics)
+        keeps_param = code is EndCause.INVALID_BACKEND_REQUEST  # vLLM's param names the field
+        return ProfileError(code, message, param=error.param if keeps_param else None,
+                            diagnostics=diagnostics)
     if isinstance(error, UpstreamTimeout):
-        return ProfileError("request_timeout", str(error),
+        return ProfileError(EndCause.REQUEST_TIMEOUT, str(error),
                             diagnostics={"timeout": error.kind})
     if isinstance(error, UpstreamUnavailable):
-        return ProfileError("backend_unavailable", f"vLLM is unreachable: {error}")
+        return ProfileError(EndCause.BACKEND_UNAVAILABLE, f"vLLM is unreachable: {error}")
     if isinstance(error, UpstreamMalformed):
         diagnostics = {"backend_error_family": error.kind}
         if error.status is not None:
@@ -112,5 +118,5 @@ def to_profile_error(error: UpstreamError) -> ProfileError:
             diagnostics["backend_error_type"] = error.error_type
         if error.param:
             diagnostics["backend_param"] = error.param
-        return ProfileError("backend_error", str(error), diagnostics=diagnostics)
-    return ProfileError("backend_error", str(error))
+        return ProfileError(EndCause.BACKEND_ERROR, str(error), diagnostics=diagnostics)
+    return ProfileError(EndCause.BACKEND_ERROR, str(error))

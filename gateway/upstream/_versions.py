@@ -22,6 +22,8 @@ from typing import Any
 
 import attrs
 
+from ._errors import UpstreamError
+
 #: vLLM-internal fields of a non-streaming body that are not OpenAI's; dropped so every
 #: family yields the same completed body.
 _INTERNAL_BODY_FIELDS = ("prompt_logprobs", "prompt_token_ids", "prompt_text",
@@ -30,7 +32,7 @@ _INTERNAL_BODY_FIELDS = ("prompt_logprobs", "prompt_token_ids", "prompt_text",
 _INTERNAL_CHOICE_FIELDS = ("token_ids", "routed_experts")
 
 
-class UnsupportedVersion(Exception):
+class UnsupportedVersion(UpstreamError):
     """The probed vLLM version is outside the tested families."""
 
 
@@ -40,8 +42,6 @@ class Binding:
     anchor: str
     minor: tuple[int, int]
     empty_tool_calls_noise: bool
-    has_fingerprint: bool
-    has_prompt_text: bool
 
     def clean_delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         """Drop the ``tool_calls: []`` noise of 0.18/0.22 parsers from a delta."""
@@ -70,12 +70,9 @@ class Binding:
 
 
 BINDINGS: tuple[Binding, ...] = (
-    Binding("0.18.x", "0.18.1", (0, 18), empty_tool_calls_noise=True, has_fingerprint=False,
-            has_prompt_text=False),
-    Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True, has_fingerprint=True,
-            has_prompt_text=True),
-    Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False, has_fingerprint=True,
-            has_prompt_text=True),
+    Binding("0.18.x", "0.18.1", (0, 18), empty_tool_calls_noise=True),
+    Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True),
+    Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False),
 )
 SUPPORTED_BAND = "vllm>=0.18.0,<0.27"
 

@@ -35,7 +35,7 @@ def test_unknown_scenario_is_a_clean_error() -> None:
 
 
 def test_soak_rss_growth_is_measured_after_warm_up() -> None:
-    from gateway.bench._soak import SoakReport, warm_up_seconds
+    from gateway.tools.bench._soak import SoakReport, warm_up_seconds
 
     assert warm_up_seconds(600) == 120  # a fifth of a long run
     assert warm_up_seconds(30) == 15  # at least 15 s

@@ -5,49 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 from typer.testing import CliRunner
 
 from cli.main import app
-from gateway.replay import ReplayServer, load_transcript
+from gateway.tools.replay import load_transcript
+from tests.support.processes import ReplayThread
 
 runner = CliRunner()
-
-
-class ReplayThread:
-    """A replay vLLM in its own thread and trio loop (CliRunner commands call trio.run)."""
-
-    def __init__(self, **kwargs: object) -> None:
-        self.server = ReplayServer(**kwargs)  # type: ignore[arg-type]
-        self.url = ""
-        self._ready = threading.Event()
-        self._stop: trio.Event | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
-
-    async def _main(self) -> None:
-        self._stop = trio.Event()
-        self._token = trio.lowlevel.current_trio_token()
-        async with trio.open_nursery() as nursery:
-            self.url = await nursery.start(self.server.serve)
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def __enter__(self) -> ReplayThread:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._token is not None and self._stop is not None
-        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        self._thread.join(10)
 
 
 @pytest.fixture
@@ -68,7 +36,7 @@ def test_light_commands_do_not_load_the_gateway() -> None:
     # trio, httpx, structlog or the gateway's modules (1.0 s of imports before, 0.2 s now).
     code = ("import sys, cli.main; print(sorted(m for m in sys.modules if m in "
             "('trio', 'httpx', 'structlog', 'attrs', 'gateway.app', 'gateway.nnrp', "
-            "'gateway.bench', 'gateway.conformance')))")
+            "'gateway.tools.bench', 'gateway.tools.conformance')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert loaded == "[]"
@@ -76,7 +44,7 @@ def test_light_commands_do_not_load_the_gateway() -> None:
 
 def test_bench_scenario_names_match_the_benchmarks() -> None:
     from cli.bench import SCENARIO_NAMES
-    from gateway.bench._scenarios import SCENARIOS
+    from gateway.tools.bench._scenarios import SCENARIOS
 
     assert tuple(SCENARIOS) == SCENARIO_NAMES
 

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.conformance import (
+from gateway.profile import EndCause
+from gateway.profile._capabilities import capability_document
+from gateway.server import GatewayServer, Operation
+from gateway.tools.conformance import (
     build_plan,
     check_case,
     schema_errors,
@@ -18,10 +21,8 @@ from gateway.conformance import (
     validate_results,
     write_atomically,
 )
-from gateway.conformance._suite import capability_tokens, suite_recipes
-from gateway.conformance._wire import probe
-from gateway.profile._capabilities import capability_document
-from gateway.server import GatewayServer, OperationContext
+from gateway.tools.conformance._suite import capability_tokens, suite_recipes
+from gateway.tools.conformance._wire import probe
 
 
 def caps(tool_calls: bool = True, extensions: bool = True) -> dict[str, Any]:
@@ -125,9 +126,9 @@ def test_target_manifest_is_schema_valid(tmp_path: Path) -> None:
 
 
 async def test_wire_probe_fails_a_target_that_breaks_the_mapping(nursery: trio.Nursery) -> None:
-    async def sse_framed(op: OperationContext) -> None:
+    async def sse_framed(op: Operation) -> None:
         await op.emit(b'data: {"type":"response.output_text.delta","index":0,"delta":"x"}')
-        await op.finish(200, b'{"type":"response.completed","body":{}}')
+        await op.close(EndCause.COMPLETED, b'{"type":"response.completed","body":{}}')
 
     server = GatewayServer(sse_framed)
     (endpoint,) = await nursery.start(server.serve, ["tcp://127.0.0.1:0"])

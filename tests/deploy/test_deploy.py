@@ -260,10 +260,10 @@ def test_image_install_steps(tmp_path: Path) -> None:
     assert health.returncode == 0
     # The wheel carries the recipes and transcripts the conformance and replay commands use.
     listing = subprocess.run([str(env_dir / "bin" / "python"), "-c",
-                              "from gateway.conformance import recipes_root; "
-                              "from gateway.replay import bundled_transcripts; "
+                              "from gateway.tools.conformance import recipes_root; "
+                              "from gateway.tools.replay import bundled_transcripts; "
                               "print(recipes_root(), len(bundled_transcripts()))"],
                              capture_output=True, text=True, cwd=tmp_path)
-    assert "site-packages/gateway/conformance/recipes" in listing.stdout
+    assert "site-packages/gateway/tools/conformance/recipes" in listing.stdout
     assert int(listing.stdout.split()[-1]) >= 30
     assert shutil.which("nnrp-gateway", path=str(env_dir / "bin"))

@@ -1,99 +1,24 @@
-"""The whole stack on loopback: replay vLLM (trio + h11) and the gateway on free ports."""
+"""The whole stack (tests.support.stack) on loopback, per test."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import attrs
 import pytest
-import trio
 
-from gateway import nnrp
-from gateway.app import Gateway, GatewayConfig
-from gateway.client import ClientSession, connect
 from gateway.pipeline import PipelineLimits
-from gateway.replay import ReplayServer
+from gateway.tools.client import ClientSession, connect
+from tests.support.stack import Stack, start_stack
 
-_ids = itertools.count(1)
-
-
-def envelope(body: dict[str, Any], *, request_id: str | None = None,
-             nnrp_policy: dict[str, Any] | None = None) -> bytes:
-    document: dict[str, Any] = {"schema_version": "openai-compatible/1",
-                                "operation": "chat.completions.create", "body": body}
-    if request_id is not None:
-        document["request_id"] = request_id
-    if nnrp_policy is not None:
-        document["nnrp"] = nnrp_policy
-    return json.dumps(document).encode()
-
-
-def chat(model: str = "example-model", **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "Hello"}], **extra}
-
-
-def scenario_id(name: str) -> str:
-    """A request id that makes the replay server play ``name``."""
-    return f"replay:{name}:{next(_ids)}"
-
-
-@attrs.define
-class Outcome:
-    partials: list[dict[str, Any]]
-    terminal: Any
-    status: int | None
-    final: dict[str, Any] | None
-
-    @property
-    def types(self) -> list[str]:
-        return [p["type"] for p in self.partials]
-
-
-async def run_operation(session: ClientSession, payload: bytes, **kw: Any) -> Outcome:
-    operation = await session.submit(payload, **kw)
-    partials, terminal = [], None
-    async for event in operation.events():
-        if isinstance(event, nnrp.PartialReceived):
-            partials.append(json.loads(event.body))
-        else:
-            terminal = event
-    final = status = None
-    if isinstance(terminal, nnrp.ResultReceived):
-        status = terminal.meta.status_code
-        assert terminal.typed_body is not None
-        final = json.loads(terminal.typed_body.frames[0].payload)
-    return Outcome(partials, terminal, status, final)
-
-
-@attrs.define
-class Stack:
-    replay: ReplayServer
-    gateway: Gateway
-    nursery: trio.Nursery
-
-    def uri(self, transport: str = "tcp") -> str:
-        return next(e.uri for e in self.gateway.endpoints if e.transport == transport)
-
-
-async def start_stack(nursery: trio.Nursery, socket_dir: Path, *,
-                      replay: ReplayServer | None = None, **config: Any) -> Stack:
-    replay = replay or ReplayServer(speed=50.0)
-    url = await nursery.start(replay.serve)
-    gateway = Gateway(GatewayConfig(
-        listen=("tcp://127.0.0.1:0", f"unix://{socket_dir}/gw.sock", "ws://127.0.0.1:0/nnrp"),
-        vllm_url=url, probe_interval=0.05, health_interval=0.2, **config))
-    await nursery.start(gateway.run)
-    with trio.fail_after(5):
-        await gateway.probed.wait()
-    return Stack(replay, gateway, nursery)
+if TYPE_CHECKING:
+    import trio
 
 
 @pytest.fixture
-def socket_dir() -> Any:
+def socket_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="nnrp-e2e-") as path:
         yield Path(path)
 
@@ -106,6 +31,6 @@ async def stack(nursery: trio.Nursery, socket_dir: Path) -> Stack:
 
 
 @pytest.fixture
-async def session(stack: Stack) -> Any:
+async def session(stack: Stack) -> AsyncIterator[ClientSession]:
     async with connect(stack.uri()) as client:
         yield await client.open_session()

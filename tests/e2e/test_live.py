@@ -16,9 +16,8 @@ import pytest
 import trio
 
 from gateway.app import Gateway, GatewayConfig
-from gateway.client import connect
-
-from .conftest import chat, envelope, run_operation
+from gateway.tools.client import connect
+from tests.support.stack import chat, envelope, run_operation
 
 LIVE_URL = os.environ.get("NNRP_GATEWAY_LIVE_VLLM_URL")
 pytestmark = [pytest.mark.live,

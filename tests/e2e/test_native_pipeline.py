@@ -11,16 +11,15 @@ import trio
 
 pytest.importorskip("nnrp.client.native")
 
-from gateway.client import connect
-from tests.interop.native_peer import (
+from gateway.tools.client import connect
+from tests.support.native import (
     native_connection,
     open_session,
     openai_submit,
     poll_until,
 )
-
-from .conftest import Stack, envelope, run_operation
-from .test_pipeline import CHAT_SCENARIOS, request_for
+from tests.support.scenarios import CHAT_SCENARIOS, request_for
+from tests.support.stack import Stack, envelope, run_operation
 
 pytestmark = pytest.mark.interop
 

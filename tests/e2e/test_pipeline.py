@@ -11,47 +11,20 @@ import trio
 
 from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
-from gateway.client import connect
 from gateway.pipeline import PipelineLimits
-from gateway.replay import ReplayServer, bundled_transcripts
+from gateway.tools.client import connect
+from gateway.tools.replay import ReplayServer
 from gateway.upstream import UnsupportedVersion
-from tests.pipeline.test_stages import translate
-
-from .conftest import Stack, chat, envelope, run_operation, scenario_id, start_stack
-
-TRANSCRIPTS = bundled_transcripts()
-CHAT_SCENARIOS = sorted(name for name in TRANSCRIPTS if not name.startswith("get_"))
-
-#: What each recorded exchange must end as through the gateway.
-EXPECTED_TERMINAL = {
-    "engine_death_mid_stream": "backend_error",
-    "error_400_bad_json": "invalid_backend_request",
-    "error_400_context_length": "invalid_backend_request",
-    "error_400_context_length_stream": "invalid_backend_request",
-    "error_400_max_tokens": "invalid_backend_request",
-    "error_400_missing_messages": "invalid_backend_request",
-    "error_400_stream_options_without_stream": "invalid_backend_request",
-    "error_400_temperature": "invalid_backend_request",
-    "error_400_validation": "invalid_backend_request",
-    "error_404_model": "unsupported_model",
-    "error_501_not_implemented": "backend_error",
-    "stream_malformed_chunk": "backend_error",
-    # Valid JSON that cannot be re-encoded as UTF-8: the gateway says it failed, cleanly.
-    "stream_lone_surrogate": "adapter_runtime_error",
-    # Recorded by a client that hung up after 3 chunks: replayed, the body ends without
-    # data: [DONE], which the gateway must treat as a broken stream.
-    "stream_client_abort": "backend_error",
-    "stream_tool_call_broken": "backend_error",
-}
-
-
-def request_for(name: str) -> dict[str, Any]:
-    body = dict(TRANSCRIPTS[name].request_body)
-    if "raw" in body or not isinstance(body.get("messages"), list):
-        body = chat(stream=TRANSCRIPTS[name].streaming)
-    if not body.get("stream"):
-        body.pop("stream_options", None)
-    return body
+from tests.support.scenarios import CHAT_SCENARIOS, EXPECTED_TERMINAL, TRANSCRIPTS, request_for
+from tests.support.stack import (
+    Stack,
+    chat,
+    envelope,
+    run_operation,
+    scenario_id,
+    start_stack,
+)
+from tests.support.transcripts import translate
 
 
 @pytest.mark.parametrize("name", CHAT_SCENARIOS)
@@ -82,9 +55,9 @@ async def test_every_transcript_through_the_gateway(stack: Stack, session: Any, 
 
 
 def nnrp_status(code: str) -> int:
-    from gateway.profile import ERROR_TABLE
+    from gateway.profile import ProfileError
 
-    return ERROR_TABLE[code].status
+    return ProfileError(code, "").status
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gateway import nnrp
-from gateway.replay import bundled_transcripts
+from gateway.tools.replay import bundled_transcripts
 
 HERE = Path(__file__).parent / "corpus"
 

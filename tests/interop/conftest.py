@@ -1,4 +1,4 @@
-"""Share the running-server fixtures of the server tests."""
+"""The interop tests run against the same server fixtures as the server tests."""
 
 from tests.server.conftest import running, socket_dir
 

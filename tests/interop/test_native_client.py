@@ -11,9 +11,7 @@ import trio
 
 pytest.importorskip("nnrp.client.native")
 
-from tests.server.conftest import RunningServer
-
-from .native_peer import (
+from tests.support.native import (
     native_connection,
     open_session,
     openai_submit,
@@ -21,9 +19,10 @@ from .native_peer import (
     poll_until,
     trace_metadata,
 )
+from tests.support.servers import RunningServer
 
 if TYPE_CHECKING:
-    from tests.server.conftest import RunningServer
+    from tests.support.servers import RunningServer
 
 pytestmark = pytest.mark.interop
 TRANSPORTS = ["tcp", "ipc", "websocket"]
@@ -114,7 +113,7 @@ async def test_cancel_mid_stream(running: RunningServer, transport: str, how: st
         events = await trio.to_thread.run_sync(scenario)
     (cancelled,) = running.seen.cancelled
     assert cancelled.operation_id == 0x65
-    assert cancelled.end_reason is not None
+    assert cancelled.end_cause == "peer_cancelled"
     assert cancelled.cancel_info is not None
     wire = frames_of(events, 1)
     drops = [e for e in wire if e["kind"] == "RESULT_DROP_REASON"]
@@ -153,4 +152,4 @@ async def test_session_close_is_acknowledged(running: RunningServer) -> None:
     await trio.sleep(0.1)
     (connection,) = running.server.connections or [None]
     if connection is not None:
-        assert connection.sans_io.session_ids() == []
+        assert connection.sessions == {}

@@ -29,7 +29,7 @@ from nnrp.server.native import (
 )
 
 from gateway import nnrp
-from gateway.client import connect
+from gateway.tools.client import connect
 
 pytestmark = pytest.mark.interop
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,10 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.app import Gateway, GatewayConfig
-from gateway.bench._scenarios import free_port
-from gateway.client import connect
-from gateway.replay import ReplayServer
-from tests.cli.test_cli import ReplayThread
-from tests.e2e.conftest import chat, envelope, run_operation
+from gateway.tools.client import connect
+from gateway.tools.replay import ReplayServer
+from tests.support.processes import ReplayThread, free_port, wait_ready
+from tests.support.stack import chat, envelope, run_operation
 
 runner = CliRunner()
 
@@ -234,18 +232,6 @@ def test_check_and_health_commands() -> None:
     assert "unreachable" in result.output
     result = runner.invoke(app, ["health", "--admin-url", "http://127.0.0.1:9", "--quiet"])
     assert result.exit_code == 1
-
-
-def wait_ready(admin_url: str, seconds: float = 20.0) -> None:
-    """Poll a gateway process's /readyz until it answers 200 (or time runs out)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{admin_url}/readyz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from gateway.nnrp import TraceInfo
-from gateway.pipeline import Translator, build_request, parse_chunk, traceparent
+from gateway.pipeline import Translator, build_request, traceparent
 from gateway.profile import parse_envelope
-from gateway.replay import bundled_transcripts, derive
-from gateway.upstream import BINDINGS, UpstreamMalformed, select_binding
+from gateway.tools.replay import bundled_transcripts, derive
+from gateway.upstream import BINDINGS, UpstreamMalformed, parse_chunk, select_binding
+from tests.support.transcripts import translate
 
 B26 = BINDINGS[2]
 
@@ -94,19 +95,6 @@ def test_in_stream_error_and_non_json() -> None:
 
 
 # --------------------------------------------------------------------------- translation
-
-
-def translate(name: str, family: str = "0.26", usage_requested: bool = True
-              ) -> tuple[list[dict[str, Any]], Translator]:
-    transcript = derive(bundled_transcripts()[name], family)
-    binding, _ = select_binding(transcript.vllm_version)
-    translator = Translator(binding, usage_requested=usage_requested)
-    out: list[dict[str, Any]] = []
-    for block in transcript.body.split(b"\n\n"):
-        if block.startswith(b"data: ") and block != b"data: [DONE]":
-            out += translator.feed(parse_chunk(block[6:].decode()))
-    out += translator.finish()
-    return out, translator
 
 
 def test_text_stream_with_usage() -> None:

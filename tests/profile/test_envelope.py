@@ -113,9 +113,9 @@ def test_error_event_shape_and_status() -> None:
                      "error": {"type": "invalid_request_error", "code": "invalid_backend_request",
                                "message": "bad temperature", "param": "temperature"},
                      "diagnostics": {"backend_status": 400}}
-    assert error.spec.status == 400
-    assert ProfileError("request_timeout", "x").spec.status == 504
-    assert ProfileError("backend_error", "x").spec.status == 500
+    assert error.status == 400
+    assert ProfileError("request_timeout", "x").status == 504
+    assert ProfileError("backend_error", "x").status == 500
     # Compact, sorted keys, UTF-8 as is (the reference adapter's encoding).
     assert events.encode_event(events.text_delta(0, "é")) == (
         '{"delta":"é","index":0,"type":"response.output_text.delta"}'.encode())
@@ -128,5 +128,5 @@ def test_error_event_shape_and_status() -> None:
 def test_text_delta_fast_path_matches_the_general_encoder(delta: str) -> None:
     event = events.text_delta(3, delta)
     assert events.encode_event(event) == events._encoder.encode(event).encode("utf-8")
-    with_chunk = events.text_delta(0, delta, chunk={"id": "x"})
+    with_chunk = {**events.text_delta(0, delta), "openai_chunk": {"id": "x"}}
     assert json.loads(events.encode_event(with_chunk))["openai_chunk"] == {"id": "x"}

@@ -13,10 +13,9 @@ import trio
 from typer.testing import CliRunner
 
 from cli.main import app
-from gateway.bench._scenarios import free_port
-from gateway.client import ClientError, connect
-from tests.e2e.conftest import chat, envelope, run_operation
-from tests.ops.test_ops import wait_ready
+from gateway.tools.client import ClientError, connect
+from tests.support.processes import free_port, wait_ready
+from tests.support.stack import chat, envelope, run_operation
 
 API_KEY = "sk-upstream-SECRET-1f2e"
 TOKEN = "tok-session-SECRET-9a8b"

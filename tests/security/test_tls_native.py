@@ -28,9 +28,8 @@ from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeTransportClientSecurity
 
 from gateway.server import TlsConfig
-from tests.interop.native_peer import openai_submit, poll_until
-
-from .test_tls_auth import pki, start, uri  # noqa: F401
+from tests.support.native import openai_submit, poll_until
+from tests.support.tls import start, uri
 
 pytestmark = pytest.mark.interop
 
@@ -41,7 +40,7 @@ def _der(pem: Path) -> bytes:
 
 
 async def test_native_client_over_tls(nursery: trio.Nursery, tmp_path: Path,
-                                      pki: dict[str, Path]) -> None:  # noqa: F811
+                                      pki: dict[str, Path]) -> None:
     gateway = await start(nursery, tmp_path, tls=TlsConfig(pki["server"], pki["server_key"]))
     address = uri(gateway, "tcps").removeprefix("tcps://")
     security = NativeTransportClientSecurity(server_name="127.0.0.1",

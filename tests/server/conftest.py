@@ -1,86 +1,24 @@
-"""A real GatewayServer on free ports with a scripted handler.
-
-The handler reads its script from the operation's JSON payload:
-``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool}``.
-It records what it saw (trace context, deadlines, cancellation) for assertions.
-"""
+"""A real GatewayServer (tests.support.servers) on free ports, per test."""
 
 from __future__ import annotations
 
-import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import attrs
 import pytest
-import trio
 
-from gateway.nnrp import ServerConfig
-from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer, OperationContext
+from tests.support.servers import RunningServer, start_server
 
-
-@attrs.define
-class Seen:
-    operations: list[OperationContext] = attrs.field(factory=list)
-    cancelled: list[OperationContext] = attrs.field(factory=list)
-    started: trio.Event = attrs.field(factory=trio.Event)
-
-
-async def scripted_handler(op: OperationContext, seen: Seen) -> None:
-    seen.operations.append(op)
-    seen.started.set()
-    assert op.typed_body is not None
-    script: dict[str, Any] = json.loads(op.typed_body.frames[0].payload)
-    try:
-        if script.get("hang"):
-            await trio.sleep_forever()
-        for index in range(script.get("events", 0)):
-            body = json.dumps({"type": "response.output_text.delta", "index": 0,
-                               "delta": "x" * script.get("size", 1), "n": index}).encode()
-            await op.emit(body)
-            if script.get("delay"):
-                await trio.sleep(script["delay"])
-        if script.get("no_terminal"):
-            return
-        trace = op.trace
-        await op.finish(200, json.dumps({
-            "type": "response.completed",
-            "trace": [trace.trace_id, trace.span_id] if trace else None,
-            "header_trace_id": op.header_trace_id}).encode())
-    except trio.Cancelled:
-        seen.cancelled.append(op)
-        raise
-
-
-@attrs.define
-class RunningServer:
-    server: GatewayServer
-    endpoints: list[BoundEndpoint]
-    seen: Seen
-
-    def uri(self, transport: str = "tcp") -> str:
-        return next(e.uri for e in self.endpoints if e.transport == transport)
+if TYPE_CHECKING:
+    import trio
 
 
 @pytest.fixture
-def socket_dir() -> Any:
+def socket_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="nnrp-") as path:
         yield Path(path)
-
-
-async def start_server(nursery: trio.Nursery, socket_dir: Path, **kwargs: Any) -> RunningServer:
-    seen = Seen()
-    limits = kwargs.pop("limits", ConnectionLimits(handshake_timeout=2.0))
-    config = kwargs.pop("config", ServerConfig())
-
-    async def handler(op: OperationContext) -> None:
-        await scripted_handler(op, seen)
-
-    server = GatewayServer(handler, config=config, limits=limits, **kwargs)
-    endpoints = await nursery.start(server.serve, [
-        "tcp://127.0.0.1:0", f"unix://{socket_dir}/gw.sock", "ws://127.0.0.1:0/nnrp"])
-    return RunningServer(server, endpoints, seen)
 
 
 @pytest.fixture

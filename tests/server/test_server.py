@@ -11,10 +11,9 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway.client import ClientError, NnrpClient, connect
 from gateway.server import ConnectionLimits
-
-from .conftest import RunningServer, start_server
+from gateway.tools.client import ClientError, NnrpClient, connect
+from tests.support.servers import RunningServer, start_server
 
 TRANSPORTS = ["tcp", "ipc", "websocket"]
 
@@ -359,7 +358,7 @@ async def test_busy_connection_is_not_idle(nursery: trio.Nursery, socket_dir: An
 
 async def test_bursts_are_coalesced_into_few_writes(running: RunningServer,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.server._transport import StreamTransport
+    from gateway.transport import StreamTransport
 
     writes: list[int] = []
     original = StreamTransport.send

@@ -19,7 +19,7 @@ from nnrp.core.enums import MessageType
 from nnrp.runtime.types import TraceContextMetadata
 
 from gateway import nnrp as ours
-from gateway.conformance import native_client_options, native_openai_submit
+from gateway.tools.conformance import native_client_options, native_openai_submit
 
 
 def native_client_options_for(transport: str, uri: str) -> Any:

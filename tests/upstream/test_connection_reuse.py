@@ -7,20 +7,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
+import respx
 import trio
 
-from gateway.replay import ReplayServer
+from gateway.tools.replay import ReplayServer
 from gateway.upstream import UpstreamConfig, VllmClient
 
 BODY = {"model": "example-model", "stream": True,
         "messages": [{"role": "user", "content": "reuse"}]}
-
-
-async def _until_done(chunks: object) -> None:
-    async for raw in chunks:  # type: ignore[attr-defined]
-        if b"data: [DONE]" in raw:
-            return
-    raise AssertionError("the stream ended without [DONE]")
 
 
 @asynccontextmanager
@@ -36,39 +31,55 @@ async def backend_and_client(nursery: trio.Nursery, pool_size: int = 256
             await client.aclose()
 
 
-async def test_reading_the_trailer_keeps_the_connection(nursery: trio.Nursery) -> None:
+async def _read_to_done(client: VllmClient, request_id: str) -> int:
+    chunks = 0
+    async with client.chunks(BODY, {"x-request-id": request_id}, first_chunk=5,
+                             idle=5) as stream:
+        async for batch in stream:
+            chunks += len(batch)
+        assert stream.done
+    return chunks
+
+
+async def test_a_stream_read_to_done_keeps_its_connection(nursery: trio.Nursery) -> None:
     async with backend_and_client(nursery) as (replay, client):
         for number in range(3):
-            headers = {"x-request-id": f"replay:timestamped:4:0:reuse-{number}"}
-            async with client.stream_chat(BODY, headers) as chunks:
-                await _until_done(chunks)
-                assert await chunks.read_trailer()
+            assert await _read_to_done(client, f"replay:timestamped:4:0:reuse-{number}") >= 4
         assert replay.connections == 1
 
 
-async def test_a_body_that_goes_on_past_the_limit_closes_the_connection(
-        nursery: trio.Nursery) -> None:
+async def test_a_stream_left_before_done_closes_its_connection(nursery: trio.Nursery) -> None:
+    # Leaving early is vLLM's abort: the socket must close, never go back to the pool.
     async with backend_and_client(nursery) as (replay, client):
-        headers = {"x-request-id": "replay:timestamped:20:20000:long"}
-        async with client.stream_chat(BODY, headers) as chunks:
-            assert await chunks.__anext__()
-            # More than max_bytes follows: not a trailer, so the connection is not kept.
-            assert not await chunks.read_trailer(max_bytes=0)
-        headers = {"x-request-id": "replay:timestamped:2:0:after"}
-        async with client.stream_chat(BODY, headers) as chunks:
-            await _until_done(chunks)
-            assert await chunks.read_trailer()
+        headers = {"x-request-id": "replay:timestamped:20:20000:left"}
+        async with client.chunks(BODY, headers, first_chunk=5, idle=5) as stream:
+            assert await stream.__anext__()
+        await _read_to_done(client, "replay:timestamped:2:0:after")
         assert replay.connections == 2
 
 
-async def test_a_body_that_stalls_after_done_is_given_up_quickly(
-        nursery: trio.Nursery) -> None:
-    async with backend_and_client(nursery) as (_, client):
-        headers = {"x-request-id": "replay:timestamped:30:100000:slow"}
-        async with client.stream_chat(BODY, headers) as chunks:
-            assert await chunks.__anext__()
-            with trio.fail_after(1):  # TRAILER_WAIT, not the stream's remaining 3 s
-                assert not await chunks.read_trailer()
+async def test_a_body_that_stalls_after_done_is_given_up_quickly() -> None:
+    # vLLM sends the chunked terminator right after [DONE]; a server that does not is not
+    # waited for past TRAILER_WAIT (and its connection is then closed, not pooled).
+    class StallsAfterDone(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+                   b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+            yield b"data: [DONE]\n\n"
+            await trio.sleep(30)
+
+    router = respx.Router(base_url="http://vllm")
+    router.post("/v1/chat/completions").mock(return_value=httpx.Response(
+        200, headers={"content-type": "text/event-stream"}, stream=StallsAfterDone()))
+    client = VllmClient(UpstreamConfig("http://vllm"), transport=httpx.MockTransport(
+        router.async_handler))
+    try:
+        with trio.fail_after(1):  # TRAILER_WAIT (0.25 s), not the body's remaining 30 s
+            async with client.chunks(BODY, {}, first_chunk=5, idle=5) as stream:
+                batches = [batch async for batch in stream]
+        assert [chunk["choices"][0]["delta"]["content"] for [chunk] in batches] == ["hi"]
+    finally:
+        await client.aclose()
 
 
 async def test_concurrent_streams_never_open_more_than_the_pool(nursery: trio.Nursery) -> None:
@@ -77,10 +88,7 @@ async def test_concurrent_streams_never_open_more_than_the_pool(nursery: trio.Nu
     finished: list[int] = []
 
     async def stream(client: VllmClient, number: int) -> None:
-        headers = {"x-request-id": f"replay:timestamped:3:20000:slots-{number}"}
-        async with client.stream_chat(BODY, headers) as chunks:
-            await _until_done(chunks)
-            await chunks.read_trailer()
+        await _read_to_done(client, f"replay:timestamped:3:20000:slots-{number}")
         finished.append(number)
 
     async with backend_and_client(nursery, pool_size=4) as (replay, client):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from gateway.replay import ReplayServer
+from gateway.tools.replay import ReplayServer
 from gateway.upstream import UpstreamConfig, VllmClient
 
 BODY = {"model": "example-model", "stream": True,
@@ -17,7 +17,7 @@ async def test_health_answers_while_the_request_pool_is_full(nursery: trio.Nurse
     try:
         # Five tokens a second apart: the single pooled connection stays busy for seconds.
         headers = {"x-request-id": "replay:timestamped:5:1000000:pool"}
-        async with client.stream_chat(BODY, headers) as chunks:
+        async with client.chunks(BODY, headers, first_chunk=5, idle=5) as chunks:
             first = await chunks.__anext__()
             assert first
             with trio.fail_after(2):  # well under the stream's remaining four seconds
@@ -37,7 +37,7 @@ async def test_requests_beyond_the_pool_wait_their_turn(nursery: trio.Nursery) -
 
     async def stream(name: str, interval_us: int) -> None:
         headers = {"x-request-id": f"replay:timestamped:3:{interval_us}:{name}"}
-        async with client.stream_chat(BODY, headers) as chunks:
+        async with client.chunks(BODY, headers, first_chunk=5, idle=5) as chunks:
             async for _ in chunks:
                 pass
         finished.append(name)

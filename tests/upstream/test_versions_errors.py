@@ -70,7 +70,7 @@ def test_normalize_body_gives_one_shape() -> None:
 def test_error_table(error: Exception, code: str, status: int) -> None:
     profile_error = to_profile_error(error)  # type: ignore[arg-type]
     assert profile_error.code == code
-    assert profile_error.spec.status == status
+    assert profile_error.status == status
 
 
 def test_400_keeps_message_and_param() -> None:

@@ -83,9 +83,9 @@ _SSE_CHUNK = (b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk","cre
 def _pipeline_event() -> Callable[[], object]:
     """The gateway's CPU per streamed token: one vLLM SSE chunk in, one PARTIAL_RESULT out
     (the reference adapter's in-process figure is 4.3 us, with no wire on either side)."""
-    from gateway.pipeline import Translator, parse_chunk
+    from gateway.pipeline import Translator
     from gateway.profile import events
-    from gateway.upstream import BINDINGS, SSEDecoder
+    from gateway.upstream import BINDINGS, SSEDecoder, parse_chunk
 
     decoder = SSEDecoder()
     translator = Translator(BINDINGS[-1], usage_requested=False)

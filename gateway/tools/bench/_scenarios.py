@@ -27,7 +27,7 @@ import httpx
 import trio
 
 from gateway import nnrp
-from gateway.client import ClientSession, connect
+from gateway.tools.client import ClientSession, connect
 from gateway.upstream import SSEDecoder
 
 from ._stats import Figure, percentile

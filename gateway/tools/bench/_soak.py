@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from gateway import nnrp
-from gateway.client import ClientError
+from gateway.tools.client import ClientError
 
 from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
 

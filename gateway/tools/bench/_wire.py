@@ -14,7 +14,8 @@ from typing import Any
 
 import trio
 
-from gateway.server import GatewayServer, OperationContext
+from gateway.profile import EndCause
+from gateway.server import GatewayServer, Operation
 
 from ._stats import Figure, percentile, rss_bytes
 
@@ -22,13 +23,13 @@ _DELTA = b'{"type":"response.output_text.delta","index":0,"delta":"tok"}'
 _DONE = b'{"type":"response.completed","body":{}}'
 
 
-async def bench_handler(op: OperationContext) -> None:
+async def bench_handler(op: Operation) -> None:
     """Trivial handler: ``{"events": N}`` partials, then a completed terminal."""
     assert op.typed_body is not None
     count = json.loads(op.typed_body.frames[0].payload).get("events", 0)
     for _ in range(count):
         await op.emit(_DELTA)
-    await op.finish(200, _DONE)
+    await op.close(EndCause.COMPLETED, _DONE)
 
 
 # --------------------------------------------------------------------------- load generators
@@ -42,7 +43,7 @@ def _native_round_trips(uri: str, seconds: float, in_flight: int, queue: Any) ->
     from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
     from nnrp.core.enums import MessageType
 
-    from gateway.conformance import native_client_options, native_openai_submit
+    from gateway.tools.conformance import native_client_options, native_openai_submit
 
     options = native_client_options(uri)
     payload = json.dumps({"events": 0}).encode()
@@ -73,7 +74,7 @@ def _native_round_trips(uri: str, seconds: float, in_flight: int, queue: Any) ->
 
 
 def _our_round_trips(uri: str, seconds: float, in_flight: int, queue: Any) -> None:
-    from gateway.client import connect
+    from gateway.tools.client import connect
 
     async def run() -> list[float]:
         latencies: list[float] = []
@@ -133,7 +134,7 @@ def _event_sink(uri: str, events: int, queue: Any) -> None:
 
 def _idle_sessions(uri: str, connections: int, per_connection: int, queue: Any,
                    release: Any) -> None:
-    from gateway.client import connect
+    from gateway.tools.client import connect
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

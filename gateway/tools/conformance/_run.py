@@ -29,7 +29,7 @@ import httpx
 import trio
 
 from gateway import nnrp
-from gateway.client import ClientSession, connect
+from gateway.tools.client import ClientSession, connect
 
 from ._native import native_client_options, native_openai_submit
 from ._validate import check_case

@@ -28,7 +28,7 @@ _PARAMETER = re.compile(r"\$\{([A-Z0-9_]+)\}")
 
 def recipes_root() -> Path:
     """The recipe tree: bundled in the wheel, or the repository's ``recipes/``."""
-    bundled = resources.files("gateway.conformance").joinpath("recipes")
+    bundled = resources.files("gateway.tools.conformance").joinpath("recipes")
     if bundled.is_dir():
         return Path(str(bundled))
     return Path(gateway.__file__).resolve().parent.parent / "recipes"

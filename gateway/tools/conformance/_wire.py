@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from gateway import nnrp
-from gateway.client import _open_transport
+from gateway.transport import connect as connect_transport
 
 from ._suite import load_json, suite_dir
 
@@ -58,7 +58,7 @@ async def probe(endpoint: str) -> dict[str, Any]:
 
     terminal = "error"
     async with trio.open_nursery() as nursery:
-        transport = await _open_transport(endpoint, nursery)
+        transport = await connect_transport(endpoint, nursery)
         client = nnrp.ClientConnection()
         pending: list[nnrp.ClientEvent] = []
 

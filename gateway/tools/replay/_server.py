@@ -32,7 +32,7 @@ import trio
 from . import _synthesize as synth
 from ._transcripts import FAMILIES, VERSIONS, Transcript, bundled_transcripts, derive
 
-log = structlog.get_logger("gateway.replay")
+log = structlog.get_logger("gateway.tools.replay")
 
 SERVED_MODELS = ("tiny", "example-model", "reference-model")
 #: Replaced by the send time (monotonic ns) as a timestamped chunk is written.

@@ -6,7 +6,7 @@ with fields in declaration order, the role chunk first, one event per HTTP chunk
 finish chunk carrying the last fragment, the usage chunk with ``"choices":[]``, then
 ``data: [DONE]``. Also the dynamic text stream used when a request names no scenario.
 
-Regenerate the files with ``python -m gateway.replay._synthesize``.
+Regenerate the files with ``python -m gateway.tools.replay._synthesize``.
 """
 
 from __future__ import annotations

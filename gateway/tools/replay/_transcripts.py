@@ -90,7 +90,7 @@ def load_transcript(path: Path) -> Transcript:
 def bundled_transcripts() -> dict[str, Transcript]:
     """The transcripts shipped in the package (recorded on vLLM 0.32.0, 0.26-shaped)."""
     out = {}
-    folder = resources.files("gateway.replay").joinpath("transcripts")
+    folder = resources.files("gateway.tools.replay").joinpath("transcripts")
     for entry in folder.iterdir():
         if entry.name.endswith(".jsonl"):
             transcript = parse_transcript(entry.read_text())

@@ -1,0 +1,166 @@
+"""How an operation ends: one table from end cause to terminal, outcome, log level, metric.
+
+Every operation ends exactly once, for one ``EndCause``. ``END_TABLE`` is the only place
+that says what that cause means on the wire and in the books (architecture.md rule 4):
+
+* the **terminal**: a RESULT_PUSH with a status (and, for errors, the ``response.error``
+  type), a RESULT_DROP_REASON with a drop reason, or nothing at all (the peer is gone);
+* the **outcome**: the bounded ``outcome`` label of metrics and the canonical log line;
+* the **log level** of that log line;
+* whether the cause counts as an **upstream error** (``upstream_errors_total{kind}``).
+
+Statuses follow nnrp-wire.md section 4 (completed 200, overload 503, timeout 504, other
+errors 500; validation errors 4xx). Drops follow the same section: CANCEL/ABORT/
+FRAME_CANCEL -> peer_cancelled; DEADLINE -> deadline_expired; EXPIRE_AT -> superseded (the
+wire case priority-deadline expects code 2, section 7); shutdown -> transport_closed.
+
+The profile error codes (``response.error``'s ``error.code``) are the error causes'
+values; the other causes never reach a client as text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from gateway.nnrp import DropReason
+
+
+class EndCause(enum.StrEnum):
+    """Why an operation ended. Error causes' values are the profile's error codes."""
+
+    COMPLETED = "completed"
+    # The request, refused by the profile before vLLM is called (the client's fault).
+    INVALID_SUBMIT_BODY = "invalid_submit_body"
+    INVALID_BODY = "invalid_body"
+    UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
+    UNSUPPORTED_OPERATION = "unsupported_operation"
+    MISSING_MODEL = "missing_model"
+    MISSING_MESSAGES = "missing_messages"
+    INVALID_REQUEST_ID = "invalid_request_id"
+    INVALID_NNRP_POLICY = "invalid_nnrp_policy"
+    # Submits refused before they became operations (their values are RefusalReason's).
+    DUPLICATE_OPERATION_ID = "duplicate_operation_id"
+    ADAPTER_OPERATION_LIMIT = "adapter_operation_limit"
+    SESSION_CLOSING = "session_closing"
+    # What vLLM said, or did not say.
+    INVALID_BACKEND_REQUEST = "invalid_backend_request"
+    BACKEND_AUTH_FAILED = "backend_auth_failed"
+    UNSUPPORTED_MODEL = "unsupported_model"
+    BACKEND_OVERLOAD = "backend_overload"
+    BACKEND_UNAVAILABLE = "backend_unavailable"
+    BACKEND_ERROR = "backend_error"
+    REQUEST_TIMEOUT = "request_timeout"
+    # A bug in the gateway, said once.
+    ADAPTER_RUNTIME_ERROR = "adapter_runtime_error"
+    # Ended from outside the handler.
+    PEER_CANCELLED = "peer_cancelled"  # CANCEL, ABORT, FRAME_CANCEL, SESSION_CLOSE(abort)
+    DEADLINE_EXPIRED = "deadline_expired"  # DEADLINE
+    EXPIRED_AT = "expired_at"  # EXPIRE_AT
+    SHUTDOWN = "shutdown"  # drain timeout, session close timeout
+    DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
+    NO_TERMINAL = "no_terminal"  # the handler returned without one (a bug)
+
+
+class Outcome(enum.StrEnum):
+    """The ``outcome`` label: bounded, summable across every other label."""
+
+    OK = "ok"
+    INVALID_REQUEST = "invalid_request"
+    SHED = "shed"
+    UPSTREAM_ERROR = "upstream_error"
+    DEADLINE = "deadline"
+    INTERNAL_ERROR = "internal_error"
+    CANCELLED = "cancelled"
+    SHUTDOWN = "shutdown"
+    DISCONNECTED = "disconnected"
+
+
+@attrs.frozen
+class Push:
+    """Terminal RESULT_PUSH with this status; ``error_type`` for a ``response.error``."""
+
+    status: int
+    error_type: str | None = None
+
+
+@attrs.frozen
+class Drop:
+    """Terminal RESULT_DROP_REASON; its ASCII diagnostic is the reason's name."""
+
+    reason: DropReason
+
+    @property
+    def diagnostic(self) -> bytes:
+        return self.reason.name.lower().encode("ascii")
+
+
+@attrs.frozen
+class Silent:
+    """No terminal: the connection that would carry it is gone."""
+
+
+Terminal = Push | Drop | Silent
+
+
+@attrs.frozen
+class EndSpec:
+    terminal: Terminal
+    outcome: Outcome
+    log_level: str
+    upstream_error: bool = False
+
+    @property
+    def ended_from_outside(self) -> bool:
+        """Cancelled, expired, shut down or disconnected: the handler did not finish it."""
+        return not isinstance(self.terminal, Push)
+
+
+def _refused(status: int, error_type: str, outcome: Outcome, level: str) -> EndSpec:
+    return EndSpec(Push(status, error_type), outcome, level)
+
+
+def _invalid(status: int = 400) -> EndSpec:
+    return EndSpec(Push(status, "invalid_request_error"), Outcome.INVALID_REQUEST, "info")
+
+
+def _upstream(status: int, error_type: str, outcome: Outcome, level: str) -> EndSpec:
+    return EndSpec(Push(status, error_type), outcome, level, upstream_error=True)
+
+
+C = EndCause
+END_TABLE: dict[EndCause, EndSpec] = {
+    C.COMPLETED: EndSpec(Push(200), Outcome.OK, "info"),
+    C.INVALID_SUBMIT_BODY: _invalid(),
+    C.INVALID_BODY: _invalid(),
+    C.UNSUPPORTED_SCHEMA_VERSION: _invalid(),
+    C.UNSUPPORTED_OPERATION: _invalid(),
+    C.MISSING_MODEL: _invalid(),
+    C.MISSING_MESSAGES: _invalid(),
+    C.INVALID_REQUEST_ID: _invalid(),
+    C.INVALID_NNRP_POLICY: _invalid(),
+    C.DUPLICATE_OPERATION_ID: _invalid(409),
+    C.ADAPTER_OPERATION_LIMIT: _refused(503, "overloaded_error", Outcome.SHED, "warning"),
+    C.SESSION_CLOSING: _refused(503, "overloaded_error", Outcome.SHED, "info"),
+    C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
+                                         "info"),
+    C.BACKEND_AUTH_FAILED: _upstream(502, "backend_error", Outcome.UPSTREAM_ERROR, "error"),
+    C.UNSUPPORTED_MODEL: _upstream(404, "invalid_request_error", Outcome.UPSTREAM_ERROR, "info"),
+    C.BACKEND_OVERLOAD: _upstream(503, "overloaded_error", Outcome.UPSTREAM_ERROR, "warning"),
+    C.BACKEND_UNAVAILABLE: _upstream(503, "backend_error", Outcome.UPSTREAM_ERROR, "warning"),
+    C.BACKEND_ERROR: _upstream(500, "backend_error", Outcome.UPSTREAM_ERROR, "warning"),
+    C.REQUEST_TIMEOUT: _upstream(504, "timeout_error", Outcome.DEADLINE, "warning"),
+    C.ADAPTER_RUNTIME_ERROR: _refused(500, "internal_error", Outcome.INTERNAL_ERROR, "error"),
+    C.PEER_CANCELLED: EndSpec(Drop(DropReason.PEER_CANCELLED), Outcome.CANCELLED, "info"),
+    C.DEADLINE_EXPIRED: EndSpec(Drop(DropReason.DEADLINE_EXPIRED), Outcome.DEADLINE, "info"),
+    C.EXPIRED_AT: EndSpec(Drop(DropReason.SUPERSEDED), Outcome.DEADLINE, "info"),
+    C.SHUTDOWN: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.SHUTDOWN, "info"),
+    C.DISCONNECTED: EndSpec(Silent(), Outcome.DISCONNECTED, "info"),
+    C.NO_TERMINAL: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.INTERNAL_ERROR, "error"),
+}
+del C
+
+#: The causes a ``response.error`` may carry (RESULT_PUSH with an error status).
+ERROR_CAUSES = frozenset(cause for cause, spec in END_TABLE.items()
+                         if isinstance(spec.terminal, Push) and spec.terminal.error_type)

@@ -1,0 +1,63 @@
+"""Helpers for tests that start real processes or threads: free ports, readiness, a replay
+vLLM in its own thread (CliRunner commands call ``trio.run`` themselves)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import trio
+
+from gateway.tools.replay import ReplayServer
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free now (for processes started with it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_ready(admin_url: str, seconds: float = 20.0) -> None:
+    """Poll a gateway process's /readyz until it answers 200 (or time runs out)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{admin_url}/readyz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+
+
+class ReplayThread:
+    """A replay vLLM in its own thread and trio loop (CliRunner commands call trio.run)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.server = ReplayServer(**kwargs)  # type: ignore[arg-type]
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+
+    async def _main(self) -> None:
+        self._stop = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.url = await nursery.start(self.server.serve)
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def __enter__(self) -> ReplayThread:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None and self._stop is not None
+        trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(10)
