@@ -11,13 +11,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-if TYPE_CHECKING:
-    from gateway.tools.bench import Figure
-    from gateway.tools.bench._soak import SoakReport
+from gateway.tools.bench import SCENARIO_NAMES
 
-#: The scenarios of ``bench run``, named here so the CLI's help needs no benchmark import
-#: (tests/cli checks them against gateway.tools.bench's table).
-SCENARIO_NAMES = ("latency", "throughput", "unary", "cancellation", "scale")
+if TYPE_CHECKING:
+    from gateway.tools.bench._soak import SoakReport
+    from gateway.tools.bench._stats import Figure
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
 
@@ -61,7 +59,7 @@ def _machine() -> dict[str, object]:
 @bench_app.command("codec")
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
-    from gateway.tools.bench import run_codec_bench
+    from gateway.tools.bench._codec import run_codec_bench
 
     _report("codec", run_codec_bench(quick), as_json, out)
 
@@ -71,7 +69,7 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     """Round trips/s, events/s to one client, memory per idle session (real sockets)."""
     import trio
 
-    from gateway.tools.bench import run_wire_bench
+    from gateway.tools.bench._wire import run_wire_bench
 
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)

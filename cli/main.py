@@ -11,6 +11,7 @@ import contextlib
 import json
 import signal
 import tomllib
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -51,7 +52,10 @@ def version() -> None:
 def _load_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
     """``--config FILE`` (TOML): defaults below flags and environment (click's default_map).
 
-    Keys are option names with underscores, at top level or in a ``[serve]`` table."""
+    Keys are ``serve``'s option names with underscores, at top level or in a ``[serve]``
+    table. The file is structured by cattrs against a schema derived from ``serve``'s own
+    signature (one declaration per option): an unknown key or a value of the wrong TOML
+    type is refused with the key's name, never ignored."""
     if path is None:
         return None
     try:
@@ -60,8 +64,46 @@ def _load_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
         raise typer.BadParameter(f"cannot read {path}: {exc}") from None
     section = {**{k: v for k, v in document.items() if not isinstance(v, dict)},
                **document.get("serve", {})}
-    ctx.default_map = {**(ctx.default_map or {}), **section}
+    ctx.default_map = {**(ctx.default_map or {}), **_structure_config(section, path)}
     return path
+
+
+#: ``serve`` parameters that are not settings a file may hold.
+_NOT_IN_FILE = frozenset({"ctx", "config_file", "print_config"})
+
+
+def _structure_config(section: dict[str, object], path: Path) -> dict[str, object]:
+    import attrs
+    import cattrs
+
+    hints = typing.get_type_hints(serve)
+    schema = attrs.make_class("ServeFile", {
+        name: attrs.field(type=hint | None, default=None)
+        for name, hint in hints.items() if name not in _NOT_IN_FILE and name != "return"})
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    for kind in (int, float, str, bool):
+        converter.register_structure_hook(kind, _strict_toml(kind))
+    converter.register_structure_hook(Path, lambda value, _: Path(str(_strict_toml(str)(
+        value, str))))
+    try:
+        structured: attrs.AttrsInstance = converter.structure(section, schema)
+    except cattrs.ClassValidationError as exc:
+        problems = "; ".join(cattrs.transform_error(exc, path="config"))
+        raise typer.BadParameter(f"{path}: {problems}") from None
+    return {key: value for key, value in attrs.asdict(structured).items()
+            if key in section}
+
+
+def _strict_toml(kind: type) -> typing.Callable[[object, type], object]:
+    """TOML has real types: 7 is not "7", true is not 1 (a float option takes an integer)."""
+
+    def structure(value: object, _: type) -> object:
+        allowed = (int, float) if kind is float else (kind,)
+        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, allowed):
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return kind(value)
+
+    return structure
 
 
 def _mask(config: GatewayConfig) -> dict[str, object]:

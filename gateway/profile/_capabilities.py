@@ -5,39 +5,88 @@ schema_version, compatibility_levels [1], operations with streaming / non_stream
 tool_calls / cancellation, models, extensions. ``tool_calls`` is true only when the
 operator declares that vLLM runs with a tool parser (``--enable-auto-tool-choice
 --tool-call-parser``): a sidecar cannot see vLLM's flags.
+
+The document is frozen attrs classes, turned into JSON-ready data by cattrs at the edge
+(``$schema`` is the one key that is not a Python name).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
 from ._envelope import CAPABILITIES_OPERATION, CHAT_COMPLETIONS, SCHEMA_VERSION
 
+
+@attrs.frozen
+class OperationCapabilities:
+    name: str
+    streaming: bool
+    non_streaming: bool
+    tool_calls: bool
+    cancellation: bool
+
+
+@attrs.frozen
+class Extension:
+    name: str
+    critical: bool
+    description: str
+
+
+@attrs.frozen
+class Model:
+    id: str
+    owned_by: str = "vllm"
+
+
+@attrs.frozen
+class Backend:
+    name: str
+    version: str
+    binding: str | None
+
+
+@attrs.frozen(kw_only=True)
+class CapabilityDocument:
+    schema: str = "../../schemas/api-profile-capabilities.schema.json"
+    adapter: str
+    profile: str = "openai-compatible"
+    schema_version: str = SCHEMA_VERSION
+    compatibility_levels: tuple[int, ...] = (1,)
+    operations: tuple[OperationCapabilities, ...]
+    models: tuple[Model, ...]
+    extensions: tuple[Extension, ...]
+    backend: Backend | None = None
+
+
 EXTENSIONS = (
-    {"name": "vllm.diagnostics", "critical": False,
-     "description": "response.diagnostics event when nnrp.diagnostics is true"},
-    {"name": "vllm.reasoning", "critical": False,
-     "description": "response.reasoning_text.delta from vLLM's reasoning parser"},
-    {"name": CAPABILITIES_OPERATION, "critical": False,
-     "description": "this document, answered over NNRP"},
+    Extension("vllm.diagnostics", False,
+              "response.diagnostics event when nnrp.diagnostics is true"),
+    Extension("vllm.reasoning", False,
+              "response.reasoning_text.delta from vLLM's reasoning parser"),
+    Extension(CAPABILITIES_OPERATION, False, "this document, answered over NNRP"),
 )
+
+_converter = cattrs.Converter()
+_converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
+    CapabilityDocument, _converter, schema=override(rename="$schema"),
+    backend=override(omit_if_default=True)))
 
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
                         vllm_version: str | None = None,
                         backend_family: str | None = None) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "$schema": "../../schemas/api-profile-capabilities.schema.json",
-        "adapter": adapter,
-        "profile": "openai-compatible",
-        "schema_version": SCHEMA_VERSION,
-        "compatibility_levels": [1],
-        "operations": [{"name": CHAT_COMPLETIONS, "streaming": True, "non_streaming": True,
-                        "tool_calls": tool_calls, "cancellation": True}],
-        "models": [{"id": model, "owned_by": "vllm"} for model in models],
-        "extensions": [dict(extension) for extension in EXTENSIONS],
-    }
-    if vllm_version is not None:
-        document["backend"] = {"name": "vllm", "version": vllm_version,
-                               "binding": backend_family}
-    return document
+    document = CapabilityDocument(
+        adapter=adapter,
+        operations=(OperationCapabilities(CHAT_COMPLETIONS, streaming=True, non_streaming=True,
+                                          tool_calls=tool_calls, cancellation=True),),
+        models=tuple(Model(model) for model in models),
+        extensions=EXTENSIONS,
+        backend=(Backend("vllm", vllm_version, backend_family)
+                 if vllm_version is not None else None))
+    data: dict[str, Any] = _converter.unstructure(document)
+    return data

@@ -98,7 +98,12 @@ class _Port:
         self.operation_id = operation_id
 
     async def room(self) -> None:
-        await self._connection.outbox.wait_for_room()
+        outbox = self._connection.outbox
+        await outbox.wait_for_room()
+        if outbox.closed:
+            # The connection is gone and its nursery cancelled: deliver that cancel here,
+            # or a handler emitting in a loop would never reach a checkpoint.
+            await trio.lowlevel.checkpoint()
 
     def send_partial(self, body: bytes) -> None:
         connection = self._connection

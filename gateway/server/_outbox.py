@@ -30,6 +30,11 @@ class Outbox:
     def queued_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def closed(self) -> bool:
+        """The writer has stopped: nothing put from now on reaches the peer."""
+        return self._closed
+
     def put(self, packet: bytes) -> None:
         """Queue a packet now (synchronous: order equals call order). Never blocks."""
         if self._closed:

@@ -1,12 +1,19 @@
-"""Every applicable golden vector of the vendored nnrp-conformance preview4 suite."""
+"""Every applicable golden vector of the vendored nnrp-conformance preview4 suite.
+
+Each test compares our bytes with bytes from outside this project: hex in the suite's
+cases, hex rendered by nnrp-rs or captured live (nnrp-wire.md section 6), or the output
+of nnrp-py's independent pure-Python codec for the suite's semantic vectors.
+"""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nnrp.core.messages import control as reference
 
 from gateway import nnrp
 
@@ -117,27 +124,41 @@ def test_typed_descriptor_golden(source: str) -> None:
     assert descriptor.pack() == raw
 
 
-def test_session_open_vectors() -> None:
-    for name in ("nnrp1.metadata.session_open.default_context",
-                 "nnrp1.metadata.session_open.resume_request"):
-        v = VECTORS_BY_NAME[name]
-        message = nnrp.SessionOpen(
-            requested_session_id=v["requested_session_id"], profile_id=v["profile_id"],
-            priority_class=int(nnrp.PriorityClass[v["priority_class"].upper()]),
-            session_flags=v["session_flags"], schema_id=v["schema_id"],
-            schema_version=v["schema_version"], default_deadline_ms=v["default_deadline_ms"],
-            max_in_flight=v["max_in_flight_operations"],
-            lease_ttl_hint_ms=v["lease_ttl_hint_ms"], resume_token_bytes=v["resume_token_bytes"],
-            auth_bytes=v["auth_bytes"], session_extension_bytes=v["session_extension_bytes"],
-            client_session_tag=v["client_session_tag"])
-        raw = nnrp.SessionOpen.LAYOUT.pack_struct.pack(*nnrp.SessionOpen.LAYOUT.get_values(message))
-        assert _meta_roundtrip(nnrp.SessionOpen, raw.hex()) == message
+def _ours(message: Any) -> bytes:
+    return type(message).LAYOUT.pack_struct.pack(*type(message).LAYOUT.get_values(message))
+
+
+@pytest.mark.parametrize("name", ["nnrp1.metadata.session_open.default_context",
+                                  "nnrp1.metadata.session_open.resume_request"])
+def test_session_open_vectors(name: str) -> None:
+    v = VECTORS_BY_NAME[name]
+    priority = nnrp.PriorityClass[v["priority_class"].upper()]
+    message = nnrp.SessionOpen(
+        requested_session_id=v["requested_session_id"], profile_id=v["profile_id"],
+        priority_class=int(priority),
+        session_flags=v["session_flags"], schema_id=v["schema_id"],
+        schema_version=v["schema_version"], default_deadline_ms=v["default_deadline_ms"],
+        max_in_flight=v["max_in_flight_operations"],
+        lease_ttl_hint_ms=v["lease_ttl_hint_ms"], resume_token_bytes=v["resume_token_bytes"],
+        auth_bytes=v["auth_bytes"], session_extension_bytes=v["session_extension_bytes"],
+        client_session_tag=v["client_session_tag"])
+    golden = reference.SessionOpenMetadata(
+        v["requested_session_id"], v["profile_id"],
+        reference.SessionPriorityClass(int(priority)), v["session_flags"], v["schema_id"],
+        v["schema_version"], v["default_deadline_ms"], v["max_in_flight_operations"],
+        v["lease_ttl_hint_ms"], v["resume_token_bytes"], v["auth_bytes"],
+        v["session_extension_bytes"], v["client_session_tag"]).pack()
+    assert _ours(message) == golden
+    assert _meta_roundtrip(nnrp.SessionOpen, golden.hex()) == message
+
+
+#: nnrp-wire.md section 6, rendered by nnrp-rs from recipe session_open_ack.opened.
+OPENED_ACK = ("2a000000 0200 01 00 01100000 03000000 0200 0400 30750000 c0d40100 10000000 "
+              "08000000 21436587a9cbed0f 07000000 00000000 05000000").replace(" ", "")
 
 
 def test_session_open_ack_opened_golden_hex() -> None:
-    # nnrp-wire.md section 6, rendered by nnrp-rs from recipe session_open_ack.opened.
-    golden = ("2a000000 0200 01 00 01100000 03000000 0200 0400 30750000 c0d40100 10000000 "
-              "08000000 21436587a9cbed0f 07000000 00000000 05000000").replace(" ", "")
+    golden = OPENED_ACK
     v = VECTORS_BY_NAME["nnrp1.metadata.session_open_ack.opened"]
     message = _meta_roundtrip(nnrp.SessionOpenAck, golden)
     assert message == nnrp.SessionOpenAck(
@@ -166,8 +187,21 @@ def test_session_open_ack_vectors(name: str) -> None:
         session_extension_bytes=v["session_extension_bytes"],
         server_session_tag=v["server_session_tag"], route_scope_id=v["route_scope_id"],
         session_error_code=v["session_error_code"], session_flags_ack=v["session_flags_ack"])
-    raw = nnrp.SessionOpenAck.LAYOUT.pack_struct.pack(*nnrp.SessionOpenAck.LAYOUT.get_values(message))
-    assert _meta_roundtrip(nnrp.SessionOpenAck, raw.hex()) == message
+    # Golden bytes: nnrp-rs's "opened" rendering with each differing field patched at its
+    # offset from the spec's table (nnrp-wire.md section 3), not from our layout.
+    golden = bytearray(bytes.fromhex(OPENED_ACK))
+    for offset, fmt, value in (
+            (0, "<I", v["session_id"]), (4, "<H", v["accepted_profile_id"]),
+            (6, "<B", message.priority_class), (7, "<B", status), (8, "<I", v["schema_id"]),
+            (12, "<I", v["schema_version"]), (16, "<H", v["granted_operation_credit"]),
+            (18, "<H", v["max_in_flight_operations"]), (20, "<I", v["lease_ttl_ms"]),
+            (24, "<I", v["resume_window_ms"]), (28, "<I", v["resume_token_bytes"]),
+            (32, "<I", v["session_extension_bytes"]), (36, "<Q", v["server_session_tag"]),
+            (44, "<I", v["route_scope_id"]), (48, "<I", v["session_error_code"]),
+            (52, "<I", v["session_flags_ack"])):
+        struct.pack_into(fmt, golden, offset, value)
+    assert _ours(message) == bytes(golden)
+    assert _meta_roundtrip(nnrp.SessionOpenAck, golden.hex()) == message
     if status == nnrp.SessionOpenStatus.REJECTED:
         assert message.session_error_code == nnrp.SessionError.RESUME_REJECTED
 
@@ -184,8 +218,10 @@ def test_session_close_and_ack_vectors() -> None:
     v = VECTORS_BY_NAME["nnrp1.metadata.session_close_ack.draining"]
     ack = nnrp.SessionCloseAck(status=int(nnrp.CloseAckStatus.DRAINING),
                                last_operation_id=v["last_operation_id"])
-    raw = nnrp.SessionCloseAck.LAYOUT.pack_struct.pack(*nnrp.SessionCloseAck.LAYOUT.get_values(ack))
-    assert _meta_roundtrip(nnrp.SessionCloseAck, raw.hex()) == ack
+    # The live capture's CLOSE_ACK ("02 00 0000 <last_op u64> <error u32>"), status draining.
+    golden = bytes.fromhex("01" "00" "0000") + struct.pack("<QI", v["last_operation_id"], 0)
+    assert _ours(ack) == golden
+    assert _meta_roundtrip(nnrp.SessionCloseAck, golden.hex()) == ack
 
 
 @pytest.mark.parametrize("name", ["nnrp1.packet.flow_update.session_hard",
@@ -205,7 +241,13 @@ def test_flow_update_packet_vectors(name: str) -> None:
         retry_after_ms=v["retry_after_ms"], credit_epoch=v["credit_epoch"], flags=flags)
     packet = nnrp.Packet(message, session_id=v["session_id"], route_id=v["route_id"],
                          trace_id=v["trace_id"])
+    golden_meta = reference.FlowUpdateMetadata(
+        reference.FlowUpdateScopeKind(message.scope), reference.FlowUpdateReason(message.reason),
+        reference.FlowUpdateBackpressureLevel(message.backpressure), message.connection_credit,
+        message.session_credit, message.operation_credit, message.operation_id,
+        message.retry_after_ms, message.credit_epoch, reference.FlowUpdateFlags(flags)).pack()
     raw = nnrp.encode(packet)
+    assert raw[40:] == golden_meta
     assert nnrp.decode_packet(raw) == packet
 
 

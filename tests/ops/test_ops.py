@@ -285,3 +285,20 @@ def test_chat_one_shot(served_stack: Any) -> None:
     assert result.exit_code == 0, result.output
     assert "The quick brown fox" in result.output
     assert "completion_tokens" in result.output
+
+
+def test_a_config_file_is_checked_key_by_key(tmp_path: Path) -> None:
+    # Structured by cattrs against serve's own options: an unknown key or a value of the
+    # wrong TOML type is named, never silently ignored.
+    config = tmp_path / "gateway.toml"
+    config.write_text('max_connections = "7"\nsurprise = 1\n[serve]\ndrain_timeout = 2\n')
+    result = runner.invoke(app, ["serve", "--config", str(config), "--print-config"])
+    assert result.exit_code == 2
+    message = " ".join(result.output.split())
+    assert "config.max_connections" in message and "surprise" in message
+    config.write_text('listen = ["tcp://127.0.0.1:9"]\ndrain_timeout = 2\nmetrics = true\n')
+    result = runner.invoke(app, ["serve", "--config", str(config), "--print-config"])
+    assert result.exit_code == 0, result.output
+    effective = json.loads(result.stdout)
+    assert (effective["listen"], effective["drain_timeout"], effective["metrics"]) == (
+        ["tcp://127.0.0.1:9"], 2.0, True)

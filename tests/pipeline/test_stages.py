@@ -42,9 +42,10 @@ def test_stream_request_adds_include_usage_and_ids() -> None:
     request = build_request(envelope({"stream": True}, nnrp={"diagnostics": True}),
                             session_id=2, operation_id=9, connection_id=4,
                             trace=TraceInfo(5, 6, 0, 1, 0))
-    assert request.body["stream_options"] == {"include_usage": True}
+    # The body exactly as sent, plus include_usage: the nnrp policy never reaches vLLM.
+    assert request.body == {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                            "stream": True, "stream_options": {"include_usage": True}}
     assert not request.usage_requested
-    assert "nnrp" not in request.body
     assert request.headers == {"x-request-id": "nnrp-4-2-9",
                                "traceparent": f"00-{5:032x}-{6:016x}-01"}
     asked = build_request(envelope({"stream": True, "stream_options": {

@@ -1,5 +1,9 @@
-"""Benchmarks (``nnrp-gateway bench``): measured, never timed in unit tests."""
+"""Benchmarks (``nnrp-gateway bench``): measured, never timed in unit tests.
 
-from ._codec import run_codec_bench as run_codec_bench
-from ._stats import Figure as Figure
-from ._wire import run_wire_bench as run_wire_bench
+This package's own namespace stays light (the CLI reads ``SCENARIO_NAMES`` for its help
+without loading the benchmarks); the benchmarks are in ``_codec``, ``_wire``,
+``_scenarios`` (``bench run``) and ``_soak``.
+"""
+
+#: The scenarios of ``bench run``, in the order they run.
+SCENARIO_NAMES = ("latency", "throughput", "unary", "cancellation", "scale")

@@ -30,6 +30,7 @@ from gateway import nnrp
 from gateway.tools.client import ClientSession, connect
 from gateway.upstream import SSEDecoder
 
+from . import SCENARIO_NAMES
 from ._stats import Figure, percentile
 
 Progress = Callable[[str], None]
@@ -471,10 +472,8 @@ class _LiveGateway:
         await self.stack.__aexit__()
 
 
-SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = {
-    "latency": latency, "throughput": throughput, "unary": unary,
-    "cancellation": cancellation, "scale": scale,
-}
+SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = dict(zip(
+    SCENARIO_NAMES, (latency, throughput, unary, cancellation, scale), strict=True))
 
 
 async def run_scenarios(names: list[str], quick: bool, progress: Progress

@@ -6,6 +6,7 @@ from ._server import (
     Disconnect as Disconnect,
     RecordedRequest as RecordedRequest,
     ReplayServer as ReplayServer,
+    choose_scenario as choose_scenario,
 )
 from ._transcripts import (
     FAMILIES as FAMILIES,

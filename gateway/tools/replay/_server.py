@@ -259,51 +259,27 @@ class ReplayServer:
         try:
             body = json.loads(request.body)
         except json.JSONDecodeError:
-            return self._transcript_reply("error_400_bad_json", request_id, None)
-        if not isinstance(body, dict):
-            return self._transcript_reply("error_400_bad_json", request_id, None)
-        model = body.get("model")
-        stream = body.get("stream") is True
-        # A scenario is named by header, or (through the gateway, which forwards only the
-        # request id) by a request id of the form "replay:<scenario>:<anything>".
-        named = request.headers.get("x-replay-scenario")
-        if named is None and request_id.startswith("replay:"):
-            named = request_id.split(":")[1]
-        if named == "timestamped":
-            return self._timestamped(request_id, model, stream)
-        if named:
-            return self._named(named, request_id, model, body)
-        if model == BACKEND_ERROR_MODEL:
-            return self._engine_failure(request_id, stream)
-        if model not in self.served_models:
+            body = None
+        name = choose_scenario(request.headers, body, self.served_models)
+        model = body.get("model") if isinstance(body, dict) else None
+        return self._reply(name, request_id, model, body if isinstance(body, dict) else {})
+
+    def _reply(self, name: str, request_id: str, model: Any, body: dict[str, Any]) -> Reply:
+        """The reply for a chosen scenario: a behaviour, or a transcript played back."""
+        if name == "timestamped":
+            return self._timestamped(request_id, model, body.get("stream") is True)
+        if name == "text_stream":
+            tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            return self._text_stream(request_id, model, tokens if isinstance(tokens, int)
+                                     else self.default_tokens)
+        if name == "backend_error":
+            return self._engine_failure(request_id, body.get("stream") is True)
+        if name == "error_404_model":
             message = (f"The model `{model}` does not exist. Valid aliases: "
                        f"{', '.join(self.served_models)}.")
             return _json_reply(404, json.dumps({"error": {
                 "message": message, "type": "NotFoundError", "param": "model",
                 "code": 404}}, separators=(",", ":")).encode(), "error_404_model")
-        if not isinstance(body.get("messages"), list):
-            return self._transcript_reply("error_400_missing_messages", request_id, model)
-        if "stream_options" in body and not stream:
-            return self._transcript_reply("error_400_stream_options_without_stream",
-                                          request_id, model)
-        tools = body.get("tools")
-        if tools:
-            if stream:
-                name = ("stream_tool_call_parallel" if len(tools) > 1
-                        else "stream_tool_call_single")
-            else:
-                name = "nonstream_tool_call"
-            return self._transcript_reply(name, request_id, model)
-        if stream and body.get("n") == 2:
-            return self._transcript_reply("stream_n2_interleaved", request_id, model)
-        if stream:
-            tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-            return self._text_stream(request_id, model,
-                                     int(tokens) if isinstance(tokens, int) else
-                                     self.default_tokens)
-        return self._transcript_reply("nonstream_length", request_id, model)
-
-    def _named(self, name: str, request_id: str, model: Any, body: dict[str, Any]) -> Reply:
         if name == "long_stream":  # long enough for any cancel or timeout to land mid-stream
             return attrs.evolve(self._text_stream(request_id, model, 5_000), scenario=name)
         if name == "stall_first_chunk":
@@ -464,6 +440,44 @@ class ReplayServer:
         if reply.stall_after is not None:
             await trio.sleep_forever()
         await stream.send_all(connection.send(h11.EndOfMessage()))
+
+
+def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str, ...]
+                    ) -> str:
+    """Which reply a chat request gets; the first rule that matches decides:
+
+    1. header ``x-replay-scenario: NAME`` (tests that call the replay server directly);
+    2. ``x-request-id: replay:NAME:...`` (through the gateway, which forwards only the id);
+    3. model ``backend-error``: vLLM's engine failure (the suite's backend-error recipe);
+    4. the request itself, answered as vLLM would: a body that is not JSON, an unknown
+       model, no messages, ``stream_options`` without a stream are its errors; then tool
+       calls, ``n = 2``, a text stream, or a plain completion.
+    """
+    named = headers.get("x-replay-scenario")
+    request_id = headers.get("x-request-id", "")
+    if named is None and request_id.startswith("replay:"):
+        named = request_id.split(":")[1]
+    if named:
+        return named
+    if not isinstance(body, dict):
+        return "error_400_bad_json"
+    if body.get("model") == BACKEND_ERROR_MODEL:
+        return "backend_error"
+    if body.get("model") not in served_models:
+        return "error_404_model"
+    stream = body.get("stream") is True
+    if not isinstance(body.get("messages"), list):
+        return "error_400_missing_messages"
+    if "stream_options" in body and not stream:
+        return "error_400_stream_options_without_stream"
+    tools = body.get("tools")
+    if tools:
+        if not stream:
+            return "nonstream_tool_call"
+        return "stream_tool_call_parallel" if len(tools) > 1 else "stream_tool_call_single"
+    if stream and body.get("n") == 2:
+        return "stream_n2_interleaved"
+    return "text_stream" if stream else "nonstream_length"
 
 
 def _json_reply(status: int, body: bytes, scenario: str) -> Reply:

@@ -1,0 +1,164 @@
+"""The observation record, the metrics it feeds, and the admin listener, each alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import trio
+
+from gateway.nnrp import CancelSource, DropReason, TraceInfo
+from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
+from gateway.profile import EndCause, Outcome
+from gateway.server import CancelInfo, Operation, ServerStats
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+
+class NullPort:
+    async def room(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def send_partial(self, body: bytes) -> None:
+        pass
+
+    def send_result(self, status: int, payload: bytes) -> None:
+        pass
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
+        pass
+
+
+def ended(cause: EndCause, **notes: Any) -> Operation:
+    op = Operation(NullPort(), connection_id=3, transport="ipc", session_id=2, operation_id=9,
+                   frame_id=4, typed_body=None, body_error=None, header_trace_id=0,
+                   trace=TraceInfo(0xAB, 0xCD, 0, 1, 12), deadline_unix_ms=None,
+                   deadline_drop_reason=0)
+    for key, value in notes.items():
+        setattr(op.notes, key, value)
+    op.started_at = op.received_at + 0.001
+    op.end_cause = cause
+    op.terminal_at = op.received_at + 0.010
+    return op
+
+
+async def test_a_completed_operation_records_ids_timings_and_usage() -> None:
+    op = ended(EndCause.COMPLETED, model="tiny", request_id="r1", stream=True,
+               usage={"prompt_tokens": 3, "completion_tokens": 5}, upstream_status=200,
+               upstream_started=0.0, upstream_closed=0.5)
+    record = build_record(op)
+    assert (record.outcome, record.error_code, record.transport) == (Outcome.OK, None, "ipc")
+    assert (record.session_id, record.operation_id, record.frame_id) == (2, 9, 4)
+    assert record.duration_ms == pytest.approx(10.0)
+    assert record.upstream_ms == 500.0
+    assert not record.upstream_aborted
+    assert (record.trace_id, record.span_id, record.trace_attribute_bytes) == (
+        "00000000000000ab", "00000000000000cd", 12)
+    assert record.log_level == "info"
+    line = record.as_dict()
+    assert "end_cause" not in line and "cancel_source" not in line  # Nones and the key
+    assert line["usage"] == {"prompt_tokens": 3, "completion_tokens": 5}
+
+
+async def test_an_error_is_named_and_leveled_by_the_outcome_table() -> None:
+    record = build_record(ended(EndCause.BACKEND_AUTH_FAILED, upstream_status=401))
+    assert (record.outcome, record.error_code, record.log_level) == (
+        Outcome.UPSTREAM_ERROR, "backend_auth_failed", "error")
+    assert record.upstream_error
+
+
+async def test_a_cancel_after_dispatch_records_the_upstream_abort() -> None:
+    op = ended(EndCause.PEER_CANCELLED, upstream_started=1.0, upstream_closed=2.5)
+    op.cancel_info = CancelInfo(CancelSource.CANCEL, 1, b"", at=2.0)
+    record = build_record(op)
+    assert (record.outcome, record.error_code) == (Outcome.CANCELLED, None)
+    assert record.upstream_aborted
+    assert record.upstream_abort_ms == 500.0
+    assert (record.cancel_source, record.cancel_reason) == ("cancel", 1)
+
+
+async def test_a_drained_operation_names_its_end_cause() -> None:
+    record = build_record(ended(EndCause.SHUTDOWN, upstream_started=1.0))
+    assert (record.outcome, record.cancel_source, record.upstream_aborted) == (
+        Outcome.SHUTDOWN, "shutdown", True)
+
+
+async def test_the_record_can_be_built_for_the_terminal_about_to_go_out() -> None:
+    op = ended(EndCause.COMPLETED)
+    op.end_cause = None  # still running: the diagnostics event is built before the terminal
+    assert build_record(op, EndCause.REQUEST_TIMEOUT).error_code == "request_timeout"
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in registry.collect() for s in family.samples}
+
+
+async def test_metrics_from_records_with_bounded_labels() -> None:
+    metrics = GatewayMetrics()
+    metrics.known_models = frozenset({"tiny"})
+    metrics.observe(build_record(ended(EndCause.COMPLETED, model="tiny",
+                                       usage={"prompt_tokens": 3, "completion_tokens": 5})))
+    metrics.observe(build_record(ended(EndCause.BACKEND_ERROR, model="someone-elses")))
+    metrics.observe(build_record(ended(EndCause.INVALID_BODY)))
+    got = samples(metrics.registry)
+    prefix = "nnrp_gateway"
+    assert got[(f"{prefix}_requests_total", (("model_name", "tiny"), ("outcome", "ok")))] == 1
+    # An unknown model name is "other": label values never come from clients.
+    assert got[(f"{prefix}_requests_total",
+                (("model_name", "other"), ("outcome", "upstream_error")))] == 1
+    assert got[(f"{prefix}_requests_total",
+                (("model_name", "none"), ("outcome", "invalid_request")))] == 1
+    assert got[(f"{prefix}_upstream_errors_total", (("kind", "backend_error"),))] == 1
+    assert (f"{prefix}_upstream_errors_total", (("kind", "invalid_body"),)) not in got
+    assert got[(f"{prefix}_tokens_total", (("kind", "completion"), ("model_name", "tiny")))] == 5
+
+
+def test_connection_counters_are_exported_at_scrape_time() -> None:
+    metrics = GatewayMetrics()
+    stats = ServerStats()
+    ready = [False]
+    metrics.attach(stats, lambda: ready[0])
+    stats.connections_active, stats.inflight, stats.bytes_out = 2, 5, 1234
+    ready[0] = True
+    got = samples(metrics.registry)
+    assert got[("nnrp_gateway_connections_active", ())] == 2
+    assert got[("nnrp_gateway_inflight_operations", ())] == 5
+    assert got[("nnrp_gateway_bytes_total", (("direction", "out"),))] == 1234
+    assert got[("nnrp_gateway_upstream_ready", ())] == 1
+
+
+async def test_admin_routes(nursery: trio.Nursery) -> None:
+    reasons: list[str] = ["vLLM has not been probed yet"]
+    metrics = GatewayMetrics()
+    admin = AdminServer(AdminRoutes(lambda: reasons, lambda: {"profile": "openai-compatible"},
+                                    metrics.registry))
+    port = await nursery.start(admin.serve, "127.0.0.1", 0)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        not_ready = await http.get("/readyz")
+        assert (not_ready.status_code, not_ready.json()["reasons"]) == (503, reasons)
+        reasons.clear()
+        assert (await http.get("/readyz?verbose=1")).status_code == 200
+        assert "nnrp_gateway_build_info" in (await http.get("/metrics")).text
+        assert (await http.get("/capabilities")).json()["profile"] == "openai-compatible"
+        assert (await http.get("/nope")).status_code == 404
+        assert (await http.post("/healthz")).status_code == 405
+        head = await http.head("/healthz")
+        assert (head.status_code, head.content) == (200, b"")
+
+
+async def test_admin_without_metrics_and_with_a_garbage_request(nursery: trio.Nursery) -> None:
+    admin = AdminServer(AdminRoutes(lambda: [], dict))
+    port = await nursery.start(admin.serve, "127.0.0.1", 0)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
+        assert (await http.get("/metrics")).status_code == 404
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"\x00\x01 not http\r\n\r\n")
+    with trio.fail_after(2):
+        assert await stream.receive_some(1024) == b""  # closed, nothing crashed
+    await stream.aclose()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
+        assert (await http.get("/healthz")).status_code == 200

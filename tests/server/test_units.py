@@ -1,0 +1,253 @@
+"""The server's pieces alone: the outbox, an operation against a recording port, a session's
+drain, and endpoint URIs. (The whole server over real sockets is test_server.py.)"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from gateway.nnrp import DropReason, LocalProtocolError
+from gateway.profile import EndCause, Outcome
+from gateway.server import Operation, ServerStats, Session
+from gateway.server._outbox import Outbox
+from gateway.transport import ListenError, parse_endpoint
+
+# --------------------------------------------------------------------------- outbox
+
+
+async def test_outbox_hands_everything_queued_to_one_take() -> None:
+    outbox = Outbox(high_water=100)
+    for packet in (b"a", b"bb", b"ccc"):
+        outbox.put(packet)
+    assert outbox.queued_bytes == 6
+    assert await outbox.take() == [b"a", b"bb", b"ccc"]
+
+
+async def _has_room(outbox: Outbox) -> bool:
+    with trio.move_on_after(0.05):
+        await outbox.wait_for_room()
+        return True
+    return False
+
+
+async def test_outbox_blocks_producers_over_high_water_until_under_low_water() -> None:
+    # Hysteresis: closed past high water, open again only at or under low water.
+    outbox = Outbox(high_water=10, low_water=4)
+    outbox.put(b"x" * 11)
+    assert not await _has_room(outbox)
+    first = await outbox.take()
+    outbox.put(b"y" * 6)  # produced while the writer writes
+    outbox.written(first)
+    assert outbox.queued_bytes == 6
+    assert not await _has_room(outbox)  # under high water, but not yet under low water
+    outbox.written(await outbox.take())
+    assert await _has_room(outbox)
+
+
+async def test_outbox_flush_and_close() -> None:
+    outbox = Outbox()
+    await outbox.wait_flushed()  # nothing queued: flushed at once
+    outbox.put(b"z")
+    with trio.move_on_after(0.05) as scope:
+        await outbox.wait_flushed()
+    assert scope.cancelled_caught
+    outbox.written(await outbox.take())
+    await outbox.wait_flushed()
+    outbox.close()
+    outbox.put(b"ignored")
+    assert await outbox.take() == []  # closed and empty: the writer stops
+
+
+# --------------------------------------------------------------------------- operation
+
+
+@attrs.define
+class RecordingPort:
+    """An OperationPort that records what the operation sent (units alone: no wire)."""
+
+    sent: list[tuple[Any, ...]] = attrs.field(factory=list)
+    blocked: trio.Event | None = None
+
+    async def room(self) -> None:
+        if self.blocked is not None:
+            await self.blocked.wait()
+        await trio.lowlevel.checkpoint()
+
+    def send_partial(self, body: bytes) -> None:
+        self.sent.append(("partial", body))
+
+    def send_result(self, status: int, payload: bytes) -> None:
+        self.sent.append(("result", status, payload))
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
+        self.sent.append(("drop", reason, diagnostic))
+
+
+def operation(port: RecordingPort, operation_id: int = 1, **kw: Any) -> Operation:
+    return Operation(port, connection_id=1, transport="tcp", session_id=1,
+                     operation_id=operation_id, frame_id=operation_id, typed_body=None,
+                     body_error=None, header_trace_id=0, trace=None,
+                     deadline_unix_ms=kw.pop("deadline_unix_ms", None),
+                     deadline_drop_reason=kw.pop("deadline_drop_reason", 0))
+
+
+async def test_a_handler_that_completes_sends_one_result() -> None:
+    port = RecordingPort()
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        await op.emit(b"e1")
+        await op.close(EndCause.COMPLETED, b"done")
+
+    await op.run(handler)
+    assert port.sent == [("partial", b"e1"), ("result", 200, b"done")]
+    assert (op.end_cause, op.outcome, op.events_sent) == (EndCause.COMPLETED, Outcome.OK, 1)
+
+
+async def test_an_error_cause_gets_the_status_the_table_gives() -> None:
+    port = RecordingPort()
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        await op.close(EndCause.REQUEST_TIMEOUT, b"late")
+
+    await op.run(handler)
+    assert port.sent == [("result", 504, b"late")]
+    assert op.outcome is Outcome.DEADLINE
+
+
+async def test_a_cancelled_operation_sends_only_its_drop() -> None:
+    port = RecordingPort(blocked=trio.Event())
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        await op.emit(b"never")  # blocked on room, then cancelled
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(op.run, handler)
+        await trio.testing.wait_all_tasks_blocked()
+        op.cancel(EndCause.PEER_CANCELLED)
+    assert port.sent == [("drop", DropReason.PEER_CANCELLED, b"peer_cancelled")]
+    assert op.outcome is Outcome.CANCELLED
+
+
+async def test_a_handler_that_returns_without_a_terminal_is_ended_by_the_operation() -> None:
+    port = RecordingPort()
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        await op.emit(b"e1")
+
+    await op.run(handler)
+    assert port.sent[-1] == ("drop", DropReason.TRANSPORT_CLOSED, b"transport_closed")
+    assert (op.end_cause, op.outcome) == (EndCause.NO_TERMINAL, Outcome.INTERNAL_ERROR)
+
+
+async def test_an_expired_deadline_drops_with_its_own_reason(autojump_clock: Any) -> None:
+    import time
+
+    for reason, cause in ((DropReason.DEADLINE_EXPIRED, EndCause.DEADLINE_EXPIRED),
+                          (DropReason.SUPERSEDED, EndCause.EXPIRED_AT)):
+        port = RecordingPort()
+        op = operation(port, deadline_unix_ms=int(time.time() * 1000) + 1000,
+                       deadline_drop_reason=int(reason))
+
+        async def handler(op: Operation) -> None:
+            await trio.sleep_forever()
+
+        await op.run(handler)
+        assert port.sent == [("drop", reason, reason.name.lower().encode())]
+        assert op.end_cause is cause
+
+
+async def test_a_disconnected_operation_sends_nothing() -> None:
+    port = RecordingPort()
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        op.cancel(EndCause.DISCONNECTED)
+        await trio.sleep_forever()
+
+    await op.run(handler)
+    assert port.sent == []
+    assert op.is_terminal
+
+
+async def test_close_refuses_a_cause_that_is_not_a_handlers_terminal() -> None:
+    op = operation(RecordingPort())
+    with pytest.raises(LocalProtocolError):
+        await op.close(EndCause.PEER_CANCELLED, b"")
+
+
+# --------------------------------------------------------------------------- session
+
+
+async def test_a_session_drain_lets_work_finish_then_ends_the_rest() -> None:
+    ended: list[Operation] = []
+    stats = ServerStats()
+
+    async def handler(op: Operation) -> None:
+        if op.operation_id == 1:
+            await trio.sleep(0.05)
+            await op.close(EndCause.COMPLETED, b"quick")
+        else:
+            await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        session = Session(1, nursery, handler, ended.append, stats)
+        ports = [RecordingPort(), RecordingPort()]
+        for number, port in enumerate(ports, 1):
+            session.start(operation(port, number))
+        assert stats.inflight == 0  # not started until the nursery runs them
+        await trio.testing.wait_all_tasks_blocked()
+        assert stats.inflight == 2
+        with trio.fail_after(2):
+            await session.drain(grace=0.2)
+    assert [op.operation_id for op in ended] == [1, 2]
+    assert ports[0].sent == [("result", 200, b"quick")]
+    assert ports[1].sent == [("drop", DropReason.TRANSPORT_CLOSED, b"transport_closed")]
+    assert session.operations == {}
+    assert stats.inflight == 0
+
+
+async def test_an_idle_session_drains_at_once() -> None:
+    async with trio.open_nursery() as nursery:
+        async def nothing(op: Operation) -> None:
+            await trio.lowlevel.checkpoint()
+
+        session = Session(1, nursery, nothing, None, ServerStats())
+        with trio.fail_after(1):
+            await session.drain(grace=math.inf)
+
+
+# --------------------------------------------------------------------------- endpoints
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("tcp://127.0.0.1:7700", ("tcp", "127.0.0.1", 7700, "/", "tcp", False)),
+    ("tcps://[::1]:0", ("tcps", "::1", 0, "/", "tcp", True)),
+    ("unix:///run/nnrp.sock", ("unix", "", 0, "/run/nnrp.sock", "ipc", False)),
+    ("unix://run/nnrp.sock", ("unix", "", 0, "/run/nnrp.sock", "ipc", False)),
+    ("ws://0.0.0.0:7701/nnrp", ("ws", "0.0.0.0", 7701, "/nnrp", "websocket", False)),
+    ("WSS://h:1", ("wss", "h", 1, "/", "websocket", True)),
+])
+def test_endpoints_parse(uri: str, expected: tuple[Any, ...]) -> None:
+    endpoint = parse_endpoint(uri)
+    assert (endpoint.scheme, endpoint.host, endpoint.port, endpoint.path, endpoint.transport,
+            endpoint.tls) == expected
+
+
+@pytest.mark.parametrize(("uri", "problem"), [
+    ("http://h:1", "scheme must be"),
+    ("tcp://h", "needs host and port"),
+    ("tcp://h:99999", "out of range"),
+    ("unix://", "needs a path"),
+])
+def test_bad_endpoints_say_why(uri: str, problem: str) -> None:
+    with pytest.raises(ListenError, match=problem):
+        parse_endpoint(uri)

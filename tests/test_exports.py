@@ -1,0 +1,103 @@
+"""Each package's public names, pinned: adding or removing one is a deliberate change
+(httpx's test_exported_members). Private modules (``_x``) may change freely."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+PUBLIC: dict[str, str] = {
+    "gateway.errors": (
+        "ConfigError GatewayError "
+    ),
+    "gateway.transport": (
+        "Endpoint ListenError PacketTransport READ_SIZE StreamTransport TextMessageError "
+        "WebSocketTransport connect describe_peer parse_endpoint tune_tcp "
+    ),
+    "gateway.nnrp": (
+        "Abort Backpressure BudgetPolicy BudgetUpdate Cancel CancelFlag CancelSource "
+        "CapabilityFlag CapabilityNegotiation ClientConnection ClientEvent ClientHello "
+        "ClientState Close CloseAckStatus CloseReason ConnState ConnectionFailed ControlReason "
+        "CreditUpdate DEFAULT_MAX_PACKET DESCRIPTOR_LEN Deadline DeadlineUpdated Decoder "
+        "DegradeProfile DescriptorFlag DropFlag DropReason DropReceived Error ErrorCode "
+        "ErrorReceived ErrorRecoverable ErrorScope Event ExecutionHint ExpireAt FieldSpec "
+        "FlowBackpressure FlowFlag FlowReason FlowScope FlowUpdate FrameCancel FrameSubmit "
+        "HEADER_FLAG_MASK HEADER_LEN HandshakeCompleted Header HeaderFlag HelloAcked "
+        "InFlightPolicy InputProfile LocalProtocolError LossTolerance MAGIC MESSAGE_CLASSES "
+        "Message MsgType OpState OperationCancelled OperationSubmitted OtherReceived "
+        "PAYLOAD_KIND_MASK PRELUDE_LEN PROTOCOL_MAX_PACKET Packet PartialFlag PartialReceived "
+        "PartialResult PayloadKind PeerClosed PeerError Ping Pong Prelude PressureFlag "
+        "PressureLevel PriorityClass PriorityUpdate Progress ProtocolError RefusalReason "
+        "RemoteProtocolError ResultClass ResultDrop ResultDropReason ResultFlag ResultHint "
+        "ResultHintBudgetPolicy ResultHintCongestion ResultHintReason ResultPush ResultReceived "
+        "RetryAfter Role RouteHint STAGE_VENDOR_BASE SchedulingFlag SendBytes ServerConfig "
+        "ServerConnection ServerHelloAck SessionClose SessionCloseAck SessionCloseAcked "
+        "SessionCloseRequested SessionError SessionOpen SessionOpenAck SessionOpenAnswered "
+        "SessionOpenRefused SessionOpenStatus SessionOpened SessionState Stage StandardProfile "
+        "StreamSemantics SubmitMode SubmitRefused Supersede TOKEN_SCHEMA_ID TOKEN_SCHEMA_VERSION "
+        "TileIndexMode TraceContext TraceContextUpdated TraceFlag TraceInfo TransportId "
+        "TransportProbe TransportProbeAck TypedBody TypedBodyError TypedDescriptor TypedFrame "
+        "VERSION_MAJOR WIRE_FORMAT WireMessage decode_packet encode encode_openai_submit "
+        "encode_partial_result pack_single_frame pack_typed_body parse_typed_body "
+    ),
+    "gateway.profile": (
+        "CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES EndCause EndSpec "
+        "Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError Push SCHEMA_VERSION Silent "
+        "Terminal capability_document check_typed_body events parse_envelope "
+    ),
+    "gateway.upstream": (
+        "BINDINGS Binding ChunkStream SSEDecoder SSEError SSEEvent SUPPORTED_BAND "
+        "UnsupportedVersion UpstreamConfig UpstreamError UpstreamMalformed UpstreamStatus "
+        "UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk parse_chunk "
+        "parse_completion select_binding to_profile_error "
+    ),
+    "gateway.pipeline": (
+        "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
+        "traceparent "
+    ),
+    "gateway.server": (
+        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer Operation "
+        "OperationHandler OperationPort RefusalHandler ServerStats Session TlsConfig "
+        "TokenAuthenticator load_tls server_context "
+    ),
+    "gateway.observe": (
+        "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes build_record "
+        "configure_logging "
+    ),
+    "gateway.tools.client": (
+        "ClientError ClientOperation ClientSession NnrpClient connect "
+    ),
+    "gateway.tools.replay": (
+        "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
+        "Transcript bundled_transcripts choose_scenario derive load_transcript parse_transcript "
+    ),
+    "gateway.tools.conformance": (
+        "ValidationReport build_plan check_case native_available native_client_options "
+        "native_openai_submit recipes_root run_plan run_wire_probe schema_errors "
+        "suite_capabilities target_manifest validate_results write_atomically "
+    ),
+}
+#: Modules (not packages) re-export what they import; only their own names are public.
+_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.transport", "gateway.tools.client"})
+
+
+def public_names(module_name: str) -> list[str]:
+    module = importlib.import_module(module_name)
+    names = []
+    for name, value in vars(module).items():
+        if name.startswith("_") or name == "annotations":
+            continue
+        if isinstance(value, types.ModuleType) and name != "events":
+            continue
+        if module_name in _OWN_NAMES_ONLY and not isinstance(value, int | str) and getattr(
+                value, "__module__", module_name) != module_name:
+            continue
+        names.append(name)
+    return sorted(names)
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC))
+def test_public_names_are_pinned(module_name: str) -> None:
+    assert public_names(module_name) == sorted(PUBLIC[module_name].split())

@@ -1,0 +1,39 @@
+"""The replay vLLM's one scenario selector: which reply a chat request gets, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.tools.replay import SERVED_MODELS, choose_scenario
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("headers", "body", "expected"), [
+    # 1. a header names it (beats everything, even a body that is not JSON)
+    ({"x-replay-scenario": "stall_first_chunk", "x-request-id": "replay:other:1"}, None,
+     "stall_first_chunk"),
+    # 2. the request id names it (through the gateway)
+    ({"x-request-id": "replay:long_stream:7"}, {**CHAT, "model": "backend-error"},
+     "long_stream"),
+    # 3. the suite's backend-error model
+    ({}, {**CHAT, "model": "backend-error", "stream": True}, "backend_error"),
+    # 4. what vLLM would answer
+    ({}, None, "error_400_bad_json"),
+    ({}, [1, 2], "error_400_bad_json"),
+    ({}, {**CHAT, "model": "nope"}, "error_404_model"),
+    ({}, {"model": "tiny"}, "error_400_missing_messages"),
+    ({}, {**CHAT, "stream_options": {"include_usage": True}},
+     "error_400_stream_options_without_stream"),
+    ({}, {**CHAT, "tools": [{}]}, "nonstream_tool_call"),
+    ({}, {**CHAT, "stream": True, "tools": [{}]}, "stream_tool_call_single"),
+    ({}, {**CHAT, "stream": True, "tools": [{}, {}]}, "stream_tool_call_parallel"),
+    ({}, {**CHAT, "stream": True, "n": 2}, "stream_n2_interleaved"),
+    ({}, {**CHAT, "stream": True}, "text_stream"),
+    ({}, CHAT, "nonstream_length"),
+])
+def test_the_first_matching_rule_decides(headers: dict[str, str], body: Any,
+                                         expected: str) -> None:
+    assert choose_scenario(headers, body, SERVED_MODELS) == expected

@@ -1,0 +1,146 @@
+"""The upstream client alone, on transport-level faults, through respx (no sockets): what each
+failure becomes, and that the first-chunk and idle clocks time reads only."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import respx
+import trio
+
+from gateway.upstream import (
+    UpstreamConfig,
+    UpstreamMalformed,
+    UpstreamStatus,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    VllmClient,
+)
+
+BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+         b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+class Body(httpx.AsyncByteStream):
+    """A response body scripted as (delay, bytes-or-exception) steps."""
+
+    def __init__(self, *steps: tuple[float, bytes | Exception]) -> None:
+        self.steps = steps
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for delay, step in self.steps:
+            await trio.sleep(delay)
+            if isinstance(step, Exception):
+                raise step
+            yield step
+
+
+def client_for(*, response: httpx.Response | None = None, error: Exception | None = None
+               ) -> VllmClient:
+    router = respx.Router(base_url="http://vllm", assert_all_called=False)
+    route = router.post("/v1/chat/completions")
+    if error is not None:
+        route.mock(side_effect=error)
+    else:
+        route.mock(return_value=response)
+    return VllmClient(UpstreamConfig("http://vllm"),
+                      transport=httpx.MockTransport(router.async_handler))
+
+
+def sse(*steps: tuple[float, bytes | Exception]) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                          stream=Body(*steps))
+
+
+async def read_all(client: VllmClient, *, first_chunk: float = 5, idle: float = 5
+                   ) -> list[dict[str, object]]:
+    chunks: list[dict[str, object]] = []
+    try:
+        async with client.chunks(BODY, {}, first_chunk=first_chunk, idle=idle) as stream:
+            async for batch in stream:
+                chunks += batch
+    finally:
+        await client.aclose()
+    return chunks
+
+
+async def test_connect_refused_is_unavailable() -> None:
+    client = client_for(error=httpx.ConnectError("[Errno 111] Connection refused"))
+    with pytest.raises(UpstreamUnavailable, match="ConnectError"):
+        await read_all(client)
+
+
+async def test_connect_timeout_is_unavailable() -> None:
+    client = client_for(error=httpx.ConnectTimeout("timed out"))
+    with pytest.raises(UpstreamUnavailable, match="ConnectTimeout"):
+        await read_all(client)
+
+
+async def test_a_status_is_parsed_before_any_chunk() -> None:
+    client = client_for(response=httpx.Response(400, stream=Body((0, (
+        b'{"error":{"message":"bad temperature","type":"BadRequestError",'
+        b'"param":"temperature","code":400}}')))))
+    with pytest.raises(UpstreamStatus) as info:
+        await read_all(client)
+    assert (info.value.status, info.value.param) == (400, "temperature")
+
+
+async def test_a_reset_mid_stream_is_malformed_not_unavailable() -> None:
+    client = client_for(response=sse((0, CHUNK), (0, httpx.ReadError("reset by peer"))))
+    with pytest.raises(UpstreamMalformed, match="broke mid-response") as info:
+        await read_all(client)
+    assert info.value.kind == "connection_lost"
+
+
+async def test_a_truncated_body_without_done_is_malformed() -> None:
+    client = client_for(response=sse((0, CHUNK), (0, b'data: {"id":"c","obj')))
+    with pytest.raises(UpstreamMalformed, match=r"ended before data: \[DONE\]"):
+        await read_all(client)
+
+
+async def test_a_silent_first_chunk_is_a_first_chunk_timeout(autojump_clock: object) -> None:
+    client = client_for(response=sse((60, CHUNK), (0, DONE)))
+    with pytest.raises(UpstreamTimeout) as info:
+        await read_all(client, first_chunk=2, idle=100)
+    assert info.value.kind == "first_chunk"
+
+
+async def test_a_silent_gap_is_an_idle_timeout(autojump_clock: object) -> None:
+    client = client_for(response=sse((0, CHUNK), (30, CHUNK), (0, DONE)))
+    with pytest.raises(UpstreamTimeout) as info:
+        await read_all(client, first_chunk=100, idle=5)
+    assert info.value.kind == "idle"
+
+
+async def test_a_slow_consumer_never_counts_as_vllm_idle(autojump_clock: object) -> None:
+    # The consumer takes 10 s per batch (a slow NNRP reader); vLLM answers each read at
+    # once. The idle clock is 1 s: only time spent *waiting on vLLM* may count against it.
+    client = client_for(response=sse((0, CHUNK), (0, CHUNK), (0, CHUNK), (0, DONE)))
+    seen = 0
+    async with client.chunks(BODY, {}, first_chunk=1, idle=1) as stream:
+        async for batch in stream:
+            seen += len(batch)
+            await trio.sleep(10)
+    await client.aclose()
+    assert seen == 3
+
+
+async def test_a_chunk_split_anywhere_gives_the_same_chunks() -> None:
+    # Cuts inside "data:", inside the JSON, between the two newlines, inside [DONE]
+    # (every cut is the SSE decoder's own test; these are the stream's seams).
+    whole = CHUNK * 3 + DONE
+    for cut in (1, 4, 6, 40, len(CHUNK) - 1, len(CHUNK), 2 * len(CHUNK) + 3, len(whole) - 5):
+        client = client_for(response=sse((0, whole[:cut]), (0, whole[cut:])))
+        chunks = await read_all(client)
+        assert len(chunks) == 3, cut
+
+
+async def test_a_non_streaming_body_is_checked() -> None:
+    client = client_for(response=httpx.Response(200, stream=Body((0, b'{"object":"list"}'))))
+    with pytest.raises(UpstreamMalformed, match=r"not 'chat\.completion'"):
+        await client.completion({"model": "m", "messages": []}, {})
+    await client.aclose()
