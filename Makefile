@@ -42,13 +42,15 @@ bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench wire
 	$(BIN)/nnrp-gateway bench run --out out/bench
 
-# Coverage-guided fuzzing (atheris) of the four untrusted-input parsers, FUZZ_SECONDS each.
+# Coverage-guided fuzzing (atheris) of the untrusted-input parsers and the server's state
+# machine (every preview4 control), FUZZ_SECONDS each; FUZZ_TARGETS picks some.
 # New inputs go to out/fuzz/<target>, crash inputs to out/fuzz/crash-*, logs to
 # out/fuzz/<target>.log; the seed corpus in tests/fuzz/corpus stays clean.
 FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= nnrp_decoder typed_body envelope sse controls server_session
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install --quiet atheris
-	for target in nnrp_decoder typed_body envelope sse; do \
+	for target in $(FUZZ_TARGETS); do \
 	  mkdir -p out/fuzz/$$target; \
 	  $(BIN)/python tests/fuzz/fuzz_targets.py $$target out/fuzz/$$target \
 	    tests/fuzz/corpus/$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

@@ -153,7 +153,7 @@ def run_scenarios_command(
     scenario: Annotated[list[str] | None, typer.Option(
         help=f"Scenarios to run (default all): {', '.join(SCENARIO_NAMES)}.")] = None,
 ) -> None:
-    """Latency, throughput, non-streaming, cancellation, scale: gateway vs direct HTTP."""
+    """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale."""
     import trio
 
     from gateway.tools.bench._scenarios import run_scenarios

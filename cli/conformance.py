@@ -200,7 +200,8 @@ def wire_probe(
     output: Annotated[Path, typer.Option(help="wire-conformance-case-results JSON.")],
     target_name: Annotated[str, typer.Option(help="Name in the report.")] = "nnrp-vllm-gateway",
 ) -> None:
-    """The wire.profile.openai-compatible.level1 scenario on each given transport."""
+    """The suite-as-client wire scenarios (openai-compatible level 1, cancel-abort,
+    deadline-before-submit) on each given endpoint's transport."""
     import trio
 
     from gateway.observe import configure_logging

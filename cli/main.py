@@ -139,6 +139,10 @@ def serve(
     tool_calls: Annotated[bool, typer.Option(
         envvar="NNRP_GATEWAY_TOOL_CALLS",
         help="Declare that vLLM runs with a tool parser (advertises tool_calls).")] = False,
+    vllm_priority_scheduling: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_VLLM_PRIORITY_SCHEDULING",
+        help="Declare that vLLM runs with --scheduling-policy priority: PRIORITY_UPDATE and "
+             "session priority classes then set vLLM's request priority.")] = False,
     admin_listen: Annotated[str | None, typer.Option(
         envvar="NNRP_GATEWAY_ADMIN_LISTEN",
         help="host:port for /healthz, /readyz, /capabilities (off unless given).")] = None,
@@ -242,7 +246,8 @@ def serve(
         pipeline=PipelineLimits(first_chunk_timeout=first_chunk_timeout,
                                 idle_timeout=idle_timeout, total_timeout=total_timeout,
                                 max_envelope_bytes=max_envelope_bytes,
-                                max_event_bytes=max_event_bytes),
+                                max_event_bytes=max_event_bytes,
+                                priority_scheduling=vllm_priority_scheduling),
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
@@ -260,11 +265,13 @@ def serve(
 
 def _exit_for_user_error(group: BaseExceptionGroup) -> None:
     """Errors that are the operator's to fix: one line and an exit code, no traceback."""
+    from gateway.tools.conformance import ManifestError
     from gateway.transport import ListenError
     from gateway.upstream import UnsupportedVersion
 
     user_errors: tuple[tuple[type[Exception], int, str], ...] = (
         (UnsupportedVersion, 3, "error: {}"),
+        (ManifestError, 2, "error: target manifest: {}"),
         (ListenError, 2, "error: {}"),
         (OSError, 2, "error: cannot listen: {}"),
     )
@@ -290,11 +297,19 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
         for endpoint in endpoints:
             typer.echo(f"serving NNRP on {endpoint.uri}")
         if manifest_path is not None:
+            tls = config.tls
             manifest = target_manifest(
                 [e.uri for e in endpoints], target_name="nnrp-vllm-gateway",
                 max_frame_bytes=config.server.max_packet,
-                max_in_flight=config.server.max_in_flight)
+                max_in_flight=config.server.max_in_flight,
+                runtime_tokens=gateway_app.server.config.runtime_tokens,
+                tls_files=(tls.cert_file, tls.key_file) if tls else None,
+                security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
             await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
+            for endpoint in endpoints:
+                if endpoint.uri.startswith("tcps://"):
+                    typer.echo(f"target manifest: {endpoint.uri} left out (the wire suite "
+                               "has no TLS over plain TCP)", err=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:

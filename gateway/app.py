@@ -24,7 +24,7 @@ import gateway
 from gateway.nnrp import ServerConfig
 from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
-from gateway.profile import capability_document
+from gateway.profile import capability_document, runtime_tokens
 from gateway.server import (
     BoundEndpoint,
     ConnectionLimits,
@@ -78,10 +78,16 @@ class Gateway:
             config.upstream_pool_size))
         self.info: VllmInfo | None = None
         self.upstream_healthy = False
+        # While vLLM is not ready, the next probe may change that: tell clients then.
+        pipeline_limits = attrs.evolve(config.pipeline, unavailable_retry_after_ms=int(
+            max(config.probe_interval, 1.0) * 1000))
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
-                                     config.pipeline)
+                                     pipeline_limits)
         self.ssl_context = server_context(config.tls) if config.tls else None
-        self.server = GatewayServer(self.pipeline, config=config.server,
+        # The runtime tokens negotiation may grant are what this configuration implements.
+        server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
+            priority_scheduling=config.pipeline.priority_scheduling))
+        self.server = GatewayServer(self.pipeline, config=server_config,
                                     limits=config.connection,
                                     max_connections=config.max_connections,
                                     refusal=profile_refusal, observer=self._observe,
@@ -143,6 +149,7 @@ class Gateway:
         return capability_document(
             adapter=f"nnrp-vllm-gateway {gateway.__version__}", models=models,
             tool_calls=self.config.tool_calls,
+            priority_scheduling=self.config.pipeline.priority_scheduling,
             vllm_version=info.version if info else None,
             backend_family=info.binding.family if info else None)
 

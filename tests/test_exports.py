@@ -17,35 +17,44 @@ PUBLIC: dict[str, str] = {
         "WebSocketTransport connect describe_peer parse_endpoint tune_tcp "
     ),
     "gateway.nnrp": (
-        "Abort Backpressure BudgetPolicy BudgetUpdate Cancel CancelFlag CancelSource "
-        "CapabilityFlag CapabilityNegotiation ClientConnection ClientEvent ClientHello "
-        "ClientState Close CloseAckStatus CloseReason ConnState ConnectionFailed ControlReason "
-        "CreditUpdate DEFAULT_MAX_PACKET DESCRIPTOR_LEN Deadline DeadlineUpdated Decoder "
-        "DegradeProfile DescriptorFlag DropFlag DropReason DropReceived Error ErrorCode "
-        "ErrorReceived ErrorRecoverable ErrorScope Event ExecutionHint ExpireAt FieldSpec "
-        "FlowBackpressure FlowFlag FlowReason FlowScope FlowUpdate FrameCancel FrameSubmit "
-        "HEADER_FLAG_MASK HEADER_LEN HandshakeCompleted Header HeaderFlag HelloAcked "
-        "InFlightPolicy InputProfile LocalProtocolError LossTolerance MAGIC MESSAGE_CLASSES "
-        "Message MsgType OpState OperationCancelled OperationSubmitted OtherReceived "
-        "PAYLOAD_KIND_MASK PRELUDE_LEN PROTOCOL_MAX_PACKET Packet PartialFlag PartialReceived "
-        "PartialResult PayloadKind PeerClosed PeerError Ping Pong Prelude PressureFlag "
-        "PressureLevel PriorityClass PriorityUpdate Progress ProtocolError RefusalReason "
-        "RemoteProtocolError ResultClass ResultDrop ResultDropReason ResultFlag ResultHint "
-        "ResultHintBudgetPolicy ResultHintCongestion ResultHintReason ResultPush ResultReceived "
-        "RetryAfter Role RouteHint STAGE_VENDOR_BASE SchedulingFlag SendBytes ServerConfig "
+        "Abort Backpressure BudgetFlag BudgetPolicy BudgetRequested BudgetUpdate CacheAck "
+        "CacheAckStatus CacheInvalidate CacheInvalidateScope CacheMiss CacheMissReason "
+        "CacheObjectKind CachePut CacheReference CacheReuseScope Cancel CancelFlag CancelSource "
+        "CapabilitiesNegotiated CapabilityFlag CapabilityNegotiation ClientConnection "
+        "ClientEvent ClientHello ClientState Close CloseAckStatus CloseReason ConnState "
+        "ConnectionFailed ControlReason CreditUpdate DEFAULT_MAX_PACKET DESCRIPTOR_LEN Deadline "
+        "DeadlineUpdated Decoder DegradeProfile DescriptorFlag DropFlag DropReason DropReceived "
+        "Error ErrorCode ErrorReceived ErrorRecoverable ErrorScope Event ExecutionHint ExpireAt "
+        "FieldSpec FlowBackpressure FlowChanged FlowControl FlowFlag FlowReason FlowScope "
+        "FlowUpdate FrameCancel FrameIgnored FrameSubmit HEADER_FLAG_MASK HEADER_LEN "
+        "HandshakeCompleted Header HeaderFlag HelloAcked HintFlag InFlightPolicy InputProfile "
+        "KNOWN_TOKENS LocalProtocolError LossTolerance MAGIC MESSAGE_CLASSES MIGRATION_REFUSED "
+        "MemoryLocationHint Message MsgType ObjectDeclare ObjectDelta ObjectPatch ObjectRef "
+        "ObjectRelease ObjectReleaseReason OpState OperationCancelled OperationSubmitted "
+        "OtherReceived OwnershipHint PAYLOAD_KIND_MASK PRELUDE_LEN PROTOCOL_MAX_PACKET Packet "
+        "PartialFlag PartialReceived PartialResult PatchAckStatus PatchRejectReason PayloadKind "
+        "PeerClosed PeerError Ping Pong Prelude PressureFlag PressureLevel PressureReason "
+        "PriorityClass PriorityRequested PriorityUpdate Progress ProtocolError RecoverableFlag "
+        "RefusalReason RemoteProtocolError ResultClass ResultDrop ResultDropReason ResultFlag "
+        "ResultHint ResultHintBudgetPolicy ResultHintCongestion ResultHintReason ResultPush "
+        "ResultReceived RetryAfter RetryScopeFlag Role RouteHint RuntimeObjectKind "
+        "SESSION_PATCH_FIELDS STAGE_VENDOR_BASE SchedulingFlag SendBytes ServerConfig "
         "ServerConnection ServerHelloAck SessionClose SessionCloseAck SessionCloseAcked "
-        "SessionCloseRequested SessionError SessionOpen SessionOpenAck SessionOpenAnswered "
-        "SessionOpenRefused SessionOpenStatus SessionOpened SessionState Stage StandardProfile "
-        "StreamSemantics SubmitMode SubmitRefused Supersede TOKEN_SCHEMA_ID TOKEN_SCHEMA_VERSION "
-        "TileIndexMode TraceContext TraceContextUpdated TraceFlag TraceInfo TransportId "
-        "TransportProbe TransportProbeAck TypedBody TypedBodyError TypedDescriptor TypedFrame "
-        "VERSION_MAJOR WIRE_FORMAT WireMessage decode_packet encode encode_openai_submit "
-        "encode_partial_result pack_single_frame pack_typed_body parse_typed_body "
+        "SessionCloseRequested SessionError SessionMigrate SessionMigrateAck SessionOpen "
+        "SessionOpenAck SessionOpenAnswered SessionOpenRefused SessionOpenStatus SessionOpened "
+        "SessionPatch SessionPatchAck SessionPatchField SessionState Stage StandardProfile "
+        "StreamSemantics SubmitMode SubmitRefused Supersede TOKEN_SCHEMA_ID "
+        "TOKEN_SCHEMA_VERSION TileIndexMode TraceContext TraceContextUpdated TraceFlag "
+        "TraceInfo TransportId TransportProbe TransportProbeAck TypedBody TypedBodyError "
+        "TypedDescriptor TypedFrame VERSION_MAJOR WIRE_FORMAT Window WireMessage decode_packet "
+        "encode encode_openai_submit encode_partial_result pack_single_frame pack_tokens "
+        "pack_typed_body parse_tokens parse_typed_body "
     ),
     "gateway.profile": (
-        "CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES EndCause EndSpec "
-        "Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError Push SCHEMA_VERSION Silent "
-        "Terminal capability_document check_typed_body events parse_envelope "
+        "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES "
+        "EndCause EndSpec Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError Push "
+        "RUNTIME_TOKENS SCHEMA_VERSION Silent Terminal capability_document check_typed_body "
+        "events parse_envelope runtime_tokens "
     ),
     "gateway.upstream": (
         "BINDINGS Binding ChunkStream SSEDecoder SSEError SSEEvent SUPPORTED_BAND "
@@ -55,7 +64,7 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.pipeline": (
         "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
-        "traceparent "
+        "token_count traceparent "
     ),
     "gateway.server": (
         "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer Operation "
@@ -74,9 +83,10 @@ PUBLIC: dict[str, str] = {
         "Transcript bundled_transcripts choose_scenario derive load_transcript parse_transcript "
     ),
     "gateway.tools.conformance": (
-        "ValidationReport build_plan check_case native_available native_client_options "
-        "native_openai_submit recipes_root run_plan run_wire_probe schema_errors "
-        "suite_capabilities target_manifest validate_results write_atomically "
+        "ManifestError ValidationReport build_plan check_case native_available "
+        "native_client_options native_openai_submit probe recipes_root run_plan run_wire_probe "
+        "runner_token_submit scenarios_for schema_errors suite_capabilities target_manifest "
+        "validate_results validate_wire_case write_atomically "
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.

@@ -27,6 +27,8 @@ from ._constants import (
     TOKEN_SCHEMA_VERSION,
     ErrorCode,
     InFlightPolicy,
+    PressureFlag,
+    PressureLevel,
     Role,
     SessionOpenStatus,
     StandardProfile,
@@ -34,11 +36,14 @@ from ._constants import (
 from ._errors import LocalProtocolError, RemoteProtocolError, TypedBodyError
 from ._messages import (
     Abort,
+    Backpressure,
     Cancel,
     ClientHello,
+    CreditUpdate,
     Deadline,
     Error,
     FrameCancel,
+    FrameSubmit,
     Message,
     PartialResult,
     Ping,
@@ -147,6 +152,8 @@ class _ClientSession:
     by_frame: dict[int, _ClientOp] = attrs.field(factory=dict)
     by_operation: dict[int, _ClientOp] = attrs.field(factory=dict)
     closing: bool = False
+    #: The highest operation id submitted: SESSION_CLOSE's last_operation_id.
+    last_operation_id: int = 0
 
 
 class ClientConnection:
@@ -187,6 +194,18 @@ class ClientConnection:
     def submit(self, session_id: int, operation_id: int, frame_id: int, payload: bytes, *,
                trace_id: int = 0) -> bytes:
         """FRAME_SUBMIT with one STRUCTURED_EVENT typed frame (the openai mapping)."""
+        self._register(session_id, operation_id, frame_id)
+        return encode_openai_submit(session_id, frame_id, operation_id, payload,
+                                    trace_id=trace_id)
+
+    def submit_frame(self, session_id: int, frame_id: int, meta: FrameSubmit,
+                     body: bytes) -> bytes:
+        """FRAME_SUBMIT with metadata and typed body as given (other profiles' requests,
+        such as the wire runner's token chunk)."""
+        self._register(session_id, meta.operation_id, frame_id)
+        return encode(Packet(meta, session_id=session_id, frame_id=frame_id, body=body))
+
+    def _register(self, session_id: int, operation_id: int, frame_id: int) -> None:
         session = self._session(session_id)
         if (operation_id == 0 or frame_id == 0 or operation_id in session.by_operation
                 or frame_id in session.by_frame):
@@ -195,8 +214,7 @@ class ClientConnection:
         operation = _ClientOp(operation_id, frame_id)
         session.by_frame[frame_id] = operation
         session.by_operation[operation_id] = operation
-        return encode_openai_submit(session_id, frame_id, operation_id, payload,
-                                    trace_id=trace_id)
+        session.last_operation_id = max(session.last_operation_id, operation_id)
 
     def cancel(self, session_id: int, operation_id: int, *, frame_id: int = 0,
                control_sequence: int = 1, reason: int = 1, abort: bool = False,
@@ -230,17 +248,30 @@ class ClientConnection:
         return encode(Packet(meta, session_id=session_id, frame_id=frame_id, trace_id=trace_id,
                              body=attributes))
 
+    def pressure(self, session_id: int, *, level: PressureLevel = PressureLevel.NONE,
+                 credit_window: int = 0, operation_id: int = 0, credit: bool = False
+                 ) -> bytes:
+        """BACKPRESSURE (``credit`` False) or CREDIT_UPDATE over our session's output, or
+        one operation's when ``operation_id`` is given (the server's ``_flow`` rules)."""
+        self._session(session_id)
+        cls = CreditUpdate if credit else Backpressure
+        flags = PressureFlag.OPERATION if operation_id else PressureFlag.NONE
+        meta = cls(scope_id=operation_id or session_id, credit_window=credit_window,
+                   level=int(level), flags=int(flags))
+        return encode(Packet(meta, session_id=session_id))
+
     def ping(self) -> bytes:
         self._require_ready()
         return encode(Packet(Ping()))
 
     def close_session(self, session_id: int, *, abort: bool = False,
-                      drain_timeout_ms: int = 5_000) -> bytes:
+                      drain_timeout_ms: int = 5_000, close_tag: int = 0) -> bytes:
         session = self._session(session_id)
         session.closing = True
         meta = SessionClose(reason=1, in_flight_policy=int(InFlightPolicy.ABORT if abort
                                                            else InFlightPolicy.DRAIN),
-                            drain_timeout_ms=drain_timeout_ms)
+                            drain_timeout_ms=drain_timeout_ms,
+                            last_operation_id=session.last_operation_id, close_tag=close_tag)
         return encode(Packet(meta, session_id=session_id))
 
     def _require_ready(self) -> None:

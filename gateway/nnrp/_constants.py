@@ -431,10 +431,183 @@ class ResultClass(IntEnum):
 
 
 class TransportId(IntEnum):
+    """Carrier ids (SESSION_MIGRATE; 0 is not a transport)."""
+
     QUIC = 1
     TCP = 2
     IPC = 3
     WEBSOCKET = 4
+
+
+class SessionPatchField(IntFlag):
+    """SESSION_PATCH patch_mask bits."""
+
+    NONE = 0
+    TARGET_CADENCE = 0x01
+    QUALITY_TIER = 0x02
+    DEGRADE_POLICY = 0x04
+    ACTIVE_LANE_MASK = 0x08
+    PREFERRED_CODEC = 0x10
+    PREFERRED_COMPRESSION = 0x20
+    PROFILE_PATCH = 0x40
+
+
+SESSION_PATCH_FIELDS = 0x7F
+
+
+class PatchAckStatus(IntEnum):
+    ACCEPTED = 0
+    PARTIALLY_APPLIED = 1
+    REJECTED = 2
+
+
+class PatchRejectReason(IntEnum):
+    NONE = 0
+    UNSUPPORTED_FIELD = 1
+    INVALID_RANGE = 2
+    UNSUPPORTED_STRATEGY = 3
+    INVALID_LANE_MASK = 4
+    RATE_LIMITED = 5
+
+
+class CacheObjectKind(IntEnum):
+    """CACHE_PUT object_kind."""
+
+    CAMERA_BLOCK = 1
+    TILE_INDEX_BLOCK = 2
+    TENSOR_SECTION_TABLE = 3
+    CODEC_TABLE = 4
+    REUSABLE_RESULT_OBJECT = 5
+    PAYLOAD_LAYOUT_TEMPLATE = 6
+    PROMPT_SEGMENT = 7
+    TOOL_SCHEMA = 8
+    STRUCTURED_EVENT_SCHEMA = 9
+
+
+class CacheAckStatus(IntEnum):
+    ACCEPTED = 0
+    REJECTED = 1
+    REPLACED = 2
+
+
+class CacheInvalidateScope(IntEnum):
+    WHOLE_SESSION = 0
+    NAMESPACE = 1
+    OBJECT_KIND = 2
+    OBJECT_KEY = 3
+
+
+class CacheReuseScope(IntEnum):
+    OPERATION = 0
+    SESSION = 1
+    CONNECTION = 2
+    GLOBAL = 3
+    TENANT = 4
+    PROFILE = 5
+
+
+class CacheMissReason(IntEnum):
+    UNKNOWN = 0
+    NOT_FOUND = 1
+    EXPIRED = 2
+    INVALIDATED = 3
+    SCHEMA_MISMATCH = 4
+    PRODUCER_UNAVAILABLE = 5
+    LEASE_REQUIRED = 6
+    PERMISSION_DENIED = 7
+
+
+class RuntimeObjectKind(IntEnum):
+    UNSPECIFIED = 0
+    TENSOR = 1
+    TOKEN_BLOCK = 2
+    IMAGE_TILE = 3
+    FEATURE_MAP = 4
+    TOOL_RESULT = 5
+    TRACE_SEGMENT = 6
+    OPAQUE_BYTES = 7
+    DOCUMENT_CHUNK = 8
+    AUDIO_CHUNK = 9
+    VIDEO_CHUNK = 10
+    ROUTE_PLAN = 11
+    CACHE_MANIFEST = 12
+
+
+class MemoryLocationHint(IntEnum):
+    UNSPECIFIED = 0
+    HOST_MEMORY = 1
+    DEVICE_MEMORY = 2
+    SHARED_MEMORY = 3
+    REMOTE_MEMORY = 4
+    MMAP_FILE = 5
+    OBJECT_STORE = 6
+
+
+class OwnershipHint(IntEnum):
+    UNSPECIFIED = 0
+    PRODUCER_OWNED = 1
+    CONSUMER_OWNED = 2
+    SESSION_OWNED = 3
+    BORROWED = 4
+    TRANSFER_ON_REF = 5
+    RELEASE_ON_DROP = 6
+
+
+class ObjectReleaseReason(IntEnum):
+    COMPLETED = 0
+    CANCELLED = 1
+    EXPIRED = 2
+    REPLACED = 3
+    INVALIDATED = 4
+    OWNER_CLOSED = 5
+    LEASE_EXPIRED = 6
+    CONFORMANCE_INJECTION = 7
+
+
+class PressureReason(IntEnum):
+    """BACKPRESSURE / CREDIT_UPDATE reason."""
+
+    UNSPECIFIED = 0
+    RECEIVER_QUEUE_FULL = 1
+    SENDER_QUEUE_FULL = 2
+    MEMORY = 3
+    BANDWIDTH = 4
+    COMPUTE = 5
+    DEADLINE = 6
+    FAIRNESS = 7
+    INJECTION = 8
+
+
+class RecoverableFlag(IntFlag):
+    """ERROR_RECOVERABLE flags."""
+
+    NONE = 0
+    RETRYABLE_NOW = 0x01
+    RETRY_AFTER_REQUIRED = 0x02
+
+
+class RetryScopeFlag(IntFlag):
+    """RETRY_AFTER flags: which scope ``scope_id`` names (neither: session)."""
+
+    NONE = 0
+    CONNECTION = 0x01
+    OPERATION = 0x02
+
+
+class HintFlag(IntFlag):
+    """ROUTE_HINT / EXECUTION_HINT flags."""
+
+    NONE = 0
+    MUST_HONOR = 0x01
+    BEST_EFFORT = 0x02
+
+
+class BudgetFlag(IntFlag):
+    """BUDGET_UPDATE flags: how the budgets combine with the current ones."""
+
+    NONE = 0
+    REPLACE = 0x01
+    INCREMENT = 0x02
 
 
 class StandardProfile(IntEnum):

@@ -15,13 +15,14 @@ from ._messages import ClientHello, Error, FrameSubmit, SessionOpen
 
 
 class CancelSource(enum.Enum):
-    """What ended an operation early (feeds metrics and logs)."""
+    """Which control ended an operation early (feeds metrics and logs)."""
 
     FRAME_CANCEL = "frame_cancel"
     CANCEL = "cancel"
     ABORT = "abort"
     SESSION_CANCEL = "session_cancel"  # CANCEL/ABORT with operation_id 0
     SESSION_CLOSE = "session_close"  # SESSION_CLOSE with in_flight=abort
+    SUPERSEDE = "supersede"  # a SUPERSEDE whose replacement has been admitted
 
 
 class RefusalReason(enum.Enum):
@@ -30,6 +31,7 @@ class RefusalReason(enum.Enum):
     DUPLICATE_OPERATION_ID = "duplicate_operation_id"
     OPERATION_LIMIT = "adapter_operation_limit"
     SESSION_CLOSING = "session_closing"
+    DRAINING = "server_draining"
 
 
 @attrs.frozen
@@ -77,7 +79,9 @@ class SessionOpenRefused:
 
 @attrs.frozen
 class OperationSubmitted:
-    """A new operation. ``typed_body`` is None when the body failed to parse (``body_error``)."""
+    """A new operation. ``typed_body`` is None when the body failed to parse (``body_error``).
+    ``priority_class`` is the session's (SESSION_OPEN); ``token_budget`` the session's
+    BUDGET_UPDATE, if any; ``tokens`` the runtime tokens the session negotiated."""
 
     session_id: int
     operation_id: int
@@ -89,6 +93,9 @@ class OperationSubmitted:
     trace: TraceInfo | None
     deadline_unix_ms: int | None
     deadline_drop_reason: int
+    priority_class: int = 0
+    token_budget: int | None = None
+    tokens: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -118,6 +125,55 @@ class DeadlineUpdated:
     operation_id: int
     deadline_unix_ms: int
     drop_reason: int
+
+
+@attrs.frozen
+class PriorityRequested:
+    """A PRIORITY_UPDATE for an active operation. Whether it can still take effect (before
+    dispatch, and vLLM schedules by priority) is the adapter's to say; a refusal is
+    ``ServerConnection.refuse_control``."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    priority_class: int
+    priority_delta: int
+
+
+@attrs.frozen
+class BudgetRequested:
+    """A BUDGET_UPDATE's token budget for an active operation (``operation_id`` None: the
+    session's, for operations submitted from now on). ``increment`` adds to the current
+    budget instead of replacing it."""
+
+    session_id: int
+    operation_id: int | None
+    frame_id: int
+    token_budget: int
+    increment: bool
+
+
+@attrs.frozen
+class FlowChanged:
+    """A client changed a window (credits, pause, resume): blocked output may move."""
+
+
+@attrs.frozen
+class CapabilitiesNegotiated:
+    """The runtime tokens a session now has (after CAPABILITY_NEGOTIATION or DEGRADE_PROFILE)."""
+
+    session_id: int
+    tokens: frozenset[str]
+
+
+@attrs.frozen
+class FrameIgnored:
+    """A well-formed frame the server takes note of and does nothing with (see the rule
+    table in ``_server``): counted and logged, never answered with an error."""
+
+    session_id: int
+    msg_type: int
+    reason: str
 
 
 @attrs.frozen
@@ -161,5 +217,6 @@ class ConnectionFailed:
 Event = (
     SendBytes | HandshakeCompleted | SessionOpened | SessionOpenRefused | OperationSubmitted
     | SubmitRefused | OperationCancelled | DeadlineUpdated | TraceContextUpdated
+    | PriorityRequested | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
     | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed
 )

@@ -22,9 +22,15 @@ import attrs
 
 from ._constants import (
     PAYLOAD_KIND_MASK,
+    SESSION_PATCH_FIELDS,
     STAGE_VENDOR_BASE,
-    TWO_FLAG_BITS,
+    BudgetFlag,
     BudgetPolicy,
+    CacheAckStatus,
+    CacheInvalidateScope,
+    CacheMissReason,
+    CacheObjectKind,
+    CacheReuseScope,
     CancelFlag,
     CapabilityFlag,
     CloseAckStatus,
@@ -38,27 +44,37 @@ from ._constants import (
     FlowFlag,
     FlowReason,
     FlowScope,
+    HintFlag,
     InFlightPolicy,
     InputProfile,
     LossTolerance,
+    MemoryLocationHint,
     MsgType,
+    ObjectReleaseReason,
+    OwnershipHint,
     PartialFlag,
+    PatchAckStatus,
+    PatchRejectReason,
     PayloadKind,
     PressureFlag,
     PressureLevel,
     PriorityClass,
+    RecoverableFlag,
     ResultClass,
     ResultFlag,
     ResultHintBudgetPolicy,
     ResultHintCongestion,
     ResultHintReason,
+    RetryScopeFlag,
     Role,
+    RuntimeObjectKind,
     SchedulingFlag,
     SessionOpenStatus,
     Stage,
     SubmitMode,
     TileIndexMode,
     TraceFlag,
+    TransportId,
 )
 from ._layout import Reserved, WireMessage, check, message, reserved, wire
 
@@ -71,7 +87,6 @@ _BOOLEAN = range(2)
 _TENSOR = int(PayloadKind.TENSOR)  # a plain int: IntFlag arithmetic costs ~0.5 us per use
 _STALE = int(ResultFlag.STALE)
 _PARTIAL = int(ResultFlag.PARTIAL)
-_PRIORITY_CLASSES = frozenset(int(p) for p in PriorityClass)
 
 
 # --------------------------------------------------------------------------- header-only
@@ -498,12 +513,8 @@ class _Scheduling(WireMessage):
 @message(MsgType.PRIORITY_UPDATE)
 @attrs.frozen
 class PriorityUpdate(_Scheduling):
-    """PRIORITY_UPDATE (0x32)."""
-
-    def check(self) -> None:
-        # Shared field, PRIORITY_UPDATE's registry: DEADLINE and EXPIRE_AT leave it free.
-        check(self.priority_class in _PRIORITY_CLASSES,
-              f"priority_update.priority_class: value {self.priority_class} is not defined")
+    """PRIORITY_UPDATE (0x32). priority_class is a plain u16 here, not SESSION_OPEN's 0-2
+    registry: the suite's priority-deadline case sends 10, and nnrp-py accepts it."""
 
 
 @message(MsgType.DEADLINE)
@@ -550,7 +561,7 @@ class BudgetUpdate(WireMessage):
     memory_bytes: int = wire("Q")
     bandwidth_bytes: int = wire("Q")
     token_budget: int = wire("I")
-    flags: int = wire("I", mask=TWO_FLAG_BITS)
+    flags: int = wire("I", mask=int(BudgetFlag.REPLACE | BudgetFlag.INCREMENT))
 
 
 @message(MsgType.PROGRESS)
@@ -653,7 +664,7 @@ class _Hint(WireMessage):
     affinity: int = wire("H")
     deadline_unix_ms: int = wire("Q")
     body_bytes: int = wire("I")
-    flags: int = wire("I", mask=TWO_FLAG_BITS)
+    flags: int = wire("I", mask=int(HintFlag.MUST_HONOR | HintFlag.BEST_EFFORT))
 
     def expected_body_len(self) -> int | None:
         return self.body_bytes
@@ -713,7 +724,8 @@ class ErrorRecoverable(WireMessage):
     scope: int = wire("I", allowed=ErrorScope)
     recovery_action: int = wire("H")
     role: int = wire("B", allowed=Role)
-    flags: int = wire("B", mask=TWO_FLAG_BITS)
+    flags: int = wire("B", mask=int(RecoverableFlag.RETRYABLE_NOW
+                                    | RecoverableFlag.RETRY_AFTER_REQUIRED))
     retry_after_ms: int = wire("I")
     related_session_id: int = wire("I")
     related_frame_id: int = wire("I")
@@ -733,10 +745,259 @@ class RetryAfter(WireMessage):
     control_sequence: int = wire("Q")
     retry_after_ms: int = wire("I")
     jitter_ms: int = wire("I")
-    reason: int = wire("H")
+    reason: int = wire("H", allowed=ControlReason)
     role: int = wire("B", allowed=Role)
-    flags: int = wire("B", mask=TWO_FLAG_BITS)
+    flags: int = wire("B", mask=int(RetryScopeFlag.CONNECTION | RetryScopeFlag.OPERATION))
     diagnostic_bytes: int = wire("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.diagnostic_bytes
+
+
+# --------------------------------------------------------------------------- session patch,
+# migration, caches and runtime objects (nnrp-py: core/messages/control.py, runtime/types.py)
+
+
+@message(MsgType.SESSION_PATCH)
+@attrs.frozen
+class SessionPatch(WireMessage):
+    """SESSION_PATCH (0x03), 36 B; body = the profile patch block."""
+
+    profile_id: int = wire("H")
+    _reserved: ClassVar[Reserved] = reserved("H")
+    patch_mask: int = wire("I", mask=SESSION_PATCH_FIELDS)
+    target_cadence_x100: int = wire("I")
+    quality_tier: int = wire("H")
+    degrade_policy: int = wire("H")
+    active_lane_mask: int = wire("Q")
+    preferred_codec_bitmap: int = wire("I")
+    preferred_compression_bitmap: int = wire("I")
+    profile_patch_bytes: int = wire("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.profile_patch_bytes
+
+
+@message(MsgType.SESSION_PATCH_ACK)
+@attrs.frozen
+class SessionPatchAck(WireMessage):
+    """SESSION_PATCH_ACK (0x04), 48 B."""
+
+    ack_status: int = wire("H", allowed=PatchAckStatus)
+    reject_reason: int = wire("H", allowed=PatchRejectReason)
+    applied_patch_mask: int = wire("I", mask=SESSION_PATCH_FIELDS)
+    rejected_patch_mask: int = wire("I", mask=SESSION_PATCH_FIELDS)
+    retry_after_ms: int = wire("I")
+    effective_profile_id: int = wire("H")
+    _reserved: ClassVar[Reserved] = reserved("H")
+    effective_target_cadence_x100: int = wire("I")
+    effective_quality_tier: int = wire("H")
+    effective_degrade_policy: int = wire("H")
+    effective_lane_mask: int = wire("Q")
+    effective_codec_bitmap: int = wire("I")
+    effective_compression_bitmap: int = wire("I")
+    profile_patch_ack_bytes: int = wire("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.profile_patch_ack_bytes
+
+
+@message(MsgType.CACHE_PUT)
+@attrs.frozen
+class CachePut(WireMessage):
+    """CACHE_PUT (0x14), 40 B; body = the object."""
+
+    cache_namespace: int = wire("I")
+    object_kind: int = wire("I", allowed=CacheObjectKind)
+    cache_key_hi: int = wire("Q")
+    cache_key_lo: int = wire("Q")
+    ttl_ms: int = wire("I")
+    object_bytes: int = wire("I")
+    codec_bitmap: int = wire("I")
+    flags: int = wire("I", mask=0x03)  # pinned, reusable
+
+    def expected_body_len(self) -> int | None:
+        return self.object_bytes
+
+
+@message(MsgType.CACHE_ACK)
+@attrs.frozen
+class CacheAck(WireMessage):
+    """CACHE_ACK (0x15), 40 B."""
+
+    cache_namespace: int = wire("I")
+    status: int = wire("I", allowed=CacheAckStatus)
+    cache_key_hi: int = wire("Q")
+    cache_key_lo: int = wire("Q")
+    accepted_ttl_ms: int = wire("I")
+    max_object_bytes: int = wire("I")
+    detail_code: int = wire("I")
+    _reserved: ClassVar[Reserved] = reserved("I")
+
+
+@message(MsgType.CACHE_INVALIDATE)
+@attrs.frozen
+class CacheInvalidate(WireMessage):
+    """CACHE_INVALIDATE (0x16), 32 B."""
+
+    scope: int = wire("I", allowed=CacheInvalidateScope)
+    cache_namespace: int = wire("I")
+    cache_key_hi: int = wire("Q")
+    cache_key_lo: int = wire("Q")
+    reason_code: int = wire("I")
+    _reserved: ClassVar[Reserved] = reserved("I")
+
+    def check(self) -> None:
+        # The identity fields a scope leaves out must be zero.
+        if self.scope == CacheInvalidateScope.WHOLE_SESSION:
+            check(not (self.cache_namespace or self.cache_key_hi or self.cache_key_lo),
+                  "cache_invalidate: whole_session scope names no namespace or key")
+        elif self.scope == CacheInvalidateScope.NAMESPACE:
+            check(not (self.cache_key_hi or self.cache_key_lo),
+                  "cache_invalidate: namespace scope names no key")
+        elif self.scope == CacheInvalidateScope.OBJECT_KIND:
+            check(self.cache_key_hi <= 0xFFFFFFFF and not self.cache_key_lo,
+                  "cache_invalidate: object_kind scope names a kind, not a key")
+
+
+@message(MsgType.SESSION_MIGRATE)
+@attrs.frozen
+class SessionMigrate(WireMessage):
+    """SESSION_MIGRATE (0x1B), 24 B."""
+
+    old_transport_id: int = wire("I", allowed=TransportId)
+    new_transport_id: int = wire("I", allowed=TransportId)
+    last_result_frame_id: int = wire("Q")
+    client_migrate_ts_us: int = wire("Q")
+
+
+@message(MsgType.SESSION_MIGRATE_ACK)
+@attrs.frozen
+class SessionMigrateAck(WireMessage):
+    """SESSION_MIGRATE_ACK (0x1C), 24 B (the u64 at offset 4 is unaligned, as specified).
+    accept_code 0 means accepted (nnrp-py's client); the spec gives no other values."""
+
+    accept_code: int = wire("I")
+    resume_from_frame_id: int = wire("Q")
+    grace_window_ms: int = wire("I")
+    server_migrate_ts_us: int = wire("Q")
+
+
+@message(MsgType.OBJECT_DECLARE)
+@attrs.frozen
+class ObjectDeclare(WireMessage):
+    """OBJECT_DECLARE (0x41), 48 B; body = object metadata."""
+
+    object_id: int = wire("Q")
+    object_kind: int = wire("H", allowed=RuntimeObjectKind)
+    producer_role: int = wire("B", allowed=Role)
+    consumer_role: int = wire("B", allowed=Role)
+    session_id: int = wire("I")
+    byte_size: int = wire("Q")
+    compute_cost_units: int = wire("I")
+    memory_location_hint: int = wire("H", allowed=MemoryLocationHint)
+    ownership_hint: int = wire("H", allowed=OwnershipHint)
+    lifetime_hint_ms: int = wire("I")
+    metadata_bytes: int = wire("I")
+    _reserved: ClassVar[Reserved] = reserved("Q")
+
+    def expected_body_len(self) -> int | None:
+        return self.metadata_bytes
+
+
+@message(MsgType.OBJECT_REF)
+@attrs.frozen
+class ObjectRef(WireMessage):
+    """OBJECT_REF (0x42), 48 B; body = reference metadata."""
+
+    object_id: int = wire("Q")
+    operation_id: int = wire("Q")
+    object_version: int = wire("Q")
+    offset: int = wire("Q")
+    length: int = wire("Q")
+    flags: int = wire("I", mask=0x07)  # borrowed, mutable, region
+    metadata_bytes: int = wire("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.metadata_bytes
+
+
+@message(MsgType.OBJECT_RELEASE)
+@attrs.frozen
+class ObjectRelease(WireMessage):
+    """OBJECT_RELEASE (0x43), 32 B; body = ASCII diagnostic."""
+
+    object_id: int = wire("Q")
+    operation_id: int = wire("Q")
+    release_reason: int = wire("H", allowed=ObjectReleaseReason)
+    source_role: int = wire("B", allowed=Role)
+    flags: int = wire("B", mask=0x03)  # final, invalidates dependents
+    diagnostic_bytes: int = wire("I")
+    _reserved: ClassVar[Reserved] = reserved("Q")
+
+    def expected_body_len(self) -> int | None:
+        return self.diagnostic_bytes
+
+
+@attrs.frozen
+class _ObjectDelta(WireMessage):
+    object_id: int = wire("Q")
+    delta_sequence: int = wire("Q")
+    region_offset: int = wire("Q")
+    region_bytes: int = wire("I")
+    delta_bytes: int = wire("I")
+    flags: int = wire("I", mask=0x07)  # replaces region, compressed, final
+    metadata_bytes: int = wire("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.metadata_bytes + self.delta_bytes
+
+
+@message(MsgType.OBJECT_PATCH)
+@attrs.frozen
+class ObjectPatch(_ObjectDelta):
+    """OBJECT_PATCH (0x44), 40 B; body = metadata ‖ patch bytes."""
+
+
+@message(MsgType.OBJECT_DELTA)
+@attrs.frozen
+class ObjectDelta(_ObjectDelta):
+    """OBJECT_DELTA (0x45), 40 B; body = metadata ‖ delta bytes."""
+
+
+@message(MsgType.CACHE_REFERENCE)
+@attrs.frozen
+class CacheReference(WireMessage):
+    """CACHE_REFERENCE (0x46), 56 B; body = reference metadata."""
+
+    cache_namespace: int = wire("I")
+    profile_id: int = wire("H")
+    reuse_scope: int = wire("H", allowed=CacheReuseScope)
+    cache_key_hi: int = wire("Q")
+    cache_key_lo: int = wire("Q")
+    lease_id: int = wire("Q")
+    producer_trace_id: int = wire("Q")
+    expiration_hint_ms: int = wire("I")
+    metadata_bytes: int = wire("I")
+    flags: int = wire("I", mask=0x03)  # lease required, body fallback
+    _reserved: ClassVar[Reserved] = reserved("I")
+
+    def expected_body_len(self) -> int | None:
+        return self.metadata_bytes
+
+
+@message(MsgType.CACHE_MISS)
+@attrs.frozen
+class CacheMiss(WireMessage):
+    """CACHE_MISS (0x47), 32 B; body = ASCII diagnostic."""
+
+    cache_namespace: int = wire("I")
+    profile_id: int = wire("H")
+    miss_reason: int = wire("H", allowed=CacheMissReason)
+    cache_key_hi: int = wire("Q")
+    cache_key_lo: int = wire("Q")
+    diagnostic_bytes: int = wire("I")
+    _reserved: ClassVar[Reserved] = reserved("I")
 
     def expected_body_len(self) -> int | None:
         return self.diagnostic_bytes
@@ -749,11 +1010,13 @@ Message = (
     | Abort | PriorityUpdate | Deadline | ExpireAt | Supersede | BudgetUpdate | Progress
     | PartialResult | Backpressure | CreditUpdate | CapabilityNegotiation | DegradeProfile
     | RouteHint | ExecutionHint | TraceContext | ResultDropReason | ErrorRecoverable
-    | RetryAfter
+    | RetryAfter | SessionPatch | SessionPatchAck | CachePut | CacheAck | CacheInvalidate
+    | SessionMigrate | SessionMigrateAck | ObjectDeclare | ObjectRef | ObjectRelease
+    | ObjectPatch | ObjectDelta | CacheReference | CacheMiss
 )
 
-#: Every message type this codec understands, by wire code. Anything else is an
-#: unknown type and closes the connection (section 2).
+#: Every message type preview4 defines, by wire code. Anything else is an unknown type
+#: and closes the connection (section 2).
 MESSAGE_CLASSES: dict[int, type[Message]] = {
     int(cls.MSG_TYPE): cls
     for cls in (
@@ -763,5 +1026,9 @@ MESSAGE_CLASSES: dict[int, type[Message]] = {
         PriorityUpdate, Deadline, ExpireAt, Supersede, BudgetUpdate, Progress, PartialResult,
         Backpressure, CreditUpdate, CapabilityNegotiation, DegradeProfile, RouteHint,
         ExecutionHint, TraceContext, ResultDropReason, ErrorRecoverable, RetryAfter,
+        SessionPatch, SessionPatchAck, CachePut, CacheAck, CacheInvalidate, SessionMigrate,
+        SessionMigrateAck, ObjectDeclare, ObjectRef, ObjectRelease, ObjectPatch, ObjectDelta,
+        CacheReference, CacheMiss,
     )
 }
+assert set(MESSAGE_CLASSES) == {int(t) for t in MsgType}, "a preview4 type has no class"

@@ -1,48 +1,94 @@
 """The server side of an NNRP/1 connection, as a sans-IO state machine.
 
-Rules (everything that changes connection, session or operation state lives here):
+Everything that changes connection, session or operation state lives here; the I/O
+adapter (gateway.server) feeds bytes in and acts on the events that come out.
 
-1. Connection: ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK) and
-   CLIENT_HELLO. Anything else before the hello — garbage, a bad magic, a
-   SESSION_OPEN — closes the connection *without a reply*, as the reference server
-   does (nnrp-wire.md section 5, "Malformed input"). A hello whose profile bitmap
-   does not intersect ours also closes it silently (section 1, step 3).
-2. ``READY``: framing or header errors send ERROR (is_fatal=1, MALFORMED_HEADER /
-   MALFORMED_BODY / LIMIT_EXCEEDED / UNSUPPORTED_VERSION) and close the connection.
-   So does a message only a server may send, or one naming a session that is not open.
-3. Sessions: SESSION_OPEN gets SESSION_OPEN_ACK with the requested id when free,
-   else the lowest free id from 1. Refusals (profile, schema, resume, limit, auth)
-   are an ACK with status rejected, an error code and a UTF-8 diagnostic body.
-4. Operations: FRAME_SUBMIT needs a non-zero frame_id unused in the session and an
-   operation_id unused in the session. A duplicate operation id, the in-flight limit
-   or a closing session *refuse the submit* (the adapter answers on that frame);
-   a repeated frame_id cannot be answered unambiguously and gets a non-fatal ERROR.
-   A typed body that does not parse still becomes an operation: the profile layer
-   answers it with ``invalid_submit_body``.
-5. Cancellation: FRAME_CANCEL names the operation by header.frame_id; CANCEL and
-   ABORT by operation_id, 0 meaning every operation of the session. A non-zero
-   header.frame_id on CANCEL/ABORT must be the operation's own frame (section 3,
-   "Keep the (operation_id, frame_id) pair"). A cancel of an operation that already
-   ended is a normal race and is ignored; one for an operation never seen, or with
-   a mismatched frame, gets a non-fatal ERROR and changes nothing.
-6. DEADLINE / EXPIRE_AT for an active operation update its deadline; for an unknown
-   one they are held (bounded) and applied when its submit arrives (the wire case
-   deadline-before-submit). DEADLINE drops with deadline_expired, EXPIRE_AT with
-   superseded (section 7).
-7. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero
-   frame_id must name an active operation's frame; a non-zero header.trace_id must
-   equal the metadata trace_id. Violations are non-fatal ERRORs.
-8. Exactly one terminal per operation, nothing after it. After a cancel only
-   RESULT_DROP_REASON may end the operation. A send that breaks this raises
-   ``LocalProtocolError`` and writes nothing (see ``_OPERATION_TABLE``).
-9. PING is answered with PONG at once. SESSION_CLOSE moves the session to
-   ``CLOSING``: no new submits; the adapter drains (or aborts) and then calls
-   ``send_session_close_ack``.
+Rules (the ``_RULES`` table at the bottom has one row per preview4 message type; each
+row names its acceptance scope and its handler, and each handler cites its rule):
+
+1. Connection start. ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK)
+   and CLIENT_HELLO. Anything else before the hello (garbage, a bad magic, a
+   SESSION_OPEN) closes the connection *without a reply*, as the reference server does
+   (nnrp-wire.md section 5). A hello whose profile bitmap does not meet ours also closes
+   it silently (section 1, step 3).
+2. Only malformed or unknown input closes a connection in ``READY``: framing and header
+   errors, an unknown msg_type, a second CLIENT_HELLO. The reply is a fatal ERROR with
+   session_id 0 (which nnrp-py's native client ignores), then the close. Every other
+   well-formed frame has a rule below, and none of them closes the connection.
+3. Refusals never break a session. A control that cannot be honoured is answered with
+   ERROR_RECOVERABLE, scoped to its frame or session: nnrp-py's native client delivers
+   it as an event, whereas a session-scoped ERROR (0x06) wedges that client's session
+   (research: docs/runtime-controls.md). A frame naming a session that is not open is
+   answered with a non-fatal ERROR carrying session_id 0 and ``related_session_id``.
+4. Sessions: SESSION_OPEN gets SESSION_OPEN_ACK with the requested id when free, else
+   the lowest free id from 1. Refusals (profile, schema, resume, limit, auth) are an ACK
+   with status rejected, an error code and a UTF-8 diagnostic. While the server drains,
+   the status is retry_later (``start_draining``).
+5. Operations: FRAME_SUBMIT needs a non-zero frame_id and operation_id unused in the
+   session. A duplicate operation id, the in-flight limit, a closing session or a
+   draining server *refuse the submit* on its frame (the adapter answers it); a reused
+   frame_id cannot be answered on its frame and gets ERROR_RECOVERABLE. A typed body
+   that does not parse still becomes an operation (the profile answers
+   ``invalid_submit_body``).
+6. Operation-scoped controls (CANCEL, ABORT, PRIORITY_UPDATE, DEADLINE, EXPIRE_AT,
+   SUPERSEDE, BUDGET_UPDATE, the hints) name their operation by operation_id; a non-zero
+   header.frame_id must be that operation's frame ("keep the (operation_id, frame_id)
+   pair", section 3), and 0 is accepted (the Rust runner's client sends 0). An operation
+   never seen, or a mismatched frame, gets ERROR_RECOVERABLE INVALID_STATE and changes
+   nothing; one that already ended is a normal race and is ignored; an exact repeat
+   (same type, operation and control_sequence) is ignored.
+7. Cancellation: FRAME_CANCEL names its operation by header.frame_id; CANCEL and ABORT by
+   operation_id, 0 meaning every operation of the session. After a cancel only
+   RESULT_DROP_REASON may end the operation.
+8. Deadlines: DEADLINE / EXPIRE_AT for an active operation tighten its deadline; for one
+   not yet submitted they are held (bounded) and applied when its submit arrives, if the
+   submit's frame is the one the deadline named (wire case deadline-before-submit).
+   DEADLINE drops with deadline_expired, EXPIRE_AT with superseded (section 7).
+9. SUPERSEDE: the replacement is admitted before the old operation is dropped. If the
+   new operation is already in flight (or flags bit0, "abort old now"), the old one is
+   cancelled at once; otherwise the supersede is held until the new submit arrives (it
+   is admitted even at the in-flight limit: the old one makes room), then the old one is
+   cancelled. Meanwhile the old operation's output is held (``superseding``): the client
+   counts it superseded from the moment it sent the SUPERSEDE. The old operation ends
+   with drop reason superseded.
+10. PRIORITY_UPDATE and BUDGET_UPDATE are handed to the adapter, which knows whether the
+    operation was dispatched (``PriorityRequested``, ``BudgetRequested``); a refusal is
+    ``refuse_control``. A budget with no token budget is refused here (only tokens
+    apply to a language model). ROUTE_HINT / EXECUTION_HINT with must-honor set are
+    refused; best-effort hints are noted and ignored.
+11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
+    over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go.
+12. CAPABILITY_NEGOTIATION with a canonical token list is answered with the tokens we
+    implement (``ServerConfig.runtime_tokens``): CAPABILITY_NEGOTIATION, or
+    DEGRADE_PROFILE when some were dropped and the offer allows downgrade, plus
+    ERROR_RECOVERABLE when nothing was accepted and the offer was a hard requirement. An
+    opaque body gets no reply (the capability-route-cache wire case wants CACHE_MISS
+    next). DEGRADE_PROFILE from a client narrows the session's tokens. With
+    ``control.credit_backpressure`` negotiated, the session's free operation slots are
+    advertised (CREDIT_UPDATE, or BACKPRESSURE hard when none are left) at once and on
+    every change.
+13. Features this server does not have are refused in their own message's form:
+    SESSION_PATCH gets SESSION_PATCH_ACK rejected, SESSION_MIGRATE gets
+    SESSION_MIGRATE_ACK not accepted, CACHE_PUT gets CACHE_ACK rejected, CACHE_REFERENCE
+    gets CACHE_MISS not_found. CACHE_INVALIDATE, OBJECT_*, the client's PROGRESS,
+    PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER, CACHE_MISS,
+    CACHE_ACK, PONG, and messages only a server sends are noted and ignored
+    (``FrameIgnored``).
+14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
+    must name an active operation's frame; a non-zero header.trace_id must equal the
+    metadata trace_id.
+15. Exactly one terminal per operation, nothing after it. A drop is preceded by
+    TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
+    this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
+16. PING is answered with PONG at once. SESSION_CLOSE moves the session to ``CLOSING``:
+    no new submits; the adapter drains (or aborts) and then calls
+    ``send_session_close_ack``. CLOSE and a fatal ERROR from the peer end the connection.
 """
 
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
 
 import attrs
@@ -53,28 +99,49 @@ from ._constants import (
     DEFAULT_MAX_PACKET,
     TOKEN_SCHEMA_ID,
     TOKEN_SCHEMA_VERSION,
+    BudgetFlag,
+    CacheAckStatus,
+    CacheMissReason,
+    CapabilityFlag,
     CloseAckStatus,
+    ControlReason,
+    DropFlag,
     DropReason,
     ErrorCode,
     ErrorScope,
+    FlowScope,
+    HintFlag,
     MsgType,
+    PatchAckStatus,
+    PatchRejectReason,
     PayloadKind,
+    PressureLevel,
+    PressureReason,
+    RecoverableFlag,
+    RetryScopeFlag,
     Role,
     SessionError,
     SessionOpenStatus,
+    Stage,
     StandardProfile,
+    TraceFlag,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, TypedBodyError
 from ._events import (
+    BudgetRequested,
     CancelSource,
+    CapabilitiesNegotiated,
     ConnectionFailed,
     DeadlineUpdated,
     Event,
+    FlowChanged,
+    FrameIgnored,
     HandshakeCompleted,
     OperationCancelled,
     OperationSubmitted,
     PeerClosed,
     PeerError,
+    PriorityRequested,
     RefusalReason,
     SendBytes,
     SessionCloseRequested,
@@ -84,27 +151,50 @@ from ._events import (
     TraceContextUpdated,
     TraceInfo,
 )
+from ._flow import FlowControl
 from ._idruns import IdRuns
 from ._messages import (
     Abort,
+    Backpressure,
+    BudgetUpdate,
+    CacheAck,
+    CacheMiss,
+    CachePut,
+    CacheReference,
     Cancel,
+    CapabilityNegotiation,
     ClientHello,
+    CreditUpdate,
     Deadline,
+    DegradeProfile,
     Error,
+    ErrorRecoverable,
+    ExecutionHint,
     ExpireAt,
+    FlowUpdate,
     FrameSubmit,
     Pong,
+    PriorityUpdate,
+    Progress,
     ResultDropReason,
     ResultPush,
+    RetryAfter,
+    RouteHint,
     ServerHelloAck,
     SessionClose,
     SessionCloseAck,
+    SessionMigrate,
+    SessionMigrateAck,
     SessionOpen,
     SessionOpenAck,
+    SessionPatch,
+    SessionPatchAck,
+    Supersede,
     TraceContext,
     TransportProbe,
     TransportProbeAck,
 )
+from ._tokens import pack_tokens, parse_tokens
 
 
 class ConnState(enum.Enum):
@@ -126,14 +216,16 @@ class OpState(enum.Enum):
 
 class OpAction(enum.Enum):
     PARTIAL = "partial"
+    PROGRESS = "progress"
     RESULT = "result"
     DROP = "drop"
     CANCEL = "cancel"
 
 
-#: Operation transitions; a missing entry is a LocalProtocolError (rule 8).
+#: Operation transitions; a missing entry is a LocalProtocolError (rule 15).
 _OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
     (OpState.ACTIVE, OpAction.PARTIAL): OpState.ACTIVE,
+    (OpState.ACTIVE, OpAction.PROGRESS): OpState.ACTIVE,
     (OpState.ACTIVE, OpAction.RESULT): OpState.DONE,
     (OpState.ACTIVE, OpAction.DROP): OpState.DONE,
     (OpState.ACTIVE, OpAction.CANCEL): OpState.CANCELLING,
@@ -141,13 +233,11 @@ _OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
     (OpState.CANCELLING, OpAction.CANCEL): OpState.CANCELLING,
 }
 
-#: Session-scoped messages must name an open session (header.session_id).
-_SESSION_SCOPED = frozenset({
-    MsgType.SESSION_CLOSE, MsgType.FRAME_SUBMIT, MsgType.FRAME_CANCEL, MsgType.CANCEL,
-    MsgType.ABORT, MsgType.DEADLINE, MsgType.EXPIRE_AT, MsgType.TRACE_CONTEXT,
-    MsgType.PRIORITY_UPDATE, MsgType.SUPERSEDE, MsgType.BUDGET_UPDATE,
-    MsgType.CAPABILITY_NEGOTIATION, MsgType.ROUTE_HINT, MsgType.EXECUTION_HINT,
-})
+#: SESSION_MIGRATE_ACK accept_code: 0 is "accepted" to nnrp-py's client; the spec has no
+#: registry, so any other value refuses (rule 13).
+MIGRATION_REFUSED = 1
+#: Longest diagnostic we write (ASCII/UTF-8 text for a human).
+MAX_DIAGNOSTIC = 1024
 
 
 @attrs.frozen
@@ -164,8 +254,13 @@ class ServerConfig:
     #: Hello profile bitmap, bit (profile_id - 1): the token profile.
     hello_profile_bitmap: int = 1 << (int(StandardProfile.TOKEN) - 1)
     max_pending_deadlines: int = 64
+    max_pending_supersedes: int = 64
     lease_ttl_ms: int = 30_000
     token_ttl_ms: int = 120_000
+    #: The runtime tokens capability negotiation may grant (what the adapter implements).
+    runtime_tokens: frozenset[str] = frozenset()
+    #: The retry time sent with a busy refusal (in-flight limit, draining).
+    busy_retry_after_ms: int = 1000
     #: Checks SESSION_OPEN auth bytes; None accepts any (auth is then the transport's job).
     authenticate: Callable[[bytes], bool] | None = None
 
@@ -176,32 +271,68 @@ class _Operation:
     frame_id: int
     state: OpState = OpState.ACTIVE
     sequence: int = 0
+    progress_sequence: int = 0
+    #: The trace the TRACE_CONTEXT before a drop names (the submit's, or a later one).
+    trace_id: int = 0
+    trace_flags: int = 0
+    #: (msg_type, control_sequence) already seen: exact repeats are ignored (rule 6).
+    controls: set[tuple[int, int]] = attrs.field(factory=set)
+
+
+@attrs.frozen
+class _PendingDeadline:
+    frame_id: int
+    deadline_unix_ms: int
+    drop_reason: int
+
+
+@attrs.frozen
+class _PendingSupersede:
+    old_operation_id: int
+    diagnostic: bytes
 
 
 @attrs.define
 class _Session:
     session_id: int
     max_in_flight: int
+    priority_class: int = 0
     state: SessionState = SessionState.OPEN
     operations: dict[int, _Operation] = attrs.field(factory=dict)
     by_frame: dict[int, int] = attrs.field(factory=dict)
     seen_operations: IdRuns = attrs.field(factory=IdRuns)
     seen_frames: IdRuns = attrs.field(factory=IdRuns)
-    pending_deadlines: dict[int, tuple[int, int]] = attrs.field(factory=dict)
+    pending_deadlines: dict[int, _PendingDeadline] = attrs.field(factory=dict)
+    #: new operation_id -> the supersede waiting for it (rule 9)
+    pending_supersedes: dict[int, _PendingSupersede] = attrs.field(factory=dict)
     trace: TraceInfo | None = None
     last_operation_id: int = 0
+    tokens: frozenset[str] = frozenset()
+    token_budget: int | None = None
+    retry_sequence: int = 0
+
+    @property
+    def advertises_credit(self) -> bool:
+        return "control.credit_backpressure" in self.tokens
 
 
 def _diag(text: str) -> bytes:
-    return text.encode("utf-8", "replace")[:1024]
+    return text.encode("utf-8", "replace")[:MAX_DIAGNOSTIC]
 
 
 class ServerConnection:
-    """Sans-IO server role for one transport connection (many sessions)."""
+    """Sans-IO server role for one transport connection (many sessions).
 
-    def __init__(self, config: ServerConfig | None = None) -> None:
+    ``clock`` (seconds, monotonic) times the client's retry-after windows; tests pass
+    their own.
+    """
+
+    def __init__(self, config: ServerConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or ServerConfig()
         self.state = ConnState.AWAIT_HELLO
+        self.draining = False
+        self.flow = FlowControl(clock)
         self._decoder = Decoder(self.config.max_packet)
         self._sessions: dict[int, _Session] = {}
         self.hello: ClientHello | None = None
@@ -210,10 +341,15 @@ class ServerConnection:
     def is_closed(self) -> bool:
         return self.state is ConnState.CLOSED
 
+    def start_draining(self) -> None:
+        """Refuse new sessions (retry_later) and new submits (recoverable, with a retry
+        time): the gateway is shutting down and clients should go elsewhere (rule 4, 5)."""
+        self.draining = True
+
     # ------------------------------------------------------------------ inputs
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        """Bytes from a stream transport (TCP, unix socket)."""
+        """Bytes from a stream transport (TCP, unix socket, a QUIC stream)."""
         if self.state is ConnState.CLOSED:
             return []
         try:
@@ -255,18 +391,32 @@ class ServerConnection:
 
     def _dispatch(self, packet: Packet, events: list[Event]) -> None:
         msg_type = packet.msg_type
-        handler = _CONNECTION_TABLE[self.state].get(msg_type)
-        if handler is None:
-            if self.state is ConnState.AWAIT_HELLO:
+        rule = _RULES[msg_type]
+        if self.state is ConnState.AWAIT_HELLO:
+            if rule.scope not in (Scope.BEFORE_HELLO, Scope.ANY_TIME):
                 raise RemoteProtocolError(f"{msg_type.name} before CLIENT_HELLO",
                                           code=ErrorCode.INVALID_STATE)
-            raise RemoteProtocolError(f"{msg_type.name} is not valid from a client",
+        elif rule.scope is Scope.BEFORE_HELLO:
+            raise RemoteProtocolError(f"{msg_type.name} after the handshake",
                                       code=ErrorCode.INVALID_STATE)
-        if msg_type in _SESSION_SCOPED and packet.session_id not in self._sessions:
-            raise RemoteProtocolError(
-                f"{msg_type.name} names session {packet.session_id}, which is not open",
-                code=ErrorCode.INVALID_STATE)
-        handler(self, packet, events)
+        if rule.scope in (Scope.SESSION, Scope.SESSION_OR_ONLY_ONE):
+            session_id = self._session_of(packet, rule.scope)
+            if session_id is None:
+                events.append(self._nonfatal_error(
+                    ErrorCode.INVALID_STATE, packet.session_id,
+                    f"{msg_type.name} names session {packet.session_id}, which is not open"))
+                return
+            if session_id != packet.session_id:
+                packet = packet._replace(session_id=session_id)
+        rule.handler(self, packet, events)
+
+    def _session_of(self, packet: Packet, scope: Scope) -> int | None:
+        if packet.session_id in self._sessions:
+            return packet.session_id
+        if packet.session_id == 0 and scope is Scope.SESSION_OR_ONLY_ONE and len(
+                self._sessions) == 1:
+            return next(iter(self._sessions))  # session-optional controls (rule 12)
+        return None
 
     def _fail(self, error: ProtocolError) -> ConnectionFailed:
         """Rules 1 and 2: silent before the handshake, ERROR + close after it."""
@@ -277,7 +427,7 @@ class ServerConnection:
         self._sessions.clear()
         return ConnectionFailed(error, reply)
 
-    # ------------------------------------------------------------------ handshake
+    # ------------------------------------------------------------------ handshake (rule 1)
 
     def _on_probe(self, packet: Packet, events: list[Event]) -> None:
         probe = packet.message
@@ -317,7 +467,7 @@ class ServerConnection:
         events.append(SendBytes(encode(Packet(ack))))
         events.append(HandshakeCompleted(hello, accepted))
 
-    # ------------------------------------------------------------------ sessions
+    # ------------------------------------------------------------------ sessions (rules 4, 16)
 
     def _on_session_open(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
@@ -330,19 +480,20 @@ class ServerConnection:
             refusal = (SessionError.LIMIT_REACHED, "no free session id")
         if refusal is not None:
             code, text = refusal
-            body = _diag(text)
+            status = (SessionOpenStatus.RETRY_LATER if self.draining
+                      and code is SessionError.LIMIT_REACHED else SessionOpenStatus.REJECTED)
             ack = SessionOpenAck(
                 session_id=0, profile_id=request.profile_id,
-                priority_class=request.priority_class, status=SessionOpenStatus.REJECTED,
+                priority_class=request.priority_class, status=status,
                 schema_id=request.schema_id, schema_version=request.schema_version,
                 lease_ttl_ms=self.config.lease_ttl_ms, session_error_code=code)
-            events.append(SendBytes(encode(Packet(ack, body=body))))
+            events.append(SendBytes(encode(Packet(ack, body=_diag(text)))))
             events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
             return
         assert session_id is not None
         max_in_flight = min(request.max_in_flight or self.config.max_in_flight,
                             self.config.max_in_flight)
-        self._sessions[session_id] = _Session(session_id, max_in_flight)
+        self._sessions[session_id] = _Session(session_id, max_in_flight, request.priority_class)
         ack = SessionOpenAck(
             session_id=session_id, profile_id=request.profile_id,
             priority_class=request.priority_class, status=SessionOpenStatus.OPENED,
@@ -358,6 +509,8 @@ class ServerConnection:
         config = self.config
         if config.authenticate is not None and not config.authenticate(auth):
             return SessionError.AUTH_FAILED, "authentication failed"
+        if self.draining:
+            return SessionError.LIMIT_REACHED, "the server is draining; open the session elsewhere"
         if len(self._sessions) >= config.max_sessions:
             return SessionError.LIMIT_REACHED, (
                 f"connection already has {config.max_sessions} sessions (the limit)")
@@ -383,6 +536,10 @@ class ServerConnection:
         request = packet.message
         assert isinstance(request, SessionClose)
         session = self._sessions[packet.session_id]
+        if session.state is SessionState.CLOSING:
+            events.append(FrameIgnored(session.session_id, int(MsgType.SESSION_CLOSE),
+                                       "the session is already closing"))
+            return
         session.state = SessionState.CLOSING
         abort = request.in_flight_policy == 1
         if abort:
@@ -391,7 +548,7 @@ class ServerConnection:
                              b"", events)
         events.append(SessionCloseRequested(session.session_id, abort, request.drain_timeout_ms))
 
-    # ------------------------------------------------------------------ operations
+    # ------------------------------------------------------------------ operations (rule 5)
 
     def _on_submit(self, packet: Packet, events: list[Event]) -> None:
         submit = packet.message
@@ -399,18 +556,25 @@ class ServerConnection:
         session = self._sessions[packet.session_id]
         frame_id, operation_id = packet.frame_id, submit.operation_id
         if frame_id == 0 or frame_id in session.seen_frames:
-            events.append(self._nonfatal(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, frame_id,
+            # Not answerable on its frame: a refusal to the session (rule 3).
+            events.append(self._refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.SESSION, session.session_id, 0,
                 f"FRAME_SUBMIT frame_id {frame_id} is zero or already used in this session"))
             return
         session.seen_frames.add(frame_id)
+        superseding = session.pending_supersedes.get(operation_id)
+        replaces_live = (superseding is not None
+                         and superseding.old_operation_id in session.operations)
         refusal: tuple[RefusalReason, str] | None = None
         if operation_id in session.seen_operations:
             refusal = (RefusalReason.DUPLICATE_OPERATION_ID,
                        f"operation_id {operation_id} is already used in this session")
         elif session.state is SessionState.CLOSING:
             refusal = (RefusalReason.SESSION_CLOSING, "the session is closing")
-        elif len(session.operations) >= session.max_in_flight:
+        elif self.draining:
+            refusal = (RefusalReason.DRAINING,
+                       "the server is draining; submit on another connection")
+        elif len(session.operations) >= session.max_in_flight and not replaces_live:
             refusal = (RefusalReason.OPERATION_LIMIT,
                        f"session has {session.max_in_flight} operations in flight (the limit)")
         if refusal is not None:
@@ -418,7 +582,11 @@ class ServerConnection:
             return
         session.seen_operations.add(operation_id)
         session.last_operation_id = operation_id
-        session.operations[operation_id] = _Operation(operation_id, frame_id)
+        trace = session.trace
+        operation = _Operation(operation_id, frame_id,
+                               trace_id=packet.trace_id or (trace.trace_id if trace else 0),
+                               trace_flags=trace.trace_flags if trace else 0)
+        session.operations[operation_id] = operation
         session.by_frame[frame_id] = operation_id
         typed_body = None
         body_error = None
@@ -428,50 +596,90 @@ class ServerConnection:
                                           payload_frame_count=submit.payload_frame_count)
         except TypedBodyError as exc:
             body_error = str(exc)
-        deadline, drop_reason = session.pending_deadlines.pop(operation_id, (None, 0))
+        deadline: int | None = None
+        drop_reason = 0
+        pending = session.pending_deadlines.pop(operation_id, None)
+        if pending is not None:
+            if pending.frame_id and pending.frame_id != frame_id:
+                events.append(self._refuse(
+                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, frame_id,
+                    f"the deadline held for operation {operation_id} named frame "
+                    f"{pending.frame_id}, but it was submitted on frame {frame_id}: "
+                    "the deadline is not applied"))
+            else:
+                deadline, drop_reason = pending.deadline_unix_ms, pending.drop_reason
         events.append(OperationSubmitted(
             session.session_id, operation_id, frame_id, submit, typed_body, body_error,
-            packet.trace_id, session.trace, deadline, drop_reason))
+            packet.trace_id, session.trace, deadline, drop_reason,
+            priority_class=session.priority_class, token_budget=session.token_budget,
+            tokens=session.tokens))
+        if superseding is not None:
+            del session.pending_supersedes[operation_id]
+            old = session.operations.get(superseding.old_operation_id)
+            if old is not None:
+                self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
+                             superseding.diagnostic, events)
+        self._advertise_credit(session, events)
+
+    def _control_target(self, packet: Packet, operation_id: int, events: list[Event],
+                        control_sequence: int | None = None) -> _Operation | None:
+        """The active operation an operation-scoped control names, or None (rule 6)."""
+        session = self._sessions[packet.session_id]
+        name = packet.msg_type.name
+        operation = session.operations.get(operation_id)
+        if operation is None:
+            if operation_id not in session.seen_operations:
+                events.append(self._refuse(
+                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
+                    packet.frame_id, f"{name} names operation {operation_id}, which this "
+                    "session never submitted"))
+            return None  # already ended: a normal race
+        if packet.frame_id and packet.frame_id != operation.frame_id:
+            events.append(self._refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
+                f"{name}: operation {operation_id} is bound to frame {operation.frame_id}, "
+                f"not {packet.frame_id}"))
+            return None
+        if control_sequence is not None:
+            key = (int(packet.msg_type), control_sequence)
+            if key in operation.controls:
+                events.append(FrameIgnored(session.session_id, int(packet.msg_type),
+                                           f"repeats control_sequence {control_sequence}"))
+                return None
+            if len(operation.controls) < 64:  # bounded: a repeat past this is re-applied
+                operation.controls.add(key)
+        if operation.state is not OpState.ACTIVE:
+            return None
+        return operation
 
     def _on_frame_cancel(self, packet: Packet, events: list[Event]) -> None:
         session = self._sessions[packet.session_id]
         operation_id = session.by_frame.get(packet.frame_id)
         if operation_id is None:
             if packet.frame_id not in session.seen_frames:
-                events.append(self._nonfatal(
+                events.append(self._refuse(
                     ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
                     packet.frame_id, f"FRAME_CANCEL for unknown frame {packet.frame_id}"))
-            return  # already ended: a normal race (rule 5)
+            return  # already ended: a normal race (rule 7)
         operation = session.operations[operation_id]
-        self._cancel(session, operation, CancelSource.FRAME_CANCEL, 1, b"", events)
+        self._cancel(session, operation, CancelSource.FRAME_CANCEL,
+                     ControlReason.USER_CANCELLED, b"", events)
 
     def _on_cancel(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, Cancel | Abort)
         session = self._sessions[packet.session_id]
-        is_abort = isinstance(request, Abort)
-        operation_id, reason = request.operation_id, request.reason
-        if operation_id == 0:
+        if request.operation_id == 0:
             for each in list(session.operations.values()):
-                self._cancel(session, each, CancelSource.SESSION_CANCEL, reason, packet.body,
-                             events)
+                self._cancel(session, each, CancelSource.SESSION_CANCEL, request.reason,
+                             packet.body, events)
             return
-        operation = session.operations.get(operation_id)
+        operation = self._control_target(packet, request.operation_id, events,
+                                         request.control_sequence)
         if operation is None:
-            if operation_id not in session.seen_operations:
-                events.append(self._nonfatal(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
-                    packet.frame_id,
-                    f"{packet.msg_type.name} for unknown operation {operation_id}"))
             return
-        if packet.frame_id and packet.frame_id != operation.frame_id:
-            events.append(self._nonfatal(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
-                f"{packet.msg_type.name}: operation {operation_id} is bound to frame "
-                f"{operation.frame_id}, not {packet.frame_id}"))
-            return
-        source = CancelSource.ABORT if is_abort else CancelSource.CANCEL
-        self._cancel(session, operation, source, reason, packet.body, events)
+        source = CancelSource.ABORT if isinstance(request, Abort) else CancelSource.CANCEL
+        self._cancel(session, operation, source, request.reason, packet.body, events)
 
     def _cancel(self, session: _Session, operation: _Operation, source: CancelSource,
                 reason: int, diagnostic: bytes, events: list[Event]) -> None:
@@ -487,34 +695,205 @@ class ServerConnection:
         session = self._sessions[packet.session_id]
         drop = (DropReason.DEADLINE_EXPIRED if isinstance(request, Deadline)
                 else DropReason.SUPERSEDED)
-        operation = session.operations.get(request.operation_id)
-        if operation is not None:
-            if packet.frame_id and packet.frame_id != operation.frame_id:
-                events.append(self._nonfatal(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
-                    packet.frame_id, f"{packet.msg_type.name}: operation {operation.operation_id} "
-                    f"is bound to frame {operation.frame_id}"))
-                return
-            if operation.state is OpState.ACTIVE:
+        if request.operation_id in session.operations:
+            operation = self._control_target(packet, request.operation_id, events,
+                                             request.control_sequence)
+            if operation is not None:
                 events.append(DeadlineUpdated(session.session_id, operation.operation_id,
                                               request.deadline_unix_ms, int(drop)))
             return
         if request.operation_id in session.seen_operations:
             return  # ended already
+        # Rule 8: held for a submit to come, on the frame it names.
+        if packet.frame_id and packet.frame_id in session.seen_frames:
+            events.append(self._refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
+                f"{packet.msg_type.name} for a future submit names frame {packet.frame_id}, "
+                "which is already used"))
+            return
         if (request.operation_id not in session.pending_deadlines
                 and len(session.pending_deadlines) >= self.config.max_pending_deadlines):
-            events.append(self._nonfatal(
+            events.append(self._refuse(
                 ErrorCode.LIMIT_EXCEEDED, ErrorScope.SESSION, session.session_id,
                 packet.frame_id, "too many deadlines held for operations not yet submitted"))
             return
-        session.pending_deadlines[request.operation_id] = (request.deadline_unix_ms, int(drop))
+        held = session.pending_deadlines.get(request.operation_id)
+        if held is None or request.deadline_unix_ms < held.deadline_unix_ms:
+            session.pending_deadlines[request.operation_id] = _PendingDeadline(
+                packet.frame_id, request.deadline_unix_ms, int(drop))
+
+    def _on_priority(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, PriorityUpdate)
+        operation = self._control_target(packet, request.operation_id, events,
+                                         request.control_sequence)
+        if operation is not None:
+            events.append(PriorityRequested(packet.session_id, operation.operation_id,
+                                            operation.frame_id, request.priority_class,
+                                            request.priority_delta))
+
+    def _on_supersede(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, Supersede)
+        session = self._sessions[packet.session_id]
+        old = self._control_target(packet, request.old_operation_id, events,
+                                   request.control_sequence)
+        if old is None:
+            return
+        new_id = request.new_operation_id
+        abort_now = bool(request.flags & 0x01)
+        if abort_now or new_id in session.seen_operations or new_id == 0:
+            # The replacement was admitted already (or none is coming, or the client says
+            # not to wait): the old operation goes now (rule 9).
+            self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
+                         packet.body, events)
+            return
+        if (new_id not in session.pending_supersedes
+                and len(session.pending_supersedes) >= self.config.max_pending_supersedes):
+            events.append(self._refuse(
+                ErrorCode.LIMIT_EXCEEDED, ErrorScope.FRAME, session.session_id, old.frame_id,
+                "too many supersedes waiting for their replacement"))
+            return
+        session.pending_supersedes[new_id] = _PendingSupersede(old.operation_id, packet.body)
+        # The client counts the old operation superseded already: nothing more of it may
+        # reach the client but its drop (rule 15), so its output waits here.
+        self.flow.hold(session.session_id, old.operation_id)
+
+    def _on_budget(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, BudgetUpdate)
+        session = self._sessions[packet.session_id]
+        if not request.token_budget:
+            # Compute, memory and bandwidth budgets have no meaning for a language model
+            # behind HTTP; only tokens can be counted and capped (rule 10).
+            if request.compute_units or request.memory_bytes or request.bandwidth_bytes:
+                events.append(self._refuse(
+                    ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, session.session_id,
+                    packet.frame_id, "only token budgets are supported"))
+            return
+        increment = bool(request.flags & BudgetFlag.INCREMENT)
+        if request.operation_id == 0:
+            current = session.token_budget if increment else None
+            session.token_budget = (current or 0) + request.token_budget
+            events.append(BudgetRequested(session.session_id, None, 0, request.token_budget,
+                                          increment))
+            return
+        operation = self._control_target(packet, request.operation_id, events)
+        if operation is not None:
+            events.append(BudgetRequested(session.session_id, operation.operation_id,
+                                          operation.frame_id, request.token_budget, increment))
+
+    def _on_hint(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, RouteHint | ExecutionHint)
+        if request.operation_id:
+            operation = self._control_target(packet, request.operation_id, events)
+            if operation is None:
+                return
+        name = packet.msg_type.name
+        if request.flags & HintFlag.MUST_HONOR:
+            events.append(self._refuse(
+                ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, packet.session_id,
+                packet.frame_id, f"{name.lower()} cannot be honoured: one vLLM serves this "
+                "gateway"))
+            return
+        events.append(FrameIgnored(packet.session_id, int(packet.msg_type),
+                                   "best-effort hint: one vLLM serves this gateway"))
+
+    # ------------------------------------------------------------------ flow (rule 11)
+
+    def _on_pressure(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, Backpressure | CreditUpdate)
+        self.flow.on_pressure(request, packet.session_id)
+        events.append(FlowChanged())
+
+    def _on_flow_update(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, FlowUpdate)
+        session_id = packet.session_id
+        if request.scope != FlowScope.CONNECTION and session_id not in self._sessions:
+            events.append(self._nonfatal_error(
+                ErrorCode.INVALID_STATE, session_id,
+                f"FLOW_UPDATE names session {session_id}, which is not open"))
+            return
+        if self.flow.on_flow_update(request, session_id):
+            events.append(FlowChanged())
+        else:
+            events.append(FrameIgnored(session_id, int(MsgType.FLOW_UPDATE),
+                                       f"stale credit_epoch {request.credit_epoch}"))
+
+    # ------------------------------------------------------------------ negotiation (rule 12)
+
+    def _on_capabilities(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, CapabilityNegotiation)
+        session = self._sessions[packet.session_id]
+        offered = parse_tokens(packet.body, request.capability_count)
+        if offered is None:
+            events.append(FrameIgnored(session.session_id, int(MsgType.CAPABILITY_NEGOTIATION),
+                                       "the offer is not a canonical token list"))
+            return
+        accepted = frozenset(offered) & self.config.runtime_tokens
+        if request.profile_id not in self.config.session_profiles:
+            accepted = frozenset()
+        dropped = len(accepted) < len(offered)
+        reply_class: type[CapabilityNegotiation | DegradeProfile] = (
+            DegradeProfile if dropped and accepted
+            and request.flags & CapabilityFlag.DOWNGRADE_ALLOWED else CapabilityNegotiation)
+        body = pack_tokens(accepted)
+        reply = reply_class(profile_id=request.profile_id, capability_count=len(accepted),
+                            body_bytes=len(body), flags=request.flags)
+        events.append(SendBytes(encode(Packet(reply, session_id=session.session_id,
+                                              body=body))))
+        if not accepted and request.flags & CapabilityFlag.HARD_REQUIREMENT:
+            events.append(self._refuse(
+                ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.SESSION, session.session_id, 0,
+                "capability_mismatch: none of the required runtime capabilities is served"))
+        advertised_before = session.advertises_credit
+        session.tokens = accepted
+        events.append(CapabilitiesNegotiated(session.session_id, accepted))
+        if session.advertises_credit and not advertised_before:
+            self._advertise_credit(session, events)
+
+    def _on_degrade(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, DegradeProfile)
+        session = self._sessions[packet.session_id]
+        kept = parse_tokens(packet.body, request.capability_count)
+        if kept is None:
+            events.append(FrameIgnored(session.session_id, int(MsgType.DEGRADE_PROFILE),
+                                       "the degrade is not a canonical token list"))
+            return
+        session.tokens = session.tokens & frozenset(kept)
+        events.append(CapabilitiesNegotiated(session.session_id, session.tokens))
+
+    def _advertise_credit(self, session: _Session, events: list[Event]) -> None:
+        events.extend(SendBytes(data) for data in self._credit_packets(session))
+
+    def _credit_packets(self, session: _Session) -> list[bytes]:
+        """The session's free operation slots (rule 12), once credit was negotiated."""
+        if not session.advertises_credit or session.state is not SessionState.OPEN:
+            return []
+        free = max(0, session.max_in_flight - len(session.operations))
+        if free:
+            message: CreditUpdate | Backpressure = CreditUpdate(
+                scope_id=session.session_id, credit_window=free, level=int(PressureLevel.NONE))
+        else:
+            message = Backpressure(
+                scope_id=session.session_id, credit_window=0, level=int(PressureLevel.HARD),
+                reason=int(PressureReason.RECEIVER_QUEUE_FULL),
+                retry_after_ms=self.config.busy_retry_after_ms)
+        return [encode(Packet(message, session_id=session.session_id))]
+
+    # ------------------------------------------------------------------ trace (rule 14)
 
     def _on_trace_context(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, TraceContext)
         session = self._sessions[packet.session_id]
         if packet.trace_id and packet.trace_id != request.trace_id:
-            events.append(self._nonfatal(
+            events.append(self._refuse(
                 ErrorCode.INVALID_STATE, ErrorScope.SESSION, session.session_id, packet.frame_id,
                 "TRACE_CONTEXT header trace_id differs from its metadata trace_id"))
             return
@@ -525,21 +904,61 @@ class ServerConnection:
             events.append(TraceContextUpdated(session.session_id, None, trace))
             return
         operation_id = session.by_frame.get(packet.frame_id)
-        if operation_id is None or session.operations[operation_id].state is not OpState.ACTIVE:
-            events.append(self._nonfatal(
+        operation = session.operations.get(operation_id) if operation_id else None
+        if operation is None or operation.state is not OpState.ACTIVE:
+            events.append(self._refuse(
                 ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
                 f"TRACE_CONTEXT frame {packet.frame_id} names no active operation"))
             return
-        events.append(TraceContextUpdated(session.session_id, operation_id, trace))
+        if trace.eligible:
+            operation.trace_id, operation.trace_flags = trace.trace_id, trace.trace_flags
+        events.append(TraceContextUpdated(session.session_id, operation.operation_id, trace))
 
-    # ------------------------------------------------------------------ connection events
+    # ------------------------------------------------------------------ not served (rule 13)
+
+    def _on_session_patch(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, SessionPatch)
+        ack = SessionPatchAck(ack_status=int(PatchAckStatus.REJECTED),
+                              reject_reason=int(PatchRejectReason.UNSUPPORTED_FIELD),
+                              rejected_patch_mask=request.patch_mask,
+                              effective_profile_id=request.profile_id)
+        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
+
+    def _on_session_migrate(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, SessionMigrate)
+        ack = SessionMigrateAck(accept_code=MIGRATION_REFUSED,
+                                resume_from_frame_id=request.last_result_frame_id)
+        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
+
+    def _on_cache_put(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, CachePut)
+        ack = CacheAck(cache_namespace=request.cache_namespace,
+                       status=int(CacheAckStatus.REJECTED), cache_key_hi=request.cache_key_hi,
+                       cache_key_lo=request.cache_key_lo,
+                       detail_code=int(ErrorCode.UNSUPPORTED_CAPABILITY))
+        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
+
+    def _on_cache_reference(self, packet: Packet, events: list[Event]) -> None:
+        request = packet.message
+        assert isinstance(request, CacheReference)
+        miss = CacheMiss(cache_namespace=request.cache_namespace,
+                         profile_id=request.profile_id,
+                         miss_reason=int(CacheMissReason.NOT_FOUND),
+                         cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo)
+        events.append(SendBytes(encode(Packet(miss, session_id=packet.session_id))))
+
+    def _on_ignored(self, packet: Packet, events: list[Event]) -> None:
+        events.append(FrameIgnored(packet.session_id, int(packet.msg_type),
+                                   _IGNORED[packet.msg_type]))
+
+    # ------------------------------------------------------------------ connection (rule 16)
 
     def _on_ping(self, packet: Packet, events: list[Event]) -> None:
         events.append(SendBytes(encode(Packet(Pong(), session_id=packet.session_id,
                                               trace_id=packet.trace_id))))
-
-    def _on_ignorable(self, packet: Packet, events: list[Event]) -> None:
-        """PONG and peer flow hints: valid, and nothing to do for a Level 1 server."""
 
     def _on_close(self, packet: Packet, events: list[Event]) -> None:
         self.state = ConnState.CLOSED
@@ -552,11 +971,6 @@ class ServerConnection:
         if fatal:
             self.state = ConnState.CLOSED
         events.append(PeerError(error, packet.body, fatal))
-
-    def _on_unsupported(self, packet: Packet, events: list[Event]) -> None:
-        events.append(self._nonfatal(
-            ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.SESSION, packet.session_id,
-            packet.frame_id, f"{packet.msg_type.name} is not supported by this server"))
 
     # ------------------------------------------------------------------ outputs
 
@@ -577,7 +991,19 @@ class ServerConnection:
             assert session is not None
             del session.operations[operation_id]
             del session.by_frame[operation.frame_id]
+            for new_id, pending in list(session.pending_supersedes.items()):
+                if pending.old_operation_id == operation_id:
+                    del session.pending_supersedes[new_id]
+            self.flow.forget_operation(session_id, operation_id)
         return operation
+
+    def superseding(self, session_id: int, operation_id: int) -> bool:
+        """Whether a SUPERSEDE of this operation is waiting for its replacement (rule 9):
+        its output is held, and it may end only with the superseded drop."""
+        session = self._sessions.get(session_id)
+        return session is not None and any(
+            pending.old_operation_id == operation_id
+            for pending in session.pending_supersedes.values())
 
     def operation_state(self, session_id: int, operation_id: int) -> OpState:
         """The state of an operation; DONE once it has left the registry."""
@@ -585,22 +1011,66 @@ class ServerConnection:
         operation = session.operations.get(operation_id) if session else None
         return operation.state if operation else OpState.DONE
 
+    def flow_wait(self, session_id: int, operation_id: int) -> float | None:
+        """When the operation's next PARTIAL_RESULT may go (rule 11): 0 now, else seconds
+        to wait, or None until the client changes a window (``FlowChanged``)."""
+        return self.flow.wait(session_id, operation_id)
+
     def send_partial(self, session_id: int, operation_id: int, body: bytes) -> bytes:
         """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...)."""
         operation = self._operation(session_id, operation_id, OpAction.PARTIAL)
         operation.sequence += 1
+        if self.flow.active:
+            self.flow.spend(session_id, operation_id)
         return encode_partial_result(session_id, operation.frame_id, operation_id,
                                      operation.sequence, body)
 
-    def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes
-                    ) -> bytes:
-        """The terminal RESULT_PUSH: a typed body with one STRUCTURED_EVENT frame."""
-        operation = self._operation(session_id, operation_id, OpAction.RESULT)
-        return self._result_packet(session_id, operation.frame_id, status, payload)
+    def send_progress(self, session_id: int, operation_id: int, stage: Stage) -> bytes:
+        """PROGRESS for an operation still running (never after a cancel: rule 15)."""
+        operation = self._operation(session_id, operation_id, OpAction.PROGRESS)
+        operation.progress_sequence += 1
+        message = Progress(operation_id=operation_id,
+                           progress_sequence=operation.progress_sequence, stage=int(stage))
+        return encode(Packet(message, session_id=session_id, frame_id=operation.frame_id))
 
-    def send_refusal(self, session_id: int, frame_id: int, status: int, payload: bytes) -> bytes:
+    def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes, *,
+                    retry_after_ms: int | None = None) -> list[bytes]:
+        """The terminal RESULT_PUSH: a typed body with one STRUCTURED_EVENT frame. With
+        ``retry_after_ms`` (a recoverable failure) ERROR_RECOVERABLE and RETRY_AFTER go
+        first, saying when to try again. Packets in order (one WebSocket message each)."""
+        operation = self._operation(session_id, operation_id, OpAction.RESULT)
+        advice = [] if retry_after_ms is None else self._busy(
+            session_id, operation.frame_id, operation_id, retry_after_ms, payload_status=status)
+        return [*advice, self._result_packet(session_id, operation.frame_id, status, payload),
+                *self._credit_packets(self._sessions[session_id])]
+
+    def send_refusal(self, session_id: int, frame_id: int, operation_id: int, status: int,
+                     payload: bytes, *, retry_after_ms: int | None = None) -> list[bytes]:
         """Answer a refused submit (``SubmitRefused``) on its frame; no operation exists."""
-        return self._result_packet(session_id, frame_id, status, payload)
+        advice = [] if retry_after_ms is None else self._busy(
+            session_id, frame_id, operation_id, retry_after_ms, payload_status=status)
+        return [*advice, self._result_packet(session_id, frame_id, status, payload)]
+
+    def _busy(self, session_id: int, frame_id: int, operation_id: int, retry_after_ms: int, *,
+              payload_status: int) -> list[bytes]:
+        """ERROR_RECOVERABLE (SERVER_BUSY, frame scope) + RETRY_AFTER (the operation), the
+        reference adapter's pair before a recoverable terminal."""
+        session = self._sessions.get(session_id)
+        sequence = 0
+        if session is not None:
+            session.retry_sequence += 1
+            sequence = session.retry_sequence
+        text = _diag(f"recoverable: retry after {retry_after_ms} ms (status {payload_status})")
+        error = ErrorRecoverable(
+            error_code=int(ErrorCode.SERVER_BUSY), scope=int(ErrorScope.FRAME),
+            role=int(Role.SERVER), flags=int(RecoverableFlag.RETRY_AFTER_REQUIRED),
+            retry_after_ms=retry_after_ms, related_session_id=session_id,
+            related_frame_id=frame_id, diagnostic_bytes=len(text))
+        retry = RetryAfter(scope_id=operation_id, control_sequence=sequence,
+                           retry_after_ms=retry_after_ms, role=int(Role.SERVER),
+                           flags=int(RetryScopeFlag.OPERATION), diagnostic_bytes=len(text))
+        return [encode(Packet(error, session_id=session_id, frame_id=frame_id, body=text)),
+                encode(Packet(retry, session_id=session_id, frame_id=frame_id, body=text))]
 
     def _result_packet(self, session_id: int, frame_id: int, status: int, payload: bytes
                        ) -> bytes:
@@ -611,15 +1081,30 @@ class ServerConnection:
                              body=pack_single_frame(payload)))
 
     def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
-                  diagnostic: bytes) -> bytes:
-        """The terminal RESULT_DROP_REASON (after a cancel, a deadline, or a shutdown)."""
+                  diagnostic: bytes, *, traced: bool = True) -> list[bytes]:
+        """The terminal RESULT_DROP_REASON (after a cancel, a deadline, a supersede, a
+        budget or a shutdown); ``traced``: preceded by TRACE_CONTEXT with header.frame_id 0
+        naming the operation's trace (rule 15; the reference adapter's terminal trace)."""
         operation = self._operation(session_id, operation_id, OpAction.DROP)
+        trace_id = operation.trace_id or operation_id
+        trace = TraceContext(trace_id=trace_id, span_id=operation.frame_id,
+                             stage=int(Stage.DROPPED),
+                             trace_flags=operation.trace_flags & int(TraceFlag.SAMPLED))
         meta = ResultDropReason(operation_id=operation_id,
                                 result_sequence=operation.sequence + 1,
                                 drop_reason=int(drop_reason), source_role=int(Role.SERVER),
-                                flags=0x01, diagnostic_bytes=len(diagnostic))
-        return encode(Packet(meta, session_id=session_id, frame_id=operation.frame_id,
-                             body=diagnostic))
+                                flags=int(DropFlag.FINAL), diagnostic_bytes=len(diagnostic))
+        session = self._sessions.get(session_id)
+        packets = ([encode(Packet(trace, session_id=session_id, trace_id=trace_id))]
+                   if traced else [])
+        packets.append(encode(Packet(meta, session_id=session_id, frame_id=operation.frame_id,
+                                     body=diagnostic)))
+        return packets + (self._credit_packets(session) if session is not None else [])
+
+    def refuse_control(self, session_id: int, frame_id: int, code: ErrorCode, text: str
+                       ) -> bytes:
+        """ERROR_RECOVERABLE for a control the adapter could not honour (rules 3, 10)."""
+        return self._refuse(code, ErrorScope.FRAME, session_id, frame_id, text).data
 
     def send_session_close_ack(self, session_id: int) -> bytes:
         """Acknowledge SESSION_CLOSE once the session's operations have ended."""
@@ -630,6 +1115,7 @@ class ServerConnection:
             raise LocalProtocolError(
                 f"session {session_id} still has {len(session.operations)} operations in flight")
         del self._sessions[session_id]
+        self.flow.forget_session(session_id)
         ack = SessionCloseAck(status=CloseAckStatus.CLOSED,
                               last_operation_id=session.last_operation_id)
         return encode(Packet(ack, session_id=session_id))
@@ -637,65 +1123,120 @@ class ServerConnection:
     def send_error(self, code: ErrorCode, message: str, *, fatal: bool,
                    scope: ErrorScope = ErrorScope.CONNECTION, session_id: int = 0,
                    frame_id: int = 0) -> bytes:
-        """An ERROR frame; a fatal one closes the connection state."""
+        """An ERROR frame (connection scope: header session_id 0); a fatal one closes the
+        connection state."""
         data = self._error_packet(code, message, fatal=fatal, scope=scope,
-                                  session_id=session_id, frame_id=frame_id)
+                                  related_session_id=session_id, related_frame_id=frame_id)
         if fatal:
             self.state = ConnState.CLOSED
         return data
 
-    def _nonfatal(self, code: ErrorCode, scope: ErrorScope, session_id: int, frame_id: int,
-                  message: str) -> SendBytes:
-        return SendBytes(self._error_packet(code, message, fatal=False, scope=scope,
-                                            session_id=session_id, frame_id=frame_id))
+    def _refuse(self, code: ErrorCode, scope: ErrorScope, session_id: int, frame_id: int,
+                text: str) -> SendBytes:
+        """ERROR_RECOVERABLE: a refusal the client's session survives (rule 3)."""
+        body = _diag(text)
+        meta = ErrorRecoverable(error_code=int(code), scope=int(scope), role=int(Role.SERVER),
+                                related_session_id=session_id, related_frame_id=frame_id,
+                                diagnostic_bytes=len(body))
+        return SendBytes(encode(Packet(meta, session_id=session_id, frame_id=frame_id,
+                                       body=body)))
+
+    def _nonfatal_error(self, code: ErrorCode, related_session_id: int, text: str) -> SendBytes:
+        """A non-fatal ERROR about a session that is not open: header session_id 0, so no
+        client mistakes it for a frame of one of its sessions (rule 3)."""
+        return SendBytes(self._error_packet(code, text, fatal=False, scope=ErrorScope.SESSION,
+                                            related_session_id=related_session_id))
 
     @staticmethod
     def _error_packet(code: ErrorCode, message: str, *, fatal: bool,
-                      scope: ErrorScope = ErrorScope.CONNECTION, session_id: int = 0,
-                      frame_id: int = 0) -> bytes:
+                      scope: ErrorScope = ErrorScope.CONNECTION, related_session_id: int = 0,
+                      related_frame_id: int = 0) -> bytes:
         body = _diag(message)
         meta = Error(code=int(code), scope=int(scope), is_fatal=int(fatal),
-                     related_session_id=session_id, related_frame_id=frame_id,
+                     related_session_id=related_session_id, related_frame_id=related_frame_id,
                      diagnostic_bytes=len(body))
-        return encode(Packet(meta, session_id=session_id, body=body))
+        return encode(Packet(meta, body=body))
+
+
+class Scope(enum.Enum):
+    """Where a message may arrive (rules 1, 2, 3, 12)."""
+
+    BEFORE_HELLO = "before_hello"  # only as the first message
+    ANY_TIME = "any_time"  # before or after the hello
+    CONNECTION = "connection"  # after the hello; header.session_id is not looked at
+    SESSION = "session"  # must name an open session
+    SESSION_OR_ONLY_ONE = "session_or_only_one"  # session 0 means the only open session
 
 
 #: What one client message does to the connection: (connection, packet, events out).
 Handler = Callable[[ServerConnection, Packet, list[Event]], None]
 
-#: Which client messages each connection state accepts, and the handler for each.
-#: AWAIT_HELLO misses are silent closes (rule 1); READY misses are fatal ERRORs (rule 2).
-_CONNECTION_TABLE: dict[ConnState, dict[MsgType, Handler]] = {
-    ConnState.AWAIT_HELLO: {
-        MsgType.TRANSPORT_PROBE: ServerConnection._on_probe,
-        MsgType.CLIENT_HELLO: ServerConnection._on_hello,
-    },
-    ConnState.READY: {
-        MsgType.TRANSPORT_PROBE: ServerConnection._on_probe,
-        MsgType.SESSION_OPEN: ServerConnection._on_session_open,
-        MsgType.SESSION_CLOSE: ServerConnection._on_session_close,
-        MsgType.FRAME_SUBMIT: ServerConnection._on_submit,
-        MsgType.FRAME_CANCEL: ServerConnection._on_frame_cancel,
-        MsgType.CANCEL: ServerConnection._on_cancel,
-        MsgType.ABORT: ServerConnection._on_cancel,
-        MsgType.DEADLINE: ServerConnection._on_deadline,
-        MsgType.EXPIRE_AT: ServerConnection._on_deadline,
-        MsgType.TRACE_CONTEXT: ServerConnection._on_trace_context,
-        MsgType.PING: ServerConnection._on_ping,
-        MsgType.PONG: ServerConnection._on_ignorable,
-        MsgType.FLOW_UPDATE: ServerConnection._on_ignorable,
-        MsgType.CREDIT_UPDATE: ServerConnection._on_ignorable,
-        MsgType.BACKPRESSURE: ServerConnection._on_ignorable,
-        MsgType.CLOSE: ServerConnection._on_close,
-        MsgType.ERROR: ServerConnection._on_peer_error,
-        # Valid preview4 controls this server does not implement: a typed, non-fatal
-        # refusal instead of silence (the reference adapter does the same).
-        MsgType.PRIORITY_UPDATE: ServerConnection._on_unsupported,
-        MsgType.SUPERSEDE: ServerConnection._on_unsupported,
-        MsgType.BUDGET_UPDATE: ServerConnection._on_unsupported,
-        MsgType.CAPABILITY_NEGOTIATION: ServerConnection._on_unsupported,
-        MsgType.ROUTE_HINT: ServerConnection._on_unsupported,
-        MsgType.EXECUTION_HINT: ServerConnection._on_unsupported,
-    },
-    ConnState.CLOSED: {},
+
+@attrs.frozen
+class Rule:
+    scope: Scope
+    handler: Handler
+
+
+#: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
+_IGNORED: dict[MsgType, str] = {
+    MsgType.PONG: "a PONG answers nothing we sent",
+    MsgType.CACHE_INVALIDATE: "this server keeps no cache",
+    MsgType.CACHE_ACK: "this server sends no CACHE_PUT",
+    MsgType.CACHE_MISS: "this server sends no CACHE_REFERENCE",
+    MsgType.OBJECT_DECLARE: "runtime objects are not served",
+    MsgType.OBJECT_REF: "runtime objects are not served",
+    MsgType.OBJECT_RELEASE: "runtime objects are not served",
+    MsgType.OBJECT_PATCH: "runtime objects are not served",
+    MsgType.OBJECT_DELTA: "runtime objects are not served",
+    MsgType.PROGRESS: "the openai-compatible profile has no client-side progress",
+    MsgType.PARTIAL_RESULT: "the openai-compatible profile has no client-side results",
+    MsgType.RESULT_DROP_REASON: "the openai-compatible profile has no client-side results",
+    MsgType.ERROR_RECOVERABLE: "noted: a client's recoverable error needs no answer",
+    MsgType.RETRY_AFTER: "noted: this server sends nothing a client could ask to retry",
+    MsgType.SERVER_HELLO_ACK: "only a server sends it",
+    MsgType.SESSION_OPEN_ACK: "only a server sends it",
+    MsgType.SESSION_CLOSE_ACK: "only a server sends it",
+    MsgType.SESSION_PATCH_ACK: "only a server sends it",
+    MsgType.RESULT_PUSH: "only a server sends it",
+    MsgType.RESULT_DROP: "only a server sends it",
+    MsgType.RESULT_HINT: "only a server sends it",
+    MsgType.TRANSPORT_PROBE_ACK: "only a server sends it",
+    MsgType.SESSION_MIGRATE_ACK: "only a server sends it",
 }
+
+S = ServerConnection
+#: One row per preview4 message type (tests/nnrp checks the table covers MsgType).
+_RULES: dict[MsgType, Rule] = {
+    MsgType.CLIENT_HELLO: Rule(Scope.BEFORE_HELLO, S._on_hello),
+    MsgType.TRANSPORT_PROBE: Rule(Scope.ANY_TIME, S._on_probe),
+    MsgType.SESSION_OPEN: Rule(Scope.CONNECTION, S._on_session_open),
+    MsgType.SESSION_CLOSE: Rule(Scope.SESSION, S._on_session_close),
+    MsgType.CLOSE: Rule(Scope.CONNECTION, S._on_close),
+    MsgType.ERROR: Rule(Scope.CONNECTION, S._on_peer_error),
+    MsgType.PING: Rule(Scope.CONNECTION, S._on_ping),
+    MsgType.FRAME_SUBMIT: Rule(Scope.SESSION, S._on_submit),
+    MsgType.FRAME_CANCEL: Rule(Scope.SESSION, S._on_frame_cancel),
+    MsgType.CANCEL: Rule(Scope.SESSION, S._on_cancel),
+    MsgType.ABORT: Rule(Scope.SESSION, S._on_cancel),
+    MsgType.DEADLINE: Rule(Scope.SESSION, S._on_deadline),
+    MsgType.EXPIRE_AT: Rule(Scope.SESSION, S._on_deadline),
+    MsgType.PRIORITY_UPDATE: Rule(Scope.SESSION, S._on_priority),
+    MsgType.SUPERSEDE: Rule(Scope.SESSION, S._on_supersede),
+    MsgType.BUDGET_UPDATE: Rule(Scope.SESSION, S._on_budget),
+    MsgType.ROUTE_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
+    MsgType.EXECUTION_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
+    MsgType.TRACE_CONTEXT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_trace_context),
+    MsgType.BACKPRESSURE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_pressure),
+    MsgType.CREDIT_UPDATE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_pressure),
+    MsgType.FLOW_UPDATE: Rule(Scope.CONNECTION, S._on_flow_update),
+    MsgType.CAPABILITY_NEGOTIATION: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_capabilities),
+    MsgType.DEGRADE_PROFILE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_degrade),
+    MsgType.SESSION_PATCH: Rule(Scope.SESSION, S._on_session_patch),
+    MsgType.SESSION_MIGRATE: Rule(Scope.SESSION, S._on_session_migrate),
+    MsgType.CACHE_PUT: Rule(Scope.SESSION, S._on_cache_put),
+    MsgType.CACHE_REFERENCE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_cache_reference),
+    **{msg_type: Rule(Scope.CONNECTION, S._on_ignored) for msg_type in _IGNORED},
+}
+del S
+assert set(_RULES) == set(MsgType), "every preview4 message type needs a rule"

@@ -72,6 +72,10 @@ class _StatsCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_refused_submits",
                                   "Submits refused (duplicate id, in-flight limit, closing).",
                                   value=s.refused_submits)
+        yield CounterMetricFamily(f"{PREFIX}_ignored_frames",
+                                  "Well-formed frames noted and ignored "
+                                  "(docs/runtime-controls.md).",
+                                  value=s.ignored_frames)
         yield GaugeMetricFamily(f"{PREFIX}_upstream_ready",
                                 "1 when vLLM is probed and healthy.",
                                 value=1.0 if self.upstream_ready() else 0.0)

@@ -66,6 +66,11 @@ class ObservationRecord:
     trace_id: str | None
     span_id: str | None
     trace_attribute_bytes: int
+    #: Stage transitions (the PROGRESS stages), ms after the submit arrived.
+    stages: dict[str, float] | None = None
+    priority_updates: int | None = None
+    token_budget: int | None = None
+    tokens_used: int | None = None
     #: Why it ended; decides the log level and the metrics (not part of the log line).
     end_cause: EndCause | None = attrs.field(default=None, repr=False)
 
@@ -122,4 +127,9 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         trace_id=f"{trace.trace_id:016x}" if trace else None,
         span_id=f"{trace.span_id:016x}" if trace else None,
         trace_attribute_bytes=trace.attribute_bytes if trace else 0,
+        stages={stage.name.lower(): round((at - op.received_at) * 1000, 3)
+                for stage, at in op.stages} or None,
+        priority_updates=op.priority_updates or None,
+        token_budget=op.token_budget,
+        tokens_used=op.tokens_used if op.token_budget is not None else None,
         end_cause=cause)

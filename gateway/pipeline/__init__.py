@@ -10,4 +10,4 @@ from ._request import (
     build_request as build_request,
     traceparent as traceparent,
 )
-from ._translate import Translator as Translator
+from ._translate import Translator as Translator, token_count as token_count

@@ -14,6 +14,12 @@ The terminal goes out after the upstream exchange has closed (the connection is 
 its slot). An NNRP cancel or deadline cancels the operation's scope from outside: the
 upstream stream is left, its socket closes, vLLM aborts the request, and the operation
 sends its own drop (gateway.server).
+
+Runtime controls taken at dispatch: a PRIORITY_UPDATE (or the session's priority class)
+becomes vLLM's ``priority`` when vLLM schedules by priority; a token budget caps
+``max_tokens``. While streaming, each chunk's tokens are spent from the budget before its
+events go out, so a budget lowered mid-stream ends the operation (budget_exceeded) with
+no token past it. Stage transitions (PROGRESS) are marked where they happen.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import attrs
 import structlog
 import trio
 
+from gateway.nnrp import Stage
 from gateway.observe import build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
@@ -45,7 +52,7 @@ from gateway.upstream import (
 )
 
 from ._request import UpstreamRequest, build_request
-from ._translate import Translator
+from ._translate import Translator, token_count
 
 if TYPE_CHECKING:
     from gateway.nnrp import SubmitRefused
@@ -61,6 +68,10 @@ class PipelineLimits:
     total_timeout: float | None = None
     max_envelope_bytes: int = 4 << 20
     max_event_bytes: int = 4 << 20
+    #: vLLM runs with ``--scheduling-policy priority`` (declared: vLLM cannot be asked).
+    priority_scheduling: bool = False
+    #: The retry time told with backend_unavailable while vLLM is not ready.
+    unavailable_retry_after_ms: int = 1000
 
 
 class ChatPipeline:
@@ -83,16 +94,21 @@ class ChatPipeline:
                                       max_bytes=self.limits.max_envelope_bytes,
                                       operations=self.operations)
             notes.operation, notes.model = envelope.operation, envelope.model or None
+            if envelope.policy.progress:
+                op.enable_progress()
+            op.stage(Stage.PREPROCESSING)
             if envelope.operation == CAPABILITIES_OPERATION:
                 await self._complete(op, ev.completed(self.capabilities()))
                 return
             info = self.info()
             if info is None:
                 raise ProfileError(EndCause.BACKEND_UNAVAILABLE,
-                                   "vLLM is not ready (start-up probe has not succeeded)")
+                                   "vLLM is not ready (start-up probe has not succeeded)",
+                                   retry_after_ms=self.limits.unavailable_retry_after_ms)
             request = build_request(envelope, session_id=op.session_id,
                                     operation_id=op.operation_id,
                                     connection_id=op.connection_id, trace=op.trace)
+            self._apply_controls(op, request.body)
             notes.request_id, notes.stream = request.request_id, request.stream
             notes.traceparent = request.headers.get("traceparent")  # frozen at dispatch
             notes.diagnostics = envelope.policy.diagnostics
@@ -127,6 +143,27 @@ class ChatPipeline:
                 await self._fail(op, ProfileError(
                     EndCause.ADAPTER_RUNTIME_ERROR, f"the gateway failed: {type(exc).__name__}"))
 
+    def _apply_controls(self, op: Operation, body: dict[str, Any]) -> None:
+        """What runtime controls decided before dispatch, into the request; from here on
+        the request is vLLM's and live updates come too late (``dispatched_at``)."""
+        if self.limits.priority_scheduling:
+            priority = op.vllm_priority
+            if op.priority_requested:
+                body["priority"] = priority or 0
+            elif priority is not None and "priority" not in body:
+                body["priority"] = priority
+        budget = op.token_budget
+        if budget is not None:
+            capped = False
+            for key in ("max_tokens", "max_completion_tokens"):
+                value = body.get(key)
+                if type(value) is int:
+                    body[key] = min(value, budget)
+                    capped = True
+            if not capped:
+                body["max_tokens"] = budget
+        op.dispatched_at = trio.current_time()
+
     def _total_timeout(self, policy_ms: int | None) -> float:
         total = self.limits.total_timeout
         if policy_ms is not None:
@@ -140,6 +177,7 @@ class ChatPipeline:
         """Events as the chunks arrive; the completed body rebuilt once vLLM is done."""
         limits, notes = self.limits, op.notes
         notes.upstream_started = trio.current_time()
+        op.stage(Stage.EXECUTING)
         try:
             async with self.client.chunks(request.body, request.headers,
                                           first_chunk=limits.first_chunk_timeout,
@@ -150,11 +188,14 @@ class ChatPipeline:
                     if notes.upstream_first_byte is None:
                         notes.upstream_first_byte = stream.first_byte_at
                     for chunk in batch:
+                        if not op.spend_tokens(token_count(chunk)):
+                            await trio.lowlevel.checkpoint()  # budget spent: our scope ends
                         for event in translator.feed(chunk):
                             await op.emit(ev.encode_event(event))
         finally:
             notes.upstream_closed = trio.current_time()
             notes.usage = translator.usage
+        op.stage(Stage.FINALIZING)
         for event in translator.finish():
             await op.emit(ev.encode_event(event))
         return translator.completed_body()
@@ -162,6 +203,7 @@ class ChatPipeline:
     async def _unary(self, op: Operation, request: UpstreamRequest) -> dict[str, Any]:
         notes = op.notes
         notes.upstream_started = trio.current_time()
+        op.stage(Stage.EXECUTING)
         body: dict[str, Any] | None = None
         try:
             # vLLM answers a non-streaming request only when it has finished: the
@@ -175,6 +217,7 @@ class ChatPipeline:
         notes.upstream_status = 200
         usage = body.get("usage")
         notes.usage = usage if isinstance(usage, dict) else None
+        op.stage(Stage.FINALIZING)
         return body
 
     # ------------------------------------------------------------------ terminals
@@ -188,7 +231,8 @@ class ChatPipeline:
         if isinstance(backend_status, int):
             op.notes.upstream_status = backend_status
         await self._diagnostics(op, error.code)
-        await op.close(error.code, ev.encode_event(ev.error_event(error)))
+        await op.close(error.code, ev.encode_event(ev.error_event(error)),
+                       retry_after_ms=error.retry_after_ms)
 
     async def _diagnostics(self, op: Operation, cause: EndCause) -> None:
         """``response.diagnostics`` (extension vllm.diagnostics), built from the same

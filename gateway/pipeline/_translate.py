@@ -52,6 +52,25 @@ class _Choice:
     stop_reason: Any = None
 
 
+def token_count(chunk: dict[str, Any]) -> int:
+    """Completion tokens a checked chunk carries, for token budgets: the logprobs entries
+    when vLLM sent them (one per token, exactly), else one per choice whose delta carries
+    text, reasoning or a tool call (vLLM sends one token per chunk unless it runs with
+    ``--stream-interval`` above 1, when this undercounts)."""
+    total = 0
+    for choice in chunk["choices"]:
+        logprobs = choice.get("logprobs")
+        entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if isinstance(entries, list) and entries:
+            total += len(entries)
+            continue
+        delta = choice["delta"]
+        if (delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
+                or delta.get("tool_calls")):
+            total += 1
+    return total
+
+
 class Translator:
     def __init__(self, binding: Binding, *, usage_requested: bool,
                  include_openai_chunk: bool = False) -> None:

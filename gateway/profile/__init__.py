@@ -2,7 +2,11 @@
 (the outcome table), the capability document. Pure: no trio, no httpx."""
 
 from . import _events as events
-from ._capabilities import capability_document as capability_document
+from ._capabilities import (
+    RUNTIME_TOKENS as RUNTIME_TOKENS,
+    capability_document as capability_document,
+    runtime_tokens as runtime_tokens,
+)
 from ._envelope import (
     CAPABILITIES_OPERATION as CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS as CHAT_COMPLETIONS,
@@ -15,6 +19,7 @@ from ._envelope import (
 )
 from ._errors import ProfileError as ProfileError
 from ._outcomes import (
+    CANCEL_CAUSES as CANCEL_CAUSES,
     END_TABLE as END_TABLE,
     ERROR_CAUSES as ERROR_CAUSES,
     Drop as Drop,

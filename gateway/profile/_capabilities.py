@@ -50,6 +50,15 @@ class Backend:
     binding: str | None
 
 
+@attrs.frozen
+class Runtime:
+    """The NNRP runtime-control layer served beside the profile."""
+
+    protocol: str
+    runtime_tokens: tuple[str, ...]
+    priority_scheduling: bool
+
+
 @attrs.frozen(kw_only=True)
 class CapabilityDocument:
     schema: str = "../../schemas/api-profile-capabilities.schema.json"
@@ -61,6 +70,22 @@ class CapabilityDocument:
     models: tuple[Model, ...]
     extensions: tuple[Extension, ...]
     backend: Backend | None = None
+    nnrp: Runtime | None = None
+
+
+#: The runtime capability tokens this gateway implements (answered in CAPABILITY_NEGOTIATION
+#: and listed in the document). ``control.priority_update`` only when vLLM schedules by
+#: priority; hints, objects and cache references are not served (docs/runtime-controls.md).
+RUNTIME_TOKENS = frozenset({
+    "control.cancel_abort", "control.supersede", "control.deadline_expire",
+    "control.progress_partial", "control.credit_backpressure", "control.capability_costs",
+    "control.trace_context", "control.result_drop_reason", "control.degrade_profile",
+    "control.budget_update", "control.recoverable_error",
+})
+
+
+def runtime_tokens(*, priority_scheduling: bool) -> frozenset[str]:
+    return RUNTIME_TOKENS | ({"control.priority_update"} if priority_scheduling else set())
 
 
 EXTENSIONS = (
@@ -74,12 +99,12 @@ EXTENSIONS = (
 _converter = cattrs.Converter()
 _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
     CapabilityDocument, _converter, schema=override(rename="$schema"),
-    backend=override(omit_if_default=True)))
+    backend=override(omit_if_default=True), nnrp=override(omit_if_default=True)))
 
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
-                        vllm_version: str | None = None,
-                        backend_family: str | None = None) -> dict[str, Any]:
+                        vllm_version: str | None = None, backend_family: str | None = None,
+                        priority_scheduling: bool | None = None) -> dict[str, Any]:
     document = CapabilityDocument(
         adapter=adapter,
         operations=(OperationCapabilities(CHAT_COMPLETIONS, streaming=True, non_streaming=True,
@@ -87,6 +112,9 @@ def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bo
         models=tuple(Model(model) for model in models),
         extensions=EXTENSIONS,
         backend=(Backend("vllm", vllm_version, backend_family)
-                 if vllm_version is not None else None))
+                 if vllm_version is not None else None),
+        nnrp=(Runtime("nnrp-1-preview4", tuple(sorted(runtime_tokens(
+            priority_scheduling=priority_scheduling))), priority_scheduling)
+            if priority_scheduling is not None else None))
     data: dict[str, Any] = _converter.unstructure(document)
     return data

@@ -2,7 +2,7 @@
 
     {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
      "request_id"?: str, "body": {OpenAI request}, "nnrp"?: {"timeout_ms", "diagnostics",
-     "include_openai_chunk", "cancel_after_events"}}
+     "include_openai_chunk", "progress", "cancel_after_events"}}
 
 Validation order decides which error a doubly-broken request gets: typed body first,
 then JSON, then schema_version, operation, body fields, request_id, nnrp policy.
@@ -57,13 +57,16 @@ class NnrpPolicy:
     timeout_ms: int | None = attrs.field(default=None, validator=_non_negative)
     diagnostics: bool = False
     include_openai_chunk: bool = False
+    #: PROGRESS frames for this operation (as if control.progress_partial was negotiated).
+    progress: bool = False
     #: The suite runner's directive (a CANCEL after N events); accepted, never acted on.
     cancel_after_events: int | None = attrs.field(default=None, validator=_non_negative)
 
 
 #: What each policy field must be, for the refusal message.
 _POLICY_RULES = {"timeout_ms": "an integer >= 0", "cancel_after_events": "an integer >= 0",
-                 "diagnostics": "a boolean", "include_openai_chunk": "a boolean"}
+                 "diagnostics": "a boolean", "include_openai_chunk": "a boolean",
+                 "progress": "a boolean"}
 
 
 def _strict(kind: type) -> Any:

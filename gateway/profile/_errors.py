@@ -16,7 +16,8 @@ class ProfileError(GatewayError):
     """A request the profile (or vLLM, mapped by the upstream client) refuses."""
 
     def __init__(self, code: EndCause | str, message: str, *, param: str | None = None,
-                 diagnostics: dict[str, object] | None = None) -> None:
+                 diagnostics: dict[str, object] | None = None,
+                 retry_after_ms: int | None = None) -> None:
         cause = EndCause(code) if code in EndCause.__members__.values() else None
         if cause not in ERROR_CAUSES:
             raise ValueError(f"unknown profile error code {code!r}")
@@ -25,6 +26,8 @@ class ProfileError(GatewayError):
         self.message = message
         self.param = param
         self.diagnostics = diagnostics or {}
+        #: When a recoverable cause may be retried (None: the server's default).
+        self.retry_after_ms = retry_after_ms
 
     @property
     def spec(self) -> EndSpec:

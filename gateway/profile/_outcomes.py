@@ -7,12 +7,16 @@ that says what that cause means on the wire and in the books (architecture.md ru
   type), a RESULT_DROP_REASON with a drop reason, or nothing at all (the peer is gone);
 * the **outcome**: the bounded ``outcome`` label of metrics and the canonical log line;
 * the **log level** of that log line;
-* whether the cause counts as an **upstream error** (``upstream_errors_total{kind}``).
+* whether the cause counts as an **upstream error** (``upstream_errors_total{kind}``);
+* whether it is **recoverable**: the client may try again later (or elsewhere), so the
+  terminal is preceded by ERROR_RECOVERABLE and RETRY_AFTER with a retry time.
 
 Statuses follow nnrp-wire.md section 4 (completed 200, overload 503, timeout 504, other
 errors 500; validation errors 4xx). Drops follow the same section: CANCEL/ABORT/
 FRAME_CANCEL -> peer_cancelled; DEADLINE -> deadline_expired; EXPIRE_AT -> superseded (the
-wire case priority-deadline expects code 2, section 7); shutdown -> transport_closed.
+wire case priority-deadline expects code 2, section 7); SUPERSEDE -> superseded; a spent
+token budget -> budget_exceeded; shutdown -> transport_closed. Which control ended an
+operation, and so which cause it is, is ``CANCEL_CAUSES``.
 
 The profile error codes (``response.error``'s ``error.code``) are the error causes'
 values; the other causes never reach a client as text.
@@ -24,7 +28,7 @@ import enum
 
 import attrs
 
-from gateway.nnrp import DropReason
+from gateway.nnrp import CancelSource, DropReason
 
 
 class EndCause(enum.StrEnum):
@@ -44,6 +48,7 @@ class EndCause(enum.StrEnum):
     DUPLICATE_OPERATION_ID = "duplicate_operation_id"
     ADAPTER_OPERATION_LIMIT = "adapter_operation_limit"
     SESSION_CLOSING = "session_closing"
+    SERVER_DRAINING = "server_draining"
     # What vLLM said, or did not say.
     INVALID_BACKEND_REQUEST = "invalid_backend_request"
     BACKEND_AUTH_FAILED = "backend_auth_failed"
@@ -58,6 +63,8 @@ class EndCause(enum.StrEnum):
     PEER_CANCELLED = "peer_cancelled"  # CANCEL, ABORT, FRAME_CANCEL, SESSION_CLOSE(abort)
     DEADLINE_EXPIRED = "deadline_expired"  # DEADLINE
     EXPIRED_AT = "expired_at"  # EXPIRE_AT
+    SUPERSEDED = "superseded"  # SUPERSEDE, once the replacement was admitted
+    BUDGET_EXCEEDED = "budget_exceeded"  # BUDGET_UPDATE's token budget spent mid-stream
     SHUTDOWN = "shutdown"  # drain timeout, session close timeout
     DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
     NO_TERMINAL = "no_terminal"  # the handler returned without one (a bug)
@@ -73,6 +80,8 @@ class Outcome(enum.StrEnum):
     DEADLINE = "deadline"
     INTERNAL_ERROR = "internal_error"
     CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+    BUDGET_EXCEEDED = "budget_exceeded"
     SHUTDOWN = "shutdown"
     DISCONNECTED = "disconnected"
 
@@ -87,13 +96,21 @@ class Push:
 
 @attrs.frozen
 class Drop:
-    """Terminal RESULT_DROP_REASON; its ASCII diagnostic is the reason's name."""
+    """Terminal RESULT_DROP_REASON, with the reason's name as its ASCII diagnostic, and
+    preceded by TRACE_CONTEXT (header.frame_id 0) naming the operation's trace.
+
+    Two wire cases pull in opposite directions, so both are per cause: cancel-abort
+    requires the TRACE_CONTEXT before the drop (the reference adapter sends it for every
+    control-ended operation), while priority-deadline (EXPIRE_AT) allows no frame but the
+    drop, and compares its body with an empty one."""
 
     reason: DropReason
+    traced: bool = True
+    explained: bool = True
 
     @property
     def diagnostic(self) -> bytes:
-        return self.reason.name.lower().encode("ascii")
+        return self.reason.name.lower().encode("ascii") if self.explained else b""
 
 
 @attrs.frozen
@@ -110,6 +127,7 @@ class EndSpec:
     outcome: Outcome
     log_level: str
     upstream_error: bool = False
+    recoverable: bool = False
 
     @property
     def ended_from_outside(self) -> bool:
@@ -117,16 +135,19 @@ class EndSpec:
         return not isinstance(self.terminal, Push)
 
 
-def _refused(status: int, error_type: str, outcome: Outcome, level: str) -> EndSpec:
-    return EndSpec(Push(status, error_type), outcome, level)
+def _refused(status: int, error_type: str, outcome: Outcome, level: str, *,
+             recoverable: bool = False) -> EndSpec:
+    return EndSpec(Push(status, error_type), outcome, level, recoverable=recoverable)
 
 
 def _invalid(status: int = 400) -> EndSpec:
     return EndSpec(Push(status, "invalid_request_error"), Outcome.INVALID_REQUEST, "info")
 
 
-def _upstream(status: int, error_type: str, outcome: Outcome, level: str) -> EndSpec:
-    return EndSpec(Push(status, error_type), outcome, level, upstream_error=True)
+def _upstream(status: int, error_type: str, outcome: Outcome, level: str, *,
+              recoverable: bool = False) -> EndSpec:
+    return EndSpec(Push(status, error_type), outcome, level, upstream_error=True,
+                   recoverable=recoverable)
 
 
 C = EndCause
@@ -141,25 +162,44 @@ END_TABLE: dict[EndCause, EndSpec] = {
     C.INVALID_REQUEST_ID: _invalid(),
     C.INVALID_NNRP_POLICY: _invalid(),
     C.DUPLICATE_OPERATION_ID: _invalid(409),
-    C.ADAPTER_OPERATION_LIMIT: _refused(503, "overloaded_error", Outcome.SHED, "warning"),
+    C.ADAPTER_OPERATION_LIMIT: _refused(503, "overloaded_error", Outcome.SHED, "warning",
+                                        recoverable=True),
     C.SESSION_CLOSING: _refused(503, "overloaded_error", Outcome.SHED, "info"),
+    C.SERVER_DRAINING: _refused(503, "overloaded_error", Outcome.SHED, "info",
+                                recoverable=True),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
                                          "info"),
     C.BACKEND_AUTH_FAILED: _upstream(502, "backend_error", Outcome.UPSTREAM_ERROR, "error"),
     C.UNSUPPORTED_MODEL: _upstream(404, "invalid_request_error", Outcome.UPSTREAM_ERROR, "info"),
-    C.BACKEND_OVERLOAD: _upstream(503, "overloaded_error", Outcome.UPSTREAM_ERROR, "warning"),
-    C.BACKEND_UNAVAILABLE: _upstream(503, "backend_error", Outcome.UPSTREAM_ERROR, "warning"),
+    C.BACKEND_OVERLOAD: _upstream(503, "overloaded_error", Outcome.UPSTREAM_ERROR, "warning",
+                                  recoverable=True),
+    C.BACKEND_UNAVAILABLE: _upstream(503, "backend_error", Outcome.UPSTREAM_ERROR, "warning",
+                                     recoverable=True),
     C.BACKEND_ERROR: _upstream(500, "backend_error", Outcome.UPSTREAM_ERROR, "warning"),
-    C.REQUEST_TIMEOUT: _upstream(504, "timeout_error", Outcome.DEADLINE, "warning"),
+    C.REQUEST_TIMEOUT: _upstream(504, "timeout_error", Outcome.DEADLINE, "warning",
+                                 recoverable=True),
     C.ADAPTER_RUNTIME_ERROR: _refused(500, "internal_error", Outcome.INTERNAL_ERROR, "error"),
     C.PEER_CANCELLED: EndSpec(Drop(DropReason.PEER_CANCELLED), Outcome.CANCELLED, "info"),
     C.DEADLINE_EXPIRED: EndSpec(Drop(DropReason.DEADLINE_EXPIRED), Outcome.DEADLINE, "info"),
-    C.EXPIRED_AT: EndSpec(Drop(DropReason.SUPERSEDED), Outcome.DEADLINE, "info"),
+    C.EXPIRED_AT: EndSpec(Drop(DropReason.SUPERSEDED, traced=False, explained=False),
+                          Outcome.DEADLINE, "info"),
+    C.SUPERSEDED: EndSpec(Drop(DropReason.SUPERSEDED), Outcome.SUPERSEDED, "info"),
+    C.BUDGET_EXCEEDED: EndSpec(Drop(DropReason.BUDGET_EXCEEDED), Outcome.BUDGET_EXCEEDED, "info"),
     C.SHUTDOWN: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.SHUTDOWN, "info"),
     C.DISCONNECTED: EndSpec(Silent(), Outcome.DISCONNECTED, "info"),
     C.NO_TERMINAL: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.INTERNAL_ERROR, "error"),
 }
 del C
+
+#: Which end cause a peer's control is (the sans-IO server names the control).
+CANCEL_CAUSES: dict[CancelSource, EndCause] = {
+    CancelSource.FRAME_CANCEL: EndCause.PEER_CANCELLED,
+    CancelSource.CANCEL: EndCause.PEER_CANCELLED,
+    CancelSource.ABORT: EndCause.PEER_CANCELLED,
+    CancelSource.SESSION_CANCEL: EndCause.PEER_CANCELLED,
+    CancelSource.SESSION_CLOSE: EndCause.PEER_CANCELLED,
+    CancelSource.SUPERSEDE: EndCause.SUPERSEDED,
+}
 
 #: The causes a ``response.error`` may carry (RESULT_PUSH with an error status).
 ERROR_CAUSES = frozenset(cause for cause, spec in END_TABLE.items()

@@ -23,6 +23,7 @@ operations; each operation reaches the wire only through the ``_Port`` bound to 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from typing import assert_never
 
@@ -31,17 +32,22 @@ import structlog
 import trio
 
 from gateway.nnrp import (
+    BudgetRequested,
+    CapabilitiesNegotiated,
     ConnectionFailed,
     DeadlineUpdated,
     DropReason,
     ErrorCode,
     Event,
+    FlowChanged,
+    FrameIgnored,
     HandshakeCompleted,
     LocalProtocolError,
     OperationCancelled,
     OperationSubmitted,
     PeerClosed,
     PeerError,
+    PriorityRequested,
     RemoteProtocolError,
     SendBytes,
     ServerConfig,
@@ -50,10 +56,11 @@ from gateway.nnrp import (
     SessionError,
     SessionOpened,
     SessionOpenRefused,
+    Stage,
     SubmitRefused,
     TraceContextUpdated,
 )
-from gateway.profile import EndCause
+from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
 from gateway.transport import PacketTransport, TextMessageError
 
 from ._operation import CancelInfo, Operation, OperationHandler
@@ -105,20 +112,47 @@ class _Port:
             # or a handler emitting in a loop would never reach a checkpoint.
             await trio.lowlevel.checkpoint()
 
+    async def credit(self) -> None:
+        connection = self._connection
+        protocol = connection.protocol
+        if not protocol.flow.active:  # no client has asked for flow control: the fast path
+            return
+        while True:
+            wait = protocol.flow_wait(self.session_id, self.operation_id)
+            if wait == 0:
+                return
+            # Held by the client: we stop reading upstream, so vLLM's socket fills and
+            # the pause reaches it as TCP backpressure (nothing is buffered or dropped).
+            with trio.move_on_after(math.inf if wait is None else wait):
+                await connection.flow_changed.wait()
+
     def send_partial(self, body: bytes) -> None:
         connection = self._connection
         connection.outbox.put(connection.protocol.send_partial(
             self.session_id, self.operation_id, body))
 
-    def send_result(self, status: int, payload: bytes) -> None:
+    def send_progress(self, stage: Stage) -> None:
         connection = self._connection
-        connection.outbox.put(connection.protocol.send_result(
-            self.session_id, self.operation_id, status, payload))
+        connection.outbox.put(connection.protocol.send_progress(
+            self.session_id, self.operation_id, stage))
 
-    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
         connection = self._connection
-        connection.outbox.put(connection.protocol.send_drop(
-            self.session_id, self.operation_id, reason, diagnostic))
+        connection.outbox.put_all(connection.protocol.send_result(
+            self.session_id, self.operation_id, status, payload,
+            retry_after_ms=retry_after_ms))
+
+    def negotiated(self, token: str) -> bool:
+        session = self._connection.sessions.get(self.session_id)
+        return session is not None and token in session.tokens
+
+    def superseding(self) -> bool:
+        return self._connection.protocol.superseding(self.session_id, self.operation_id)
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
+        connection = self._connection
+        connection.outbox.put_all(connection.protocol.send_drop(
+            self.session_id, self.operation_id, reason, diagnostic, traced=traced))
 
 
 class Connection:
@@ -140,6 +174,8 @@ class Connection:
         self.stats = stats or ServerStats()
         self.sessions_opened = 0
         self.closed = trio.Event()
+        #: Set (and replaced) whenever the client changes a flow window.
+        self.flow_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
         self._last_receive = trio.current_time()
@@ -286,7 +322,7 @@ class Connection:
             case OperationCancelled():
                 session = self.sessions.get(event.session_id)
                 if session is not None:
-                    session.cancel(event.operation_id, EndCause.PEER_CANCELLED, CancelInfo(
+                    session.cancel(event.operation_id, CANCEL_CAUSES[event.source], CancelInfo(
                         event.source, event.reason, event.diagnostic, trio.current_time()))
             case DeadlineUpdated():
                 operation = self._operation(event.session_id, event.operation_id)
@@ -295,11 +331,34 @@ class Connection:
                                            DropReason(event.drop_reason))
             case TraceContextUpdated():
                 self._apply_trace(event)
+            case PriorityRequested():
+                self._apply_priority(event)
+            case BudgetRequested():
+                if event.operation_id is not None:
+                    operation = self._operation(event.session_id, event.operation_id)
+                    if operation is not None:
+                        operation.update_budget(event.token_budget, increment=event.increment)
+            case FlowChanged():
+                self.flow_changed.set()
+                self.flow_changed = trio.Event()
+            case CapabilitiesNegotiated():
+                session = self.sessions.get(event.session_id)
+                if session is not None:
+                    session.tokens = event.tokens
+                self.log.info("runtime capabilities negotiated", session_id=event.session_id,
+                              tokens=sorted(event.tokens))
+            case FrameIgnored():
+                self.stats.ignored_frames += 1
+                self.log.debug("frame noted and ignored", session_id=event.session_id,
+                               msg_type=event.msg_type, reason=event.reason)
             case SubmitRefused():
                 self.stats.refused_submits += 1
                 status, payload = self.refusal(event)
-                self.outbox.put(self.protocol.send_refusal(event.session_id, event.frame_id,
-                                                           status, payload))
+                recoverable = END_TABLE[EndCause(event.reason.value)].recoverable
+                self.outbox.put_all(self.protocol.send_refusal(
+                    event.session_id, event.frame_id, event.operation_id, status, payload,
+                    retry_after_ms=(self.protocol.config.busy_retry_after_ms if recoverable
+                                    else None)))
             case SessionCloseRequested():
                 assert self._nursery is not None
                 self._nursery.start_soon(self._close_session, event)
@@ -319,6 +378,25 @@ class Connection:
     def _operation(self, session_id: int, operation_id: int) -> Operation | None:
         session = self.sessions.get(session_id)
         return session.operations.get(operation_id) if session is not None else None
+
+    def _apply_priority(self, event: PriorityRequested) -> None:
+        """PRIORITY_UPDATE: honoured before dispatch when vLLM schedules by priority (the
+        operator declares it: ``control.priority_update`` is then a runtime token), else
+        refused as an unsupported live update (the reference adapter's answer)."""
+        operation = self._operation(event.session_id, event.operation_id)
+        if operation is None:
+            return
+        schedules = "control.priority_update" in self.protocol.config.runtime_tokens
+        if schedules and operation.request_priority(event.priority_class,
+                                                     event.priority_delta):
+            return
+        if not schedules:
+            operation.priority_updates += 1
+        reason = ("live_priority_update_unsupported: the request has reached vLLM"
+                  if schedules else "priority_update_unsupported: vLLM does not schedule "
+                  "by priority here")
+        self.outbox.put(self.protocol.refuse_control(
+            event.session_id, event.frame_id, ErrorCode.UNSUPPORTED_CAPABILITY, reason))
 
     def _apply_trace(self, event: TraceContextUpdated) -> None:
         session = self.sessions.get(event.session_id)
@@ -359,7 +437,8 @@ class Connection:
             frame_id=event.frame_id, typed_body=event.typed_body, body_error=event.body_error,
             header_trace_id=event.header_trace_id, trace=event.trace,
             deadline_unix_ms=event.deadline_unix_ms,
-            deadline_drop_reason=event.deadline_drop_reason))
+            deadline_drop_reason=event.deadline_drop_reason,
+            priority_class=event.priority_class, token_budget=event.token_budget))
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
         session = self.sessions[event.session_id]

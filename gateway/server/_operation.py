@@ -10,8 +10,16 @@ The operation owns its whole lifecycle (conventions.md: one owner per lifecycle)
                                                          nothing when the peer is gone)
 
 It talks to the wire only through its ``OperationPort``, bound by the connection to this
-(session, operation): room, send partial, send result, send drop. Which terminal each
-end cause gets is ``END_TABLE``'s decision (gateway.profile), never this module's.
+(session, operation): room (the connection's buffer), credit (the client's flow window),
+send partial, progress, result, drop. Which terminal each end cause gets, and whether
+the client is told when to retry, is ``END_TABLE``'s decision (gateway.profile).
+
+Runtime controls reach it from the connection: a deadline tightens its scope; a
+priority or a token budget is taken before dispatch (the handler reads them when it
+builds the upstream request) and a budget also applies live, counted in tokens as they
+stream; PROGRESS stages are recorded for the observation record and sent when the
+client asked for them (negotiated ``control.progress_partial``, or the envelope's
+``nnrp.progress``).
 
 Error handling: once a cancel has arrived, ``emit`` and ``close`` raise ``trio.Cancelled``
 through the cancelled scope (a cancelled operation sends nothing more); after the
@@ -29,7 +37,15 @@ import attrs
 import structlog
 import trio
 
-from gateway.nnrp import CancelSource, DropReason, LocalProtocolError, TraceInfo, TypedBody
+from gateway.nnrp import (
+    CancelSource,
+    DropReason,
+    LocalProtocolError,
+    PriorityClass,
+    Stage,
+    TraceInfo,
+    TypedBody,
+)
 from gateway.observe import OperationNotes
 from gateway.profile import END_TABLE, Drop, EndCause, Outcome, Push
 
@@ -43,11 +59,28 @@ class OperationPort(Protocol):
         """Wait until the connection can take more output (backpressure)."""
         ...
 
+    async def credit(self) -> None:
+        """Wait until the client's windows let one more PARTIAL_RESULT through."""
+        ...
+
     def send_partial(self, body: bytes) -> None: ...
 
-    def send_result(self, status: int, payload: bytes) -> None: ...
+    def send_progress(self, stage: Stage) -> None: ...
 
-    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None: ...
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
+        """The terminal RESULT_PUSH; with ``retry_after_ms`` the client is told when to
+        try again (ERROR_RECOVERABLE + RETRY_AFTER first)."""
+        ...
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None: ...
+
+    def negotiated(self, token: str) -> bool:
+        """Whether the session negotiated a runtime capability token."""
+        ...
+
+    def superseding(self) -> bool:
+        """Whether a SUPERSEDE of this operation waits for its replacement."""
+        ...
 
 
 @attrs.frozen
@@ -59,6 +92,12 @@ class CancelInfo:
     diagnostic: bytes
     at: float  # trio.current_time() when the cancel arrived
 
+
+#: The retry time of a recoverable failure whose cause says nothing better.
+DEFAULT_RETRY_AFTER_MS = 1000
+#: vLLM's ``priority`` per NNRP priority class: lower is served earlier, 0 is vLLM's
+#: default (so an interactive session changes nothing), and priority_delta fine-tunes.
+VLLM_PRIORITY_STEP = 10
 
 #: Which end cause an expired DEADLINE / EXPIRE_AT gives (their drop reasons differ).
 _DEADLINE_CAUSES = {DropReason.DEADLINE_EXPIRED: EndCause.DEADLINE_EXPIRED,
@@ -75,7 +114,8 @@ class Operation:
                  session_id: int, operation_id: int, frame_id: int,
                  typed_body: TypedBody | None, body_error: str | None, header_trace_id: int,
                  trace: TraceInfo | None, deadline_unix_ms: int | None,
-                 deadline_drop_reason: int) -> None:
+                 deadline_drop_reason: int, priority_class: int = 0,
+                 token_budget: int | None = None) -> None:
         self._port = port
         self.connection_id = connection_id
         self.transport = transport
@@ -103,8 +143,22 @@ class Operation:
         self.terminal_at: float | None = None
         self.events_sent = 0
         self.bytes_sent = 0
+        #: The session's priority class and what PRIORITY_UPDATE asked (before dispatch).
+        self.priority_class = priority_class
+        self.priority_delta = 0
+        self.priority_updates = 0
+        self.priority_requested = False
+        #: When the handler sent the upstream request: live updates come too late then.
+        self.dispatched_at: float | None = None
+        self.token_budget = token_budget
+        self.tokens_used = 0
+        #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.
+        self.stages: list[tuple[Stage, float]] = []
+        self._progress = port.negotiated("control.progress_partial")
         if deadline_unix_ms:
             self.set_deadline(deadline_unix_ms, self.deadline_drop_reason)
+        self.stage(Stage.QUEUED)
+        self.stage(Stage.INPUT_RECEIVED)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -112,6 +166,7 @@ class Operation:
         """Run ``handler`` to this operation's terminal; end it here if the handler did not
         (cancelled, expired, or a bug). Never raises but ``Cancelled``."""
         self.started_at = trio.current_time()
+        self.stage(Stage.ADMITTED)
         with self.cancel_scope:
             try:
                 await handler(self)
@@ -146,9 +201,10 @@ class Operation:
         self.end_cause = cause
         terminal = END_TABLE[cause].terminal
         if isinstance(terminal, Drop):
+            self.stage(Stage.DROPPED)
             # LocalProtocolError: the connection's protocol state is gone (a fatal error).
             with contextlib.suppress(LocalProtocolError):
-                self._port.send_drop(terminal.reason, terminal.diagnostic)
+                self._port.send_drop(terminal.reason, terminal.diagnostic, terminal.traced)
         self._mark_terminal()
 
     # ------------------------------------------------------------------ inputs
@@ -162,6 +218,63 @@ class Operation:
         remaining = deadline_unix_ms / 1000 - time.time()
         self.cancel_scope.deadline = min(self.cancel_scope.deadline,
                                          trio.current_time() + max(remaining, 0.0))
+
+    def request_priority(self, priority_class: int, priority_delta: int) -> bool:
+        """PRIORITY_UPDATE: taken if the upstream request has not gone yet (the handler
+        reads ``vllm_priority`` when it builds it); False means too late."""
+        self.priority_updates += 1
+        if self.dispatched_at is not None:
+            return False
+        self.priority_class, self.priority_delta = priority_class, priority_delta
+        self.priority_requested = True
+        return True
+
+    @property
+    def vllm_priority(self) -> int | None:
+        """vLLM's ``priority`` for this operation; None when it is vLLM's default (0)."""
+        value = ((self.priority_class - PriorityClass.INTERACTIVE) * VLLM_PRIORITY_STEP
+                 + self.priority_delta)
+        return value or None
+
+    def update_budget(self, token_budget: int, *, increment: bool) -> None:
+        """BUDGET_UPDATE's token budget. Before dispatch it caps the request; after, the
+        operation ends (budget_exceeded) as soon as it has used more than the budget."""
+        current = self.token_budget if increment else None
+        self.token_budget = (current or 0) + token_budget
+        if self.tokens_used > self.token_budget:
+            self.cancel(EndCause.BUDGET_EXCEEDED)
+
+    def spend_tokens(self, count: int) -> bool:
+        """``count`` more tokens are about to reach the client; False (and the operation
+        ends: budget_exceeded) when that would pass the token budget."""
+        if self.token_budget is not None and self.tokens_used + count > self.token_budget:
+            self.cancel(EndCause.BUDGET_EXCEEDED)
+            return False
+        self.tokens_used += count
+        return True
+
+    def stage(self, stage: Stage) -> None:
+        """Record a stage transition; send it as PROGRESS when the client asked for it
+        (never after a cancel: its operation is already terminal to the client)."""
+        if self.stages and self.stages[-1][0] is stage:
+            return
+        self.stages.append((stage, trio.current_time()))
+        if self._progress:
+            self._send_progress(stage)
+
+    def enable_progress(self) -> None:
+        """The envelope asked for PROGRESS: send the stages so far, then each as it comes."""
+        if self._progress:
+            return
+        self._progress = True
+        for stage, _ in self.stages:
+            self._send_progress(stage)
+
+    def _send_progress(self, stage: Stage) -> None:
+        if self.end_cause in _CONTROL_ENDED or self.is_terminal:
+            return
+        with contextlib.suppress(LocalProtocolError):  # cancelled meanwhile: not sent
+            self._port.send_progress(stage)
 
     def update_trace(self, trace: TraceInfo, *, operation_scoped: bool) -> None:
         """A TRACE_CONTEXT arrived; operation scope beats the session default."""
@@ -188,8 +301,14 @@ class Operation:
             await trio.lowlevel.checkpoint()  # raises Cancelled: the cancel is ours
 
     async def emit(self, body: bytes) -> None:
-        """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure."""
+        """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure and
+        the client's flow window."""
         await self._sendable()
+        await self._port.credit()
+        if self.end_cause is not None:
+            await trio.lowlevel.checkpoint()
+        if not self.events_sent:
+            self.stage(Stage.PRODUCING_PARTIAL)
         self._port.send_partial(body)
         now = trio.current_time()
         if self.first_event_at is None:
@@ -200,14 +319,27 @@ class Operation:
         self.events_sent += 1
         self.bytes_sent += len(body)
 
-    async def close(self, cause: EndCause, payload: bytes) -> None:
+    async def close(self, cause: EndCause, payload: bytes, *,
+                    retry_after_ms: int | None = None) -> None:
         """End the operation: the terminal RESULT_PUSH that ``cause`` gets, carrying
-        ``payload`` (the profile's terminal event)."""
-        terminal = END_TABLE[cause].terminal
+        ``payload`` (the profile's terminal event). A recoverable cause tells the client
+        to retry after ``retry_after_ms`` (or a default)."""
+        spec = END_TABLE[cause]
+        terminal = spec.terminal
         if not isinstance(terminal, Push):
             raise LocalProtocolError(f"{cause} is not a handler's terminal")
+        # Yield once even when the outbox has room: a cancel, supersede or deadline the
+        # reader has already applied must win over a terminal not yet on the wire.
+        await trio.lowlevel.checkpoint()
+        if self._port.superseding():
+            # The client counts this operation superseded; its replacement is not here
+            # yet, but the only end it may still see is the superseded drop.
+            self.cancel(EndCause.SUPERSEDED)
+            await trio.lowlevel.checkpoint()
         await self._sendable()
-        self._port.send_result(terminal.status, payload)
+        self.stage(Stage.COMPLETED if cause is EndCause.COMPLETED else Stage.FAILED)
+        retry = (retry_after_ms or DEFAULT_RETRY_AFTER_MS) if spec.recoverable else None
+        self._port.send_result(terminal.status, payload, retry)
         self.end_cause = cause
         self._mark_terminal()
         self.bytes_sent += len(payload)
@@ -217,6 +349,10 @@ class Operation:
         if self.first_event_at is None:
             self.first_event_at = self.terminal_at
 
+
+#: Causes after which the client already holds the operation as ended (its own control).
+_CONTROL_ENDED = frozenset({EndCause.PEER_CANCELLED, EndCause.SUPERSEDED,
+                            EndCause.DISCONNECTED})
 
 #: The interface the vLLM pipeline implements: run one operation to its terminal.
 OperationHandler = Callable[[Operation], Awaitable[None]]

@@ -46,6 +46,11 @@ class Outbox:
         if self._bytes > self.high_water and self._has_room.is_set():
             self._has_room = trio.Event()
 
+    def put_all(self, packets: list[bytes]) -> None:
+        """Queue several packets, in order (each stays its own WebSocket message)."""
+        for packet in packets:
+            self.put(packet)
+
     async def wait_for_room(self) -> None:
         """Block while the queue is over its high-water mark."""
         while not self._has_room.is_set() and not self._closed:

@@ -16,6 +16,7 @@ class ServerStats:
     sessions_total: int = 0
     sessions_refused: int = 0
     refused_submits: int = 0
+    ignored_frames: int = 0
     inflight: int = 0
     bytes_in: int = 0
     bytes_out: int = 0

@@ -30,6 +30,7 @@ from gateway.nnrp import (
     ErrorReceived,
     HelloAcked,
     PartialReceived,
+    PressureLevel,
     ProtocolError,
     ResultReceived,
     SessionCloseAcked,
@@ -126,6 +127,14 @@ class ClientSession:
         await self.client.send(self.client.sans_io.trace_context(
             self.session_id, trace_id=trace_id, span_id=span_id, trace_flags=trace_flags,
             attributes=attributes))
+
+    async def pressure(self, level: PressureLevel = PressureLevel.NONE, *,
+                       credit_window: int = 0, operation_id: int = 0,
+                       credit: bool = False) -> None:
+        """Flow control over this session's output (BACKPRESSURE, or CREDIT_UPDATE)."""
+        await self.client.send(self.client.sans_io.pressure(
+            self.session_id, level=level, credit_window=credit_window,
+            operation_id=operation_id, credit=credit))
 
     async def close(self, *, abort: bool = False) -> None:
         """SESSION_CLOSE, then wait for SESSION_CLOSE_ACK (bound it with a cancel scope)."""

@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from gateway import nnrp
 from gateway.profile import EndCause
 from gateway.profile._capabilities import capability_document
 from gateway.server import GatewayServer, Operation
 from gateway.tools.conformance import (
+    ManifestError,
     build_plan,
     check_case,
+    probe,
+    run_wire_probe,
+    runner_token_submit,
+    scenarios_for,
     schema_errors,
     target_manifest,
     validate_results,
+    validate_wire_case,
     write_atomically,
 )
 from gateway.tools.conformance._suite import capability_tokens, suite_recipes
-from gateway.tools.conformance._wire import probe
+from tests.support.stack import start_stack
+from tests.support.tls import make_pki
 
 
 def caps(tool_calls: bool = True, extensions: bool = True) -> dict[str, Any]:
@@ -135,4 +145,151 @@ async def test_wire_probe_fails_a_target_that_breaks_the_mapping(nursery: trio.N
     with trio.fail_after(10):
         result = await probe(endpoint.uri)
     assert result["outcome"] == "failed"
-    assert "not one raw JSON event" in result["message"] or "JSON" in result["message"]
+    assert "PARTIAL_RESULT (received) body_framing is 'sse', expected 'raw'" in \
+        result["message"]
+
+
+# --------------------------------------------------------------------------- wire scenarios
+
+#: The Rust runner's frames as nnrp-py 1.0.0rc4.post20's codecs encode them (session 1):
+#: header, metadata, body.
+RUNNER_BYTES = {
+    "submit_101": (
+        "4e4e52500100102800000000480000004d0000000100000001000000000000000000000000000000",
+        "000000000000000000000000000001001900000000000000000000000000000000000000000000006500"
+        "000000000000000000000000000000000000000000000200000001000000",
+        "00000000000000001800000015000000000000000000000000000000000000000200020201100000030"
+        "00000020000000000000015000000776972652d65787465726e616c2d72657175657374"),
+    "cancel_101": (
+        "4e4e5250010030280000000020000000000000000100000001000000000000000000000000000000",
+        "6500000000000000650000000000000001000101000000000000000000000000", ""),
+    "deadline_151": (
+        "4e4e5250010033280000000020000000000000000100000001000000000000000000000000000000",
+        "970000000000000001000000000000000000000000409452a303000000000000", ""),
+    "close_101": (
+        "4e4e5250010009280000000018000000000000000100000000000000000000000000000000000000",
+        "010000000000000065000000000000000000000001000000", ""),
+}
+
+
+def test_probe_sends_the_runners_bytes() -> None:
+    client, server = nnrp.ClientConnection(), nnrp.ServerConnection(nnrp.ServerConfig())
+
+    def exchange(data: bytes) -> None:
+        for event in server.receive_data(data):
+            if isinstance(event, nnrp.SendBytes):
+                client.receive_data(event.data)
+
+    exchange(client.hello())
+    exchange(client.open_session())
+    meta, body = runner_token_submit(101)
+    expected = {name: "".join(parts) for name, parts in RUNNER_BYTES.items()}
+    assert client.submit_frame(1, 1, meta, body).hex() == expected["submit_101"]
+    assert client.cancel(1, 101, frame_id=1, control_sequence=101, reason=1).hex() == \
+        expected["cancel_101"]
+    assert client.deadline(1, 151, 4_000_000_000_000, frame_id=1).hex() == \
+        expected["deadline_151"]
+    assert client.close_session(1, drain_timeout_ms=0, close_tag=1).hex() == \
+        expected["close_101"]
+
+
+def _observed(*frames: tuple[str, str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"direction": d, "frame": f, "payload": p, "timestamp_us": i}
+            for i, (d, f, p) in enumerate(frames)]
+
+
+def test_validate_is_as_strict_as_the_runner() -> None:
+    cancel = next(s for s in scenarios_for("tcp://h:1")
+                  if s["id"] == "wire.control.cancel-abort.client")
+    good = _observed(("sent", "REQUEST", {}), ("sent", "CANCEL", {}),
+                     ("received", "TRACE_CONTEXT", {"frame_id": 0}),
+                     ("received", "RESULT_DROP_REASON", {"drop_reason_code": 3}))
+    assert validate_wire_case(cancel, "cancelled", good) == []
+    assert validate_wire_case(cancel, "success", good) == [
+        "terminal success, expected cancelled"]
+    swapped = [good[0], good[1], good[3], good[2]]
+    assert "do not contain" in validate_wire_case(cancel, "cancelled", swapped)[0]
+    traced_on_frame = copy.deepcopy(good)
+    traced_on_frame[2]["payload"]["frame_id"] = 1
+    assert validate_wire_case(cancel, "cancelled", traced_on_frame) == [
+        "TRACE_CONTEXT (received) frame_id is 1, expected 0"]
+    wrong_code = copy.deepcopy(good)
+    wrong_code[3]["payload"]["drop_reason_code"] = 1
+    assert validate_wire_case(cancel, "cancelled", wrong_code) == [
+        "drop reason codes [1], expected 3"]
+    extra = good + _observed(("received", "PROGRESS", {}))
+    assert validate_wire_case(cancel, "cancelled", extra) == ["frame PROGRESS is not allowed"]
+    level1 = next(s for s in scenarios_for("tcp://h:1")
+                  if s["id"] == "wire.profile.openai-compatible.level1")
+    # Every PARTIAL_RESULT must be a raw output_text.delta, not only the first.
+    later = _observed(("sent", "REQUEST", {}), ("received", "PARTIAL_RESULT", {
+        "event_type": "response.output_text.delta"}), ("received", "PARTIAL_RESULT", {
+            "event_type": "response.created"}), ("received", "RESULT_PUSH", {}))
+    problems = validate_wire_case(level1, "success", later)
+    assert any("event_type is 'response.created'" in p for p in problems)
+
+
+def test_scenarios_per_transport() -> None:
+    ids = {name: [s["id"] for s in scenarios_for(uri)] for name, uri in (
+        ("tcp", "tcp://h:1"), ("ipc", "unix:///s"), ("ws", "ws://h:1/n"), ("wss", "wss://h:1"))}
+    assert sorted(ids["tcp"]) == ["wire.control.cancel-abort.client",
+                                  "wire.control.deadline-before-submit.client",
+                                  "wire.profile.openai-compatible.level1"]
+    assert sorted(ids["ipc"]) == ["wire.control.cancel-abort.ipc-client",
+                                  "wire.profile.openai-compatible.level1.ipc"]
+    assert ids["ws"] == ids["wss"] == ["wire.profile.openai-compatible.level1.websocket"]
+    assert [s["id"] for s in scenarios_for("tcps://h:1")] == ids["tcp"]
+
+
+def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    manifest = target_manifest(
+        ["tcps://127.0.0.1:7702", "wss://127.0.0.1:7703/nnrp", "tcp://127.0.0.1:7700"],
+        target_name="g", max_frame_bytes=1 << 24, max_in_flight=64,
+        runtime_tokens={"control.cancel_abort", "control.trace_context"},
+        tls_files=(pki["server"], pki["server_key"]), security_dir=tmp_path / "sec")
+    assert schema_errors(manifest, "wire-conformance-target.schema.json") == []
+    wss, tcp = manifest["wire_conformance"]["transports"]  # tcps has no schema form
+    assert (wss["name"], wss["tls"], tcp["tls"]) == ("websocket", True, False)
+    security = wss["security"]
+    assert security["server_name"] == "127.0.0.1"
+    leaf = Path(security["certificate_der_path"]).read_bytes()
+    assert leaf == ssl.PEM_cert_to_DER_cert(pki["server"].read_text())
+    key = Path(security["private_key_pkcs8_der_path"])
+    assert key.stat().st_mode & 0o077 == 0
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # the DER pair loads
+    der_pem = tmp_path / "roundtrip.pem"
+    der_pem.write_text(ssl.DER_cert_to_PEM_cert(leaf) + "-----BEGIN PRIVATE KEY-----\n"
+                       + base64.encodebytes(key.read_bytes()).decode()
+                       + "-----END PRIVATE KEY-----\n")
+    context.load_cert_chain(der_pem)
+    assert manifest["wire_conformance"]["capabilities"] == [
+        "profile.openai-compatible.level1.wire", "control.cancel_abort",
+        "control.trace_context"]
+    with pytest.raises(ManifestError, match="needs its certificate"):
+        target_manifest(["wss://127.0.0.1:1/n"], target_name="g", max_frame_bytes=1,
+                        max_in_flight=1)
+    legacy = tmp_path / "legacy.key"
+    legacy.write_text("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n")
+    with pytest.raises(ManifestError, match="PKCS#8"):
+        target_manifest(["wss://127.0.0.1:1/n"], target_name="g", max_frame_bytes=1,
+                        max_in_flight=1, tls_files=(pki["server"], legacy),
+                        security_dir=tmp_path / "sec2")
+
+
+async def test_wire_probe_passes_every_scenario_on_every_transport(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    stack = await start_stack(nursery, tmp_path)
+    endpoints = [stack.uri(t) for t in ("tcp", "ipc", "websocket")]
+    with trio.fail_after(60):
+        report = await run_wire_probe(endpoints, target_name="g")
+    assert schema_errors(report, "wire-conformance-case-results.schema.json") == []
+    outcomes = {r["id"]: (r["outcome"], r.get("message")) for r in report["results"]}
+    assert len(outcomes) == 6
+    assert all(outcome == "passed" for outcome, _ in outcomes.values()), outcomes
+    # The cancel races the target's answer to a request it cannot serve: it must win
+    # every time, as it does for the runner (two writes, nothing awaited in between).
+    with trio.fail_after(60):
+        for _ in range(20):
+            result = await probe(stack.uri("tcp"), "wire.control.cancel-abort.client")
+            assert result["outcome"] == "passed", result

@@ -12,7 +12,8 @@ HERE = Path(__file__).parent / "corpus"
 
 
 def main() -> None:
-    folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse")}
+    folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse",
+                                              "controls", "server_session")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     vectors = Path(__file__).parents[1] / "nnrp" / "vectors"
@@ -34,6 +35,22 @@ def main() -> None:
         hello + nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))) + submit)
     (folders["typed_body"] / "openai.bin").write_bytes(b"\x01\x10" + nnrp.pack_single_frame(envelope))
     (folders["envelope"] / "chat.json").write_bytes(envelope)
+    # controls / server_session records: type index, session, frame, meta mode, body length,
+    # then metadata and body (fuzz_targets._packet); one seed per message type.
+    types = sorted(int(t) for t in nnrp.MsgType)
+    session_seed = bytearray()
+    for index, msg_type in enumerate(types):
+        size = nnrp.MESSAGE_CLASSES[msg_type].LAYOUT.size
+        record = bytes([index, 1, 1, 1, 0]) + bytes(size)
+        (folders["controls"] / f"{nnrp.MsgType(msg_type).name.lower()}.bin").write_bytes(record)
+        session_seed += record
+    submit_index = types.index(int(nnrp.MsgType.FRAME_SUBMIT))
+    meta = nnrp.encode_openai_submit(1, 1, 1, envelope)[40:40 + 72]
+    body = nnrp.pack_single_frame(envelope)
+    opening = bytes([submit_index, 1, 1, 1, 0]) + meta  # a submit with an empty body
+    (folders["server_session"] / "all_types.bin").write_bytes(opening + bytes(session_seed))
+    (folders["server_session"] / "submit_then_sends.bin").write_bytes(
+        opening + bytes([0xF0, 1, 1, 0, 0xF0, 1, 1, 1, 0xF0, 1, 1, 2]) + body[:8])
     for name, transcript in bundled_transcripts().items():
         if transcript.streaming:
             (folders["sse"] / f"{name}.sse").write_bytes(transcript.body)

@@ -25,6 +25,11 @@ def submit(session_id: int, operation_id: int, frame_id: int, payload: bytes = b
               **kw)
 
 
+def unpacked(packets: list[bytes]) -> list[nnrp.Packet]:
+    """A multi-packet output, decoded (each element is exactly one packet)."""
+    return [nnrp.decode_packet(packet) for packet in packets]
+
+
 def of(events: list[Any], kind: type[Any]) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
 
@@ -92,17 +97,23 @@ def test_framing_error_in_session_sends_fatal_error(server: nnrp.ServerConnectio
 
 @pytest.mark.parametrize("message", [nnrp.ServerHelloAck(), nnrp.SessionOpenAck(),
                                      nnrp.PartialResult(operation_id=1), nnrp.ResultPush()])
-def test_server_only_messages_from_a_client_are_fatal(server: nnrp.ServerConnection,
-                                                      message: Any) -> None:
-    (failure,) = server.receive_data(pk(message, session_id=1))
-    assert isinstance(failure, nnrp.ConnectionFailed)
-    assert failure.error.code == nnrp.ErrorCode.INVALID_STATE
+def test_server_only_messages_from_a_client_are_noted_and_ignored(
+        server: nnrp.ServerConnection, message: Any) -> None:
+    # Well-formed frames are never a reason to close (rule 2): noted, counted, ignored.
+    (ignored,) = server.receive_data(pk(message, session_id=1))
+    assert isinstance(ignored, nnrp.FrameIgnored) and ignored.session_id == 1
+    assert server.state is nnrp.ConnState.READY
 
 
-def test_session_scoped_message_for_unknown_session_is_fatal(server: nnrp.ServerConnection) -> None:
-    (failure,) = server.receive_data(submit(9, 1, 1))
-    assert isinstance(failure, nnrp.ConnectionFailed)
-    assert b"session 9" in nnrp.decode_packet(failure.reply or b"").body
+def test_a_frame_for_a_session_that_is_not_open_is_refused_not_fatal(
+        server: nnrp.ServerConnection) -> None:
+    (error,) = replies(server.receive_data(submit(9, 1, 1)))
+    # Header session 0 (no client takes it for one of its sessions), the session named.
+    assert isinstance(error.message, nnrp.Error) and error.session_id == 0
+    assert (error.message.is_fatal, error.message.related_session_id) == (0, 9)
+    assert b"session 9" in error.body
+    assert server.state is nnrp.ConnState.READY
+    assert of(server.receive_data(submit(1, 1, 1)), nnrp.OperationSubmitted)
 
 
 # --------------------------------------------------------------------------- sessions
@@ -165,7 +176,7 @@ def test_submit_partials_and_terminal(server: nnrp.ServerConnection) -> None:
     second = nnrp.decode_packet(server.send_partial(1, 0x65, b"y"))
     assert [first.message.result_sequence, second.message.result_sequence] == [1, 2]
     assert second.message.delta_sequence == 2 and second.frame_id == 1
-    final = nnrp.decode_packet(server.send_result(1, 0x65, 200, b"{}"))
+    final = unpacked(server.send_result(1, 0x65, 200, b"{}"))[0]
     assert final.message.payload_kind_bitmap == 0x10 and final.message.payload_frame_count == 1
     # Rule 8: nothing after the terminal.
     with pytest.raises(nnrp.LocalProtocolError):
@@ -189,7 +200,8 @@ def test_duplicate_operation_id_and_frame_id(server: nnrp.ServerConnection) -> N
     assert isinstance(refused, nnrp.SubmitRefused)
     assert refused.reason is nnrp.RefusalReason.DUPLICATE_OPERATION_ID and refused.frame_id == 2
     (error,) = replies(server.receive_data(submit(1, 6, 1)))
-    assert error.message.code == nnrp.ErrorCode.INVALID_STATE and error.message.is_fatal == 0
+    assert isinstance(error.message, nnrp.ErrorRecoverable)
+    assert error.message.error_code == nnrp.ErrorCode.INVALID_STATE
     assert server.state is nnrp.ConnState.READY
 
 
@@ -219,10 +231,13 @@ def test_cancellation_forms(server: nnrp.ServerConnection, how: str) -> None:
         server.send_partial(1, 0x65, b"x")
     with pytest.raises(nnrp.LocalProtocolError):
         server.send_result(1, 0x65, 200, b"{}")
-    drop = nnrp.decode_packet(server.send_drop(1, 0x65, nnrp.DropReason.PEER_CANCELLED,
-                                               b"peer_cancelled"))
+    trace, drop = unpacked(server.send_drop(1, 0x65, nnrp.DropReason.PEER_CANCELLED,
+                                                       b"peer_cancelled"))
+    # Wire case cancel-abort: TRACE_CONTEXT with header.frame_id 0, then the drop.
+    assert isinstance(trace.message, nnrp.TraceContext) and trace.frame_id == 0
+    assert (trace.message.trace_id, trace.message.span_id) == (0x65, 1)
     assert drop.message.drop_reason == 3 and drop.body == b"peer_cancelled"
-    assert drop.message.result_sequence == 1
+    assert drop.message.result_sequence == 1 and drop.frame_id == 1
     # A second cancel of an ended operation is a harmless race.
     assert server.receive_data(raw) == []
 
@@ -231,10 +246,11 @@ def test_cancel_with_mismatched_frame_or_unknown_operation(server: nnrp.ServerCo
     server.receive_data(submit(1, 0x65, 1))
     (error,) = replies(server.receive_data(
         pk(nnrp.Cancel(operation_id=0x65), session_id=1, frame_id=2)))
-    assert b"bound to frame 1" in error.body and error.message.is_fatal == 0
+    assert isinstance(error.message, nnrp.ErrorRecoverable)
+    assert b"bound to frame 1" in error.body
     assert server.operation_state(1, 0x65) is nnrp.OpState.ACTIVE
     (error,) = replies(server.receive_data(pk(nnrp.Cancel(operation_id=99), session_id=1)))
-    assert b"unknown operation 99" in error.body
+    assert b"operation 99, which this session never submitted" in error.body
 
 
 def test_deadline_before_submit_is_held_then_applied(server: nnrp.ServerConnection) -> None:
@@ -256,7 +272,7 @@ def test_pending_deadlines_are_bounded() -> None:
         conn.receive_data(pk(nnrp.Deadline(operation_id=op, deadline_unix_ms=9), session_id=1))
     (error,) = replies(conn.receive_data(pk(nnrp.Deadline(operation_id=3, deadline_unix_ms=9),
                                             session_id=1)))
-    assert error.message.code == nnrp.ErrorCode.LIMIT_EXCEEDED
+    assert error.message.error_code == nnrp.ErrorCode.LIMIT_EXCEEDED
 
 
 def test_trace_context_scoping(server: nnrp.ServerConnection) -> None:
@@ -277,13 +293,11 @@ def test_trace_context_scoping(server: nnrp.ServerConnection) -> None:
     assert b"differs" in error.body
 
 
-def test_ping_pong_and_unsupported_controls(server: nnrp.ServerConnection) -> None:
+def test_ping_is_answered_with_pong(server: nnrp.ServerConnection) -> None:
     (pong,) = replies(server.receive_data(pk(nnrp.Ping(), trace_id=4)))
     assert isinstance(pong.message, nnrp.Pong) and pong.trace_id == 4
-    (error,) = replies(server.receive_data(pk(nnrp.PriorityUpdate(operation_id=1),
-                                              session_id=1)))
-    assert error.message.code == nnrp.ErrorCode.UNSUPPORTED_CAPABILITY
-    assert error.message.is_fatal == 0
+    (pong,) = replies(server.receive_data(pk(nnrp.Ping(), session_id=1)))
+    assert pong.session_id == 1
 
 
 def test_session_close_drain_and_abort(server: nnrp.ServerConnection) -> None:
@@ -333,7 +347,7 @@ def test_client_server_pair_over_a_fake_wire() -> None:
     (submitted,) = to_server(client.submit(1, 10, 1, b"{}"))
     assert isinstance(submitted, nnrp.OperationSubmitted)
     client_events += client.receive_data(server.send_partial(1, 10, b"a"))
-    client_events += client.receive_data(server.send_result(1, 10, 200, b"done"))
+    client_events += client.receive_data(b"".join(server.send_result(1, 10, 200, b"done")))
     partial, result = client_events
     assert partial.sequence == 1 and result.typed_body.frames[0].payload == b"done"
     # The client refuses frames that break ordering: a result for an ended operation.

@@ -8,31 +8,18 @@ import httpx
 import pytest
 import trio
 
-from gateway.nnrp import CancelSource, DropReason, TraceInfo
+from gateway.nnrp import CancelSource, TraceInfo
 from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.profile import EndCause, Outcome
 from gateway.server import CancelInfo, Operation, ServerStats
+from tests.support.ports import RecordingPort
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 
-class NullPort:
-    async def room(self) -> None:
-        await trio.lowlevel.checkpoint()
-
-    def send_partial(self, body: bytes) -> None:
-        pass
-
-    def send_result(self, status: int, payload: bytes) -> None:
-        pass
-
-    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
-        pass
-
-
 def ended(cause: EndCause, **notes: Any) -> Operation:
-    op = Operation(NullPort(), connection_id=3, transport="ipc", session_id=2, operation_id=9,
+    op = Operation(RecordingPort(), connection_id=3, transport="ipc", session_id=2, operation_id=9,
                    frame_id=4, typed_body=None, body_error=None, header_trace_id=0,
                    trace=TraceInfo(0xAB, 0xCD, 0, 1, 12), deadline_unix_ms=None,
                    deadline_drop_reason=0)

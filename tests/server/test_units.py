@@ -6,16 +6,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
 
-from gateway.nnrp import DropReason, LocalProtocolError
+from gateway.nnrp import DropReason, LocalProtocolError, Stage
 from gateway.profile import EndCause, Outcome
 from gateway.server import Operation, ServerStats, Session
 from gateway.server._outbox import Outbox
 from gateway.transport import ListenError, parse_endpoint
+from tests.support.ports import RecordingPort
 
 # --------------------------------------------------------------------------- outbox
 
@@ -66,28 +66,6 @@ async def test_outbox_flush_and_close() -> None:
 # --------------------------------------------------------------------------- operation
 
 
-@attrs.define
-class RecordingPort:
-    """An OperationPort that records what the operation sent (units alone: no wire)."""
-
-    sent: list[tuple[Any, ...]] = attrs.field(factory=list)
-    blocked: trio.Event | None = None
-
-    async def room(self) -> None:
-        if self.blocked is not None:
-            await self.blocked.wait()
-        await trio.lowlevel.checkpoint()
-
-    def send_partial(self, body: bytes) -> None:
-        self.sent.append(("partial", body))
-
-    def send_result(self, status: int, payload: bytes) -> None:
-        self.sent.append(("result", status, payload))
-
-    def send_drop(self, reason: DropReason, diagnostic: bytes) -> None:
-        self.sent.append(("drop", reason, diagnostic))
-
-
 def operation(port: RecordingPort, operation_id: int = 1, **kw: Any) -> Operation:
     return Operation(port, connection_id=1, transport="tcp", session_id=1,
                      operation_id=operation_id, frame_id=operation_id, typed_body=None,
@@ -117,7 +95,8 @@ async def test_an_error_cause_gets_the_status_the_table_gives() -> None:
         await op.close(EndCause.REQUEST_TIMEOUT, b"late")
 
     await op.run(handler)
-    assert port.sent == [("result", 504, b"late")]
+    # request_timeout is recoverable: the client is told when to try again.
+    assert port.sent == [("result", 504, b"late", 1000)]
     assert op.outcome is Outcome.DEADLINE
 
 
@@ -151,8 +130,10 @@ async def test_a_handler_that_returns_without_a_terminal_is_ended_by_the_operati
 async def test_an_expired_deadline_drops_with_its_own_reason(autojump_clock: Any) -> None:
     import time
 
-    for reason, cause in ((DropReason.DEADLINE_EXPIRED, EndCause.DEADLINE_EXPIRED),
-                          (DropReason.SUPERSEDED, EndCause.EXPIRED_AT)):
+    # EXPIRE_AT's drop carries no diagnostic (the priority-deadline wire case).
+    for reason, cause, diagnostic in (
+            (DropReason.DEADLINE_EXPIRED, EndCause.DEADLINE_EXPIRED, b"deadline_expired"),
+            (DropReason.SUPERSEDED, EndCause.EXPIRED_AT, b"")):
         port = RecordingPort()
         op = operation(port, deadline_unix_ms=int(time.time() * 1000) + 1000,
                        deadline_drop_reason=int(reason))
@@ -161,7 +142,7 @@ async def test_an_expired_deadline_drops_with_its_own_reason(autojump_clock: Any
             await trio.sleep_forever()
 
         await op.run(handler)
-        assert port.sent == [("drop", reason, reason.name.lower().encode())]
+        assert port.sent == [("drop", reason, diagnostic)]
         assert op.end_cause is cause
 
 
@@ -182,6 +163,69 @@ async def test_close_refuses_a_cause_that_is_not_a_handlers_terminal() -> None:
     op = operation(RecordingPort())
     with pytest.raises(LocalProtocolError):
         await op.close(EndCause.PEER_CANCELLED, b"")
+
+
+async def test_priority_is_taken_before_dispatch_only() -> None:
+    op = operation(RecordingPort())
+    assert op.vllm_priority is None  # interactive: vLLM's default
+    assert op.request_priority(2, -3)
+    assert op.vllm_priority == 17 and op.priority_requested
+    op.dispatched_at = 1.0
+    assert not op.request_priority(0, 0)
+    assert op.priority_updates == 2 and op.vllm_priority == 17
+
+
+async def test_a_token_budget_caps_what_streams_and_can_end_it_live() -> None:
+    port = RecordingPort()
+    op = operation(port)
+    op.update_budget(5, increment=False)
+    assert op.spend_tokens(3) and op.spend_tokens(2)
+    assert not op.spend_tokens(1)  # the sixth token would pass the budget
+    assert op.end_cause is EndCause.BUDGET_EXCEEDED and op.cancel_scope.cancel_called
+    lowered = operation(RecordingPort())
+    lowered.spend_tokens(4)
+    lowered.update_budget(2, increment=False)  # lowered below what was already used
+    assert lowered.end_cause is EndCause.BUDGET_EXCEEDED
+    raised = operation(RecordingPort())
+    raised.update_budget(2, increment=False)
+    raised.update_budget(3, increment=True)
+    assert raised.token_budget == 5
+
+
+async def test_progress_stages_flow_when_negotiated_or_asked() -> None:
+    negotiated = RecordingPort(tokens=frozenset({"control.progress_partial"}))
+    op = operation(negotiated)
+
+    async def handler(op: Operation) -> None:
+        op.stage(Stage.EXECUTING)
+        await op.emit(b"e")
+        await op.emit(b"f")
+        await op.close(EndCause.COMPLETED, b"done")
+
+    await op.run(handler)
+    assert negotiated.progress == [Stage.QUEUED, Stage.INPUT_RECEIVED, Stage.ADMITTED,
+                                   Stage.EXECUTING, Stage.PRODUCING_PARTIAL, Stage.COMPLETED]
+    asked = RecordingPort()
+    late = operation(asked)
+    late.stage(Stage.ADMITTED)
+    assert asked.progress == []  # recorded, not sent
+    late.enable_progress()
+    assert asked.progress == [Stage.QUEUED, Stage.INPUT_RECEIVED, Stage.ADMITTED]
+
+
+async def test_no_progress_after_a_peer_cancel() -> None:
+    port = RecordingPort(tokens=frozenset({"control.progress_partial"}), blocked=trio.Event())
+    op = operation(port)
+
+    async def handler(op: Operation) -> None:
+        await op.emit(b"never")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(op.run, handler)
+        await trio.testing.wait_all_tasks_blocked()
+        op.cancel(EndCause.PEER_CANCELLED)
+    assert Stage.DROPPED not in port.progress  # the client holds it as ended already
+    assert [stage for stage, _ in op.stages][-1] is Stage.DROPPED
 
 
 # --------------------------------------------------------------------------- session

@@ -25,9 +25,11 @@ _CLASS_OVERRIDES: dict[tuple[type[Any], str], st.SearchStrategy[int]] = {
     (nnrp.FlowUpdate, "operation_id"): st.integers(0, _MAX["Q"]),
     (nnrp.PriorityUpdate, "priority_class"): st.integers(0, 2),
 }
+#: Fields that announce a body length: kept small (the body is drawn to match).
 _BODY_LENGTH_FIELDS = {"diagnostic_bytes", "body_bytes", "payload_bytes", "auth_bytes",
                        "control_extension_bytes", "resume_token_bytes",
-                       "session_extension_bytes"}
+                       "session_extension_bytes", "metadata_bytes", "object_bytes",
+                       "delta_bytes", "profile_patch_bytes", "profile_patch_ack_bytes"}
 
 
 def _field_strategy(cls: type[Any], name: str, spec: Any) -> st.SearchStrategy[int]:
@@ -78,6 +80,13 @@ def _repair(message: Any) -> Any:
             covered = message.covered_tiles % 100
             message = attrs.evolve(message, dropped_tiles=dropped, covered_tiles=covered,
                                    tile_count=dropped + covered)
+    if isinstance(message, nnrp.CacheInvalidate):
+        scope = message.scope
+        message = attrs.evolve(
+            message, cache_namespace=message.cache_namespace if scope else 0,
+            cache_key_hi=(message.cache_key_hi if scope == 3 else
+                          message.cache_key_hi & 0xFFFFFFFF if scope == 2 else 0),
+            cache_key_lo=message.cache_key_lo if scope == 3 else 0)
     if isinstance(message, nnrp.FlowUpdate):
         keep = {0: "connection_credit", 1: "session_credit", 2: "operation_credit"}[message.scope]
         cleared = {name: 0 for name in ("connection_credit", "session_credit",

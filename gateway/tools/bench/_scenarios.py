@@ -336,8 +336,71 @@ async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Fi
             Figure("frames after the cancel's terminal", late, "frames", goal=0)]
 
 
+async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """5. A client that pauses mid-stream (BACKPRESSURE paused) for 30 s: nothing reaches
+    it while paused, the gateway's memory stays flat (the pause reaches vLLM's socket as
+    TCP backpressure), and resuming delivers every event in order."""
+    seconds = 3.0 if quick else 30.0
+    # ~45 MB of SSE: far more than the sockets in between can hold (--quick: ~14 MB).
+    tokens = 60_000 if quick else 200_000
+    request_id = f"replay:timestamped:{tokens}:0:pause{time.monotonic_ns()}"
+    progress(f"pause: {seconds:.0f} s mid-stream")
+    pid = stack.gateway_pid
+    received: list[tuple[float, Any]] = []
+    async with connect(stack.endpoint) as client:
+        session = await client.open_session()
+        operation = await session.submit(_envelope(request_id))
+        arrived, finished = trio.Event(), trio.Event()
+
+        async def consume() -> None:
+            async for event in operation.events():
+                received.append((time.perf_counter(), event))
+                if len(received) == 1000:
+                    arrived.set()
+            finished.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await arrived.wait()
+            await session.pressure(nnrp.PressureLevel.PAUSED)
+            paused_at = time.perf_counter()
+            await trio.sleep(1.0)  # what was on the wire when the pause landed
+            rss_start, count_start = process_rss(pid), len(received)
+            playing_start = (await stack.backend_log())["playing"].get(request_id)
+            await trio.sleep(seconds - 1.0)
+            rss_end, count_end = process_rss(pid), len(received)
+            log = await stack.backend_log()
+            playing_end = log["playing"].get(request_id)
+            finished_while_paused = request_id in log["completed"]
+            await session.pressure(nnrp.PressureLevel.NONE)
+            resumed_at = time.perf_counter()
+            with trio.fail_after(600):
+                await finished.wait()
+    partials = [e for _, e in received if isinstance(e, nnrp.PartialReceived)]
+    gaps = sum(1 for i, p in enumerate(partials, start=1) if p.sequence != i)
+    deltas = sum(1 for p in partials if b"output_text.delta" in p.body)
+    ended = received[-1][1]
+    completed = isinstance(ended, nnrp.ResultReceived) and ended.meta.status_code == 200
+    return [
+        Figure(f"gateway RSS growth during a {seconds:.0f} s client pause",
+               (rss_end - rss_start) / 1024, "KiB", goal=1024.0,
+               spread=f"gateway RSS {rss_start / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB; "
+                      f"vLLM chunks written {playing_start} -> {playing_end} "
+                      f"(finished while paused: {finished_while_paused})"),
+        Figure("events delivered while paused (after the first second)",
+               count_end - count_start, "events", goal=0,
+               spread=f"{count_start} events before the pause settled"),
+        Figure("events lost or out of order after resume",
+               (tokens - deltas) + gaps + (0 if completed else 1), "events", goal=0,
+               spread=f"{len(partials)} partials, {deltas} deltas, terminal "
+                      f"{type(ended).__name__}; drained in "
+                      f"{time.perf_counter() - resumed_at:.1f} s after a "
+                      f"{resumed_at - paused_at:.1f} s pause"),
+    ]
+
+
 async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """5. RSS per idle session and per active stream; start-up time."""
+    """6. RSS per idle session and per active stream; start-up time."""
     figures = [Figure("gateway start-up (spawn -> /readyz)", stack.startup_seconds, "s",
                       goal=1.0)]
     pid = stack.gateway_pid
@@ -384,7 +447,7 @@ async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
 
 async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
                progress: Progress) -> list[Figure]:
-    """6. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
+    """7. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
     rounds = 3 if quick else 30
     tokens = 32
     progress(f"live: {rounds} requests each path against {vllm_url}")
@@ -473,7 +536,7 @@ class _LiveGateway:
 
 
 SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = dict(zip(
-    SCENARIO_NAMES, (latency, throughput, unary, cancellation, scale), strict=True))
+    SCENARIO_NAMES, (latency, throughput, unary, cancellation, pause, scale), strict=True))
 
 
 async def run_scenarios(names: list[str], quick: bool, progress: Progress

@@ -1,6 +1,11 @@
 """Conformance: the suite-owned openai-compatible/1 recipes over the wire, the wire
-scenario, the project's own recipes, and the wire target manifest."""
+scenarios, the project's own recipes, and the wire target manifest."""
 
+from ._manifest import (
+    ManifestError as ManifestError,
+    target_manifest as target_manifest,
+    write_atomically as write_atomically,
+)
 from ._native import (
     native_available as native_available,
     native_client_options as native_client_options,
@@ -19,7 +24,9 @@ from ._validate import (
     validate_results as validate_results,
 )
 from ._wire import (
+    probe as probe,
     run_wire_probe as run_wire_probe,
-    target_manifest as target_manifest,
-    write_atomically as write_atomically,
+    runner_token_submit as runner_token_submit,
+    scenarios_for as scenarios_for,
+    validate_wire_case as validate_wire_case,
 )

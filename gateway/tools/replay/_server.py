@@ -108,6 +108,9 @@ class ReplayServer:
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[Disconnect] = []
         self.completed: list[str] = []
+        #: Replies being written, by request id: how far each has got (chunks sent), so a
+        #: test sees backpressure reach this socket (the count stops moving).
+        self.playing: dict[str, _Progress] = {}
         #: TCP connections accepted: how tests see that the gateway reuses its pool.
         self.connections = 0
         self.engine_dead = False
@@ -236,7 +239,8 @@ class ReplayServer:
                               "body": r.body.decode("utf-8", "replace"), "at": r.at,
                               "scenario": r.scenario} for r in self.requests],
                 "disconnects": [attrs.asdict(d) for d in self.disconnects],
-                "completed": self.completed}
+                "completed": self.completed,
+                "playing": {rid: progress.sent for rid, progress in self.playing.items()}}
 
     def _models(self) -> bytes:
         return json.dumps({"object": "list", "data": [
@@ -378,6 +382,7 @@ class ReplayServer:
         await stream.send_all(connection.send(h11.Response(status_code=reply.status,
                                                            headers=headers)))
         progress = _Progress()
+        self.playing[request_id] = progress
         disconnected = False
         async with trio.open_nursery() as nursery:
 
@@ -401,6 +406,7 @@ class ReplayServer:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 disconnected = True  # the write noticed the close before the watcher did
             nursery.cancel_scope.cancel()
+        self.playing.pop(request_id, None)
         if reply.kill_engine:
             self.kill_engine()  # the engine died whether or not the client stayed to the end
         if disconnected:

@@ -1,0 +1,97 @@
+"""Flow control through the whole stack: the client's pause holds the gateway's output and
+reaches the replay vLLM's socket; resume delivers everything, in order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway import nnrp
+from tests.support.stack import Stack, chat, envelope
+
+if TYPE_CHECKING:
+    from gateway.tools.client import ClientSession
+
+TOKENS = 30_000  # ~7 MB of SSE: more than the sockets between the stack's processes hold
+
+
+class Received(list[tuple[float, Any]]):
+    """An operation's events with their arrival times, and a way to wait for more."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = trio.Event()
+
+    async def consume(self, operation: Any) -> None:
+        async for event in operation.events():
+            self.append((trio.current_time(), event))
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            await self._changed.wait()
+
+    @property
+    def partials(self) -> list[nnrp.PartialReceived]:
+        return [e for _, e in self if isinstance(e, nnrp.PartialReceived)]
+
+    @property
+    def ended(self) -> bool:
+        return bool(self) and not isinstance(self[-1][1], nnrp.PartialReceived)
+
+
+async def test_pause_holds_output_resume_loses_nothing(stack: Stack,
+                                                       session: ClientSession) -> None:
+    request_id = "replay:timestamped:30000:0:pause"
+    operation = await session.submit(envelope(chat(stream=True), request_id=request_id))
+    received = Received()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(received.consume, operation)
+        with trio.fail_after(10):
+            await received.until(lambda: len(received.partials) >= 50)
+        await session.pressure(nnrp.PressureLevel.PAUSED)
+        paused_at = trio.current_time()
+        await trio.sleep(0.3)  # what was already on the wire when the pause landed
+        settled = len(received.partials)
+        sent_then = stack.replay.playing[request_id].sent
+        await trio.sleep(1.0)
+        # Nothing while paused, and vLLM's side is held too: its writes stopped.
+        assert len(received.partials) == settled
+        assert all(at < paused_at + 0.3 for at, _ in received)
+        assert stack.replay.playing[request_id].sent == sent_then
+        assert request_id not in stack.replay.completed
+        await session.pressure(nnrp.PressureLevel.NONE)
+        with trio.fail_after(60):
+            await received.until(lambda: received.ended)
+    partials = received.partials
+    assert [p.sequence for p in partials] == list(range(1, len(partials) + 1))
+    deltas = [json.loads(p.body) for p in partials]
+    assert sum(d["type"] == "response.output_text.delta" for d in deltas) == TOKENS
+    assert isinstance(received[-1][1], nnrp.ResultReceived)
+    assert received[-1][1].meta.status_code == 200
+
+
+async def test_credit_window_sends_exactly_the_grant(stack: Stack,
+                                                     session: ClientSession) -> None:
+    """A session window of N lets exactly N more partials out; a new grant N more."""
+    await session.pressure(credit_window=5, credit=True)
+    operation = await session.submit(envelope(chat(stream=True, max_tokens=40),
+                                              request_id="replay:text_stream:credit"))
+    received = Received()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(received.consume, operation)
+        await trio.sleep(0.8)
+        assert len(received.partials) == 5
+        await session.pressure(credit_window=7, credit=True)
+        await trio.sleep(0.8)
+        assert len(received.partials) == 12
+        await session.pressure(credit_window=1000, credit=True)
+        with trio.fail_after(10):
+            await received.until(lambda: received.ended)
+    partials = received.partials
+    assert [p.sequence for p in partials] == list(range(1, len(partials) + 1))
+    assert isinstance(received[-1][1], nnrp.ResultReceived)

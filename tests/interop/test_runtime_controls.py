@@ -1,0 +1,503 @@
+"""Every runtime-control API of nnrp-py's native client, against the whole gateway (replay
+vLLM behind it) and, as the outside referee, against nnrp-py's native server.
+
+For each API the client streams a request, calls the API after two partials, and then
+checks three things: the control had its effect (docs/runtime-controls.md, "Cases"), no
+frame the client cannot accept came back (the native client raises on those), and the
+session is still usable (a second request completes and SESSION_CLOSE is acknowledged).
+
+The native server replies to no control by itself (its application decides); the small
+application below reacts to cancels and supersedes the way the reference adapter does.
+Where the spec leaves room (which drop reason a supersede or a cancel ends with), the
+gateway must end the operation the way that server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import pytest
+import trio
+
+pytest.importorskip("nnrp.client.native")
+
+from nnrp.core import PayloadKind, ResultPushMetadata
+from nnrp.core.enums import MessageType
+from nnrp.core.messages import TransportPolicy
+from nnrp.native import NativeWouldBlockError
+from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
+from nnrp.server.native import (
+    NativeServerAcceptOptions,
+    NativeServerBootstrapOptions,
+    listen_native_server,
+)
+
+from gateway import nnrp
+from gateway.pipeline import PipelineLimits
+from gateway.tools.replay import ReplayServer
+from tests.support.native import native_connection, open_session, openai_submit, poll_once
+from tests.support.stack import Stack, chat, envelope, start_stack
+
+if TYPE_CHECKING:
+    from gateway.observe import ObservationRecord
+
+pytestmark = pytest.mark.interop
+
+TOKENS = 40  # the streamed request: long enough for a control to land mid-stream
+Control = Callable[[Any, Any], None]  # (connection, session) -> None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def request(tokens: int, name: str) -> bytes:
+    return envelope(chat(stream=True, max_tokens=tokens),
+                    request_id=f"replay:text_stream:{name}")
+
+
+# ------------------------------------------------------------------ the APIs, one each
+
+def cancel(connection: Any, session: Any) -> None:
+    connection.cancel_runtime_operation(session, operation_id=1, control_sequence=1,
+                                        reason_code=1, diagnostic=b"user hit stop")
+
+
+def abort(connection: Any, session: Any) -> None:
+    connection.abort_runtime_operation(session, operation_id=1, control_sequence=1,
+                                       reason_code=1, flags=0x02)
+
+
+def cancel_frame(connection: Any, session: Any) -> None:
+    connection.cancel_frame(session, frame_id=1)
+
+
+def live_priority(connection: Any, session: Any) -> None:
+    connection.update_runtime_priority(session, operation_id=1, control_sequence=1,
+                                       priority_class=3, priority_delta=1)
+
+
+def deadline(connection: Any, session: Any) -> None:
+    connection.update_runtime_deadline(session, operation_id=1, control_sequence=1,
+                                       deadline_unix_ms=now_ms() + 50)
+
+
+def expire_at(connection: Any, session: Any) -> None:
+    connection.expire_runtime_operation_at(session, operation_id=1, control_sequence=1,
+                                           expire_at_unix_ms=now_ms() + 50, flags=0x03)
+
+
+def supersede(connection: Any, session: Any) -> None:
+    connection.supersede_runtime_operation(session, old_operation_id=1, new_operation_id=2,
+                                           control_sequence=1, diagnostic=b"newer_request")
+    session.submit_operation(openai_submit(2, 2, request(3, "replacement")))
+
+
+def live_budget(connection: Any, session: Any) -> None:
+    connection.update_runtime_budget(session, operation_id=1, token_budget=5,
+                                     flags=int(nnrp.BudgetFlag.REPLACE))
+
+
+def route_hint(connection: Any, session: Any) -> None:
+    connection.send_runtime_route_hint(session, operation_id=1, route_id=7,
+                                       flags=int(nnrp.HintFlag.BEST_EFFORT))
+
+
+def execution_hint(connection: Any, session: Any) -> None:
+    connection.send_runtime_execution_hint(session, operation_id=1, route_id=7,
+                                           executor_class=2,
+                                           flags=int(nnrp.HintFlag.MUST_HONOR))
+
+
+#: Two tokens the gateway implements and one it does not (no cache).
+OFFER = ("cache.reference", "control.cancel_abort", "control.trace_context")
+
+
+def negotiate(connection: Any, session: Any) -> None:
+    connection.negotiate_runtime_capabilities(
+        session, profile_id=0, capability_count=len(OFFER), body=nnrp.pack_tokens(OFFER),
+        flags=int(nnrp.CapabilityFlag.DOWNGRADE_ALLOWED))
+
+
+def degrade(connection: Any, session: Any) -> None:
+    tokens = ("control.cancel_abort",)
+    connection.degrade_runtime_profile(session, profile_id=0, capability_count=len(tokens),
+                                       body=nnrp.pack_tokens(tokens))
+
+
+@attrs.frozen
+class Case:
+    control: Control
+    #: How operation 1 ends: ("push", status) or ("drop", reason).
+    ends: tuple[str, int]
+    #: Frames the gateway answers the control with, before the terminal.
+    replies: tuple[str, ...] = ()
+    #: The end cause in the gateway's record of operation 1.
+    cause: str = "completed"
+    upstream_aborted: bool = False
+
+
+CASES = {
+    "cancel": Case(cancel, ("drop", 3), cause="peer_cancelled", upstream_aborted=True),
+    "abort": Case(abort, ("drop", 3), cause="peer_cancelled", upstream_aborted=True),
+    "cancel_frame": Case(cancel_frame, ("drop", 3), cause="peer_cancelled",
+                         upstream_aborted=True),
+    "live_priority": Case(live_priority, ("push", 200), replies=("ERROR_RECOVERABLE",)),
+    "deadline": Case(deadline, ("drop", 1), cause="deadline_expired", upstream_aborted=True),
+    "expire_at": Case(expire_at, ("drop", 2), cause="expired_at", upstream_aborted=True),
+    "supersede": Case(supersede, ("drop", 2), cause="superseded", upstream_aborted=True),
+    "live_budget": Case(live_budget, ("drop", 6), cause="budget_exceeded",
+                        upstream_aborted=True),
+    "route_hint": Case(route_hint, ("push", 200)),
+    "execution_hint": Case(execution_hint, ("push", 200), replies=("ERROR_RECOVERABLE",)),
+    "negotiate": Case(negotiate, ("push", 200), replies=("DEGRADE_PROFILE",)),
+    "degrade": Case(degrade, ("push", 200)),
+}
+
+#: The controls after which the referee's application ends the operation itself.
+REFEREE_ENDS = {"cancel", "abort", "cancel_frame", "supersede", "deadline", "expire_at"}
+
+
+# ------------------------------------------------------------------ the client side
+
+def drive(uri: str, control: Control) -> dict[str, list[dict[str, Any]]]:
+    """Stream operation 1, call ``control`` after two partials, poll past its terminal
+    (nothing may follow it), then prove the session usable and close it."""
+    with native_connection("tcp", uri) as connection:
+        session = open_session(connection)
+        session.submit_operation(openai_submit(1, 1, request(TOKENS, "first")))
+        events: list[dict[str, Any]] = []
+        called = ended = None
+        deadline_at = time.monotonic() + 20
+        while time.monotonic() < deadline_at:
+            for event in poll_once(session):
+                events.append(event)
+                partials = [e for e in events if e["kind"] == "PARTIAL_RESULT"
+                            and e["frame_id"] == 1]
+                if called is None and len(partials) >= 2:
+                    control(connection, session)
+                    called = time.monotonic()
+                if ended is None and event.get("frame_id") == 1 and event["kind"] in (
+                        "RESULT_PUSH", "RESULT_DROP_REASON"):
+                    ended = time.monotonic()
+            if ended is not None and time.monotonic() - ended > 0.3:
+                break
+        # Whatever the control did, the session still serves requests.
+        session.submit_operation(openai_submit(9, 9, request(3, "after")))
+        after: list[dict[str, Any]] = []
+        while time.monotonic() < deadline_at and not any(
+                e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") and e.get("frame_id") == 9
+                for e in after):
+            after += poll_once(session)
+        session.close()
+    return {"events": [e for e in events if e["kind"] != "lifecycle"],
+            "after": [e for e in after if e["kind"] != "lifecycle"]}
+
+
+def ending(events: list[dict[str, Any]], frame_id: int) -> tuple[str, int]:
+    (end,) = [e for e in events if e["frame_id"] == frame_id
+              and e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")]
+    if end["kind"] == "RESULT_PUSH":
+        return ("push", end["status"])
+    return ("drop", end["drop_reason"])
+
+
+def assert_usable(result: dict[str, list[dict[str, Any]]]) -> None:
+    assert ending(result["after"], 9) == ("push", 200)
+
+
+# ------------------------------------------------------------------ the gateway
+
+@pytest.fixture
+async def stack(nursery: trio.Nursery, tmp_path: Path) -> Stack:
+    # 25 ms a token: the 40-token stream takes a second, time for any control to land.
+    replay = ReplayServer(token_interval_ms=25.0)
+    return await start_stack(nursery, tmp_path, replay=replay,
+                             pipeline=PipelineLimits(priority_scheduling=False))
+
+
+def records_of(stack: Stack) -> list[ObservationRecord]:
+    records: list[ObservationRecord] = []
+    observe = stack.gateway.metrics.observe
+
+    def spy(record: ObservationRecord) -> None:
+        records.append(record)
+        observe(record)
+
+    stack.gateway.metrics.observe = spy  # type: ignore[method-assign]
+    return records
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_each_client_api_against_the_gateway(stack: Stack, name: str) -> None:
+    case = CASES[name]
+    records = records_of(stack)
+    with trio.fail_after(40):
+        result = await trio.to_thread.run_sync(drive, stack.uri(), case.control)
+    events = result["events"]
+    assert ending(events, 1) == case.ends
+    first = [e for e in events if e["frame_id"] == 1]
+    assert first[-1]["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")  # nothing after it
+    replies = [e["kind"] for e in events if e["kind"] not in (
+        "PARTIAL_RESULT", "RESULT_PUSH", "RESULT_DROP_REASON", "TRACE_CONTEXT")
+        and e["frame_id"] in (0, 1)]
+    assert tuple(replies) == case.replies
+    assert_usable(result)
+
+    (record,) = [r for r in records if r.operation_id == 1]
+    assert record.end_cause == case.cause
+    first_request = next(r for r in stack.replay.requests
+                         if r.headers.get("x-request-id", "").endswith(":first"))
+    aborted = any(d.request_id == first_request.headers["x-request-id"]
+                  for d in stack.replay.disconnects)
+    assert aborted is case.upstream_aborted
+    if name == "supersede":
+        assert ending(events, 2) == ("push", 200)  # the replacement ran to its end
+    if name == "live_budget":
+        text = [json.loads(e["body"]) for e in first if e["kind"] == "PARTIAL_RESULT"]
+        deltas = [p for p in text if p["type"] == "response.output_text.delta"]
+        assert len(deltas) <= 5
+        assert record.tokens_used == 5
+    if name == "negotiate":
+        # Downgrade allowed: the answer is the subset we implement (cache.reference is not).
+        (reply,) = [e for e in events if e["kind"] == "DEGRADE_PROFILE"]
+        assert nnrp.parse_tokens(reply["body"], 2) == ("control.cancel_abort",
+                                                       "control.trace_context")
+
+
+async def test_session_budget_caps_the_next_request(stack: Stack) -> None:
+    """BUDGET_UPDATE for operation 0 is the session's budget: a request submitted after it
+    is sent to vLLM with its max_tokens capped, so vLLM stops in time (no abort)."""
+
+    def scenario() -> list[dict[str, Any]]:
+        with native_connection("tcp", stack.uri()) as connection:
+            session = open_session(connection)
+            connection.update_runtime_budget(session, operation_id=0, token_budget=4,
+                                             flags=int(nnrp.BudgetFlag.REPLACE))
+            session.submit_operation(openai_submit(1, 1, request(TOKENS, "capped")))
+            events: list[dict[str, Any]] = []
+            end = time.monotonic() + 15
+            while time.monotonic() < end and not any(
+                    e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
+                events += poll_once(session)
+            session.close()
+            return events
+
+    with trio.fail_after(30):
+        events = await trio.to_thread.run_sync(scenario)
+    assert ending(events, 1) == ("push", 200)
+    (sent,) = [r for r in stack.replay.requests if r.method == "POST"]
+    assert json.loads(sent.body)["max_tokens"] == 4
+    assert not stack.replay.disconnects
+
+
+async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """With vLLM's priority scheduling on, the session's priority class becomes each
+    request's ``priority`` (class * 10 + delta; lower runs first in vLLM)."""
+    stack = await start_stack(nursery, tmp_path, replay=ReplayServer(),
+                              pipeline=PipelineLimits(priority_scheduling=True))
+
+    def scenario() -> list[dict[str, Any]]:
+        from nnrp.client.native import NativeClientSessionOptions, NativeSessionPriorityClass
+
+        options = NativeClientSessionOptions(
+            priority_class=NativeSessionPriorityClass.BACKGROUND)
+        submit = openai_submit(1, 1, request(3, "priority"))
+        with native_connection("tcp", stack.uri()) as connection:
+            session = asyncio.run(connection.open_session(options))
+            session.submit_operation(submit)
+            events: list[dict[str, Any]] = []
+            end = time.monotonic() + 15
+            while time.monotonic() < end and not any(
+                    e["kind"] == "RESULT_PUSH" for e in events):
+                events += poll_once(session)
+            session.close()
+            return events
+
+    with trio.fail_after(30):
+        events = await trio.to_thread.run_sync(scenario)
+    assert ending(events, 1) == ("push", 200)
+    (sent,) = [r for r in stack.replay.requests if r.method == "POST"]
+    assert json.loads(sent.body)["priority"] == 20
+
+
+# ------------------------------------------------------------------ the referee
+
+def _push_metadata() -> ResultPushMetadata:
+    return ResultPushMetadata(
+        status_code=200, result_flags=0, section_count=0, tile_count=0, active_profile_id=0,
+        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
+        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
+        payload_frame_count=1)
+
+
+@attrs.define
+class _Running:
+    operation: Any
+    frame_id: int
+    total: int
+    sent: int = 0
+    next_at: float = 0.0
+    #: A DEADLINE or EXPIRE_AT: (unix ms, the drop reason when it passes).
+    expires: tuple[int, int] | None = None
+
+
+def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) -> None:
+    """nnrp-py's native server, one session at a time, with an application that streams
+    ``max_tokens`` partials 25 ms apart and ends cancelled, superseded or expired
+    operations with RESULT_DROP_REASON the way the reference adapter does (the native
+    runtime itself enforces none of these)."""
+
+    async def serve() -> None:
+        options = NativeServerBootstrapOptions("nnrp://127.0.0.1:0",
+                                               transport_policy=TransportPolicy.FORCE_TCP)
+        with listen_native_server(options) as server:
+            ready.put(server.bound_provider_endpoints["tcp"].uri)
+            while not stop.is_set():
+                try:
+                    session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
+                except NativeWouldBlockError:
+                    continue
+                await serve_session(session)
+
+    async def serve_session(session: Any) -> None:
+        active: dict[int, _Running] = {}
+
+        async def drop(operation_id: int, reason: int, diagnostic: bytes) -> None:
+            running = active.pop(operation_id, None)
+            if running is not None:
+                await running.operation.send_result_drop(ResultDropReasonMetadata(
+                    operation_id, running.sent + 1, reason, 3, 0, len(diagnostic)),
+                    diagnostic)
+
+        while not stop.is_set():
+            try:
+                event = await session.next_event(timeout=0.005)
+            except NativeWouldBlockError:
+                event = None
+            if event is not None and (operation := event.as_submit()) is not None:
+                typed = nnrp.parse_typed_body(bytes(operation.submit.tail.body),
+                                              payload_kind_bitmap=0x10, payload_frame_count=1)
+                body = json.loads(typed.frames[0].payload)["body"]
+                active[operation.operation_id] = _Running(
+                    operation, operation.submit.header.frame_id, body["max_tokens"])
+            elif event is not None and (runtime := event.as_runtime()) is not None:
+                kind = runtime.header.message_type
+                log.append(kind.name)
+                value = runtime.metadata.value
+                if kind in (MessageType.CANCEL, MessageType.ABORT):
+                    await drop(value.operation_id, 3, b"peer_cancelled")
+                elif kind is MessageType.FRAME_CANCEL:
+                    by_frame = {r.frame_id: op for op, r in active.items()}
+                    if runtime.header.frame_id in by_frame:
+                        await drop(by_frame[runtime.header.frame_id], 3, b"peer_cancelled")
+                elif kind is MessageType.SUPERSEDE:
+                    await drop(value.old_operation_id, 2, bytes(runtime.tail.diagnostic))
+                elif kind in (MessageType.DEADLINE, MessageType.EXPIRE_AT):
+                    running = active.get(value.operation_id)
+                    if running is not None:
+                        reason = 1 if kind is MessageType.DEADLINE else 2
+                        running.expires = (value.deadline_unix_ms, reason)
+                elif kind is MessageType.SESSION_CLOSE:
+                    await asyncio.to_thread(session.close)
+                    return
+            now = time.monotonic()
+            for op_id, running in list(active.items()):
+                if running.expires is not None and now_ms() >= running.expires[0]:
+                    await drop(op_id, running.expires[1], b"")
+                    continue
+                if now < running.next_at:
+                    continue
+                if running.sent < running.total:
+                    body = json.dumps({"type": "response.output_text.delta",
+                                       "delta": "x"}).encode()
+                    running.sent += 1
+                    running.next_at = now + 0.025
+                    await running.operation.send_partial_result(PartialResultMetadata(
+                        op_id, running.sent, 0, running.sent, len(body), 0), body)
+                else:
+                    await running.operation.send_result(
+                        _push_metadata(),
+                        nnrp.pack_single_frame(b'{"type":"response.completed"}'))
+                    del active[op_id]
+
+    asyncio.run(serve())
+
+
+@pytest.fixture
+async def referee() -> Any:
+    ready: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+    log: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.to_thread.run_sync, run_referee, ready, stop, log)
+        endpoint = await trio.to_thread.run_sync(ready.get, True, 30)
+        try:
+            yield "tcp://" + endpoint.split("://", 1)[1], log
+        finally:
+            stop.set()
+
+
+async def test_each_client_api_against_the_referee(referee: Any, nursery: trio.Nursery,
+                                                   tmp_path: Path) -> None:
+    """Every API is accepted by nnrp-py's own server as the control it names, and its
+    session stays usable; where both servers end the operation, they end it alike."""
+    uri, log = referee
+    stack = await start_stack(nursery, tmp_path, replay=ReplayServer(token_interval_ms=25.0))
+    expected_kind = {
+        "cancel": "CANCEL", "abort": "ABORT", "cancel_frame": "FRAME_CANCEL",
+        "live_priority": "PRIORITY_UPDATE", "deadline": "DEADLINE", "expire_at": "EXPIRE_AT",
+        "supersede": "SUPERSEDE", "live_budget": "BUDGET_UPDATE", "route_hint": "ROUTE_HINT",
+        "execution_hint": "EXECUTION_HINT", "negotiate": "CAPABILITY_NEGOTIATION",
+        "degrade": "DEGRADE_PROFILE"}
+    for name, case in CASES.items():
+        log.clear()
+        with trio.fail_after(40):
+            theirs = await trio.to_thread.run_sync(drive, uri, case.control)
+            ours = await trio.to_thread.run_sync(drive, stack.uri(), case.control)
+        assert expected_kind[name] in log, (name, log)
+        assert_usable(theirs)
+        assert_usable(ours)
+        if name in REFEREE_ENDS:
+            assert ending(ours["events"], 1) == ending(theirs["events"], 1), name
+
+
+async def test_over_the_limit_is_recoverable_and_says_when(stack: Stack) -> None:
+    """A submit over the session's in-flight limit ends with ERROR_RECOVERABLE and
+    RETRY_AFTER before its terminal 503; the session keeps serving."""
+    from nnrp.client.native import NativeClientSessionOptions
+
+    def scenario() -> dict[str, Any]:
+        with native_connection("tcp", stack.uri()) as connection:
+            session = asyncio.run(connection.open_session(
+                NativeClientSessionOptions(max_in_flight_operations=1)))
+            session.submit_operation(openai_submit(1, 1, request(TOKENS, "first")))
+            session.submit_operation(openai_submit(2, 2, request(3, "over")))
+            events: list[dict[str, Any]] = []
+            end = time.monotonic() + 15
+            while time.monotonic() < end and sum(
+                    e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events) < 2:
+                events += poll_once(session)
+            session.submit_operation(openai_submit(3, 3, request(3, "later")))
+            while time.monotonic() < end and not any(
+                    e.get("frame_id") == 3 and e["kind"] == "RESULT_PUSH" for e in events):
+                events += poll_once(session)
+            session.close()
+            return {"events": [e for e in events if e["kind"] != "lifecycle"]}
+
+    with trio.fail_after(30):
+        result = await trio.to_thread.run_sync(scenario)
+    over = [e for e in result["events"] if e["frame_id"] == 2]
+    assert [e["kind"] for e in over] == ["ERROR_RECOVERABLE", "RETRY_AFTER", "RESULT_PUSH"]
+    assert over[-1]["status"] == 503
+    assert over[-1]["payload"]["error"]["code"] == "adapter_operation_limit"
+    assert ending(result["events"], 1) == ("push", 200)
+    assert ending(result["events"], 3) == ("push", 200)

@@ -1,0 +1,48 @@
+"""An OperationPort that records what an operation sends: operations tested alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from gateway.nnrp import DropReason, Stage
+
+
+@attrs.define
+class RecordingPort:
+    """An OperationPort that records what the operation sent (units alone: no wire)."""
+
+    sent: list[tuple[Any, ...]] = attrs.field(factory=list)
+    blocked: trio.Event | None = None
+    tokens: frozenset[str] = frozenset()
+    progress: list[Stage] = attrs.field(factory=list)
+    superseded: bool = False  # a SUPERSEDE of the operation waits for its replacement
+
+    async def room(self) -> None:
+        if self.blocked is not None:
+            await self.blocked.wait()
+        await trio.lowlevel.checkpoint()
+
+    async def credit(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def send_partial(self, body: bytes) -> None:
+        self.sent.append(("partial", body))
+
+    def send_progress(self, stage: Stage) -> None:
+        self.progress.append(stage)
+
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
+        self.sent.append(("result", status, payload) if retry_after_ms is None
+                         else ("result", status, payload, retry_after_ms))
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
+        self.sent.append(("drop", reason, diagnostic))
+
+    def negotiated(self, token: str) -> bool:
+        return token in self.tokens
+
+    def superseding(self) -> bool:
+        return self.superseded
