@@ -289,6 +289,7 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
     import trio
 
     from gateway.app import Gateway
+    from gateway.profile import EXTENSIONS
     from gateway.tools.conformance import target_manifest, write_atomically
 
     gateway_app = Gateway(config)
@@ -303,6 +304,7 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
                 max_frame_bytes=config.server.max_packet,
                 max_in_flight=config.server.max_in_flight,
                 runtime_tokens=gateway_app.server.config.runtime_tokens,
+                extensions=[extension.name for extension in EXTENSIONS],
                 tls_files=(tls.cert_file, tls.key_file) if tls else None,
                 security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
             await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
@@ -323,7 +325,7 @@ async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
 @app.command("replay-server")
 def replay_server(
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8000",
-    vllm_version: Annotated[str, typer.Option(help="Family to impersonate: 0.18, 0.22, 0.26."
+    vllm_version: Annotated[str, typer.Option(help="Family to impersonate: 0.18, 0.22, 0.26, 0.32."
                                               )] = "0.26",
     speed: Annotated[float, typer.Option(help="Timing scale: 2 plays twice as fast.")] = 1.0,
     api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,

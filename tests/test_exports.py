@@ -52,15 +52,16 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.profile": (
         "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES "
-        "EndCause EndSpec Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError Push "
-        "RUNTIME_TOKENS SCHEMA_VERSION Silent Terminal capability_document check_typed_body "
-        "events parse_envelope runtime_tokens "
+        "EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError "
+        "Push RUNTIME_TOKENS SCHEMA_VERSION Silent Terminal capability_document "
+        "check_typed_body events parse_envelope runtime_tokens "
     ),
     "gateway.upstream": (
-        "BINDINGS Binding ChunkStream SSEDecoder SSEError SSEEvent SUPPORTED_BAND "
-        "UnsupportedVersion UpstreamConfig UpstreamError UpstreamMalformed UpstreamStatus "
-        "UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk parse_chunk "
-        "parse_completion select_binding to_profile_error "
+        "BINDINGS Binding ChunkStream RequestFieldError ResponseShape SSEDecoder SSEError "
+        "SSEEvent SUPPORTED_BAND UnsupportedVersion UpstreamConfig UpstreamError "
+        "UpstreamMalformed UpstreamStatus UpstreamTimeout UpstreamUnavailable VllmClient "
+        "VllmInfo check_chunk is_streaming lax_bool lax_int output_token_limit parse_chunk "
+        "parse_completion select_binding to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
         "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
@@ -80,7 +81,8 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
-        "Transcript bundled_transcripts choose_scenario derive load_transcript parse_transcript "
+        "Transcript VERSIONS bundled_transcripts choose_scenario conform_body derive "
+        "load_transcript parse_transcript "
     ),
     "gateway.tools.conformance": (
         "ManifestError ValidationReport build_plan check_case native_available "

@@ -44,10 +44,12 @@ from gateway.profile import (
     parse_envelope,
 )
 from gateway.upstream import (
+    RequestFieldError,
     UpstreamError,
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
+    output_token_limit,
     to_profile_error,
 )
 
@@ -126,7 +128,7 @@ class ChatPipeline:
                         include_openai_chunk=envelope.policy.include_openai_chunk)
                     body = await self._stream(op, request, translator)
                 else:
-                    body = info.binding.normalize_body(await self._unary(op, request))
+                    body = await self._unary(op, request)  # vLLM's body, as vLLM sent it
             if body is None:
                 raise UpstreamTimeout("total", total)
             await self._complete(op, ev.completed(body))
@@ -154,14 +156,14 @@ class ChatPipeline:
                 body["priority"] = priority
         budget = op.token_budget
         if budget is not None:
-            capped = False
-            for key in ("max_tokens", "max_completion_tokens"):
-                value = body.get(key)
-                if type(value) is int:
-                    body[key] = min(value, budget)
-                    capped = True
-            if not capped:
-                body["max_tokens"] = budget
+            # The field vLLM obeys (max_completion_tokens wins), read as vLLM reads it.
+            try:
+                limit = output_token_limit(body)
+            except RequestFieldError as error:
+                raise ProfileError(EndCause.INVALID_BODY, str(error),
+                                   param=error.field) from None
+            field, value = limit if limit is not None else ("max_tokens", budget)
+            body[field] = min(value, budget)
         op.dispatched_at = trio.current_time()
 
     def _total_timeout(self, policy_ms: int | None) -> float:

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from gateway.profile import EndCause, ProfileError
+from gateway.upstream import RequestFieldError, is_streaming, usage_requested
+
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
     from gateway.profile import Envelope
@@ -38,13 +41,17 @@ class UpstreamRequest:
 def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
                   connection_id: int, trace: TraceInfo | None) -> UpstreamRequest:
     """The body exactly as sent, plus ``stream_options.include_usage`` for streams (usage is
-    always recorded; the usage *event* is only for clients that asked)."""
+    always recorded; the usage *event* is only for clients that asked). ``stream`` and
+    ``stream_options`` are read as vLLM reads them (``upstream._request_fields``); a value
+    vLLM would not read is refused here, before anything is generated."""
     body = dict(envelope.body)
-    stream = envelope.stream
-    options = body.get("stream_options")
-    usage_requested = isinstance(options, dict) and options.get("include_usage") is True
+    try:
+        stream = is_streaming(body)
+        usage = stream and usage_requested(body)
+    except RequestFieldError as error:
+        raise ProfileError(EndCause.INVALID_BODY, str(error), param=error.field) from None
     if stream:
-        merged = dict(options) if isinstance(options, dict) else {}
+        merged = dict(body.get("stream_options") or {})
         merged["include_usage"] = True
         body["stream_options"] = merged
     request_id = envelope.request_id or f"nnrp-{connection_id}-{session_id}-{operation_id}"
@@ -52,4 +59,4 @@ def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
     parent = traceparent(trace)
     if parent is not None:
         headers["traceparent"] = parent
-    return UpstreamRequest(body, headers, request_id, stream, usage_requested)
+    return UpstreamRequest(body, headers, request_id, stream, usage)

@@ -1,20 +1,43 @@
-"""Chunk -> profile events, and the completed body rebuilt from the deltas.
+"""Chunk -> profile events, and vLLM's non-streaming body rebuilt from the chunks.
 
-A pure class fed one checked chunk at a time (architecture.md rule 2). For each choice
-(kept apart by ``index``, so ``n > 1`` works):
+A pure class fed one checked chunk at a time (architecture.md rule 2). The rule it keeps:
+**every field vLLM sends reaches the client**, in a profile event, in a declared
+non-critical extension field, or at least in the rebuilt ``response.completed`` body.
 
-* ``delta.content`` -> ``response.output_text.delta`` {index, delta}; empty strings are
-  skipped (vLLM's detokenizer sends ``""`` while it holds back partial UTF-8).
-* ``delta.reasoning`` (or the older ``reasoning_content``) ->
-  ``response.reasoning_text.delta``: the declared non-critical extension ``vllm.reasoning``.
-* ``delta.tool_calls`` -> the contract's lifecycle per call: ``started`` (on the first
-  fragment, which carries vLLM's id and the function name) -> ``delta``* (each arguments
-  fragment) -> exactly one ``completed`` with the concatenated arguments when the choice
-  finishes or the stream ends; ``error`` instead when the stream breaks mid-call
-  (``abort``). Calls of a choice are keyed by their ``index``, so parallel calls may
-  interleave. ``tool_calls: []`` noise (0.18/0.22) is dropped by the binding.
-* ``usage`` -> recorded always; ``response.usage`` is emitted (once, from the final
-  usage chunk) only when the client asked for usage.
+Events, per choice (kept apart by ``index``, so ``n > 1`` works):
+
+1. ``delta.content`` -> ``response.output_text.delta`` {index, delta}; empty strings make
+   no event of their own (vLLM's detokenizer sends ``""`` while it holds back partial
+   UTF-8).
+2. ``delta.reasoning`` (or the older ``reasoning_content``) ->
+   ``response.reasoning_text.delta``: the declared extension ``vllm.reasoning``.
+3. ``delta.tool_calls`` -> the contract's lifecycle per call: ``started`` (on the first
+   fragment, which carries vLLM's id and the function name) -> ``delta``* (each arguments
+   fragment) -> exactly one ``completed`` with the concatenated arguments when the choice
+   finishes or the stream ends; ``error`` instead when the stream breaks mid-call
+   (``abort``). Calls of a choice are keyed by their ``index``, so parallel calls may
+   interleave. ``tool_calls: []`` noise (0.18/0.22) is dropped by the binding.
+4. The choice's ``logprobs`` and ``token_ids`` (extension ``vllm.logprobs``) ride on the
+   first event the choice produced from that chunk. A chunk that carries them but no
+   text (a token that adds none, common with logprobs or return_token_ids) becomes a
+   text delta with ``"delta": ""``, so a streaming client sees every token's data in order.
+5. ``usage`` -> recorded always; ``response.usage`` is emitted (once, from the final
+   usage chunk) only when the client asked for usage.
+6. ``include_openai_chunk``: every event carries its chunk, and a chunk that produced no
+   event is conveyed as ``response.openai_chunk`` (extension ``vllm.openai_chunk``).
+
+The completed body (``completed_body``) is the ``chat.completion`` vLLM would have sent
+for the same request without streaming, field by field; the binding's ``ResponseShape``
+names the fields a stream never carries (null then):
+
+* top level: id, created, model from the first chunk; ``object`` chat.completion; every
+  other chunk field (prompt_token_ids, prompt_text, system_fingerprint, fields a future
+  vLLM adds): its last non-null value; ``usage``: the last one, detail fields as null;
+* per choice: ``message`` from the deltas (content joined, null when a tool call came
+  and no text; reasoning joined; tool calls; any other delta field: strings joined, other
+  values the last non-null one); ``logprobs`` as ``{"content": [every entry in order]}``;
+  ``token_ids`` concatenated; finish_reason and stop_reason from the finish chunk; any
+  other choice field: its last non-null value.
 """
 
 from __future__ import annotations
@@ -25,6 +48,12 @@ import attrs
 
 from gateway.profile import events as ev
 from gateway.upstream import Binding, UpstreamMalformed
+
+#: Chunk fields with a rule of their own; any other is carried over as it comes.
+_CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
+_CHOICE_OWN = frozenset({"index", "delta", "logprobs", "finish_reason", "stop_reason",
+                         "token_ids"})
+_DELTA_OWN = frozenset({"role", "content", "reasoning", "reasoning_content", "tool_calls"})
 
 
 @attrs.define
@@ -45,20 +74,40 @@ class _ToolCall:
 class _Choice:
     index: int
     role: str = "assistant"
-    content: list[str] = attrs.field(factory=list)
+    content: list[str] | None = None  # None until a delta carries a content string
     reasoning: list[str] = attrs.field(factory=list)
     tool_calls: dict[int, _ToolCall] = attrs.field(factory=dict)
     finish_reason: str | None = None
     stop_reason: Any = None
+    logprobs: list[Any] | None = None
+    token_ids: list[Any] | None = None
+    #: Delta and choice fields without a rule of their own, as rule 8 carries them.
+    message_extra: dict[str, Any] = attrs.field(factory=dict)
+    choice_extra: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _carry(into: dict[str, Any], key: str, value: Any, *, join_strings: bool) -> None:
+    """A field without a rule of its own: strings joined (delta fields stream text), else
+    the last non-null value; a field only ever null stays null."""
+    if value is None:
+        into.setdefault(key, None)
+    elif join_strings and isinstance(value, str) and isinstance(into.get(key), str):
+        into[key] += value
+    else:
+        into[key] = value
 
 
 def token_count(chunk: dict[str, Any]) -> int:
-    """Completion tokens a checked chunk carries, for token budgets: the logprobs entries
-    when vLLM sent them (one per token, exactly), else one per choice whose delta carries
+    """Completion tokens a checked chunk carries, for token budgets: its token ids or
+    logprobs entries when vLLM sent them (exact), else one per choice whose delta carries
     text, reasoning or a tool call (vLLM sends one token per chunk unless it runs with
     ``--stream-interval`` above 1, when this undercounts)."""
     total = 0
     for choice in chunk["choices"]:
+        token_ids = choice.get("token_ids")
+        if isinstance(token_ids, list):
+            total += len(token_ids)
+            continue
         logprobs = choice.get("logprobs")
         entries = logprobs.get("content") if isinstance(logprobs, dict) else None
         if isinstance(entries, list) and entries:
@@ -80,9 +129,10 @@ class Translator:
         self.id: str | None = None
         self.created: int | None = None
         self.model: str | None = None
-        self.system_fingerprint: str | None = None
         self.usage: dict[str, Any] | None = None
         self.choices: dict[int, _Choice] = {}
+        #: Top-level chunk fields without a rule of their own (system_fingerprint, ...).
+        self.extra: dict[str, Any] = {}
         self.chunks = 0
 
     # ------------------------------------------------------------------ feeding
@@ -92,8 +142,9 @@ class Translator:
         self.chunks += 1
         if self.id is None:
             self.id, self.created, self.model = chunk["id"], chunk["created"], chunk["model"]
-        if chunk.get("system_fingerprint"):
-            self.system_fingerprint = chunk["system_fingerprint"]
+        for key, value in chunk.items():
+            if key not in _CHUNK_OWN:
+                _carry(self.extra, key, value, join_strings=False)
         events: list[dict[str, Any]] = []
         for choice_data in chunk["choices"]:
             events += self._choice(choice_data)
@@ -105,6 +156,8 @@ class Translator:
         if self.include_openai_chunk:
             for event in events:
                 event["openai_chunk"] = chunk
+            if not events:
+                events.append(ev.openai_chunk(chunk))
         return events
 
     def _choice(self, data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -121,16 +174,52 @@ class Translator:
             choice.reasoning.append(reasoning)
             events.append(ev.reasoning_delta(index, reasoning))
         content = delta.get("content")
-        if content:
-            choice.content.append(content)
-            events.append(ev.text_delta(index, content))
+        if isinstance(content, str):
+            if choice.content is None:
+                choice.content = []
+            if content:
+                choice.content.append(content)
+                events.append(ev.text_delta(index, content))
         for call in delta.get("tool_calls") or ():
             events += self._tool_call(choice, call)
+        for key, value in delta.items():
+            if key not in _DELTA_OWN:
+                _carry(choice.message_extra, key, value, join_strings=True)
+        for key, value in data.items():
+            if key not in _CHOICE_OWN:
+                _carry(choice.choice_extra, key, value, join_strings=False)
+        extension = self._token_data(choice, data)
+        if extension:
+            if not events:  # rule 4: a token without text still reaches the client
+                events.append(ev.text_delta(index, ""))
+            events[0].update(extension)
         if data.get("finish_reason") is not None:
             choice.finish_reason = data["finish_reason"]
             choice.stop_reason = data.get("stop_reason")
             events += self._complete_tools(choice)
         return events
+
+    @staticmethod
+    def _token_data(choice: _Choice, data: dict[str, Any]) -> dict[str, Any]:
+        """The chunk's logprobs and token ids for this choice (rule 4), also kept for the
+        completed body."""
+        extension: dict[str, Any] = {}
+        logprobs = data.get("logprobs")
+        if logprobs is not None:
+            extension["logprobs"] = logprobs
+            entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+            if choice.logprobs is None:
+                choice.logprobs = []
+            if isinstance(entries, list):
+                choice.logprobs.extend(entries)
+        token_ids = data.get("token_ids")
+        if token_ids is not None:
+            extension["token_ids"] = token_ids
+            if choice.token_ids is None:
+                choice.token_ids = []
+            if isinstance(token_ids, list):
+                choice.token_ids.extend(token_ids)
+        return extension
 
     def _tool_call(self, choice: _Choice, call: dict[str, Any]) -> list[dict[str, Any]]:
         function = call.get("function") or {}
@@ -189,27 +278,49 @@ class Translator:
         return events
 
     def completed_body(self) -> dict[str, Any]:
-        """A ``chat.completion`` rebuilt from everything streamed."""
-        choices = []
-        for index in sorted(self.choices):
-            choice = self.choices[index]
-            message: dict[str, Any] = {"role": choice.role,
-                                       "content": "".join(choice.content) or None}
-            if choice.reasoning:
-                message["reasoning"] = "".join(choice.reasoning)
-            if choice.tool_calls:
-                message["tool_calls"] = [
-                    {"id": call.call_id, "type": "function",
-                     "function": {"name": call.name, "arguments": "".join(call.arguments)}}
-                    for _, call in sorted(choice.tool_calls.items())]
-            entry: dict[str, Any] = {"index": index, "message": message,
-                                     "finish_reason": choice.finish_reason}
-            if choice.stop_reason is not None:
-                entry["stop_reason"] = choice.stop_reason
-            choices.append(entry)
+        """vLLM's non-streaming ``chat.completion`` for this stream (module docstring)."""
+        shape = self.binding.shape
+        choices = [self._completed_choice(self.choices[index]) for index in sorted(self.choices)]
         body: dict[str, Any] = {"id": self.id, "object": "chat.completion",
                                 "created": self.created, "model": self.model,
-                                "choices": choices, "usage": self.usage}
-        if self.system_fingerprint:
-            body["system_fingerprint"] = self.system_fingerprint
+                                "choices": choices}
+        usage = None
+        if self.usage is not None:
+            usage = dict(self.usage)
+            for field in shape.usage:
+                usage.setdefault(field, None)
+        for field in shape.body:
+            body[field] = usage if field == "usage" else self.extra.get(field)
+        for field, value in self.extra.items():
+            body.setdefault(field, value)
+        body.setdefault("usage", usage)
         return body
+
+    def _completed_choice(self, choice: _Choice) -> dict[str, Any]:
+        shape = self.binding.shape
+        text = "".join(choice.content) if choice.content is not None else None
+        if choice.tool_calls and not text:
+            text = None  # vLLM's parser reports a tool call without text as content null
+        message: dict[str, Any] = {"role": choice.role, "content": text}
+        for field in shape.message:
+            message[field] = None
+        if choice.reasoning:
+            message["reasoning"] = "".join(choice.reasoning)
+        if choice.tool_calls or shape.empty_tool_calls_kept:
+            message["tool_calls"] = [
+                {"id": call.call_id, "type": "function",
+                 "function": {"name": call.name, "arguments": "".join(call.arguments)}}
+                for _, call in sorted(choice.tool_calls.items())]
+        for field, value in choice.message_extra.items():
+            if message.get(field) is None:
+                message[field] = value
+        entry: dict[str, Any] = {"index": choice.index, "message": message}
+        for field in shape.choice:
+            entry[field] = None
+        entry.update(logprobs=None if choice.logprobs is None else {"content": choice.logprobs},
+                     finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+                     token_ids=choice.token_ids)
+        for field, value in choice.choice_extra.items():
+            if entry.get(field) is None:
+                entry[field] = value
+        return entry

@@ -93,6 +93,12 @@ EXTENSIONS = (
               "response.diagnostics event when nnrp.diagnostics is true"),
     Extension("vllm.reasoning", False,
               "response.reasoning_text.delta from vLLM's reasoning parser"),
+    Extension("vllm.logprobs", False,
+              "logprobs and token_ids on delta events (as vLLM sent them per chunk); a "
+              "token without text is a text delta with an empty delta"),
+    Extension("vllm.openai_chunk", False,
+              "response.openai_chunk for a vLLM chunk that maps to no other event, when "
+              "nnrp.include_openai_chunk is true"),
     Extension(CAPABILITIES_OPERATION, False, "this document, answered over NNRP"),
 )
 

@@ -93,9 +93,6 @@ class Envelope:
     def model(self) -> str:
         return str(self.body.get("model", ""))
 
-    @property
-    def stream(self) -> bool:
-        return self.body.get("stream") is True
 
 
 def _depth(value: Any, limit: int) -> int:

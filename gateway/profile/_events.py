@@ -30,6 +30,7 @@ def encode_event(event: dict[str, Any]) -> bytes:
 
 
 def text_delta(index: int, delta: str) -> dict[str, Any]:
+    """Extension ``vllm.logprobs`` may add ``logprobs`` and ``token_ids`` (ignorable)."""
     return {"type": "response.output_text.delta", "index": index, "delta": delta}
 
 
@@ -63,6 +64,12 @@ def tool_call_error(index: int, item_id: str, call_id: str, code: str, message: 
     return {"type": "response.tool_call.error", "index": index, "item_id": item_id,
             "call_id": call_id, "choice_index": choice_index,
             "error": {"type": "backend_error", "code": code, "message": message}}
+
+
+def openai_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+    """Declared non-critical extension ``vllm.openai_chunk``: a vLLM chunk that maps to no
+    other event, conveyed when the client set ``nnrp.include_openai_chunk``."""
+    return {"type": "response.openai_chunk", "openai_chunk": chunk}
 
 
 def usage(usage_object: dict[str, Any]) -> dict[str, Any]:

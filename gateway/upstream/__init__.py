@@ -19,12 +19,21 @@ from ._errors import (
     UpstreamUnavailable as UpstreamUnavailable,
     to_profile_error as to_profile_error,
 )
+from ._request_fields import (
+    RequestFieldError as RequestFieldError,
+    is_streaming as is_streaming,
+    lax_bool as lax_bool,
+    lax_int as lax_int,
+    output_token_limit as output_token_limit,
+    usage_requested as usage_requested,
+)
 from ._sse import SSEDecoder as SSEDecoder, SSEError as SSEError, SSEEvent as SSEEvent
 from ._stream import ChunkStream as ChunkStream
 from ._versions import (
     BINDINGS as BINDINGS,
     SUPPORTED_BAND as SUPPORTED_BAND,
     Binding as Binding,
+    ResponseShape as ResponseShape,
     UnsupportedVersion as UnsupportedVersion,
     select_binding as select_binding,
 )

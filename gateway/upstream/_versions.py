@@ -10,9 +10,14 @@ OpenAI frontend still differs between releases (vllm-http.md sections 1-2), so a
   noise; ``routed_experts`` in bodies.
 * 0.26.x (anchor 0.26.0): empty tool lists already stripped; ``metrics`` and
   ``ec_transfer_params`` in bodies.
+* 0.32.x (anchor 0.32.0, outside the band, shapes read from the live CPU build):
+  ``completion_tokens_details`` in usage. Known, so it needs --allow-untested-vllm but no
+  guess.
 
-Any other minor stops start-up (naming the detected version, the families and anchors)
-unless the operator allows untested versions; then the nearest binding is used.
+Each binding also knows its non-streaming body's fields (``ResponseShape``), from which a
+stream's completed body is rebuilt. Any other minor stops start-up (naming the detected
+version, the families and anchors) unless the operator allows untested versions; then
+the nearest binding is used.
 """
 
 from __future__ import annotations
@@ -24,16 +29,43 @@ import attrs
 
 from ._errors import UpstreamError
 
-#: vLLM-internal fields of a non-streaming body that are not OpenAI's; dropped so every
-#: family yields the same completed body.
-_INTERNAL_BODY_FIELDS = ("prompt_logprobs", "prompt_token_ids", "prompt_text",
-                         "kv_transfer_params", "ec_transfer_params", "metrics",
-                         "routed_experts")
-_INTERNAL_CHOICE_FIELDS = ("token_ids", "routed_experts")
-
 
 class UnsupportedVersion(UpstreamError):
     """The probed vLLM version is outside the tested families."""
+
+
+@attrs.frozen
+class ResponseShape:
+    """The fields of a family's non-streaming ``chat.completion`` (vLLM writes it with
+    ``model_dump()``: every declared field, nulls included), read from each release's
+    ``ChatCompletionResponse`` / ``ChatCompletionResponseChoice`` / ``ChatMessage`` /
+    ``UsageInfo``. A rebuilt stream body takes these fields (null when the stream never
+    carried them), so it has the fields vLLM's own non-streaming answer has."""
+
+    body: tuple[str, ...]  # after id, object, created, model, choices, in declared order
+    choice: tuple[str, ...]  # after index, message
+    message: tuple[str, ...]  # after role, content; tool_calls handled apart
+    usage: tuple[str, ...]  # after prompt_tokens, total_tokens, completion_tokens
+    #: 0.18/0.22 always write ``"tool_calls":[]``; 0.26 onwards drop an empty list.
+    empty_tool_calls_kept: bool
+
+
+_SHAPE_018 = ResponseShape(
+    body=("service_tier", "system_fingerprint", "usage", "prompt_logprobs",
+          "prompt_token_ids", "kv_transfer_params"),
+    choice=("logprobs", "finish_reason", "stop_reason", "token_ids"),
+    message=("refusal", "annotations", "audio", "function_call", "reasoning"),
+    usage=("prompt_tokens_details",), empty_tool_calls_kept=True)
+_SHAPE_022 = attrs.evolve(
+    _SHAPE_018,
+    body=("service_tier", "system_fingerprint", "usage", "prompt_logprobs",
+          "prompt_token_ids", "prompt_text", "kv_transfer_params"),
+    choice=(*_SHAPE_018.choice, "routed_experts"))
+_SHAPE_026 = attrs.evolve(
+    _SHAPE_022, body=(*_SHAPE_022.body, "ec_transfer_params", "metrics"),
+    empty_tool_calls_kept=False)
+_SHAPE_032 = attrs.evolve(_SHAPE_026, usage=("prompt_tokens_details",
+                                             "completion_tokens_details"))
 
 
 @attrs.frozen
@@ -42,6 +74,10 @@ class Binding:
     anchor: str
     minor: tuple[int, int]
     empty_tool_calls_noise: bool
+    shape: ResponseShape
+    #: Inside the supported band. A known but untested family (its shapes were read from
+    #: a live server) still needs --allow-untested-vllm.
+    tested: bool = True
 
     def clean_delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         """Drop the ``tool_calls: []`` noise of 0.18/0.22 parsers from a delta."""
@@ -49,30 +85,13 @@ class Binding:
             delta = {k: v for k, v in delta.items() if k != "tool_calls"}
         return delta
 
-    def normalize_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A non-streaming chat.completion in the family-independent form."""
-        out = {k: v for k, v in body.items() if k not in _INTERNAL_BODY_FIELDS}
-        if out.get("system_fingerprint") is None:
-            out.pop("system_fingerprint", None)
-        choices = []
-        for choice in out.get("choices") or []:
-            if not isinstance(choice, dict):
-                choices.append(choice)
-                continue
-            choice = {k: v for k, v in choice.items() if k not in _INTERNAL_CHOICE_FIELDS}
-            message = choice.get("message")
-            if isinstance(message, dict) and message.get("tool_calls") == []:
-                choice["message"] = {k: v for k, v in message.items() if k != "tool_calls"}
-            choices.append(choice)
-        if "choices" in out:
-            out["choices"] = choices
-        return out
-
 
 BINDINGS: tuple[Binding, ...] = (
-    Binding("0.18.x", "0.18.1", (0, 18), empty_tool_calls_noise=True),
-    Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True),
-    Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False),
+    Binding("0.18.x", "0.18.1", (0, 18), empty_tool_calls_noise=True, shape=_SHAPE_018),
+    Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True, shape=_SHAPE_022),
+    Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False, shape=_SHAPE_026),
+    Binding("0.32.x", "0.32.0", (0, 32), empty_tool_calls_noise=False, shape=_SHAPE_032,
+            tested=False),
 )
 SUPPORTED_BAND = "vllm>=0.18.0,<0.27"
 
@@ -88,9 +107,9 @@ def select_binding(version: str, *, allow_untested: bool = False) -> tuple[Bindi
     """The binding for ``version``; the flag says whether it is an untested fallback."""
     major, minor, _ = parse_version(version)
     for binding in BINDINGS:
-        if binding.minor == (major, minor):
-            return binding, False
-    families = ", ".join(f"{b.family} (anchor {b.anchor})" for b in BINDINGS)
+        if binding.minor == (major, minor) and (binding.tested or allow_untested):
+            return binding, not binding.tested
+    families = ", ".join(f"{b.family} (anchor {b.anchor})" for b in BINDINGS if b.tested)
     if not allow_untested:
         raise UnsupportedVersion(
             f"vLLM {version} is not a tested version. Supported families: {families} "

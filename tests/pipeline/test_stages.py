@@ -184,8 +184,12 @@ def test_n2_keeps_choices_apart_and_reasoning_is_an_extension() -> None:
 
 
 def test_empty_content_is_skipped_and_openai_chunk_copies() -> None:
+    assert Translator(B26, usage_requested=False).feed(
+        {**CHUNK, "choices": [{"index": 0, "delta": {"content": ""}}]}) == []
     translator = Translator(B26, usage_requested=False, include_openai_chunk=True)
-    assert translator.feed({**CHUNK, "choices": [{"index": 0, "delta": {"content": ""}}]}) == []
+    empty = {**CHUNK, "choices": [{"index": 0, "delta": {"content": ""}}]}
+    # A chunk with no event of its own is still conveyed (extension vllm.openai_chunk).
+    assert translator.feed(empty) == [{"type": "response.openai_chunk", "openai_chunk": empty}]
     (event,) = translator.feed(CHUNK)
     assert event["openai_chunk"] == CHUNK
 

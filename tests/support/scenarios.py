@@ -23,6 +23,8 @@ EXPECTED_TERMINAL = {
     "error_400_temperature": "invalid_backend_request",
     "error_400_validation": "invalid_backend_request",
     "error_404_model": "unsupported_model",
+    # vLLM would refuse this "stream" too; the gateway refuses it first, naming the field.
+    "error_400_lax_stream_maybe": "invalid_body",
     "error_501_not_implemented": "backend_error",
     "stream_malformed_chunk": "backend_error",
     # Valid JSON whose text is not Unicode (a lone surrogate, which no UTF-8 frame can

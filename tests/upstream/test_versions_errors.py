@@ -25,7 +25,8 @@ def test_tested_families(version: str, family: str) -> None:
 
 
 @pytest.mark.parametrize(("version", "nearest"), [("0.20.2", "0.18.x"), ("0.24.0", "0.22.x"),
-                                                  ("0.32.0", "0.26.x"), ("0.10.1", "0.18.x")])
+                                                  ("0.32.0", "0.32.x"), ("0.33.1", "0.32.x"),
+                                                  ("0.10.1", "0.18.x")])
 def test_other_versions_refused_unless_allowed(version: str, nearest: str) -> None:
     with pytest.raises(UnsupportedVersion) as info:
         select_binding(version)
@@ -39,15 +40,23 @@ def test_other_versions_refused_unless_allowed(version: str, nearest: str) -> No
     assert (binding.family, untested) == (nearest, True)
 
 
-def test_normalize_body_gives_one_shape() -> None:
-    old, _ = select_binding("0.18.1")
-    body = {"id": "x", "object": "chat.completion", "system_fingerprint": None,
-            "prompt_token_ids": None, "kv_transfer_params": None, "metrics": None,
-            "choices": [{"index": 0, "token_ids": None, "routed_experts": None,
-                         "message": {"role": "assistant", "content": "hi", "tool_calls": []}}]}
-    assert old.normalize_body(body) == {
-        "id": "x", "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}
+def test_the_known_untested_family_is_never_claimed_tested() -> None:
+    with pytest.raises(UnsupportedVersion) as info:
+        select_binding("0.32.0")
+    assert "0.32" not in str(info.value).split("Supported families:")[1]
+
+
+def test_shapes_follow_each_release() -> None:
+    """The declared fields of each release's ChatCompletionResponse (vllm-http.md s. 2)."""
+    shapes = {v: select_binding(v, allow_untested=True)[0].shape
+              for v in ("0.18.1", "0.22.1", "0.26.0", "0.32.0")}
+    assert "prompt_text" not in shapes["0.18.1"].body
+    assert "routed_experts" not in shapes["0.18.1"].choice
+    assert "prompt_text" in shapes["0.22.1"].body
+    assert "routed_experts" in shapes["0.22.1"].choice
+    assert {"ec_transfer_params", "metrics"} <= set(shapes["0.26.0"].body)
+    assert [s.empty_tool_calls_kept for s in shapes.values()] == [True, True, False, False]
+    assert shapes["0.32.0"].usage == ("prompt_tokens_details", "completion_tokens_details")
 
 
 @pytest.mark.parametrize(("error", "code", "status"), [

@@ -16,9 +16,10 @@ checks ``server_name``. They are written next to the manifest from the serving P
 the leaf certificate, the last certificate of the chain as the trust anchor (the leaf
 itself when self-signed), and the key, which must be PKCS#8 (``BEGIN PRIVATE KEY``).
 
-Capabilities: the openai-compatible level-1 wire profile plus the runtime tokens the
-server implements (``ServerConfig.runtime_tokens``), the same list capability
-negotiation grants and ``gateway.capabilities`` publishes.
+Capabilities: the openai-compatible level-1 wire profile, the runtime tokens the server
+implements (``ServerConfig.runtime_tokens``: the list capability negotiation grants and
+``gateway.capabilities`` publishes), and ``extension.<name>`` for each declared profile
+extension of the capability document (all non-critical: clients may ignore them).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def transport_of(endpoint: str) -> str:
 
 def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_bytes: int,
                     max_in_flight: int, runtime_tokens: Iterable[str] = (),
+                    extensions: Iterable[str] = (),
                     tls_files: tuple[Path, Path] | None = None,
                     security_dir: Path | None = None) -> dict[str, Any]:
     """The manifest for bound listeners. TLS listeners need ``tls_files`` (the serving
@@ -84,7 +86,9 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
             "target_name": target_name, "protocol_version": "nnrp-1-preview4",
             "suite_version": SUITE_VERSION,
             "wire_conformance": {"modes": ["suite_as_client"], "transports": transports,
-                                 "capabilities": [LEVEL1_WIRE, *sorted(set(runtime_tokens))],
+                                 "capabilities": [
+                                     LEVEL1_WIRE, *sorted(set(runtime_tokens)),
+                                     *(f"extension.{name}" for name in sorted(extensions))],
                                  "limits": {"max_frame_bytes": max_frame_bytes,
                                             "max_in_flight": max_in_flight}}}
 

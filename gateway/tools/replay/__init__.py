@@ -10,8 +10,10 @@ from ._server import (
 )
 from ._transcripts import (
     FAMILIES as FAMILIES,
+    VERSIONS as VERSIONS,
     Transcript as Transcript,
     bundled_transcripts as bundled_transcripts,
+    conform_body as conform_body,
     derive as derive,
     load_transcript as load_transcript,
     parse_transcript as parse_transcript,

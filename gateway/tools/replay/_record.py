@@ -35,7 +35,49 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "error_400_stream_options_without_stream": {"max_tokens": 4,
                                                 "stream_options": {"include_usage": True}},
     "error_404_model": {"model": "no-such-model", "max_tokens": 4},
+    # The field-fidelity rule (README): what vLLM adds beyond OpenAI's fields, and the lax
+    # request forms vLLM's pydantic model accepts. Seeded, so output is repeatable.
+    "nonstream_prompt_logprobs": {"max_tokens": 4, "temperature": 0, "prompt_logprobs": 2},
+    "stream_lax_true_string": {"stream": "true", "max_tokens": 4, "temperature": 1.0,
+                               "seed": 7},
+    "stream_lax_int_1": {"stream": 1, "max_tokens": 4, "temperature": 1.0, "seed": 7},
+    "stream_lax_yes": {"stream": "yes", "max_tokens": 4, "temperature": 1.0, "seed": 7},
+    "nonstream_lax_false_string": {"stream": "false", "max_tokens": 4, "temperature": 1.0,
+                                   "seed": 7},
+    "error_400_lax_stream_maybe": {"stream": "maybe", "max_tokens": 4},
 }
+
+#: Requests recorded both ways (``stream_<name>`` as the gateway sends a stream, with
+#: include_usage, and ``nonstream_<name>``): the rebuilt completed body of the one must
+#: equal the other, field by field (ids and timestamps aside).
+PAIRS: dict[str, dict[str, Any]] = {
+    "pair_plain": {"max_tokens": 6, "temperature": 1.0, "seed": 7},
+    "pair_logprobs": {"max_tokens": 4, "temperature": 1.0, "seed": 7, "logprobs": True,
+                      "top_logprobs": 2},
+    "pair_logprobs_greedy": {"max_tokens": 4, "temperature": 0, "logprobs": True,
+                             "top_logprobs": 2},
+    "pair_logprobs_n2": {"max_tokens": 4, "n": 2, "temperature": 1.0, "seed": 7,
+                         "logprobs": True, "top_logprobs": 2},
+    "pair_token_ids": {"max_tokens": 4, "temperature": 1.0, "seed": 7,
+                       "return_token_ids": True},
+    "pair_logprobs_token_ids": {"max_tokens": 4, "temperature": 0, "logprobs": True,
+                                "top_logprobs": 1, "return_token_ids": True},
+    "pair_stop_string": {"max_tokens": 16, "temperature": 1.0, "seed": 7, "stop": ["in"]},
+    "pair_stop_token_ids": {"max_tokens": 16, "temperature": 1.0, "seed": 7,
+                            "stop_token_ids": [21]},
+    "pair_kv_transfer_params": {"max_tokens": 4, "temperature": 0,
+                                "kv_transfer_params": {"do_remote_decode": False}},
+}
+
+
+def scenario_requests() -> dict[str, dict[str, Any]]:
+    """Every scenario's request body extras, the pairs expanded."""
+    requests = dict(SCENARIOS)
+    for name, extra in PAIRS.items():
+        requests[f"stream_{name}"] = {"stream": True,
+                                      "stream_options": {"include_usage": True}, **extra}
+        requests[f"nonstream_{name}"] = dict(extra)
+    return requests
 
 
 def record_all(vllm_url: str, out: Path, model: str) -> list[Path]:
@@ -44,7 +86,7 @@ def record_all(vllm_url: str, out: Path, model: str) -> list[Path]:
     written = []
     with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(60, connect=5),
                       trust_env=False) as client:
-        for name, extra in SCENARIOS.items():
+        for name, extra in scenario_requests().items():
             body = {"model": model, "messages": _HELLO, **extra}
             transcript = record_one(client, name, body, version)
             path = out / f"{name}.jsonl"

@@ -5,12 +5,13 @@ Format (JSONL, the same as ../shared/vllm-captures): line 1 is a header
 response_headers, ...}``; each further line is one HTTP body chunk as the client
 received it: ``{"t_ms": ms since the request was sent, "b64": base64 bytes}``.
 
-Variants: a transcript recorded on the newest frontend (0.26-shaped) is rewritten into
-the 0.18 and 0.22 shapes by the documented differences (vllm-http.md sections 1-2):
-0.18 has no ``prompt_text`` and no ``system_fingerprint``; 0.18 and 0.22 leak
-``"tool_calls":[]`` into content deltas of tool streams and keep ``"tool_calls":[]`` in
-non-streaming messages; 0.22 adds ``routed_experts`` and 0.26 ``metrics`` /
-``ec_transfer_params`` to non-streaming bodies.
+Variants: a transcript (recorded on 0.32, or written for 0.26) is rewritten into each
+family's shape (vllm-http.md sections 1-2): non-streaming bodies get exactly the family's
+declared fields (the gateway's ``ResponseShape`` tables, read from each release's
+models: 0.22 adds ``prompt_text`` and ``routed_experts``, 0.26 ``metrics`` and
+``ec_transfer_params``, 0.32 ``usage.completion_tokens_details``); 0.18 streams have no
+``prompt_text`` and no ``system_fingerprint``; 0.18 and 0.22 leak ``"tool_calls":[]``
+into content deltas of tool streams and keep it in non-streaming messages.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from typing import Any
 
 import attrs
 
-FAMILIES = ("0.18", "0.22", "0.26")
-VERSIONS = {"0.18": "0.18.1", "0.22": "0.22.1", "0.26": "0.26.0"}
+from gateway.upstream import ResponseShape, select_binding
+
+FAMILIES = ("0.18", "0.22", "0.26", "0.32")
+VERSIONS = {"0.18": "0.18.1", "0.22": "0.22.1", "0.26": "0.26.0", "0.32": "0.32.0"}
+_USAGE_COUNTS = ("prompt_tokens", "total_tokens", "completion_tokens")
 
 
 @attrs.frozen
@@ -120,19 +124,62 @@ def _rewrite_sse(data: bytes, transform: Any) -> bytes:
     return b"\n\n".join(out)
 
 
+def _shape(family: str) -> ResponseShape:
+    return select_binding(VERSIONS[family], allow_untested=True)[0].shape
+
+
+def _conform_usage(usage: Any, shape: ResponseShape, *, stream: bool) -> Any:
+    """UsageInfo as the family declares it (a stream's usage chunk omits nulls)."""
+    if not isinstance(usage, dict):
+        return usage
+    out = {k: usage[k] for k in _USAGE_COUNTS if k in usage}
+    for field in shape.usage:
+        if field in usage or not stream:
+            out[field] = usage.get(field)
+    return out
+
+
+def conform_body(body: dict[str, Any], shape: ResponseShape) -> dict[str, Any]:
+    """A non-streaming body with exactly the family's declared fields (``model_dump``):
+    missing ones as null, ones the family does not have dropped."""
+    out = {k: body.get(k) for k in ("id", "object", "created", "model")}
+    out["choices"] = [_conform_choice(c, shape) for c in body.get("choices") or []]
+    for field in shape.body:
+        out[field] = (_conform_usage(body.get("usage"), shape, stream=False)
+                      if field == "usage" else body.get(field))
+    return out
+
+
+def _conform_choice(choice: dict[str, Any], shape: ResponseShape) -> dict[str, Any]:
+    message = choice.get("message") or {}
+    conformed = {"role": message.get("role"), "content": message.get("content")}
+    for field in shape.message:
+        conformed[field] = message.get(field)
+    calls = message.get("tool_calls") or []
+    if calls or shape.empty_tool_calls_kept:
+        conformed["tool_calls"] = calls
+    out = {"index": choice.get("index"), "message": conformed}
+    for field in shape.choice:
+        out[field] = choice.get(field)
+    return out
+
+
 def derive(transcript: Transcript, family: str) -> Transcript:
-    """The transcript as a vLLM of ``family`` would have sent it."""
+    """The transcript as a vLLM of ``family`` would have sent it: bodies carry exactly the
+    family's declared fields (``gateway.upstream``'s ``ResponseShape``, read from each
+    release), and the stream differences of vllm-http.md section 1."""
     if family not in FAMILIES:
         raise ValueError(f"unknown vLLM family {family!r}")
-    if family == "0.26":
-        return attrs.evolve(transcript, vllm_version=VERSIONS[family])
+    shape = _shape(family)
     tools = bool(transcript.request_body.get("tools"))
 
     def chunk_transform(chunk: dict[str, Any]) -> dict[str, Any]:
         if family == "0.18":
             chunk.pop("prompt_text", None)
             chunk.pop("system_fingerprint", None)
-        if tools:
+        if "usage" in chunk:
+            chunk["usage"] = _conform_usage(chunk["usage"], shape, stream=True)
+        if tools and shape.empty_tool_calls_kept:
             for choice in chunk.get("choices", []):
                 delta = choice.get("delta", {})
                 if "content" in delta and "tool_calls" not in delta and "role" not in delta:
@@ -140,18 +187,9 @@ def derive(transcript: Transcript, family: str) -> Transcript:
         return chunk
 
     def body_transform(body: dict[str, Any]) -> dict[str, Any]:
-        for field in ("metrics", "ec_transfer_params"):
-            body.pop(field, None)
+        body = conform_body(body, shape)
         if family == "0.18":
-            body.pop("prompt_text", None)
-            body.pop("routed_experts", None)
-            body["system_fingerprint"] = None
-        else:
-            body.setdefault("routed_experts", None)
-        for choice in body.get("choices", []):
-            message = choice.get("message", {})
-            if not message.get("tool_calls"):
-                message["tool_calls"] = []
+            body["system_fingerprint"] = None  # 0.18 writes no fingerprint
         return body
 
     chunks = []
