@@ -204,7 +204,9 @@ def serve(
         help="Print the effective configuration (secrets masked) and exit.")] = False,
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST",
-        help="Write the suite's wire target manifest here once all listeners are bound.")
+        help="Write the suite's wire target manifest here once all listeners are bound. "
+             "With wss listeners, DER copies of the certificate and key (0600) go to "
+             "<manifest>-tls/ beside it, as the suite's schema requires.")
     ] = None,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""

@@ -43,7 +43,7 @@ PUBLIC: dict[str, str] = {
         "SessionCloseRequested SessionError SessionMigrate SessionMigrateAck SessionOpen "
         "SessionOpenAck SessionOpenAnswered SessionOpenRefused SessionOpenStatus SessionOpened "
         "SessionPatch SessionPatchAck SessionPatchField SessionState Stage StandardProfile "
-        "StreamSemantics SubmitMode SubmitRefused Supersede TOKEN_SCHEMA_ID "
+        "StreamSemantics SubmitMode SubmitRefused Supersede SupersedeFlag TOKEN_SCHEMA_ID "
         "TOKEN_SCHEMA_VERSION TileIndexMode TraceContext TraceContextUpdated TraceFlag "
         "TraceInfo TransportId TransportProbe TransportProbeAck TypedBody TypedBodyError "
         "TypedDescriptor TypedFrame VERSION_MAJOR WIRE_FORMAT Window WireMessage decode_packet "

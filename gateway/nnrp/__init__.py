@@ -109,6 +109,7 @@ from ._constants import (
     StandardProfile as StandardProfile,
     StreamSemantics as StreamSemantics,
     SubmitMode as SubmitMode,
+    SupersedeFlag as SupersedeFlag,
     TileIndexMode as TileIndexMode,
     TraceFlag as TraceFlag,
     TransportId as TransportId,

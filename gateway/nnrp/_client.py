@@ -26,6 +26,8 @@ from ._constants import (
     TOKEN_SCHEMA_ID,
     TOKEN_SCHEMA_VERSION,
     ErrorCode,
+    FlowReason,
+    FlowScope,
     InFlightPolicy,
     PressureFlag,
     PressureLevel,
@@ -42,6 +44,7 @@ from ._messages import (
     CreditUpdate,
     Deadline,
     Error,
+    FlowUpdate,
     FrameCancel,
     FrameSubmit,
     Message,
@@ -248,15 +251,31 @@ class ClientConnection:
         return encode(Packet(meta, session_id=session_id, frame_id=frame_id, trace_id=trace_id,
                              body=attributes))
 
-    def pressure(self, session_id: int, *, level: PressureLevel = PressureLevel.NONE,
-                 credit_window: int = 0, operation_id: int = 0, credit: bool = False
-                 ) -> bytes:
-        """BACKPRESSURE (``credit`` False) or CREDIT_UPDATE over our session's output, or
-        one operation's when ``operation_id`` is given (the server's ``_flow`` rules)."""
+    def backpressure(self, session_id: int, level: PressureLevel, *,
+                     operation_id: int = 0) -> bytes:
+        """BACKPRESSURE (soft, hard or paused) over the session's output, or one
+        operation's when ``operation_id`` is given."""
+        if level is PressureLevel.NONE:
+            raise LocalProtocolError("BACKPRESSURE needs a level: lift one with "
+                                     "credit_update or flow_resume")
+        return self._pressure(Backpressure, session_id, level, 0, operation_id)
+
+    def credit_update(self, session_id: int, window: int, *, operation_id: int = 0) -> bytes:
+        """CREDIT_UPDATE: ``window`` more PARTIAL_RESULTs may come (absolute, not added)."""
+        return self._pressure(CreditUpdate, session_id, PressureLevel.NONE, window,
+                              operation_id)
+
+    def flow_resume(self, session_id: int) -> bytes:
+        """FLOW_UPDATE resume: the session's output flows again, with no window."""
         self._session(session_id)
-        cls = CreditUpdate if credit else Backpressure
+        meta = FlowUpdate(scope=int(FlowScope.SESSION), reason=int(FlowReason.RESUME))
+        return encode(Packet(meta, session_id=session_id))
+
+    def _pressure(self, cls: type[Backpressure | CreditUpdate], session_id: int,
+                  level: PressureLevel, window: int, operation_id: int) -> bytes:
+        self._session(session_id)
         flags = PressureFlag.OPERATION if operation_id else PressureFlag.NONE
-        meta = cls(scope_id=operation_id or session_id, credit_window=credit_window,
+        meta = cls(scope_id=operation_id or session_id, credit_window=window,
                    level=int(level), flags=int(flags))
         return encode(Packet(meta, session_id=session_id))
 

@@ -602,6 +602,13 @@ class HintFlag(IntFlag):
     BEST_EFFORT = 0x02
 
 
+class SupersedeFlag(IntFlag):
+    """SUPERSEDE flags (nnrp-rs names bit0 ``abort_old_immediately``)."""
+
+    NONE = 0
+    ABORT_OLD_IMMEDIATELY = 0x01
+
+
 class BudgetFlag(IntFlag):
     """BUDGET_UPDATE flags: how the budgets combine with the current ones."""
 

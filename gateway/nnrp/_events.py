@@ -81,7 +81,7 @@ class SessionOpenRefused:
 class OperationSubmitted:
     """A new operation. ``typed_body`` is None when the body failed to parse (``body_error``).
     ``priority_class`` is the session's (SESSION_OPEN); ``token_budget`` the session's
-    BUDGET_UPDATE, if any; ``tokens`` the runtime tokens the session negotiated."""
+    BUDGET_UPDATE, if any."""
 
     session_id: int
     operation_id: int
@@ -95,7 +95,6 @@ class OperationSubmitted:
     deadline_drop_reason: int
     priority_class: int = 0
     token_budget: int | None = None
-    tokens: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -208,10 +207,12 @@ class PeerError:
 
 @attrs.frozen
 class ConnectionFailed:
-    """A fatal protocol violation. Write ``reply`` (if any), then close the connection."""
+    """A fatal protocol violation. Write ``replies`` (packets in order: a drop for every
+    operation still in flight, then the fatal ERROR; none before the handshake), then
+    close the connection."""
 
     error: ProtocolError
-    reply: bytes | None
+    replies: tuple[bytes, ...]
 
 
 Event = (

@@ -11,17 +11,18 @@ Rules (nnrp-wire.md section 3; the reference adapter's pressure.py for what a wi
    to it (connection, session, operation). Terminals are not gated: once the partials
    before it have gone out, the outcome is always delivered.
 4. CREDIT_UPDATE's ``credit_window`` and FLOW_UPDATE's credits set the window (absolute,
-   not added; 0 means none left). BACKPRESSURE's level is its message: its window applies
-   only when non-zero, and level none without one lifts the window. Level paused
-   (BACKPRESSURE or CREDIT_UPDATE 3, FLOW_UPDATE pause) holds every partial of the scope
-   until a later update lifts it (a non-paused level, FLOW_UPDATE resume or grant). A
-   retry time holds output until it has passed.
+   not added; 0 means none left). BACKPRESSURE (levels soft, hard, paused only; level
+   none is a malformed BACKPRESSURE) sets a window only when its own is non-zero. Level
+   paused holds every partial of the scope until a later update lifts it: a CREDIT_UPDATE
+   or BACKPRESSURE below paused, or FLOW_UPDATE resume or grant; FLOW_UPDATE resume
+   without credits removes the window altogether. A retry time holds output until it has
+   passed.
 5. FLOW_UPDATE's credit_epoch is a grant generation: an update older than the last one
    seen for its scope is stale and ignored (epoch 0 is "unnumbered" and always applies).
 
-6. The server holds an operation's output itself while a SUPERSEDE of it waits for its
-   replacement (``hold``): the client already counts it superseded, and nnrp-py's native
-   client rejects any frame for it but the drop.
+6. Windows exist only for what is there: an operation window only for an operation in
+   flight (the server ignores the rest), forgotten when the operation ends; a session's
+   with its session. So a client cannot make the server keep state without bound.
 
 Nothing is dropped: an operation waiting for credit stops reading its upstream, so the
 pause reaches vLLM's socket as TCP backpressure and memory stays bounded.
@@ -49,12 +50,10 @@ class Window:
     paused: bool = False
     not_before: float = 0.0
     epoch: int = 0
-    #: Held by the server itself (rule 6), whatever the client's updates say.
-    held: bool = False
 
     def wait(self, now: float) -> float | None:
         """0: may send; seconds until it may; None: until an update (rule 4)."""
-        if self.paused or self.held or self.credits == 0:
+        if self.paused or self.credits == 0:
             return None
         return max(0.0, self.not_before - now)
 
@@ -90,11 +89,8 @@ class FlowControl:
             scope = FlowScope.SESSION
         window = self._window(scope, session_id, message.scope_id)
         window.paused = message.level == PressureLevel.PAUSED
-        if not window.paused:
-            if isinstance(message, CreditUpdate) or message.credit_window:
-                window.credits = message.credit_window
-            elif message.level == PressureLevel.NONE:
-                window.credits = None  # "no pressure" without a window: unlimited again
+        if not window.paused and (isinstance(message, CreditUpdate) or message.credit_window):
+            window.credits = message.credit_window
         if message.retry_after_ms:
             window.not_before = self._clock() + message.retry_after_ms / 1000
 
@@ -145,10 +141,6 @@ class FlowControl:
         for window in self._applicable(session_id, operation_id):
             if window.credits is not None and window.credits > 0:
                 window.credits -= 1
-
-    def hold(self, session_id: int, operation_id: int) -> None:
-        """Hold an operation's partials until it ends (rule 6)."""
-        self._window(FlowScope.OPERATION, session_id, operation_id).held = True
 
     def forget_operation(self, session_id: int, operation_id: int) -> None:
         self.operations.pop((session_id, operation_id), None)

@@ -72,6 +72,7 @@ from ._constants import (
     SessionOpenStatus,
     Stage,
     SubmitMode,
+    SupersedeFlag,
     TileIndexMode,
     TraceFlag,
     TransportId,
@@ -544,7 +545,7 @@ class Supersede(WireMessage):
     new_operation_id: int = wire("Q")
     control_sequence: int = wire("Q")
     drop_reason: int = wire("H", allowed=DropReason)
-    flags: int = wire("H", mask=0x01)  # one flag bit; its name is not in the digest
+    flags: int = wire("H", mask=int(SupersedeFlag.ABORT_OLD_IMMEDIATELY))
     diagnostic_bytes: int = wire("I")
 
     def expected_body_len(self) -> int | None:
@@ -619,7 +620,11 @@ class _Pressure(WireMessage):
 @message(MsgType.BACKPRESSURE)
 @attrs.frozen
 class Backpressure(_Pressure):
-    """BACKPRESSURE (0x39)."""
+    """BACKPRESSURE (0x39). Level none is CREDIT_UPDATE's: BACKPRESSURE says there is
+    pressure (soft, hard or paused), and nnrp-py's native peers refuse level 0 in it."""
+
+    def check(self) -> None:
+        check(self.level != PressureLevel.NONE, "backpressure.level must be 1..3")
 
 
 @message(MsgType.CREDIT_UPDATE)

@@ -12,7 +12,8 @@ row names its acceptance scope and its handler, and each handler cites its rule)
    (nnrp-wire.md section 5). A hello whose profile bitmap does not meet ours also closes
    it silently (section 1, step 3).
 2. Only malformed or unknown input closes a connection in ``READY``: framing and header
-   errors, an unknown msg_type, a second CLIENT_HELLO. The reply is a fatal ERROR with
+   errors, an unknown msg_type, a second CLIENT_HELLO. Every operation still in flight,
+   of every session, gets RESULT_DROP_REASON transport_closed; then a fatal ERROR with
    session_id 0 (which nnrp-py's native client ignores), then the close. Every other
    well-formed frame has a rule below, and none of them closes the connection.
 3. Refusals never break a session. A control that cannot be honoured is answered with
@@ -41,23 +42,29 @@ row names its acceptance scope and its handler, and each handler cites its rule)
    operation_id, 0 meaning every operation of the session. After a cancel only
    RESULT_DROP_REASON may end the operation.
 8. Deadlines: DEADLINE / EXPIRE_AT for an active operation tighten its deadline; for one
-   not yet submitted they are held (bounded) and applied when its submit arrives, if the
-   submit's frame is the one the deadline named (wire case deadline-before-submit).
-   DEADLINE drops with deadline_expired, EXPIRE_AT with superseded (section 7).
+   not yet submitted they are held (bounded; a later one replaces it; dropped when its
+   time passes, when its submit is refused, or at SESSION_CLOSE) and applied when its
+   submit arrives, if the submit's frame is the one the deadline named (wire case
+   deadline-before-submit). DEADLINE drops with deadline_expired, EXPIRE_AT with
+   superseded (section 7).
 9. SUPERSEDE: the replacement is admitted before the old operation is dropped. If the
    new operation is already in flight (or flags bit0, "abort old now"), the old one is
-   cancelled at once; otherwise the supersede is held until the new submit arrives (it
-   is admitted even at the in-flight limit: the old one makes room), then the old one is
-   cancelled. Meanwhile the old operation's output is held (``superseding``): the client
-   counts it superseded from the moment it sent the SUPERSEDE. The old operation ends
-   with drop reason superseded.
+   cancelled at once; otherwise the old one is SUPERSEDING (the client counts it ended:
+   only its drop may follow, ``_OPERATION_TABLE``) until the replacement arrives (it is
+   admitted even at the in-flight limit: the old one makes room), is refused, the
+   session closes, or ``supersede_hold_ms`` passes (``supersede_hold_left``); then it is
+   cancelled. One replacement per supersede: a second naming the same replacement, or
+   a SUPERSEDE of an operation already waiting, is refused. The old operation ends with
+   drop reason superseded.
 10. PRIORITY_UPDATE and BUDGET_UPDATE are handed to the adapter, which knows whether the
     operation was dispatched (``PriorityRequested``, ``BudgetRequested``); a refusal is
     ``refuse_control``. A budget with no token budget is refused here (only tokens
     apply to a language model). ROUTE_HINT / EXECUTION_HINT with must-honor set are
     refused; best-effort hints are noted and ignored.
 11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
-    over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go.
+    over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go. Their
+    flags (or FLOW_UPDATE's scope) pick connection, session or operation; an operation
+    window only for an operation in flight (else noted and ignored).
 12. CAPABILITY_NEGOTIATION with a canonical token list is answered with the tokens we
     implement (``ServerConfig.runtime_tokens``): CAPABILITY_NEGOTIATION, or
     DEGRADE_PROFILE when some were dropped and the offer allows downgrade, plus
@@ -115,6 +122,7 @@ from ._constants import (
     PatchAckStatus,
     PatchRejectReason,
     PayloadKind,
+    PressureFlag,
     PressureLevel,
     PressureReason,
     RecoverableFlag,
@@ -124,6 +132,7 @@ from ._constants import (
     SessionOpenStatus,
     Stage,
     StandardProfile,
+    SupersedeFlag,
     TraceFlag,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, TypedBodyError
@@ -210,6 +219,9 @@ class SessionState(enum.Enum):
 
 class OpState(enum.Enum):
     ACTIVE = "active"
+    #: A SUPERSEDE waits for its replacement: the client counts the operation ended, so
+    #: only its drop (or a cancel) may follow (rules 9, 15).
+    SUPERSEDING = "superseding"
     CANCELLING = "cancelling"  # a cancel arrived: only RESULT_DROP_REASON may follow
     DONE = "done"
 
@@ -220,6 +232,7 @@ class OpAction(enum.Enum):
     RESULT = "result"
     DROP = "drop"
     CANCEL = "cancel"
+    HOLD = "hold"  # a SUPERSEDE whose replacement has not arrived
 
 
 #: Operation transitions; a missing entry is a LocalProtocolError (rule 15).
@@ -229,6 +242,9 @@ _OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
     (OpState.ACTIVE, OpAction.RESULT): OpState.DONE,
     (OpState.ACTIVE, OpAction.DROP): OpState.DONE,
     (OpState.ACTIVE, OpAction.CANCEL): OpState.CANCELLING,
+    (OpState.ACTIVE, OpAction.HOLD): OpState.SUPERSEDING,
+    (OpState.SUPERSEDING, OpAction.DROP): OpState.DONE,
+    (OpState.SUPERSEDING, OpAction.CANCEL): OpState.CANCELLING,
     (OpState.CANCELLING, OpAction.DROP): OpState.DONE,
     (OpState.CANCELLING, OpAction.CANCEL): OpState.CANCELLING,
 }
@@ -255,6 +271,9 @@ class ServerConfig:
     hello_profile_bitmap: int = 1 << (int(StandardProfile.TOKEN) - 1)
     max_pending_deadlines: int = 64
     max_pending_supersedes: int = 64
+    #: How long a superseded operation waits for its replacement before it is dropped
+    #: anyway (rule 9): a client that never submits one must not hold vLLM's work.
+    supersede_hold_ms: int = 5_000
     lease_ttl_ms: int = 30_000
     token_ttl_ms: int = 120_000
     #: The runtime tokens capability negotiation may grant (what the adapter implements).
@@ -277,6 +296,8 @@ class _Operation:
     trace_flags: int = 0
     #: (msg_type, control_sequence) already seen: exact repeats are ignored (rule 6).
     controls: set[tuple[int, int]] = attrs.field(factory=set)
+    #: While SUPERSEDING: until when (``clock``) it waits for its replacement.
+    held_until: float = 0.0
 
 
 @attrs.frozen
@@ -328,11 +349,16 @@ class ServerConnection:
     """
 
     def __init__(self, config: ServerConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config or ServerConfig()
         self.state = ConnState.AWAIT_HELLO
         self.draining = False
         self.flow = FlowControl(clock)
+        self._clock = clock
+        self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
+        #: Operations SUPERSEDING on this connection (the I/O layer's fast path).
+        self.holding = 0
         self._decoder = Decoder(self.config.max_packet)
         self._sessions: dict[int, _Session] = {}
         self.hello: ClientHello | None = None
@@ -419,13 +445,25 @@ class ServerConnection:
         return None
 
     def _fail(self, error: ProtocolError) -> ConnectionFailed:
-        """Rules 1 and 2: silent before the handshake, ERROR + close after it."""
-        reply = None
+        """Rules 1 and 2: silent before the handshake; after it, every operation still in
+        flight (of every session) ends with RESULT_DROP_REASON transport_closed, then the
+        fatal ERROR, then the close."""
+        replies: list[bytes] = []
         if self.state is ConnState.READY:
-            reply = self._error_packet(error.code, str(error), fatal=True)
+            for session in self._sessions.values():
+                for operation in session.operations.values():
+                    drop = ResultDropReason(
+                        operation_id=operation.operation_id,
+                        result_sequence=operation.sequence + 1,
+                        drop_reason=int(DropReason.TRANSPORT_CLOSED),
+                        source_role=int(Role.SERVER), flags=int(DropFlag.FINAL))
+                    replies.append(encode(Packet(drop, session_id=session.session_id,
+                                                 frame_id=operation.frame_id)))
+            replies.append(self._error_packet(error.code, str(error), fatal=True))
         self.state = ConnState.CLOSED
         self._sessions.clear()
-        return ConnectionFailed(error, reply)
+        self.holding = 0
+        return ConnectionFailed(error, tuple(replies))
 
     # ------------------------------------------------------------------ handshake (rule 1)
 
@@ -541,6 +579,9 @@ class ServerConnection:
                                        "the session is already closing"))
             return
         session.state = SessionState.CLOSING
+        for replacement in list(session.pending_supersedes):
+            self._release_held(session, replacement, events)  # no replacement can come now
+        session.pending_deadlines.clear()
         abort = request.in_flight_policy == 1
         if abort:
             for operation in list(session.operations.values()):
@@ -560,6 +601,7 @@ class ServerConnection:
             events.append(self._refuse(
                 ErrorCode.INVALID_STATE, ErrorScope.SESSION, session.session_id, 0,
                 f"FRAME_SUBMIT frame_id {frame_id} is zero or already used in this session"))
+            self._release_held(session, operation_id, events)
             return
         session.seen_frames.add(frame_id)
         superseding = session.pending_supersedes.get(operation_id)
@@ -579,6 +621,8 @@ class ServerConnection:
                        f"session has {session.max_in_flight} operations in flight (the limit)")
         if refusal is not None:
             events.append(SubmitRefused(session.session_id, operation_id, frame_id, *refusal))
+            if operation_id not in session.seen_operations:
+                self._release_held(session, operation_id, events)
             return
         session.seen_operations.add(operation_id)
         session.last_operation_id = operation_id
@@ -611,8 +655,7 @@ class ServerConnection:
         events.append(OperationSubmitted(
             session.session_id, operation_id, frame_id, submit, typed_body, body_error,
             packet.trace_id, session.trace, deadline, drop_reason,
-            priority_class=session.priority_class, token_budget=session.token_budget,
-            tokens=session.tokens))
+            priority_class=session.priority_class, token_budget=session.token_budget))
         if superseding is not None:
             del session.pending_supersedes[operation_id]
             old = session.operations.get(superseding.old_operation_id)
@@ -620,6 +663,29 @@ class ServerConnection:
                 self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
                              superseding.diagnostic, events)
         self._advertise_credit(session, events)
+
+    def _release_held(self, session: _Session, operation_id: int, events: list[Event]) -> None:
+        """A submit that will not run: what was held for it goes (rules 8, 9). Its held
+        deadline is forgotten, and an operation it was to replace is dropped superseded
+        now (the client asked for it to be replaced; no replacement is coming)."""
+        session.pending_deadlines.pop(operation_id, None)
+        superseding = session.pending_supersedes.pop(operation_id, None)
+        if superseding is not None:
+            old = session.operations.get(superseding.old_operation_id)
+            if old is not None:
+                self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
+                             superseding.diagnostic, events)
+
+    def _set_state(self, session: _Session, operation: _Operation, state: OpState) -> None:
+        """Every transition goes here, so leaving SUPERSEDING releases its hold."""
+        if operation.state is OpState.SUPERSEDING and state is not OpState.SUPERSEDING:
+            self.holding -= 1
+            for new_id, pending in list(session.pending_supersedes.items()):
+                if pending.old_operation_id == operation.operation_id:
+                    del session.pending_supersedes[new_id]
+        elif state is OpState.SUPERSEDING:
+            self.holding += 1
+        operation.state = state
 
     def _control_target(self, packet: Packet, operation_id: int, events: list[Event],
                         control_sequence: int | None = None) -> _Operation | None:
@@ -648,8 +714,8 @@ class ServerConnection:
                 return None
             if len(operation.controls) < 64:  # bounded: a repeat past this is re-applied
                 operation.controls.add(key)
-        if operation.state is not OpState.ACTIVE:
-            return None
+        if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
+            return None  # being cancelled: nothing more to apply
         return operation
 
     def _on_frame_cancel(self, packet: Packet, events: list[Event]) -> None:
@@ -683,9 +749,10 @@ class ServerConnection:
 
     def _cancel(self, session: _Session, operation: _Operation, source: CancelSource,
                 reason: int, diagnostic: bytes, events: list[Event]) -> None:
-        if operation.state is not OpState.ACTIVE:
+        if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
             return
-        operation.state = _OPERATION_TABLE[(operation.state, OpAction.CANCEL)]
+        self._set_state(session, operation, _OPERATION_TABLE[(operation.state,
+                                                               OpAction.CANCEL)])
         events.append(OperationCancelled(session.session_id, operation.operation_id,
                                          operation.frame_id, source, reason, diagnostic))
 
@@ -711,16 +778,20 @@ class ServerConnection:
                 f"{packet.msg_type.name} for a future submit names frame {packet.frame_id}, "
                 "which is already used"))
             return
+        now_ms = int(self._wall_clock() * 1000)
+        for operation_id, held in list(session.pending_deadlines.items()):
+            if held.deadline_unix_ms <= now_ms:
+                del session.pending_deadlines[operation_id]  # its submit never came in time
         if (request.operation_id not in session.pending_deadlines
                 and len(session.pending_deadlines) >= self.config.max_pending_deadlines):
             events.append(self._refuse(
                 ErrorCode.LIMIT_EXCEEDED, ErrorScope.SESSION, session.session_id,
                 packet.frame_id, "too many deadlines held for operations not yet submitted"))
             return
-        held = session.pending_deadlines.get(request.operation_id)
-        if held is None or request.deadline_unix_ms < held.deadline_unix_ms:
-            session.pending_deadlines[request.operation_id] = _PendingDeadline(
-                packet.frame_id, request.deadline_unix_ms, int(drop))
+        # For an operation not yet submitted the latest word counts ("only tighten" is
+        # for a running one): a retry after a refused submit brings its own deadline.
+        session.pending_deadlines[request.operation_id] = _PendingDeadline(
+            packet.frame_id, request.deadline_unix_ms, int(drop))
 
     def _on_priority(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
@@ -741,23 +812,38 @@ class ServerConnection:
         if old is None:
             return
         new_id = request.new_operation_id
-        abort_now = bool(request.flags & 0x01)
+        if old.state is not OpState.ACTIVE:
+            if old.state is OpState.SUPERSEDING:
+                events.append(self._refuse(
+                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
+                    old.frame_id, f"operation {old.operation_id} already waits for its "
+                    "replacement"))
+            return  # being cancelled already
+        abort_now = bool(request.flags & SupersedeFlag.ABORT_OLD_IMMEDIATELY)
         if abort_now or new_id in session.seen_operations or new_id == 0:
             # The replacement was admitted already (or none is coming, or the client says
             # not to wait): the old operation goes now (rule 9).
             self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
                          packet.body, events)
             return
-        if (new_id not in session.pending_supersedes
-                and len(session.pending_supersedes) >= self.config.max_pending_supersedes):
+        waiting = session.pending_supersedes.get(new_id)
+        if waiting is not None:
+            events.append(self._refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, old.frame_id,
+                f"operation {new_id} is already the replacement of operation "
+                f"{waiting.old_operation_id}"))
+            return
+        if len(session.pending_supersedes) >= self.config.max_pending_supersedes:
             events.append(self._refuse(
                 ErrorCode.LIMIT_EXCEEDED, ErrorScope.FRAME, session.session_id, old.frame_id,
                 "too many supersedes waiting for their replacement"))
             return
-        session.pending_supersedes[new_id] = _PendingSupersede(old.operation_id, packet.body)
         # The client counts the old operation superseded already: nothing more of it may
-        # reach the client but its drop (rule 15), so its output waits here.
-        self.flow.hold(session.session_id, old.operation_id)
+        # reach the client but its drop (rule 15). It waits for its replacement, at most
+        # supersede_hold_ms (``supersede_hold_left``).
+        session.pending_supersedes[new_id] = _PendingSupersede(old.operation_id, packet.body)
+        self._set_state(session, old, _OPERATION_TABLE[(old.state, OpAction.HOLD)])
+        old.held_until = self._clock() + self.config.supersede_hold_ms / 1000
 
     def _on_budget(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
@@ -773,8 +859,10 @@ class ServerConnection:
             return
         increment = bool(request.flags & BudgetFlag.INCREMENT)
         if request.operation_id == 0:
-            current = session.token_budget if increment else None
-            session.token_budget = (current or 0) + request.token_budget
+            if not increment:
+                session.token_budget = request.token_budget
+            elif session.token_budget is not None:  # more on top of no limit: no limit
+                session.token_budget += request.token_budget
             events.append(BudgetRequested(session.session_id, None, 0, request.token_budget,
                                           increment))
             return
@@ -805,8 +893,30 @@ class ServerConnection:
     def _on_pressure(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, Backpressure | CreditUpdate)
-        self.flow.on_pressure(request, packet.session_id)
+        session_id = packet.session_id
+        if not request.flags & PressureFlag.CONNECTION:
+            # Session or operation scope: a session must be named, or be the only one.
+            resolved = self._session_of(packet, Scope.SESSION_OR_ONLY_ONE)
+            if resolved is None:
+                events.append(self._nonfatal_error(
+                    ErrorCode.INVALID_STATE, session_id,
+                    f"{packet.msg_type.name} names session {session_id}, which is not open"))
+                return
+            session_id = resolved
+            if request.flags & PressureFlag.OPERATION and not self._in_flight(
+                    session_id, request.scope_id, packet.msg_type, events):
+                return
+        self.flow.on_pressure(request, session_id)
         events.append(FlowChanged())
+
+    def _in_flight(self, session_id: int, operation_id: int, msg_type: MsgType,
+                   events: list[Event]) -> bool:
+        """An operation-scoped window needs an operation in flight (``_flow`` rule 6)."""
+        if operation_id in self._sessions[session_id].operations:
+            return True
+        events.append(FrameIgnored(session_id, int(msg_type),
+                                   f"operation {operation_id} is not in flight"))
+        return False
 
     def _on_flow_update(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
@@ -816,6 +926,9 @@ class ServerConnection:
             events.append(self._nonfatal_error(
                 ErrorCode.INVALID_STATE, session_id,
                 f"FLOW_UPDATE names session {session_id}, which is not open"))
+            return
+        if request.scope == FlowScope.OPERATION and not self._in_flight(
+                session_id, request.operation_id, MsgType.FLOW_UPDATE, events):
             return
         if self.flow.on_flow_update(request, session_id):
             events.append(FlowChanged())
@@ -986,24 +1099,32 @@ class ServerConnection:
             raise LocalProtocolError(
                 f"{action.value} not allowed for operation {operation_id} in state "
                 f"{operation.state.value}")
-        operation.state = next_state
+        assert session is not None
+        self._set_state(session, operation, next_state)
         if next_state is OpState.DONE:
-            assert session is not None
             del session.operations[operation_id]
             del session.by_frame[operation.frame_id]
-            for new_id, pending in list(session.pending_supersedes.items()):
-                if pending.old_operation_id == operation_id:
-                    del session.pending_supersedes[new_id]
             self.flow.forget_operation(session_id, operation_id)
         return operation
 
-    def superseding(self, session_id: int, operation_id: int) -> bool:
-        """Whether a SUPERSEDE of this operation is waiting for its replacement (rule 9):
-        its output is held, and it may end only with the superseded drop."""
+    def session_tokens(self, session_id: int) -> frozenset[str]:
+        """The runtime capability tokens a session negotiated (rule 12)."""
         session = self._sessions.get(session_id)
-        return session is not None and any(
-            pending.old_operation_id == operation_id
-            for pending in session.pending_supersedes.values())
+        return session.tokens if session is not None else frozenset()
+
+    def superseding(self, session_id: int, operation_id: int) -> bool:
+        """Whether a SUPERSEDE of this operation waits for its replacement (rule 9): its
+        output is held, and it may end only with the superseded drop."""
+        return self.operation_state(session_id, operation_id) is OpState.SUPERSEDING
+
+    def supersede_hold_left(self, session_id: int, operation_id: int) -> float | None:
+        """Seconds the superseded operation still waits for its replacement (0 or less:
+        the wait is over, drop it superseded); None when it is not held."""
+        session = self._sessions.get(session_id)
+        operation = session.operations.get(operation_id) if session else None
+        if operation is None or operation.state is not OpState.SUPERSEDING:
+            return None
+        return operation.held_until - self._clock()
 
     def operation_state(self, session_id: int, operation_id: int) -> OpState:
         """The state of an operation; DONE once it has left the registry."""
@@ -1227,8 +1348,8 @@ _RULES: dict[MsgType, Rule] = {
     MsgType.ROUTE_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
     MsgType.EXECUTION_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
     MsgType.TRACE_CONTEXT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_trace_context),
-    MsgType.BACKPRESSURE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_pressure),
-    MsgType.CREDIT_UPDATE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_pressure),
+    MsgType.BACKPRESSURE: Rule(Scope.CONNECTION, S._on_pressure),  # scope by its flags
+    MsgType.CREDIT_UPDATE: Rule(Scope.CONNECTION, S._on_pressure),
     MsgType.FLOW_UPDATE: Rule(Scope.CONNECTION, S._on_flow_update),
     MsgType.CAPABILITY_NEGOTIATION: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_capabilities),
     MsgType.DEGRADE_PROFILE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_degrade),

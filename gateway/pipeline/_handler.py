@@ -49,6 +49,7 @@ from gateway.upstream import (
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
+    lax_int,
     output_token_limit,
     to_profile_error,
 )
@@ -156,14 +157,17 @@ class ChatPipeline:
                 body["priority"] = priority
         budget = op.token_budget
         if budget is not None:
-            # The field vLLM obeys (max_completion_tokens wins), read as vLLM reads it.
+            # The field vLLM obeys (max_completion_tokens wins), read as vLLM reads it. It
+            # limits each choice, while the budget counts them all: n shares it.
             try:
                 limit = output_token_limit(body)
+                choices = lax_int(body.get("n"), "n") or 1
             except RequestFieldError as error:
                 raise ProfileError(EndCause.INVALID_BODY, str(error),
                                    param=error.field) from None
-            field, value = limit if limit is not None else ("max_tokens", budget)
-            body[field] = min(value, budget)
+            per_choice = max(1, budget // max(choices, 1))
+            field, value = limit if limit is not None else ("max_tokens", per_choice)
+            body[field] = min(value, per_choice)
         op.dispatched_at = trio.current_time()
 
     def _total_timeout(self, policy_ms: int | None) -> float:

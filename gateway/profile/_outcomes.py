@@ -67,6 +67,7 @@ class EndCause(enum.StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"  # BUDGET_UPDATE's token budget spent mid-stream
     SHUTDOWN = "shutdown"  # drain timeout, session close timeout
     DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
+    PROTOCOL_FAILURE = "protocol_failure"  # the peer broke the protocol on its connection
     NO_TERMINAL = "no_terminal"  # the handler returned without one (a bug)
 
 
@@ -187,6 +188,10 @@ END_TABLE: dict[EndCause, EndSpec] = {
     C.BUDGET_EXCEEDED: EndSpec(Drop(DropReason.BUDGET_EXCEEDED), Outcome.BUDGET_EXCEEDED, "info"),
     C.SHUTDOWN: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.SHUTDOWN, "info"),
     C.DISCONNECTED: EndSpec(Silent(), Outcome.DISCONNECTED, "info"),
+    # The sans-IO server writes these drops itself, ahead of its fatal ERROR (its rule 2):
+    # by the time the operation ends its protocol state is gone.
+    C.PROTOCOL_FAILURE: EndSpec(Drop(DropReason.TRANSPORT_CLOSED, traced=False,
+                                     explained=False), Outcome.DISCONNECTED, "info"),
     C.NO_TERMINAL: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.INTERNAL_ERROR, "error"),
 }
 del C

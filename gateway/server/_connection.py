@@ -6,12 +6,13 @@ Malformed input policy (architecture.md rule 5; nnrp-wire.md section 5):
     |----------------------------------------------|-------------------------------------------|
     | garbage / bad magic / non-hello first        | close, no reply                           |
     | no CLIENT_HELLO within handshake_timeout     | close, no reply (slowloris)               |
-    | framing/header error inside a session        | ERROR is_fatal=1 (MALFORMED_HEADER/BODY,  |
-    |   (bad meta_len, reserved bits, size cap)    |   LIMIT_EXCEEDED), then close             |
-    | WebSocket text message                       | ERROR is_fatal=1 MALFORMED_HEADER, close  |
+    | framing/header error inside a session        | every operation in flight: DROP           |
+    |   (bad meta_len, reserved bits, size cap,    |   transport_closed; then ERROR is_fatal=1 |
+    |   an unknown msg_type)                       |   (MALFORMED_*, LIMIT_EXCEEDED), close    |
+    | WebSocket text message                       | the same, ERROR MALFORMED_HEADER          |
     | bad typed body                               | that operation fails (invalid_submit_body)|
     | duplicate operation id / in-flight limit     | that submit is refused on its frame       |
-    | op/frame mismatch, unknown operation         | non-fatal ERROR, nothing else changes     |
+    | op/frame mismatch, unknown operation         | ERROR_RECOVERABLE, nothing else changes   |
 
 Nothing in this table touches another connection: each runs in its own nursery and
 no exception leaves ``Connection.run`` (``Cancelled`` excepted).
@@ -115,11 +116,15 @@ class _Port:
     async def credit(self) -> None:
         connection = self._connection
         protocol = connection.protocol
-        if not protocol.flow.active:  # no client has asked for flow control: the fast path
+        if not protocol.flow.active and not protocol.holding:  # the fast path
             return
         while True:
-            wait = protocol.flow_wait(self.session_id, self.operation_id)
-            if wait == 0:
+            # Held for a replacement (rule 9): until it comes (the old operation is then
+            # cancelled, which ends this wait) or the hold is over.
+            held = protocol.supersede_hold_left(self.session_id, self.operation_id)
+            wait = held if held is not None else protocol.flow_wait(self.session_id,
+                                                                  self.operation_id)
+            if wait is not None and wait <= 0:
                 return
             # Held by the client: we stop reading upstream, so vLLM's socket fills and
             # the pause reaches it as TCP backpressure (nothing is buffered or dropped).
@@ -143,8 +148,7 @@ class _Port:
             retry_after_ms=retry_after_ms))
 
     def negotiated(self, token: str) -> bool:
-        session = self._connection.sessions.get(self.session_id)
-        return session is not None and token in session.tokens
+        return token in self._connection.protocol.session_tokens(self.session_id)
 
     def superseding(self) -> bool:
         return self._connection.protocol.superseding(self.session_id, self.operation_id)
@@ -298,14 +302,14 @@ class Connection:
             self.stats.frames_out += len(batch)
 
     async def _fail(self, failure: ConnectionFailed) -> None:
-        """A fatal protocol violation: every operation ends now (its protocol state is
-        gone), then the ERROR reply (if any) is flushed before the connection closes."""
+        """A fatal protocol violation: every operation ends now (the protocol wrote their
+        drops, its state is gone), then the replies are flushed before the close."""
         self.stats.protocol_errors += 1
-        self._end_all(EndCause.DISCONNECTED)
+        self._end_all(EndCause.PROTOCOL_FAILURE)
         self.log.info("protocol violation; closing connection", error=str(failure.error),
-                      code=failure.error.code.name, replied=failure.reply is not None)
-        if failure.reply is not None:
-            self.outbox.put(failure.reply)
+                      code=failure.error.code.name, replied=bool(failure.replies))
+        if failure.replies:
+            self.outbox.put_all(list(failure.replies))
             with trio.move_on_after(1.0) as scope:
                 scope.shield = True
                 await self.outbox.wait_flushed()
@@ -342,9 +346,6 @@ class Connection:
                 self.flow_changed.set()
                 self.flow_changed = trio.Event()
             case CapabilitiesNegotiated():
-                session = self.sessions.get(event.session_id)
-                if session is not None:
-                    session.tokens = event.tokens
                 self.log.info("runtime capabilities negotiated", session_id=event.session_id,
                               tokens=sorted(event.tokens))
             case FrameIgnored():

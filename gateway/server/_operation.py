@@ -60,7 +60,8 @@ class OperationPort(Protocol):
         ...
 
     async def credit(self) -> None:
-        """Wait until the client's windows let one more PARTIAL_RESULT through."""
+        """Wait until the client's windows let one more PARTIAL_RESULT through, or until a
+        superseded operation's wait for its replacement is over."""
         ...
 
     def send_partial(self, body: bytes) -> None: ...
@@ -95,8 +96,10 @@ class CancelInfo:
 
 #: The retry time of a recoverable failure whose cause says nothing better.
 DEFAULT_RETRY_AFTER_MS = 1000
-#: vLLM's ``priority`` per NNRP priority class: lower is served earlier, 0 is vLLM's
-#: default (so an interactive session changes nothing), and priority_delta fine-tunes.
+#: vLLM's ``priority`` per NNRP priority class: lower is served earlier, and 0 is vLLM's
+#: default, which the default class (balanced, what stock clients open) keeps, so NNRP
+#: traffic neither overtakes nor trails other clients of the same vLLM unless it asks:
+#: interactive -10, balanced 0, background 10; priority_delta fine-tunes.
 VLLM_PRIORITY_STEP = 10
 
 #: Which end cause an expired DEADLINE / EXPIRE_AT gives (their drop reasons differ).
@@ -179,6 +182,8 @@ class Operation:
         if self.is_terminal:
             return
         cause = self.end_cause
+        if cause is None and self._port.superseding():
+            cause = EndCause.SUPERSEDED  # the only end the client may still see (rule 9)
         if cause is None:
             if self.cancel_scope.cancelled_caught:
                 cause = _DEADLINE_CAUSES[self.deadline_drop_reason]
@@ -202,9 +207,13 @@ class Operation:
         terminal = END_TABLE[cause].terminal
         if isinstance(terminal, Drop):
             self.stage(Stage.DROPPED)
+            # The client's own words when its control ended us (the reference adapter's
+            # drop diagnostic), else the reason's name; EXPIRE_AT's drop carries none.
+            told = self.cancel_info.diagnostic if self.cancel_info is not None else b""
+            diagnostic = (told or terminal.diagnostic) if terminal.explained else b""
             # LocalProtocolError: the connection's protocol state is gone (a fatal error).
             with contextlib.suppress(LocalProtocolError):
-                self._port.send_drop(terminal.reason, terminal.diagnostic, terminal.traced)
+                self._port.send_drop(terminal.reason, diagnostic, terminal.traced)
         self._mark_terminal()
 
     # ------------------------------------------------------------------ inputs
@@ -232,15 +241,18 @@ class Operation:
     @property
     def vllm_priority(self) -> int | None:
         """vLLM's ``priority`` for this operation; None when it is vLLM's default (0)."""
-        value = ((self.priority_class - PriorityClass.INTERACTIVE) * VLLM_PRIORITY_STEP
+        value = ((self.priority_class - PriorityClass.BALANCED) * VLLM_PRIORITY_STEP
                  + self.priority_delta)
         return value or None
 
     def update_budget(self, token_budget: int, *, increment: bool) -> None:
         """BUDGET_UPDATE's token budget. Before dispatch it caps the request; after, the
         operation ends (budget_exceeded) as soon as it has used more than the budget."""
-        current = self.token_budget if increment else None
-        self.token_budget = (current or 0) + token_budget
+        if increment:
+            if self.token_budget is None:
+                return  # more on top of no limit is still no limit
+            token_budget += self.token_budget
+        self.token_budget = token_budget
         if self.tokens_used > self.token_budget:
             self.cancel(EndCause.BUDGET_EXCEEDED)
 
@@ -305,6 +317,9 @@ class Operation:
         the client's flow window."""
         await self._sendable()
         await self._port.credit()
+        if self._port.superseding():
+            # Its replacement never came within the hold (rule 9): dropped superseded.
+            self.cancel(EndCause.SUPERSEDED)
         if self.end_cause is not None:
             await trio.lowlevel.checkpoint()
         if not self.events_sent:

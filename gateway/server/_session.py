@@ -38,8 +38,6 @@ class Session:
         self._observer = observer
         self._stats = stats
         self.operations: dict[int, Operation] = {}
-        #: The runtime capability tokens this session negotiated.
-        self.tokens: frozenset[str] = frozenset()
         self._idle = trio.Event()
         self._idle.set()
 

@@ -128,13 +128,19 @@ class ClientSession:
             self.session_id, trace_id=trace_id, span_id=span_id, trace_flags=trace_flags,
             attributes=attributes))
 
-    async def pressure(self, level: PressureLevel = PressureLevel.NONE, *,
-                       credit_window: int = 0, operation_id: int = 0,
-                       credit: bool = False) -> None:
-        """Flow control over this session's output (BACKPRESSURE, or CREDIT_UPDATE)."""
-        await self.client.send(self.client.sans_io.pressure(
-            self.session_id, level=level, credit_window=credit_window,
-            operation_id=operation_id, credit=credit))
+    async def backpressure(self, level: PressureLevel, *, operation_id: int = 0) -> None:
+        """BACKPRESSURE (soft, hard, paused) over this session's output."""
+        await self.client.send(self.client.sans_io.backpressure(
+            self.session_id, level, operation_id=operation_id))
+
+    async def credit(self, window: int, *, operation_id: int = 0) -> None:
+        """CREDIT_UPDATE: ``window`` more PARTIAL_RESULTs may come."""
+        await self.client.send(self.client.sans_io.credit_update(
+            self.session_id, window, operation_id=operation_id))
+
+    async def resume(self) -> None:
+        """FLOW_UPDATE resume: output flows again without a window."""
+        await self.client.send(self.client.sans_io.flow_resume(self.session_id))
 
     async def close(self, *, abort: bool = False) -> None:
         """SESSION_CLOSE, then wait for SESSION_CLOSE_ACK (bound it with a cancel scope)."""

@@ -9,7 +9,8 @@ refuse the request before vLLM is called: never generate and then fail.
   1/0 in any case; null is false. Refused: anything else (2, 1.5, "", "maybe", " true",
   lists, objects).
 * ``stream_options``: null or an object; ``stream_options.include_usage`` as ``stream``.
-* ``max_tokens``, ``max_completion_tokens`` (read only under a token budget): an int
+* ``max_tokens``, ``max_completion_tokens`` and ``n`` (read only under a token budget,
+  which caps the first per choice): an int
   (true is 1), a float without a fraction, a decimal string with an optional sign and
   surrounding spaces; null. Other forms pydantic may still take ("1_000", "2.0") are
   refused rather than guessed.

@@ -53,7 +53,7 @@ async def test_pause_holds_output_resume_loses_nothing(stack: Stack,
         nursery.start_soon(received.consume, operation)
         with trio.fail_after(10):
             await received.until(lambda: len(received.partials) >= 50)
-        await session.pressure(nnrp.PressureLevel.PAUSED)
+        await session.backpressure(nnrp.PressureLevel.PAUSED)
         paused_at = trio.current_time()
         await trio.sleep(0.3)  # what was already on the wire when the pause landed
         settled = len(received.partials)
@@ -64,7 +64,7 @@ async def test_pause_holds_output_resume_loses_nothing(stack: Stack,
         assert all(at < paused_at + 0.3 for at, _ in received)
         assert stack.replay.playing[request_id].sent == sent_then
         assert request_id not in stack.replay.completed
-        await session.pressure(nnrp.PressureLevel.NONE)
+        await session.resume()
         with trio.fail_after(60):
             await received.until(lambda: received.ended)
     partials = received.partials
@@ -78,7 +78,7 @@ async def test_pause_holds_output_resume_loses_nothing(stack: Stack,
 async def test_credit_window_sends_exactly_the_grant(stack: Stack,
                                                      session: ClientSession) -> None:
     """A session window of N lets exactly N more partials out; a new grant N more."""
-    await session.pressure(credit_window=5, credit=True)
+    await session.credit(5)
     operation = await session.submit(envelope(chat(stream=True, max_tokens=40),
                                               request_id="replay:text_stream:credit"))
     received = Received()
@@ -86,10 +86,10 @@ async def test_credit_window_sends_exactly_the_grant(stack: Stack,
         nursery.start_soon(received.consume, operation)
         await trio.sleep(0.8)
         assert len(received.partials) == 5
-        await session.pressure(credit_window=7, credit=True)
+        await session.credit(7)
         await trio.sleep(0.8)
         assert len(received.partials) == 12
-        await session.pressure(credit_window=1000, credit=True)
+        await session.credit(1000)
         with trio.fail_after(10):
             await received.until(lambda: received.ended)
     partials = received.partials

@@ -326,7 +326,7 @@ async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Pat
         events = await trio.to_thread.run_sync(scenario)
     assert ending(events, 1) == ("push", 200)
     (sent,) = [r for r in stack.replay.requests if r.method == "POST"]
-    assert json.loads(sent.body)["priority"] == 20
+    assert json.loads(sent.body)["priority"] == 10  # background: one step after default
 
 
 # ------------------------------------------------------------------ the referee

@@ -55,8 +55,9 @@ class Clock:
 
 def connected(**config: Any) -> nnrp.ServerConnection:
     clock = config.pop("clock", Clock())
+    config.setdefault("max_in_flight", 2)
     conn = nnrp.ServerConnection(nnrp.ServerConfig(
-        max_in_flight=2, runtime_tokens=config.pop("tokens", TOKENS), **config), clock=clock)
+        runtime_tokens=config.pop("tokens", TOKENS), **config), clock=clock)
     conn.receive_data(pk(HELLO) + pk(OPEN))
     return conn
 
@@ -182,7 +183,7 @@ def test_supersede_waits_for_its_replacement_which_is_admitted_at_the_limit(
     assert refused.reason is nnrp.RefusalReason.OPERATION_LIMIT
 
 
-def test_supersede_abort_now_and_an_old_operation_that_ended_first(
+def test_supersede_abort_now_and_a_held_operation_may_only_drop(
         server: nnrp.ServerConnection) -> None:
     server.receive_data(submit(1, 1))
     (cancelled,) = server.receive_data(pk(nnrp.Supersede(
@@ -190,8 +191,89 @@ def test_supersede_abort_now_and_an_old_operation_that_ended_first(
     assert cancelled.operation_id == 1
     server.receive_data(submit(2, 2))
     server.receive_data(pk(nnrp.Supersede(old_operation_id=2, new_operation_id=3), session_id=1))
-    server.send_result(1, 2, 200, b"{}")  # the old one finished before its replacement came
+    assert server.superseding(1, 2) and server.holding == 1
+    # The client counts it superseded: no partial, progress or result may follow (rule 15).
+    for send in (lambda: server.send_partial(1, 2, b"x"),
+                 lambda: server.send_progress(1, 2, nnrp.Stage.EXECUTING),
+                 lambda: server.send_result(1, 2, 200, b"{}")):
+        with pytest.raises(nnrp.LocalProtocolError, match="superseding"):
+            send()
+    server.send_drop(1, 2, nnrp.DropReason.SUPERSEDED, b"")  # its hold ran out, say
+    assert server.holding == 0
     assert of(server.receive_data(submit(3, 3)), nnrp.OperationCancelled) == []
+
+
+def test_a_hold_ends_in_time_and_frees_everything() -> None:
+    clock = Clock()
+    conn = connected(clock=clock, supersede_hold_ms=2000)
+    conn.receive_data(submit(1, 1))
+    conn.receive_data(pk(nnrp.Supersede(old_operation_id=1, new_operation_id=5), session_id=1))
+    assert conn.supersede_hold_left(1, 1) == pytest.approx(2.0)
+    clock.now += 1.5
+    assert conn.supersede_hold_left(1, 1) == pytest.approx(0.5)
+    assert conn.supersede_hold_left(1, 7) is None  # not held
+    # A second SUPERSEDE naming the same replacement, or of the held one: refused.
+    conn.receive_data(submit(2, 2))
+    (refused,) = replies(conn.receive_data(pk(nnrp.Supersede(
+        old_operation_id=2, new_operation_id=5, control_sequence=2), session_id=1)))
+    assert isinstance(refused.message, nnrp.ErrorRecoverable)
+    assert b"already the replacement" in refused.body
+    (refused,) = replies(conn.receive_data(pk(nnrp.Supersede(
+        old_operation_id=1, new_operation_id=6, control_sequence=3), session_id=1)))
+    assert b"already waits" in refused.body
+    assert not conn.superseding(1, 2)
+
+
+@pytest.mark.parametrize("why", ["refused", "session_close", "reused_frame"])
+def test_a_replacement_that_cannot_come_drops_the_old_one_now(why: str) -> None:
+    conn = connected(max_in_flight=1)
+    conn.receive_data(submit(1, 1))
+    conn.receive_data(pk(nnrp.Supersede(old_operation_id=1, new_operation_id=5,
+                                        diagnostic_bytes=3), session_id=1, body=b"new"))
+    if why == "refused":  # the server began draining: the replacement is refused
+        conn.start_draining()
+        events = conn.receive_data(submit(5, 2))
+    elif why == "reused_frame":
+        events = conn.receive_data(submit(5, 1))
+    else:
+        events = conn.receive_data(pk(nnrp.SessionClose(), session_id=1))
+    (cancelled,) = of(events, nnrp.OperationCancelled)
+    assert (cancelled.operation_id, cancelled.source, cancelled.diagnostic) == (
+        1, nnrp.CancelSource.SUPERSEDE, b"new")
+    assert conn.holding == 0
+
+
+def test_a_refused_submit_leaves_no_held_deadline_behind() -> None:
+    conn = connected(max_in_flight=1)
+    conn.receive_data(submit(1, 1))
+    for attempt in range(80):  # more than max_pending_deadlines
+        operation_id = 100 + attempt
+        conn.receive_data(pk(nnrp.Deadline(operation_id=operation_id,
+                                           deadline_unix_ms=4_000_000_000_000),
+                             session_id=1, frame_id=10 + attempt))
+        (_refused,) = of(conn.receive_data(submit(operation_id, 10 + attempt)),
+                        nnrp.SubmitRefused)
+    # The retry of a refused operation brings its own (looser) deadline, and it applies.
+    conn.send_result(1, 1, 200, b"{}")
+    conn.receive_data(pk(nnrp.Deadline(operation_id=500, deadline_unix_ms=1_000),
+                         session_id=1, frame_id=0))
+    conn.receive_data(pk(nnrp.Deadline(operation_id=500, deadline_unix_ms=9_000_000_000_000),
+                         session_id=1, frame_id=0))
+    (submitted,) = of(conn.receive_data(submit(500, 500)), nnrp.OperationSubmitted)
+    assert submitted.deadline_unix_ms == 9_000_000_000_000
+
+
+def test_held_deadlines_past_their_time_are_forgotten() -> None:
+    conn = connected(max_pending_deadlines=2)
+    for operation_id in (1, 2):  # deadlines in 1970: long past
+        conn.receive_data(pk(nnrp.Deadline(operation_id=operation_id, deadline_unix_ms=5),
+                             session_id=1))
+    # Held, not refused "too many": nothing comes back.
+    assert conn.receive_data(pk(nnrp.Deadline(operation_id=3,
+                                              deadline_unix_ms=4_000_000_000_000),
+                                session_id=1)) == []
+    assert of(conn.receive_data(submit(1, 1)), nnrp.OperationSubmitted)[0].deadline_unix_ms \
+        is None
 
 
 # --------------------------------------------------------------------------- rule 10
@@ -247,13 +329,14 @@ def test_credits_windows_and_pauses() -> None:
     assert conn.flow_wait(1, 1) == pytest.approx(0.5)
     clock.now += 1
     assert conn.flow_wait(1, 1) == 0
-    # BACKPRESSURE's level is its message: paused then "none" without a window resumes
-    # with no window at all; "soft" without a window keeps the one there was.
+    # BACKPRESSURE soft without a window keeps the one there was; after a pause,
+    # FLOW_UPDATE resume without credits removes the window altogether.
     conn.receive_data(pk(nnrp.CreditUpdate(scope_id=1, credit_window=0), session_id=1))
     conn.receive_data(pk(nnrp.Backpressure(scope_id=1, level=1), session_id=1))
     assert conn.flow_wait(1, 1) is None
     conn.receive_data(pk(nnrp.Backpressure(scope_id=1, level=3), session_id=1))
-    conn.receive_data(pk(nnrp.Backpressure(scope_id=1, level=0), session_id=1))
+    conn.receive_data(pk(nnrp.FlowUpdate(scope=int(nnrp.FlowScope.SESSION),
+                                         reason=int(nnrp.FlowReason.RESUME)), session_id=1))
     assert conn.flow_wait(1, 1) == 0
     for _ in range(100):
         conn.send_partial(1, 1, b"x")
@@ -439,3 +522,40 @@ def test_draining_refuses_new_sessions_and_submits_recoverably(
     assert ack.message.status == nnrp.SessionOpenStatus.RETRY_LATER
     (refused,) = server.receive_data(submit(1, 1))
     assert refused.reason is nnrp.RefusalReason.DRAINING
+
+
+def test_windows_exist_only_for_what_is_in_flight() -> None:
+    """A client cannot make the server keep flow state without bound (_flow rule 6)."""
+    conn = connected()
+    conn.receive_data(submit(1, 1))
+    for operation_id in range(100, 1100):
+        (ignored,) = conn.receive_data(pk(nnrp.CreditUpdate(
+            scope_id=operation_id, credit_window=1, flags=int(nnrp.PressureFlag.OPERATION)),
+            session_id=1))
+        assert isinstance(ignored, nnrp.FrameIgnored)
+    (ignored,) = conn.receive_data(pk(nnrp.FlowUpdate(
+        scope=int(nnrp.FlowScope.OPERATION), operation_id=77), session_id=1))
+    assert isinstance(ignored, nnrp.FrameIgnored)
+    assert conn.flow.operations == {} and not conn.flow.active
+    conn.receive_data(pk(nnrp.CreditUpdate(scope_id=1, credit_window=1,
+                                           flags=int(nnrp.PressureFlag.OPERATION)),
+                         session_id=1))
+    assert list(conn.flow.operations) == [(1, 1)]
+    conn.send_result(1, 1, 200, b"{}")
+    assert conn.flow.operations == {}  # forgotten with its operation
+
+
+def test_connection_scope_pressure_needs_no_session_id() -> None:
+    conn = connected()
+    conn.receive_data(pk(OPEN))  # two sessions now
+    (changed,) = conn.receive_data(pk(nnrp.Backpressure(level=3, flags=1), session_id=0))
+    assert isinstance(changed, nnrp.FlowChanged)
+    assert conn.flow.connection.paused
+
+
+def test_backpressure_level_none_is_malformed() -> None:
+    """Level none is CREDIT_UPDATE's; nnrp-py's native peers refuse it in BACKPRESSURE."""
+    conn = connected()
+    (failure,) = conn.receive_data(pk(nnrp.Backpressure(scope_id=1, level=0), session_id=1))
+    assert isinstance(failure, nnrp.ConnectionFailed)
+    assert "backpressure.level" in str(failure.error)

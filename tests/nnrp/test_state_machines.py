@@ -79,7 +79,7 @@ def test_anything_but_hello_first_closes_silently(first: bytes) -> None:
     conn = nnrp.ServerConnection()
     (failure,) = conn.receive_data(first)
     assert isinstance(failure, nnrp.ConnectionFailed)
-    assert failure.reply is None
+    assert failure.replies == ()
     assert conn.state is nnrp.ConnState.CLOSED
     assert conn.receive_data(pk(HELLO)) == []
 
@@ -89,10 +89,56 @@ def test_framing_error_in_session_sends_fatal_error(server: nnrp.ServerConnectio
     bad[12] = 4  # meta_len
     (failure,) = server.receive_data(bytes(bad))
     assert isinstance(failure, nnrp.ConnectionFailed)
-    (error,) = nnrp.Decoder().feed(failure.reply or b"")
+    (error,) = nnrp.Decoder().feed(b"".join(failure.replies))
     assert error.message.code == nnrp.ErrorCode.MALFORMED_HEADER
     assert error.message.is_fatal == 1
     assert b"meta_len" in error.body
+
+
+def test_a_fatal_error_drops_every_session_operation_first(
+        server: nnrp.ServerConnection) -> None:
+    """Issue 12: the other sessions' operations end with their drop, never silently."""
+    server.receive_data(pk(OPEN))
+    server.receive_data(submit(1, 1, 1) + submit(2, 2, 7))
+    server.send_partial(2, 2, b"x")
+    bad = bytearray(pk(nnrp.Ping()))
+    bad[7] = 0xEE  # an unknown msg_type
+    (failure,) = server.receive_data(bytes(bad))
+    assert isinstance(failure, nnrp.ConnectionFailed)
+    packets = [nnrp.decode_packet(p) for p in failure.replies]  # one packet each
+    drops = [(p.session_id, p.frame_id, p.message.drop_reason, p.message.result_sequence)
+             for p in packets[:-1]]
+    assert sorted(drops) == [(1, 1, nnrp.DropReason.TRANSPORT_CLOSED, 1),
+                             (2, 7, nnrp.DropReason.TRANSPORT_CLOSED, 2)]
+    assert packets[-1].message.is_fatal == 1
+
+
+def test_frames_before_any_session_open_are_refused_not_fatal() -> None:
+    conn = nnrp.ServerConnection()
+    conn.receive_data(pk(HELLO))
+    for frame in (pk(nnrp.Cancel(operation_id=1), session_id=1),
+                  pk(nnrp.Deadline(operation_id=1, deadline_unix_ms=5), session_id=1),
+                  pk(nnrp.CapabilityNegotiation(), session_id=0),
+                  pk(nnrp.CreditUpdate(scope_id=1, credit_window=3), session_id=0)):
+        events = conn.receive_data(frame)
+        assert not conn.is_closed
+        (error,) = [p for e in events if isinstance(e, nnrp.SendBytes)
+                    for p in nnrp.Decoder().feed(e.data)]
+        assert error.session_id == 0 and error.message.is_fatal == 0
+    # Connection-wide flow control needs no session.
+    assert conn.receive_data(pk(nnrp.CreditUpdate(credit_window=3, flags=1))) == [
+        nnrp.FlowChanged()]
+
+
+def test_a_control_naming_another_sessions_operation(server: nnrp.ServerConnection) -> None:
+    server.receive_data(pk(OPEN))
+    server.receive_data(submit(2, 7, 1))
+    (refused,) = [p for e in server.receive_data(pk(nnrp.Cancel(operation_id=7),
+                                                     session_id=1))
+                  for p in nnrp.Decoder().feed(e.data)]
+    assert isinstance(refused.message, nnrp.ErrorRecoverable)
+    assert b"never submitted" in refused.body
+    assert server.operation_state(2, 7) is nnrp.OpState.ACTIVE
 
 
 @pytest.mark.parametrize("message", [nnrp.ServerHelloAck(), nnrp.SessionOpenAck(),
@@ -265,12 +311,17 @@ def test_deadline_before_submit_is_held_then_applied(server: nnrp.ServerConnecti
     assert update.drop_reason == nnrp.DropReason.SUPERSEDED
 
 
+FUTURE = 4_000_000_000_000  # unix ms, in 2096
+
+
 def test_pending_deadlines_are_bounded() -> None:
     conn = nnrp.ServerConnection(nnrp.ServerConfig(max_pending_deadlines=2))
     conn.receive_data(pk(HELLO) + pk(OPEN))
     for op in (1, 2):
-        conn.receive_data(pk(nnrp.Deadline(operation_id=op, deadline_unix_ms=9), session_id=1))
-    (error,) = replies(conn.receive_data(pk(nnrp.Deadline(operation_id=3, deadline_unix_ms=9),
+        conn.receive_data(pk(nnrp.Deadline(operation_id=op, deadline_unix_ms=FUTURE),
+                             session_id=1))
+    (error,) = replies(conn.receive_data(pk(nnrp.Deadline(operation_id=3,
+                                                          deadline_unix_ms=FUTURE),
                                             session_id=1)))
     assert error.message.error_code == nnrp.ErrorCode.LIMIT_EXCEEDED
 
@@ -375,4 +426,6 @@ def test_bad_packet_after_good_ones_in_one_read_still_fails(server: nnrp.ServerC
     assert isinstance(replies(events[:1])[0].message, nnrp.Pong)
     assert isinstance(events[1], nnrp.OperationSubmitted)
     assert isinstance(events[-1], nnrp.ConnectionFailed)
-    assert nnrp.decode_packet(events[-1].reply or b"").message.code == nnrp.ErrorCode.MALFORMED_HEADER
+    drop, error = (nnrp.decode_packet(p) for p in events[-1].replies)
+    assert drop.message.drop_reason == nnrp.DropReason.TRANSPORT_CLOSED  # operation 1
+    assert error.message.code == nnrp.ErrorCode.MALFORMED_HEADER

@@ -10,9 +10,10 @@ import pytest
 import trio
 import trio.testing
 
+from gateway import nnrp
 from gateway.nnrp import DropReason, LocalProtocolError, Stage
 from gateway.profile import EndCause, Outcome
-from gateway.server import Operation, ServerStats, Session
+from gateway.server import CancelInfo, Operation, ServerStats, Session
 from gateway.server._outbox import Outbox
 from gateway.transport import ListenError, parse_endpoint
 from tests.support.ports import RecordingPort
@@ -167,12 +168,14 @@ async def test_close_refuses_a_cause_that_is_not_a_handlers_terminal() -> None:
 
 async def test_priority_is_taken_before_dispatch_only() -> None:
     op = operation(RecordingPort())
-    assert op.vllm_priority is None  # interactive: vLLM's default
+    assert op.vllm_priority == -10  # interactive: one step ahead of vLLM's default
+    assert op.request_priority(1, 0)
+    assert op.vllm_priority is None  # balanced, what stock clients open: vLLM's default
     assert op.request_priority(2, -3)
-    assert op.vllm_priority == 17 and op.priority_requested
+    assert op.vllm_priority == 7 and op.priority_requested
     op.dispatched_at = 1.0
     assert not op.request_priority(0, 0)
-    assert op.priority_updates == 2 and op.vllm_priority == 17
+    assert op.priority_updates == 3 and op.vllm_priority == 7
 
 
 async def test_a_token_budget_caps_what_streams_and_can_end_it_live() -> None:
@@ -295,3 +298,43 @@ def test_endpoints_parse(uri: str, expected: tuple[Any, ...]) -> None:
 def test_bad_endpoints_say_why(uri: str, problem: str) -> None:
     with pytest.raises(ListenError, match=problem):
         parse_endpoint(uri)
+
+
+async def test_a_superseded_operation_can_only_end_superseded() -> None:
+    """While a SUPERSEDE waits for its replacement (the port says so), nothing of the
+    operation may reach the client but the superseded drop: not a partial once the hold
+    is over, not its own terminal, not a deadline's drop reason."""
+    for how in ("emit", "close", "deadline"):
+        port = RecordingPort(superseded=True)
+        op = operation(port, deadline_unix_ms=1 if how == "deadline" else None)
+
+        async def handler(op: Operation, how: str = how) -> None:
+            if how == "emit":
+                await op.emit(b"{}")
+            elif how == "close":
+                await op.close(EndCause.COMPLETED, b"{}")
+            else:
+                await trio.sleep_forever()
+
+        await op.run(handler)
+        assert op.end_cause is EndCause.SUPERSEDED, how
+        assert port.sent == [("drop", nnrp.DropReason.SUPERSEDED, b"superseded")], how
+        assert nnrp.Stage.DROPPED not in port.progress
+
+
+async def _forever(_: Operation) -> None:
+    await trio.sleep_forever()
+
+
+async def test_a_controls_own_words_become_the_drops_diagnostic() -> None:
+    port = RecordingPort()
+    op = operation(port)
+    op.cancel(EndCause.PEER_CANCELLED, CancelInfo(nnrp.CancelSource.CANCEL, 1, b"user hit stop",
+                                                  0.0))
+    await op.run(_forever)
+    assert port.sent == [("drop", nnrp.DropReason.PEER_CANCELLED, b"user hit stop")]
+    expired = RecordingPort()
+    op = operation(expired, deadline_unix_ms=1, deadline_drop_reason=int(
+        nnrp.DropReason.SUPERSEDED))
+    await op.run(_forever)
+    assert expired.sent == [("drop", nnrp.DropReason.SUPERSEDED, b"")]  # EXPIRE_AT: none

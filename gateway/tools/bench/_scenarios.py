@@ -337,7 +337,8 @@ async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Fi
 
 
 async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """5. A client that pauses mid-stream (BACKPRESSURE paused) for 30 s: nothing reaches
+    """5. A client that pauses mid-stream (BACKPRESSURE paused, then FLOW_UPDATE resume)
+    for 30 s: nothing reaches
     it while paused, the gateway's memory stays flat (the pause reaches vLLM's socket as
     TCP backpressure), and resuming delivers every event in order."""
     seconds = 3.0 if quick else 30.0
@@ -362,7 +363,7 @@ async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(consume)
             await arrived.wait()
-            await session.pressure(nnrp.PressureLevel.PAUSED)
+            await session.backpressure(nnrp.PressureLevel.PAUSED)
             paused_at = time.perf_counter()
             await trio.sleep(1.0)  # what was on the wire when the pause landed
             rss_start, count_start = process_rss(pid), len(received)
@@ -372,7 +373,7 @@ async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
             log = await stack.backend_log()
             playing_end = log["playing"].get(request_id)
             finished_while_paused = request_id in log["completed"]
-            await session.pressure(nnrp.PressureLevel.NONE)
+            await session.resume()
             resumed_at = time.perf_counter()
             with trio.fail_after(600):
                 await finished.wait()

@@ -108,10 +108,10 @@ def write_security_files(cert_file: Path, key_file: Path, directory: Path) -> di
              "certificate_der_path": ("certificate.der", certificates[0]),
              "private_key_pkcs8_der_path": ("key.pk8.der", keys[0])}
     for name, data in paths.values():
-        path = directory / name
-        path.write_bytes(data)
-        if name.startswith("key"):
-            path.chmod(0o600)
+        # Owner-only from the first byte (the key is a copy of the serving key).
+        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
     return {field: str((directory / name).resolve()) for field, (name, _) in paths.items()}
 
 

@@ -232,6 +232,10 @@ async def cancel_abort(x: Exchange) -> str:
                 event.packet.msg_type is nnrp.MsgType.TRACE_CONTEXT:
             packet = event.packet
             assert isinstance(packet.message, nnrp.TraceContext)
+            if packet.session_id != session_id:
+                # The runner routes by header.session_id: its session never sees this.
+                raise CaseFailed(f"TRACE_CONTEXT on session {packet.session_id}, not "
+                                 f"{session_id}")
             x.note("received", "TRACE_CONTEXT", session_id=packet.session_id,
                    frame_id=packet.frame_id, trace_id=packet.message.trace_id,
                    span_id=packet.message.span_id, body_bytes=len(packet.body))
@@ -324,6 +328,8 @@ def validate_wire_case(scenario: dict[str, Any], terminal: str,
 def scenarios_for(endpoint: str) -> list[dict[str, Any]]:
     """The scenarios the probe runs against ``endpoint``: the suite-as-client cases of its
     transport that have an executor."""
+    if endpoint.startswith("tcps://"):
+        return []  # the suite has no TLS-over-TCP transport (see _manifest)
     transport = transport_of(endpoint)
     return [s for s in scenarios().values() if s["mode"] == "suite_as_client"
             and s["transport"] == transport and s["id"] in EXECUTORS]
