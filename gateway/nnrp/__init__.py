@@ -10,7 +10,10 @@ machine reports), ``_server`` / ``_client`` (the state machines), ``_errors``.
 
 from ._body import (
     DESCRIPTOR_LEN as DESCRIPTOR_LEN,
+    OPENAI_EVENT_FRAME as OPENAI_EVENT_FRAME,
     PRELUDE_LEN as PRELUDE_LEN,
+    TOKEN_TEXT_FRAME as TOKEN_TEXT_FRAME,
+    FrameShape as FrameShape,
     Prelude as Prelude,
     TypedBody as TypedBody,
     TypedDescriptor as TypedDescriptor,

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import attrs
 
-from ._constants import PayloadKind, StreamSemantics
+from ._constants import DescriptorFlag, PayloadKind, StreamSemantics
 from ._errors import TypedBodyError
 
 PRELUDE = struct.Struct("<8I")
@@ -125,6 +125,25 @@ def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]]) -> bytes:
         offset += len(payload)
     prelude = Prelude(typed_descriptor=len(descriptors), typed_frame=offset)
     return b"".join((prelude.pack(), bytes(descriptors), *(p for _, p in frames)))
+
+
+class FrameShape(NamedTuple):
+    """How one typed frame is described: its descriptor fields but offset and length."""
+
+    profile_id: int
+    kind: int
+    flags: int
+    schema_id: int
+    schema_version: int
+    stream_semantics: int
+
+
+#: openai-compatible/1: one JSON event, profile 0, schema 0/0, SNAPSHOT (nnrp-wire.md s. 4).
+OPENAI_EVENT_FRAME = FrameShape(0, int(PayloadKind.STRUCTURED_EVENT), 0, 0, 0,
+                                int(StreamSemantics.SNAPSHOT))
+#: The token profile's complete text: profile 2, TOKEN_CHUNK, schema 0x1001 v3, terminal.
+TOKEN_TEXT_FRAME = FrameShape(2, int(PayloadKind.TOKEN_CHUNK), int(DescriptorFlag.TERMINAL),
+                              0x1001, 3, int(StreamSemantics.SNAPSHOT))
 
 
 def pack_single_frame(payload: bytes, *, profile_id: int = 0,

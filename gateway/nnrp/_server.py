@@ -100,7 +100,7 @@ from collections.abc import Callable
 
 import attrs
 
-from ._body import pack_single_frame, parse_typed_body
+from ._body import OPENAI_EVENT_FRAME, FrameShape, pack_single_frame, parse_typed_body
 from ._codec import Decoder, Packet, decode_packet, encode, encode_partial_result
 from ._constants import (
     DEFAULT_MAX_PACKET,
@@ -121,7 +121,6 @@ from ._constants import (
     MsgType,
     PatchAckStatus,
     PatchRejectReason,
-    PayloadKind,
     PressureFlag,
     PressureLevel,
     PressureReason,
@@ -1155,14 +1154,17 @@ class ServerConnection:
         return encode(Packet(message, session_id=session_id, frame_id=operation.frame_id))
 
     def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes, *,
-                    retry_after_ms: int | None = None) -> list[bytes]:
-        """The terminal RESULT_PUSH: a typed body with one STRUCTURED_EVENT frame. With
+                    retry_after_ms: int | None = None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> list[bytes]:
+        """The terminal RESULT_PUSH: a typed body with one frame of ``payload`` (by default
+        the openai-compatible JSON event). With
         ``retry_after_ms`` (a recoverable failure) ERROR_RECOVERABLE and RETRY_AFTER go
         first, saying when to try again. Packets in order (one WebSocket message each)."""
         operation = self._operation(session_id, operation_id, OpAction.RESULT)
         advice = [] if retry_after_ms is None else self._busy(
             session_id, operation.frame_id, operation_id, retry_after_ms, payload_status=status)
-        return [*advice, self._result_packet(session_id, operation.frame_id, status, payload),
+        return [*advice, self._result_packet(session_id, operation.frame_id, status, payload,
+                                             frame),
                 *self._credit_packets(self._sessions[session_id])]
 
     def send_refusal(self, session_id: int, frame_id: int, operation_id: int, status: int,
@@ -1170,7 +1172,8 @@ class ServerConnection:
         """Answer a refused submit (``SubmitRefused``) on its frame; no operation exists."""
         advice = [] if retry_after_ms is None else self._busy(
             session_id, frame_id, operation_id, retry_after_ms, payload_status=status)
-        return [*advice, self._result_packet(session_id, frame_id, status, payload)]
+        return [*advice, self._result_packet(session_id, frame_id, status, payload,
+                                             OPENAI_EVENT_FRAME)]
 
     def _busy(self, session_id: int, frame_id: int, operation_id: int, retry_after_ms: int, *,
               payload_status: int) -> list[bytes]:
@@ -1193,13 +1196,12 @@ class ServerConnection:
         return [encode(Packet(error, session_id=session_id, frame_id=frame_id, body=text)),
                 encode(Packet(retry, session_id=session_id, frame_id=frame_id, body=text))]
 
-    def _result_packet(self, session_id: int, frame_id: int, status: int, payload: bytes
-                       ) -> bytes:
-        meta = ResultPush(status_code=status,
-                          payload_kind_bitmap=int(PayloadKind.STRUCTURED_EVENT),
+    def _result_packet(self, session_id: int, frame_id: int, status: int, payload: bytes,
+                       frame: FrameShape) -> bytes:
+        meta = ResultPush(status_code=status, payload_kind_bitmap=frame.kind,
                           payload_frame_count=1)
         return encode(Packet(meta, session_id=session_id, frame_id=frame_id,
-                             body=pack_single_frame(payload)))
+                             body=pack_single_frame(payload, **frame._asdict())))
 
     def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
                   diagnostic: bytes, *, traced: bool = True) -> list[bytes]:

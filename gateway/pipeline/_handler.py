@@ -20,6 +20,9 @@ becomes vLLM's ``priority`` when vLLM schedules by priority; a token budget caps
 ``max_tokens``. While streaming, each chunk's tokens are spent from the budget before its
 events go out, so a budget lowered mid-stream ends the operation (budget_exceeded) with
 no token past it. Stage transitions (PROGRESS) are marked where they happen.
+
+A submit in NNRP's token profile (TOKEN_CHUNK frames, profile 2) is no envelope: it takes
+the text-completion path (``_token_completion``, rules in ``gateway.profile._token``).
 """
 
 from __future__ import annotations
@@ -32,18 +35,22 @@ import attrs
 import structlog
 import trio
 
-from gateway.nnrp import Stage
+from gateway.nnrp import TOKEN_TEXT_FRAME, Stage
 from gateway.observe import build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
+    TOKEN_COMPLETION,
     EndCause,
     ProfileError,
     check_typed_body,
     events as ev,
+    is_token_request,
     parse_envelope,
+    token_prompt,
 )
 from gateway.upstream import (
+    TEXT_COMPLETION_PATH,
     RequestFieldError,
     UpstreamError,
     UpstreamTimeout,
@@ -54,7 +61,7 @@ from gateway.upstream import (
     to_profile_error,
 )
 
-from ._request import UpstreamRequest, build_request
+from ._request import UpstreamRequest, build_request, traceparent
 from ._translate import Translator, token_count
 
 if TYPE_CHECKING:
@@ -75,6 +82,8 @@ class PipelineLimits:
     priority_scheduling: bool = False
     #: The retry time told with backend_unavailable while vLLM is not ready.
     unavailable_retry_after_ms: int = 1000
+    #: The output cap of a token-profile request (its prompt carries no parameters).
+    token_profile_max_tokens: int = 64
 
 
 class ChatPipeline:
@@ -93,6 +102,9 @@ class ChatPipeline:
         notes = op.notes
         translator: Translator | None = None
         try:
+            if is_token_request(op.typed_body):
+                await self._token_completion(op)
+                return
             envelope = parse_envelope(check_typed_body(op.typed_body, op.body_error),
                                       max_bytes=self.limits.max_envelope_bytes,
                                       operations=self.operations)
@@ -169,6 +181,48 @@ class ChatPipeline:
             field, value = limit if limit is not None else ("max_tokens", per_choice)
             body[field] = min(value, per_choice)
         op.dispatched_at = trio.current_time()
+
+    async def _token_completion(self, op: Operation) -> None:
+        """NNRP's token profile as vLLM's text completion (``profile._token``). Failures
+        propagate to ``__call__``, which ends the operation as for chat."""
+        assert op.typed_body is not None
+        notes = op.notes
+        notes.operation = TOKEN_COMPLETION
+        prompt = token_prompt(op.typed_body)
+        op.stage(Stage.PREPROCESSING)
+        info = self.info()
+        if info is None or not info.models:
+            raise ProfileError(EndCause.BACKEND_UNAVAILABLE,
+                               "vLLM is not ready (start-up probe has not succeeded)",
+                               retry_after_ms=self.limits.unavailable_retry_after_ms)
+        notes.model = info.models[0]
+        body: dict[str, Any] = {"model": info.models[0], "prompt": prompt,
+                                "max_tokens": self.limits.token_profile_max_tokens}
+        self._apply_controls(op, body)
+        request_id = f"nnrp-{op.connection_id}-{op.session_id}-{op.operation_id}"
+        headers = {"x-request-id": request_id}
+        parent = traceparent(op.trace)
+        if parent is not None:
+            headers["traceparent"] = parent
+        notes.request_id, notes.stream, notes.traceparent = request_id, False, parent
+        notes.upstream_started = trio.current_time()
+        op.stage(Stage.EXECUTING)
+        answer: dict[str, Any] | None = None
+        try:
+            with trio.move_on_after(self.limits.first_chunk_timeout):
+                answer = await self.client.completion(body, headers,
+                                                      path=TEXT_COMPLETION_PATH)
+        finally:
+            notes.upstream_closed = trio.current_time()
+        if answer is None:
+            raise UpstreamTimeout("first_chunk", self.limits.first_chunk_timeout)
+        notes.upstream_status = 200
+        usage = answer.get("usage")
+        notes.usage = usage if isinstance(usage, dict) else None
+        op.stage(Stage.FINALIZING)
+        text = "".join(choice.get("text") or "" for choice in answer["choices"]
+                       if isinstance(choice, dict))
+        await op.close(EndCause.COMPLETED, text.encode("utf-8"), frame=TOKEN_TEXT_FRAME)
 
     def _total_timeout(self, policy_ms: int | None) -> float:
         total = self.limits.total_timeout

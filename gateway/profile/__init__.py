@@ -31,5 +31,10 @@ from ._outcomes import (
     Silent as Silent,
     Terminal as Terminal,
 )
+from ._token import (
+    TOKEN_COMPLETION as TOKEN_COMPLETION,
+    is_token_request as is_token_request,
+    token_prompt as token_prompt,
+)
 
 __all__ = ["events"]

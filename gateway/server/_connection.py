@@ -33,6 +33,7 @@ import structlog
 import trio
 
 from gateway.nnrp import (
+    OPENAI_EVENT_FRAME,
     BudgetRequested,
     CapabilitiesNegotiated,
     ConnectionFailed,
@@ -42,6 +43,7 @@ from gateway.nnrp import (
     Event,
     FlowChanged,
     FrameIgnored,
+    FrameShape,
     HandshakeCompleted,
     LocalProtocolError,
     OperationCancelled,
@@ -141,11 +143,12 @@ class _Port:
         connection.outbox.put(connection.protocol.send_progress(
             self.session_id, self.operation_id, stage))
 
-    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
         connection = self._connection
         connection.outbox.put_all(connection.protocol.send_result(
             self.session_id, self.operation_id, status, payload,
-            retry_after_ms=retry_after_ms))
+            retry_after_ms=retry_after_ms, frame=frame))
 
     def negotiated(self, token: str) -> bool:
         return token in self._connection.protocol.session_tokens(self.session_id)

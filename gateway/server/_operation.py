@@ -38,8 +38,10 @@ import structlog
 import trio
 
 from gateway.nnrp import (
+    OPENAI_EVENT_FRAME,
     CancelSource,
     DropReason,
+    FrameShape,
     LocalProtocolError,
     PriorityClass,
     Stage,
@@ -68,9 +70,11 @@ class OperationPort(Protocol):
 
     def send_progress(self, stage: Stage) -> None: ...
 
-    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
-        """The terminal RESULT_PUSH; with ``retry_after_ms`` the client is told when to
-        try again (ERROR_RECOVERABLE + RETRY_AFTER first)."""
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
+        """The terminal RESULT_PUSH, ``payload`` as one typed frame of shape ``frame``;
+        with ``retry_after_ms`` the client is told when to try again (ERROR_RECOVERABLE
+        + RETRY_AFTER first)."""
         ...
 
     def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None: ...
@@ -335,10 +339,12 @@ class Operation:
         self.bytes_sent += len(body)
 
     async def close(self, cause: EndCause, payload: bytes, *,
-                    retry_after_ms: int | None = None) -> None:
+                    retry_after_ms: int | None = None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
         """End the operation: the terminal RESULT_PUSH that ``cause`` gets, carrying
-        ``payload`` (the profile's terminal event). A recoverable cause tells the client
-        to retry after ``retry_after_ms`` (or a default)."""
+        ``payload`` (the profile's terminal event, or ``frame``'s kind of result). A
+        recoverable cause tells the client to retry after ``retry_after_ms`` (or a
+        default)."""
         spec = END_TABLE[cause]
         terminal = spec.terminal
         if not isinstance(terminal, Push):
@@ -354,7 +360,7 @@ class Operation:
         await self._sendable()
         self.stage(Stage.COMPLETED if cause is EndCause.COMPLETED else Stage.FAILED)
         retry = (retry_after_ms or DEFAULT_RETRY_AFTER_MS) if spec.recoverable else None
-        self._port.send_result(terminal.status, payload, retry)
+        self._port.send_result(terminal.status, payload, retry, frame)
         self.end_cause = cause
         self._mark_terminal()
         self.bytes_sent += len(payload)

@@ -28,6 +28,7 @@ from gateway.nnrp import (
     DropReceived,
     ErrorCode,
     ErrorReceived,
+    FrameSubmit,
     HelloAcked,
     PartialReceived,
     PressureLevel,
@@ -119,6 +120,17 @@ class ClientSession:
         self.operations[frame_id] = operation
         await self.client.send(self.client.sans_io.submit(
             self.session_id, operation_id, frame_id, payload, trace_id=trace_id))
+        return operation
+
+    async def submit_frame(self, meta: FrameSubmit, body: bytes, *,
+                           frame_id: int | None = None) -> ClientOperation:
+        """FRAME_SUBMIT with metadata and typed body as given (another profile's request,
+        such as NNRP's token profile)."""
+        frame_id = frame_id or next(self._ids)
+        operation = ClientOperation(self, meta.operation_id, frame_id)
+        self.operations[frame_id] = operation
+        await self.client.send(self.client.sans_io.submit_frame(self.session_id, frame_id,
+                                                                meta, body))
         return operation
 
     async def trace_context(self, *, trace_id: int, span_id: int, trace_flags: int = 1,

@@ -139,8 +139,9 @@ def _check_tool_calls(choice: int, tool_calls: Any) -> None:
                                         "is not a string")
 
 
-def parse_completion(data: bytes) -> dict[str, Any]:
-    """A non-streaming chat.completion body (checked like a chunk, lightly)."""
+def parse_completion(data: bytes, kind: str = "chat.completion") -> dict[str, Any]:
+    """A non-streaming completion body of ``kind`` (``chat.completion``, or
+    ``text_completion`` for ``/v1/completions``), checked like a chunk, lightly."""
     try:
         body = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -150,9 +151,8 @@ def parse_completion(data: bytes) -> dict[str, Any]:
     if b"\\u" in data and _has_lone_surrogate(body):
         raise UpstreamMalformed("completion body holds text that is not Unicode (a lone "
                                 "surrogate): it cannot be carried as UTF-8")
-    if body.get("object") != "chat.completion":
-        raise UpstreamMalformed(
-            f"completion 'object' is {body.get('object')!r}, not 'chat.completion'")
+    if body.get("object") != kind:
+        raise UpstreamMalformed(f"completion 'object' is {body.get('object')!r}, not {kind!r}")
     if not isinstance(body.get("id"), str) or not isinstance(body.get("choices"), list):
         raise UpstreamMalformed("completion body lacks 'id' or 'choices'")
     return body

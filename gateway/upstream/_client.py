@@ -54,6 +54,12 @@ TRAILER_WAIT = 0.25
 KEEPALIVE_EXPIRY = 4.0
 
 
+CHAT_PATH = "/v1/chat/completions"
+TEXT_COMPLETION_PATH = "/v1/completions"
+#: The ``object`` each completion endpoint answers with.
+_KINDS = {CHAT_PATH: "chat.completion", TEXT_COMPLETION_PATH: "text_completion"}
+
+
 @attrs.frozen
 class UpstreamConfig:
     base_url: str
@@ -181,21 +187,23 @@ class VllmClient:
             if stream.done:
                 await raw.read_trailer()
 
-    async def completion(self, body: dict[str, Any], headers: dict[str, str]
-                         ) -> dict[str, Any]:
-        """POST a non-streaming /v1/chat/completions; the checked ``chat.completion``.
-        vLLM answers only when it has finished: the caller's scope bounds the wait."""
-        async with self._response(body, headers, math.inf, math.inf) as response:
+    async def completion(self, body: dict[str, Any], headers: dict[str, str], *,
+                         path: str = CHAT_PATH) -> dict[str, Any]:
+        """POST a non-streaming completion; the checked body: ``chat.completion`` from
+        /v1/chat/completions, ``text_completion`` from /v1/completions. vLLM answers only
+        when it has finished: the caller's scope bounds the wait."""
+        async with self._response(body, headers, math.inf, math.inf, path) as response:
             data = bytearray()
             async for raw in BodyChunks(response, self._pulse):
                 data += raw
                 if len(data) > MAX_JSON_BODY:
                     raise UpstreamMalformed("completion body exceeds 64 MiB")
-            return parse_completion(bytes(data))
+            return parse_completion(bytes(data), _KINDS[path])
 
     @asynccontextmanager
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
-                        first_chunk: float) -> AsyncIterator[httpx.Response]:
+                        first_chunk: float, path: str = CHAT_PATH
+                        ) -> AsyncIterator[httpx.Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
         content = json.dumps(body).encode()
@@ -203,8 +211,8 @@ class VllmClient:
         response: httpx.Response | None = None
         async with self._slots.checkout() as client:
             with trio.move_on_at(deadline):
-                request = client.build_request("POST", "/v1/chat/completions",
-                                               content=content, headers=headers)
+                request = client.build_request("POST", path, content=content,
+                                               headers=headers)
                 try:
                     response = await client.send(request, stream=True)
                 except httpx.TransportError as exc:

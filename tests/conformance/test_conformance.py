@@ -6,6 +6,7 @@ import base64
 import copy
 import json
 import ssl
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -287,9 +288,28 @@ async def test_wire_probe_passes_every_scenario_on_every_transport(
     outcomes = {r["id"]: (r["outcome"], r.get("message")) for r in report["results"]}
     assert len(outcomes) == 6
     assert all(outcome == "passed" for outcome, _ in outcomes.values()), outcomes
-    # The cancel races the target's answer to a request it cannot serve: it must win
-    # every time, as it does for the runner (two writes, nothing awaited in between).
+    # The runner's request is a real generation (token profile: a text completion), so
+    # the CANCEL, written right after it, meets it running every time.
     with trio.fail_after(60):
         for _ in range(20):
             result = await probe(stack.uri("tcp"), "wire.control.cancel-abort.client")
             assert result["outcome"] == "passed", result
+
+
+async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The probe as its own process (as the suite's runner is): no shared event loop
+    decides who goes first, only the wire. Every claimed case passes, each of several
+    times."""
+    stack = await start_stack(nursery, tmp_path)
+    endpoints = [stack.uri("tcp"), stack.uri("ipc")]
+    args = [sys.executable, "-m", "cli.main", "conformance", "wire-probe",
+            "--output", str(tmp_path / "wire.json")]
+    for endpoint in endpoints * 3:
+        args += ["--endpoint", endpoint]
+    with trio.fail_after(120):
+        done = await trio.run_process(args, capture_stdout=True, capture_stderr=True,
+                                      check=False, cwd=str(Path(__file__).parents[2]))
+    report = json.loads((tmp_path / "wire.json").read_text())
+    failed = [r for r in report["results"] if r["outcome"] != "passed"]
+    assert done.returncode == 0 and not failed, (done.stdout, failed)
+    assert len(report["results"]) == 15

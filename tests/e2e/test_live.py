@@ -156,3 +156,19 @@ async def test_live_parity(live_session: Any) -> None:
             compared += 1
     assert compared >= 40
     print(json.dumps({"compared": compared}))
+
+
+async def test_live_token_profile(live_session: Any) -> None:
+    """NNRP's token profile against a real vLLM: a text completion of the chunks."""
+    from gateway import nnrp
+    from gateway.tools.conformance import runner_token_submit
+
+    _, session = live_session
+    meta, body = runner_token_submit(77)
+    operation = await session.submit_frame(meta, body)
+    with trio.fail_after(60):
+        (result,) = [event async for event in operation.events()]
+    assert isinstance(result, nnrp.ResultReceived) and result.meta.status_code == 200
+    (frame,) = result.typed_body.frames
+    assert frame.descriptor.payload_kind == nnrp.PayloadKind.TOKEN_CHUNK
+    assert frame.payload  # vLLM's (random-weight) completion text

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import trio
 
-from gateway.nnrp import DropReason, Stage
+from gateway.nnrp import OPENAI_EVENT_FRAME, DropReason, FrameShape, Stage
 
 
 @attrs.define
@@ -19,6 +19,7 @@ class RecordingPort:
     tokens: frozenset[str] = frozenset()
     progress: list[Stage] = attrs.field(factory=list)
     superseded: bool = False  # a SUPERSEDE of the operation waits for its replacement
+    frames: list[FrameShape] = attrs.field(factory=list)  # each result's frame shape
 
     async def room(self) -> None:
         if self.blocked is not None:
@@ -34,9 +35,11 @@ class RecordingPort:
     def send_progress(self, stage: Stage) -> None:
         self.progress.append(stage)
 
-    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None) -> None:
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
         self.sent.append(("result", status, payload) if retry_after_ms is None
                          else ("result", status, payload, retry_after_ms))
+        self.frames.append(frame)
 
     def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
         self.sent.append(("drop", reason, diagnostic))

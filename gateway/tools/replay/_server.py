@@ -231,6 +231,10 @@ class ReplayServer:
             reply = self._chat(request)
             self.requests.append(attrs.evolve(request, scenario=reply.scenario))
             return reply
+        if request.method == "POST" and path == "/v1/completions":
+            reply = self._text_completion(request)
+            self.requests.append(attrs.evolve(request, scenario=reply.scenario))
+            return reply
         self.requests.append(request)
         return _json_reply(404, b'{"detail":"Not Found"}', "not_found")
 
@@ -267,6 +271,27 @@ class ReplayServer:
         name = choose_scenario(request.headers, body, self.served_models)
         model = body.get("model") if isinstance(body, dict) else None
         return self._reply(name, request_id, model, body if isinstance(body, dict) else {})
+
+    def _text_completion(self, request: RecordedRequest) -> Reply:
+        """``/v1/completions``, not streamed (what the gateway's token profile asks): the
+        body comes when the whole completion would have, one token interval per token."""
+        if self.engine_dead:
+            return self._engine_failure("", stream=False)
+        try:
+            body = json.loads(request.body)
+        except json.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+            return _json_reply(400, json.dumps({"error": {
+                "message": "prompt must be a string", "type": "BadRequestError",
+                "param": "prompt", "code": 400}}).encode(), "text_completion_error")
+        tokens = body.get("max_tokens")
+        tokens = tokens if isinstance(tokens, int) and tokens > 0 else self.default_tokens
+        request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
+        answer = synth.text_completion(request_id, str(body.get("model")), body["prompt"],
+                                       tokens)
+        return Reply(200, (("content-type", "application/json"),),
+                     ((tokens * self.token_interval_ms, answer),), "text_completion")
 
     def _reply(self, name: str, request_id: str, model: Any, body: dict[str, Any]) -> Reply:
         """The reply for a chosen scenario: a behaviour, or a transcript played back."""

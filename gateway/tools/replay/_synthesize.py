@@ -66,6 +66,23 @@ def usage_chunk(request_id: str, model: str, prompt: int, completion: int) -> by
 DONE = b"data: [DONE]\n\n"
 
 
+def text_completion(request_id: str, model: str, prompt: str, tokens: int) -> bytes:
+    """vLLM 0.32's ``text_completion`` body (captured live) for ``tokens`` words."""
+    text = "".join(WORDS[i % len(WORDS)] for i in range(tokens))
+    prompt_tokens = max(1, len(prompt.split()))
+    return _dump({
+        "id": f"cmpl-{request_id}", "object": "text_completion", "created": CREATED,
+        "model": model, "choices": [{
+            "index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+            "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+            "prompt_token_ids": None, "routed_experts": None}],
+        "service_tier": None, "system_fingerprint": FINGERPRINT,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + tokens,
+                  "completion_tokens": tokens, "prompt_tokens_details": None,
+                  "completion_tokens_details": None},
+        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None})
+
+
 def text_stream(request_id: str, model: str, tokens: int, interval_ms: float,
                 ttft_ms: float = 5.0, word: str | None = None) -> list[tuple[float, bytes]]:
     """A plain text stream of ``tokens`` tokens (``word`` each, or the demo sentence),
