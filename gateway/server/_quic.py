@@ -1,0 +1,748 @@
+"""QUIC listener (``quic://host:port``): aioquic's sans-IO ``QuicConnection``, driven by trio.
+
+NNRP over QUIC (nnrp-wire.md section 1): TLS 1.3 is mandatory (QUIC has no other TLS), the
+client opens one bidirectional stream and writes packets back to back on it. nnrp-py's
+native client (quinn 0.11 + rustls) uses the first client-initiated bidirectional stream
+(id 0), offers no ALPN, opens no unidirectional streams and never sends DATAGRAM frames;
+older SDKs offer ALPN ``nnrp/1``. To ``Connection`` the stream is a byte stream, as TCP is:
+``QuicTransport`` has kind "quic" and message_based False.
+
+Layers (everything above ``QuicListener`` is sans-IO and never imports trio):
+
+* ``AlpnPolicy`` (in ``_quic_settings``, with ``QuicSettings``) and ``install_alpn_policy``:
+  which ClientHellos are accepted.
+* ``NnrpQuicConnection``: aioquic's server connection with what NNRP needs (stream limits,
+  the ALPN hook, receive credit that follows the reader, the send-buffer level). Every use
+  of aioquic internals is in this class, checked against aioquic 1.7.2.
+* ``RoutingTable``: connection ID -> connection, for every ID a connection has issued and
+  the peer has not retired, plus the client's original destination ID.
+* ``QuicEndpoint``: one datagram in, datagrams out: header checks, version negotiation,
+  admission (a connection cap, Retry under load), routing, per-connection events
+  (``QuicPeer``). ``feed_datagram`` runs one step of it without sockets, for the fuzzer.
+* ``QuicListener``: one UDP socket, one task per QUIC connection (its aioquic timer, its
+  keepalive and its NNRP ``Connection``), and ``QuicTransport``.
+
+Bad input (nothing here touches another connection):
+
+    | input                                                 | outcome                        |
+    |-------------------------------------------------------|--------------------------------|
+    | undecodable datagram; unknown connection ID           | dropped, counted (garbage)     |
+    | Initial in a datagram under 1200 bytes                | dropped, counted (garbage)     |
+    | unknown version (datagram >= 1200 bytes)              | Version Negotiation            |
+    | Initial at max_connections, or while draining         | dropped, counted               |
+    | Initial without token while >= retry_threshold        | stateless Retry                |
+    |   handshakes are in progress                          |                                |
+    | Retry token forged, expired or for another address   | dropped, counted               |
+    | ALPN outside the policy                               | TLS alert no_application_protocol |
+    | TLS handshake not done within handshake_timeout       | CONNECTION_CLOSE, slot freed   |
+    | a bidirectional stream other than 0                   | STOP_SENDING + RESET_STREAM    |
+    | a unidirectional stream, a DATAGRAM frame             | aioquic closes (limits are 0)  |
+    | peer silent for idle_timeout                          | QUIC ends; receive() -> None   |
+    | peer stops reading                                    | send() waits (bounded buffer)  |
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import attrs
+import structlog
+import trio
+from aioquic import tls
+from aioquic._buffer import Buffer  # aioquic.buffer re-exports it implicitly only
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnectionState
+from aioquic.quic.events import (
+    ConnectionIdIssued,
+    ConnectionIdRetired,
+    ConnectionTerminated,
+    HandshakeCompleted,
+    StopSendingReceived,
+    StreamDataReceived,
+    StreamReset,
+)
+from aioquic.quic.packet import (
+    QuicErrorCode,
+    QuicFrameType,
+    QuicPacketType,
+    encode_quic_retry,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
+from aioquic.quic.retry import QuicRetryTokenHandler
+
+if TYPE_CHECKING:
+    from aioquic.quic.packet_builder import QuicPacketBuilder
+    from aioquic.quic.recovery import QuicPacketSpace
+    from aioquic.quic.stream import QuicStream
+
+    from ._quic_settings import AlpnPolicy, QuicSettings
+
+log = structlog.get_logger("gateway.server")
+
+#: The first client-initiated bidirectional stream carries the NNRP byte stream.
+NNRP_STREAM_ID = 0
+#: Application error code on STOP_SENDING / RESET_STREAM for streams we do not use
+#: (NNRP defines none; 0x101 keeps clear of HTTP/3's 0x100-0x110 by one only in spirit:
+#: it is opaque to the client and only shows up in its logs).
+STREAM_REFUSED = 0x101
+#: Largest UDP payload; anything longer is not a datagram we could have been sent.
+MAX_DATAGRAM = 65535
+#: Client Initials must be padded to this (RFC 9000 section 14.1); smaller ones are dropped
+#: before any state is made, so a flood of tiny packets costs one header parse each.
+MIN_INITIAL = SMALLEST_MAX_DATAGRAM_SIZE
+
+
+def install_alpn_policy(context: tls.Context, policy: AlpnPolicy) -> None:
+    """Choose the server's ALPN list per ClientHello, then let aioquic negotiate.
+
+    Stock aioquic takes one fixed list for every client, so it cannot accept "no ALPN" and
+    "nnrp/1" at once: with a list, a client that offers none is refused; without one, a
+    client that offers nnrp/1 gets no ALPN back, which RFC 9001 section 8.1 clients treat
+    as fatal. The hook peeks at the ClientHello's ALPN extension (parsed again by aioquic
+    right after; a malformed hello fails there exactly as without the hook) and sets the
+    list that aioquic then negotiates with. It wraps the one method that negotiates
+    (aioquic 1.7.2: ``Context._server_handle_hello``) on this instance only.
+    """
+    handle_hello: Callable[..., None] = context._server_handle_hello
+
+    def choose_then_handle(input_buf: Buffer, *output_bufs: Buffer) -> None:
+        start = input_buf.tell()
+        offered = tls.pull_client_hello(input_buf).alpn_protocols
+        input_buf.seek(start)
+        context._alpn_protocols = policy.server_protocols(offered)
+        handle_hello(input_buf, *output_bufs)
+
+    setattr(context, "_server_handle_hello", choose_then_handle)  # noqa: B010
+
+
+def server_configuration(settings: QuicSettings) -> QuicConfiguration:
+    """A server configuration with the certificate loaded (raises OSError/ValueError)."""
+    if settings.tls.client_ca_file is not None:
+        raise ValueError("quic:// does not do mutual TLS (drop --tls-client-ca or quic://)")
+    configuration = QuicConfiguration(
+        is_client=False, alpn_protocols=None, idle_timeout=settings.idle_timeout,
+        max_stream_data=settings.receive_window, max_datagram_frame_size=None,
+        verify_mode=ssl.CERT_NONE)
+    configuration.load_cert_chain(settings.tls.cert_file, settings.tls.key_file)
+    return configuration
+
+
+class NnrpQuicConnection(QuicConnection):
+    """aioquic's server connection with the changes NNRP needs (aioquic 1.7.2 internals).
+
+    1. Stream limits: peers may open ``max_streams_bidi`` bidirectional streams and no
+       unidirectional ones (the transport parameters are serialized later, on the first
+       datagram, so setting the limits here is enough).
+    2. ALPN: ``install_alpn_policy`` on the TLS context aioquic builds in ``_initialize``.
+    3. Receive credit: aioquic doubles a stream's window as data *arrives*, whatever the
+       application has read; here the NNRP stream's credit is what ``Connection`` has
+       consumed plus ``receive_window``, so a client cannot make us buffer more than that
+       while its connection is not reading (the TCP backpressure equivalent). Other
+       streams never get more than the initial window.
+    4. ``unacked_bytes``: how much of the send side is still buffered in aioquic.
+    """
+
+    def __init__(self, *, configuration: QuicConfiguration,
+                 original_destination_connection_id: bytes,
+                 retry_source_connection_id: bytes | None, alpn: AlpnPolicy,
+                 max_streams_bidi: int, receive_window: int) -> None:
+        super().__init__(configuration=configuration,
+                         original_destination_connection_id=original_destination_connection_id,
+                         retry_source_connection_id=retry_source_connection_id)
+        self.alpn_policy = alpn
+        self.receive_window = receive_window
+        #: Bytes of the NNRP stream handed to the connection so far (receive credit).
+        self.nnrp_consumed = 0
+        for limit, value in ((self._local_max_streams_bidi, max_streams_bidi),
+                             (self._local_max_streams_uni, 0)):
+            limit.value = limit.sent = value
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        install_alpn_policy(self.tls, self.alpn_policy)
+
+    def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace,
+                             stream: QuicStream) -> None:
+        # Replaces aioquic 1.7.2's version, whose only change of the limit is the doubling.
+        if stream.stream_id == NNRP_STREAM_ID and stream.max_stream_data_local:
+            target = self.nnrp_consumed + self.receive_window
+            # Raise in steps of half a window: one MAX_STREAM_DATA per half window read.
+            if target - stream.max_stream_data_local >= self.receive_window // 2:
+                stream.max_stream_data_local = target
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA, capacity=_MAX_STREAM_DATA_CAPACITY,
+                handler=self._on_max_stream_data_delivery, handler_args=(stream,))
+            assert stream.stream_id is not None
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+    def unacked_bytes(self, stream_id: int) -> int:
+        """Bytes written to ``stream_id`` that the peer has not acknowledged yet."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        return stream.sender._buffer_stop - stream.sender._buffer_start
+
+    def has_stream(self, stream_id: int) -> bool:
+        return stream_id in self._streams
+
+    def started(self) -> bool:
+        """A client Initial has been decrypted (before that, a connection is just a guess
+        that a datagram was an Initial)."""
+        return self._state is not QuicConnectionState.FIRSTFLIGHT
+
+
+#: MAX_STREAM_DATA frame: type byte and two varints (aioquic's constant of the same value).
+_MAX_STREAM_DATA_CAPACITY = 1 + 2 * 8
+
+
+def check_aioquic() -> None:
+    """Fail at bind time, not mid-connection, if aioquic's internals moved (see above)."""
+    missing = [name for name in ("_initialize", "_write_stream_limits",
+                                 "_on_max_stream_data_delivery")
+               if not hasattr(QuicConnection, name)]
+    if not hasattr(tls.Context, "_server_handle_hello"):
+        missing.append("tls.Context._server_handle_hello")
+    if missing:
+        raise RuntimeError(f"aioquic changed (missing {missing}); QUIC needs aioquic 1.x "
+                           "as checked in gateway/server/_quic.py")
+
+
+class RoutingTable:
+    """Connection ID -> connection (any hashable owner), and each owner's IDs.
+
+    A connection is reachable by the client's original destination ID, its first host ID
+    and every ID it issues later (``ConnectionIdIssued``), until the peer retires one
+    (``ConnectionIdRetired``) or the connection ends (``remove``: all of its IDs).
+    """
+
+    def __init__(self) -> None:
+        self._routes: dict[bytes, object] = {}
+        self._owned: dict[object, set[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._owned)
+
+    def get(self, cid: bytes) -> object | None:
+        return self._routes.get(cid)
+
+    def add(self, cid: bytes, owner: object) -> bool:
+        """Route ``cid`` to ``owner``; False (and no change) if another owner has it."""
+        current = self._routes.get(cid)
+        if current is not None and current is not owner:
+            return False
+        self._routes[cid] = owner
+        self._owned.setdefault(owner, set()).add(cid)
+        return True
+
+    def retire(self, cid: bytes, owner: object) -> None:
+        """Forget ``cid`` if ``owner`` has it (a retired ID never routes again)."""
+        if self._routes.get(cid) is owner:
+            del self._routes[cid]
+            self._owned[owner].discard(cid)
+
+    def remove(self, owner: object) -> None:
+        for cid in self._owned.pop(owner, ()):
+            if self._routes.get(cid) is owner:
+                del self._routes[cid]
+
+    def cids(self, owner: object) -> frozenset[bytes]:
+        return frozenset(self._owned.get(owner, ()))
+
+    def owners(self) -> list[object]:
+        return list(self._owned)
+
+
+@attrs.define
+class QuicStats:
+    """Listener counters (bounded-cost, read by tests and logs)."""
+
+    datagrams_in: int = 0
+    datagrams_out: int = 0
+    garbage: int = 0
+    version_negotiations: int = 0
+    retries: int = 0
+    invalid_tokens: int = 0
+    refused_initials: int = 0
+    handshake_timeouts: int = 0
+    refused_streams: int = 0
+    send_errors: int = 0
+    connections_total: int = 0
+
+
+class QuicPeer:
+    """One QUIC connection beside aioquic's state: the NNRP stream's unread bytes and the
+    flags the trio side waits on. Sans-IO; ``QuicEndpoint`` updates it from aioquic's
+    events."""
+
+    def __init__(self, quic: NnrpQuicConnection, addr: NetworkAddress) -> None:
+        self.quic = quic
+        self.address = format_address(addr)
+        self.inbound: deque[bytes] = deque()
+        #: No more bytes will come on the NNRP stream (FIN or RESET_STREAM).
+        self.receive_ended = False
+        #: We may not write to it any more (STOP_SENDING, connection over).
+        self.send_ended = False
+        self.handshake_complete = False
+        self.alpn: str | None = None
+        self.terminated = False
+        self.close_reason = ""
+        self.refused: set[int] = set()
+
+    def take_inbound(self) -> bytes:
+        """All unread NNRP bytes; the credit they free is granted on the next flush."""
+        data = self.inbound[0] if len(self.inbound) == 1 else b"".join(self.inbound)
+        self.inbound.clear()
+        self.quic.nnrp_consumed += len(data)
+        return data
+
+
+def format_address(addr: NetworkAddress) -> str:
+    try:
+        host, port = addr[0], addr[1]
+    except (TypeError, IndexError):
+        return "unknown"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+@attrs.frozen
+class Received:
+    """What one datagram did: replies sent without a connection, and the connection it
+    reached (None: dropped, or answered statelessly)."""
+
+    replies: list[bytes]
+    peer: QuicPeer | None = None
+    new: bool = False
+
+
+class QuicEndpoint:
+    """The server side of one UDP socket, sans-IO: datagrams in, datagrams out."""
+
+    def __init__(self, settings: QuicSettings, configuration: QuicConfiguration) -> None:
+        self.settings = settings
+        #: Swapped on reload: new connections take the current one, old ones keep theirs.
+        self.configuration = configuration
+        self.routes = RoutingTable()
+        self.stats = QuicStats()
+        self.accepting = True
+        self.handshakes_in_progress = 0
+        self._retry = QuicRetryTokenHandler()
+        self._cid_length = configuration.connection_id_length
+
+    @property
+    def peers(self) -> list[QuicPeer]:
+        return [p for p in self.routes.owners() if isinstance(p, QuicPeer)]
+
+    def receive_datagram(self, data: bytes, addr: NetworkAddress, now: float) -> Received:
+        """Route one datagram, making a connection for an acceptable Initial."""
+        self.stats.datagrams_in += 1
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=self._cid_length)
+        except ValueError:
+            self.stats.garbage += 1
+            return Received([])
+        owner = self.routes.get(header.destination_cid)
+        if isinstance(owner, QuicPeer):
+            owner.quic.receive_datagram(data, addr, now)
+            self.process(owner)
+            return Received([], owner)
+        if header.packet_type is QuicPacketType.VERSION_NEGOTIATION:
+            self.stats.garbage += 1  # servers never take part in version negotiation
+            return Received([])
+        if (header.version is not None
+                and header.version not in self.configuration.supported_versions):
+            if len(data) < MIN_INITIAL:  # never answer what could be a reflection probe
+                self.stats.garbage += 1
+                return Received([])
+            self.stats.version_negotiations += 1
+            return Received([encode_quic_version_negotiation(
+                source_cid=header.destination_cid, destination_cid=header.source_cid,
+                supported_versions=self.configuration.supported_versions)])
+        if header.packet_type is not QuicPacketType.INITIAL or len(data) < MIN_INITIAL:
+            self.stats.garbage += 1  # stale connection, or not a client's first flight
+            return Received([])
+        return self._accept(header.version, header.destination_cid, header.source_cid,
+                            header.token, data, addr, now)
+
+    def _accept(self, version: int | None, dcid: bytes, scid: bytes, token: bytes,
+                data: bytes, addr: NetworkAddress, now: float) -> Received:
+        if not self.accepting or len(self.routes) >= self.settings.max_connections:
+            self.stats.refused_initials += 1
+            return Received([])
+        threshold = self.settings.retry_threshold
+        retry_source: bytes | None = None
+        original = dcid
+        if token:
+            try:
+                original = self._retry.validate_token(address=addr, destination_cid=dcid,
+                                                      token=token, now=now)
+            except (ValueError, IndexError):
+                self.stats.invalid_tokens += 1
+                return Received([])
+            retry_source = dcid
+        elif threshold is not None and self.handshakes_in_progress >= threshold:
+            # Address validation (RFC 9000 section 8.1.2): no state until the client shows
+            # it receives at this address. The Retry is smaller than the Initial.
+            assert version is not None
+            source = os.urandom(self._cid_length)
+            self.stats.retries += 1
+            return Received([encode_quic_retry(
+                version=version, source_cid=source, destination_cid=scid,
+                original_destination_cid=dcid,
+                retry_token=self._retry.create_token(
+                    address=addr, original_destination_connection_id=dcid,
+                    retry_source_connection_id=source, now=now))])
+        settings = self.settings
+        quic = NnrpQuicConnection(
+            configuration=self.configuration, original_destination_connection_id=original,
+            retry_source_connection_id=retry_source, alpn=settings.alpn,
+            max_streams_bidi=settings.max_streams_bidi,
+            receive_window=settings.receive_window)
+        peer = QuicPeer(quic, addr)
+        self.routes.add(dcid, peer)
+        self.routes.add(quic.host_cid, peer)
+        self.handshakes_in_progress += 1
+        self.stats.connections_total += 1
+        quic.receive_datagram(data, addr, now)
+        self.process(peer)
+        if not quic.started():  # its Initial did not decrypt: keep nothing for it
+            self.stats.garbage += 1
+            self.forget(peer)
+            return Received([])
+        return Received([], peer, new=True)
+
+    def process(self, peer: QuicPeer) -> None:
+        """Apply aioquic's pending events: routes, the NNRP stream, refused streams."""
+        quic = peer.quic
+        while (event := quic.next_event()) is not None:
+            if isinstance(event, StreamDataReceived):
+                if event.stream_id != NNRP_STREAM_ID:
+                    self._refuse_stream(peer, event.stream_id)
+                elif not peer.receive_ended:
+                    if event.data:
+                        peer.inbound.append(event.data)
+                    peer.receive_ended = event.end_stream
+            elif isinstance(event, StreamReset | StopSendingReceived):
+                if event.stream_id == NNRP_STREAM_ID:
+                    peer.receive_ended = True
+                    peer.send_ended = True
+            elif isinstance(event, ConnectionIdIssued):
+                self.routes.add(event.connection_id, peer)
+            elif isinstance(event, ConnectionIdRetired):
+                self.routes.retire(event.connection_id, peer)
+            elif isinstance(event, HandshakeCompleted):
+                peer.handshake_complete = True
+                peer.alpn = event.alpn_protocol
+                self.handshakes_in_progress -= 1
+            elif isinstance(event, ConnectionTerminated):
+                peer.close_reason = event.reason_phrase or f"error {event.error_code:#x}"
+                self.forget(peer)
+
+    def forget(self, peer: QuicPeer) -> None:
+        """The connection is over: free its routes and its slot (idempotent)."""
+        if peer.terminated:
+            return
+        peer.terminated = peer.receive_ended = peer.send_ended = True
+        if not peer.handshake_complete:
+            self.handshakes_in_progress -= 1
+        self.routes.remove(peer)
+
+    def _refuse_stream(self, peer: QuicPeer, stream_id: int) -> None:
+        """Streams other than the NNRP one: ask the peer to stop, and reset our side."""
+        if stream_id in peer.refused:
+            return
+        if len(peer.refused) > 4 * self.settings.max_streams_bidi:  # keep the set small
+            peer.refused = {s for s in peer.refused if peer.quic.has_stream(s)}
+        peer.refused.add(stream_id)
+        self.stats.refused_streams += 1
+        quic = peer.quic
+        for action in (quic.stop_stream, quic.reset_stream):
+            # ValueError: already finished, or not ours to reset (a uni stream).
+            with contextlib.suppress(ValueError):
+                action(stream_id, STREAM_REFUSED)
+
+    def datagrams_to_send(self, peer: QuicPeer, now: float
+                          ) -> list[tuple[bytes, NetworkAddress]]:
+        if peer.quic.get_peer_address() is None:
+            return []
+        datagrams = peer.quic.datagrams_to_send(now)
+        self.stats.datagrams_out += len(datagrams)
+        return datagrams
+
+
+def feed_datagram(endpoint: QuicEndpoint, data: bytes, now: float,
+                  addr: NetworkAddress = ("192.0.2.1", 4433)) -> list[bytes]:
+    """One full step without sockets: route ``data``, run the reached connection's timer
+    if due, and return every datagram the server would send (the fuzzing entry point)."""
+    received = endpoint.receive_datagram(data, addr, now)
+    out = list(received.replies)
+    peer = received.peer
+    if peer is not None:
+        out.extend(d for d, _ in endpoint.datagrams_to_send(peer, now))
+        timer = peer.quic.get_timer()
+        if timer is not None and timer <= now:
+            peer.quic.handle_timer(now)
+            endpoint.process(peer)
+            out.extend(d for d, _ in endpoint.datagrams_to_send(peer, now))
+    return out
+
+
+# ---------------------------------------------------------------------------- trio I/O
+
+
+class _Session:
+    """The trio side of one QUIC connection: who to wake when something happened."""
+
+    def __init__(self, peer: QuicPeer) -> None:
+        self.peer = peer
+        self._changed = trio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    @property
+    def changed(self) -> trio.Event:
+        return self._changed
+
+
+class QuicTransport:
+    """The NNRP stream of one QUIC connection, as a ``PacketTransport``."""
+
+    kind = "quic"
+    message_based = False
+
+    def __init__(self, listener: QuicListener, session: _Session) -> None:
+        self._listener = listener
+        self._session = session
+        self.peer = session.peer.address
+
+    @property
+    def alpn(self) -> str | None:
+        return self._session.peer.alpn
+
+    async def receive(self) -> bytes | None:
+        session, peer = self._session, self._session.peer
+        while not peer.inbound:
+            if peer.receive_ended:
+                return None
+            await session.wait_changed()
+        data = peer.take_inbound()
+        self._listener.service(session)  # grants the freed credit
+        return data
+
+    async def send(self, packets: list[bytes]) -> None:
+        """Hand packets to aioquic once the unacknowledged backlog has room.
+
+        aioquic buffers whatever it is given and transmits as flow control and the
+        congestion window allow; waiting here while more than ``send_buffer`` bytes are
+        unacknowledged keeps that buffer bounded. A client that stops reading stalls this
+        send (and so its Connection's operations, up to the write timeout), nothing else.
+        """
+        data = packets[0] if len(packets) == 1 else b"".join(packets)
+        session, peer = self._session, self._session.peer
+        limit = self._listener.settings.send_buffer
+        while True:
+            if peer.send_ended or not peer.quic.has_stream(NNRP_STREAM_ID):
+                raise trio.BrokenResourceError("QUIC stream closed")
+            backlog = peer.quic.unacked_bytes(NNRP_STREAM_ID)
+            if backlog == 0 or backlog + len(data) <= limit:
+                break
+            await session.wait_changed()
+        peer.quic.send_stream_data(NNRP_STREAM_ID, data)
+        self._listener.service(session)
+
+    async def aclose(self) -> None:
+        """FIN the stream, give the peer ``close_linger`` to acknowledge what was sent
+        (an ERROR reply must arrive before the close), then close the QUIC connection."""
+        session, peer = self._session, self._session.peer
+        if peer.terminated:
+            return
+        with trio.move_on_after(self._listener.settings.close_linger):
+            if not peer.send_ended and peer.quic.has_stream(NNRP_STREAM_ID):
+                peer.send_ended = True
+                peer.quic.send_stream_data(NNRP_STREAM_ID, b"", end_stream=True)
+                self._listener.service(session)
+            while peer.quic.unacked_bytes(NNRP_STREAM_ID) and not peer.terminated:
+                await session.wait_changed()
+        self._listener.close(session)
+
+
+ConnectionHandler = Callable[[QuicTransport], Awaitable[None]]
+
+
+class QuicListener:
+    """One UDP socket serving QUIC connections, each handed to ``handler`` as a transport.
+
+    ``run`` serves until cancelled, or until ``stop_accepting`` was called and the last
+    connection has ended: draining a server leaves established QUIC connections their
+    socket, as it leaves TCP connections theirs.
+    """
+
+    def __init__(self, settings: QuicSettings, sock: socket.socket) -> None:
+        self.settings = settings
+        self.endpoint = QuicEndpoint(settings, server_configuration(settings))
+        self._sock = sock
+        self._trio_sock = trio.socket.from_stdlib_socket(sock)
+        self._sessions: dict[QuicPeer, _Session] = {}
+        self._recv_scope = trio.CancelScope()
+        name = sock.getsockname()
+        self.host: str = name[0]
+        self.port: int = name[1]
+
+    @property
+    def stats(self) -> QuicStats:
+        return self.endpoint.stats
+
+    @classmethod
+    async def bind(cls, settings: QuicSettings, host: str, port: int) -> QuicListener:
+        check_aioquic()
+        infos = await trio.socket.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM,
+                                              flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):  # room for bursts; the kernel may cap it
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            sock.bind(address)
+            return cls(settings, sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def reload_tls(self) -> None:
+        """Re-read the certificate files: new handshakes use them, established
+        connections keep theirs. Raises (and keeps the old files) on a bad file."""
+        self.endpoint.configuration = server_configuration(self.settings)
+
+    def stop_accepting(self) -> None:
+        self.endpoint.accepting = False
+        if not self._sessions:
+            self._recv_scope.cancel()
+
+    async def run(self, handler: ConnectionHandler) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                with self._recv_scope:
+                    if not self.endpoint.accepting and not self._sessions:
+                        return
+                    while True:
+                        try:
+                            data, addr = await self._trio_sock.recvfrom(MAX_DATAGRAM)
+                        except OSError:  # e.g. ICMP errors reported on the socket
+                            continue
+                        self._datagram(data, addr, nursery, handler)
+        finally:
+            self._trio_sock.close()
+
+    def _datagram(self, data: bytes, addr: NetworkAddress, nursery: trio.Nursery,
+                  handler: ConnectionHandler) -> None:
+        received = self.endpoint.receive_datagram(data, addr, trio.current_time())
+        for reply in received.replies:
+            self._sendto(reply, addr)
+        peer = received.peer
+        if peer is None:
+            return
+        session = self._sessions.get(peer)
+        if session is None:
+            session = self._sessions[peer] = _Session(peer)
+            nursery.start_soon(self._run_session, session, handler)
+        self.service(session)
+
+    def service(self, session: _Session) -> None:
+        """After anything changed a connection: apply its events, transmit, wake waiters."""
+        self.endpoint.process(session.peer)
+        for data, addr in self.endpoint.datagrams_to_send(session.peer, trio.current_time()):
+            self._sendto(data, addr)
+        session.notify()
+
+    def close(self, session: _Session, error_code: int = QuicErrorCode.NO_ERROR,
+              reason: str = "") -> None:
+        session.peer.send_ended = True
+        session.peer.quic.close(error_code=error_code, reason_phrase=reason)
+        self.service(session)
+
+    def _sendto(self, data: bytes, addr: NetworkAddress) -> None:
+        # Synchronous and non-blocking: a full socket buffer drops the datagram, which QUIC
+        # loss recovery resends; no task ever waits on the socket to send.
+        try:
+            self._sock.sendto(data, addr)
+        except OSError:
+            self.endpoint.stats.send_errors += 1
+
+    async def _run_session(self, session: _Session, handler: ConnectionHandler) -> None:
+        peer = session.peer
+        settings = self.settings
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._timer, session)
+                with trio.move_on_after(settings.handshake_timeout):
+                    while not peer.handshake_complete and not peer.terminated:
+                        await session.wait_changed()
+                if not peer.handshake_complete:
+                    if not peer.terminated:  # no closing period for a half-open one
+                        self.endpoint.stats.handshake_timeouts += 1
+                        self.close(session, QuicErrorCode.CONNECTION_REFUSED,
+                                   "handshake timeout")
+                        self.endpoint.forget(peer)
+                        session.notify()
+                elif not peer.terminated:
+                    keepalive = trio.CancelScope()
+                    nursery.start_soon(self._keepalive, session, keepalive)
+                    try:
+                        await handler(QuicTransport(self, session))
+                    except Exception:
+                        log.exception("QUIC connection handler failed", peer=peer.address)
+                    keepalive.cancel()
+                    self.close(session)
+                # The timer task ends once aioquic's closing period is over (3 PTO).
+        finally:
+            if not peer.terminated:  # cancelled: tell the peer, best effort, no waiting
+                peer.quic.close(error_code=QuicErrorCode.NO_ERROR, reason_phrase="shutdown")
+                for data, addr in self.endpoint.datagrams_to_send(peer, trio.current_time()):
+                    self._sendto(data, addr)
+                self.endpoint.forget(peer)
+            del self._sessions[peer]
+            if not self.endpoint.accepting and not self._sessions:
+                self._recv_scope.cancel()
+
+    async def _timer(self, session: _Session) -> None:
+        """aioquic's one timer per connection (loss detection, ACK delay, pacing, idle,
+        closing period): sleep until it is due or something changed, then recompute."""
+        peer = session.peer
+        while not peer.terminated:
+            at = peer.quic.get_timer()
+            changed = session.changed
+            with trio.move_on_at(math.inf if at is None else at):
+                await changed.wait()
+                continue
+            assert at is not None
+            peer.quic.handle_timer(max(at, trio.current_time()))
+            self.service(session)
+
+    async def _keepalive(self, session: _Session, scope: trio.CancelScope) -> None:
+        """PING every third of the idle timeout while the NNRP connection is open: a live
+        client keeps answering (a quiet operation waiting on vLLM never looks idle), a
+        vanished one does not, and aioquic ends the connection after idle_timeout."""
+        interval = self.settings.idle_timeout / 3
+        uid = 0
+        with scope:
+            while not session.peer.terminated:
+                await trio.sleep(interval)
+                uid += 1
+                session.peer.quic.send_ping(uid)
+                self.service(session)
