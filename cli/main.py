@@ -12,6 +12,7 @@ import json
 import signal
 import tomllib
 import typing
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,7 +37,8 @@ app.command()(chat)
 
 Listen = Annotated[list[str], typer.Option(
     "--listen", envvar="NNRP_GATEWAY_LISTEN",
-    help="NNRP listener: tcp://host:port, unix:///path or ws://host:port/path (repeatable).")]
+    help="NNRP listener: tcp://host:port, unix:///path, ws://host:port/path, or with TLS "
+         "tcps://, wss://, quic://host:port (repeatable).")]
 VllmUrl = Annotated[str, typer.Option("--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL",
                                       help="Base URL of the co-located vLLM OpenAI server.")]
 
@@ -122,6 +124,14 @@ def _mask(config: GatewayConfig) -> dict[str, object]:
 Seconds = Annotated[float, typer.Option(min=0.0)]
 
 
+class QuicAlpn(StrEnum):
+    """ALPN offers a quic:// listener accepts (gateway.server.AlpnPolicy)."""
+
+    none = "none"
+    nnrp = "nnrp/1"
+    any = "any"
+
+
 @app.command()
 def serve(
     ctx: typer.Context,
@@ -188,13 +198,18 @@ def serve(
              "counts as down; a non-200 answer counts at once.")] = 3,
     log_level: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_LOG_LEVEL")] = "info",
     tls_cert: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_TLS_CERT", help="PEM certificate chain for tcps:// and wss://.")
+        envvar="NNRP_GATEWAY_TLS_CERT",
+        help="PEM certificate chain for tcps://, wss:// and quic://.")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TLS_KEY", help="PEM private key for the certificate.")] = None,
     tls_client_ca: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TLS_CLIENT_CA",
         help="Require client certificates signed by this CA (mutual TLS).")] = None,
+    quic_alpn: Annotated[QuicAlpn, typer.Option(
+        envvar="NNRP_GATEWAY_QUIC_ALPN",
+        help="ALPN for quic://: none (nnrp-py's native client offers none), nnrp/1 (older "
+             "SDKs), or any (either).")] = QuicAlpn.none,
     auth_token: Annotated[list[str] | None, typer.Option(
         envvar="NNRP_GATEWAY_AUTH_TOKEN",
         help="Bearer token sessions must present in SESSION_OPEN (repeatable).")] = None,
@@ -253,7 +268,7 @@ def serve(
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
-        metrics=metrics, tls=tls)
+        metrics=metrics, tls=tls, quic_alpn=quic_alpn.value)
     if print_config:
         typer.echo(json.dumps(_mask(config), indent=2, default=str))
         return

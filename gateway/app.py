@@ -26,10 +26,12 @@ from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_reco
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import capability_document, runtime_tokens
 from gateway.server import (
+    AlpnPolicy,
     BoundEndpoint,
     ConnectionLimits,
     GatewayServer,
     Operation,
+    QuicSettings,
     TlsConfig,
     load_tls,
     server_context,
@@ -68,6 +70,8 @@ class GatewayConfig:
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
+    #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
+    quic_alpn: str = "none"
 
 
 class Gateway:
@@ -91,7 +95,10 @@ class Gateway:
                                     limits=config.connection,
                                     max_connections=config.max_connections,
                                     refusal=profile_refusal, observer=self._observe,
-                                    ssl_context=self.ssl_context)
+                                    ssl_context=self.ssl_context,
+                                    quic=QuicSettings(config.tls, AlpnPolicy(config.quic_alpn),
+                                                      max_connections=config.max_connections)
+                                    if config.tls else None)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
@@ -129,6 +136,7 @@ class Gateway:
         except (OSError, ValueError) as exc:  # keep serving with the old certificate
             log.error("TLS reload failed; keeping the previous certificate", error=str(exc))
             return
+        self.server.reload_quic_tls()
         log.info("TLS certificate reloaded", cert=str(self.config.tls.cert_file))
 
     async def drain(self) -> None:

@@ -35,16 +35,16 @@ class ListenError(ConfigError):
 class Endpoint:
     """A parsed endpoint URI."""
 
-    scheme: str  # "tcp", "tcps", "unix", "ws" or "wss"
+    scheme: str  # "tcp", "tcps", "unix", "ws", "wss" or "quic"
     host: str = ""
     port: int = 0
     path: str = ""
 
     @property
     def transport(self) -> str:
-        """The bounded transport label: ``tcp``, ``ipc`` or ``websocket``."""
+        """The bounded transport label: ``tcp``, ``ipc``, ``websocket`` or ``quic``."""
         return {"tcp": "tcp", "tcps": "tcp", "unix": "ipc", "ws": "websocket",
-                "wss": "websocket"}[self.scheme]
+                "wss": "websocket", "quic": "quic"}[self.scheme]
 
     @property
     def tls(self) -> bool:
@@ -60,8 +60,9 @@ def parse_endpoint(uri: str) -> Endpoint:
         if not path:
             raise ListenError(f"{uri}: a unix listener needs a path (unix:///run/nnrp.sock)")
         return Endpoint("unix", path=path)
-    if scheme not in ("tcp", "tcps", "ws", "wss"):
-        raise ListenError(f"{uri}: scheme must be tcp://, unix:// or ws:// (or tcps://, wss://)")
+    if scheme not in ("tcp", "tcps", "ws", "wss", "quic"):
+        raise ListenError(f"{uri}: scheme must be tcp://, unix:// or ws:// (or tcps://, wss://, "
+                          "quic://)")
     try:
         port = parts.port
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""trio I/O for NNRP: listeners (tcp, unix, ws and their TLS forms), connections,
+"""trio I/O for NNRP: listeners (tcp, unix, ws and their TLS forms, quic), connections,
 sessions, operations, graceful shutdown. Transports themselves: ``gateway.transport``."""
 
 from ._auth import TokenAuthenticator as TokenAuthenticator
@@ -13,6 +13,7 @@ from ._operation import (
     OperationHandler as OperationHandler,
     OperationPort as OperationPort,
 )
+from ._quic_settings import AlpnPolicy as AlpnPolicy, QuicSettings as QuicSettings
 from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer
 from ._session import Observer as Observer, Session as Session
 from ._stats import ServerStats as ServerStats

@@ -30,6 +30,8 @@ from ._stats import ServerStats
 
 if TYPE_CHECKING:
     from ._operation import OperationHandler
+    from ._quic import QuicListener
+    from ._quic_settings import QuicSettings
     from ._session import Observer
 
 log = structlog.get_logger("gateway.server")
@@ -59,12 +61,14 @@ class GatewayServer:
         max_connections: beyond this, a new connection gets ERROR SERVER_BUSY and is closed.
         refusal: the answer to a refused submit (the profile's).
         observer: told of every operation once it has ended (logs and metrics).
+        quic: certificate and limits for ``quic://`` listeners (none without it).
     """
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
                  limits: ConnectionLimits | None = None, max_connections: int = 1024,
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 quic: QuicSettings | None = None) -> None:
         self.handler = handler
         self.observer = observer
         self.config = config or ServerConfig()
@@ -72,6 +76,8 @@ class GatewayServer:
         self.max_connections = max_connections
         self.refusal = refusal
         self.ssl_context = ssl_context
+        self.quic = quic
+        self.quic_listeners: list[QuicListener] = []
         self.endpoints: list[BoundEndpoint] = []
         self.connections: set[Connection] = set()
         self.stats = ServerStats()
@@ -113,6 +119,9 @@ class GatewayServer:
 
     async def _listen(self, spec: Endpoint,
                       task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+        if spec.scheme == "quic":
+            await self._listen_quic(spec, task_status)
+            return
         if spec.tls and self.ssl_context is None:
             raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, --tls-key)")
         if spec.scheme in ("ws", "wss"):
@@ -182,9 +191,44 @@ class GatewayServer:
             log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
             task_status.started(endpoint)
 
+    async def _listen_quic(self, spec: Endpoint,
+                           task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+        """One UDP socket. Its datagram loop lives in the connection nursery (a draining
+        server keeps serving established QUIC connections); this task only stops it
+        accepting when the accept scope ends."""
+        from ._quic import QuicListener  # aioquic is imported only when QUIC is served
+
+        if self.quic is None:
+            raise ListenError("quic:// needs a certificate (--tls-cert, --tls-key)")
+        try:
+            listener = await QuicListener.bind(self.quic, spec.host, spec.port)
+        except ValueError as exc:
+            raise ListenError(f"quic://{spec.host}:{spec.port}: {exc}") from exc
+        self.quic_listeners.append(listener)
+        assert self._connection_nursery is not None
+        self._connection_nursery.start_soon(listener.run, self._serve_connection)
+        endpoint = BoundEndpoint(spec, f"quic://{_fmt_host(listener.host)}:{listener.port}",
+                                 listener.host, listener.port)
+        log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport,
+                 alpn=self.quic.alpn.value)
+        task_status.started(endpoint)
+        try:
+            await trio.sleep_forever()
+        finally:
+            listener.stop_accepting()
+
+    def reload_quic_tls(self) -> None:
+        """SIGHUP: new QUIC handshakes use the re-read files (a bad file keeps the old)."""
+        for listener in self.quic_listeners:
+            try:
+                listener.reload_tls()
+            except (OSError, ValueError) as exc:
+                log.error("QUIC TLS reload failed; keeping the previous certificate",
+                          error=str(exc), port=listener.port)
+
     # ------------------------------------------------------------------ connections
 
-    async def _serve_connection(self, transport: StreamTransport | WebSocketTransport) -> None:
+    async def _serve_connection(self, transport: PacketTransport) -> None:
         if len(self.connections) >= self.max_connections or not self.accepting:
             self.stats.connections_refused += 1
             await self._refuse(transport)
@@ -200,7 +244,7 @@ class GatewayServer:
             self.connections.discard(connection)
             self.stats.connections_active -= 1
 
-    async def _refuse(self, transport: StreamTransport | WebSocketTransport) -> None:
+    async def _refuse(self, transport: PacketTransport) -> None:
         """Admission refusal: one fatal ERROR SERVER_BUSY, then close (fast, bounded)."""
         reply = ServerConnection().send_error(
             ErrorCode.SERVER_BUSY, "connection limit reached; retry later", fatal=True,
