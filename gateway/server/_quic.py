@@ -412,13 +412,13 @@ class QuicEndpoint:
         self.routes.add(dcid, peer)
         self.routes.add(quic.host_cid, peer)
         self.handshakes_in_progress += 1
-        self.stats.connections_total += 1
         quic.receive_datagram(data, addr, now)
         self.process(peer)
         if not quic.started():  # its Initial did not decrypt: keep nothing for it
             self.stats.garbage += 1
             self.forget(peer)
             return Received([])
+        self.stats.connections_total += 1
         return Received([], peer, new=True)
 
     def process(self, peer: QuicPeer) -> None:
