@@ -42,12 +42,13 @@ bench: $(STAMP)
 	$(BIN)/nnrp-gateway bench wire
 	$(BIN)/nnrp-gateway bench run --out out/bench
 
-# Coverage-guided fuzzing (atheris) of the untrusted-input parsers and the server's state
-# machine (every preview4 control), FUZZ_SECONDS each; FUZZ_TARGETS picks some.
+# Coverage-guided fuzzing (atheris) of the untrusted-input parsers, the server's state
+# machine (every preview4 control) and the QUIC endpoint, FUZZ_SECONDS each; FUZZ_TARGETS
+# picks some.
 # New inputs go to out/fuzz/<target>, crash inputs to out/fuzz/crash-*, logs to
 # out/fuzz/<target>.log; the seed corpus in tests/fuzz/corpus stays clean.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS ?= nnrp_decoder typed_body envelope sse controls server_session
+FUZZ_TARGETS ?= nnrp_decoder typed_body envelope sse controls server_session quic_datagram
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install --quiet atheris
 	for target in $(FUZZ_TARGETS); do \

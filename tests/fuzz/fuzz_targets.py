@@ -1,4 +1,5 @@
-"""atheris harnesses for the parsers and the state machine that take untrusted bytes.
+"""atheris harnesses for the parsers, the state machine and the QUIC endpoint that take
+untrusted bytes.
 
     python tests/fuzz/fuzz_targets.py TARGET [libFuzzer args...]     # TARGET: see TARGETS
 
@@ -18,6 +19,7 @@ import atheris
 with atheris.instrument_imports():
     from gateway import nnrp
     from gateway.profile import ProfileError, check_typed_body, parse_envelope
+    from gateway.server import _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
 
 
@@ -171,8 +173,85 @@ def _check_output(events: list[object]) -> None:
     assert len(terminals) == len(set(terminals)), terminals
 
 
+def _quic_fixture() -> tuple[object, object, bytes]:
+    """Settings, a loaded server configuration and one real client Initial (built once)."""
+    import datetime
+    import tempfile
+    from pathlib import Path
+
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from gateway.server import QuicSettings, TlsConfig
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    folder = Path(tempfile.mkdtemp(prefix="fuzz-quic-"))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    settings = QuicSettings(TlsConfig(folder / "cert.pem", folder / "key.pem"),
+                            max_connections=4, retry_threshold=2)
+    client = QuicConnection(configuration=QuicConfiguration(is_client=True,
+                                                            server_name="localhost"))
+    client.connect(("192.0.2.1", 4433), now=0.0)
+    initial = client.datagrams_to_send(0.0)[0][0]
+    return settings, _quic.server_configuration(settings), initial
+
+
+_QUIC: tuple[object, object, bytes] | None = None
+
+
+def quic_datagram(data: bytes) -> None:
+    """Datagrams into a fresh QuicEndpoint (routing, admission, Retry, aioquic's
+    QuicConnection): nothing may raise, state stays within its caps, and the server never
+    sends more than three times what it received (RFC 9000 section 8.1).
+
+    data[0] & 1: 0 = the rest is one datagram; 1 = a real client Initial first, then the
+    rest cut into datagrams by a 2-byte length prefix each, sent to the Initial's
+    destination connection ID when bit 1 of data[0] is set (so they reach its connection).
+    """
+    global _QUIC
+    if _QUIC is None:
+        _QUIC = _quic_fixture()
+    settings, configuration, initial = _QUIC
+    endpoint = _quic.QuicEndpoint(settings, configuration)  # type: ignore[arg-type]
+    mode = data[0] if data else 0
+    datagrams = [data[1:]]
+    if mode & 1:
+        datagrams = [initial]
+        rest = data[1:]
+        while len(rest) >= 2:
+            size = int.from_bytes(rest[:2], "big") % 1600
+            chunk, rest = rest[2:2 + size], rest[2 + size:]
+            if mode & 2 and len(chunk) > 14:
+                chunk = chunk[:6] + initial[6:14] + chunk[14:]  # long header: same DCID
+            datagrams.append(chunk)
+    received = sent = 0
+    now = 1000.0
+    for index, datagram in enumerate(datagrams):
+        received += len(datagram)
+        addr = ("192.0.2.7", 40000 + (index if mode & 4 else 0))
+        sent += sum(map(len, _quic.feed_datagram(endpoint, datagram, now, addr)))
+        now += 0.01
+        assert len(endpoint.routes) <= settings.max_connections  # type: ignore[attr-defined]
+        assert endpoint.handshakes_in_progress >= 0
+    assert sent <= 3 * received, (sent, received)
+
+
 TARGETS = {"nnrp_decoder": nnrp_decoder, "typed_body": typed_body, "envelope": envelope,
-           "sse": sse, "controls": controls, "server_session": server_session}
+           "sse": sse, "controls": controls, "server_session": server_session,
+           "quic_datagram": quic_datagram}
 
 if __name__ == "__main__":
     target = TARGETS[sys.argv[1]]

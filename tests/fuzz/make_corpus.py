@@ -13,7 +13,7 @@ HERE = Path(__file__).parent / "corpus"
 
 def main() -> None:
     folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse",
-                                              "controls", "server_session")}
+                                              "controls", "server_session", "quic_datagram")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     vectors = Path(__file__).parents[1] / "nnrp" / "vectors"
@@ -51,11 +51,30 @@ def main() -> None:
     (folders["server_session"] / "all_types.bin").write_bytes(opening + bytes(session_seed))
     (folders["server_session"] / "submit_then_sends.bin").write_bytes(
         opening + bytes([0xF0, 1, 1, 0, 0xF0, 1, 1, 1, 0xF0, 1, 1, 2]) + body[:8])
+    quic_seeds(folders["quic_datagram"])
     for name, transcript in bundled_transcripts().items():
         if transcript.streaming:
             (folders["sse"] / f"{name}.sse").write_bytes(transcript.body)
         elif transcript.body:
             (folders["envelope"] / f"{name}.json").write_bytes(transcript.body)
+
+
+def quic_seeds(folder: Path) -> None:
+    """A client Initial alone (mode 0), after the harness's own (modes 1 and 3, so the
+    second datagram is a duplicate routed to the new connection), and small packets."""
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    client = QuicConnection(configuration=QuicConfiguration(is_client=True,
+                                                            server_name="localhost"))
+    client.connect(("192.0.2.1", 4433), now=0.0)
+    initial = client.datagrams_to_send(0.0)[0][0]
+    (folder / "initial.bin").write_bytes(b"\x00" + initial)
+    (folder / "initial-then-dup.bin").write_bytes(
+        b"\x03" + len(initial).to_bytes(2, "big") + initial)
+    (folder / "short-header.bin").write_bytes(b"\x00\x40" + bytes(range(40)))
+    (folder / "version-negotiation.bin").write_bytes(b"\x00\x80\x00\x00\x00\x00\x08"
+                                                     + bytes(8) + b"\x08" + bytes(8))
 
 
 if __name__ == "__main__":

@@ -349,3 +349,30 @@ def test_feed_datagram_accepts_a_real_initial(pki: Pki) -> None:
     # The same bytes again are routed to that connection (duplicate Initial), not a new one.
     feed_datagram(ep, initial, 1000.0)
     assert ep.stats.connections_total == 1
+
+
+def test_arbitrary_datagrams_never_raise(pki: Pki) -> None:
+    """The fuzz target's contract (tests/fuzz: quic_datagram), checked by hypothesis."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    c = client(pki)
+    c.connect(SERVER, now=0.0)
+    (initial, _), *_ = c.datagrams_to_send(0.0)
+    quic_settings = QuicSettings(TlsConfig(pki.cert, pki.key), max_connections=2)
+    configuration = server_configuration(quic_settings)
+
+    @settings(max_examples=150, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.booleans(), st.lists(st.binary(max_size=1500), max_size=4))
+    def check(with_initial: bool, datagrams: list[bytes]) -> None:
+        ep = QuicEndpoint(quic_settings, configuration)
+        inputs = ([initial] if with_initial else []) + [
+            d[:6] + initial[6:14] + d[14:] if len(d) > 14 and d[0] & 0x80 else d
+            for d in datagrams]
+        sent = sum(len(reply) for data in inputs
+                   for reply in feed_datagram(ep, data, 1000.0, CLIENT))
+        assert sent <= 3 * sum(map(len, inputs))
+        assert len(ep.routes) <= 2 and ep.handshakes_in_progress >= 0
+
+    check()
