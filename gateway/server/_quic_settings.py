@@ -61,8 +61,9 @@ class QuicSettings:
             is closed and its slot freed (the NNRP handshake has its own timeout after).
         max_connections: QUIC connections (handshaking or established) per listener;
             Initials beyond it are dropped without making state.
-        retry_threshold: handshakes in progress from which new clients must prove their
-            address with a Retry round trip; 0: always, None: never.
+        retry_threshold: handshakes in progress (or new token-less Initials within one
+            second) from which new clients must prove their address with a Retry round
+            trip; 0: always, None: never.
         max_streams_bidi: bidirectional streams a client may have open (we use one).
         receive_window: stream credit beyond what the NNRP connection has read.
         send_buffer: bytes written to the NNRP stream and not yet acknowledged, beyond

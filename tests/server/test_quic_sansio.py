@@ -376,3 +376,16 @@ def test_arbitrary_datagrams_never_raise(pki: Pki) -> None:
         assert len(ep.routes) <= 2 and ep.handshakes_in_progress >= 0
 
     check()
+
+
+def test_a_burst_of_initials_switches_to_retry(pki: Pki) -> None:
+    """Spoofed Initials that never decrypt make no handshake, so the burst itself counts."""
+    ep = endpoint(pki, retry_threshold=3)
+    junk = [b"\xc3\x00\x00\x00\x01\x08" + os.urandom(8) + b"\x08" + os.urandom(8)
+            + b"\x00\x44\xb0" + os.urandom(1200) for _ in range(6)]
+    replies = [feed_datagram(ep, data, 1000.0) for data in junk]
+    assert replies[:3] == [[], [], []]  # under the threshold: tried (and dropped)
+    assert all(len(r) == 1 for r in replies[3:])  # then a stateless Retry each
+    assert ep.stats.retries == 3 and len(ep.routes) == 0
+    # A second later the window starts over.
+    assert feed_datagram(ep, junk[0], 1001.5) == []
