@@ -90,9 +90,8 @@ log = structlog.get_logger("gateway.server")
 
 #: The first client-initiated bidirectional stream carries the NNRP byte stream.
 NNRP_STREAM_ID = 0
-#: Application error code on STOP_SENDING / RESET_STREAM for streams we do not use
-#: (NNRP defines none; 0x101 keeps clear of HTTP/3's 0x100-0x110 by one only in spirit:
-#: it is opaque to the client and only shows up in its logs).
+#: Application error code of the STOP_SENDING / RESET_STREAM refusing an extra stream.
+#: NNRP defines no QUIC error codes; the value is opaque to clients (their logs show it).
 STREAM_REFUSED = 0x101
 #: Largest UDP payload; anything longer is not a datagram we could have been sent.
 MAX_DATAGRAM = 65535
