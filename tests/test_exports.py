@@ -69,9 +69,9 @@ PUBLIC: dict[str, str] = {
         "token_count traceparent "
     ),
     "gateway.server": (
-        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer Operation "
-        "OperationHandler OperationPort RefusalHandler ServerStats Session TlsConfig "
-        "TokenAuthenticator load_tls server_context "
+        "AlpnPolicy BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer "
+        "Operation OperationHandler OperationPort QuicSettings RefusalHandler ServerStats "
+        "Session TlsConfig TokenAuthenticator load_tls server_context "
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes build_record "

@@ -29,6 +29,8 @@ from ._listeners import open_unix_listener
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
+    from gateway.transport import PacketTransport
+
     from ._operation import OperationHandler
     from ._quic import QuicListener
     from ._quic_settings import QuicSettings

@@ -25,8 +25,7 @@ from gateway.server._quic import (
     feed_datagram,
     server_configuration,
 )
-
-from .quic_peer import Pki, make_pki
+from tests.support.quic import Pki, make_pki
 
 CLIENT = ("192.0.2.7", 50000)
 SERVER = ("192.0.2.1", 4433)
@@ -353,8 +352,7 @@ def test_feed_datagram_accepts_a_real_initial(pki: Pki) -> None:
 
 def test_arbitrary_datagrams_never_raise(pki: Pki) -> None:
     """The fuzz target's contract (tests/fuzz: quic_datagram), checked by hypothesis."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    from hypothesis import HealthCheck, given, settings, strategies as st
 
     c = client(pki)
     c.connect(SERVER, now=0.0)

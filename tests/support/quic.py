@@ -32,12 +32,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from gateway.client import ClientError, NnrpClient
 from gateway.nnrp import ServerConfig
-from gateway.server import ConnectionLimits, GatewayServer, OperationContext, QuicSettings
-from gateway.server import TlsConfig as TlsConfig
-
-from .conftest import Seen, scripted_handler
+from gateway.server import (
+    ConnectionLimits,
+    GatewayServer,
+    Operation,
+    QuicSettings,
+    TlsConfig as TlsConfig,
+)
+from gateway.tools.client import ClientError, NnrpClient
+from tests.support.servers import Seen, scripted_handler
 
 
 async def until(predicate: Callable[[], object], interval: float = 0.02) -> None:
@@ -108,7 +112,7 @@ async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
     cancel scope (``stop()`` ends it without touching the test's nursery)."""
     seen = Seen()
 
-    async def handler(op: OperationContext) -> None:
+    async def handler(op: Operation) -> None:
         await scripted_handler(op, seen)
 
     server = GatewayServer(handler, config=ServerConfig(),
