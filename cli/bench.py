@@ -239,8 +239,11 @@ def soak_command(
         typer.echo(json.dumps(document, indent=2))
     else:
         typer.echo(f"{report.started} started, {report.completed} completed, {report.dropped} "
-                   f"dropped, {report.errors} errors; RSS growth after warm-up "
-                   f"{report.rss_growth * 100:.1f} %; accounted: {report.accounted}")
+                   f"dropped, {report.refused} refused recoverably, {report.errors} errors; "
+                   f"RSS growth after warm-up {report.rss_growth * 100:.1f} %; accounted: "
+                   f"{report.accounted}")
+        for cause, count in sorted(report.error_causes.items()):
+            typer.echo(f"  {count} x {cause}")
         for sample in report.samples[:: max(1, len(report.samples) // 10)]:
             typer.echo(f"  t={sample['t']:>6}s RSS {sample['rss_mib']:.1f} MiB, "
                        f"{sample['fds']} fds, {sample['completed']} completed")

@@ -98,7 +98,8 @@ def plan(
 
 
 def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any],
-              backend_log: str | None, suite_only: bool) -> dict[str, Any]:
+              backend_log: str | None, suite_only: bool,
+              scripted_endpoint: str | None = None) -> dict[str, Any]:
     import trio
 
     from gateway.tools.conformance import build_plan, run_plan
@@ -111,10 +112,13 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
     results = trio.run(lambda: run_plan(execution_plan, endpoint, client=client,
                                         evidence_dir=output / "evidence",
                                         backend_log=backend_log,
-                                        adapter=document.get("adapter", "nnrp-vllm-gateway")))
+                                        adapter=document.get("adapter", "nnrp-vllm-gateway"),
+                                        scripted_endpoint=scripted_endpoint))
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     for result in results["results"]:
         line = f"{result['outcome']:<7} {result['id']}"
+        if result["diagnostics"].get("backend") == "scripted":
+            line += f"  [scripted backend: {result['diagnostics']['endpoint']}]"
         typer.echo(line + (f"  ({result['message']})" if "message" in result else ""))
     for case_id in not_claimed:
         typer.echo(f"{'n/a':<7} {case_id} (not_claimed)")
@@ -131,6 +135,10 @@ def run(
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
+    scripted_endpoint: Annotated[str | None, typer.Option(
+        help="A gateway in front of the replay vLLM: the recipes a real vLLM cannot answer "
+             "as written (a backend failing on demand, automatic tool choice) run there.")
+    ] = None,
     check_without_extensions: Annotated[bool, typer.Option(
         help="Also run with extensions removed; the passed cases must be the same.")] = True,
 ) -> None:
@@ -146,7 +154,8 @@ def run(
         raise typer.Exit(2)
     try:
         document = _capabilities(endpoint, capabilities, False)
-        results = _run_once(endpoint, output, chosen, document, backend_log, suite_only)
+        results = _run_once(endpoint, output, chosen, document, backend_log, suite_only,
+                            scripted_endpoint)
         summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint,
                                    "passed": sum(r["outcome"] == "passed"
                                                  for r in results["results"]),
@@ -155,7 +164,7 @@ def run(
             bare = dict(document, extensions=[])
             typer.echo("-- again, with extensions removed --")
             again = _run_once(endpoint, output / "without-extensions", chosen, bare,
-                              backend_log, suite_only)
+                              backend_log, suite_only, scripted_endpoint)
             passed = {r["id"] for r in results["results"] if r["outcome"] == "passed"}
             passed_bare = {r["id"] for r in again["results"] if r["outcome"] == "passed"}
             bare_ids = {r["id"] for r in again["results"]}

@@ -161,6 +161,10 @@ def serve(
     drain_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_DRAIN_TIMEOUT", min=0.0,
         help="Seconds in-flight operations may finish after SIGTERM.")] = 30.0,
+    drain_close_grace: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_DRAIN_CLOSE_GRACE", min=0.0,
+        help="After the drain, seconds a connection is left for its client to close "
+             "before the gateway closes it (within --drain-timeout).")] = 5.0,
     max_connections: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_MAX_CONNECTIONS", min=1)] = 1024,
     max_sessions_per_connection: Annotated[int, typer.Option(
@@ -189,6 +193,10 @@ def serve(
         envvar="NNRP_GATEWAY_TOTAL_TIMEOUT", min=0.1)] = None,
     upstream_pool_size: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1)] = 256,
+    upstream_queue_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_QUEUE_TIMEOUT", min=0.0,
+        help="Seconds a request waits for a free upstream connection before it is "
+             "refused as overload (recoverable, with a retry time).")] = 10.0,
     health_interval: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_HEALTH_INTERVAL", min=0.1,
         help="Seconds between vLLM /health checks once it is ready.")] = 5.0,
@@ -253,7 +261,8 @@ def serve(
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
-        drain_timeout=drain_timeout, max_connections=max_connections,
+        drain_timeout=drain_timeout, drain_close_grace=drain_close_grace,
+        max_connections=max_connections,
         server=ServerConfig(max_packet=max_frame_bytes,
                             max_sessions=max_sessions_per_connection,
                             max_in_flight=max_operations_per_session,
@@ -266,7 +275,8 @@ def serve(
                                 max_event_bytes=max_event_bytes,
                                 priority_scheduling=vllm_priority_scheduling),
         upstream_connect_timeout=upstream_connect_timeout,
-        upstream_pool_size=upstream_pool_size, health_interval=health_interval,
+        upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
+        health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value)
     if print_config:

@@ -61,12 +61,17 @@ class GatewayConfig:
     #: unhealthy (503: the engine died) counts at once; silence may be a busy server.
     health_failure_threshold: int = 3
     drain_timeout: float = 30.0
+    #: After a drain, how long a connection is left for its client to close first.
+    drain_close_grace: float = 5.0
     max_connections: int = 1024
     server: ServerConfig = attrs.field(factory=ServerConfig)
     connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
     upstream_connect_timeout: float = 2.0
     upstream_pool_size: int = 256
+    #: A request waits this long for one of the pool's connections, then is refused as
+    #: overload (recoverable, with a retry time) rather than queue on.
+    upstream_queue_timeout: float = 10.0
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
@@ -79,7 +84,7 @@ class Gateway:
         self.config = config
         self.client = VllmClient(UpstreamConfig(
             config.vllm_url, config.upstream_api_key, config.upstream_connect_timeout,
-            config.upstream_pool_size))
+            config.upstream_pool_size, queue_timeout=config.upstream_queue_timeout))
         self.info: VllmInfo | None = None
         self.upstream_healthy = False
         # While vLLM is not ready, the next probe may change that: tell clients then.
@@ -144,7 +149,7 @@ class Gateway:
         self.draining = True
         log.info("draining", timeout_s=self.config.drain_timeout,
                  inflight=self.server.stats.inflight)
-        await self.server.shutdown(self.config.drain_timeout)
+        await self.server.shutdown(self.config.drain_timeout, self.config.drain_close_grace)
         log.info("drained")
 
     def ready_info(self) -> VllmInfo | None:
@@ -172,6 +177,7 @@ class Gateway:
                 self.endpoints = await nursery.start(self.server.serve,
                                                      list(self.config.listen))
                 nursery.start_soon(self._upstream_loop)
+                nursery.start_soon(self._prune_loop)
                 log.info("gateway started", version=gateway.__version__,
                          endpoints=[e.uri for e in self.endpoints],
                          vllm_url=self.config.vllm_url)
@@ -196,6 +202,12 @@ class Gateway:
                  models=list(info.models))
         return info
 
+    async def _prune_loop(self) -> None:
+        """Close idle upstream connections before vLLM does (no CLOSE-WAIT build-up)."""
+        while True:
+            await trio.sleep(1.0)
+            await self.client.prune_idle()
+
     async def _upstream_loop(self) -> None:
         """Probe until vLLM answers, then watch /health; re-probe after an outage."""
         waiting_logged = False
@@ -214,7 +226,9 @@ class Gateway:
                     await trio.sleep(self.config.probe_interval)
                     continue
                 waiting_logged = False
-            await trio.sleep(self.config.health_interval)
+            # Until the next check, or at once when a request finds vLLM's port refusing.
+            with trio.move_on_after(self.config.health_interval):
+                await self.client.refused()
             asked_at = trio.current_time()
             health = await self.client.health_check()
             if health is None and self.client.last_stream_byte >= asked_at:

@@ -219,14 +219,27 @@ class Connection:
                 await self.transport.aclose()
             self.closed.set()
 
-    async def shutdown(self, drain_timeout: float) -> None:
-        """Graceful end: every session drains (operations finish for ``drain_timeout``,
-        the rest are dropped), the output is flushed, and the connection closes."""
+    async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
+        """Graceful end, for ``drain_timeout`` at most:
+
+        1. new sessions and submits are refused, recoverably ("try elsewhere");
+        2. every session drains: operations finish, those still running when the time is
+           up end with their drop;
+        3. the output is flushed;
+        4. the connection is left for the client to close, for ``close_grace`` (within
+           the drain time), and only then closed. NNRP has no GOAWAY: a client that has
+           not yet read its last frames when the server closes may lose them (nnrp-py's
+           native client raises on the end of stream before handing over what it holds).
+        """
+        deadline = trio.current_time() + drain_timeout
+        self.protocol.start_draining()
         async with trio.open_nursery() as nursery:
             for session in list(self.sessions.values()):
                 nursery.start_soon(session.drain, drain_timeout)
-        with trio.move_on_after(min(drain_timeout, 5.0) + 1.0):
+        with trio.move_on_at(deadline):
             await self.outbox.wait_flushed()
+        with trio.move_on_at(min(deadline, trio.current_time() + close_grace)):
+            await self.closed.wait()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 

@@ -109,13 +109,14 @@ class GatewayServer:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
 
-    async def shutdown(self, drain_timeout: float) -> None:
-        """Stop accepting, drain in-flight operations, then drop what is left."""
+    async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
+        """Stop accepting, drain in-flight operations, drop what is left, and leave each
+        connection for its client to close (``Connection.shutdown``)."""
         self.accepting = False
         self._accept_scope.cancel()
         async with trio.open_nursery() as nursery:
             for connection in list(self.connections):
-                nursery.start_soon(connection.shutdown, drain_timeout)
+                nursery.start_soon(connection.shutdown, drain_timeout, close_grace)
 
     # ------------------------------------------------------------------ listeners
 

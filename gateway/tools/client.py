@@ -30,10 +30,12 @@ from gateway.nnrp import (
     ErrorReceived,
     FrameSubmit,
     HelloAcked,
+    OtherReceived,
     PartialReceived,
     PressureLevel,
     ProtocolError,
     ResultReceived,
+    RetryAfter,
     SessionCloseAcked,
     SessionOpenAnswered,
 )
@@ -55,6 +57,9 @@ class ClientOperation:
         self.frame_id = frame_id
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
+        #: Set when the server said (RETRY_AFTER) when to try this operation again: its
+        #: refusal or failure is recoverable.
+        self.retry_after_ms: int | None = None
 
     def events(self) -> _OperationEvents:
         """Partial results in order, then the terminal; ends after the terminal.
@@ -232,6 +237,12 @@ class NnrpClient:
                                   f"{event.diagnostic.decode(errors='replace')}")
         else:
             self.others.append(event)
+            packet = event.packet if isinstance(event, OtherReceived) else None
+            if packet is not None and isinstance(packet.message, RetryAfter):
+                owner = self.sessions.get(packet.session_id)
+                waiting = owner.operations.get(packet.frame_id) if owner else None
+                if waiting is not None:
+                    waiting.retry_after_ms = packet.message.retry_after_ms
 
 
 @asynccontextmanager

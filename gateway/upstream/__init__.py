@@ -15,6 +15,7 @@ from ._client import (
 from ._errors import (
     UpstreamError as UpstreamError,
     UpstreamMalformed as UpstreamMalformed,
+    UpstreamOverloaded as UpstreamOverloaded,
     UpstreamStatus as UpstreamStatus,
     UpstreamTimeout as UpstreamTimeout,
     UpstreamUnavailable as UpstreamUnavailable,

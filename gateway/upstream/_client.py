@@ -34,6 +34,7 @@ from ._chunks import parse_completion
 from ._errors import (
     UpstreamError,
     UpstreamMalformed,
+    UpstreamOverloaded,
     UpstreamStatus,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -67,6 +68,9 @@ class UpstreamConfig:
     connect_timeout: float = 2.0
     pool_size: int = 256
     probe_timeout: float = 5.0
+    #: How long a request waits for one of the ``pool_size`` upstream connections before
+    #: it is refused as overload (recoverable) instead of queueing on.
+    queue_timeout: float = 10.0
 
 
 @attrs.frozen
@@ -108,6 +112,7 @@ class VllmClient:
                                         write=30.0, pool=None)
         self._slots = ConnectionSlots(config.pool_size, lambda: pool(request_timeout, 1))
         self._pulse = _Pulse()
+        self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue
         # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
@@ -129,6 +134,16 @@ class VllmClient:
         """Requests holding an upstream connection now."""
         return self._slots.in_use
 
+    @property
+    def slots_idle(self) -> int:
+        """Upstream connections kept open for reuse."""
+        return self._slots.idle
+
+    async def prune_idle(self) -> int:
+        """Close upstream connections idle long enough that vLLM may close them first
+        (``_slots.ConnectionSlots.prune``); how many were closed."""
+        return await self._slots.prune(KEEPALIVE_EXPIRY)
+
     # ------------------------------------------------------------------ probes
 
     async def get_json(self, path: str) -> Any:
@@ -148,13 +163,21 @@ class VllmClient:
         return await self.health_check() is True
 
     async def health_check(self) -> bool | None:
-        """True: healthy; False: vLLM answered that it is not; None: no answer (down, or
-        too busy to answer within the probe timeout)."""
+        """True: healthy. False: vLLM is not serving: it answered that it is not, or its
+        port refused or reset the connection (nothing listens: not ready at once). None:
+        no answer in time (a busy vLLM, or a dead one: the caller counts these)."""
         try:
             response = await self._probe_client.get("/health")
-        except httpx.TransportError:
+        except httpx.TimeoutException:
             return None
+        except httpx.TransportError:  # refused, reset, closed without an answer
+            return False
         return response.status_code == 200
+
+    async def refused(self) -> None:
+        """Returns when a request's connection is refused from now on (vLLM went away
+        between health checks: the caller rechecks at once)."""
+        await self._refused.wait()
 
     async def probe(self, *, allow_untested: bool = False) -> VllmInfo:
         """GET /version (selects the binding) and GET /v1/models."""
@@ -209,13 +232,20 @@ class VllmClient:
         content = json.dumps(body).encode()
         headers = {"content-type": "application/json", **headers}
         response: httpx.Response | None = None
-        async with self._slots.checkout() as client:
+        async with self._slots.checkout(self.config.queue_timeout) as client:
             with trio.move_on_at(deadline):
                 request = client.build_request("POST", path, content=content,
                                                headers=headers)
                 try:
                     response = await client.send(request, stream=True)
+                except httpx.ConnectTimeout as exc:  # alive but not accepting in time
+                    raise UpstreamOverloaded(
+                        f"vLLM did not accept a connection within "
+                        f"{self.config.connect_timeout} s") from exc
                 except httpx.TransportError as exc:
+                    if isinstance(exc, httpx.ConnectError):
+                        self._refused.set()
+                        self._refused = trio.Event()
                     raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
             if response is None:
                 raise UpstreamTimeout("first_chunk", first_chunk)

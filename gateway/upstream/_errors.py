@@ -33,6 +33,12 @@ class UpstreamUnavailable(UpstreamError):
     """No response at all: refused, reset, or closed before the status line."""
 
 
+class UpstreamOverloaded(UpstreamError):
+    """vLLM, or the gateway's way to it, cannot take the request now: every upstream
+    connection is busy past the queue wait, or vLLM does not accept a connection in time
+    (its accept queue is full). Recoverable: try again shortly."""
+
+
 class UpstreamTimeout(UpstreamError):
     def __init__(self, kind: str, seconds: float) -> None:
         super().__init__(f"upstream {kind} timeout after {seconds:g} s")
@@ -108,6 +114,8 @@ def to_profile_error(error: UpstreamError) -> ProfileError:
     if isinstance(error, UpstreamTimeout):
         return ProfileError(EndCause.REQUEST_TIMEOUT, str(error),
                             diagnostics={"timeout": error.kind})
+    if isinstance(error, UpstreamOverloaded):
+        return ProfileError(EndCause.BACKEND_OVERLOAD, f"vLLM cannot take more now: {error}")
     if isinstance(error, UpstreamUnavailable):
         return ProfileError(EndCause.BACKEND_UNAVAILABLE, f"vLLM is unreachable: {error}")
     if isinstance(error, UpstreamMalformed):

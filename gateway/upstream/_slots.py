@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import trio
+
+from ._errors import UpstreamOverloaded
 
 if TYPE_CHECKING:  # the clients are built by _client, the only module that uses httpx
     import httpx
@@ -26,32 +29,70 @@ class ConnectionSlots:
 
     Waiting for a slot is FIFO (a trio limiter), under the operation's own deadlines.
     Free slots are reused last-in first-out, so the warmest connections carry the load
-    and the rest expire idle.
+    and the rest go idle. ``prune`` closes the ones idle for longer than vLLM keeps an
+    idle connection open (uvicorn's keep-alive timeout, 5 s by default): otherwise vLLM
+    closes them first and each sits in CLOSE-WAIT here until its slot is reused (31
+    sockets after a 32-stream burst), since a client in the free list reads nothing.
     """
 
-    def __init__(self, size: int, new_client: Callable[[], httpx.AsyncClient]) -> None:
+    def __init__(self, size: int, new_client: Callable[[], httpx.AsyncClient],
+                 clock: Callable[[], float] = trio.current_time) -> None:
         self._limiter = trio.CapacityLimiter(size)
         self._new_client = new_client
-        self._free: list[httpx.AsyncClient] = []
-        self._clients: list[httpx.AsyncClient] = []
+        self._clock = clock
+        #: Idle clients and when each was last put back, oldest first.
+        self._free: list[tuple[float, httpx.AsyncClient]] = []
+        self._clients: set[httpx.AsyncClient] = set()  # every open one, idle or not
 
     @property
     def in_use(self) -> int:
         return int(self._limiter.borrowed_tokens)
 
+    @property
+    def idle(self) -> int:
+        """Clients kept for reuse (each may hold one open connection)."""
+        return len(self._free)
+
     @asynccontextmanager
-    async def checkout(self) -> AsyncIterator[httpx.AsyncClient]:
-        async with self._limiter:
+    async def checkout(self, wait: float = math.inf) -> AsyncIterator[httpx.AsyncClient]:
+        """A client of one's own; raises ``UpstreamOverloaded`` when none is free within
+        ``wait`` seconds (every upstream connection busy: refuse, do not queue on)."""
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            with trio.move_on_after(wait) as waiting:
+                await self._limiter.acquire()
+            if waiting.cancelled_caught:
+                raise UpstreamOverloaded(f"all {int(self._limiter.total_tokens)} upstream "
+                                         f"connections busy for {wait:g} s") from None
+        try:
             if self._free:
-                client = self._free.pop()
+                client = self._free.pop()[1]
             else:
                 client = self._new_client()
-                self._clients.append(client)
+                self._clients.add(client)
             try:
                 yield client
             finally:
-                self._free.append(client)
+                self._free.append((self._clock(), client))
+        finally:
+            self._limiter.release()
+
+    async def prune(self, idle_for: float) -> int:
+        """Close the clients idle for ``idle_for`` seconds or more; how many went."""
+        cutoff = self._clock() - idle_for
+        stale = 0
+        while stale < len(self._free) and self._free[stale][0] <= cutoff:
+            stale += 1
+        expired, self._free = self._free[:stale], self._free[stale:]
+        for _, client in expired:
+            self._clients.discard(client)
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+        return len(expired)
 
     async def aclose(self) -> None:
-        for client in self._clients:
+        self._free = []
+        clients, self._clients = self._clients, set()
+        for client in clients:
             await client.aclose()

@@ -267,3 +267,34 @@ def test_image_install_steps(tmp_path: Path) -> None:
     assert "site-packages/gateway/tools/conformance/recipes" in listing.stdout
     assert int(listing.stdout.split()[-1]) >= 30
     assert shutil.which("nnrp-gateway", path=str(env_dir / "bin"))
+
+
+def test_the_smokes_conformance_step_runs_as_written(tmp_path: Path) -> None:
+    """deploy/conformance-smoke.sh, as smoke.sh runs it in the container: here the "real"
+    vLLM is a replay one, and the two recipes it must not be asked go to the scripted
+    gateway the script starts itself (the run against the CPU vLLM build is in
+    docs/smoke/)."""
+    from tests.support.processes import ReplayThread, free_port, wait_ready
+
+    port, admin = free_port(), free_port()
+    with ReplayThread(speed=20.0) as replay:
+        gateway = subprocess.Popen(
+            [str(BIN / "nnrp-gateway"), "serve", "--listen", f"tcp://127.0.0.1:{port}",
+             "--vllm-url", replay.url, "--tool-calls", "--admin-listen",
+             f"127.0.0.1:{admin}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(f"http://127.0.0.1:{admin}")
+            done = subprocess.run(
+                ["bash", str(ROOT / "deploy" / "conformance-smoke.sh"),
+                 f"tcp://127.0.0.1:{port}", str(tmp_path)], env={"BIN": str(BIN),
+                                                               "PATH": "/usr/bin:/bin"},
+                capture_output=True, text=True, timeout=300, check=False)
+        finally:
+            gateway.terminate()
+            gateway.wait(10)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "passed  openai-compatible.chat.backend-error  [scripted backend:" in done.stdout
+    results = json.loads((tmp_path / "conformance" / "results.json").read_text())
+    backends = {r["id"]: r["diagnostics"]["backend"] for r in results["results"]}
+    assert backends["openai-compatible.chat.backend-error"] == "scripted"
+    assert backends["openai-compatible.chat.streaming-text"] == "main"

@@ -382,3 +382,61 @@ async def test_pipeline_limits_are_configurable(nursery: trio.Nursery, socket_di
         outcome = await run_operation(session, envelope(chat()))
     assert outcome.final["error"]["code"] == "invalid_body"
     assert "64-byte limit" in outcome.final["error"]["message"]
+
+
+def _close_wait_sockets(port: int) -> int:
+    """Sockets of this host in CLOSE-WAIT (state 08) towards ``port`` (/proc/net/tcp)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote_port = int(fields[2].split(":")[1], 16)
+        count += remote_port == port and fields[3] == "08"
+    return count
+
+
+async def test_idle_upstream_connections_are_closed_before_vllm_closes_them(
+        nursery: trio.Nursery, socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 17: vLLM (uvicorn) closes a keep-alive connection idle for 5 s; a connection
+    left in the gateway's pool would then sit in CLOSE-WAIT until reused. The gateway closes
+    idle ones first (scaled down here: vLLM 1 s, the gateway 0.3 s)."""
+    from gateway.upstream import _client
+
+    monkeypatch.setattr(_client, "KEEPALIVE_EXPIRY", 0.3)
+    stack = await start_stack(nursery, socket_dir,
+                              replay=ReplayServer(speed=50, keep_alive_timeout=1.0))
+    async with connect(stack.uri()) as client:
+        sessions = [await client.open_session() for _ in range(8)]
+        async with trio.open_nursery() as burst:
+            for session in sessions:
+                burst.start_soon(run_operation, session, envelope(chat(stream=True,
+                                                                       max_tokens=4)))
+    assert stack.gateway.client.slots_idle >= 2  # the burst left connections for reuse
+    with trio.fail_after(5):
+        while stack.gateway.client.slots_idle:  # noqa: ASYNC110 - pruned by the clock
+            await trio.sleep(0.05)
+    await trio.sleep(1.5)  # past the replay's keep-alive: nothing left for it to close
+    assert _close_wait_sockets(stack.replay.port) == 0
+
+
+async def test_a_full_upstream_pool_is_recoverable_overload(nursery: trio.Nursery,
+                                                            socket_dir: Path) -> None:
+    """Issue 17: when the gateway cannot take more (every upstream connection busy past
+    the queue wait), a new operation is refused recoverably with a retry time, instead
+    of waiting out its first-chunk clock and failing."""
+    stack = await start_stack(nursery, socket_dir, upstream_pool_size=1,
+                              upstream_queue_timeout=0.2)
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        long = await session.submit(envelope(chat(stream=True),
+                                             request_id="replay:long_stream:hold"))
+        events = long.events()
+        await events.__anext__()  # it holds the only upstream connection now
+        outcome = await run_operation(session, envelope(chat(stream=True)))
+        await long.cancel()
+    assert outcome.status == 503
+    assert outcome.final["error"]["code"] == "backend_overload"
+    assert "busy" in outcome.final["error"]["message"]
+    retry = [e.packet.message for e in client.others
+             if isinstance(e, nnrp.OtherReceived)
+             and e.packet.msg_type is nnrp.MsgType.RETRY_AFTER]
+    assert retry and retry[0].retry_after_ms > 0

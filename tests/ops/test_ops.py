@@ -302,3 +302,47 @@ def test_a_config_file_is_checked_key_by_key(tmp_path: Path) -> None:
     effective = json.loads(result.stdout)
     assert (effective["listen"], effective["drain_timeout"], effective["metrics"]) == (
         ["tcp://127.0.0.1:9"], 2.0, True)
+
+
+async def test_a_killed_vllm_is_not_ready_at_once_and_back_when_it_answers(
+        nursery: trio.Nursery) -> None:
+    """Issue 17: a refused port is a vLLM that is not serving (not ready now, not after
+    three health intervals); silence alone still counts as busy. The replay vLLM runs as a
+    process, killed and started again on the same port."""
+    port = free_port()
+    command = [sys.executable, "-m", "cli.main", "replay-server", "--listen",
+               f"127.0.0.1:{port}", "--speed", "50"]
+
+    async def replay_process(task_status: trio.TaskStatus[trio.Process]) -> None:
+        process = await trio.lowlevel.open_process(command, stdout=subprocess.DEVNULL,
+                                                   stderr=subprocess.DEVNULL)
+        task_status.started(process)
+        await process.wait()
+
+    vllm = await nursery.start(replay_process)
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",),
+                                    vllm_url=f"http://127.0.0.1:{port}",
+                                    admin_listen="127.0.0.1:0", probe_interval=0.05,
+                                    health_interval=30.0))  # the periodic check won't help
+    await nursery.start(gateway.run)
+    admin = f"http://127.0.0.1:{gateway.admin.port}"
+    with trio.fail_after(20):
+        await gateway.probed.wait()
+    assert (await get(f"{admin}/readyz")).status_code == 200
+    vllm.kill()
+    await vllm.wait()
+    async with connect(gateway.endpoints[0].uri) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat(stream=True)))
+    assert outcome.final["error"]["code"] == "backend_unavailable"
+    with trio.fail_after(2):  # not three 30 s health intervals
+        while (await get(f"{admin}/readyz")).status_code == 200:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+    restarted = await nursery.start(replay_process)
+    try:
+        with trio.fail_after(20):
+            while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+    finally:
+        restarted.kill()
+        await restarted.wait()

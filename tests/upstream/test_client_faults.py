@@ -10,14 +10,18 @@ import pytest
 import respx
 import trio
 
+from gateway.profile import EndCause
 from gateway.upstream import (
     UpstreamConfig,
     UpstreamMalformed,
+    UpstreamOverloaded,
     UpstreamStatus,
     UpstreamTimeout,
     UpstreamUnavailable,
     VllmClient,
+    to_profile_error,
 )
+from gateway.upstream._slots import ConnectionSlots
 
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
 CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
@@ -74,10 +78,48 @@ async def test_connect_refused_is_unavailable() -> None:
         await read_all(client)
 
 
-async def test_connect_timeout_is_unavailable() -> None:
+async def test_connect_timeout_is_overload_not_unavailable() -> None:
+    """A port that does not accept in time is a vLLM too busy to (its accept queue is
+    full), not one that is gone: recoverable overload, and readiness keeps it."""
     client = client_for(error=httpx.ConnectTimeout("timed out"))
-    with pytest.raises(UpstreamUnavailable, match="ConnectTimeout"):
+    with pytest.raises(UpstreamOverloaded, match="did not accept"):
         await read_all(client)
+    assert to_profile_error(UpstreamOverloaded("x")).code is EndCause.BACKEND_OVERLOAD
+
+
+async def test_busy_slots_refuse_after_the_queue_wait(autojump_clock: object) -> None:
+    slots = ConnectionSlots(1, lambda: httpx.AsyncClient())
+    held, release = trio.Event(), trio.Event()
+
+    async def holder() -> None:
+        async with slots.checkout():
+            held.set()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder)
+        await held.wait()
+        with pytest.raises(UpstreamOverloaded, match="all 1 upstream connections busy"):
+            async with slots.checkout(wait=2.0):
+                pass
+        release.set()
+    async with slots.checkout(wait=0.0):  # free again: no wait needed
+        assert slots.in_use == 1
+    await slots.aclose()
+
+
+async def test_idle_clients_are_pruned_oldest_first(autojump_clock: object) -> None:
+    slots = ConnectionSlots(4, lambda: httpx.AsyncClient())
+    async with trio.open_nursery() as nursery:
+        for delay in (0.0, 1.0, 2.0):
+            async def hold(delay: float = delay) -> None:
+                async with slots.checkout():
+                    await trio.sleep(delay)
+            nursery.start_soon(hold)
+    assert slots.idle == 3
+    await trio.sleep(3.0)  # idle for 5, 4 and 3 s now
+    assert await slots.prune(3.5) == 2 and slots.idle == 1
+    await slots.aclose()
 
 
 async def test_a_status_is_parsed_before_any_chunk() -> None:

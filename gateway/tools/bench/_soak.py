@@ -41,7 +41,13 @@ class SoakReport:
     completed: int = 0
     dropped: int = 0
     errors: int = 0
+    #: Every error, counted by its cause (the profile's error code, a drop reason, or
+    #: the client-side exception), and each distinct message once (bounded).
+    error_causes: dict[str, int] = attrs.field(factory=dict)
     error_samples: list[str] = attrs.field(factory=list)
+    #: Recoverable refusals (ERROR_RECOVERABLE + RETRY_AFTER first): overload said
+    #: explicitly, not lost; the worker waits the retry time and goes on.
+    refused: int = 0
     samples: list[dict[str, float]] = attrs.field(factory=list)
     sigterm_at: float | None = None
     gateway_exit: int | None = None
@@ -57,7 +63,13 @@ class SoakReport:
 
     @property
     def accounted(self) -> bool:
-        return self.started == self.completed + self.dropped + self.errors
+        return self.started == self.completed + self.dropped + self.errors + self.refused
+
+    def error(self, cause: str, message: str) -> None:
+        self.errors += 1
+        self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+        if message not in self.error_samples and len(self.error_samples) < 50:
+            self.error_samples.append(message)
 
     def as_dict(self) -> dict[str, Any]:
         document = attrs.asdict(self)
@@ -65,17 +77,19 @@ class SoakReport:
         return document
 
 
-def _terminal_type(result: nnrp.ResultReceived) -> str:
+def _terminal(result: nnrp.ResultReceived) -> tuple[str, str]:
+    """(the terminal's type or error code, a message) of a RESULT_PUSH."""
     if result.typed_body is None or not result.typed_body.frames:
-        return "(no body)"
+        return "(no body)", ""
     try:
         document = json.loads(result.typed_body.frames[0].payload)
     except ValueError:
-        return "(not JSON)"
+        return "(not JSON)", ""
     if document.get("type") == "response.error":
         error = document.get("error", {})
-        return f"response.error {error.get('code')}: {error.get('message')}"
-    return str(document.get("type"))
+        return str(error.get("code")), f"response.error {error.get('code')}: " \
+                                       f"{error.get('message')}"
+    return str(document.get("type")), ""
 
 
 def _open_fds(pid: int) -> int:
@@ -114,13 +128,16 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                     async for event in operation.events():
                         terminal = event
                     if isinstance(terminal, nnrp.ResultReceived):
-                        kind = _terminal_type(terminal)
+                        kind, message = _terminal(terminal)
+                        retry_ms = operation.retry_after_ms
+                        if kind != "response.completed" and retry_ms is not None:
+                            report.refused += 1  # said explicitly: wait, then go on
+                            await trio.sleep(retry_ms / 1000)
+                            continue
                         if kind != "response.completed":
                             # A response.error is a RESULT_PUSH too: it must not count as
                             # completed (an earlier version did, and hid fast failures).
-                            report.errors += 1
-                            if len(report.error_samples) < 5:
-                                report.error_samples.append(f"terminal {kind}")
+                            report.error(kind, message)
                             return
                         report.completed += 1
                     elif isinstance(terminal, nnrp.DropReceived):
@@ -132,9 +149,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                         # After SIGTERM the gateway may close before a new submit lands.
                         report.started -= 1
                         return
-                    report.errors += 1
-                    if len(report.error_samples) < 5:
-                        report.error_samples.append(f"{type(exc).__name__}: {exc}")
+                    report.error(type(exc).__name__, f"{type(exc).__name__}: {exc}")
                     return
 
         async def sampler() -> None:

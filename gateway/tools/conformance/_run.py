@@ -134,6 +134,10 @@ async def _run_builtin_case(session: ClientSession, request: CaseRequest) -> Obs
     return observation
 
 
+def _backend_kind(case_endpoint: str, endpoint: str) -> str:
+    return "main" if case_endpoint == endpoint else "scripted"
+
+
 async def run_builtin(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
     observations = []
     async with connect(endpoint) as client:
@@ -265,25 +269,46 @@ def _write_evidence(folder: Path, files: list[tuple[str, dict[str, Any]]]) -> No
         (folder / name).write_text(json.dumps(document, indent=2) + "\n")
 
 
+#: Suite recipes a real vLLM cannot answer as written, and why: with a scripted endpoint
+#: (a gateway in front of the replay vLLM) they run there, and the results say so.
+NEEDS_SCRIPTED_BACKEND = {
+    "openai-compatible.chat.backend-error":
+        "needs a backend that fails on demand (its model `backend-error`)",
+    "openai-compatible.chat.tool-call-delta":
+        "needs a model that follows automatic tool choice (the request cannot force one)",
+}
+
+
 async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builtin",
                    evidence_dir: Path | None = None, backend_log: str | None = None,
-                   adapter: str = "nnrp-vllm-gateway") -> dict[str, Any]:
-    """Run every case; return an ``api-profile-case-results`` document."""
+                   adapter: str = "nnrp-vllm-gateway",
+                   scripted_endpoint: str | None = None) -> dict[str, Any]:
+    """Run every case; return an ``api-profile-case-results`` document. With
+    ``scripted_endpoint``, the cases in ``NEEDS_SCRIPTED_BACKEND`` run there instead."""
     run_token = secrets.token_hex(4)
     requests = [case_request(case, number, run_token)
                 for number, case in enumerate(plan["cases"], 1)]
-    if client == "native":
-        observations = await trio.to_thread.run_sync(run_native, endpoint, requests)
-    else:
-        observations = await run_builtin(endpoint, requests)
+    endpoints = [scripted_endpoint if scripted_endpoint is not None
+                 and case["id"] in NEEDS_SCRIPTED_BACKEND else endpoint
+                 for case in plan["cases"]]
+    by_index: dict[int, Observation] = {}
+    for target in dict.fromkeys(endpoints):
+        indexes = [i for i, e in enumerate(endpoints) if e == target]
+        batch = [requests[i] for i in indexes]
+        if client == "native":
+            observed = await trio.to_thread.run_sync(run_native, target, batch)
+        else:
+            observed = await run_builtin(target, batch)
+        by_index.update(zip(indexes, observed, strict=True))
+    observations = [by_index[i] for i in range(len(requests))]
     log = None
     if backend_log:
         await trio.sleep(0.3)  # let the backend notice disconnects of the last cases
         log = await _backend_log(backend_log)
     results = []
     evidence_files: list[tuple[str, dict[str, Any]]] = []
-    for number, (case, request, observation) in enumerate(
-            zip(plan["cases"], requests, observations, strict=True), start=1):
+    for number, (case, request, observation, case_endpoint) in enumerate(
+            zip(plan["cases"], requests, observations, endpoints, strict=True), start=1):
         problem = observation.problem or check_case(case["expect"], observation.terminal,
                                                     observation.events)
         evidence = _upstream_evidence(log, request.request_id)
@@ -293,7 +318,9 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
                                   "outcome": "passed" if problem is None else "failed",
                                   "terminal": observation.terminal,
                                   "events": observation.events,
-                                  "diagnostics": {"client": client, "endpoint": endpoint,
+                                  "diagnostics": {"client": client, "endpoint": case_endpoint,
+                                                  "backend": _backend_kind(case_endpoint,
+                                                                           endpoint),
                                                   "status": observation.status,
                                                   "elapsed_ms": observation.elapsed_ms}}
         if problem is not None:
@@ -301,7 +328,10 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
         results.append(result)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", case["id"]).strip("-")
         evidence_files.append((f"{number:03d}-{slug}.json", {
-            "case": case["id"], "client": client, "endpoint": endpoint,
+            "case": case["id"], "client": client, "endpoint": case_endpoint,
+            "backend": _backend_kind(case_endpoint, endpoint),
+            "why_scripted": NEEDS_SCRIPTED_BACKEND.get(case["id"])
+            if case_endpoint != endpoint else None,
             "request_id": request.request_id,
             "envelope": json.loads(request.envelope), "frames": observation.frames,
             "terminal": observation.terminal, "status": observation.status,

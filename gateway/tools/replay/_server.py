@@ -19,6 +19,7 @@ refused connections until ``revive()``.
 from __future__ import annotations
 
 import json
+import math
 import random
 import secrets
 import time
@@ -91,7 +92,8 @@ class ReplayServer:
                  api_key: str | None = None, served_models: tuple[str, ...] = SERVED_MODELS,
                  default_tokens: int = 48, token_interval_ms: float = 10.0,
                  echo_request_id: bool = True, version: str | None = None,
-                 rechunk_seed: int | None = None) -> None:
+                 rechunk_seed: int | None = None,
+                 keep_alive_timeout: float | None = None) -> None:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
         self.family = family
@@ -104,6 +106,8 @@ class ReplayServer:
         self.default_tokens = default_tokens
         self.token_interval_ms = token_interval_ms
         self.echo_request_id = echo_request_id
+        #: Close a keep-alive connection idle this long, as vLLM's uvicorn does (5 s).
+        self.keep_alive_timeout = keep_alive_timeout
         self.transcripts = {name: derive(t, family) for name, t in bundled_transcripts().items()}
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[Disconnect] = []
@@ -170,10 +174,16 @@ class ReplayServer:
         self.connections += 1
         connection = h11.Connection(h11.SERVER)
         try:
+            first = True
             while True:
-                request = await self._read_request(connection, stream)
+                wait = (math.inf if first or self.keep_alive_timeout is None
+                        else self.keep_alive_timeout)
+                request = None
+                with trio.move_on_after(wait):
+                    request = await self._read_request(connection, stream)
                 if request is None:
-                    return
+                    return  # the client left, or the connection idled past keep-alive
+                first = False
                 reply = self._route(request)
                 await self._play(connection, stream, request, reply)
                 if connection.our_state is h11.MUST_CLOSE or reply.reset_after is not None:
