@@ -113,7 +113,9 @@ async def test_streams_in_a_row_share_one_upstream_connection(stack: Stack, sess
     for _ in range(4):
         outcome = await run_operation(session, envelope(chat(stream=True, max_tokens=3)))
         assert outcome.final["type"] == "response.completed"
-        await trio.sleep(0.05)  # let the operation read its trailer and release the slot
+        with trio.fail_after(10):  # let the operation read its trailer and release the slot
+            while stack.gateway.client.slots_in_use:  # noqa: ASYNC110 - released by the op
+                await trio.sleep(0.01)
     assert stack.replay.connections == probes + 1
 
 
