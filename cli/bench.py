@@ -210,6 +210,9 @@ def soak_command(
                     "streams * 1000 / interval events/s.")] = 20.0,
     as_json: AsJson = False, out: Out = None,
     max_rss_growth: Annotated[float, typer.Option(help="Fail above this growth.")] = 0.05,
+    client_nice: Annotated[int, typer.Option(
+        min=0, max=19, help="Lower the load generator's priority by this much (nice) once "
+                            "the gateway and backend run, so they get the CPU first.")] = 0,
 ) -> None:
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
     any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.
@@ -226,6 +229,7 @@ def soak_command(
         holder.append(trio.run(lambda: soak(streams, seconds, sigterm_at=sigterm_at,
                                             token_interval_ms=token_interval_ms,
                                             log_dir=out / "logs" if out else None,
+                                            client_nice=client_nice,
                                             progress=progress)))
         return {}
 

@@ -255,6 +255,10 @@ class GatewayServer:
         with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError,
                                                           trio.ClosedResourceError):
             await transport.send([reply])
+            # Let the client read it and close first (NNRP has no GOAWAY: a client that
+            # meets the end of stream before its poll may lose the frame): bounded.
+            while await transport.receive() is not None:
+                pass
         await transport.aclose()
 
 

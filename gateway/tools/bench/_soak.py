@@ -101,10 +101,11 @@ def _open_fds(pid: int) -> int:
 
 async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                token_interval_ms: float = 20.0, log_dir: Path | None = None,
-               progress: Progress = lambda _: None) -> SoakReport:
+               client_nice: int = 0, progress: Progress = lambda _: None) -> SoakReport:
     """Each stream is 40 tokens ``token_interval_ms`` apart, so the offered load is
     ``streams * 1000 / token_interval_ms`` events/s: size it to the machine. With
-    ``log_dir``, the gateway's and the backend's logs are kept there."""
+    ``log_dir``, the gateway's and the backend's logs are kept there; ``client_nice``
+    lowers this (the load generator's) priority once the processes are up."""
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
     interval_us = round(token_interval_ms * 1000)
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
@@ -112,6 +113,10 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                                    "--drain-timeout", "10"),
                      log_dir=log_dir) as stack:
         pid = stack.gateway_pid
+        if client_nice:
+            # The load generator yields the CPU to the gateway and the backend (started
+            # above at normal priority): what is measured is the gateway, not a contest.
+            os.nice(client_nice)
         start = trio.current_time()
         deadline = start + seconds
         stopping = trio.Event()
