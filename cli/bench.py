@@ -257,3 +257,21 @@ def soak_command(
           and (sigterm_at is not None or report.rss_growth <= max_rss_growth)
           and (sigterm_at is None or report.gateway_exit == 0))
     raise typer.Exit(0 if ok else 1)
+
+
+@bench_app.command("relay", hidden=True)
+def relay_command(
+    listen: Annotated[str, typer.Option(help="host:port to accept on.")],
+    target: Annotated[str, typer.Option(help="host:port to relay each connection to.")],
+) -> None:
+    """A null relay (plain TCP bytes, trio) in the gateway's place: `bench run`'s baseline
+    for what one more process hop costs on this host."""
+    import trio
+
+    from gateway.tools.bench._relay import serve_relay
+
+    def address(text: str) -> tuple[str, int]:
+        host, _, port = text.rpartition(":")
+        return host, int(port)
+
+    trio.run(serve_relay, address(listen), address(target))

@@ -225,6 +225,9 @@ def serve(
         envvar="NNRP_GATEWAY_AUTH_TOKEN_FILE", help="File of tokens, one per line.")] = None,
     print_config: Annotated[bool, typer.Option(
         help="Print the effective configuration (secrets masked) and exit.")] = False,
+    bench_residence: Annotated[bool, typer.Option(
+        hidden=True, help="Benchmarks: record per-event residence time, served at the "
+                          "admin listener's /debug/residence.")] = False,
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST",
         help="Write the suite's wire target manifest here once all listeners are bound. "
@@ -278,7 +281,7 @@ def serve(
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
-        metrics=metrics, tls=tls, quic_alpn=quic_alpn.value)
+        metrics=metrics, tls=tls, quic_alpn=quic_alpn.value, bench_residence=bench_residence)
     if print_config:
         typer.echo(json.dumps(_mask(config), indent=2, default=str))
         return

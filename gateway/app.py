@@ -21,6 +21,7 @@ import structlog
 import trio
 
 import gateway
+from gateway import residence
 from gateway.nnrp import ServerConfig
 from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
@@ -77,6 +78,8 @@ class GatewayConfig:
     tls: TlsConfig | None = None
     #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
     quic_alpn: str = "none"
+    #: Benchmarks only: record each event's residence time, served at /debug/residence.
+    bench_residence: bool = False
 
 
 class Gateway:
@@ -111,7 +114,8 @@ class Gateway:
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
-            self.metrics.registry if config.metrics else None))
+            self.metrics.registry if config.metrics else None,
+            residence=residence.enable().take if config.bench_residence else None))
 
     def readiness(self) -> list[str]:
         """Why the gateway is not ready (empty when it is)."""

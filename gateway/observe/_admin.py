@@ -7,6 +7,8 @@
   gateway is not draining; otherwise 503 with the reasons as JSON.
 * ``/metrics``: Prometheus text, only when metrics are enabled.
 * ``/capabilities``: the capability document.
+* ``/debug/residence``: only under ``serve --bench-residence`` (a benchmark): the residence
+  times recorded since the last read of it (``gateway.residence``), which starts anew.
 
 It binds loopback unless told otherwise; it is off unless ``--admin-listen`` is given.
 """
@@ -32,6 +34,7 @@ class AdminRoutes:
     readiness: Callable[[], list[str]]  # empty list = ready; else the reasons
     capabilities: Callable[[], dict[str, Any]]
     registry: CollectorRegistry | None = None  # None: /metrics is off
+    residence: Callable[[], dict[str, Any]] | None = None  # None: /debug/residence is off
 
 
 class AdminServer:
@@ -62,6 +65,8 @@ class AdminServer:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.routes.registry)
         if path == "/capabilities":
             return 200, "application/json", json.dumps(self.routes.capabilities()).encode()
+        if path == "/debug/residence" and self.routes.residence is not None:
+            return 200, "application/json", json.dumps(self.routes.residence()).encode()
         return 404, "application/json", b'{"error":"not found"}'
 
     async def _handle(self, stream: trio.SocketStream) -> None:

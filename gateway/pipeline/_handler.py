@@ -244,14 +244,15 @@ class ChatPipeline:
                                           idle=limits.idle_timeout,
                                           max_event=limits.max_event_bytes) as stream:
                 notes.upstream_status = 200
-                async for batch in stream:
-                    if notes.upstream_first_byte is None:
-                        notes.upstream_first_byte = stream.first_byte_at
-                    for chunk in batch:
-                        if not op.spend_tokens(token_count(chunk)):
-                            await trio.lowlevel.checkpoint()  # budget spent: our scope ends
-                        for event in translator.feed(chunk):
-                            await op.emit(ev.encode_event(event))
+                with op.aborts_upstream(stream.abort):
+                    async for batch in stream:
+                        if notes.upstream_first_byte is None:
+                            notes.upstream_first_byte = stream.first_byte_at
+                        for chunk in batch:
+                            if not op.spend_tokens(token_count(chunk)):
+                                await trio.lowlevel.checkpoint()  # budget spent: scope ends
+                            for event in translator.feed(chunk):
+                                await op.emit(ev.encode_event(event))
         finally:
             notes.upstream_closed = trio.current_time()
             notes.usage = translator.usage

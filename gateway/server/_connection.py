@@ -32,6 +32,7 @@ import attrs
 import structlog
 import trio
 
+from gateway import residence
 from gateway.nnrp import (
     OPENAI_EVENT_FRAME,
     BudgetRequested,
@@ -135,8 +136,11 @@ class _Port:
 
     def send_partial(self, body: bytes) -> None:
         connection = self._connection
-        connection.outbox.put(connection.protocol.send_partial(
-            self.session_id, self.operation_id, body))
+        packet = connection.protocol.send_partial(self.session_id, self.operation_id, body)
+        if residence.PROBE is None:
+            connection.outbox.put(packet)
+        else:  # a benchmark: the packet carries when its upstream bytes were read
+            connection.outbox.put(packet, read_at=residence.PROBE.read_at())
 
     def send_progress(self, stage: Stage) -> None:
         connection = self._connection

@@ -6,11 +6,16 @@ few syscalls. Memory is bounded: ``wait_for_room`` blocks producers while more t
 ``high_water`` bytes wait, until the writer brings it under ``low_water``. A client
 that never reads therefore stalls its own operations (TCP backpressure reaches the
 operation tasks, and through them the upstream streams), never the process.
+
+Under a benchmark's residence probe (``gateway.residence``) a packet may carry when its
+upstream bytes were read; ``written`` reports those once the batch is on the socket.
 """
 
 from __future__ import annotations
 
 import trio
+
+from gateway import residence
 
 
 class Outbox:
@@ -19,6 +24,9 @@ class Outbox:
         self.low_water = high_water // 2 if low_water is None else low_water
         self._queue: list[bytes] = []
         self._bytes = 0
+        #: Read times of the queued packets that carry one (residence probe only).
+        self._read_at: list[int] = []
+        self._taken_read_at: list[int] = []
         self._closed = False
         self._has_data = trio.Event()
         self._has_room = trio.Event()
@@ -35,10 +43,12 @@ class Outbox:
         """The writer has stopped: nothing put from now on reaches the peer."""
         return self._closed
 
-    def put(self, packet: bytes) -> None:
+    def put(self, packet: bytes, *, read_at: int | None = None) -> None:
         """Queue a packet now (synchronous: order equals call order). Never blocks."""
         if self._closed:
             return
+        if read_at is not None:
+            self._read_at.append(read_at)
         self._queue.append(packet)
         self._bytes += len(packet)
         self._has_data.set()
@@ -64,10 +74,16 @@ class Outbox:
             self._has_data = trio.Event()
             await self._has_data.wait()
         batch, self._queue = self._queue, []
+        if self._read_at:
+            self._taken_read_at, self._read_at = self._read_at, []
         return batch
 
     def written(self, batch: list[bytes]) -> None:
         """The writer finished writing ``batch``."""
+        if self._taken_read_at:
+            if residence.PROBE is not None:
+                residence.PROBE.written(self._taken_read_at)
+            self._taken_read_at = []
         self._bytes -= sum(map(len, batch))
         if self._bytes <= self.low_water:
             self._has_room.set()

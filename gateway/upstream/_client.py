@@ -4,8 +4,8 @@
     completion(body, headers, ...) a non-streaming completion as a checked body
     probe(), health_check()        GET /version, /v1/models, /health on their own pool
 
-Timeouts: httpx's own per-read timeout is off (``read=None``); first-chunk and idle
-deadlines are cancel scopes around each read (``_stream``), the total deadline a scope
+Timeouts: httpx's own per-read timeout is off (``read=None``); the first-chunk and idle
+deadlines are the stream's clocks (``_stream.ChunkStream.clocks``), the total deadline a scope
 owned by the caller (conventions.md A4). Only the connect timeout is httpx's, and it
 surfaces as ``UpstreamUnavailable`` (no response at all).
 
@@ -206,7 +206,8 @@ class VllmClient:
             stream = ChunkStream(raw, first_chunk_deadline=deadline,
                                  first_chunk_timeout=first_chunk, idle_timeout=idle,
                                  max_event=max_event)
-            yield stream
+            async with stream.clocks():
+                yield stream
             if stream.done:
                 await raw.read_trailer()
 
@@ -276,6 +277,21 @@ class BodyChunks:
     def __init__(self, response: httpx.Response, pulse: _Pulse) -> None:
         self._chunks = response.aiter_raw()
         self._pulse = pulse
+        self._response = response
+
+    def abort(self) -> bool:
+        """Close the response's socket now, synchronously, from any task: vLLM sees the
+        disconnect (and aborts the request) without waiting for the reading task to be
+        scheduled, which at 256 busy streams can take many milliseconds (issue 16). The
+        socket comes from httpcore's documented ``network_stream`` extension; the reading
+        task's pending read then fails, and closing the response later is harmless.
+        False when there is no socket to close (a mock transport)."""
+        network_stream = self._response.extensions.get("network_stream")
+        sock = network_stream.get_extra_info("socket") if network_stream else None
+        if sock is None:
+            return False
+        sock.close()
+        return True
 
     async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
         """After ``data: [DONE]``: read the little that is left (the chunked-encoding

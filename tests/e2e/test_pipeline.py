@@ -14,7 +14,7 @@ from gateway.app import Gateway, GatewayConfig
 from gateway.pipeline import PipelineLimits
 from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
-from gateway.upstream import UnsupportedVersion
+from gateway.upstream import UnsupportedVersion, UpstreamMalformed
 from tests.support.scenarios import CHAT_SCENARIOS, EXPECTED_TERMINAL, TRANSCRIPTS, request_for
 from tests.support.stack import (
     Stack,
@@ -261,6 +261,29 @@ async def _until(condition: Any) -> None:
     """Poll state owned by another component (the replay backend, the gateway)."""
     while not condition():  # noqa: ASYNC110 - no event exists for these conditions
         await trio.sleep(0.005)
+
+
+async def test_abort_closes_the_upstream_socket_from_another_task(stack: Stack) -> None:
+    """Issue 16: an NNRP cancel closes vLLM's socket synchronously, from the reader's
+    task (``Operation.aborts_upstream``); this is that close on a real httpx response:
+    the backend sees the disconnect while the stream's own task is still parked, and
+    that task's next read fails instead of delivering more."""
+    request_id = scenario_id("long_stream")
+    client = stack.gateway.client
+
+    async def abort_mid_stream() -> None:
+        async with client.chunks(chat(stream=True), {"x-request-id": request_id},
+                                 first_chunk=5, idle=5) as stream:
+            assert await stream.__anext__()
+            assert stream.abort()
+            with trio.fail_after(5):
+                await _until(lambda: bool(stack.replay.disconnects))
+            await stream.__anext__()
+
+    with pytest.raises(UpstreamMalformed) as failed:
+        await abort_mid_stream()
+    assert failed.value.kind == "connection_lost"
+    assert stack.replay.disconnects[0].request_id == request_id
 
 
 # --------------------------------------------------------------------------- trace and ids

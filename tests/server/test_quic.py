@@ -279,9 +279,9 @@ async def test_garbage_datagrams_do_not_disturb_a_live_connection(nursery: trio.
         events = await trio.to_thread.run_sync(scenario)
         await until(lambda: sent >= 300)
     assert [e["kind"] for e in wire(events)] == ["PARTIAL_RESULT"] * 100 + ["RESULT_PUSH"]
-    # 100 Initial-looking ones in ~0.6 s: past retry_threshold (64/s) they get a stateless
-    # Retry instead of a decryption attempt. A few random ones may parse as something else.
-    assert gateway.stats.retries >= 20
+    # Each is dropped as garbage or, once Initial-looking ones pass retry_threshold (64/s;
+    # how many do depends on how fast this host sends them, and the burst test pins it),
+    # answered by a stateless Retry. A few random ones may parse as something else.
     assert gateway.stats.garbage + gateway.stats.retries >= 290
     assert gateway.stats.connections_total == 1
     assert len(gateway.endpoint.routes) == 0  # every half-made connection was dropped

@@ -116,6 +116,40 @@ async def test_a_cancelled_operation_sends_only_its_drop() -> None:
     assert op.outcome is Outcome.CANCELLED
 
 
+async def test_a_cancel_aborts_the_upstream_at_once_and_only_while_it_streams() -> None:
+    """The abort runs inside ``cancel`` itself (the reader's task), before the operation's
+    own task has run again; outside the block a cancel calls nothing."""
+    port = RecordingPort(blocked=trio.Event())
+    op = operation(port)
+    aborted: list[str] = []
+
+    async def handler(op: Operation) -> None:
+        with op.aborts_upstream(lambda: aborted.append("streaming")):
+            await op.emit(b"never")  # blocked on room, then cancelled
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(op.run, handler)
+        await trio.testing.wait_all_tasks_blocked()
+        op.cancel(EndCause.PEER_CANCELLED)
+        assert aborted == ["streaming"]  # already: the handler has not run yet
+        op.cancel(EndCause.PEER_CANCELLED)  # a second cancel aborts nothing more
+    assert aborted == ["streaming"]
+    assert port.sent == [("drop", DropReason.PEER_CANCELLED, b"peer_cancelled")]
+
+    after = operation(RecordingPort(), operation_id=2)
+
+    async def finished_streaming(op: Operation) -> None:
+        with op.aborts_upstream(lambda: aborted.append("late")):
+            pass
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(after.run, finished_streaming)
+        await trio.testing.wait_all_tasks_blocked()
+        after.cancel(EndCause.PEER_CANCELLED)
+    assert aborted == ["streaming"]
+
+
 async def test_a_handler_that_returns_without_a_terminal_is_ended_by_the_operation() -> None:
     port = RecordingPort()
     op = operation(port)

@@ -57,20 +57,23 @@ def process_rss(pid: int) -> int:
 
 
 class Stack:
-    """A replay backend and a gateway, as processes, on free loopback ports."""
+    """A replay backend, a gateway (with the residence probe on: ``gateway.residence``)
+    and a null relay to the backend (``_relay``), as processes, on free loopback ports."""
 
     def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = (),
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, residence: bool = True) -> None:
         self.speed = speed
-        self.gateway_args = gateway_args
+        self.gateway_args = (*gateway_args, "--bench-residence") if residence else gateway_args
         #: Where the processes' output goes (gateway.log, replay.log); discarded if None.
         self.log_dir = log_dir
         self._logs: list[Any] = []
         exe = Path(sys.executable).parent / "nnrp-gateway"
         self.exe = str(exe) if exe.exists() else "nnrp-gateway"
-        self.vllm_port, self.nnrp_port, self.admin_port = (free_port(), free_port(),
-                                                           free_port())
+        self.vllm_port, self.nnrp_port, self.admin_port, self.relay_port = (
+            free_port(), free_port(), free_port(), free_port())
         self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
+        #: The backend through the null relay: direct HTTP plus one process hop.
+        self.relay_url = f"http://127.0.0.1:{self.relay_port}"
         self.endpoint = f"tcp://127.0.0.1:{self.nnrp_port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -93,6 +96,10 @@ class Stack:
             [self.exe, "replay-server", "--listen", f"127.0.0.1:{self.vllm_port}",
              "--speed", str(self.speed)], stdout=log, stderr=log))
         await self._wait(f"{self.vllm_url}/health")
+        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+            [self.exe, "bench", "relay", "--listen", f"127.0.0.1:{self.relay_port}",
+             "--target", f"127.0.0.1:{self.vllm_port}"], stdout=log, stderr=log))
+        await self._wait(f"{self.relay_url}/health")
         start = time.perf_counter()
         log = self._log_file("gateway.log")
         self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
@@ -122,6 +129,13 @@ class Stack:
                 process.kill()
         for log_file in self._logs:
             log_file.close()
+
+    async def residence(self) -> dict[str, Any]:
+        """The gateway's residence figures since the last call (``gateway.residence``)."""
+        async with httpx.AsyncClient(trust_env=False) as client:
+            document: dict[str, Any] = (
+                await client.get(f"{self.admin_url}/debug/residence")).json()
+            return document
 
     async def backend_log(self) -> dict[str, Any]:
         async with httpx.AsyncClient(trust_env=False) as client:
@@ -210,39 +224,120 @@ async def _fan_out(count: int, job: Callable[[int], Any]) -> None:
 # --------------------------------------------------------------------------- scenarios
 
 
+def _residence_spread(residence: dict[str, Any]) -> str:
+    per_read = residence.get("events_per_read")
+    return (f"residence p50/p99 {residence.get('p50_us') or 0:.0f}/"
+            f"{residence.get('p99_us') or 0:.0f} us over {residence.get('events')} events, "
+            f"{per_read or 0:.2f} events per upstream read")
+
+
+async def _direct_fan_out(url: str, streams: int, request_prefix: str,
+                          latencies: list[float]) -> None:
+    async with httpx.AsyncClient(trust_env=False, timeout=None,
+                                 limits=httpx.Limits(max_connections=512)) as client:
+        await _fan_out(streams, functools.partial(
+            _indexed_direct_stream, client, url, request_prefix, latencies))
+
+
 async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """1. Streaming event latency, backend emit -> client receive, gateway vs direct."""
+    """1. Streaming event latency, backend emit -> client receive, side by side: through
+    the gateway, through a null relay (one more process hop, no work), and direct. The
+    gateway's residence time (upstream read -> socket) and CPU per event come from the
+    same run: what the gateway itself costs, apart from the host's scheduling."""
     figures = []
     events = 40 if quick else 200
     for streams in ((1, 32) if quick else (1, 256)):
         progress(f"latency: {streams} stream(s) x {events} events")
         via: list[float] = []
+        relayed: list[float] = []
         direct: list[float] = []
         run = time.monotonic_ns()
+        prefix = f"replay:timestamped:{events}:10000"
         async with _sessions(stack.endpoint, streams) as sessions:
+            await stack.residence()  # start the probe afresh
+            cpu = process_cpu_seconds(stack.gateway_pid)
             await _fan_out(streams, functools.partial(
-                _indexed_gateway_stream, sessions, f"replay:timestamped:{events}:10000:g{run}",
-                via))
-        async with httpx.AsyncClient(trust_env=False, timeout=None,
-                                     limits=httpx.Limits(max_connections=512)) as client:
-            await _fan_out(streams, functools.partial(
-                _indexed_direct_stream, client, stack.vllm_url,
-                f"replay:timestamped:{events}:10000:d{run}", direct))
+                _indexed_gateway_stream, sessions, f"{prefix}:g{run}", via))
+            cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+            residence = await stack.residence()
+        await _direct_fan_out(stack.relay_url, streams, f"{prefix}:r{run}", relayed)
+        await _direct_fan_out(stack.vllm_url, streams, f"{prefix}:d{run}", direct)
         for q, goal in ((0.5, 150.0 if streams == 1 else None),
                         (0.99, 1000.0 if streams == 1 else 5000.0)):
+            p = int(q * 100)
             added = percentile(via, q) - percentile(direct, q)
             figures.append(Figure(
-                f"added event latency p{int(q * 100)}, {streams} stream(s)", added, "us",
+                f"added event latency p{p}, {streams} stream(s)", added, "us",
                 goal=goal, baseline=percentile(direct, q), baseline_name="direct HTTP/SSE",
                 spread=f"gateway p50/p95/p99 {percentile(via, .5):.0f}/"
                        f"{percentile(via, .95):.0f}/{percentile(via, .99):.0f} us; direct "
                        f"{percentile(direct, .5):.0f}/{percentile(direct, .95):.0f}/"
                        f"{percentile(direct, .99):.0f} us; n={len(via)}"))
+            hop = percentile(relayed, q) - percentile(direct, q)
+            figures.append(Figure(
+                f"added by the hop (null relay) p{p}, {streams} stream(s)", hop, "us",
+                baseline=percentile(direct, q), baseline_name="direct HTTP/SSE",
+                spread=f"relay p50/p99 {percentile(relayed, .5):.0f}/"
+                       f"{percentile(relayed, .99):.0f} us"))
+            figures.append(Figure(
+                f"added by the gateway's work p{p}, {streams} stream(s)",
+                percentile(via, q) - percentile(relayed, q), "us",
+                baseline=percentile(relayed, q), baseline_name="null relay",
+                spread="gateway minus null relay, same run"))
+            measured = residence.get(f"p{p}_us")
+            if measured is not None:
+                figures.append(Figure(
+                    f"residence in the gateway p{p}, {streams} stream(s)", measured, "us",
+                    baseline=added, baseline_name="added event latency",
+                    spread=_residence_spread(residence)))
+        figures.append(_cpu_figure(cpu, len(via), streams, "paced", residence))
+    return figures
+
+
+def _cpu_figure(cpu: float, events: int, streams: int, shape: str,
+                residence: dict[str, Any]) -> Figure:
+    """Gateway CPU (from /proc, 10 ms ticks) per streamed event."""
+    goal = 10.0 if streams == 256 and shape == "paced" else None
+    return Figure(f"gateway CPU per event, {streams} stream(s), {shape}",
+                  cpu / max(events, 1) * 1e6, "us", goal=goal,
+                  spread=f"{cpu:.2f} CPU s for {events} events; " + _residence_spread(residence))
+
+
+async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+    """2. What the gateway costs per streamed event at 1, 16 and 256 streams, in the two
+    shapes vLLM sends: paced, one event per upstream read (``--stream-interval 1``), and
+    coalesced, an instant backend writing 64 events at a time. CPU per event and the
+    residence time, both measured on the gateway process."""
+    figures = []
+    plans = {1: (2000, 1000), 16: (500, 4000), 256: (200, 10000)}  # events, interval us
+    for streams in ((1, 16, 64) if quick else (1, 16, 256)):
+        events, interval_us = plans.get(streams, (200, 10000))
+        if quick:
+            events = max(40, events // 5)
+        for shape, interval in (("paced", interval_us), ("coalesced", 0)):
+            progress(f"cost: {streams} stream(s), {shape}")
+            received: list[float] = []
+            run = time.monotonic_ns()
+            async with _sessions(stack.endpoint, streams) as sessions:
+                await stack.residence()
+                cpu = process_cpu_seconds(stack.gateway_pid)
+                await _fan_out(streams, functools.partial(
+                    _indexed_gateway_stream, sessions,
+                    f"replay:timestamped:{events}:{interval}:c{run}", received))
+                cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+                residence = await stack.residence()
+            figures.append(_cpu_figure(cpu, len(received), streams, shape, residence))
+            for q in (0.5, 0.99):
+                measured = residence.get(f"p{int(q * 100)}_us")
+                if measured is not None:
+                    figures.append(Figure(
+                        f"residence in the gateway p{int(q * 100)}, {streams} stream(s), "
+                        f"{shape}", measured, "us", spread=_residence_spread(residence)))
     return figures
 
 
 async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """2. Events/s through the gateway from an instant backend, at several concurrencies."""
+    """3. Events/s through the gateway from an instant backend, at several concurrencies."""
     figures = []
     for streams in ((1, 16, 64) if quick else (1, 16, 256)):
         events = max(200, (4000 if quick else 20000) // streams)
@@ -267,7 +362,7 @@ async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figu
 
 
 async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """3. Non-streaming requests: requests/s and added latency vs direct HTTP."""
+    """4. Non-streaming requests: requests/s and added latency vs direct HTTP."""
     seconds = 2.0 if quick else 8.0
     progress(f"non-streaming: {seconds:.0f} s each path")
     via: list[float] = []
@@ -302,7 +397,7 @@ async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
 
 
 async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """4. CANCEL sent -> upstream socket closed, as the backend saw it; late frames."""
+    """5. CANCEL sent -> upstream socket closed, as the backend saw it; late frames."""
     rounds = 20 if quick else 100
     progress(f"cancellation: {rounds} rounds")
     sent: dict[str, int] = {}
@@ -337,7 +432,7 @@ async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Fi
 
 
 async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """5. A client that pauses mid-stream (BACKPRESSURE paused, then FLOW_UPDATE resume)
+    """6. A client that pauses mid-stream (BACKPRESSURE paused, then FLOW_UPDATE resume)
     for 30 s: nothing reaches
     it while paused, the gateway's memory stays flat (the pause reaches vLLM's socket as
     TCP backpressure), and resuming delivers every event in order."""
@@ -401,7 +496,7 @@ async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
 
 
 async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """6. RSS per idle session and per active stream; start-up time."""
+    """7. RSS per idle session and per active stream; start-up time."""
     figures = [Figure("gateway start-up (spawn -> /readyz)", stack.startup_seconds, "s",
                       goal=1.0)]
     pid = stack.gateway_pid
@@ -448,7 +543,7 @@ async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
 
 async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
                progress: Progress) -> list[Figure]:
-    """7. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
+    """8. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
     rounds = 3 if quick else 30
     tokens = 32
     progress(f"live: {rounds} requests each path against {vllm_url}")
@@ -537,7 +632,8 @@ class _LiveGateway:
 
 
 SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = dict(zip(
-    SCENARIO_NAMES, (latency, throughput, unary, cancellation, pause, scale), strict=True))
+    SCENARIO_NAMES, (latency, cost, throughput, unary, cancellation, pause, scale),
+    strict=True))
 
 
 async def run_scenarios(names: list[str], quick: bool, progress: Progress

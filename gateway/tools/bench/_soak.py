@@ -48,6 +48,8 @@ class SoakReport:
     #: Recoverable refusals (ERROR_RECOVERABLE + RETRY_AFTER first): overload said
     #: explicitly, not lost; the worker waits the retry time and goes on.
     refused: int = 0
+    #: Each distinct refusal message once (bounded): why the gateway said "later".
+    refusal_samples: list[str] = attrs.field(factory=list)
     samples: list[dict[str, float]] = attrs.field(factory=list)
     sigterm_at: float | None = None
     gateway_exit: int | None = None
@@ -111,7 +113,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
                                    "--upstream-pool-size", str(max(256, streams)),
                                    "--drain-timeout", "10"),
-                     log_dir=log_dir) as stack:
+                     log_dir=log_dir, residence=False) as stack:
         pid = stack.gateway_pid
         if client_nice:
             # The load generator yields the CPU to the gateway and the backend (started
@@ -137,6 +139,9 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                         retry_ms = operation.retry_after_ms
                         if kind != "response.completed" and retry_ms is not None:
                             report.refused += 1  # said explicitly: wait, then go on
+                            if (message not in report.refusal_samples
+                                    and len(report.refusal_samples) < 20):
+                                report.refusal_samples.append(message)
                             await trio.sleep(retry_ms / 1000)
                             continue
                         if kind != "response.completed":

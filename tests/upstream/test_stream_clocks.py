@@ -1,0 +1,109 @@
+"""The first-chunk and idle clocks of one stream (``ChunkStream.clocks``): one watchdog
+per stream instead of a deadline scope per read, so these pin when each fires, and
+that what the consumer raises leaves ``clocks`` as itself, never wrapped in a group."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+
+from gateway.upstream import ChunkStream, UpstreamMalformed, UpstreamTimeout
+
+CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+         b'"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+class PacedBody:
+    """Raw reads, each after its delay (seconds)."""
+
+    def __init__(self, *reads: tuple[float, bytes]) -> None:
+        self._reads = list(reads)
+
+    def __aiter__(self) -> PacedBody:
+        return self
+
+    def abort(self) -> bool:
+        return False
+
+    async def __anext__(self) -> bytes:
+        if not self._reads:
+            raise StopAsyncIteration
+        delay, data = self._reads.pop(0)
+        await trio.sleep(delay)
+        return data
+
+
+def stream(body: PacedBody, *, first_chunk: float, idle: float) -> ChunkStream:
+    return ChunkStream(body, first_chunk_deadline=trio.current_time() + first_chunk,
+                       first_chunk_timeout=first_chunk, idle_timeout=idle, max_event=4096)
+
+
+async def consume(chunks: ChunkStream, pause: float = 0.0) -> int:
+    seen = 0
+    async with chunks.clocks():
+        async for batch in chunks:
+            seen += len(batch)
+            await trio.sleep(pause)
+    return seen
+
+
+async def test_the_first_chunk_clock_fires_at_its_deadline(autojump_clock: object) -> None:
+    start = trio.current_time()
+    with pytest.raises(UpstreamTimeout) as info:
+        await consume(stream(PacedBody((50, CHUNK)), first_chunk=3, idle=60))
+    assert info.value.kind == "first_chunk"
+    assert trio.current_time() - start == pytest.approx(3)
+
+
+async def test_a_gap_after_a_slow_first_chunk_is_timed_by_the_idle_clock(
+        autojump_clock: object) -> None:
+    # The first read may take up to 100 s; the watchdog, waiting for that deadline, must
+    # still notice the second read's own 5 s one.
+    start = trio.current_time()
+    with pytest.raises(UpstreamTimeout) as info:
+        await consume(stream(PacedBody((40, CHUNK), (30, CHUNK), (0, DONE)),
+                             first_chunk=100, idle=5))
+    assert info.value.kind == "idle"
+    assert trio.current_time() - start == pytest.approx(45)
+
+
+async def test_reads_within_the_clocks_and_a_slow_consumer_never_time_out(
+        autojump_clock: object) -> None:
+    body = PacedBody((0.9, CHUNK), (0.9, CHUNK), (0.9, CHUNK), (0, DONE))
+    assert await consume(stream(body, first_chunk=1, idle=1), pause=30) == 3
+
+
+async def test_an_upstream_error_beside_an_outer_cancel_leaves_unwrapped() -> None:
+    # The body ends at once (no checkpoint: the read raises UpstreamMalformed) while the
+    # outer scope is cancelled, so the watchdog is cancelled by it, not by its nursery:
+    # the nursery's group holds both, and the consumer's error leaves alone.
+    chunks = stream(PacedBody(), first_chunk=60, idle=60)
+
+    async def read_in_a_cancelled_scope() -> None:
+        with trio.CancelScope() as outer:
+            async with chunks.clocks():
+                outer.cancel()
+                async for _ in chunks:
+                    pass
+
+    with pytest.raises(UpstreamMalformed):
+        await read_in_a_cancelled_scope()
+
+
+async def test_a_passed_first_chunk_deadline_yields_to_a_passed_outer_one() -> None:
+    # Both passed before the first read began: the outer (the total timeout) ended it.
+    chunks = stream(PacedBody((0, CHUNK)), first_chunk=-1, idle=1)
+    with trio.CancelScope() as outer:
+        outer.cancel()
+        await consume(chunks)
+    assert outer.cancelled_caught
+
+
+async def test_an_outer_cancel_alone_is_delivered_to_its_scope() -> None:
+    chunks = stream(PacedBody((math.inf, CHUNK)), first_chunk=60, idle=60)
+    with trio.move_on_after(0.05) as outer:
+        await consume(chunks)
+    assert outer.cancelled_caught
