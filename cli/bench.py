@@ -246,6 +246,10 @@ def soak_command(
                    f"dropped, {report.refused} refused recoverably, {report.errors} errors; "
                    f"RSS growth after warm-up {report.rss_growth * 100:.1f} %; accounted: "
                    f"{report.accounted}")
+        stretch = report.stretch(0.5)
+        if stretch is not None:
+            typer.echo(f"  offered {report.offered_events_per_s:.0f} events/s; an operation "
+                       f"took {stretch:.2f}x its nominal time (p50; near 1: carried)")
         for cause, count in sorted(report.error_causes.items()):
             typer.echo(f"  {count} x {cause}")
         for sample in report.samples[:: max(1, len(report.samples) // 10)]:

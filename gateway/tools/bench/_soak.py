@@ -25,6 +25,8 @@ from gateway.tools.client import ClientError
 
 from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
 
+TOKENS_PER_OPERATION = 40
+
 
 def warm_up_seconds(seconds: float) -> float:
     """Warm-up: a fifth of the run, at least 15 s, at most half of it. Pools, caches and
@@ -53,6 +55,10 @@ class SoakReport:
     samples: list[dict[str, float]] = attrs.field(factory=list)
     sigterm_at: float | None = None
     gateway_exit: int | None = None
+    #: Offered load: each stream's token interval (40 tokens per operation).
+    token_interval_ms: float = 20.0
+    #: Seconds each completed operation took, submit to terminal.
+    durations: list[float] = attrs.field(factory=list)
 
     @property
     def rss_growth(self) -> float:
@@ -73,9 +79,27 @@ class SoakReport:
         if message not in self.error_samples and len(self.error_samples) < 50:
             self.error_samples.append(message)
 
+    @property
+    def offered_events_per_s(self) -> float:
+        return self.streams * 1000 / self.token_interval_ms
+
+    def stretch(self, q: float) -> float | None:
+        """A completed operation's duration over its nominal one (40 token intervals),
+        at quantile ``q``: near 1.0 the machine carried the offered load; well above,
+        the gateway, backend and load generator together could not keep up."""
+        if not self.durations:
+            return None
+        nominal = TOKENS_PER_OPERATION * self.token_interval_ms / 1000
+        ordered = sorted(self.durations)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / nominal
+
     def as_dict(self) -> dict[str, Any]:
-        document = attrs.asdict(self)
-        document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted)
+        document = attrs.asdict(self, filter=lambda field, _: field.name != "durations")
+        stretch = {f"p{round(q * 100)}": self.stretch(q) for q in (0.5, 0.99)}
+        document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted,
+                        offered_events_per_s=round(self.offered_events_per_s),
+                        duration_stretch={k: v if v is None else round(v, 3)
+                                          for k, v in stretch.items()})
         return document
 
 
@@ -108,7 +132,8 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
     ``streams * 1000 / token_interval_ms`` events/s: size it to the machine. With
     ``log_dir``, the gateway's and the backend's logs are kept there; ``client_nice``
     lowers this (the load generator's) priority once the processes are up."""
-    report = SoakReport(streams, seconds, sigterm_at=sigterm_at)
+    report = SoakReport(streams, seconds, sigterm_at=sigterm_at,
+                        token_interval_ms=token_interval_ms)
     interval_us = round(token_interval_ms * 1000)
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024",
                                    "--upstream-pool-size", str(max(256, streams)),
@@ -128,9 +153,11 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
             while trio.current_time() < deadline and not stopping.is_set():
                 number += 1
                 report.started += 1
+                submitted = trio.current_time()
                 try:
                     operation = await session.submit(_envelope(
-                        f"replay:timestamped:40:{interval_us}:soak-{index}-{number}"))
+                        f"replay:timestamped:{TOKENS_PER_OPERATION}:{interval_us}:"
+                        f"soak-{index}-{number}"))
                     terminal = None
                     async for event in operation.events():
                         terminal = event
@@ -150,6 +177,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                             report.error(kind, message)
                             return
                         report.completed += 1
+                        report.durations.append(trio.current_time() - submitted)
                     elif isinstance(terminal, nnrp.DropReceived):
                         report.dropped += 1
                     else:
