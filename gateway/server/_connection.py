@@ -8,7 +8,8 @@ Malformed input policy (architecture.md rule 5; nnrp-wire.md section 5):
     | no CLIENT_HELLO within handshake_timeout     | close, no reply (slowloris)               |
     | framing/header error inside a session        | every operation in flight: DROP           |
     |   (bad meta_len, reserved bits, size cap,    |   transport_closed; then ERROR is_fatal=1 |
-    |   an unknown msg_type)                       |   (MALFORMED_*, LIMIT_EXCEEDED), close    |
+    |   an unknown msg_type)                       |   (MALFORMED_*, LIMIT_EXCEEDED); close    |
+    |                                              |   once the client has (FAILURE_LINGER)    |
     | WebSocket text message                       | the same, ERROR MALFORMED_HEADER          |
     | bad typed body                               | that operation fails (invalid_submit_body)|
     | duplicate operation id / in-flight limit     | that submit is refused on its frame       |
@@ -23,6 +24,7 @@ operations; each operation reaches the wire only through the ``_Port`` bound to 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable
@@ -73,6 +75,8 @@ from ._session import Observer, Session
 from ._stats import ServerStats
 
 log = structlog.get_logger("gateway.server")
+#: After a fatal ERROR, how long the connection waits for its client to close it.
+FAILURE_LINGER = 1.0
 _connection_ids = itertools.count(1)
 
 
@@ -333,6 +337,15 @@ class Connection:
             with trio.move_on_after(1.0) as scope:
                 scope.shield = True
                 await self.outbox.wait_flushed()
+            # Then the client closes first, as after a drain (bounded): NNRP has no
+            # GOAWAY, and a client that meets the end of stream before it has read the
+            # ERROR may never see why (nnrp-py's native client raises on it first).
+            # What it still sends is not read as NNRP: the protocol state is gone.
+            with (trio.move_on_after(FAILURE_LINGER),
+                  contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                                      TextMessageError)):
+                while await self.transport.receive() is not None:
+                    pass
 
     # ------------------------------------------------------------------ events
 

@@ -181,6 +181,26 @@ async def test_garbage_in_session_sends_fatal_error_and_spares_others(
         assert isinstance(events[-1], nnrp.ResultReceived)
 
 
+async def test_a_fatal_error_leaves_the_connection_for_the_client_to_close(
+        running: RunningServer, raw_connect: RawConnect) -> None:
+    """Issue 17: after the fatal ERROR the server does not close first (no GOAWAY in
+    NNRP: a client may not have read the ERROR yet); it closes once the client has."""
+    bad = await raw_connect(running.uri())
+    await bad.send_all(nnrp.ClientConnection().hello())
+    await bad.send_all(b"NNRP\x01\x00\x20\x28" + b"\xff" * 32)  # reserved flags
+    decoder, packets = nnrp.Decoder(), []
+    with trio.fail_after(5):
+        while not any(isinstance(p.message, nnrp.Error) for p in packets):
+            packets += decoder.feed(await bad.receive_some(65536))
+    with trio.move_on_after(0.3) as still_open:
+        await bad.receive_some(65536)  # neither more bytes nor the end of stream
+    assert still_open.cancelled_caught
+    await bad.aclose()
+    with trio.fail_after(5):
+        while running.server.stats.connections_active:  # noqa: ASYNC110 - server state
+            await trio.sleep(0.01)
+
+
 async def test_oversized_packet_is_refused_before_buffering(nursery: trio.Nursery,
                                                            socket_dir: Any,
                                                            raw_connect: RawConnect) -> None:
