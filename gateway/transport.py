@@ -4,16 +4,20 @@
   number of bytes, and a burst of packets leaves in one ``send_all``.
 * WebSocket carries one packet per binary message; a text message is a protocol
   error (nnrp-wire.md section 1).
+* QUIC carries packets back to back on the client's first bidirectional stream, a byte
+  stream as TCP is. The listener is ``gateway/server/_quic.py``; the client side
+  (``connect``) is ``gateway/_quic_client.py``, imported for quic:// URIs only.
 
-Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, and the TLS
-forms ``tcps://host:port`` and ``wss://host:port/path``. Port 0 asks the OS for a free
-port (a listener) and is refused by ``connect``.
+Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, the TLS forms
+``tcps://host:port`` and ``wss://host:port/path``, and ``quic://host:port`` (always TLS
+1.3). Port 0 asks the OS for a free port (a listener) and is refused by ``connect``.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
+from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -48,7 +52,33 @@ class Endpoint:
 
     @property
     def tls(self) -> bool:
-        return self.scheme in ("tcps", "wss")
+        return self.scheme in ("tcps", "wss")  # quic:// is always TLS (its own stack)
+
+
+@attrs.frozen
+class QuicClientOptions:
+    """How ``connect`` opens a ``quic://`` connection (trust comes from its ssl_context).
+
+    Args:
+        alpn: the ALPN protocols offered; empty offers none, as nnrp-py's native client
+            does and the listener's default policy (``--quic-alpn none``) requires.
+            ``("nnrp/1",)`` for a listener that requires it.
+        server_name: the name checked against the server's certificate (and sent as
+            SNI); default: the URI's host.
+        ca_file: PEM trust anchors, before anything ``ssl_context`` holds. aioquic keeps
+            its own store and an ``ssl.SSLContext`` only lists its CA certificates
+            (``get_ca_certs``), so a self-signed server certificate without the CA flag
+            must be given here.
+        idle_timeout: the QUIC idle timeout this client asks for (the connection ends
+            after the shorter of both sides'; the gateway pings while it is open).
+        send_buffer: unacknowledged bytes beyond which ``send()`` waits.
+    """
+
+    alpn: tuple[str, ...] = ()
+    server_name: str | None = None
+    ca_file: Path | None = None
+    idle_timeout: float = 30.0
+    send_buffer: int = 512 * 1024
 
 
 def parse_endpoint(uri: str) -> Endpoint:
@@ -79,7 +109,7 @@ class TextMessageError(Exception):
 class PacketTransport(Protocol):
     """What a connection needs from its carrier."""
 
-    kind: str  # "tcp", "ipc" or "websocket": a bounded metrics label
+    kind: str  # "tcp", "ipc", "websocket" or "quic": a bounded metrics label
     message_based: bool  # True: each receive() is exactly one packet
     peer: str
 
@@ -177,10 +207,23 @@ def describe_peer(stream: trio.abc.Stream) -> str:
 
 
 async def connect(uri: str, nursery: trio.Nursery,
-                  ssl_context: ssl.SSLContext | None = None) -> PacketTransport:
-    """Open a client transport to ``uri``. ``nursery`` hosts a WebSocket's reader task;
-    ``tcps://`` and ``wss://`` use ``ssl_context`` (default: the system's trust store)."""
+                  ssl_context: ssl.SSLContext | None = None, *,
+                  quic: QuicClientOptions | None = None) -> PacketTransport:
+    """Open a client transport to ``uri``.
+
+    ``nursery`` hosts a WebSocket's reader task or a QUIC connection's driver. ``tcps://``,
+    ``wss://`` and ``quic://`` trust ``ssl_context`` (default: the system's trust store;
+    for QUIC its CA certificates are read, see ``gateway/_quic_client.py``); ``quic``
+    sets the QUIC-only options. A QUIC handshake that fails raises an ``OSError``
+    (``QuicConnectError``), as a refused TCP connect does.
+    """
     endpoint = parse_endpoint(uri)
+    if endpoint.scheme == "quic":
+        from gateway._quic_client import open_quic_transport  # aioquic: for quic:// only
+
+        return await open_quic_transport(endpoint.host, endpoint.port, nursery,
+                                         options=quic or QuicClientOptions(),
+                                         ssl_context=ssl_context, peer=uri)
     tls = (ssl_context or ssl.create_default_context()) if endpoint.tls else None
     if endpoint.scheme in ("tcp", "tcps"):
         stream: trio.abc.Stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)

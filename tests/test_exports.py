@@ -13,8 +13,8 @@ PUBLIC: dict[str, str] = {
         "ConfigError GatewayError "
     ),
     "gateway.transport": (
-        "Endpoint ListenError PacketTransport READ_SIZE StreamTransport TextMessageError "
-        "WebSocketTransport connect describe_peer parse_endpoint tune_tcp "
+        "Endpoint ListenError PacketTransport QuicClientOptions READ_SIZE StreamTransport "
+        "TextMessageError WebSocketTransport connect describe_peer parse_endpoint tune_tcp "
     ),
     "gateway.nnrp": (
         "Abort Backpressure BudgetFlag BudgetPolicy BudgetRequested BudgetUpdate CacheAck "

@@ -14,7 +14,7 @@ import pytest
 
 GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
 CORE = ("nnrp", "profile", "upstream", "pipeline", "server", "observe", "app.py",
-        "transport.py", "errors.py")
+        "transport.py", "_quic_client.py", "errors.py")
 
 
 def imports_of(path: Path) -> set[str]:

@@ -39,7 +39,11 @@ from gateway.nnrp import (
     SessionCloseAcked,
     SessionOpenAnswered,
 )
-from gateway.transport import PacketTransport, connect as connect_transport
+from gateway.transport import (
+    PacketTransport,
+    QuicClientOptions,
+    connect as connect_transport,
+)
 
 OperationEvent = PartialReceived | ResultReceived | DropReceived
 
@@ -247,9 +251,11 @@ class NnrpClient:
 
 @asynccontextmanager
 async def connect(uri: str, *, handshake_timeout: float = 10.0,
-                  ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[NnrpClient]:
-    """Connect to ``tcp://``, ``unix://``, ``ws://`` (or ``tcps://``, ``wss://`` with
-    ``ssl_context``) and complete the hello.
+                  ssl_context: ssl.SSLContext | None = None,
+                  quic: QuicClientOptions | None = None) -> AsyncIterator[NnrpClient]:
+    """Connect to ``tcp://``, ``unix://``, ``ws://`` (or ``tcps://``, ``wss://``,
+    ``quic://``, trusting ``ssl_context``; ``quic`` for QUIC's own options) and complete
+    the hello.
 
     Error handling: a refused or broken handshake raises ``ClientError``; an exception
     from the body propagates as itself (the internal nursery's group is unwrapped).
@@ -257,7 +263,7 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
     try:
         async with trio.open_nursery() as nursery:
             with trio.fail_after(handshake_timeout):
-                transport = await connect_transport(uri, nursery, ssl_context)
+                transport = await connect_transport(uri, nursery, ssl_context, quic=quic)
             client = NnrpClient(transport)
             nursery.start_soon(client._reader)
             try:
