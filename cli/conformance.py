@@ -5,20 +5,32 @@ Against a deployment::
 
     nnrp-gateway conformance run --endpoint tcp://host:port --output DIR
     nnrp-gateway conformance validate --results DIR/results.json
+
+TLS endpoints (tcps://, wss://, quic://) are checked against ``--ca-file`` (the server's
+certificate or its CA, PEM; default: the system's store). nnrp-py's native client needs it
+for quic://.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from gateway.tools.client import Trust
 
 conformance_app = typer.Typer(no_args_is_help=True,
                               help="The openai-compatible/1 suite and the wire scenario.")
 
-Endpoint = Annotated[str, typer.Option("--endpoint", help="tcp://, unix:// or ws:// endpoint.")]
+Endpoint = Annotated[str, typer.Option(
+    "--endpoint", help="tcp://, unix://, ws:// (or tcps://, wss://, quic://) endpoint.")]
+CaFile = Annotated[Path | None, typer.Option(
+    "--ca-file", exists=True, dir_okay=False,
+    help="PEM trust anchor for tcps://, wss:// and quic:// (the server's certificate or "
+         "its CA; default: the system's store).")]
 Capabilities = Annotated[Path | None, typer.Option(
     help="Capability document (default: fetched live from --endpoint over NNRP).")]
 BackendLog = Annotated[str | None, typer.Option(
@@ -27,11 +39,12 @@ BackendLog = Annotated[str | None, typer.Option(
 NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's recipes.")]
 
 
-async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
+async def fetch_capabilities(endpoint: str, trust: Trust | None = None) -> dict[str, Any]:
     """The gateway's own capability document, over NNRP (operation gateway.capabilities)."""
-    from gateway.tools.client import ClientError, connect
+    from gateway.tools.client import ClientError, Trust, connect
 
-    async with connect(endpoint) as client:
+    trust = trust or Trust()
+    async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
         session = await client.open_session()
         operation = await session.submit(json.dumps({
             "schema_version": "openai-compatible/1",
@@ -49,8 +62,8 @@ async def fetch_capabilities(endpoint: str) -> dict[str, Any]:
     return document
 
 
-def _capabilities(endpoint: str | None, path: Path | None, without_extensions: bool
-                  ) -> dict[str, Any]:
+def _capabilities(endpoint: str | None, path: Path | None, without_extensions: bool,
+                  trust: Trust | None = None) -> dict[str, Any]:
     import trio
 
     from gateway.tools.conformance import schema_errors, suite_capabilities
@@ -58,7 +71,7 @@ def _capabilities(endpoint: str | None, path: Path | None, without_extensions: b
     if path is not None:
         document: dict[str, Any] = json.loads(path.read_text())
     elif endpoint is not None:
-        document = trio.run(fetch_capabilities, endpoint)
+        document = trio.run(fetch_capabilities, endpoint, trust)
     else:
         raise typer.BadParameter("give --capabilities or --endpoint")
     document = suite_capabilities(document)
@@ -98,7 +111,7 @@ def plan(
 
 
 def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any],
-              backend_log: str | None, suite_only: bool,
+              backend_log: str | None, suite_only: bool, trust: Trust,
               scripted_endpoint: str | None = None) -> dict[str, Any]:
     import trio
 
@@ -113,7 +126,8 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
                                         evidence_dir=output / "evidence",
                                         backend_log=backend_log,
                                         adapter=document.get("adapter", "nnrp-vllm-gateway"),
-                                        scripted_endpoint=scripted_endpoint))
+                                        scripted_endpoint=scripted_endpoint,
+                                        trust=trust))
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     for result in results["results"]:
         line = f"{result['outcome']:<7} {result['id']}"
@@ -141,10 +155,11 @@ def run(
     ] = None,
     check_without_extensions: Annotated[bool, typer.Option(
         help="Also run with extensions removed; the passed cases must be the same.")] = True,
+    ca_file: CaFile = None,
 ) -> None:
     """Run every selected case over a real NNRP session; write results and evidence."""
     from gateway.observe import configure_logging
-    from gateway.tools.client import ClientError
+    from gateway.tools.client import ClientError, Trust
     from gateway.tools.conformance import native_available
 
     configure_logging(level="warning", to_stderr=True)
@@ -152,10 +167,15 @@ def run(
     if chosen == "native" and not native_available():
         typer.echo("error: --client native needs nnrp-py (pip install nnrp-py)", err=True)
         raise typer.Exit(2)
+    trust = Trust(ca_file)
+    if chosen == "native" and endpoint.startswith("quic://") and ca_file is None:
+        typer.echo("error: the native client over quic:// needs --ca-file (it trusts one "
+                   "certificate, not the system's store)", err=True)
+        raise typer.Exit(2)
     try:
-        document = _capabilities(endpoint, capabilities, False)
+        document = _capabilities(endpoint, capabilities, False, trust)
         results = _run_once(endpoint, output, chosen, document, backend_log, suite_only,
-                            scripted_endpoint)
+                            trust, scripted_endpoint)
         summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint,
                                    "passed": sum(r["outcome"] == "passed"
                                                  for r in results["results"]),
@@ -164,7 +184,7 @@ def run(
             bare = dict(document, extensions=[])
             typer.echo("-- again, with extensions removed --")
             again = _run_once(endpoint, output / "without-extensions", chosen, bare,
-                              backend_log, suite_only, scripted_endpoint)
+                              backend_log, suite_only, trust, scripted_endpoint)
             passed = {r["id"] for r in results["results"] if r["outcome"] == "passed"}
             passed_bare = {r["id"] for r in again["results"] if r["outcome"] == "passed"}
             bare_ids = {r["id"] for r in again["results"]}
@@ -208,16 +228,20 @@ def wire_probe(
         "--endpoint", help="Endpoint per transport to probe (repeatable).")],
     output: Annotated[Path, typer.Option(help="wire-conformance-case-results JSON.")],
     target_name: Annotated[str, typer.Option(help="Name in the report.")] = "nnrp-vllm-gateway",
+    ca_file: CaFile = None,
 ) -> None:
     """The suite-as-client wire scenarios (openai-compatible level 1, cancel-abort,
-    deadline-before-submit) on each given endpoint's transport."""
+    deadline-before-submit) on each given endpoint's transport. The suite has none for
+    quic://: there the same cases run under the project's ids (gateway.wire.quic.*)."""
     import trio
 
     from gateway.observe import configure_logging
+    from gateway.tools.client import Trust
     from gateway.tools.conformance import run_wire_probe, schema_errors
 
     configure_logging(level="warning", to_stderr=True)
-    report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name))
+    report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name,
+                                             trust=Trust(ca_file)))
     errors = schema_errors(report, "wire-conformance-case-results.schema.json")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2) + "\n")

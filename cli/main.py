@@ -231,8 +231,8 @@ def serve(
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST",
         help="Write the suite's wire target manifest here once all listeners are bound. "
-             "With wss listeners, DER copies of the certificate and key (0600) go to "
-             "<manifest>-tls/ beside it, as the suite's schema requires.")
+             "With wss or quic listeners, DER copies of the certificate and key (0600) go "
+             "to <manifest>-tls/ beside it, as the suite's schema requires.")
     ] = None,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""

@@ -79,7 +79,7 @@ PUBLIC: dict[str, str] = {
         "configure_logging "
     ),
     "gateway.tools.client": (
-        "ClientError ClientOperation ClientSession NnrpClient connect "
+        "ClientError ClientOperation ClientSession NnrpClient Trust connect "
     ),
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "

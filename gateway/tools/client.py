@@ -18,8 +18,10 @@ import itertools
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Literal
 
+import attrs
 import trio
 
 from gateway.nnrp import (
@@ -46,6 +48,35 @@ from gateway.transport import (
 )
 
 OperationEvent = PartialReceived | ResultReceived | DropReceived
+
+
+@attrs.frozen
+class Trust:
+    """What the tools trust on a TLS endpoint (tcps://, wss://, quic://): the PEM file of
+    ``--ca-file`` (the server's certificate or its CA), or the system's store (None).
+    One file serves every client: an ``ssl.SSLContext`` for tcps/wss, aioquic's own store
+    for quic, DER for nnrp-py's native client."""
+
+    ca_file: Path | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def quic(self) -> QuicClientOptions:
+        return QuicClientOptions(ca_file=self.ca_file)
+
+    def certificate_der(self) -> bytes | None:
+        """The file's first certificate, DER (nnrp-py's native QUIC client trusts one)."""
+        if self.ca_file is None:
+            return None
+        text = self.ca_file.read_text()
+        begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+        if begin not in text:
+            raise ValueError(f"{self.ca_file} holds no PEM certificate")
+        start = text.index(begin)
+        return ssl.PEM_cert_to_DER_cert(text[start:text.index(end, start) + len(end)])
 
 
 class ClientError(Exception):

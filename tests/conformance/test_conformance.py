@@ -14,14 +14,16 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway.profile import EndCause
+from gateway.profile import EndCause, runtime_tokens
 from gateway.profile._capabilities import capability_document
-from gateway.server import GatewayServer, Operation
+from gateway.server import GatewayServer, Operation, TlsConfig
+from gateway.tools.client import Trust
 from gateway.tools.conformance import (
     ManifestError,
     build_plan,
     check_case,
     probe,
+    run_plan,
     run_wire_probe,
     runner_token_submit,
     scenarios_for,
@@ -32,6 +34,7 @@ from gateway.tools.conformance import (
     write_atomically,
 )
 from gateway.tools.conformance._suite import capability_tokens, suite_recipes
+from gateway.tools.conformance._wire import scenarios
 from tests.support.stack import start_stack
 from tests.support.tls import make_pki
 
@@ -240,6 +243,36 @@ def test_scenarios_per_transport() -> None:
                                   "wire.profile.openai-compatible.level1.ipc"]
     assert ids["ws"] == ids["wss"] == ["wire.profile.openai-compatible.level1.websocket"]
     assert scenarios_for("tcps://h:1") == []  # no TLS-over-TCP transport in the suite
+    # QUIC: the TCP cases under the project's ids, never a suite id (module docstring).
+    quic = {s["id"]: s for s in scenarios_for("quic://h:1")}
+    assert sorted(quic) == ["gateway.wire.quic.cancel-abort",
+                            "gateway.wire.quic.deadline-before-submit",
+                            "gateway.wire.quic.openai-compatible.level1"]
+    tcp = {s["id"]: s for s in scenarios_for("tcp://h:1")}
+    for scenario in quic.values():
+        original = tcp[scenario["adapted_from"]]
+        assert scenario["expect"] == original["expect"]
+        assert scenario["steps"] == original["steps"]
+
+
+def test_the_suites_quic_scenarios_are_not_claimed(tmp_path: Path) -> None:
+    """A manifest that lists quic must not select the suite's QUIC scenarios, which the
+    gateway cannot pass (a fixed result body; the suite as proxy): by mode or by the
+    capability tokens, even with priority scheduling."""
+    pki = make_pki(tmp_path)
+    tokens = runtime_tokens(priority_scheduling=True)
+    manifest = target_manifest(["quic://127.0.0.1:7704"], target_name="g",
+                               max_frame_bytes=1 << 24, max_in_flight=64,
+                               runtime_tokens=tokens,
+                               tls_files=(pki["server"], pki["server_key"]),
+                               security_dir=tmp_path / "sec")
+    claims = manifest["wire_conformance"]
+    suite_quic = [s for s in scenarios().values()
+                  if s["transport"] == "quic" and "adapted_from" not in s]
+    assert len(suite_quic) == 2
+    selected = [s["id"] for s in suite_quic if s["mode"] in claims["modes"]
+                and set(s["required_capabilities"]) <= set(claims["capabilities"])]
+    assert selected == []
 
 
 def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
@@ -270,6 +303,9 @@ def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="needs its certificate"):
         target_manifest(["wss://127.0.0.1:1/n"], target_name="g", max_frame_bytes=1,
                         max_in_flight=1)
+    with pytest.raises(ManifestError, match="needs its certificate"):
+        target_manifest(["quic://127.0.0.1:1"], target_name="g", max_frame_bytes=1,
+                        max_in_flight=1)
     legacy = tmp_path / "legacy.key"
     legacy.write_text("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n")
     with pytest.raises(ManifestError, match="PKCS#8"):
@@ -296,6 +332,71 @@ async def test_wire_probe_passes_every_scenario_on_every_transport(
             assert result["outcome"] == "passed", result
 
 
+def test_manifest_lists_a_quic_listener_with_its_security(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    manifest = target_manifest(["tcp://127.0.0.1:7700", "quic://127.0.0.1:7704"],
+                               target_name="g", max_frame_bytes=1 << 24, max_in_flight=64,
+                               tls_files=(pki["server"], pki["server_key"]),
+                               security_dir=tmp_path / "sec")
+    assert schema_errors(manifest, "wire-conformance-target.schema.json") == []
+    tcp, quic = manifest["wire_conformance"]["transports"]
+    assert (tcp["name"], tcp["tls"], "security" in tcp) == ("tcp", False, False)
+    assert (quic["name"], quic["endpoint"], quic["tls"]) == ("quic", "127.0.0.1:7704", True)
+    security = quic["security"]
+    assert security["server_name"] == "127.0.0.1"
+    assert Path(security["certificate_der_path"]).read_bytes() == \
+        ssl.PEM_cert_to_DER_cert(pki["server"].read_text())
+    # The chain's last certificate is the anchor the runner trusts (here the leaf: the
+    # PEM file holds the leaf only).
+    assert Path(security["trusted_certificate_der_path"]).read_bytes() == \
+        Path(security["certificate_der_path"]).read_bytes()
+
+
+async def test_wire_probe_over_quic(nursery: trio.Nursery, tmp_path: Path) -> None:
+    paths = make_pki(tmp_path)
+    stack = await start_stack(nursery, tmp_path, extra_listen=("quic://127.0.0.1:0",),
+                              tls=TlsConfig(paths["server"], paths["server_key"]))
+    with trio.fail_after(60):
+        report = await run_wire_probe([stack.uri("quic")], target_name="g",
+                                      trust=Trust(paths["ca"]))
+    assert schema_errors(report, "wire-conformance-case-results.schema.json") == []
+    outcomes = {r["id"]: (r["outcome"], r["message"]) for r in report["results"]}
+    assert sorted(outcomes) == ["gateway.wire.quic.cancel-abort",
+                                "gateway.wire.quic.deadline-before-submit",
+                                "gateway.wire.quic.openai-compatible.level1"]
+    assert all(outcome == "passed" for outcome, _ in outcomes.values()), outcomes
+    assert all(message.startswith("not a suite scenario") for _, message in outcomes.values())
+    # Untrusted, the same probe fails every case at the handshake, and says so.
+    other = tmp_path / "other"
+    other.mkdir()
+    with trio.fail_after(60):
+        untrusted = await run_wire_probe([stack.uri("quic")], target_name="g",
+                                         trust=Trust(make_pki(other)["ca"]))
+    assert {r["outcome"] for r in untrusted["results"]} == {"failed"}
+    assert all("QuicConnectError" in r["message"] for r in untrusted["results"])
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("client", ["native", "builtin"])
+async def test_run_plan_over_quic(nursery: trio.Nursery, tmp_path: Path, client: str) -> None:
+    """The suite's recipes over quic:// with nnrp-py's native client (FORCE_QUIC, trusting
+    the CA's DER) and with the project's client."""
+    if client == "native":
+        pytest.importorskip("nnrp.client.native")
+    paths = make_pki(tmp_path)
+    stack = await start_stack(nursery, tmp_path, extra_listen=("quic://127.0.0.1:0",),
+                              tls=TlsConfig(paths["server"], paths["server_key"]))
+    plan, _ = build_plan(caps(), include_project=False)
+    with trio.fail_after(120):
+        results = await run_plan(plan, stack.uri("quic"), client=client,
+                                 trust=Trust(paths["ca"]))
+    failed = [(r["id"], r.get("message")) for r in results["results"]
+              if r["outcome"] != "passed"]
+    assert results["results"] and not failed
+    assert {r["diagnostics"]["endpoint"] for r in results["results"]} == {stack.uri("quic")}
+    assert stack.gateway.server.quic_listeners[0].stats.connections_total >= 1
+
+
 async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: Path) -> None:
     """The probe as its own process (as the suite's runner is): no shared event loop
     decides who goes first, only the wire. Every claimed case passes, each of several
@@ -313,3 +414,15 @@ async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: 
     failed = [r for r in report["results"] if r["outcome"] != "passed"]
     assert done.returncode == 0 and not failed, (done.stdout, failed)
     assert len(report["results"]) == 15
+
+
+def test_native_client_over_quic_needs_a_ca_file(tmp_path: Path) -> None:
+    pytest.importorskip("nnrp.client.native")
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, ["conformance", "run", "--endpoint", "quic://127.0.0.1:1",
+                                      "--client", "native", "--output", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--ca-file" in result.output

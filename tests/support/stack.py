@@ -79,11 +79,14 @@ class Stack:
 
 
 async def start_stack(nursery: trio.Nursery, socket_dir: Path, *,
-                      replay: ReplayServer | None = None, **config: Any) -> Stack:
+                      replay: ReplayServer | None = None, extra_listen: tuple[str, ...] = (),
+                      **config: Any) -> Stack:
+    """``extra_listen``: more listeners, e.g. ``quic://127.0.0.1:0`` (with ``tls=``)."""
     replay = replay or ReplayServer(speed=50.0)
     url = await nursery.start(replay.serve)
     gateway = Gateway(GatewayConfig(
-        listen=("tcp://127.0.0.1:0", f"unix://{socket_dir}/gw.sock", "ws://127.0.0.1:0/nnrp"),
+        listen=("tcp://127.0.0.1:0", f"unix://{socket_dir}/gw.sock", "ws://127.0.0.1:0/nnrp",
+                *extra_listen),
         vllm_url=url, probe_interval=0.05, health_interval=0.2, **config))
     await nursery.start(gateway.run)
     with trio.fail_after(5):

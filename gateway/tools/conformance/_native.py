@@ -5,6 +5,7 @@ serving path never imports it."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def native_available() -> bool:
@@ -15,11 +16,31 @@ def native_available() -> bool:
     return True
 
 
-def native_client_options(endpoint: str) -> Any:
-    """NativeClientOptions reaching one of our ``tcp://``, ``unix://`` or ``ws://`` listeners."""
+def native_client_options(endpoint: str, *, trusted_der: bytes | None = None) -> Any:
+    """NativeClientOptions reaching one of our ``tcp://``, ``unix://``, ``ws://`` or
+    ``quic://`` listeners, forced onto that transport.
+
+    QUIC is always TLS: the native client (rustls) trusts exactly ``trusted_der`` (the
+    server's certificate or its CA, DER) and checks the endpoint's host as the server name
+    (an IP address is checked against the certificate's IP entries).
+    """
     from nnrp.client.native import NativeClientOptions, NativeClientProviderRoute
     from nnrp.core.messages import TransportPolicy
 
+    if endpoint.startswith("quic://"):
+        from nnrp.native import NativeTransportClientSecurity
+
+        if trusted_der is None:
+            raise ValueError(f"{endpoint}: the native QUIC client needs the server's trust "
+                             "anchor (--ca-file)")
+        address = endpoint.removeprefix("quic://")
+        host = urlsplit(endpoint).hostname or "localhost"
+        return NativeClientOptions(f"nnrp://{address}", provider_routes={
+            "quic": NativeClientProviderRoute(
+                provider_endpoint=endpoint,
+                security=NativeTransportClientSecurity(server_name=host,
+                                                       trusted_certificate_der=trusted_der))},
+            transport_policy=TransportPolicy.FORCE_QUIC)
     if endpoint.startswith("tcp://"):
         return NativeClientOptions("nnrp://" + endpoint.removeprefix("tcp://"),
                                    transport_policy=TransportPolicy.FORCE_TCP)

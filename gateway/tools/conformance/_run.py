@@ -29,7 +29,7 @@ import httpx
 import trio
 
 from gateway import nnrp
-from gateway.tools.client import ClientSession, connect
+from gateway.tools.client import ClientSession, Trust, connect
 
 from ._native import native_client_options, native_openai_submit
 from ._validate import check_case
@@ -138,9 +138,10 @@ def _backend_kind(case_endpoint: str, endpoint: str) -> str:
     return "main" if case_endpoint == endpoint else "scripted"
 
 
-async def run_builtin(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
+async def run_builtin(endpoint: str, requests: list[CaseRequest], trust: Trust
+                      ) -> list[Observation]:
     observations = []
-    async with connect(endpoint) as client:
+    async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
         session = await client.open_session()
         for request in requests:
             with trio.fail_after(60):
@@ -152,7 +153,7 @@ async def run_builtin(endpoint: str, requests: list[CaseRequest]) -> list[Observ
 # --------------------------------------------------------------------------- native client
 
 
-def run_native(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
+def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list[Observation]:
     """Blocking: drive nnrp-py's native client (call from a worker thread)."""
     import asyncio
 
@@ -161,7 +162,8 @@ def run_native(endpoint: str, requests: list[CaseRequest]) -> list[Observation]:
     from nnrp.runtime.types import TraceContextMetadata
 
     observations = []
-    with connect_native_client_connection(native_client_options(endpoint)) as connection:
+    options = native_client_options(endpoint, trusted_der=trust.certificate_der())
+    with connect_native_client_connection(options) as connection:
         session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
         for number, request in enumerate(requests, start=1):
             observation = Observation(started=time.time())
@@ -282,9 +284,12 @@ NEEDS_SCRIPTED_BACKEND = {
 async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builtin",
                    evidence_dir: Path | None = None, backend_log: str | None = None,
                    adapter: str = "nnrp-vllm-gateway",
-                   scripted_endpoint: str | None = None) -> dict[str, Any]:
+                   scripted_endpoint: str | None = None, trust: Trust | None = None
+                   ) -> dict[str, Any]:
     """Run every case; return an ``api-profile-case-results`` document. With
-    ``scripted_endpoint``, the cases in ``NEEDS_SCRIPTED_BACKEND`` run there instead."""
+    ``scripted_endpoint``, the cases in ``NEEDS_SCRIPTED_BACKEND`` run there instead.
+    ``trust`` is what a TLS endpoint (tcps, wss, quic) is checked against."""
+    trust = trust or Trust()
     run_token = secrets.token_hex(4)
     requests = [case_request(case, number, run_token)
                 for number, case in enumerate(plan["cases"], 1)]
@@ -296,9 +301,9 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
         indexes = [i for i, e in enumerate(endpoints) if e == target]
         batch = [requests[i] for i in indexes]
         if client == "native":
-            observed = await trio.to_thread.run_sync(run_native, target, batch)
+            observed = await trio.to_thread.run_sync(run_native, target, batch, trust)
         else:
-            observed = await run_builtin(target, batch)
+            observed = await run_builtin(target, batch, trust)
         by_index.update(zip(indexes, observed, strict=True))
     observations = [by_index[i] for i in range(len(requests))]
     log = None

@@ -22,6 +22,24 @@ The runner's request is NNRP's token profile, which the gateway serves as a text
 completion (``gateway.profile._token``): a real generation, so the CANCEL meets it
 running, as it would meet any request.
 
+QUIC (``quic://``). The suite's case files have no openai-compatible scenario for QUIC,
+and its two QUIC scenarios are not the gateway's to claim:
+
+- ``wire.control.capability-route-cache.client`` needs ``control.route_execution_hint``
+  and ``cache.reference`` (the gateway routes nowhere and caches nothing; it answers
+  CACHE_REFERENCE with CACHE_MISS but does not claim the token) and a RESULT_PUSH whose
+  body is exactly the raw bytes ``wire-external-result``, while the gateway answers a
+  token request with a real generation.
+- ``wire.control.priority-deadline.proxy`` is ``suite_as_proxy`` (the manifest's only mode
+  is ``suite_as_client``) and needs ``control.priority_update``, claimed only with
+  ``--vllm-priority-scheduling``.
+
+So over QUIC the probe runs the TCP scenarios' executors and expectations unchanged
+(``QUIC_VARIANTS``) and reports them under the project's own ids (``gateway.wire.quic.*``),
+never under a suite id: they show that everything the TCP cases prove holds on QUIC, not
+that a suite QUIC case passed. QUIC (and tcps, wss) endpoints are trusted through
+``Trust`` (``--ca-file``).
+
 Each scenario ends with SESSION_CLOSE, whose answer must be the very next frame.
 
 Validation (``validate_wire_case``), the runner's rules: the terminal is the case's; every observed
@@ -41,6 +59,7 @@ from typing import Any
 import trio
 
 from gateway import nnrp
+from gateway.tools.client import Trust
 from gateway.transport import PacketTransport, connect as connect_transport
 
 from ._manifest import SUITE_VERSION, transport_of
@@ -59,13 +78,26 @@ CASE_SLACK_MS = 5000
 HANDSHAKE_TIMEOUT_MS = 5000
 
 
+#: The project's QUIC runs of suite scenarios that exist for TCP only (module docstring):
+#: the same executor and expectations, reported under the project's id.
+QUIC_VARIANTS = {
+    "gateway.wire.quic.openai-compatible.level1": "wire.profile.openai-compatible.level1",
+    "gateway.wire.quic.cancel-abort": "wire.control.cancel-abort.client",
+    "gateway.wire.quic.deadline-before-submit": "wire.control.deadline-before-submit.client",
+}
+
+
 def scenarios() -> dict[str, dict[str, Any]]:
-    """Every wire scenario of the vendored case files, by id."""
+    """Every wire scenario of the vendored case files, by id, and the project's QUIC
+    variants (marked ``adapted_from``: the suite scenario they copy)."""
     path = suite_dir() / "wire-conformance" / "nnrp-1-preview4" / "cases"
     found: dict[str, dict[str, Any]] = {}
     for name in CASE_FILES:
         for scenario in load_json(path / name)["scenarios"]:
             found[scenario["id"]] = scenario
+    for variant, original in QUIC_VARIANTS.items():
+        found[variant] = {**found[original], "id": variant, "transport": "quic",
+                          "adapted_from": original}
     return found
 
 
@@ -293,6 +325,7 @@ EXECUTORS: dict[str, Executor] = {
     "wire.control.cancel-abort.ipc-client": cancel_abort,
     "wire.control.deadline-before-submit.client": deadline_before_submit,
 }
+EXECUTORS.update({variant: EXECUTORS[original] for variant, original in QUIC_VARIANTS.items()})
 
 
 # --------------------------------------------------------------------------- validation
@@ -335,7 +368,7 @@ def validate_wire_case(scenario: dict[str, Any], terminal: str,
 
 def scenarios_for(endpoint: str) -> list[dict[str, Any]]:
     """The scenarios the probe runs against ``endpoint``: the suite-as-client cases of its
-    transport that have an executor."""
+    transport that have an executor (for quic://, the project's QUIC variants)."""
     if endpoint.startswith("tcps://"):
         return []  # the suite has no TLS-over-TCP transport (see _manifest)
     transport = transport_of(endpoint)
@@ -343,12 +376,14 @@ def scenarios_for(endpoint: str) -> list[dict[str, Any]]:
             and s["transport"] == transport and s["id"] in EXECUTORS]
 
 
-async def probe(endpoint: str, scenario_id: str | None = None) -> dict[str, Any]:
-    """Run one scenario (the level-1 one by default) against one endpoint; a
-    ``wire-conformance-case-results`` entry."""
+async def probe(endpoint: str, scenario_id: str | None = None, *,
+                trust: Trust | None = None) -> dict[str, Any]:
+    """Run one scenario (the level-1 one of the endpoint's transport by default) against
+    one endpoint; a ``wire-conformance-case-results`` entry."""
+    trust = trust or Trust()
     if scenario_id is None:
         scenario = next(s for s in scenarios_for(endpoint)
-                        if s["id"].startswith("wire.profile.openai-compatible.level1"))
+                        if EXECUTORS[s["id"]] is openai_level1)
     else:
         scenario = scenarios()[scenario_id]
     step_timeout_ms = max((step.get("timeout_ms", 0) for step in scenario["steps"]),
@@ -358,7 +393,8 @@ async def probe(endpoint: str, scenario_id: str | None = None) -> dict[str, Any]
         exchange: Exchange | None = None
         try:
             with trio.fail_after((step_timeout_ms + CASE_SLACK_MS) / 1000):
-                transport = await connect_transport(endpoint, nursery)
+                transport = await connect_transport(endpoint, nursery, trust.ssl_context(),
+                                                    quic=trust.quic())
                 exchange = Exchange(transport, step_timeout_ms)
                 try:
                     terminal = await EXECUTORS[scenario["id"]](exchange)
@@ -382,12 +418,17 @@ async def probe(endpoint: str, scenario_id: str | None = None) -> dict[str, Any]
                               "observed_frames": observed}
     if problems:
         result["message"] = "; ".join(dict.fromkeys(problems))
+    elif "adapted_from" in scenario:
+        result["message"] = (f"not a suite scenario: {scenario['adapted_from']} (the suite "
+                             f"has it for {scenarios()[scenario['adapted_from']]['transport']}"
+                             f" only) run over {scenario['transport']} by the gateway's probe")
     return result
 
 
-async def run_wire_probe(endpoints: list[str], *, target_name: str) -> dict[str, Any]:
+async def run_wire_probe(endpoints: list[str], *, target_name: str,
+                         trust: Trust | None = None) -> dict[str, Any]:
     """Every scenario with an executor, on every endpoint's transport."""
-    results = [await probe(endpoint, scenario["id"])
+    results = [await probe(endpoint, scenario["id"], trust=trust)
                for endpoint in endpoints for scenario in scenarios_for(endpoint)]
     return {"$schema": "../schemas/wire-conformance-case-results.schema.json",
             "protocol_version": "nnrp-1-preview4", "suite_version": SUITE_VERSION,
