@@ -112,6 +112,7 @@ class Gateway:
         self.draining = False
         self.metrics = GatewayMetrics()
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
+        self.metrics.attach_quic(lambda: self.server.quic_listeners)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
             self.metrics.registry if config.metrics else None,

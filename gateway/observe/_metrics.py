@@ -9,11 +9,17 @@ Ids never become labels. The package never binds a port: the admin listener serv
 Connection-level counters live in ``ServerStats`` as plain ints and are exported by a
 custom collector at scrape time, so the hot path pays no lock per frame. Which operations
 count as upstream errors, and their outcome label, is ``END_TABLE``'s (gateway.profile).
+
+QUIC listeners keep their own counters (``QuicListener.stats``: what happened to datagrams
+before any NNRP connection existed); ``_QuicCollector`` exports them, summed over the
+listeners, as ``nnrp_gateway_quic_*`` (``QUIC_COUNTERS`` below), and exports nothing until
+a quic:// listener is bound. Labels there are fixed sets: ``direction`` (in, out) and
+``reason`` (garbage, invalid_token, refused_initial).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,6 +30,7 @@ import gateway
 
 if TYPE_CHECKING:
     from gateway.server import ServerStats
+    from gateway.server._quic import QuicListener
 
     from ._record import ObservationRecord
 
@@ -81,13 +88,73 @@ class _StatsCollector(Collector):
                                 value=1.0 if self.upstream_ready() else 0.0)
 
 
+#: The QUIC listeners' families: metric -> (label name or None, help).
+QUIC_FAMILIES: dict[str, tuple[str | None, str]] = {
+    "quic_datagrams": ("direction", "UDP datagrams received and sent by QUIC listeners."),
+    "quic_dropped_datagrams": (
+        "reason", "Datagrams dropped before reaching a connection: undecodable, for an "
+        "unknown connection ID, or an Initial too short or undecryptable (garbage); a Retry "
+        "token forged, expired or for another address (invalid_token); an Initial at the "
+        "connection cap or while draining (refused_initial)."),
+    "quic_retries": (None, "Stateless Retry packets sent (address validation under load)."),
+    "quic_version_negotiations": (None, "Version Negotiation packets sent."),
+    "quic_handshake_timeouts": (None, "QUIC connections closed with the TLS handshake "
+                                "unfinished."),
+    "quic_refused_streams": (None, "Streams other than the NNRP stream, refused "
+                             "(STOP_SENDING and RESET_STREAM)."),
+    "quic_send_errors": (None, "Datagrams the socket would not take (lost; QUIC resends)."),
+    "quic_connections": (None, "QUIC connections whose first Initial decrypted."),
+}
+#: ``QuicStats`` field -> (family, label value). Every counter the listener keeps is here
+#: (tests/observe checks), so a new one cannot go unexported.
+QUIC_COUNTERS: dict[str, tuple[str, str | None]] = {
+    "datagrams_in": ("quic_datagrams", "in"),
+    "datagrams_out": ("quic_datagrams", "out"),
+    "garbage": ("quic_dropped_datagrams", "garbage"),
+    "invalid_tokens": ("quic_dropped_datagrams", "invalid_token"),
+    "refused_initials": ("quic_dropped_datagrams", "refused_initial"),
+    "retries": ("quic_retries", None),
+    "version_negotiations": ("quic_version_negotiations", None),
+    "handshake_timeouts": ("quic_handshake_timeouts", None),
+    "refused_streams": ("quic_refused_streams", None),
+    "send_errors": ("quic_send_errors", None),
+    "connections_total": ("quic_connections", None),
+}
+
+
+class _QuicCollector(Collector):
+    def __init__(self, listeners: Callable[[], Sequence[QuicListener]]) -> None:
+        self.listeners = listeners
+
+    def collect(self) -> Iterator[Metric]:
+        listeners = self.listeners()
+        if not listeners:
+            return
+        families = {name: CounterMetricFamily(f"{PREFIX}_{name}", documentation,
+                                              labels=[label] if label else None)
+                    for name, (label, documentation) in QUIC_FAMILIES.items()}
+        for field, (name, label_value) in QUIC_COUNTERS.items():
+            value = sum(getattr(listener.stats, field) for listener in listeners)
+            families[name].add_metric([label_value] if label_value else [], value)
+        yield from families.values()
+        yield GaugeMetricFamily(f"{PREFIX}_quic_connections_open",
+                                "QUIC connections (handshaking or established).",
+                                value=sum(listener.connections_open for listener in listeners))
+        yield GaugeMetricFamily(f"{PREFIX}_quic_handshakes_in_progress",
+                                "QUIC connections whose TLS handshake has not completed.",
+                                value=sum(listener.handshakes_in_progress
+                                          for listener in listeners))
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.known_models: frozenset[str] = frozenset()
         r = self.registry
-        self.requests = Counter(f"{PREFIX}_requests", "Operations by model and outcome.",
-                                ["model_name", "outcome"], registry=r)
+        self.requests = Counter(f"{PREFIX}_requests",
+                                "Operations by model, outcome and transport (tcp, ipc, "
+                                "websocket, quic).",
+                                ["model_name", "outcome", "transport"], registry=r)
         self.duration = Histogram(f"{PREFIX}_request_duration_seconds",
                                   "Submit to terminal, by model and outcome.",
                                   ["model_name", "outcome"], buckets=LATENCY_BUCKETS, registry=r)
@@ -114,6 +181,11 @@ class GatewayMetrics:
     def attach(self, stats: ServerStats, upstream_ready: Callable[[], bool]) -> None:
         self.registry.register(_StatsCollector(stats, upstream_ready))
 
+    def attach_quic(self, listeners: Callable[[], Sequence[QuicListener]]) -> None:
+        """Export the QUIC listeners' counters (``listeners()`` is read at every scrape:
+        listeners bind after the metrics exist)."""
+        self.registry.register(_QuicCollector(listeners))
+
     def _model(self, name: str | None) -> str:
         if not name:
             return "none"
@@ -121,7 +193,7 @@ class GatewayMetrics:
 
     def observe(self, record: ObservationRecord) -> None:
         model = self._model(record.model)
-        self.requests.labels(model, record.outcome).inc()
+        self.requests.labels(model, record.outcome, record.transport).inc()
         if record.duration_ms is not None:
             self.duration.labels(model, record.outcome).observe(record.duration_ms / 1000)
         if record.first_event_ms is not None and record.events:

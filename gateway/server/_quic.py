@@ -622,6 +622,15 @@ class QuicListener:
     def stats(self) -> QuicStats:
         return self.endpoint.stats
 
+    @property
+    def connections_open(self) -> int:
+        """QUIC connections this listener routes to (handshaking or established)."""
+        return len(self.endpoint.routes)
+
+    @property
+    def handshakes_in_progress(self) -> int:
+        return self.endpoint.handshakes_in_progress
+
     @classmethod
     async def bind(cls, settings: QuicSettings, host: str, port: int) -> QuicListener:
         check_aioquic()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -92,12 +94,15 @@ async def test_metrics_from_records_with_bounded_labels() -> None:
     metrics.observe(build_record(ended(EndCause.INVALID_BODY)))
     got = samples(metrics.registry)
     prefix = "nnrp_gateway"
-    assert got[(f"{prefix}_requests_total", (("model_name", "tiny"), ("outcome", "ok")))] == 1
+    assert got[(f"{prefix}_requests_total",
+                (("model_name", "tiny"), ("outcome", "ok"), ("transport", "ipc")))] == 1
     # An unknown model name is "other": label values never come from clients.
     assert got[(f"{prefix}_requests_total",
-                (("model_name", "other"), ("outcome", "upstream_error")))] == 1
+                (("model_name", "other"), ("outcome", "upstream_error"),
+                 ("transport", "ipc")))] == 1
     assert got[(f"{prefix}_requests_total",
-                (("model_name", "none"), ("outcome", "invalid_request")))] == 1
+                (("model_name", "none"), ("outcome", "invalid_request"),
+                 ("transport", "ipc")))] == 1
     assert got[(f"{prefix}_upstream_errors_total", (("kind", "backend_error"),))] == 1
     assert (f"{prefix}_upstream_errors_total", (("kind", "invalid_body"),)) not in got
     assert got[(f"{prefix}_tokens_total", (("kind", "completion"), ("model_name", "tiny")))] == 5
@@ -115,6 +120,44 @@ def test_connection_counters_are_exported_at_scrape_time() -> None:
     assert got[("nnrp_gateway_inflight_operations", ())] == 5
     assert got[("nnrp_gateway_bytes_total", (("direction", "out"),))] == 1234
     assert got[("nnrp_gateway_upstream_ready", ())] == 1
+
+
+def test_quic_listener_counters_are_exported_summed_over_listeners() -> None:
+    from gateway.observe._metrics import QUIC_COUNTERS
+    from gateway.server._quic import QuicStats
+
+    metrics = GatewayMetrics()
+    listeners: list[Any] = []
+    metrics.attach_quic(lambda: listeners)
+    assert not any(name.startswith("nnrp_gateway_quic") for name, _ in samples(
+        metrics.registry))  # no quic:// listener, no series
+    first = QuicStats(datagrams_in=10, datagrams_out=7, garbage=3, retries=2,
+                      refused_initials=1, handshake_timeouts=1, refused_streams=4,
+                      connections_total=5)
+    second = QuicStats(datagrams_in=5, garbage=1, invalid_tokens=6, send_errors=2,
+                       version_negotiations=1, connections_total=1)
+    listeners += [SimpleNamespace(stats=first, connections_open=2, handshakes_in_progress=1),
+                  SimpleNamespace(stats=second, connections_open=1, handshakes_in_progress=0)]
+    got = samples(metrics.registry)
+    prefix = "nnrp_gateway_quic"
+    assert got[(f"{prefix}_datagrams_total", (("direction", "in"),))] == 15
+    assert got[(f"{prefix}_datagrams_total", (("direction", "out"),))] == 7
+    assert got[(f"{prefix}_dropped_datagrams_total", (("reason", "garbage"),))] == 4
+    assert got[(f"{prefix}_dropped_datagrams_total", (("reason", "invalid_token"),))] == 6
+    assert got[(f"{prefix}_dropped_datagrams_total", (("reason", "refused_initial"),))] == 1
+    assert got[(f"{prefix}_retries_total", ())] == 2
+    assert got[(f"{prefix}_version_negotiations_total", ())] == 1
+    assert got[(f"{prefix}_handshake_timeouts_total", ())] == 1
+    assert got[(f"{prefix}_refused_streams_total", ())] == 4
+    assert got[(f"{prefix}_send_errors_total", ())] == 2
+    assert got[(f"{prefix}_connections_total", ())] == 6
+    assert got[(f"{prefix}_connections_open", ())] == 3
+    assert got[(f"{prefix}_handshakes_in_progress", ())] == 1
+    # Every counter the listener keeps is exported (a new one must be declared).
+    assert set(QUIC_COUNTERS) == {field.name for field in attrs.fields(QuicStats)}
+    labels = {label for (name, pairs) in got if name.startswith(prefix) for label in pairs}
+    assert labels == {("direction", "in"), ("direction", "out"), ("reason", "garbage"),
+                      ("reason", "invalid_token"), ("reason", "refused_initial")}
 
 
 async def test_admin_routes(nursery: trio.Nursery) -> None:

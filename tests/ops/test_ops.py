@@ -140,11 +140,14 @@ async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples[("nnrp_gateway_requests_total",
-                    (("model_name", "example-model"), ("outcome", "ok")))] == 1
+                    (("model_name", "example-model"), ("outcome", "ok"),
+                     ("transport", "tcp")))] == 1
     assert samples[("nnrp_gateway_requests_total",
-                    (("model_name", "other"), ("outcome", "upstream_error")))] == 1
+                    (("model_name", "other"), ("outcome", "upstream_error"),
+                     ("transport", "tcp")))] == 1
     assert samples[("nnrp_gateway_requests_total",
-                    (("model_name", "example-model"), ("outcome", "cancelled")))] == 1
+                    (("model_name", "example-model"), ("outcome", "cancelled"),
+                     ("transport", "tcp")))] == 1
     assert samples[("nnrp_gateway_tokens_total",
                     (("kind", "completion"), ("model_name", "example-model")))] == 3
     assert samples[("nnrp_gateway_cancellations_total", (("kind", "cancel"),))] == 1
