@@ -1,5 +1,6 @@
 """Every runtime-control API of nnrp-py's native client, against the whole gateway (replay
-vLLM behind it) and, as the outside referee, against nnrp-py's native server.
+vLLM behind it; over TCP and over QUIC) and, as the outside referee, against nnrp-py's
+native server.
 
 For each API the client streams a request, calls the API after two partials, and then
 checks three things: the control had its effect (docs/runtime-controls.md, "Cases"), no
@@ -44,6 +45,7 @@ from gateway import nnrp
 from gateway.pipeline import PipelineLimits
 from gateway.tools.replay import ReplayServer
 from tests.support.native import native_connection, open_session, openai_submit, poll_once
+from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import Stack, chat, envelope, start_stack
 
 if TYPE_CHECKING:
@@ -168,10 +170,11 @@ REFEREE_ENDS = {"cancel", "abort", "cancel_frame", "supersede", "deadline", "exp
 
 # ------------------------------------------------------------------ the client side
 
-def drive(uri: str, control: Control) -> dict[str, list[dict[str, Any]]]:
+def drive(uri: str, control: Control, trusted_der: bytes | None = None
+          ) -> dict[str, list[dict[str, Any]]]:
     """Stream operation 1, call ``control`` after two partials, poll past its terminal
     (nothing may follow it), then prove the session usable and close it."""
-    with native_connection("tcp", uri) as connection:
+    with native_connection("tcp", uri, trusted_der=trusted_der) as connection:
         session = open_session(connection)
         session.submit_operation(openai_submit(1, 1, request(TOKENS, "first")))
         events: list[dict[str, Any]] = []
@@ -217,11 +220,16 @@ def assert_usable(result: dict[str, list[dict[str, Any]]]) -> None:
 # ------------------------------------------------------------------ the gateway
 
 @pytest.fixture
-async def stack(nursery: trio.Nursery, tmp_path: Path) -> Stack:
+async def quic_stack(nursery: trio.Nursery, tmp_path: Path) -> tuple[Stack, Pki]:
     # 25 ms a token: the 40-token stream takes a second, time for any control to land.
-    replay = ReplayServer(token_interval_ms=25.0)
-    return await start_stack(nursery, tmp_path, replay=replay,
-                             pipeline=PipelineLimits(priority_scheduling=False))
+    return await start_quic_stack(nursery, tmp_path,
+                                  replay=ReplayServer(token_interval_ms=25.0),
+                                  pipeline=PipelineLimits(priority_scheduling=False))
+
+
+@pytest.fixture
+def stack(quic_stack: tuple[Stack, Pki]) -> Stack:
+    return quic_stack[0]
 
 
 def records_of(stack: Stack) -> list[ObservationRecord]:
@@ -236,12 +244,17 @@ def records_of(stack: Stack) -> list[ObservationRecord]:
     return records
 
 
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
 @pytest.mark.parametrize("name", list(CASES))
-async def test_each_client_api_against_the_gateway(stack: Stack, name: str) -> None:
+async def test_each_client_api_against_the_gateway(quic_stack: tuple[Stack, Pki], name: str,
+                                                   transport: str) -> None:
+    """Each API over TCP and over QUIC (FORCE_QUIC: quinn + rustls): the same effects."""
+    stack, pki = quic_stack
     case = CASES[name]
     records = records_of(stack)
     with trio.fail_after(40):
-        result = await trio.to_thread.run_sync(drive, stack.uri(), case.control)
+        result = await trio.to_thread.run_sync(drive, stack.uri(transport), case.control,
+                                               pki.der)
     events = result["events"]
     assert ending(events, 1) == case.ends
     first = [e for e in events if e["frame_id"] == 1]
@@ -254,6 +267,7 @@ async def test_each_client_api_against_the_gateway(stack: Stack, name: str) -> N
 
     (record,) = [r for r in records if r.operation_id == 1]
     assert record.end_cause == case.cause
+    assert record.transport == transport
     first_request = next(r for r in stack.replay.requests
                          if r.headers.get("x-request-id", "").endswith(":first"))
     aborted = any(d.request_id == first_request.headers["x-request-id"]

@@ -75,8 +75,11 @@ def poll_until(session: Any, done: Callable[[list[dict[str, Any]]], bool],
 
 
 @contextmanager
-def native_connection(transport: str, uri: str) -> Iterator[Any]:
-    with connect_native_client_connection(native_client_options(uri)) as connection:
+def native_connection(transport: str, uri: str, *, trusted_der: bytes | None = None
+                      ) -> Iterator[Any]:
+    """``trusted_der``: the certificate a quic:// listener is trusted by."""
+    options = native_client_options(uri, trusted_der=trusted_der)
+    with connect_native_client_connection(options) as connection:
         yield connection
 
 

@@ -42,6 +42,7 @@ from gateway.server import (
 )
 from gateway.tools.client import ClientError, NnrpClient
 from tests.support.servers import Seen, scripted_handler
+from tests.support.stack import Stack, start_stack
 
 
 async def until(predicate: Callable[[], object], interval: float = 0.02) -> None:
@@ -130,6 +131,16 @@ async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
 
     endpoints = await nursery.start(run)
     return QuicServer(server, endpoints[0].uri, seen, scope, stopped)
+
+
+async def start_quic_stack(nursery: trio.Nursery, folder: Path, **config: Any
+                           ) -> tuple[Stack, Pki]:
+    """The whole stack (tests.support.stack: replay vLLM, Gateway on tcp, unix and ws)
+    plus a quic:// listener with a fresh self-signed certificate."""
+    pki = make_pki(folder / "pki")
+    stack = await start_stack(nursery, folder, extra_listen=("quic://127.0.0.1:0",),
+                              tls=TlsConfig(pki.cert, pki.key), **config)
+    return stack, pki
 
 
 def native_quic_options(uri: str, der: bytes) -> Any:
