@@ -19,22 +19,25 @@ pytest.importorskip("nnrp.client.native")
 
 from gateway.tools.replay import ReplayServer
 from tests.support.native import native_connection, open_session, openai_submit, poll_once
-from tests.support.stack import Stack, chat, envelope, start_stack
+from tests.support.quic import Pki, start_quic_stack
+from tests.support.stack import Stack, chat, envelope
 
 pytestmark = pytest.mark.interop
 TOKENS = 30  # 30 x 25 ms: the stream is still running when the drain starts
 
 
-async def drained_stack(nursery: trio.Nursery, tmp_path: Path, **config: Any) -> Stack:
-    return await start_stack(nursery, tmp_path, replay=ReplayServer(token_interval_ms=25.0),
-                             **config)
+async def drained_stack(nursery: trio.Nursery, tmp_path: Path, **config: Any
+                        ) -> tuple[Stack, Pki]:
+    """The whole stack on tcp, unix, ws and quic (its certificate: the client's trust)."""
+    return await start_quic_stack(nursery, tmp_path,
+                                  replay=ReplayServer(token_interval_ms=25.0), **config)
 
 
-def slow_reader(uri: str, transport: str, started: trio.Event,
+def slow_reader(uri: str, transport: str, trusted_der: bytes, started: trio.Event,
                 token: trio.lowlevel.TrioToken) -> dict[str, Any]:
     """Stream one request, polling only every 150 ms (a busy application), then try a
     second submit and a second session while draining, then close."""
-    with native_connection(transport, uri) as connection:
+    with native_connection(transport, uri, trusted_der=trusted_der) as connection:
         session = open_session(connection)
         session.submit_operation(openai_submit(1, 1, envelope(
             chat(stream=True, max_tokens=TOKENS), request_id="replay:text_stream:drain")))
@@ -57,17 +60,17 @@ def slow_reader(uri: str, transport: str, started: trio.Event,
             "later": [e for e in later if e["kind"] != "lifecycle"]}
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc", "websocket"])
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "websocket", "quic"])
 async def test_every_in_flight_frame_reaches_a_slow_reader(nursery: trio.Nursery,
                                                            tmp_path: Path,
                                                            transport: str) -> None:
-    stack = await drained_stack(nursery, tmp_path, drain_timeout=20.0)
+    stack, pki = await drained_stack(nursery, tmp_path, drain_timeout=20.0)
     started = trio.Event()
     result: dict[str, Any] = {}
 
     async def client() -> None:
         result.update(await trio.to_thread.run_sync(
-            slow_reader, stack.uri(transport), transport, started,
+            slow_reader, stack.uri(transport), transport, pki.der, started,
             trio.lowlevel.current_trio_token()))
 
     async with trio.open_nursery() as inner:
@@ -86,10 +89,13 @@ async def test_every_in_flight_frame_reaches_a_slow_reader(nursery: trio.Nursery
     assert drained_after < 20
 
 
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
 async def test_a_client_that_never_closes_is_closed_after_the_grace(nursery: trio.Nursery,
-                                                                    tmp_path: Path) -> None:
-    stack = await drained_stack(nursery, tmp_path, drain_timeout=10.0, drain_close_grace=0.5)
-    uri = stack.uri("tcp")
+                                                                    tmp_path: Path,
+                                                                    transport: str) -> None:
+    stack, pki = await drained_stack(nursery, tmp_path, drain_timeout=10.0,
+                                     drain_close_grace=0.5)
+    uri = stack.uri(transport)
     release = trio.Event()
     token = trio.lowlevel.current_trio_token()
 
@@ -100,7 +106,7 @@ async def test_a_client_that_never_closes_is_closed_after_the_grace(nursery: tri
             return []
 
     def hold_open() -> list[dict[str, Any]]:
-        with native_connection("tcp", uri) as connection:
+        with native_connection(transport, uri, trusted_der=pki.der) as connection:
             session = open_session(connection)
             session.submit_operation(openai_submit(1, 1, envelope(chat(stream=True,
                                                                        max_tokens=3))))

@@ -1,0 +1,283 @@
+"""The whole gateway (replay vLLM behind it) over quic:// with nnrp-py's native client
+(quinn + rustls, FORCE_QUIC, no ALPN): what works on TCP works on QUIC. Transcripts,
+cancel, drain, the transport label of logs and metrics, and which carrier the native
+client's default policy picks when the gateway offers both TCP and QUIC.
+
+The runtime controls over QUIC (DEADLINE, EXPIRE_AT, SUPERSEDE, BUDGET_UPDATE, every
+cancel form...) are tests/interop/test_runtime_controls.py, parametrized by transport.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import structlog
+import trio
+
+pytest.importorskip("nnrp.client.native")
+
+from nnrp.client.native import (
+    NativeClientOptions,
+    NativeClientProviderRoute,
+    connect_native_client_connection,
+)
+from nnrp.core.messages import TransportPolicy
+from nnrp.native import NativeTransportClientSecurity
+
+from gateway import nnrp
+from gateway.pipeline import PipelineLimits
+from gateway.tools.client import connect
+from gateway.tools.replay import ReplayServer
+from tests.support.native import native_connection, open_session, openai_submit, poll_until
+from tests.support.quic import Pki, aioquic_client, start_quic_stack, until
+from tests.support.scenarios import CHAT_SCENARIOS, request_for
+from tests.support.stack import Stack, chat, envelope, run_operation
+
+if TYPE_CHECKING:
+    from gateway.observe import ObservationRecord
+
+pytestmark = pytest.mark.interop
+
+
+def terminal(frame_id: int) -> Any:
+    def done(events: list[dict[str, Any]]) -> bool:
+        return any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")
+                   and e.get("frame_id") == frame_id for e in events)
+    return done
+
+
+def frames(events: list[dict[str, Any]], frame_id: int) -> list[dict[str, Any]]:
+    return [e for e in events if e["kind"] != "lifecycle" and e["frame_id"] == frame_id]
+
+
+def records_of(stack: Stack) -> list[ObservationRecord]:
+    records: list[ObservationRecord] = []
+    observe = stack.gateway.metrics.observe
+
+    def spy(record: ObservationRecord) -> None:
+        records.append(record)
+        observe(record)
+
+    stack.gateway.metrics.observe = spy  # type: ignore[method-assign]
+    return records
+
+
+def samples(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in stack.gateway.metrics.registry.collect() for s in family.samples}
+
+
+@pytest.fixture
+async def quic_stack(nursery: trio.Nursery, tmp_path: Path) -> tuple[Stack, Pki]:
+    return await start_quic_stack(
+        nursery, tmp_path, replay=ReplayServer(speed=50.0, token_interval_ms=20.0),
+        pipeline=PipelineLimits(first_chunk_timeout=3.0, idle_timeout=2.0))
+
+
+async def test_native_client_over_quic_sees_what_our_client_sees_over_tcp(
+        quic_stack: tuple[Stack, Pki]) -> None:
+    """Every recorded chat transcript (text, tool calls, reasoning, logprobs, n=2, vLLM's
+    errors...) through the native client over QUIC, compared with the project's client
+    over TCP."""
+    stack, pki = quic_stack
+    names = [n for n in CHAT_SCENARIOS if n != "engine_death_mid_stream"]
+    payloads = {n: envelope(request_for(n), request_id=f"replay:{n}:quic") for n in names}
+    over_tcp = {}
+    async with connect(stack.uri("tcp")) as client:
+        session = await client.open_session()
+        for name in names:
+            outcome = await run_operation(session, payloads[name])
+            over_tcp[name] = (outcome.partials, outcome.status, outcome.final)
+
+    def scenario() -> dict[str, Any]:
+        results = {}
+        with native_connection("quic", stack.uri("quic"), trusted_der=pki.der) as connection:
+            assert connection.active_transport_name == "quic"
+            session = open_session(connection)
+            for number, name in enumerate(names, start=1):
+                session.submit_operation(openai_submit(number, number, payloads[name]))
+                events = frames(poll_until(session, terminal(number), timeout=15), number)
+                partials = [json.loads(e["body"]) for e in events
+                            if e["kind"] == "PARTIAL_RESULT"]
+                results[name] = (partials, events[-1].get("status"), events[-1].get("payload"))
+            session.close()
+        return results
+
+    records = records_of(stack)
+    with trio.fail_after(120):
+        over_quic = await trio.to_thread.run_sync(scenario)
+    for name in names:
+        assert over_quic[name] == over_tcp[name], name
+    assert {r.transport for r in records} == {"quic"}
+    assert len(records) == len(names)
+
+
+async def test_cancel_over_quic_closes_the_upstream_socket(
+        quic_stack: tuple[Stack, Pki]) -> None:
+    """CANCEL mid-stream: RESULT_DROP_REASON peer_cancelled, vLLM's socket closed (the
+    replay backend records the disconnect), and the operation is logged and counted with
+    transport quic, beside the QUIC listener's own counters."""
+    stack, pki = quic_stack
+
+    def scenario() -> list[dict[str, Any]]:
+        with native_connection("quic", stack.uri("quic"), trusted_der=pki.der) as connection:
+            session = open_session(connection)
+            session.submit_operation(openai_submit(1, 1, envelope(
+                chat(stream=True), request_id="replay:long_stream:quic-cancel")))
+            cancelled = False
+
+            def on_event(event: dict[str, Any]) -> None:
+                nonlocal cancelled
+                partials = event["kind"] == "PARTIAL_RESULT"
+                if partials and not cancelled and event["sequence"] >= 3:
+                    connection.cancel_runtime_operation(session, operation_id=1,
+                                                        control_sequence=1, reason_code=1)
+                    cancelled = True
+
+            events = poll_until(session, terminal(1), timeout=15, on_event=on_event)
+            time.sleep(0.3)  # anything after the terminal would be a protocol error here
+            events += poll_until(session, lambda _: False, timeout=0.1)
+            session.close()
+            return events
+
+    with structlog.testing.capture_logs() as logs, trio.fail_after(30):
+        events = await trio.to_thread.run_sync(scenario)
+        await until(lambda: stack.replay.disconnects)
+        await until(lambda: any(line["event"] == "operation" for line in logs))
+    ours = frames(events, 1)
+    assert ours[-1]["kind"] == "RESULT_DROP_REASON"
+    assert ours[-1]["drop_reason"] == nnrp.DropReason.PEER_CANCELLED
+    assert len([e for e in ours if e["kind"] == "PARTIAL_RESULT"]) >= 3
+    assert stack.replay.disconnects[0].request_id == "replay:long_stream:quic-cancel"
+    (line,) = [line for line in logs if line["event"] == "operation"]
+    assert (line["transport"], line["outcome"]) == ("quic", "cancelled")
+    assert line["upstream_aborted"] is True
+    got = samples(stack)
+    assert got[("nnrp_gateway_requests_total", (("model_name", "example-model"),
+                                                ("outcome", "cancelled"),
+                                                ("transport", "quic")))] == 1
+    assert got[("nnrp_gateway_cancellations_total", (("kind", "cancel"),))] == 1
+    assert got[("nnrp_gateway_quic_connections_total", ())] == 1
+    assert got[("nnrp_gateway_quic_datagrams_total", (("direction", "in"),))] > 10
+    assert got[("nnrp_gateway_quic_dropped_datagrams_total", (("reason", "garbage"),))] == 0
+
+
+async def test_drain_over_quic_ends_what_outlives_it_and_closes_the_socket(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The drain's bound over QUIC (that a slow reader loses nothing is
+    tests/interop/test_drain.py, parametrized by transport): an operation still streaming
+    when --drain-timeout is up is dropped and its vLLM request aborted; the client, which
+    never closes, is closed (CONNECTION_CLOSE: it sees the end, it does not hang); the
+    gateway is done within the drain time and the close linger; then the UDP socket is
+    gone and a new handshake gets no answer."""
+    stack, pki = await start_quic_stack(
+        nursery, tmp_path, replay=ReplayServer(token_interval_ms=20.0), drain_timeout=1.0)
+    listener = stack.gateway.server.quic_listeners[0]
+    started = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    events: list[dict[str, Any]] = []  # what reached the client before the end
+
+    def never_closes() -> str:
+        try:
+            with native_connection("quic", stack.uri("quic"), trusted_der=pki.der) as c:
+                session = open_session(c)
+                session.submit_operation(openai_submit(1, 1, envelope(
+                    chat(stream=True, max_tokens=400), request_id="replay:text_stream:long")))
+
+                def on_event(event: dict[str, Any]) -> None:
+                    events.append(event)
+                    if event["kind"] == "PARTIAL_RESULT" and not started.is_set():
+                        trio.from_thread.run_sync(started.set, trio_token=token)
+
+                # 400 tokens take 8 s: the drain ends the connection long before.
+                poll_until(session, terminal(1), timeout=15, on_event=on_event)
+                return "still open"
+        except Exception as exc:  # the native client raises on the closed connection
+            return type(exc).__name__
+
+    result: list[str] = []
+
+    async def client() -> None:
+        result.append(await trio.to_thread.run_sync(never_closes))
+
+    with structlog.testing.capture_logs() as logs, trio.fail_after(30):
+        async with trio.open_nursery() as inner:
+            inner.start_soon(client)
+            await started.wait()
+            began = trio.current_time()
+            await stack.gateway.drain()
+            drained_after = trio.current_time() - began
+        await until(lambda: listener.connections_open == 0)
+    assert result == ["NativeInvalidStateError"]  # the end of the connection, not a hang
+    kinds = {e["kind"] for e in frames(events, 1)}
+    assert "PARTIAL_RESULT" in kinds and "RESULT_PUSH" not in kinds
+    assert drained_after < 1.0 + listener.settings.close_linger + 1.0
+    assert [d.request_id for d in stack.replay.disconnects] == ["replay:text_stream:long"]
+    (line,) = [line for line in logs if line["event"] == "operation"]
+    assert (line["transport"], line["outcome"], line["upstream_aborted"]) == (
+        "quic", "shutdown", True)
+    refused = listener.stats.refused_initials
+    with trio.fail_after(10):
+        async with aioquic_client(listener_address(stack), pki.cert, idle_timeout=1.0) as late:
+            await late.wait_for(lambda: late.terminated is not None)
+    assert late.handshake is None
+    assert listener.stats.refused_initials == refused  # no socket read it, not even to refuse
+
+
+def listener_address(stack: Stack) -> tuple[str, int]:
+    host, _, port = stack.uri("quic").removeprefix("quic://").rpartition(":")
+    return host, int(port)
+
+
+@pytest.mark.parametrize("policy", [TransportPolicy.AUTO, TransportPolicy.PREFER_QUIC])
+async def test_default_policy_with_tcp_and_quic_picks_the_faster_probe(
+        quic_stack: tuple[Stack, Pki], policy: TransportPolicy) -> None:
+    """nnrp-py rc4.post20, the gateway offering both: with two eligible carriers the
+    native client first probes each (one connection and 3 TRANSPORT_PROBE samples per
+    carrier), then ranks by probe success, then median throughput, then RTT; the static
+    rank (quic 1 before tcp 2) and PREFER_QUIC only break ties. On loopback this
+    gateway's TCP answers a probe several times faster than its QUIC (Python's QUIC stack
+    on the server), so TCP is chosen, even with PREFER_QUIC. Documented in the README."""
+    stack, pki = quic_stack
+    server = stack.gateway.server
+    quic_listener = server.quic_listeners[0]
+    security = NativeTransportClientSecurity(server_name="127.0.0.1",
+                                             trusted_certificate_der=pki.der)
+    options = NativeClientOptions(
+        "nnrp://" + stack.uri("tcp").removeprefix("tcp://"), transport_policy=policy,
+        provider_routes={
+            "tcp": NativeClientProviderRoute(provider_endpoint=stack.uri("tcp")),
+            "quic": NativeClientProviderRoute(provider_endpoint=stack.uri("quic"),
+                                              security=security)})
+
+    def scenario() -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+        with connect_native_client_connection(options) as connection:
+            probes = {c.transport_name: c.probe
+                      for c in connection.transport_selection.candidates
+                      if c.probe is not None}
+            session = open_session(connection)
+            session.submit_operation(openai_submit(1, 1, envelope(chat(stream=True,
+                                                                       max_tokens=3))))
+            events = poll_until(session, terminal(1))
+            session.close()
+            return connection.active_transport_name, probes, events
+
+    records = records_of(stack)
+    with trio.fail_after(30):
+        chosen, probes, events = await trio.to_thread.run_sync(scenario)
+    assert frames(events, 1)[-1]["status"] == 200
+    assert set(probes) == {"tcp", "quic"}  # both carriers were probed...
+    assert all(p.success_count == 3 for p in probes.values())
+    fastest = max(probes, key=lambda name: (probes[name].median_throughput_bytes_per_sec,
+                                            -probes[name].median_rtt_us))
+    assert chosen == fastest  # ...and the better probe won
+    assert chosen == "tcp"
+    assert [r.transport for r in records] == ["tcp"]
+    # Each probe is a connection of its own: one on each listener, then the session's.
+    assert quic_listener.stats.connections_total == 1
+    assert server.stats.connections_total == 3
