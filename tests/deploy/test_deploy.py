@@ -5,6 +5,7 @@ CLI, the Dockerfile (hadolint), and the image's install steps (wheel into a fres
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -253,17 +254,21 @@ def test_image_install_steps(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert pip.returncode == 0, pip.stderr[-2000:]
     exe = str(env_dir / "bin" / "nnrp-gateway")
-    version = subprocess.run([exe, "version"], capture_output=True, text=True, cwd=tmp_path)
+    # The installed wheel alone: a PYTHONPATH pointing at a checkout would be imported first.
+    installed = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    version = subprocess.run([exe, "version"], capture_output=True, text=True, cwd=tmp_path,
+                             env=installed)
     assert version.returncode == 0
     assert "nnrp-vllm-gateway 0.1.0" in version.stdout
-    health = subprocess.run([exe, "health", "--help"], capture_output=True, text=True)
+    health = subprocess.run([exe, "health", "--help"], capture_output=True, text=True,
+                            env=installed)
     assert health.returncode == 0
     # The wheel carries the recipes and transcripts the conformance and replay commands use.
     listing = subprocess.run([str(env_dir / "bin" / "python"), "-c",
                               "from gateway.tools.conformance import recipes_root; "
                               "from gateway.tools.replay import bundled_transcripts; "
                               "print(recipes_root(), len(bundled_transcripts()))"],
-                             capture_output=True, text=True, cwd=tmp_path)
+                             capture_output=True, text=True, cwd=tmp_path, env=installed)
     assert "site-packages/gateway/tools/conformance/recipes" in listing.stdout
     assert int(listing.stdout.split()[-1]) >= 30
     assert shutil.which("nnrp-gateway", path=str(env_dir / "bin"))

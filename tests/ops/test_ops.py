@@ -172,7 +172,10 @@ async def test_canonical_log_line_and_no_secrets(nursery: trio.Nursery) -> None:
             await session.trace_context(trace_id=5, span_id=6, attributes=b"user=alice")
             await run_operation(session, envelope(chat(stream=True, max_tokens=2),
                                                   request_id="log-1"))
-            await trio.sleep(0.05)
+            # The line is written once the server side has finished: wait for it.
+            with trio.fail_after(5):
+                while not any(line["event"] == "operation" for line in logs):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
     lines = [line for line in logs if line["event"] == "operation"]
     assert len(lines) == 1
     line = lines[0]
