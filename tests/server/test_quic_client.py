@@ -15,7 +15,12 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway._quic_client import QuicClientTransport, QuicConnectError, _unacked_bytes
+from gateway._quic_client import (
+    QuicClientTransport,
+    QuicConnectError,
+    _unacked_bytes,
+    client_configuration,
+)
 from gateway.server import AlpnPolicy
 from gateway.tools.client import connect
 from gateway.transport import QuicClientOptions, connect as connect_transport
@@ -139,6 +144,24 @@ async def test_trust_and_server_name(nursery: trio.Nursery, pki: Pki,
         anything.verify_mode = ssl.CERT_NONE
         async with connect(gateway.uri, ssl_context=anything) as client:
             await client.open_session()
+
+
+def test_without_a_context_the_system_store_is_named_not_loaded(
+        pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ssl_context: the system's store by its paths (aioquic reads it in the handshake)
+    or the ca_file alone. Building a default SSLContext per connect, only to read it back,
+    cost ~50 ms of CPU each: 128 concurrent connects of the wire benchmark timed out."""
+    def no_default_context(*args: Any, **kw: Any) -> ssl.SSLContext:
+        raise AssertionError("the system store was loaded")
+
+    monkeypatch.setattr(ssl, "create_default_context", no_default_context)
+    system = client_configuration(QuicClientOptions(), "localhost", None)
+    paths = ssl.get_default_verify_paths()
+    assert system.verify_mode == ssl.CERT_REQUIRED
+    assert (system.cafile, system.capath, system.cadata) == (paths.cafile, paths.capath, None)
+    only_file = client_configuration(trusting(pki), "localhost", None)
+    assert only_file.verify_mode == ssl.CERT_REQUIRED
+    assert (only_file.cafile, only_file.capath, only_file.cadata) == (str(pki.cert), None, None)
 
 
 async def test_trust_from_an_ssl_context_with_a_ca(nursery: trio.Nursery,
