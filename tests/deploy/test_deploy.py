@@ -160,6 +160,44 @@ def test_wiring(values_file: Path | None) -> None:
             "app.kubernetes.io/managed-by", "helm.sh/chart"} <= set(labels)
 
 
+def test_quic_port_renders_as_udp_with_its_certificate() -> None:
+    """Off by default: no UDP port anywhere. On: the container's and the Service's QUIC
+    ports are UDP, the listener and the certificate files are in the args, and the files
+    are the TLS secret's, mounted read-only. Without a secret the chart refuses."""
+    def protocols(manifests: dict[str, list[dict[str, Any]]]) -> set[str]:
+        gateway, _ = _gateway(manifests)
+        ports = gateway["ports"] + manifests["Service"][0]["spec"]["ports"]
+        return {port["protocol"] for port in ports}
+
+    defaults = render(None)
+    assert protocols(defaults) == {"TCP"}
+    assert not [a for a in _gateway(defaults)[0]["args"] if a.startswith("quic://")]
+
+    manifests = render(CHART / "ci" / "quic-values.yaml")
+    gateway, _ = _gateway(manifests)
+    (container_port,) = [p for p in gateway["ports"] if p["name"] == "nnrp-quic"]
+    assert (container_port["containerPort"], container_port["protocol"]) == (7702, "UDP")
+    (service_port,) = [p for p in manifests["Service"][0]["spec"]["ports"]
+                       if p["name"] == "nnrp-quic"]
+    assert (service_port["port"], service_port["targetPort"], service_port["protocol"]) == (
+        7702, "nnrp-quic", "UDP")
+    assert protocols(manifests) == {"TCP", "UDP"}
+    args = gateway["args"]
+    assert "quic://0.0.0.0:7702" in [args[i + 1] for i, a in enumerate(args) if a == "--listen"]
+    assert args[args.index("--quic-alpn") + 1] == "any"
+    (mount,) = [m for m in gateway["volumeMounts"] if m["name"] == "tls"]
+    assert mount["readOnly"] is True
+    for flag, name in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")):
+        assert args[args.index(flag) + 1] == f"{mount['mountPath']}/{name}"
+    pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "nnrp-gateway-tls"
+
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmError, match="tlsSecret"):
+        chart.render({"gateway": {"quicPort": 7702}}, name="x")
+
+
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
@@ -190,7 +228,7 @@ def test_values_schema_in_sync_with_values() -> None:
 def test_schema_rejects_bad_values() -> None:
     chart = helm.Chart.load(str(CHART))
     for bad in ({"sidecarMode": "maybe"}, {"gateway": {"port": 70000}},
-                {"gateway": {"unknown": 1}}):
+                {"gateway": {"unknown": 1}}, {"gateway": {"quicAlpn": "h3"}}):
         with pytest.raises(helm.HelmError):
             chart.render(bad, name="x")
     with pytest.raises(helm.HelmError, match="terminationGracePeriodSeconds"):
@@ -226,6 +264,37 @@ def test_compose_files_match_the_cli(name: str) -> None:
         vllm = services["vllm"]
         assert vllm["entrypoint"] == ["nnrp-gateway", "replay-server"]
         assert {a for a in vllm["command"] if a.startswith("--")} <= replay_options
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "compose.replay.yml"])
+def test_compose_quic_override_publishes_a_udp_port(name: str) -> None:
+    """compose.quic.yml over either file, merged as compose merges (a command is replaced,
+    environment entries by key, ports and volumes appended): every listener of the base
+    file is still there, the QUIC one's port is published as UDP, and the certificate
+    files are in the mounted folder."""
+    base = yaml.safe_load((ROOT / "deploy" / name).read_text())["services"]
+    override = yaml.safe_load((ROOT / "deploy" / "compose.quic.yml").read_text())["services"]
+    gateway = {**base["gateway"], "command": override["gateway"]["command"],
+               "environment": {**base["gateway"]["environment"],
+                               **override["gateway"]["environment"]},
+               "volumes": base["gateway"].get("volumes", []) + override["gateway"]["volumes"]}
+    published = base["vllm"]["ports"] + override["vllm"]["ports"]
+
+    def listens(command: list[str]) -> list[str]:
+        return [command[i + 1] for i, a in enumerate(command) if a == "--listen"]
+
+    assert set(listens(base["gateway"]["command"])) < set(listens(gateway["command"]))
+    assert set(base["gateway"]["command"]) <= set(gateway["command"])  # no flag dropped
+    (quic,) = [uri for uri in listens(gateway["command"]) if uri.startswith("quic://")]
+    port = quic.rpartition(":")[2]
+    assert f"{port}:{port}/udp" in published
+    assert f"{port}:{port}" not in published  # UDP only: QUIC has no TCP side
+    options, envvars = cli_options("serve")
+    assert {a for a in gateway["command"] if a.startswith("--")} <= options
+    assert set(gateway["environment"]) <= envvars
+    (mount,) = [v.rsplit(":", 2)[1] for v in gateway["volumes"]]
+    for variable in ("NNRP_GATEWAY_TLS_CERT", "NNRP_GATEWAY_TLS_KEY"):
+        assert gateway["environment"][variable].startswith(mount + "/")
 
 
 # --------------------------------------------------------------------------- image

@@ -49,6 +49,16 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
     - --listen
     - ws://0.0.0.0:{{ .Values.gateway.wsPort }}/nnrp
     {{- end }}
+    {{- if .Values.gateway.quicPort }}
+    - --listen
+    - quic://0.0.0.0:{{ .Values.gateway.quicPort }}
+    - --tls-cert
+    - /etc/nnrp-tls/tls.crt
+    - --tls-key
+    - /etc/nnrp-tls/tls.key
+    - --quic-alpn
+    - {{ .Values.gateway.quicAlpn | quote }}
+    {{- end }}
     - --vllm-url
     - http://127.0.0.1:{{ .Values.vllm.port }}
     - --admin-listen
@@ -86,6 +96,11 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
       containerPort: {{ .Values.gateway.wsPort }}
       protocol: TCP
     {{- end }}
+    {{- if .Values.gateway.quicPort }}
+    - name: nnrp-quic
+      containerPort: {{ .Values.gateway.quicPort }}
+      protocol: UDP
+    {{- end }}
     - name: admin
       containerPort: {{ .Values.gateway.adminPort }}
       protocol: TCP
@@ -117,6 +132,11 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+    {{- if .Values.gateway.quicPort }}
+    - name: tls
+      mountPath: /etc/nnrp-tls
+      readOnly: true
+    {{- end }}
     {{- with .Values.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
