@@ -98,6 +98,8 @@ MAX_DATAGRAM = 65535
 #: Client Initials must be padded to this (RFC 9000 section 14.1); smaller ones are dropped
 #: before any state is made, so a flood of tiny packets costs one header parse each.
 MIN_INITIAL = SMALLEST_MAX_DATAGRAM_SIZE
+#: Original destination CIDs remembered as retried (a few hundred KiB at most).
+RETRY_MEMORY_ENTRIES = 4096
 
 
 def install_alpn_policy(context: tls.Context, policy: AlpnPolicy) -> None:
@@ -339,6 +341,8 @@ class QuicEndpoint:
         self._retry = QuicRetryTokenHandler()
         self._window_start = -math.inf  # token-less Initials counted per second
         self._window_initials = 0
+        #: Original destination CIDs answered with a Retry, and when (oldest first).
+        self._retried: dict[bytes, float] = {}
         self._cid_length = configuration.connection_id_length
 
     @property
@@ -391,13 +395,18 @@ class QuicEndpoint:
                 self.stats.invalid_tokens += 1
                 return Received([])
             retry_source = dcid
-        elif self._under_load(now):
+        elif self._was_retried(dcid, now) or self._under_load(now):
             # Address validation (RFC 9000 section 8.1.2): no state until the client shows
             # it receives at this address. The Retry is smaller than the Initial, and
             # costs ~50 us against ~1-3 ms for an Initial that makes a connection.
+            # Once retried, always retried: a retransmission of that Initial, arriving
+            # after the load has passed, would make a connection its client has already
+            # left for the Retry's (it ignores a second Retry), holding a slot and sending
+            # its flight until the handshake timeout.
             assert version is not None
             source = os.urandom(self._cid_length)
             self.stats.retries += 1
+            self._remember_retry(dcid, now)
             return Received([encode_quic_retry(
                 version=version, source_cid=source, destination_cid=scid,
                 original_destination_cid=dcid,
@@ -422,6 +431,24 @@ class QuicEndpoint:
             return Received([])
         self.stats.connections_total += 1
         return Received([], peer, new=True)
+
+    def _was_retried(self, dcid: bytes, now: float) -> bool:
+        self._forget_retries(now)
+        return dcid in self._retried
+
+    def _remember_retry(self, dcid: bytes, now: float) -> None:
+        """Bounded: a spoofed flood can push entries out, which only brings back the
+        cost this memory saves (a connection that waits for its handshake timeout)."""
+        self._retried.pop(dcid, None)
+        self._retried[dcid] = now
+        while len(self._retried) > RETRY_MEMORY_ENTRIES:
+            del self._retried[next(iter(self._retried))]
+
+    def _forget_retries(self, now: float) -> None:
+        """A client retransmits its first Initial until the handshake timeout at most."""
+        horizon = now - self.settings.handshake_timeout
+        while self._retried and next(iter(self._retried.values())) < horizon:
+            del self._retried[next(iter(self._retried))]
 
     def _under_load(self, now: float) -> bool:
         """Retry from ``retry_threshold`` handshakes in progress, or that many token-less

@@ -19,6 +19,7 @@ from aioquic.quic.events import (
 from gateway.server import AlpnPolicy, QuicSettings, TlsConfig
 from gateway.server._quic import (
     NNRP_STREAM_ID,
+    RETRY_MEMORY_ENTRIES,
     QuicEndpoint,
     QuicPeer,
     RoutingTable,
@@ -230,6 +231,38 @@ def test_retry_when_over_the_threshold(pki: Pki) -> None:
     second = Wire(ep, client(pki), addr=("198.51.100.9", 1234))
     second.run()
     assert ep.stats.retries == 2
+
+
+def test_a_retried_initial_is_retried_again_after_the_load(pki: Pki) -> None:
+    """A client's first Initial gets a Retry under load; its retransmission (same
+    destination CID, no token) may arrive once the load is gone. Accepted, it would make a
+    connection the client has already left for the Retry's: 128 concurrent connects made
+    57 such orphans, each holding a slot until the handshake timeout. It gets the Retry
+    again; other clients are not affected, and the memory ends with the handshake
+    timeout."""
+    ep = endpoint(pki, retry_threshold=2, handshake_timeout=10.0)
+    c = client(pki)
+    c.connect(SERVER, now=1000.0)
+    (initial, _), = c.datagrams_to_send(1000.0)
+    ep.handshakes_in_progress = 2  # under load
+    assert len(feed_datagram(ep, initial, 1000.0, CLIENT)) == 1
+    ep.handshakes_in_progress = 0  # the load has passed, a new one-second window
+    assert len(feed_datagram(ep, initial, 1002.0, CLIENT)) == 1
+    assert ep.stats.retries == 2 and len(ep.routes) == 0
+    other = Wire(ep, client(pki), addr=("198.51.100.3", 4000))
+    assert any(isinstance(e, HandshakeCompleted) for e in handshake(other))
+    assert ep.stats.retries == 2
+    feed_datagram(ep, initial, 1013.0, CLIENT)  # past the handshake timeout: forgotten
+    assert ep.stats.retries == 2 and ep.stats.connections_total == 2
+
+
+def test_the_retry_memory_is_bounded(pki: Pki) -> None:
+    ep = endpoint(pki, retry_threshold=0)
+    junk = [b"\xc3\x00\x00\x00\x01\x08" + os.urandom(8) + b"\x08" + os.urandom(8)
+            + b"\x00\x44\xb0" + os.urandom(1200) for _ in range(RETRY_MEMORY_ENTRIES + 10)]
+    for data in junk:
+        assert len(feed_datagram(ep, data, 1000.0)) == 1
+    assert len(ep._retried) == RETRY_MEMORY_ENTRIES
 
 
 def test_forged_token_is_dropped(pki: Pki) -> None:
