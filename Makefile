@@ -32,6 +32,7 @@ conformance: $(STAMP)
 # Proves the benchmark commands work; the figures are not checked (never timed in CI).
 bench-smoke: $(STAMP)
 	$(BIN)/nnrp-gateway bench codec --quick > /dev/null
+	$(BIN)/nnrp-gateway bench wire --quick > /dev/null
 	$(BIN)/nnrp-gateway bench run --quick --out out/bench-quick > /dev/null
 	@echo "bench --quick: ok (out/bench-quick/summary.md)"
 	$(BIN)/nnrp-gateway bench soak --streams 200 --seconds 30 --out out/soak

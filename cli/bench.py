@@ -39,13 +39,13 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     if as_json:
         typer.echo(json.dumps(document, indent=2))
         return
-    typer.echo(f"{'figure':<68} {'value':>12}  {'goal':>10}  {'met':>4}  baseline")
+    typer.echo(f"{'figure':<80} {'value':>12}  {'goal':>10}  {'met':>4}  baseline")
     for figure in figures:
         goal = "" if figure.goal is None else f"{figure.goal:g}"
         met = {True: "yes", False: "NO", None: ""}[figure.goal_met]
         baseline = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio {figure.ratio:.2f})"
                     if figure.baseline else "")
-        typer.echo(f"{figure.name:<68} {figure.value:>9.2f} {figure.unit:<3} {goal:>10}  "
+        typer.echo(f"{figure.name:<80} {figure.value:>9.2f} {figure.unit:<3} {goal:>10}  "
                    f"{met:>4}  {baseline}")
         if figure.spread:
             typer.echo(f"{'':<4}{figure.spread}")
@@ -66,7 +66,8 @@ def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> Non
 
 @bench_app.command("wire")
 def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
-    """Round trips/s, events/s to one client, memory per idle session (real sockets)."""
+    """Round trips/s, events/s to one client, memory per idle session and connection
+    (real sockets; TCP, and QUIC beside it with the TCP figure as its baseline)."""
     import trio
 
     from gateway.tools.bench._wire import run_wire_bench
