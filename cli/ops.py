@@ -7,12 +7,13 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 if TYPE_CHECKING:
-    from gateway.tools.client import ClientOperation
+    from gateway.tools.client import ClientOperation, Trust
 
 AdminUrl = Annotated[str, typer.Option(envvar="NNRP_GATEWAY_ADMIN_URL",
                                        help="Base URL of the gateway's admin listener.")]
@@ -91,30 +92,34 @@ def chat(prompt: Annotated[str | None, typer.Argument(
          = "tcp://127.0.0.1:7700",
          model: Annotated[str, typer.Option()] = "example-model",
          max_tokens: Annotated[int | None, typer.Option()] = None,
-         usage: Annotated[bool, typer.Option(help="Ask for and show token usage.")] = True) -> None:
+         usage: Annotated[bool, typer.Option(help="Ask for and show token usage.")] = True,
+         ca_file: Annotated[Path | None, typer.Option(
+             "--ca-file", exists=True, dir_okay=False,
+             help="PEM trust anchor for tcps://, wss:// and quic:// (the server's "
+                  "certificate or its CA; default: the system's store).")] = None) -> None:
     """Chat over NNRP from a terminal: streams text, shows tool calls and usage; Ctrl-C
     during an answer sends a real CANCEL (the gateway aborts vLLM's request)."""
     import trio
 
     from gateway.observe import configure_logging
-    from gateway.tools.client import ClientError
+    from gateway.tools.client import ClientError, Trust
 
     configure_logging(level="warning", to_stderr=True)
     try:
-        trio.run(_chat, prompt, endpoint, model, max_tokens, usage)
+        trio.run(_chat, prompt, endpoint, model, max_tokens, usage, Trust(ca_file))
     except (ClientError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
 
 
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
-                usage: bool) -> None:
+                usage: bool, trust: Trust) -> None:
     import trio
 
     from gateway.tools.client import connect
 
     history: list[dict[str, Any]] = []
-    async with connect(endpoint) as client:
+    async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
         session = await client.open_session()
         while True:
             text = prompt if prompt is not None else await trio.to_thread.run_sync(_ask)

@@ -281,3 +281,24 @@ async def test_default_policy_with_tcp_and_quic_picks_the_faster_probe(
     # Each probe is a connection of its own: one on each listener, then the session's.
     assert quic_listener.stats.connections_total == 1
     assert server.stats.connections_total == 3
+
+
+async def test_chat_command_over_quic_trusts_the_ca_file(
+        quic_stack: tuple[Stack, Pki]) -> None:
+    """`nnrp-gateway chat --endpoint quic://... --ca-file cert.pem`: the terminal client
+    (the project's aioquic client) trusts the listener's self-signed certificate; without
+    the file the system's store refuses it, a one-line error."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    stack, pki = quic_stack
+    chat_args = ["chat", "Hello there", "--endpoint", stack.uri("quic"), "--max-tokens", "4"]
+    with trio.fail_after(30):
+        trusted = await trio.to_thread.run_sync(
+            CliRunner().invoke, app, [*chat_args, "--ca-file", str(pki.cert)])
+        untrusted = await trio.to_thread.run_sync(CliRunner().invoke, app, chat_args)
+    assert trusted.exit_code == 0, trusted.output
+    assert "The quick brown fox" in trusted.output
+    assert untrusted.exit_code == 1
+    assert "error:" in untrusted.output and "Traceback" not in untrusted.output
