@@ -1,0 +1,18 @@
+"""Suite-wide fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+
+@pytest.fixture(autouse=True)
+def fresh_logging_configuration() -> Iterator[None]:
+    """Each test starts from structlog's defaults. A CLI command run in-process (CliRunner:
+    bench, conformance, chat) calls configure_logging(level="warning"); left in place, its
+    level filter drops the info lines (the canonical ``operation`` line) that a later
+    test's structlog.testing.capture_logs() waits for, which keeps only the processors."""
+    yield
+    structlog.reset_defaults()
