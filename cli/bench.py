@@ -251,6 +251,10 @@ def soak_command(
         if stretch is not None:
             typer.echo(f"  offered {report.offered_events_per_s:.0f} events/s; an operation "
                        f"took {stretch:.2f}x its nominal time (p50; near 1: carried)")
+        delay = report.as_dict()["event_delay_ms"]
+        if delay:
+            typer.echo(f"  event delay, backend write -> client: p50 {delay['p50']} ms, "
+                       f"p99 {delay['p99']} ms, p99.9 {delay['p999']} ms")
         for cause, count in sorted(report.error_causes.items()):
             typer.echo(f"  {count} x {cause}")
         for sample in report.samples[:: max(1, len(report.samples) // 10)]:

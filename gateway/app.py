@@ -25,7 +25,7 @@ from gateway import residence
 from gateway.nnrp import ServerConfig
 from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
-from gateway.profile import capability_document, runtime_tokens
+from gateway.profile import Listener, capability_document, runtime_tokens
 from gateway.server import (
     AlpnPolicy,
     BoundEndpoint,
@@ -169,7 +169,11 @@ class Gateway:
             tool_calls=self.config.tool_calls,
             priority_scheduling=self.config.pipeline.priority_scheduling,
             vllm_version=info.version if info else None,
-            backend_family=info.binding.family if info else None)
+            backend_family=info.binding.family if info else None,
+            listeners=tuple(
+                Listener(e.transport, e.uri,
+                         self.config.quic_alpn if e.transport == "quic" else None)
+                for e in self.endpoints))
 
     async def run(self, *, task_status: trio.TaskStatus[list[BoundEndpoint]]
                   = trio.TASK_STATUS_IGNORED) -> None:

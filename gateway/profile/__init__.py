@@ -5,6 +5,7 @@ from . import _events as events
 from ._capabilities import (
     EXTENSIONS as EXTENSIONS,
     RUNTIME_TOKENS as RUNTIME_TOKENS,
+    Listener as Listener,
     capability_document as capability_document,
     runtime_tokens as runtime_tokens,
 )

@@ -2,7 +2,9 @@
 
 Shape (reference-adapter.md section 6; schema api-profile-capabilities): profile,
 schema_version, compatibility_levels [1], operations with streaming / non_streaming /
-tool_calls / cancellation, models, extensions. ``tool_calls`` is true only when the
+tool_calls / cancellation, models, extensions; beside them, as the project's own keys,
+``backend`` (vLLM's version and binding) and ``nnrp`` (the runtime-control tokens and
+every bound listener, quic:// included). ``tool_calls`` is true only when the
 operator declares that vLLM runs with a tool parser (``--enable-auto-tool-choice
 --tool-call-parser``): a sidecar cannot see vLLM's flags.
 
@@ -51,12 +53,24 @@ class Backend:
 
 
 @attrs.frozen
+class Listener:
+    """One bound NNRP listener: where a client reaches this gateway, over what."""
+
+    transport: str
+    uri: str
+    #: quic:// only: the ALPN policy (none, nnrp/1, any); the certificate is in the
+    #: target manifest's security block.
+    alpn: str | None = None
+
+
+@attrs.frozen
 class Runtime:
-    """The NNRP runtime-control layer served beside the profile."""
+    """The NNRP runtime-control layer served beside the profile, and its listeners."""
 
     protocol: str
     runtime_tokens: tuple[str, ...]
     priority_scheduling: bool
+    listeners: tuple[Listener, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -103,6 +117,8 @@ EXTENSIONS = (
 )
 
 _converter = cattrs.Converter()
+_converter.register_unstructure_hook(Listener, make_dict_unstructure_fn(
+    Listener, _converter, alpn=override(omit_if_default=True)))
 _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
     CapabilityDocument, _converter, schema=override(rename="$schema"),
     backend=override(omit_if_default=True), nnrp=override(omit_if_default=True)))
@@ -110,7 +126,8 @@ _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_f
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
                         vllm_version: str | None = None, backend_family: str | None = None,
-                        priority_scheduling: bool | None = None) -> dict[str, Any]:
+                        priority_scheduling: bool | None = None,
+                        listeners: tuple[Listener, ...] = ()) -> dict[str, Any]:
     document = CapabilityDocument(
         adapter=adapter,
         operations=(OperationCapabilities(CHAT_COMPLETIONS, streaming=True, non_streaming=True,
@@ -120,7 +137,7 @@ def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bo
         backend=(Backend("vllm", vllm_version, backend_family)
                  if vllm_version is not None else None),
         nnrp=(Runtime("nnrp-1-preview4", tuple(sorted(runtime_tokens(
-            priority_scheduling=priority_scheduling))), priority_scheduling)
+            priority_scheduling=priority_scheduling))), priority_scheduling, listeners)
             if priority_scheduling is not None else None))
     data: dict[str, Any] = _converter.unstructure(document)
     return data

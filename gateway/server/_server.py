@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.server")
 
 
+#: Refused connections (SERVER_BUSY) left open for their client to close, at most at once.
+REFUSALS_LINGERING = 64
+
 @attrs.frozen
 class BoundEndpoint:
     """A listener after binding: the URI clients use (port 0 resolved)."""
@@ -76,6 +79,7 @@ class GatewayServer:
         self.config = config or ServerConfig()
         self.limits = limits or ConnectionLimits()
         self.max_connections = max_connections
+        self._refusals_lingering = 0
         self.refusal = refusal
         self.ssl_context = ssl_context
         self.quic = quic
@@ -256,9 +260,16 @@ class GatewayServer:
                                                           trio.ClosedResourceError):
             await transport.send([reply])
             # Let the client read it and close first (NNRP has no GOAWAY: a client that
-            # meets the end of stream before its poll may lose the frame): bounded.
-            while await transport.receive() is not None:
-                pass
+            # meets the end of stream before its poll may lose the frame): bounded in
+            # time, and in number, so a storm of refused connections cannot hold more
+            # than REFUSALS_LINGERING sockets for that second.
+            if self._refusals_lingering < REFUSALS_LINGERING:
+                self._refusals_lingering += 1
+                try:
+                    while await transport.receive() is not None:
+                        pass
+                finally:
+                    self._refusals_lingering -= 1
         await transport.aclose()
 
 

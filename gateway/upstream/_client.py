@@ -20,6 +20,7 @@ terminator) on the way out of ``chunks``, so its connection goes back to its slo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator
@@ -290,7 +291,9 @@ class BodyChunks:
         sock = network_stream.get_extra_info("socket") if network_stream else None
         if sock is None:
             return False
-        sock.close()
+        # It runs in the connection's reader task: a failure here must not end that.
+        with contextlib.suppress(OSError):
+            sock.close()
         return True
 
     async def read_trailer(self, *, max_bytes: int = 4096) -> bool:

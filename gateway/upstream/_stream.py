@@ -58,6 +58,8 @@ class ChunkStream:
 
     def __init__(self, body: ByteChunks, *, first_chunk_deadline: float,
                  first_chunk_timeout: float, idle_timeout: float, max_event: int) -> None:
+        if idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive, not {idle_timeout}")
         self._body = body
         self._first_chunk_timeout = first_chunk_timeout
         self._idle_timeout = idle_timeout
@@ -65,6 +67,7 @@ class ChunkStream:
         self._first_chunk_deadline = first_chunk_deadline
         #: The pending read's deadline (trio clock); inf while nothing is being read.
         self._read_deadline = math.inf
+        self._clocked = False  # inside clocks(): without it no deadline would hold
         #: When (trio clock) the first body bytes arrived; None until then.
         self.first_byte_at: float | None = None
         #: vLLM said ``data: [DONE]``: the answer is complete.
@@ -80,10 +83,18 @@ class ChunkStream:
             nonlocal expired
             while True:
                 now = trio.current_time()
-                if self._read_deadline <= now:  # a read still pending at its deadline
-                    expired = True
-                    scope.cancel()
-                    return
+                pending = self._read_deadline
+                if pending <= now:
+                    # The read may have been woken with vLLM's bytes in this same pass of
+                    # the scheduler without having run yet (a deadline scope around the
+                    # read would not fire then either): let it run first. Every task made
+                    # runnable before now runs before this one runs again.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if self._read_deadline == pending:  # the same read, still pending
+                        expired = True
+                        scope.cancel()
+                        return
+                    continue
                 # Never sleep past a deadline: the pending read's, the first read's (it
                 # may begin any time), or now + idle, before which no read begun from
                 # now on can end.
@@ -92,6 +103,7 @@ class ChunkStream:
                     wake = min(wake, self._first_chunk_deadline)
                 await trio.sleep_until(wake)
 
+        self._clocked = True
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watchdog, nursery.cancel_scope)
@@ -107,7 +119,8 @@ class ChunkStream:
             leaves = group.exceptions if others is None else others.exceptions
             if len(leaves) != 1:
                 raise
-            raise leaves[0] from None
+            leaf = leaves[0]
+            raise leaf from leaf.__cause__  # its own cause kept, the group left out
         if expired:
             if self.first_byte_at is None:
                 raise UpstreamTimeout("first_chunk", self._first_chunk_timeout)
@@ -140,6 +153,8 @@ class ChunkStream:
         raise StopAsyncIteration
 
     async def _read(self) -> bytes:
+        if not self._clocked:
+            raise RuntimeError("ChunkStream read outside its clocks(): no deadline holds")
         if self.first_byte_at is None:
             deadline = self._first_chunk_deadline
             if deadline <= trio.current_time():

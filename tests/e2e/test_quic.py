@@ -302,3 +302,29 @@ async def test_chat_command_over_quic_trusts_the_ca_file(
     assert "The quick brown fox" in trusted.output
     assert untrusted.exit_code == 1
     assert "error:" in untrusted.output and "Traceback" not in untrusted.output
+
+
+async def test_the_capability_document_lists_every_listener_quic_included(
+        quic_stack: tuple[Stack, Pki]) -> None:
+    """The document a client reads over any transport (here over QUIC) names where the
+    gateway listens; the certificate of quic:// is in the target manifest."""
+    stack, pki = quic_stack
+
+    def scenario() -> dict[str, Any]:
+        with native_connection("quic", stack.uri("quic"), trusted_der=pki.der) as connection:
+            session = open_session(connection)
+            session.submit_operation(openai_submit(1, 1, json.dumps({
+                "schema_version": "openai-compatible/1",
+                "operation": "gateway.capabilities"}).encode()))
+            events = frames(poll_until(session, terminal(1), timeout=15), 1)
+            session.close()
+        payload = events[-1]["payload"]
+        return dict(payload if isinstance(payload, dict) else json.loads(payload))
+
+    with trio.fail_after(30):
+        document = await trio.to_thread.run_sync(scenario)
+    listeners = document["body"]["nnrp"]["listeners"]
+    assert {"transport": "quic", "uri": stack.uri("quic"), "alpn": "none"} in listeners
+    assert {"transport": "tcp", "uri": stack.uri("tcp")} in listeners
+    assert {listener["transport"] for listener in listeners} == {"tcp", "ipc", "websocket",
+                                                                 "quic"}

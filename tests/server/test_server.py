@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -182,9 +183,14 @@ async def test_garbage_in_session_sends_fatal_error_and_spares_others(
 
 
 async def test_a_fatal_error_leaves_the_connection_for_the_client_to_close(
-        running: RunningServer, raw_connect: RawConnect) -> None:
+        running: RunningServer, raw_connect: RawConnect,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17: after the fatal ERROR the server does not close first (no GOAWAY in
-    NNRP: a client may not have read the ERROR yet); it closes once the client has."""
+    NNRP: a client may not have read the ERROR yet); it closes once the client has
+    (the bound is made 30 s here: the close must follow the client's, not the clock)."""
+    from gateway.server import _connection
+
+    monkeypatch.setattr(_connection, "FAILURE_LINGER", 30.0)
     bad = await raw_connect(running.uri())
     await bad.send_all(nnrp.ClientConnection().hello())
     await bad.send_all(b"NNRP\x01\x00\x20\x28" + b"\xff" * 32)  # reserved flags
@@ -269,6 +275,40 @@ async def test_connection_limit_refuses_fast(nursery: trio.Nursery, socket_dir: 
         events = await collect(await session.submit(script(events=2)))
         assert isinstance(events[-1], nnrp.ResultReceived)
     assert running.server.stats.connections_refused == 1
+
+
+async def test_a_refused_connection_lingers_for_its_client_within_a_bound(
+        nursery: trio.Nursery, socket_dir: Any, raw_connect: RawConnect,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SERVER_BUSY, then the client closes first (it may not have read the ERROR yet),
+    up to a second; but at most REFUSALS_LINGERING refused sockets wait at once: past
+    that a refusal closes right after its ERROR (a connection storm holds no more)."""
+    from gateway.server import _server
+
+    monkeypatch.setattr(_server, "REFUSALS_LINGERING", 1)
+    running = await start_server(nursery, socket_dir, max_connections=1)
+
+    async def refused() -> tuple[Any, bytes]:
+        stream = await raw_connect(running.uri())
+        await stream.send_all(nnrp.ClientConnection().hello())
+        data = b""
+        with trio.fail_after(5):
+            while b"connection limit" not in data:
+                data += await stream.receive_some(65536)
+        return stream, data
+
+    async with connect(running.uri()):
+        lingering, _ = await refused()
+        with trio.move_on_after(0.3) as still_open:
+            await lingering.receive_some(65536)
+        assert still_open.cancelled_caught
+        closed_at_once, _ = await refused()  # the one lingering slot is taken
+        # The end of stream, or a reset (closed with what we sent unread): closed at once.
+        with trio.fail_after(0.9), contextlib.suppress(trio.BrokenResourceError):
+            assert await closed_at_once.receive_some(65536) == b""
+        await closed_at_once.aclose()
+        await lingering.aclose()
+    assert running.server.stats.connections_refused == 2
 
 
 async def test_in_flight_limit_refusal_is_answered_on_its_frame(nursery: trio.Nursery,

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.upstream import ChunkStream, UpstreamMalformed, UpstreamTimeout
 
@@ -107,3 +108,86 @@ async def test_an_outer_cancel_alone_is_delivered_to_its_scope() -> None:
     with trio.move_on_after(0.05) as outer:
         await consume(chunks)
     assert outer.cancelled_caught
+
+
+class GatedBody:
+    """A first chunk at once, then a read parked (like a socket read) until ``gate``."""
+
+    def __init__(self) -> None:
+        self.gate = trio.Event()
+        self.reads = 0
+
+    def __aiter__(self) -> GatedBody:
+        return self
+
+    def abort(self) -> bool:
+        return False
+
+    async def __anext__(self) -> bytes:
+        self.reads += 1
+        if self.reads == 1:
+            return CHUNK
+        if self.reads == 2:
+            await self.gate.wait()
+            return CHUNK + DONE
+        raise StopAsyncIteration
+
+
+def test_bytes_that_came_before_the_deadline_win_over_it() -> None:
+    """vLLM's bytes arrive 1 ms before the idle deadline, and the deadline passes before
+    the reading task has run: not a timeout (the reader was woken in time). trio runs a
+    batch of woken tasks in either order, so this runs it many times."""
+
+    async def one(clock: trio.testing.MockClock) -> str:
+        body = GatedBody()
+        chunks = ChunkStream(body, first_chunk_deadline=trio.current_time() + 10,
+                             first_chunk_timeout=10, idle_timeout=5, max_event=4096)
+        result = "ok"
+
+        async def consume() -> None:
+            nonlocal result
+            try:
+                await consume_all(chunks)
+            except UpstreamTimeout as timeout:
+                result = f"timeout {timeout.kind}"
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await trio.testing.wait_all_tasks_blocked()  # the second read is parked
+            clock.jump(4.999)
+            await trio.testing.wait_all_tasks_blocked()
+            body.gate.set()  # the bytes, 1 ms before the deadline...
+            clock.jump(0.002)  # ...which passes before the reader has run
+        return result
+
+    results = set()
+    for _ in range(40):
+        clock = trio.testing.MockClock()
+        results.add(trio.run(one, clock, clock=clock))
+    assert results == {"ok"}
+
+
+async def consume_all(chunks: ChunkStream) -> None:
+    async with chunks.clocks():
+        async for _ in chunks:
+            await trio.lowlevel.checkpoint()
+
+
+async def test_reading_outside_the_clocks_is_refused() -> None:
+    chunks = stream(PacedBody((0, CHUNK)), first_chunk=60, idle=60)
+    with pytest.raises(RuntimeError, match="outside its clocks"):
+        await chunks.__anext__()
+
+
+async def test_leaving_early_stops_the_watchdog(autojump_clock: object) -> None:
+    chunks = stream(PacedBody((0, CHUNK), (0, CHUNK), (100, CHUNK)), first_chunk=1, idle=1)
+    async with chunks.clocks():
+        async for _ in chunks:
+            break  # the consumer leaves; no timeout may follow it out of the block
+    await trio.sleep(10)  # nothing left running would fire now
+
+
+def test_a_clock_must_run() -> None:
+    with pytest.raises(ValueError, match="idle_timeout"):
+        ChunkStream(PacedBody(), first_chunk_deadline=0, first_chunk_timeout=1,
+                    idle_timeout=0, max_event=4096)

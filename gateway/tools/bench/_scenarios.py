@@ -228,7 +228,7 @@ def _residence_spread(residence: dict[str, Any]) -> str:
     per_read = residence.get("events_per_read")
     return (f"residence p50/p99 {residence.get('p50_us') or 0:.0f}/"
             f"{residence.get('p99_us') or 0:.0f} us over {residence.get('events')} events, "
-            f"{per_read or 0:.2f} events per upstream read")
+            f"{per_read or 0:.2f} events per HTTP body chunk read")
 
 
 async def _direct_fan_out(url: str, streams: int, request_prefix: str,
@@ -290,14 +290,18 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
                     f"residence in the gateway p{p}, {streams} stream(s)", measured, "us",
                     baseline=added, baseline_name="added event latency",
                     spread=_residence_spread(residence)))
-        figures.append(_cpu_figure(cpu, len(via), streams, "paced", residence))
+        # Judged against its goal in ``cost``, where the pacing is the same at 256 streams.
+        figures.append(_cpu_figure(cpu, len(via), streams, "latency run, paced 10 ms",
+                                   residence, judged=False))
     return figures
 
 
 def _cpu_figure(cpu: float, events: int, streams: int, shape: str,
-                residence: dict[str, Any]) -> Figure:
-    """Gateway CPU (from /proc, 10 ms ticks) per streamed event."""
-    goal = 10.0 if streams == 256 and shape == "paced" else None
+                residence: dict[str, Any], *, judged: bool = True) -> Figure:
+    """Gateway CPU (from /proc, 10 ms ticks) per streamed event, over the whole run of
+    the streams: each request's setup and terminal and the background work (health
+    checks) are in it, a few microseconds an event at 256 streams."""
+    goal = 10.0 if judged and streams == 256 and shape == "paced" else None
     return Figure(f"gateway CPU per event, {streams} stream(s), {shape}",
                   cpu / max(events, 1) * 1e6, "us", goal=goal,
                   spread=f"{cpu:.2f} CPU s for {events} events; " + _residence_spread(residence))

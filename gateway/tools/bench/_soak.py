@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from gateway.tools.client import ClientError
 from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
 
 TOKENS_PER_OPERATION = 40
+#: Every this many events of each operation, one event's delay is sampled (bounded).
+DELAY_SAMPLE_EVERY = 8
+MAX_DELAY_SAMPLES = 1 << 20
 
 
 def warm_up_seconds(seconds: float) -> float:
@@ -59,6 +63,19 @@ class SoakReport:
     token_interval_ms: float = 20.0
     #: Seconds each completed operation took, submit to terminal.
     durations: list[float] = attrs.field(factory=list)
+    #: Sampled events' delay (ms), the backend's write -> here: lag in mid-operation,
+    #: which an operation's duration hides when the backend catches up on its schedule.
+    delays_ms: list[float] = attrs.field(factory=list)
+
+    def event_delay(self, body: bytes) -> None:
+        """A timestamped token's delay (the replay writes its send time as the text)."""
+        now = time.monotonic_ns()
+        try:
+            sent = int(json.loads(body)["delta"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if len(self.delays_ms) < MAX_DELAY_SAMPLES:
+            self.delays_ms.append((now - sent) / 1e6)
 
     @property
     def rss_growth(self) -> float:
@@ -94,7 +111,12 @@ class SoakReport:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / nominal
 
     def as_dict(self) -> dict[str, Any]:
-        document = attrs.asdict(self, filter=lambda field, _: field.name != "durations")
+        document = attrs.asdict(self, filter=lambda field, _: field.name not in (
+            "durations", "delays_ms"))
+        delays = sorted(self.delays_ms)
+        document["event_delay_ms"] = {
+            f"p{round(q * 100)}": round(delays[min(len(delays) - 1, int(q * len(delays)))], 2)
+            for q in (0.5, 0.99, 0.999)} if delays else None
         stretch = {f"p{round(q * 100)}": self.stretch(q) for q in (0.5, 0.99)}
         document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted,
                         offered_events_per_s=round(self.offered_events_per_s),
@@ -161,6 +183,9 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                     terminal = None
                     async for event in operation.events():
                         terminal = event
+                        if (isinstance(event, nnrp.PartialReceived)
+                                and event.sequence % DELAY_SAMPLE_EVERY == 0):
+                            report.event_delay(event.body)
                     if isinstance(terminal, nnrp.ResultReceived):
                         kind, message = _terminal(terminal)
                         retry_ms = operation.retry_after_ms
