@@ -254,7 +254,7 @@ def soak_command(
         delay = report.as_dict()["event_delay_ms"]
         if delay:
             typer.echo(f"  event delay, backend write -> client: p50 {delay['p50']} ms, "
-                       f"p99 {delay['p99']} ms, p99.9 {delay['p999']} ms")
+                       f"p99 {delay['p99']} ms, p99.9 {delay['p99.9']} ms")
         for cause, count in sorted(report.error_causes.items()):
             typer.echo(f"  {count} x {cause}")
         for sample in report.samples[:: max(1, len(report.samples) // 10)]:

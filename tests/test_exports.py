@@ -52,8 +52,8 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.profile": (
         "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES "
-        "EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS NnrpPolicy Outcome ProfileError "
-        "Push RUNTIME_TOKENS SCHEMA_VERSION Silent TOKEN_COMPLETION Terminal "
+        "EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS Listener NnrpPolicy Outcome "
+        "ProfileError Push RUNTIME_TOKENS SCHEMA_VERSION Silent TOKEN_COMPLETION Terminal "
         "capability_document check_typed_body events is_token_request parse_envelope "
         "runtime_tokens token_prompt "
     ),

@@ -115,8 +115,8 @@ class SoakReport:
             "durations", "delays_ms"))
         delays = sorted(self.delays_ms)
         document["event_delay_ms"] = {
-            f"p{round(q * 100)}": round(delays[min(len(delays) - 1, int(q * len(delays)))], 2)
-            for q in (0.5, 0.99, 0.999)} if delays else None
+            name: round(delays[min(len(delays) - 1, int(q * len(delays)))], 2)
+            for name, q in (("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999))} if delays else None
         stretch = {f"p{round(q * 100)}": self.stretch(q) for q in (0.5, 0.99)}
         document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted,
                         offered_events_per_s=round(self.offered_events_per_s),
