@@ -58,12 +58,12 @@ PUBLIC: dict[str, str] = {
         "runtime_tokens token_prompt "
     ),
     "gateway.upstream": (
-        "BINDINGS Binding ChunkStream RequestFieldError ResponseShape SSEDecoder SSEError "
-        "SSEEvent SUPPORTED_BAND TEXT_COMPLETION_PATH UnsupportedVersion UpstreamConfig "
-        "UpstreamError UpstreamMalformed UpstreamOverloaded UpstreamStatus UpstreamTimeout "
-        "UpstreamUnavailable VllmClient VllmInfo check_chunk is_streaming lax_bool lax_int "
-        "output_token_limit parse_chunk parse_completion select_binding to_profile_error "
-        "usage_requested "
+        "BINDINGS Binding CHAT_PATH ChunkStream RequestFieldError ResponseShape SSEDecoder "
+        "SSEError SSEEvent SUPPORTED_BAND TEXT_COMPLETION_PATH UnsupportedVersion "
+        "UpstreamConfig UpstreamError UpstreamMalformed UpstreamOverloaded UpstreamStatus "
+        "UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk is_streaming "
+        "lax_bool lax_int output_token_limit parse_chunk parse_completion select_binding "
+        "to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
         "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "

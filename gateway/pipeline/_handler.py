@@ -50,6 +50,7 @@ from gateway.profile import (
     token_prompt,
 )
 from gateway.upstream import (
+    CHAT_PATH,
     TEXT_COMPLETION_PATH,
     RequestFieldError,
     UpstreamError,
@@ -141,7 +142,7 @@ class ChatPipeline:
                         include_openai_chunk=envelope.policy.include_openai_chunk)
                     body = await self._stream(op, request, translator)
                 else:
-                    body = await self._unary(op, request)  # vLLM's body, as vLLM sent it
+                    body = await self._unary(op, request.body, request.headers)
             if body is None:
                 raise UpstreamTimeout("total", total)
             await self._complete(op, ev.completed(body))
@@ -205,21 +206,7 @@ class ChatPipeline:
         if parent is not None:
             headers["traceparent"] = parent
         notes.request_id, notes.stream, notes.traceparent = request_id, False, parent
-        notes.upstream_started = trio.current_time()
-        op.stage(Stage.EXECUTING)
-        answer: dict[str, Any] | None = None
-        try:
-            with trio.move_on_after(self.limits.first_chunk_timeout):
-                answer = await self.client.completion(body, headers,
-                                                      path=TEXT_COMPLETION_PATH)
-        finally:
-            notes.upstream_closed = trio.current_time()
-        if answer is None:
-            raise UpstreamTimeout("first_chunk", self.limits.first_chunk_timeout)
-        notes.upstream_status = 200
-        usage = answer.get("usage")
-        notes.usage = usage if isinstance(usage, dict) else None
-        op.stage(Stage.FINALIZING)
+        answer = await self._unary(op, body, headers, path=TEXT_COMPLETION_PATH)
         text = "".join(choice.get("text") or "" for choice in answer["choices"]
                        if isinstance(choice, dict))
         await op.close(EndCause.COMPLETED, text.encode("utf-8"), frame=TOKEN_TEXT_FRAME)
@@ -261,25 +248,28 @@ class ChatPipeline:
             await op.emit(ev.encode_event(event))
         return translator.completed_body()
 
-    async def _unary(self, op: Operation, request: UpstreamRequest) -> dict[str, Any]:
+    async def _unary(self, op: Operation, body: dict[str, Any], headers: dict[str, str], *,
+                     path: str = CHAT_PATH) -> dict[str, Any]:
+        """A non-streaming exchange (chat, or the token profile's text completion):
+        vLLM's checked body, as vLLM sent it."""
         notes = op.notes
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
-        body: dict[str, Any] | None = None
+        answer: dict[str, Any] | None = None
         try:
             # vLLM answers a non-streaming request only when it has finished: the
             # first-chunk clock bounds the whole exchange.
             with trio.move_on_after(self.limits.first_chunk_timeout):
-                body = await self.client.completion(request.body, request.headers)
+                answer = await self.client.completion(body, headers, path=path)
         finally:
             notes.upstream_closed = trio.current_time()
-        if body is None:
+        if answer is None:
             raise UpstreamTimeout("first_chunk", self.limits.first_chunk_timeout)
         notes.upstream_status = 200
-        usage = body.get("usage")
+        usage = answer.get("usage")
         notes.usage = usage if isinstance(usage, dict) else None
         op.stage(Stage.FINALIZING)
-        return body
+        return answer
 
     # ------------------------------------------------------------------ terminals
 

@@ -7,6 +7,7 @@ from ._chunks import (
     parse_completion as parse_completion,
 )
 from ._client import (
+    CHAT_PATH as CHAT_PATH,
     TEXT_COMPLETION_PATH as TEXT_COMPLETION_PATH,
     UpstreamConfig as UpstreamConfig,
     VllmClient as VllmClient,
