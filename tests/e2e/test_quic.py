@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import structlog
@@ -35,10 +35,14 @@ from gateway.tools.replay import ReplayServer
 from tests.support.native import native_connection, open_session, openai_submit, poll_until
 from tests.support.quic import Pki, aioquic_client, start_quic_stack, until
 from tests.support.scenarios import CHAT_SCENARIOS, request_for
-from tests.support.stack import Stack, chat, envelope, run_operation
-
-if TYPE_CHECKING:
-    from gateway.observe import ObservationRecord
+from tests.support.stack import (
+    Stack,
+    chat,
+    envelope,
+    metric_samples,
+    records_of,
+    run_operation,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -52,23 +56,6 @@ def terminal(frame_id: int) -> Any:
 
 def frames(events: list[dict[str, Any]], frame_id: int) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] != "lifecycle" and e["frame_id"] == frame_id]
-
-
-def records_of(stack: Stack) -> list[ObservationRecord]:
-    records: list[ObservationRecord] = []
-    observe = stack.gateway.metrics.observe
-
-    def spy(record: ObservationRecord) -> None:
-        records.append(record)
-        observe(record)
-
-    stack.gateway.metrics.observe = spy  # type: ignore[method-assign]
-    return records
-
-
-def samples(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in stack.gateway.metrics.registry.collect() for s in family.samples}
 
 
 @pytest.fixture
@@ -156,7 +143,7 @@ async def test_cancel_over_quic_closes_the_upstream_socket(
     (line,) = [line for line in logs if line["event"] == "operation"]
     assert (line["transport"], line["outcome"]) == ("quic", "cancelled")
     assert line["upstream_aborted"] is True
-    got = samples(stack)
+    got = metric_samples(stack.gateway.metrics.registry)
     assert got[("nnrp_gateway_requests_total", (("model_name", "example-model"),
                                                 ("outcome", "cancelled"),
                                                 ("transport", "quic")))] == 1

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import pytest
@@ -44,12 +44,15 @@ from nnrp.server.native import (
 from gateway import nnrp
 from gateway.pipeline import PipelineLimits
 from gateway.tools.replay import ReplayServer
-from tests.support.native import native_connection, open_session, openai_submit, poll_once
+from tests.support.native import (
+    native_connection,
+    open_session,
+    openai_submit,
+    poll_once,
+    poll_until,
+)
 from tests.support.quic import Pki, start_quic_stack
-from tests.support.stack import Stack, chat, envelope, start_stack
-
-if TYPE_CHECKING:
-    from gateway.observe import ObservationRecord
+from tests.support.stack import Stack, chat, envelope, records_of, start_stack
 
 pytestmark = pytest.mark.interop
 
@@ -232,18 +235,6 @@ def stack(quic_stack: tuple[Stack, Pki]) -> Stack:
     return quic_stack[0]
 
 
-def records_of(stack: Stack) -> list[ObservationRecord]:
-    records: list[ObservationRecord] = []
-    observe = stack.gateway.metrics.observe
-
-    def spy(record: ObservationRecord) -> None:
-        records.append(record)
-        observe(record)
-
-    stack.gateway.metrics.observe = spy  # type: ignore[method-assign]
-    return records
-
-
 @pytest.mark.parametrize("transport", ["tcp", "quic"])
 @pytest.mark.parametrize("name", list(CASES))
 async def test_each_client_api_against_the_gateway(quic_stack: tuple[Stack, Pki], name: str,
@@ -297,11 +288,9 @@ async def test_session_budget_caps_the_next_request(stack: Stack) -> None:
             connection.update_runtime_budget(session, operation_id=0, token_budget=4,
                                              flags=int(nnrp.BudgetFlag.REPLACE))
             session.submit_operation(openai_submit(1, 1, request(TOKENS, "capped")))
-            events: list[dict[str, Any]] = []
-            end = time.monotonic() + 15
-            while time.monotonic() < end and not any(
-                    e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
-                events += poll_once(session)
+            events = poll_until(session, lambda events: any(
+                e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events),
+                timeout=15)
             session.close()
             return events
 
@@ -328,11 +317,8 @@ async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Pat
         with native_connection("tcp", stack.uri()) as connection:
             session = asyncio.run(connection.open_session(options))
             session.submit_operation(submit)
-            events: list[dict[str, Any]] = []
-            end = time.monotonic() + 15
-            while time.monotonic() < end and not any(
-                    e["kind"] == "RESULT_PUSH" for e in events):
-                events += poll_once(session)
+            events = poll_until(session, lambda events: any(
+                e["kind"] == "RESULT_PUSH" for e in events), timeout=15)
             session.close()
             return events
 

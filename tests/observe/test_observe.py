@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import httpx
@@ -15,9 +15,7 @@ from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_reco
 from gateway.profile import EndCause, Outcome
 from gateway.server import CancelInfo, Operation, ServerStats
 from tests.support.ports import RecordingPort
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+from tests.support.stack import metric_samples
 
 
 def ended(cause: EndCause, **notes: Any) -> Operation:
@@ -80,11 +78,6 @@ async def test_the_record_can_be_built_for_the_terminal_about_to_go_out() -> Non
     assert build_record(op, EndCause.REQUEST_TIMEOUT).error_code == "request_timeout"
 
 
-def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in registry.collect() for s in family.samples}
-
-
 async def test_metrics_from_records_with_bounded_labels() -> None:
     metrics = GatewayMetrics()
     metrics.known_models = frozenset({"tiny"})
@@ -92,7 +85,7 @@ async def test_metrics_from_records_with_bounded_labels() -> None:
                                        usage={"prompt_tokens": 3, "completion_tokens": 5})))
     metrics.observe(build_record(ended(EndCause.BACKEND_ERROR, model="someone-elses")))
     metrics.observe(build_record(ended(EndCause.INVALID_BODY)))
-    got = samples(metrics.registry)
+    got = metric_samples(metrics.registry)
     prefix = "nnrp_gateway"
     assert got[(f"{prefix}_requests_total",
                 (("model_name", "tiny"), ("outcome", "ok"), ("transport", "ipc")))] == 1
@@ -115,7 +108,7 @@ def test_connection_counters_are_exported_at_scrape_time() -> None:
     metrics.attach(stats, lambda: ready[0])
     stats.connections_active, stats.inflight, stats.bytes_out = 2, 5, 1234
     ready[0] = True
-    got = samples(metrics.registry)
+    got = metric_samples(metrics.registry)
     assert got[("nnrp_gateway_connections_active", ())] == 2
     assert got[("nnrp_gateway_inflight_operations", ())] == 5
     assert got[("nnrp_gateway_bytes_total", (("direction", "out"),))] == 1234
@@ -129,7 +122,7 @@ def test_quic_listener_counters_are_exported_summed_over_listeners() -> None:
     metrics = GatewayMetrics()
     listeners: list[Any] = []
     metrics.attach_quic(lambda: listeners)
-    assert not any(name.startswith("nnrp_gateway_quic") for name, _ in samples(
+    assert not any(name.startswith("nnrp_gateway_quic") for name, _ in metric_samples(
         metrics.registry))  # no quic:// listener, no series
     first = QuicStats(datagrams_in=10, datagrams_out=7, garbage=3, retries=2,
                       refused_initials=1, handshake_timeouts=1, refused_streams=4,
@@ -138,7 +131,7 @@ def test_quic_listener_counters_are_exported_summed_over_listeners() -> None:
                        version_negotiations=1, connections_total=1)
     listeners += [SimpleNamespace(stats=first, connections_open=2, handshakes_in_progress=1),
                   SimpleNamespace(stats=second, connections_open=1, handshakes_in_progress=0)]
-    got = samples(metrics.registry)
+    got = metric_samples(metrics.registry)
     prefix = "nnrp_gateway_quic"
     assert got[(f"{prefix}_datagrams_total", (("direction", "in"),))] == 15
     assert got[(f"{prefix}_datagrams_total", (("direction", "out"),))] == 7

@@ -15,6 +15,9 @@ from gateway.app import Gateway, GatewayConfig
 from gateway.tools.replay import ReplayServer
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.observe import ObservationRecord
     from gateway.tools.client import ClientSession
 
 _ids = itertools.count(1)
@@ -92,3 +95,23 @@ async def start_stack(nursery: trio.Nursery, socket_dir: Path, *,
     with trio.fail_after(5):
         await gateway.probed.wait()
     return Stack(replay, gateway, nursery)
+
+
+def records_of(stack: Stack) -> list[ObservationRecord]:
+    """Every observation record the gateway makes from now on (it still logs and counts)."""
+    records: list[ObservationRecord] = []
+    observe = stack.gateway.metrics.observe
+
+    def spy(record: ObservationRecord) -> None:
+        records.append(record)
+        observe(record)
+
+    stack.gateway.metrics.observe = spy  # type: ignore[method-assign]
+    return records
+
+
+def metric_samples(registry: CollectorRegistry
+                   ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample in ``registry`` by (name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in registry.collect() for s in family.samples}
