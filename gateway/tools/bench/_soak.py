@@ -25,6 +25,7 @@ from gateway import nnrp
 from gateway.tools.client import ClientError
 
 from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
+from ._stats import percentile
 
 TOKENS_PER_OPERATION = 40
 #: Every this many events of each operation, one event's delay is sampled (bounded).
@@ -107,15 +108,14 @@ class SoakReport:
         if not self.durations:
             return None
         nominal = TOKENS_PER_OPERATION * self.token_interval_ms / 1000
-        ordered = sorted(self.durations)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / nominal
+        return percentile(self.durations, q) / nominal
 
     def as_dict(self) -> dict[str, Any]:
         document = attrs.asdict(self, filter=lambda field, _: field.name not in (
             "durations", "delays_ms"))
-        delays = sorted(self.delays_ms)
+        delays = self.delays_ms
         document["event_delay_ms"] = {
-            name: round(delays[min(len(delays) - 1, int(q * len(delays)))], 2)
+            name: round(percentile(delays, q), 2)
             for name, q in (("p50", 0.5), ("p99", 0.99), ("p99.9", 0.999))} if delays else None
         stretch = {f"p{round(q * 100)}": self.stretch(q) for q in (0.5, 0.99)}
         document.update(rss_growth=round(self.rss_growth, 4), accounted=self.accounted,
