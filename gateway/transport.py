@@ -15,6 +15,7 @@ Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, the T
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 from pathlib import Path
@@ -122,6 +123,17 @@ class PacketTransport(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def read_until_closed(transport: PacketTransport) -> None:
+    """Discard what the peer still sends until it closes, or its carrier breaks or sends
+    what NNRP cannot carry (a WebSocket text message): the caller's time bound decides
+    how long. Used where the server has said its last word (a fatal ERROR, a refusal)
+    and leaves the connection for the client to close first: NNRP has no GOAWAY."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                             TextMessageError):
+        while await transport.receive() is not None:
+            pass
 
 
 class StreamTransport:

@@ -14,7 +14,8 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.transport": (
         "Endpoint ListenError PacketTransport QuicClientOptions READ_SIZE StreamTransport "
-        "TextMessageError WebSocketTransport connect describe_peer parse_endpoint tune_tcp "
+        "TextMessageError WebSocketTransport connect describe_peer parse_endpoint "
+        "read_until_closed tune_tcp "
     ),
     "gateway.nnrp": (
         "Abort Backpressure BudgetFlag BudgetPolicy BudgetRequested BudgetUpdate CacheAck "

@@ -24,7 +24,6 @@ operations; each operation reaches the wire only through the ``_Port`` bound to 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections.abc import Callable
@@ -67,7 +66,7 @@ from gateway.nnrp import (
     TraceContextUpdated,
 )
 from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
-from gateway.transport import PacketTransport, TextMessageError
+from gateway.transport import PacketTransport, TextMessageError, read_until_closed
 
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
@@ -341,11 +340,8 @@ class Connection:
             # GOAWAY, and a client that meets the end of stream before it has read the
             # ERROR may never see why (nnrp-py's native client raises on it first).
             # What it still sends is not read as NNRP: the protocol state is gone.
-            with (trio.move_on_after(FAILURE_LINGER),
-                  contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
-                                      TextMessageError)):
-                while await self.transport.receive() is not None:
-                    pass
+            with trio.move_on_after(FAILURE_LINGER):
+                await read_until_closed(self.transport)
 
     # ------------------------------------------------------------------ events
 

@@ -21,6 +21,7 @@ from gateway.transport import (
     WebSocketTransport,
     describe_peer,
     parse_endpoint,
+    read_until_closed,
     tune_tcp,
 )
 
@@ -266,8 +267,7 @@ class GatewayServer:
             if self._refusals_lingering < REFUSALS_LINGERING:
                 self._refusals_lingering += 1
                 try:
-                    while await transport.receive() is not None:
-                        pass
+                    await read_until_closed(transport)
                 finally:
                     self._refusals_lingering -= 1
         await transport.aclose()

@@ -311,6 +311,33 @@ async def test_a_refused_connection_lingers_for_its_client_within_a_bound(
     assert running.server.stats.connections_refused == 2
 
 
+# trio-websocket's client leaves its socket to the garbage collector when the server
+# closes first, which this test makes it do; the warning is the test client's.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_text_message_while_refused_closes_only_that_connection(
+        nursery: trio.Nursery, socket_dir: Any) -> None:
+    """A refused WebSocket client that sends a text message while the refusal waits for it
+    to close: that connection ends, the server and its other sessions go on."""
+    import trio_websocket
+
+    running = await start_server(nursery, socket_dir, max_connections=1)
+    async with connect(running.uri()) as first:
+        session = await first.open_session()
+        async with trio_websocket.open_websocket_url(running.uri("websocket")) as ws:
+            await ws.send_message(nnrp.ClientConnection().hello())
+            refusal = nnrp.decode_packet(await ws.get_message())
+            assert refusal.message.code == nnrp.ErrorCode.SERVER_BUSY
+            # Read by the refusal's wait for our close (before this fix, it crashed the
+            # server's connection nursery: the text message raised out of the refusal).
+            await ws.send_message("not a packet")
+            with trio.fail_after(5), contextlib.suppress(trio_websocket.ConnectionClosed):
+                await ws.get_message()  # the server closes it
+        events = await collect(await session.submit(script(events=2)))
+        assert isinstance(events[-1], nnrp.ResultReceived)
+    assert running.server.stats.connections_refused == 1
+
+
 async def test_in_flight_limit_refusal_is_answered_on_its_frame(nursery: trio.Nursery,
                                                                 socket_dir: Any) -> None:
     running = await start_server(nursery, socket_dir, config=nnrp.ServerConfig(max_in_flight=1))
