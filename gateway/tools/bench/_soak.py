@@ -68,9 +68,12 @@ class SoakReport:
     #: which an operation's duration hides when the backend catches up on its schedule.
     delays_ms: list[float] = attrs.field(factory=list)
 
-    def event_delay(self, body: bytes) -> None:
-        """A timestamped token's delay (the replay writes its send time as the text)."""
-        now = time.monotonic_ns()
+    def event_delay(self, body: bytes, received_ns: int | None = None) -> None:
+        """A timestamped token's delay (the replay writes its send time as the text).
+
+        `received_ns` is the monotonic arrival time; the default is now.
+        """
+        now = time.monotonic_ns() if received_ns is None else received_ns
         try:
             sent = int(json.loads(body)["delta"])
         except (ValueError, KeyError, TypeError):
