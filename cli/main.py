@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import tomllib
 import typing
 from enum import StrEnum
@@ -25,7 +24,10 @@ from .conformance import conformance_app
 from .ops import chat, check, health
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from gateway.app import GatewayConfig
+    from gateway.server import BoundEndpoint
 
 app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
@@ -223,6 +225,11 @@ def serve(
         help="Bearer token sessions must present in SESSION_OPEN (repeatable).")] = None,
     auth_token_file: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_AUTH_TOKEN_FILE", help="File of tokens, one per line.")] = None,
+    workers: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_WORKERS", min=1, max=256,
+        help="Gateway processes sharing the listeners, for more than one core's worth of "
+             "streams; limits such as --max-connections hold per worker. One NNRP "
+             "connection lives in one worker.")] = 1,
     print_config: Annotated[bool, typer.Option(
         help="Print the effective configuration (secrets masked) and exit.")] = False,
     bench_residence: Annotated[bool, typer.Option(
@@ -283,14 +290,23 @@ def serve(
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value, bench_residence=bench_residence)
     if print_config:
-        typer.echo(json.dumps(_mask(config), indent=2, default=str))
+        typer.echo(json.dumps({**_mask(config), "workers": workers}, indent=2, default=str))
         return
     configure_logging(level=log_level)
     try:
-        trio.run(_serve, config, target_manifest)
+        if workers == 1:
+            trio.run(_serve, config, target_manifest)
+            return
+        status = trio.run(_supervise, config, workers, target_manifest, log_level)
     except BaseExceptionGroup as group:
         _exit_for_user_error(group)
         raise
+    except (ListenError, OSError) as exc:  # a supervisor binds before its nursery opens
+        prefix = "" if isinstance(exc, ListenError) else "cannot listen: "
+        typer.echo(f"error: {prefix}{exc}", err=True)
+        raise typer.Exit(2) from None
+    if status:
+        raise typer.Exit(status)
 
 
 def _exit_for_user_error(group: BaseExceptionGroup) -> None:
@@ -316,40 +332,54 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
 
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
+    from gateway.app import Gateway, serve_until_signalled
+
+    gateway_app = Gateway(config)
+
+    async def started(endpoints: list[BoundEndpoint]) -> None:
+        await _announce(config, [e.uri for e in endpoints], manifest_path,
+                        gateway_app.server.config.runtime_tokens)
+
+    await serve_until_signalled(gateway_app, started)
+
+
+async def _supervise(config: GatewayConfig, workers: int, manifest_path: Path | None,
+                     log_level: str) -> int:
+    from gateway.profile import runtime_tokens
+    from gateway.workers import Supervisor
+
+    tokens = runtime_tokens(priority_scheduling=config.pipeline.priority_scheduling)
+
+    async def announce(uris: list[str]) -> None:
+        await _announce(config, uris, manifest_path, tokens)
+
+    return await Supervisor(config, workers, log_level=log_level, announce=announce).run()
+
+
+async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path | None,
+                    runtime_tokens: Collection[str]) -> None:
+    """Say where NNRP is served, and write the target manifest if asked."""
     import trio
 
-    from gateway.app import Gateway
     from gateway.profile import EXTENSIONS
     from gateway.tools.conformance import target_manifest, write_atomically
 
-    gateway_app = Gateway(config)
-    async with trio.open_nursery() as nursery:
-        endpoints = await nursery.start(gateway_app.run)
-        for endpoint in endpoints:
-            typer.echo(f"serving NNRP on {endpoint.uri}")
-        if manifest_path is not None:
-            tls = config.tls
-            manifest = target_manifest(
-                [e.uri for e in endpoints], target_name="nnrp-vllm-gateway",
-                max_frame_bytes=config.server.max_packet,
-                max_in_flight=config.server.max_in_flight,
-                runtime_tokens=gateway_app.server.config.runtime_tokens,
-                extensions=[extension.name for extension in EXTENSIONS],
-                tls_files=(tls.cert_file, tls.key_file) if tls else None,
-                security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
-            await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
-            for endpoint in endpoints:
-                if endpoint.uri.startswith("tcps://"):
-                    typer.echo(f"target manifest: {endpoint.uri} left out (the wire suite "
-                               "has no TLS over plain TCP)", err=True)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    gateway_app.reload_tls()
-                    continue
-                await gateway_app.drain()
-                nursery.cancel_scope.cancel()
-                return
+    for uri in uris:
+        typer.echo(f"serving NNRP on {uri}")
+    if manifest_path is None:
+        return
+    tls = config.tls
+    manifest = target_manifest(
+        uris, target_name="nnrp-vllm-gateway", max_frame_bytes=config.server.max_packet,
+        max_in_flight=config.server.max_in_flight, runtime_tokens=runtime_tokens,
+        extensions=[extension.name for extension in EXTENSIONS],
+        tls_files=(tls.cert_file, tls.key_file) if tls else None,
+        security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
+    await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
+    for uri in uris:
+        if uri.startswith("tcps://"):
+            typer.echo(f"target manifest: {uri} left out (the wire suite has no TLS over "
+                       "plain TCP)", err=True)
 
 
 @app.command("replay-server")

@@ -14,6 +14,8 @@ delivered bytes is not a miss: a vLLM busy streaming is alive.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -23,7 +25,13 @@ import trio
 import gateway
 from gateway import residence
 from gateway.nnrp import ServerConfig
-from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
+from gateway.observe import (
+    AdminRoutes,
+    AdminServer,
+    GatewayMetrics,
+    build_record,
+    metrics_route,
+)
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import Listener, capability_document, runtime_tokens
 from gateway.server import (
@@ -31,6 +39,7 @@ from gateway.server import (
     BoundEndpoint,
     ConnectionLimits,
     GatewayServer,
+    Inherited,
     Operation,
     QuicSettings,
     TlsConfig,
@@ -83,7 +92,9 @@ class GatewayConfig:
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    """One gateway process. ``inherited``: listeners a ``--workers`` supervisor bound."""
+
+    def __init__(self, config: GatewayConfig, inherited: Sequence[Inherited] = ()) -> None:
         self.config = config
         self.client = VllmClient(UpstreamConfig(
             config.vllm_url, config.upstream_api_key, config.upstream_connect_timeout,
@@ -106,7 +117,7 @@ class Gateway:
                                     ssl_context=self.ssl_context,
                                     quic=QuicSettings(config.tls, AlpnPolicy(config.quic_alpn),
                                                       max_connections=config.max_connections)
-                                    if config.tls else None)
+                                    if config.tls else None, inherited=inherited)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
@@ -115,7 +126,7 @@ class Gateway:
         self.metrics.attach_quic(lambda: self.server.quic_listeners)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
-            self.metrics.registry if config.metrics else None,
+            metrics_route(self.metrics.registry) if config.metrics else None,
             residence=residence.enable().take if config.bench_residence else None))
 
     def readiness(self) -> list[str]:
@@ -181,8 +192,7 @@ class Gateway:
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.admin_listen:
-                    host, _, port = self.config.admin_listen.rpartition(":")
-                    await nursery.start(self.admin.serve, host or "127.0.0.1", int(port))
+                    await nursery.start(self.admin.serve_address, self.config.admin_listen)
                 self.endpoints = await nursery.start(self.server.serve,
                                                      list(self.config.listen))
                 nursery.start_soon(self._upstream_loop)
@@ -253,3 +263,39 @@ class Gateway:
             elif health is None:
                 log.info("vLLM did not answer /health", misses=misses,
                          threshold=self.config.health_failure_threshold)
+
+
+async def serve_until_signalled(
+        gateway_app: Gateway,
+        started: Callable[[list[BoundEndpoint]], Awaitable[None]] | None = None,
+        stop_when: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT (or ``stop_when`` returns), then drain; SIGHUP
+    re-reads the TLS files, during the drain too.
+
+    The signal receiver opens before anything binds, so a signal that arrives during
+    start-up is a drain, never the default handler's abrupt exit.
+    """
+    stop = trio.Event()
+
+    async def watch_signals(signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                gateway_app.reload_tls()
+            else:
+                stop.set()
+
+    async def watch(condition: Callable[[], Awaitable[None]]) -> None:
+        await condition()
+        stop.set()
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_signals, signals)
+            if stop_when is not None:
+                nursery.start_soon(watch, stop_when)
+            endpoints = await nursery.start(gateway_app.run)
+            if started is not None:
+                await started(endpoints)
+            await stop.wait()
+            await gateway_app.drain()
+            nursery.cancel_scope.cancel()

@@ -16,8 +16,10 @@ Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, the T
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl
+import stat
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -252,3 +254,23 @@ async def connect(uri: str, nursery: trio.Nursery,
         nursery, f"{scheme}://{endpoint.host}:{endpoint.port}{endpoint.path}",
         message_queue_size=4096, ssl_context=tls)
     return WebSocketTransport(connection, uri)
+
+
+async def open_unix_listener(path: str) -> trio.SocketListener:
+    """Bind a unix stream socket, replacing a stale socket file (never a regular file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise ListenError(f"unix://{path}: exists and is not a socket")
+        os.unlink(path)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.bind(path)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)

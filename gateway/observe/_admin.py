@@ -10,14 +10,17 @@
 * ``/debug/residence``: only under ``serve --bench-residence`` (a benchmark): the residence
   times recorded since the last read of it (``gateway.residence``), which starts anew.
 
-It binds loopback unless told otherwise; it is off unless ``--admin-listen`` is given.
+It binds loopback unless told otherwise (``host:port``, or ``unix:PATH``: a ``--workers``
+supervisor reaches each worker's this way); it is off unless ``--admin-listen`` is given.
+A route may answer now or later (an awaitable): the supervisor's ask the workers.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import attrs
 import h11
@@ -25,16 +28,32 @@ import structlog
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.transport import open_unix_listener
+
 log = structlog.get_logger("gateway.admin")
 MAX_REQUEST = 16 * 1024
+T = TypeVar("T")
+Route = Callable[[], T | Awaitable[T]]
 
 
 @attrs.frozen
 class AdminRoutes:
-    readiness: Callable[[], list[str]]  # empty list = ready; else the reasons
-    capabilities: Callable[[], dict[str, Any]]
-    registry: CollectorRegistry | None = None  # None: /metrics is off
-    residence: Callable[[], dict[str, Any]] | None = None  # None: /debug/residence is off
+    readiness: Route[list[str]]  # empty list = ready; else the reasons
+    capabilities: Route[dict[str, Any]]
+    metrics: Route[bytes] | None = None  # Prometheus text; None: /metrics is off
+    residence: Route[dict[str, Any]] | None = None  # None: /debug/residence is off
+
+
+def metrics_route(registry: CollectorRegistry) -> Route[bytes]:
+    """/metrics for one process's registry."""
+    return lambda: generate_latest(registry)
+
+
+async def _answer(route: Route[T]) -> T:
+    answer = route()
+    if inspect.isawaitable(answer):
+        return await answer
+    return answer
 
 
 class AdminServer:
@@ -47,26 +66,42 @@ class AdminServer:
         listeners = await trio.open_tcp_listeners(port, host=host)
         self.port = listeners[0].socket.getsockname()[1]
         log.info("admin listening", host=host, port=self.port,
-                 metrics=self.routes.registry is not None)
+                 metrics=self.routes.metrics is not None)
         task_status.started(self.port)
         await trio.serve_listeners(self._handle, listeners)
 
-    def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+    async def serve_address(self, address: str, *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                            ) -> None:
+        """``host:port`` or ``unix:PATH`` (see the module's doc)."""
+        if address.startswith("unix:"):
+            listener = await open_unix_listener(address.removeprefix("unix:"))
+            task_status.started()
+            await trio.serve_listeners(self._handle, [listener])
+            return
+        host, _, port = address.rpartition(":")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.serve, host or "127.0.0.1", int(port))
+            task_status.started()
+
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
         if method not in ("GET", "HEAD"):
             return 405, "application/json", b'{"error":"method not allowed"}'
         path = path.split("?")[0]
         if path == "/healthz":
             return 200, "application/json", b'{"status":"ok"}'
         if path == "/readyz":
-            reasons = self.routes.readiness()
+            reasons = await _answer(self.routes.readiness)
             body = json.dumps({"ready": not reasons, "reasons": reasons}).encode()
             return (200 if not reasons else 503), "application/json", body
-        if path == "/metrics" and self.routes.registry is not None:
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.routes.registry)
+        if path == "/metrics" and self.routes.metrics is not None:
+            return 200, CONTENT_TYPE_LATEST, await _answer(self.routes.metrics)
         if path == "/capabilities":
-            return 200, "application/json", json.dumps(self.routes.capabilities()).encode()
+            document = await _answer(self.routes.capabilities)
+            return 200, "application/json", json.dumps(document).encode()
         if path == "/debug/residence" and self.routes.residence is not None:
-            return 200, "application/json", json.dumps(self.routes.residence()).encode()
+            figures = await _answer(self.routes.residence)
+            return 200, "application/json", json.dumps(figures).encode()
         return 404, "application/json", b'{"error":"not found"}'
 
     async def _handle(self, stream: trio.SocketStream) -> None:
@@ -82,7 +117,7 @@ class AdminServer:
                         connection.receive_data(data)
                         continue
                     if isinstance(event, h11.Request):
-                        status, content_type, body = self.respond(
+                        status, content_type, body = await self.respond(
                             event.method.decode(), event.target.decode())
                         headers = [("content-type", content_type),
                                    ("content-length", str(len(body))), ("connection", "close")]

@@ -7,6 +7,11 @@ from ._connection import (
     ConnectionLimits as ConnectionLimits,
     RefusalHandler as RefusalHandler,
 )
+from ._listeners import (
+    Inherited as Inherited,
+    SharedListener as SharedListener,
+    bind_shared as bind_shared,
+)
 from ._operation import (
     CancelInfo as CancelInfo,
     Operation as Operation,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import ssl
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -20,18 +20,20 @@ from gateway.transport import (
     StreamTransport,
     WebSocketTransport,
     describe_peer,
+    open_unix_listener,
     parse_endpoint,
     read_until_closed,
     tune_tcp,
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
-from ._listeners import open_unix_listener
+from ._listeners import bound_uri
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
     from gateway.transport import PacketTransport
 
+    from ._listeners import Inherited
     from ._operation import OperationHandler
     from ._quic import QuicListener
     from ._quic_settings import QuicSettings
@@ -68,14 +70,18 @@ class GatewayServer:
         refusal: the answer to a refused submit (the profile's).
         observer: told of every operation once it has ended (logs and metrics).
         quic: certificate and limits for ``quic://`` listeners (none without it).
+        inherited: listeners a ``--workers`` supervisor bound for this process, by URI as
+            configured (``_listeners``); the others are bound here.
     """
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
                  limits: ConnectionLimits | None = None, max_connections: int = 1024,
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  ssl_context: ssl.SSLContext | None = None,
-                 quic: QuicSettings | None = None) -> None:
+                 quic: QuicSettings | None = None,
+                 inherited: Sequence[Inherited] = ()) -> None:
         self.handler = handler
+        self._inherited = {listener.uri: listener for listener in inherited}
         self.observer = observer
         self.config = config or ServerConfig()
         self.limits = limits or ConnectionLimits()
@@ -97,14 +103,14 @@ class GatewayServer:
                     task_status: trio.TaskStatus[list[BoundEndpoint]] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         """Bind every listener, report the endpoints, and serve until cancelled or shut down."""
-        specs = [parse_endpoint(uri) for uri in uris]
+        specs = [(uri, parse_endpoint(uri)) for uri in uris]
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
                 with self._accept_scope:
                     async with trio.open_nursery() as accept:
-                        for spec in specs:
-                            endpoint = await accept.start(self._listen, spec)
+                        for uri, spec in specs:
+                            endpoint = await accept.start(self._listen, uri, spec)
                             self.endpoints.append(endpoint)
                         self.accepting = True
                         task_status.started(list(self.endpoints))
@@ -125,30 +131,38 @@ class GatewayServer:
 
     # ------------------------------------------------------------------ listeners
 
-    async def _listen(self, spec: Endpoint,
+    async def _listen(self, uri: str, spec: Endpoint,
                       task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+        inherited = self._inherited.get(uri)
         if spec.scheme == "quic":
-            await self._listen_quic(spec, task_status)
+            await self._listen_quic(spec, inherited, task_status)
             return
         if spec.tls and self.ssl_context is None:
             raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, --tls-key)")
+        listeners = await self._stream_listeners(spec, inherited)
         if spec.scheme in ("ws", "wss"):
-            await self._listen_websocket(spec, task_status)
+            await self._serve_websocket(spec, listeners, task_status)
             return
-        if spec.scheme in ("tcp", "tcps"):
-            listeners = await trio.open_tcp_listeners(spec.port, host=spec.host)
-            host, port = listeners[0].socket.getsockname()[:2]
-            endpoint = BoundEndpoint(spec, f"{spec.scheme}://{_fmt_host(host)}:{port}", host,
-                                     port)
-        else:
-            listeners = [await open_unix_listener(spec.path)]
-            self._unix_paths.append(spec.path)
-            endpoint = BoundEndpoint(spec, f"unix://{spec.path}")
+        sockname = listeners[0].socket.getsockname()
+        endpoint = (BoundEndpoint(spec, bound_uri(spec, sockname)) if spec.scheme == "unix"
+                    else BoundEndpoint(spec, bound_uri(spec, sockname), *sockname[:2]))
         log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
         task_status.started(endpoint)
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(self._accept_loop, listener, spec.transport, spec.tls)
+
+    async def _stream_listeners(self, spec: Endpoint, inherited: Inherited | None
+                                ) -> list[trio.SocketListener]:
+        """The worker's inherited sockets (``--workers``), or bind our own."""
+        if inherited is not None:
+            return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                    for sock in inherited.sockets()]
+        if spec.scheme == "unix":
+            listener = await open_unix_listener(spec.path)
+            self._unix_paths.append(spec.path)  # ours to remove (a worker's is not)
+            return [listener]
+        return await trio.open_tcp_listeners(spec.port, host=spec.host)
 
     async def _accept_loop(self, listener: trio.SocketListener, transport: str,
                            tls: bool = False) -> None:
@@ -172,8 +186,8 @@ class GatewayServer:
                 carrier = StreamTransport(wrapped, transport, peer)
                 self._connection_nursery.start_soon(self._serve_connection, carrier)
 
-    async def _listen_websocket(self, spec: Endpoint,
-                                task_status: trio.TaskStatus[BoundEndpoint]) -> None:
+    async def _serve_websocket(self, spec: Endpoint, listeners: list[trio.SocketListener],
+                               task_status: trio.TaskStatus[BoundEndpoint]) -> None:
         assert self._connection_nursery is not None
 
         async def on_request(request: trio_websocket.WebSocketRequest) -> None:
@@ -186,20 +200,23 @@ class GatewayServer:
                     if isinstance(remote, trio_websocket.Endpoint) else "unknown")
             await self._serve_connection(WebSocketTransport(connection, peer))
 
-        async with trio.open_nursery() as nursery:
-            # The listener lives here, under the accept scope; connections live in the
-            # connection nursery, so stopping accepting never cuts a session short.
-            server = await nursery.start(functools.partial(
-                trio_websocket.serve_websocket, on_request, spec.host, spec.port,
-                self.ssl_context if spec.tls else None,
-                handler_nursery=self._connection_nursery))
-            endpoint = BoundEndpoint(
-                spec, f"{spec.scheme}://{_fmt_host(spec.host)}:{server.port}{spec.path}",
-                spec.host, server.port)
-            log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
-            task_status.started(endpoint)
+        wrapped: list[trio.SocketListener | trio.SSLListener[trio.SocketStream]] = list(
+            listeners)
+        if spec.tls:
+            assert self.ssl_context is not None
+            wrapped = [trio.SSLListener(listener, self.ssl_context, https_compatible=True)
+                       for listener in listeners]
+        # The listener lives here, under the accept scope; connections live in the
+        # connection nursery, so stopping accepting never cuts a session short.
+        server = trio_websocket.WebSocketServer(on_request, wrapped,
+                                                handler_nursery=self._connection_nursery)
+        sockname = listeners[0].socket.getsockname()
+        endpoint = BoundEndpoint(spec, bound_uri(spec, sockname), spec.host, sockname[1])
+        log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
+        task_status.started(endpoint)
+        await server.run()
 
-    async def _listen_quic(self, spec: Endpoint,
+    async def _listen_quic(self, spec: Endpoint, inherited: Inherited | None,
                            task_status: trio.TaskStatus[BoundEndpoint]) -> None:
         """One UDP socket. Its datagram loop lives in the connection nursery (a draining
         server keeps serving established QUIC connections); this task only stops it
@@ -209,13 +226,14 @@ class GatewayServer:
         if self.quic is None:
             raise ListenError("quic:// needs a certificate (--tls-cert, --tls-key)")
         try:
-            listener = await QuicListener.bind(self.quic, spec.host, spec.port)
+            listener = (QuicListener(self.quic, inherited.sockets()[0]) if inherited
+                        else await QuicListener.bind(self.quic, spec.host, spec.port))
         except ValueError as exc:
             raise ListenError(f"quic://{spec.host}:{spec.port}: {exc}") from exc
         self.quic_listeners.append(listener)
         assert self._connection_nursery is not None
         self._connection_nursery.start_soon(listener.run, self._serve_connection)
-        endpoint = BoundEndpoint(spec, f"quic://{_fmt_host(listener.host)}:{listener.port}",
+        endpoint = BoundEndpoint(spec, bound_uri(spec, (listener.host, listener.port)),
                                  listener.host, listener.port)
         log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport,
                  alpn=self.quic.alpn.value)
@@ -271,7 +289,3 @@ class GatewayServer:
                 finally:
                     self._refusals_lingering -= 1
         await transport.aclose()
-
-
-def _fmt_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from gateway.nnrp import CancelSource, TraceInfo
-from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record
+from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record, metrics_route
 from gateway.profile import EndCause, Outcome
 from gateway.server import CancelInfo, Operation, ServerStats
 from tests.support.ports import RecordingPort
@@ -157,7 +157,7 @@ async def test_admin_routes(nursery: trio.Nursery) -> None:
     reasons: list[str] = ["vLLM has not been probed yet"]
     metrics = GatewayMetrics()
     admin = AdminServer(AdminRoutes(lambda: reasons, lambda: {"profile": "openai-compatible"},
-                                    metrics.registry))
+                                    metrics_route(metrics.registry)))
     port = await nursery.start(admin.serve, "127.0.0.1", 0)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}

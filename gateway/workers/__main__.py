@@ -1,0 +1,36 @@
+"""``python -m gateway.workers``: a worker process, started by ``serve --workers N``."""
+
+from __future__ import annotations
+
+import sys
+
+import structlog
+import trio
+
+from gateway.observe import configure_logging
+from gateway.upstream import UnsupportedVersion
+
+from ._worker import EXIT_FATAL, read_plan, serve_worker
+
+
+def main() -> int:
+    plan = read_plan(sys.stdin.buffer)
+    configure_logging(level=plan.log_level)
+    try:
+        trio.run(serve_worker, plan)
+    except BaseExceptionGroup as group:
+        unsupported, _ = group.split(UnsupportedVersion)
+        if unsupported is None:
+            raise
+        structlog.get_logger("gateway.workers").error(
+            "vLLM version not supported; stopping", error=str(unsupported.exceptions[0]))
+        return EXIT_FATAL
+    except UnsupportedVersion as exc:
+        structlog.get_logger("gateway.workers").error(
+            "vLLM version not supported; stopping", error=str(exc))
+        return EXIT_FATAL
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

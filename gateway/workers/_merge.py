@@ -1,0 +1,74 @@
+"""One /metrics for the pod: the workers' Prometheus texts merged into one.
+
+Rules (one table, ``COMBINE``): a series is identified by its sample name and labels;
+the same series from several workers becomes one sample whose value is
+
+* the **sum** by default: every counter and histogram, and the gauges that count what
+  a worker holds (open connections, sessions, operations in flight): the pod's figure
+  is the sum of its workers';
+* the **minimum** for ``*_created`` samples (the series exists since the first worker
+  created it) and for ``upstream_ready`` (1 only when every worker sees vLLM healthy);
+* the **maximum** for ``build_info`` (1 per version label, not N).
+
+A worker that is restarting contributes nothing, so a counter may step back while it is
+away and forward when it is back: Prometheus' ``rate()`` treats a drop as a counter
+reset, as it does for any restarted process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+Combine = Callable[[float, float], float]
+
+#: Family name -> how its samples combine across workers (absent: sum).
+COMBINE: dict[str, Combine] = {
+    "nnrp_gateway_upstream_ready": min,
+    "nnrp_gateway_build_info": max,
+}
+
+
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
+def merge_texts(texts: Iterable[str]) -> list[Metric]:
+    """The families of every text, each series combined across texts (``COMBINE``)."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, Metric(
+                family.name, family.documentation, family.type, family.unit))
+            series = values.setdefault(merged.name, {})
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                combine = (min if sample.name.endswith("_created")
+                           else COMBINE.get(family.name, _add))
+                series[key] = (combine(series[key], sample.value) if key in series
+                               else sample.value)
+    for name, family in families.items():
+        family.samples = [Sample(sample_name, dict(labels), value)
+                          for (sample_name, labels), value in values[name].items()]
+    return list(families.values())
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def merged_exposition(texts: Iterable[str], *extra: CollectorRegistry) -> bytes:
+    """Prometheus text for the merged workers, followed by ``extra`` registries' own."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(merge_texts(texts)))
+    return generate_latest(registry) + b"".join(generate_latest(r) for r in extra)

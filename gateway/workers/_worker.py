@@ -1,0 +1,76 @@
+"""One worker process: a whole gateway on the listeners its supervisor bound.
+
+The supervisor starts ``python -m gateway.workers`` and writes the worker's ``WorkerPlan``
+to its stdin (a length-prefixed pickle: the plan holds the parsed configuration,
+callables such as the token authenticator included, and travels between two copies of
+this program on a private pipe). It then keeps stdin open: end of file there means the
+supervisor is gone (even SIGKILLed), and the worker drains and exits rather than serve
+on as an orphan. The worker writes one byte to ``started_fd`` once every listener is
+serving; SIGTERM drains, SIGHUP re-reads the TLS files, as for a single process.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+from typing import BinaryIO
+
+import attrs
+import structlog
+import trio
+
+from gateway.app import Gateway, GatewayConfig, serve_until_signalled
+from gateway.server import BoundEndpoint, Inherited
+
+log = structlog.get_logger("gateway.workers")
+
+#: A worker's exit status when its configuration cannot serve (an unsupported vLLM):
+#: restarting it would fail again, so the supervisor stops and exits with it.
+EXIT_FATAL = 3
+_LENGTH = struct.Struct("!I")
+
+
+@attrs.frozen
+class WorkerPlan:
+    index: int
+    config: GatewayConfig
+    inherited: tuple[Inherited, ...]
+    started_fd: int
+    log_level: str = "info"
+
+    def fds(self) -> tuple[int, ...]:
+        """Every descriptor the worker must inherit."""
+        return (self.started_fd, *(fd for listener in self.inherited for fd in listener.fds))
+
+
+def encode_plan(plan: WorkerPlan) -> bytes:
+    body = pickle.dumps(plan)
+    return _LENGTH.pack(len(body)) + body
+
+
+def read_plan(stream: BinaryIO) -> WorkerPlan:
+    (length,) = _LENGTH.unpack(stream.read(_LENGTH.size))
+    plan = pickle.loads(stream.read(length))
+    if not isinstance(plan, WorkerPlan):
+        raise TypeError(f"not a worker plan: {type(plan).__name__}")
+    return plan
+
+
+async def serve_worker(plan: WorkerPlan) -> None:
+    structlog.contextvars.bind_contextvars(worker=plan.index)
+    gateway_app = Gateway(plan.config, plan.inherited)
+
+    async def started(endpoints: list[BoundEndpoint]) -> None:
+        os.write(plan.started_fd, b"\x01")
+        os.close(plan.started_fd)
+
+    async def supervisor_gone() -> None:
+        # Our own copy of stdin: trio makes it non-blocking, and stdin stays untouched.
+        async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
+            while await stdin.receive_some(4096):
+                pass
+        log.warning("the supervisor is gone; draining")
+
+    await serve_until_signalled(gateway_app, started, stop_when=supervisor_gone)
