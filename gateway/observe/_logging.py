@@ -47,6 +47,8 @@ def configure_logging(*, level: str = "info", to_stderr: bool = False,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(stream),  # type: ignore[arg-type]
+        # One write per line (PrintLogger writes the newline apart): with --workers,
+        # several processes share stdout, and a line must never be split by another's.
+        logger_factory=structlog.WriteLoggerFactory(stream),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )

@@ -50,7 +50,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.observe import AdminRoutes, AdminServer
-from gateway.server import SharedListener, bind_shared
+from gateway.server import SharedListener, bind_shared, server_context
 from gateway.transport import ListenError, parse_endpoint
 
 from ._merge import merged_exposition
@@ -118,6 +118,8 @@ class Supervisor:
         self._slots = [_Slot(i, os.path.join(self._runtime_dir, f"worker-{i}.sock"))
                        for i in range(self.workers)]
         try:
+            if self.config.tls is not None:
+                server_context(self.config.tls)  # a bad file: one clear error, not N crashes
             for uri in self.config.listen:
                 spec = parse_endpoint(uri)
                 if (spec.tls or spec.scheme == "quic") and self.config.tls is None:

@@ -63,6 +63,7 @@ async def serve_worker(plan: WorkerPlan) -> None:
     gateway_app = Gateway(plan.config, plan.inherited)
 
     async def started(endpoints: list[BoundEndpoint]) -> None:
+        log.info("worker serving", pid=os.getpid())
         os.write(plan.started_fd, b"\x01")
         os.close(plan.started_fd)
 

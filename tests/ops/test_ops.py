@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,21 @@ def test_bad_flags_are_one_line_errors() -> None:
     result = runner.invoke(app, ["serve", "--listen", "http://x:1"])
     assert result.exit_code == 2
     assert "scheme must be" in result.output
+    result = runner.invoke(app, ["serve", "--workers", "0"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    # With workers, the supervisor binds: a TLS listener without a certificate, or a
+    # port in use, is the same one-line error as for one process.
+    result = runner.invoke(app, ["serve", "--workers", "2", "--listen", "tcps://127.0.0.1:0"])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False)
+    assert "needs a certificate" in result.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["serve", "--workers", "2", "--listen",
+                                     f"tcp://127.0.0.1:{port}"])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False)
+    assert "cannot listen" in result.output
 
 
 def test_check_and_health_commands() -> None:

@@ -1,0 +1,298 @@
+"""``serve --workers 2`` as real processes: every worker serves every listener, a killed
+worker is restarted while the other keeps streaming, SIGTERM drains them all, /metrics
+and /readyz answer for the pod, and no worker outlives its supervisor.
+
+Which worker accepts a connection is the kernel's choice; to make it the test's, the
+other worker is stopped (SIGSTOP) while the connection is made: a stopped process cannot
+accept, so the shared queue hands the connection to the running one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from gateway.nnrp import ResultReceived
+from gateway.tools.client import connect
+from gateway.transport import QuicClientOptions
+from tests.support.processes import ReplayThread, free_port
+from tests.support.quic import make_pki
+from tests.support.stack import chat, envelope, run_operation
+
+EXE = str(Path(sys.executable).parent / "nnrp-gateway")
+
+
+@attrs.define
+class Served:
+    process: subprocess.Popen[bytes]
+    log: Path
+    uris: dict[str, str]  # scheme -> URI, as announced
+    admin: str
+    pids: list[int]
+
+    def records(self) -> list[dict[str, Any]]:
+        lines = self.log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def operations(self) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == "operation"]
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.admin}/metrics").text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
+    def worker_pids(self) -> list[int]:
+        """The running workers' pids, by worker index (the latest start of each)."""
+        started = {}
+        for record in self.records():
+            if record.get("event") == "worker serving":
+                started[record["worker"]] = record["pid"]
+        return [started[i] for i in sorted(started)]
+
+
+def wait_for(condition: Any, seconds: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or condition}")
+
+
+@contextmanager
+def served_workers(tmp_path: Path, vllm_url: str, *listen: str, workers: int = 2,
+                   extra: tuple[str, ...] = ()) -> Iterator[Served]:
+    admin_port = free_port()
+    log = tmp_path / "gateway.log"
+    args = [EXE, "serve", "--workers", str(workers), "--vllm-url", vllm_url,
+            "--admin-listen", f"127.0.0.1:{admin_port}", "--metrics", "--drain-timeout",
+            "10", *extra]
+    for uri in listen:
+        args += ["--listen", uri]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        def announced() -> list[str]:
+            return [line.removeprefix("serving NNRP on ")
+                    for line in log.read_text().splitlines()
+                    if line.startswith("serving NNRP on ")]
+        wait_for(lambda: len(announced()) == len(listen) or process.poll() is not None,
+                 what="the announcement")
+        assert process.poll() is None, log.read_text()
+        admin = f"http://127.0.0.1:{admin_port}"
+        wait_for(lambda: httpx.get(f"{admin}/readyz").status_code == 200, what="ready")
+        uris = {uri.split("://")[0]: uri for uri in announced()}
+        served = Served(process, log, uris, admin, [])
+        served.pids = served.worker_pids()
+        yield served
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process is stopped (cannot accept) inside the block."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not serving.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
+async def stream_once(uri: str, *, tokens: int = 8, **connect_options: Any) -> Any:
+    async with connect(uri, **connect_options) as client:
+        session = await client.open_session()
+        return await run_operation(session, envelope(chat(stream=True, max_tokens=tokens)))
+
+
+@pytest.fixture
+def replay() -> Iterator[ReplayThread]:
+    with ReplayThread(token_interval_ms=20.0) as thread:
+        yield thread
+
+
+def test_every_worker_serves_every_listener_and_metrics_are_the_pods(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    sock = tmp_path / "nnrp.sock"
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0", f"unix://{sock}",
+                        "ws://127.0.0.1:0/nnrp") as served:
+        assert len(served.pids) == 2
+        for other in reversed(served.pids):
+            with stopped(other):
+                for uri in served.uris.values():
+                    outcome = trio.run(stream_once, uri)
+                    assert outcome.status == 200 and len(outcome.partials) == 8
+        by_worker = sorted((r["worker"], r["transport"]) for r in served.operations())
+        assert by_worker == [(0, "ipc"), (0, "tcp"), (0, "websocket"),
+                             (1, "ipc"), (1, "tcp"), (1, "websocket")]
+        metrics = served.metrics()
+        # Summed across the workers, as one process would count them.
+        assert metrics["nnrp_gateway_connections_total"] == 6
+        for transport in ("tcp", "ipc", "websocket"):
+            assert metrics['nnrp_gateway_requests_total{model_name="example-model",'
+                           f'outcome="ok",transport="{transport}"}}'] == 2
+        assert metrics["nnrp_gateway_upstream_ready"] == 1  # not 2: every worker sees it
+        assert metrics['nnrp_gateway_build_info{version="0.1.0"}'] == 1
+        assert metrics["nnrp_gateway_workers_running"] == 2
+        capabilities = httpx.get(f"{served.admin}/capabilities").json()
+        assert [listener["uri"] for listener in capabilities["nnrp"]["listeners"]] == list(
+            served.uris.values())
+    assert not sock.exists()  # the supervisor's socket file, removed on exit
+
+
+def test_a_killed_worker_is_restarted_while_the_other_streams_on(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        survivor, victim = served.pids
+        uri = served.uris["tcp"]
+
+        async def stream_through_a_crash() -> Any:
+            async with contextlib.AsyncExitStack() as stack:
+                with stopped(victim):  # the connection, so the stream, is the survivor's
+                    client = await stack.enter_async_context(connect(uri))
+                session = await client.open_session()
+                operation = await session.submit(envelope(chat(stream=True, max_tokens=60)))
+                events = []
+                async for event in operation.events():
+                    events.append(event)
+                    if len(events) == 5:
+                        os.kill(victim, signal.SIGKILL)
+                return events
+
+        events = trio.run(stream_through_a_crash)
+        assert isinstance(events[-1], ResultReceived) and len(events) == 61
+        wait_for(lambda: served.metrics().get("nnrp_gateway_workers_running") == 2
+                 and len(served.worker_pids()) == 2 and victim not in served.worker_pids(),
+                 what="the restart")
+        assert served.metrics()["nnrp_gateway_worker_restarts_total"] == 1
+        replacement = served.worker_pids()[1]
+        with stopped(survivor):  # the replacement serves the same listener
+            assert trio.run(stream_once, uri).status == 200
+        assert served.operations()[-1]["worker"] == 1
+        assert replacement != victim
+        restart = [r for r in served.records() if r.get("event") == "worker exited; "
+                   "restarting it"]
+        assert restart[0]["status"] == -signal.SIGKILL
+
+
+def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> None:
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        uri = served.uris["tcp"]
+        results: list[list[Any]] = []
+
+        async def two_streams_through_sigterm() -> None:
+            async def one(pid_to_stop: int, started: trio.Event) -> None:
+                async with contextlib.AsyncExitStack() as stack:
+                    with stopped(pid_to_stop):  # the connection is the other worker's
+                        client = await stack.enter_async_context(connect(uri))
+                    session = await client.open_session()
+                    operation = await session.submit(envelope(chat(stream=True,
+                                                                   max_tokens=60)))
+                    events = []
+                    async for event in operation.events():
+                        events.append(event)
+                        if len(events) == 5:
+                            started.set()
+                    results.append(events)
+
+            async with trio.open_nursery() as nursery:
+                started = [trio.Event(), trio.Event()]
+                for pid, event in zip(reversed(served.pids), started, strict=True):
+                    nursery.start_soon(one, pid, event)
+                    await event.wait()
+                served.process.send_signal(signal.SIGTERM)
+
+        trio.run(two_streams_through_sigterm)
+        assert [isinstance(events[-1], ResultReceived) for events in results] == [True, True]
+        assert [len(events) for events in results] == [61, 61]
+        assert served.process.wait(timeout=30) == 0
+        assert sorted(r["worker"] for r in served.operations()) == [0, 1]
+        assert not any(alive(pid) for pid in served.pids)
+        with pytest.raises(OSError, match="connect"):
+            trio.run(stream_once, uri)  # nobody listens any more
+
+
+def test_quic_datagrams_stay_with_the_worker_holding_their_connection(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    pki = make_pki(tmp_path / "pki")
+    with served_workers(tmp_path, replay.url, "quic://127.0.0.1:0",
+                        extra=("--tls-cert", str(pki.cert), "--tls-key",
+                               str(pki.key))) as served:
+        uri = served.uris["quic"]
+        options = QuicClientOptions(ca_file=pki.cert)
+
+        async def eight_at_once() -> list[Any]:
+            outcomes: list[Any] = []
+
+            async def one() -> None:
+                outcomes.append(await stream_once(uri, tokens=20, quic=options))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(8):
+                    nursery.start_soon(one)
+            return outcomes
+
+        # Each connection's datagrams hash to one worker's socket (its 4-tuple): were
+        # they spread, the worker without the connection's state would drop them.
+        outcomes = trio.run(eight_at_once)
+        assert [(o.status, len(o.partials)) for o in outcomes] == [(200, 20)] * 8
+        metrics = served.metrics()
+        assert metrics["nnrp_gateway_quic_connections_total"] == 8
+        assert metrics['nnrp_gateway_quic_dropped_datagrams_total{reason="garbage"}'] == 0
+
+
+def test_an_unsupported_vllm_stops_the_gateway_with_its_status(tmp_path: Path) -> None:
+    with ReplayThread(version="0.21.0") as old:
+        log = tmp_path / "gateway.log"
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                [EXE, "serve", "--workers", "2", "--vllm-url", old.url, "--listen",
+                 f"tcp://127.0.0.1:{free_port()}"], stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            assert process.wait(timeout=30) == 3  # EXIT_FATAL, as one process exits
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert "cannot serve this configuration" in log.read_text()
+
+
+def test_no_worker_outlives_a_killed_supervisor(tmp_path: Path,
+                                                replay: ReplayThread) -> None:
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        served.process.kill()  # SIGKILL: no drain, no goodbye
+        served.process.wait()
+        wait_for(lambda: not any(alive(pid) for pid in served.pids), seconds=15,
+                 what="orphaned workers to exit")
+        assert any(r.get("event") == "the supervisor is gone; draining"
+                   for r in served.records())
