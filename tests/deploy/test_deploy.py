@@ -198,6 +198,35 @@ def test_quic_port_renders_as_udp_with_its_certificate() -> None:
         chart.render({"gateway": {"quicPort": 7702}}, name="x")
 
 
+def test_workers_size_the_cpu_request() -> None:
+    """One worker: no flag, a quarter core. N workers: --workers N, N cores requested,
+    memory per worker; what values set explicitly stays as given."""
+    def gateway_of(values: dict[str, Any]) -> dict[str, Any]:
+        chart = helm.Chart.load(str(CHART))
+        manifests: dict[str, list[dict[str, Any]]] = {}
+        for path, text in chart.render(values, name="t", namespace="ml").items():
+            if path.endswith(".yaml"):
+                for document in yaml.safe_load_all(text):
+                    if document:
+                        manifests.setdefault(document["kind"], []).append(document)
+        return _gateway(manifests)[0]
+
+    one = gateway_of({})
+    assert "--workers" not in one["args"]
+    assert one["resources"] == {"requests": {"cpu": "250m", "memory": "128Mi"},
+                                "limits": {"memory": "512Mi"}}
+    four = gateway_of(yaml.safe_load((CHART / "ci" / "workers-values.yaml").read_text()))
+    assert four["args"][four["args"].index("--workers") + 1] == "4"
+    assert four["resources"] == {"requests": {"cpu": "4", "memory": "512Mi"},
+                                 "limits": {"memory": "2048Mi"}}
+    given = gateway_of({"gateway": {"workers": 2, "resources": {
+        "requests": {"cpu": "1500m"}, "limits": {"cpu": "2", "memory": "1Gi"}}}})
+    assert given["resources"] == {"requests": {"cpu": "1500m", "memory": "256Mi"},
+                                  "limits": {"cpu": "2", "memory": "1Gi"}}
+    options, _ = cli_options("serve")
+    assert "--workers" in options
+
+
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

@@ -34,6 +34,27 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
 {{- if or .Values.gateway.metrics .Values.serviceMonitor.enabled }}true{{ end }}
 {{- end }}
 
+{{/* The gateway's resources: what values give, the rest sized by gateway.workers (a
+worker is one process, busy up to one core, some 60-100Mi resident under load). */}}
+{{- define "nnrp-vllm-gateway.gatewayResources" -}}
+{{- $workers := int .Values.gateway.workers -}}
+{{- $resources := deepCopy (.Values.gateway.resources | default dict) -}}
+{{- $requests := get $resources "requests" | default dict -}}
+{{- if not (hasKey $requests "cpu") -}}
+{{- $_ := set $requests "cpu" (ternary "250m" (toString $workers) (eq $workers 1)) -}}
+{{- end -}}
+{{- if not (hasKey $requests "memory") -}}
+{{- $_ := set $requests "memory" (printf "%dMi" (mul 128 $workers)) -}}
+{{- end -}}
+{{- $limits := get $resources "limits" | default dict -}}
+{{- if not (hasKey $limits "memory") -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (mul 512 $workers)) -}}
+{{- end -}}
+{{- $_ := set $resources "requests" $requests -}}
+{{- $_ := set $resources "limits" $limits -}}
+{{- toYaml $resources -}}
+{{- end }}
+
 {{/* The gateway container; rendered under initContainers (native) or containers. */}}
 {{- define "nnrp-vllm-gateway.gatewayContainer" -}}
 - name: gateway
@@ -65,6 +86,10 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
     - 0.0.0.0:{{ .Values.gateway.adminPort }}
     - --drain-timeout
     - {{ .Values.gateway.drainTimeoutSeconds | quote }}
+    {{- if gt (int .Values.gateway.workers) 1 }}
+    - --workers
+    - {{ .Values.gateway.workers | quote }}
+    {{- end }}
     {{- if include "nnrp-vllm-gateway.metrics" . }}
     - --metrics
     {{- end }}
@@ -126,7 +151,7 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
       sleep:
         seconds: {{ .Values.gateway.preStopSleepSeconds }}
   resources:
-    {{- toYaml .Values.gateway.resources | nindent 4 }}
+    {{- include "nnrp-vllm-gateway.gatewayResources" . | nindent 4 }}
   securityContext:
     {{- toYaml .Values.gateway.securityContext | nindent 4 }}
   volumeMounts:
