@@ -3,18 +3,21 @@
 With workers, the supervising process binds each listener once, before any worker
 starts, and every worker inherits it (``Inherited``):
 
-* tcp, tcps, unix, ws, wss: **one listening socket shared by all workers.** Each worker
-  accepts from the same kernel queue, so whichever worker is idle first takes the next
-  connection (load-aware, unlike a blind hash), and a worker that restarts inherits the
-  queue with nothing lost: the supervisor keeps the socket open meanwhile.
-* quic: **one UDP socket per worker, on one port, with SO_REUSEPORT.** A QUIC
-  connection's state lives in one process, and the kernel hashes each datagram's
-  4-tuple to one socket of the group, so every datagram of a client's flow reaches the
-  same worker (a client that migrates its address would land elsewhere: migration is
-  not supported, as on one process). The supervisor keeps each worker's socket open
-  across a restart of that worker, so the group, and with it the hash, never changes.
+* tcp, tcps, ws, wss, quic: **one socket per worker, all on one port, with
+  SO_REUSEPORT.** The kernel spreads new connections (and for QUIC, datagrams) over the
+  group by a hash of their 4-tuple: evenly, whatever the arrival pattern. (One listening
+  socket shared by all workers was tried first: a burst of 32 connections all went to
+  the worker that woke first, which drains the accept queue before the other runs.) The
+  hash keeps every datagram of a QUIC client's flow on one socket, so it reaches the
+  worker holding that connection's state (a client that migrates its address would land
+  elsewhere: migration is not supported, as on one process).
+* unix: SO_REUSEPORT is an inet option, so **one socket shared by all workers**; each
+  accepts from the same queue.
 
-Port 0 is resolved once, by the supervisor: every worker serves the same URI.
+The supervisor keeps every socket open while a worker restarts: the group, and so the
+hash, never changes, and connections that arrive for the restarting worker wait in its
+queue (about a second) instead of being refused. Port 0 is resolved once, by the first
+bind: every worker serves the same URI.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import socket
 from typing import Any
 
 import attrs
-import trio
 
 from gateway.transport import Endpoint, open_unix_listener, parse_endpoint
 
@@ -65,57 +67,64 @@ class SharedListener:
 
     uri: str
     spec: Endpoint
-    #: Stream listeners: the sockets every worker shares. quic: empty.
-    shared: list[socket.socket]
-    #: quic: one SO_REUSEPORT socket per worker (index = worker). Others: empty.
-    per_worker: list[socket.socket]
+    #: The sockets of each worker (index = worker); a unix listener's are all the same.
+    per_worker: list[list[socket.socket]]
 
     @property
     def bound_uri(self) -> str:
         """The URI clients use (port 0 resolved), as every worker serves it."""
-        sock = (self.per_worker or self.shared)[0]
-        return bound_uri(self.spec, sock.getsockname())
+        return bound_uri(self.spec, self.per_worker[0][0].getsockname())
 
     def for_worker(self, index: int) -> Inherited:
-        sockets = [self.per_worker[index]] if self.per_worker else self.shared
-        return Inherited(self.uri, tuple(s.fileno() for s in sockets))
+        return Inherited(self.uri, tuple(sock.fileno() for sock in self.per_worker[index]))
 
     def close(self) -> None:
-        for sock in (*self.shared, *self.per_worker):
-            sock.close()
+        for sockets in self.per_worker:
+            for sock in sockets:
+                if sock.fileno() != -1:
+                    sock.close()
 
 
 async def bind_shared(uri: str, workers: int) -> SharedListener:
     """Bind ``uri`` once for ``workers`` processes (see the module's rules)."""
     spec = parse_endpoint(uri)
-    if spec.scheme == "quic":
-        return SharedListener(uri, spec, [], _bind_udp_group(spec, workers))
     if spec.scheme == "unix":
-        listeners = [await open_unix_listener(spec.path)]
-    else:
-        listeners = await trio.open_tcp_listeners(spec.port, host=spec.host or None)
-    shared = [socket.socket(fileno=os.dup(listener.socket.fileno()))
-              for listener in listeners]
-    for listener in listeners:
+        listener = await open_unix_listener(spec.path)
+        shared = socket.socket(fileno=os.dup(listener.socket.fileno()))
         listener.socket.close()
-    return SharedListener(uri, spec, shared, [])
+        return SharedListener(uri, spec, [[shared]] * workers)
+    kind = socket.SOCK_DGRAM if spec.scheme == "quic" else socket.SOCK_STREAM
+    return SharedListener(uri, spec, _bind_reuseport_group(spec, kind, workers))
 
 
-def _bind_udp_group(spec: Endpoint, workers: int) -> list[socket.socket]:
-    infos = socket.getaddrinfo(spec.host or None, spec.port, type=socket.SOCK_DGRAM,
+def _bind_reuseport_group(spec: Endpoint, kind: socket.SocketKind, workers: int
+                          ) -> list[list[socket.socket]]:
+    """Per worker, one socket per address ``spec.host`` resolves to (IPv4 and IPv6 for
+    a wildcard host, as ``trio.open_tcp_listeners`` binds), all on one port."""
+    infos = socket.getaddrinfo(spec.host or None, spec.port, type=kind,
                                flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    group: list[socket.socket] = []
+    if kind == socket.SOCK_DGRAM:
+        infos = infos[:1]  # QUIC listens on the first address, as on one process
+    port = spec.port
+    group: list[list[socket.socket]] = []
     try:
         for _ in range(workers):
-            sock = socket.socket(family, kind, proto)
-            group.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind(address)
-            # The first bind resolves port 0; the others join its group on that port.
-            address = (address[0], sock.getsockname()[1], *address[2:])
+            sockets: list[socket.socket] = []
+            group.append(sockets)
+            for family, sock_kind, proto, _, address in infos:
+                sock = socket.socket(family, sock_kind, proto)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address[0], port, *address[2:]))
+                port = sock.getsockname()[1]  # the first bind resolves port 0
+                if kind == socket.SOCK_STREAM:
+                    sock.listen(socket.SOMAXCONN)
     except BaseException:
-        for sock in group:
-            sock.close()
+        for sockets in group:
+            for sock in sockets:
+                sock.close()
         raise
     return group

@@ -1,8 +1,8 @@
 """``serve --workers N``: one supervising process, N gateway processes, one set of ports.
 
-The supervisor binds every listener once (``gateway.server.bind_shared``: stream
-listeners shared, one SO_REUSEPORT UDP socket per worker for quic), starts N workers
-(``_worker``) that inherit them, and then only watches:
+The supervisor binds every listener once (``gateway.server.bind_shared``: one
+SO_REUSEPORT socket per worker on each inet port, one shared socket for unix), starts N
+workers (``_worker``) that inherit them, and then only watches:
 
 * **Start-up**: "serving NNRP on ..." (and the target manifest) once every worker says
   its listeners are serving.
@@ -10,7 +10,7 @@ listeners shared, one SO_REUSEPORT UDP socket per worker for quic), starts N wor
   certificate file, say) stops the gateway with its exit status, as one process would.
 * **A worker that exits** later, on its own, is restarted (after 0.5 s, doubling to 30 s while
   it keeps failing within 10 s of its start); its sockets stay open meanwhile, so the
-  shared queue keeps the connections that arrive. One that exits with ``EXIT_FATAL`` (an
+  connections that arrive for it wait in its queue. One that exits with ``EXIT_FATAL`` (an
   unsupported vLLM) stops the whole gateway with that status.
 * **SIGTERM / SIGINT**: readiness goes false, every worker is told to drain (SIGTERM),
   and the supervisor closes its copies of the listening sockets, so once the workers

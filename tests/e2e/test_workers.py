@@ -2,9 +2,11 @@
 worker is restarted while the other keeps streaming, SIGTERM drains them all, /metrics
 and /readyz answer for the pod, and no worker outlives its supervisor.
 
-Which worker accepts a connection is the kernel's choice; to make it the test's, the
-other worker is stopped (SIGSTOP) while the connection is made: a stopped process cannot
-accept, so the shared queue hands the connection to the running one.
+Which worker gets a connection is the kernel's choice (a SO_REUSEPORT hash for inet
+listeners, the first to accept for the shared unix socket). The tests find out rather
+than guess: ``connect_to`` opens connections until one is held by the wanted worker,
+read from /proc (which process holds the server side of the new TCP connection); for
+unix, the other worker is stopped (SIGSTOP) while connecting, so it cannot accept.
 """
 
 from __future__ import annotations
@@ -111,13 +113,15 @@ def served_workers(tmp_path: Path, vllm_url: str, *listen: str, workers: int = 2
 
 
 @contextmanager
-def stopped(pid: int) -> Iterator[None]:
-    """The process is stopped (cannot accept) inside the block."""
-    os.kill(pid, signal.SIGSTOP)
+def stopped(*pids: int) -> Iterator[None]:
+    """The processes are stopped (cannot accept) inside the block."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def alive(pid: int) -> bool:
@@ -136,6 +140,46 @@ async def stream_once(uri: str, *, tokens: int = 8, **connect_options: Any) -> A
         return await run_operation(session, envelope(chat(stream=True, max_tokens=tokens)))
 
 
+def _server_sockets(port: int) -> set[str]:
+    """Inodes of established TCP sockets whose local port is ``port`` (server sides)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _held_by(pid: int, inodes: set[str]) -> set[str]:
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                held.add(link[8:-1])
+    return held
+
+
+async def connect_to(stack: contextlib.AsyncExitStack, uri: str, pid: int,
+                     pids: list[int]) -> Any:
+    """A client connected to worker ``pid`` (see the module's doc)."""
+    if uri.startswith("unix://"):
+        with stopped(*(other for other in pids if other != pid)):
+            return await stack.enter_async_context(connect(uri))
+    port = int(uri.split("://")[1].split("/")[0].rsplit(":", 1)[1])
+    for _ in range(64):  # each try is a coin toss between two workers
+        before = _held_by(pid, _server_sockets(port))
+        attempt = contextlib.AsyncExitStack()
+        client = await attempt.enter_async_context(connect(uri))
+        if _held_by(pid, _server_sockets(port)) - before:
+            stack.push_async_exit(attempt)
+            return client
+        await attempt.aclose()
+    raise AssertionError(f"no connection to {uri} reached worker {pid}")
+
+
 @pytest.fixture
 def replay() -> Iterator[ReplayThread]:
     with ReplayThread(token_interval_ms=20.0) as thread:
@@ -148,17 +192,25 @@ def test_every_worker_serves_every_listener_and_metrics_are_the_pods(
     with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0", f"unix://{sock}",
                         "ws://127.0.0.1:0/nnrp") as served:
         assert len(served.pids) == 2
-        for other in reversed(served.pids):
-            with stopped(other):
+
+        async def one_stream_per_worker_and_listener() -> None:
+            for pid in served.pids:
                 for uri in served.uris.values():
-                    outcome = trio.run(stream_once, uri)
-                    assert outcome.status == 200 and len(outcome.partials) == 8
+                    async with contextlib.AsyncExitStack() as stack:
+                        client = await connect_to(stack, uri, pid, served.pids)
+                        session = await client.open_session()
+                        outcome = await run_operation(session, envelope(chat(
+                            stream=True, max_tokens=8)))
+                        assert outcome.status == 200 and len(outcome.partials) == 8
+
+        trio.run(one_stream_per_worker_and_listener)
         by_worker = sorted((r["worker"], r["transport"]) for r in served.operations())
         assert by_worker == [(0, "ipc"), (0, "tcp"), (0, "websocket"),
                              (1, "ipc"), (1, "tcp"), (1, "websocket")]
         metrics = served.metrics()
-        # Summed across the workers, as one process would count them.
-        assert metrics["nnrp_gateway_connections_total"] == 6
+        # Summed across the workers, as one process would count them (connect_to may
+        # have opened more connections than it kept; each ran one operation or none).
+        assert metrics["nnrp_gateway_connections_total"] >= 6
         for transport in ("tcp", "ipc", "websocket"):
             assert metrics['nnrp_gateway_requests_total{model_name="example-model",'
                            f'outcome="ok",transport="{transport}"}}'] == 2
@@ -179,8 +231,7 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
 
         async def stream_through_a_crash() -> Any:
             async with contextlib.AsyncExitStack() as stack:
-                with stopped(victim):  # the connection, so the stream, is the survivor's
-                    client = await stack.enter_async_context(connect(uri))
+                client = await connect_to(stack, uri, survivor, served.pids)
                 session = await client.open_session()
                 operation = await session.submit(envelope(chat(stream=True, max_tokens=60)))
                 events = []
@@ -197,8 +248,15 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
                  what="the restart")
         assert served.metrics()["nnrp_gateway_worker_restarts_total"] == 1
         replacement = served.worker_pids()[1]
-        with stopped(survivor):  # the replacement serves the same listener
-            assert trio.run(stream_once, uri).status == 200
+
+        async def stream_on_the_replacement() -> Any:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await connect_to(stack, uri, replacement, served.worker_pids())
+                session = await client.open_session()
+                return await run_operation(session, envelope(chat(stream=True,
+                                                                  max_tokens=8)))
+
+        assert trio.run(stream_on_the_replacement).status == 200
         assert served.operations()[-1]["worker"] == 1
         assert replacement != victim
         restart = [r for r in served.records() if r.get("event") == "worker exited; "
@@ -212,10 +270,9 @@ def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> No
         results: list[list[Any]] = []
 
         async def two_streams_through_sigterm() -> None:
-            async def one(pid_to_stop: int, started: trio.Event) -> None:
+            async def one(pid: int, started: trio.Event) -> None:
                 async with contextlib.AsyncExitStack() as stack:
-                    with stopped(pid_to_stop):  # the connection is the other worker's
-                        client = await stack.enter_async_context(connect(uri))
+                    client = await connect_to(stack, uri, pid, served.pids)
                     session = await client.open_session()
                     operation = await session.submit(envelope(chat(stream=True,
                                                                    max_tokens=60)))
@@ -228,7 +285,7 @@ def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> No
 
             async with trio.open_nursery() as nursery:
                 started = [trio.Event(), trio.Event()]
-                for pid, event in zip(reversed(served.pids), started, strict=True):
+                for pid, event in zip(served.pids, started, strict=True):
                     nursery.start_soon(one, pid, event)
                     await event.wait()
                 served.process.send_signal(signal.SIGTERM)

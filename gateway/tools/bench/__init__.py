@@ -6,4 +6,5 @@ without loading the benchmarks); the benchmarks are in ``_codec``, ``_wire``,
 """
 
 #: The scenarios of ``bench run``, in the order they run.
-SCENARIO_NAMES = ("latency", "cost", "throughput", "unary", "cancellation", "pause", "scale")
+SCENARIO_NAMES = ("latency", "cost", "throughput", "unary", "cancellation", "pause", "scale",
+                  "workers")

@@ -51,6 +51,24 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its children (a ``--workers`` supervisor's workers)."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listed:
+            children += [int(child) for child in listed.read().split()]
+    return [pid, *children]
+
+
+def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds per process (one that has gone counts nothing)."""
+    seconds = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            seconds[pid] = process_cpu_seconds(pid)
+    return seconds
+
+
 def process_rss(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as statm:
         return int(statm.read().split()[1]) * _PAGE
@@ -635,15 +653,74 @@ class _LiveGateway:
         await self.stack.__aexit__()
 
 
+async def workers(quick: bool, progress: Progress) -> list[Figure]:
+    """8. Scaling across cores (``serve --workers N``): the same paced load (100 events/s
+    a stream, one event per upstream read) at 256 and 1,024 streams, through one worker
+    and through two, side by side. Events/s delivered against offered, the latency tail
+    (backend emit -> client receive), and the gateway's CPU summed over its processes.
+    The load generator and the backend are Python processes on the same machine: on a
+    2-core VM two workers compete with them for the cores, which the CPU split shows."""
+    figures = []
+    events = 100 if quick else 300  # 1 s or 3 s of tokens a stream, at 100 events/s
+    for streams in ((64, 256) if quick else (256, 1024)):
+        delivered_rate: dict[int, float] = {}
+        for count in (1, 2):
+            progress(f"workers: {count} worker(s), {streams} streams x 100 events/s")
+            args = ("--workers", str(count), "--max-sessions-per-connection", "1024")
+            async with Stack(gateway_args=args, residence=False) as stack:
+                received: list[float] = []
+                run = time.monotonic_ns()
+                async with _sessions(stack.endpoint, streams, connections=32) as sessions:
+                    pids = process_tree(stack.gateway_pid)
+                    cpu_before = tree_cpu_seconds(pids)
+                    start = time.perf_counter()
+                    await _fan_out(streams, functools.partial(
+                        _indexed_gateway_stream, sessions,
+                        f"replay:timestamped:{events}:10000:w{run}", received))
+                    wall = time.perf_counter() - start
+                    cpu_after = tree_cpu_seconds(pids)
+            cpu = {pid: cpu_after.get(pid, 0.0) - cpu_before[pid] for pid in cpu_before}
+            offered = streams * 100.0
+            delivered_rate[count] = len(received) / wall
+            split = ", ".join(f"{seconds / wall * 100:.0f}%" for seconds in cpu.values())
+            label = f"{streams} streams, {count} worker(s)"
+            figures.append(Figure(
+                f"events/s delivered, {label}", delivered_rate[count], "events/s",
+                higher_is_better=True, baseline=offered, baseline_name="offered",
+                spread=f"{len(received)} events in {wall:.2f} s (nominal "
+                       f"{events / 100:.1f} s); gateway CPU {sum(cpu.values()) / wall * 100:.0f}"
+                       f"% of a core (supervisor, workers: {split})"))
+            for q in (0.5, 0.99):
+                figures.append(Figure(
+                    f"event latency p{int(q * 100)}, {label}", percentile(received, q), "us",
+                    goal=5000.0 if q == 0.99 and streams == 256 else None,
+                    spread=f"p50/p95/p99/max {percentile(received, .5):.0f}/"
+                           f"{percentile(received, .95):.0f}/{percentile(received, .99):.0f}/"
+                           f"{max(received, default=0):.0f} us"))
+            figures.append(Figure(
+                f"gateway CPU per event, {label}", sum(cpu.values()) / max(len(received), 1)
+                * 1e6, "us", spread="summed over the supervisor and its workers"))
+        figures.append(Figure(
+            f"events/s scaling, 2 workers over 1, {streams} streams",
+            delivered_rate[2] / max(delivered_rate[1], 1e-9), "x", higher_is_better=True,
+            spread="delivered events/s with two workers over one, same load, same run"))
+    return figures
+
+
 SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = dict(zip(
-    SCENARIO_NAMES, (latency, cost, throughput, unary, cancellation, pause, scale),
+    SCENARIO_NAMES[:-1], (latency, cost, throughput, unary, cancellation, pause, scale),
     strict=True))
+#: Scenarios that start their own stacks (one per configuration they compare).
+STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers}
 
 
 async def run_scenarios(names: list[str], quick: bool, progress: Progress
                         ) -> dict[str, list[Figure]]:
     results: dict[str, list[Figure]] = {}
     for name in names:
+        if name in STAGED:
+            results[name] = await STAGED[name](quick, progress)
+            continue
         args = ("--max-sessions-per-connection", "1024") if name == "scale" else ()
         async with Stack(gateway_args=args) as stack:
             results[name] = await SCENARIOS[name](stack, quick, progress)
