@@ -7,7 +7,7 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -134,6 +134,54 @@ def _plots(out: Path, results: dict[str, list[Figure]]) -> None:
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=120)
         plt.close(fig)
+    if "cost" in results:
+        _plot_cost(plt, out, results["cost"])
+    if "workers" in results:
+        _plot_workers(plt, out, results["workers"])
+
+
+def _plot_cost(plt: Any, out: Path, figures: list[Figure]) -> None:
+    """CPU per event by concurrency, paced against coalesced upstream reads."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for shape in ("paced", "coalesced"):
+        points = [f for f in figures
+                  if f.name.startswith("gateway CPU per event") and f.name.endswith(shape)]
+        ax.plot([f.name.split(", ")[1] for f in points], [f.value for f in points], "o-",
+                label=f"{shape} reads")
+    ax.axhline(10, linestyle="--", color="grey", label="goal 10 us (256 paced)")
+    ax.set_ylabel("gateway CPU per event (us)")
+    ax.set_yscale("log")
+    ax.set_title("What an event costs the gateway")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "cost.png", dpi=120)
+    plt.close(fig)
+
+
+def _plot_workers(plt: Any, out: Path, figures: list[Figure]) -> None:
+    """Events/s delivered and the p99 tail, one worker against two, by load."""
+    fig, (rate, tail) = plt.subplots(1, 2, figsize=(9, 3.5))
+    loads = sorted({f.name.split(", ")[1] for f in figures
+                    if f.name.startswith("events/s delivered")},
+                   key=lambda load: int(load.split()[0]))
+    for count in ("1 worker(s)", "2 worker(s)"):
+        def value(prefix: str, load: str, count: str = count) -> float:
+            (figure,) = [f for f in figures if f.name == f"{prefix}, {load}, {count}"]
+            return figure.value
+        rate.plot(loads, [value("events/s delivered", load) for load in loads], "o-",
+                  label=count.replace("(s)", "s" if count[0] != "1" else ""))
+        tail.plot(loads, [value("event latency p99", load) / 1000 for load in loads], "o-",
+                  label=count.replace("(s)", "s" if count[0] != "1" else ""))
+    rate.set_ylabel("events/s delivered")
+    rate.set_title("Carried load (100 events/s offered a stream)")
+    tail.set_ylabel("event latency p99 (ms)")
+    tail.set_yscale("log")
+    tail.set_title("Tail latency")
+    for ax in (rate, tail):
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "workers.png", dpi=120)
+    plt.close(fig)
 
 
 def _with_progress(work: Callable[[Callable[[str], None]], dict[str, list[Figure]]],

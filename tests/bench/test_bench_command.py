@@ -69,3 +69,20 @@ def test_soak_says_whether_the_load_was_carried_and_how_late_events_were() -> No
     assert set(delays) == {"p50", "p99", "p99.9"}  # the text report prints these three
     assert (delays["p50"], delays["p99"], delays["p99.9"]) == (501.0, 990.0, 999.0)
     assert "durations" not in document and "delays_ms" not in document
+
+
+def test_plots_for_cost_and_workers(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from cli.bench import _plots
+    from gateway.tools.bench._stats import Figure
+
+    cost = [Figure(f"gateway CPU per event, {n} stream(s), {shape}", v, "us")
+            for n, shape, v in ((1, "paced", 500), (1, "coalesced", 55), (256, "paced", 130),
+                                (256, "coalesced", 65))]
+    workers = [Figure(f"{kind}, {n} streams, {w} worker(s)", v, unit)
+               for n in (256, 1024) for w in (1, 2)
+               for kind, v, unit in (("events/s delivered", 5000.0, "events/s"),
+                                     ("event latency p99", 9e5, "us"))]
+    workers.append(Figure("events/s scaling, 2 workers over 1, 256 streams", 1.0, "x"))
+    _plots(tmp_path, {"cost": cost, "workers": workers})
+    assert {p.name for p in tmp_path.iterdir()} == {"cost.png", "workers.png"}
