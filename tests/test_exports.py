@@ -14,8 +14,8 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.transport": (
         "Endpoint ListenError PacketTransport QuicClientOptions READ_SIZE StreamTransport "
-        "TextMessageError WebSocketTransport connect describe_peer parse_endpoint "
-        "read_until_closed tune_tcp "
+        "TextMessageError WebSocketTransport connect describe_peer open_unix_listener "
+        "parse_endpoint read_until_closed tune_tcp "
     ),
     "gateway.nnrp": (
         "Abort Backpressure BudgetFlag BudgetPolicy BudgetRequested BudgetUpdate CacheAck "
@@ -71,13 +71,14 @@ PUBLIC: dict[str, str] = {
         "token_count traceparent "
     ),
     "gateway.server": (
-        "AlpnPolicy BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer "
-        "Operation OperationHandler OperationPort QuicSettings RefusalHandler ServerStats "
-        "Session TlsConfig TokenAuthenticator load_tls server_context "
+        "AlpnPolicy BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer "
+        "Inherited Observer Operation OperationHandler OperationPort QuicSettings "
+        "RefusalHandler ServerStats Session SharedListener TlsConfig TokenAuthenticator "
+        "bind_shared load_tls server_context "
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes build_record "
-        "configure_logging "
+        "configure_logging metrics_route "
     ),
     "gateway.tools.client": (
         "ClientError ClientOperation ClientSession NnrpClient Trust connect "
