@@ -314,9 +314,10 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
     from gateway.tools.conformance import ManifestError
     from gateway.transport import ListenError
     from gateway.upstream import UnsupportedVersion
+    from gateway.workers import EXIT_FATAL
 
     user_errors: tuple[tuple[type[Exception], int, str], ...] = (
-        (UnsupportedVersion, 3, "error: {}"),
+        (UnsupportedVersion, EXIT_FATAL, "error: {}"),
         (ManifestError, 2, "error: target manifest: {}"),
         (ListenError, 2, "error: {}"),
         (OSError, 2, "error: cannot listen: {}"),

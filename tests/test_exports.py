@@ -77,8 +77,8 @@ PUBLIC: dict[str, str] = {
         "bind_shared load_tls server_context "
     ),
     "gateway.observe": (
-        "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes build_record "
-        "configure_logging metrics_route "
+        "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes "
+        "RouteUnavailable build_record configure_logging metrics_route "
     ),
     "gateway.tools.client": (
         "ClientError ClientOperation ClientSession NnrpClient Trust connect "

@@ -4,6 +4,7 @@ the canonical log line and the Prometheus metrics; plus the admin HTTP listener.
 from ._admin import (
     AdminRoutes as AdminRoutes,
     AdminServer as AdminServer,
+    RouteUnavailable as RouteUnavailable,
     metrics_route as metrics_route,
 )
 from ._logging import configure_logging as configure_logging

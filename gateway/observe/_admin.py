@@ -44,6 +44,10 @@ class AdminRoutes:
     residence: Route[dict[str, Any]] | None = None  # None: /debug/residence is off
 
 
+class RouteUnavailable(Exception):
+    """A route cannot answer now (503, with the message as the reason)."""
+
+
 def metrics_route(registry: CollectorRegistry) -> Route[bytes]:
     """/metrics for one process's registry."""
     return lambda: generate_latest(registry)
@@ -84,6 +88,17 @@ class AdminServer:
             await nursery.start(self.serve, host or "127.0.0.1", int(port))
             task_status.started()
 
+    async def _respond_safely(self, method: str, path: str) -> tuple[int, str, bytes]:
+        """``respond``, with a route's failure as an answer: it must not end the listener
+        (nor, in a supervisor, the workers it would cancel)."""
+        try:
+            return await self.respond(method, path)
+        except RouteUnavailable as exc:
+            return 503, "application/json", json.dumps({"error": str(exc)}).encode()
+        except Exception:
+            log.exception("admin route failed", path=path)
+            return 500, "application/json", b'{"error":"internal error"}'
+
     async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
         if method not in ("GET", "HEAD"):
             return 405, "application/json", b'{"error":"method not allowed"}'
@@ -117,7 +132,7 @@ class AdminServer:
                         connection.receive_data(data)
                         continue
                     if isinstance(event, h11.Request):
-                        status, content_type, body = await self.respond(
+                        status, content_type, body = await self._respond_safely(
                             event.method.decode(), event.target.decode())
                         headers = [("content-type", content_type),
                                    ("content-length", str(len(body))), ("connection", "close")]

@@ -48,7 +48,8 @@ def configure_logging(*, level: str = "info", to_stderr: bool = False,
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
         # One write per line (PrintLogger writes the newline apart): with --workers,
-        # several processes share stdout, and a line must never be split by another's.
+        # several processes share stdout, and one write is not interleaved with another's
+        # (on a pipe, for lines up to PIPE_BUF, 4 KiB; the operation line is about 1 KiB).
         logger_factory=structlog.WriteLoggerFactory(stream),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )

@@ -9,19 +9,23 @@ starts, and every worker inherits it (``Inherited``):
   socket shared by all workers was tried first: a burst of 32 connections all went to
   the worker that woke first, which drains the accept queue before the other runs.) The
   hash keeps every datagram of a QUIC client's flow on one socket, so it reaches the
-  worker holding that connection's state (a client that migrates its address would land
-  elsewhere: migration is not supported, as on one process).
+  worker holding that connection's state. Unlike one process, which routes datagrams by
+  connection ID, a client whose address changes (NAT rebinding, migration) lands on
+  another worker and loses its connection.
 * unix: SO_REUSEPORT is an inet option, so **one socket shared by all workers**; each
-  accepts from the same queue.
+  accepts from the same queue (so a burst tends to go to one worker).
 
-The supervisor keeps every socket open while a worker restarts: the group, and so the
-hash, never changes, and connections that arrive for the restarting worker wait in its
-queue (about a second) instead of being refused. Port 0 is resolved once, by the first
-bind: every worker serves the same URI.
+A port already in use is an error, as for one process (a bare SO_REUSEPORT bind would
+join the group holding it). When a worker exits, its TCP sockets are closed at once
+(``SharedListener.release``): the hash then spreads new connections over the workers
+still running, and the restarted worker gets fresh sockets in the group (``renew``).
+Its QUIC socket is kept, since the hash must not change under established flows. Port 0
+is resolved once, by the first bind: every worker serves the same URI.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
@@ -50,15 +54,19 @@ class Inherited:
     """A listener bound by the supervisor, as one worker receives it.
 
     ``uri`` is the listener as configured (the key a worker looks it up by); ``fds`` are
-    the listening stream sockets (tcp with no host may be two: IPv4 and IPv6) or the
-    worker's own UDP socket (quic).
+    the worker's sockets for it (tcp on a wildcard host may be two: IPv4 and IPv6).
     """
 
     uri: str
     fds: tuple[int, ...]
 
-    def sockets(self) -> list[socket.socket]:
+    def adopt(self) -> list[socket.socket]:
+        """The sockets, owned by the caller from now on (call it once: they close)."""
         return [socket.socket(fileno=fd) for fd in self.fds]
+
+
+#: A QUIC listener's receive buffer: room for bursts (the kernel may cap it).
+UDP_RECEIVE_BUFFER = 4 << 20
 
 
 @attrs.define
@@ -69,6 +77,8 @@ class SharedListener:
     spec: Endpoint
     #: The sockets of each worker (index = worker); a unix listener's are all the same.
     per_worker: list[list[socket.socket]]
+    #: What each inet socket binds (family, type, proto, address), port resolved.
+    addresses: list[tuple[Any, ...]] = attrs.field(factory=list)
 
     @property
     def bound_uri(self) -> str:
@@ -78,6 +88,22 @@ class SharedListener:
     def for_worker(self, index: int) -> Inherited:
         return Inherited(self.uri, tuple(sock.fileno() for sock in self.per_worker[index]))
 
+    def release(self, index: int) -> None:
+        """A worker exited: close its TCP sockets, so that the group's hash sends new
+        connections to the workers still running instead of queueing them for a worker
+        that may be down for a while (connections already queued for it are reset). A
+        QUIC socket stays (the hash must not change under established flows); a unix
+        socket is shared."""
+        if self.spec.scheme in ("tcp", "tcps", "ws", "wss"):
+            for sock in self.per_worker[index]:
+                sock.close()
+
+    def renew(self, index: int) -> None:
+        """Before a worker's restart: fresh sockets in the group for those released."""
+        if self.spec.scheme in ("tcp", "tcps", "ws", "wss") and all(
+                sock.fileno() == -1 for sock in self.per_worker[index]):
+            self.per_worker[index] = _bind_one_of_each(self.addresses)
+
     def close(self) -> None:
         for sockets in self.per_worker:
             for sock in sockets:
@@ -86,7 +112,9 @@ class SharedListener:
 
 
 async def bind_shared(uri: str, workers: int) -> SharedListener:
-    """Bind ``uri`` once for ``workers`` processes (see the module's rules)."""
+    """Bind ``uri`` once for ``workers`` processes (see the module's rules). A port in use
+    raises OSError (EADDRINUSE), as it does for one process: a SO_REUSEPORT bind alone
+    would join whatever group holds the port, another gateway's or this one's."""
     spec = parse_endpoint(uri)
     if spec.scheme == "unix":
         listener = await open_unix_listener(spec.path)
@@ -94,37 +122,63 @@ async def bind_shared(uri: str, workers: int) -> SharedListener:
         listener.socket.close()
         return SharedListener(uri, spec, [[shared]] * workers)
     kind = socket.SOCK_DGRAM if spec.scheme == "quic" else socket.SOCK_STREAM
-    return SharedListener(uri, spec, _bind_reuseport_group(spec, kind, workers))
-
-
-def _bind_reuseport_group(spec: Endpoint, kind: socket.SocketKind, workers: int
-                          ) -> list[list[socket.socket]]:
-    """Per worker, one socket per address ``spec.host`` resolves to (IPv4 and IPv6 for
-    a wildcard host, as ``trio.open_tcp_listeners`` binds), all on one port."""
     infos = socket.getaddrinfo(spec.host or None, spec.port, type=kind,
                                flags=socket.AI_PASSIVE)
     if kind == socket.SOCK_DGRAM:
         infos = infos[:1]  # QUIC listens on the first address, as on one process
-    port = spec.port
+    addresses = [(family, sock_kind, proto, address)
+                 for family, sock_kind, proto, _, address in infos]
+    if spec.port:
+        _check_port_free(addresses)
     group: list[list[socket.socket]] = []
     try:
         for _ in range(workers):
-            sockets: list[socket.socket] = []
-            group.append(sockets)
-            for family, sock_kind, proto, _, address in infos:
-                sock = socket.socket(family, sock_kind, proto)
-                sockets.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((address[0], port, *address[2:]))
-                port = sock.getsockname()[1]  # the first bind resolves port 0
-                if kind == socket.SOCK_STREAM:
-                    sock.listen(socket.SOMAXCONN)
+            group.append(_bind_one_of_each(addresses))
+            # The first bind resolves port 0; the others join its group on that port.
+            port = group[0][0].getsockname()[1]
+            addresses = [(family, sock_kind, proto, (address[0], port, *address[2:]))
+                         for family, sock_kind, proto, address in addresses]
     except BaseException:
         for sockets in group:
             for sock in sockets:
                 sock.close()
         raise
-    return group
+    return SharedListener(uri, spec, group, addresses)
+
+
+def _check_port_free(addresses: list[tuple[Any, ...]]) -> None:
+    """Bind each address once without SO_REUSEPORT: EADDRINUSE if anything holds it.
+    TCP keeps SO_REUSEADDR (connections in TIME_WAIT from an earlier run are no clash)."""
+    for family, kind, proto, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            if kind == socket.SOCK_STREAM:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and kind == socket.SOCK_STREAM:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(address)
+
+
+def _bind_one_of_each(addresses: list[tuple[Any, ...]]) -> list[socket.socket]:
+    """One socket per address, in the port's SO_REUSEPORT group, with the options one
+    process's own bind would set (``trio.open_tcp_listeners``; ``QuicListener.bind``)."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if kind == socket.SOCK_STREAM:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # trio binds IPv4 and IPv6 apart
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            else:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
+            sock.bind(address)
+            if kind == socket.SOCK_STREAM:
+                sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets

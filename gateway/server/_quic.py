@@ -79,6 +79,8 @@ from aioquic.quic.packet import (
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
 
+from ._listeners import UDP_RECEIVE_BUFFER
+
 if TYPE_CHECKING:
     from aioquic.quic.packet_builder import QuicPacketBuilder
     from aioquic.quic.recovery import QuicPacketSpace
@@ -668,7 +670,7 @@ class QuicListener:
         try:
             sock.setblocking(False)
             with contextlib.suppress(OSError):  # room for bursts; the kernel may cap it
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
             sock.bind(address)
             return cls(settings, sock)
         except BaseException:

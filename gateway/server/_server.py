@@ -157,7 +157,7 @@ class GatewayServer:
         """The worker's inherited sockets (``--workers``), or bind our own."""
         if inherited is not None:
             return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                    for sock in inherited.sockets()]
+                    for sock in inherited.adopt()]
         if spec.scheme == "unix":
             listener = await open_unix_listener(spec.path)
             self._unix_paths.append(spec.path)  # ours to remove (a worker's is not)
@@ -226,7 +226,7 @@ class GatewayServer:
         if self.quic is None:
             raise ListenError("quic:// needs a certificate (--tls-cert, --tls-key)")
         try:
-            listener = (QuicListener(self.quic, inherited.sockets()[0]) if inherited
+            listener = (QuicListener(self.quic, inherited.adopt()[0]) if inherited
                         else await QuicListener.bind(self.quic, spec.host, spec.port))
         except ValueError as exc:
             raise ListenError(f"quic://{spec.host}:{spec.port}: {exc}") from exc

@@ -16,20 +16,14 @@ from ._worker import EXIT_FATAL, read_plan, serve_worker
 def main() -> int:
     plan = read_plan(sys.stdin.buffer)
     configure_logging(level=plan.log_level)
+    status = 0
     try:
         trio.run(serve_worker, plan)
-    except BaseExceptionGroup as group:
-        unsupported, _ = group.split(UnsupportedVersion)
-        if unsupported is None:
-            raise
+    except* UnsupportedVersion as group:
         structlog.get_logger("gateway.workers").error(
-            "vLLM version not supported; stopping", error=str(unsupported.exceptions[0]))
-        return EXIT_FATAL
-    except UnsupportedVersion as exc:
-        structlog.get_logger("gateway.workers").error(
-            "vLLM version not supported; stopping", error=str(exc))
-        return EXIT_FATAL
-    return 0
+            "vLLM version not supported; stopping", error=str(group.exceptions[0]))
+        status = EXIT_FATAL
+    return status
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ the same series from several workers becomes one sample whose value is
   created it) and for ``upstream_ready`` (1 only when every worker sees vLLM healthy);
 * the **maximum** for ``build_info`` (1 per version label, not N).
 
-A worker that is restarting contributes nothing, so a counter may step back while it is
-away and forward when it is back: Prometheus' ``rate()`` treats a drop as a counter
-reset, as it does for any restarted process.
+Counters must never step back, or Prometheus' ``rate()`` reads a reset and counts the
+other workers' whole totals as new increase. So ``PodMetrics`` keeps each worker's last
+text: a worker that does not answer a scrape counts with its last values, and when a
+worker exits its last counters and histograms join a retired base that every later
+scrape adds (its gauges go: what it held is gone). Increments between a dead worker's
+last scrape and its end are lost, as they would be for one process.
 """
 
 from __future__ import annotations
@@ -69,6 +72,38 @@ class _Families(Collector):
 
 def merged_exposition(texts: Iterable[str], *extra: CollectorRegistry) -> bytes:
     """Prometheus text for the merged workers, followed by ``extra`` registries' own."""
+    return _render(merge_texts(texts)) + b"".join(generate_latest(r) for r in extra)
+
+
+def _render(families: list[Metric]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(merge_texts(texts)))
-    return generate_latest(registry) + b"".join(generate_latest(r) for r in extra)
+    registry.register(_Families(families))
+    return generate_latest(registry)
+
+
+#: Family types that only grow while their process lives (kept when a worker retires).
+_CUMULATIVE = frozenset({"counter", "histogram", "summary"})
+
+
+class PodMetrics:
+    """The workers' texts as one pod whose counters never step back (module rules)."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, str] = {}
+        self._retired = ""
+
+    def update(self, worker: int, text: str) -> None:
+        """A worker's answer to this scrape."""
+        self._latest[worker] = text
+
+    def retire(self, worker: int) -> None:
+        """The worker's process exited: its cumulative series join the base."""
+        text = self._latest.pop(worker, None)
+        if text is None:
+            return
+        kept = [family for family in text_string_to_metric_families(text)
+                if family.type in _CUMULATIVE]
+        self._retired = merged_exposition([self._retired, _render(kept).decode()]).decode()
+
+    def exposition(self, *extra: CollectorRegistry) -> bytes:
+        return merged_exposition([self._retired, *self._latest.values()], *extra)

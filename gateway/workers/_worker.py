@@ -26,8 +26,8 @@ from gateway.server import BoundEndpoint, Inherited
 
 log = structlog.get_logger("gateway.workers")
 
-#: A worker's exit status when its configuration cannot serve (an unsupported vLLM):
-#: restarting it would fail again, so the supervisor stops and exits with it.
+#: The exit status for a vLLM the gateway cannot serve (an unsupported version), one
+#: process or a worker alike: restarting would fail again, so a supervisor stops with it.
 EXIT_FATAL = 3
 _LENGTH = struct.Struct("!I")
 
@@ -68,7 +68,8 @@ async def serve_worker(plan: WorkerPlan) -> None:
         os.close(plan.started_fd)
 
     async def supervisor_gone() -> None:
-        # Our own copy of stdin: trio makes it non-blocking, and stdin stays untouched.
+        # A copy of the descriptor for trio (which makes the shared file description
+        # non-blocking: nothing else in this process reads stdin after the plan).
         async with trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
             while await stdin.receive_some(4096):
                 pass

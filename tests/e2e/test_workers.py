@@ -124,6 +124,14 @@ def stopped(*pids: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listed:
+            found += [int(child) for child in listed.read().split()]
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -241,12 +249,17 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
                         os.kill(victim, signal.SIGKILL)
                 return events
 
+        requests = "nnrp_gateway_requests_total"
+        before = sum(v for k, v in served.metrics().items() if k.startswith(requests))
         events = trio.run(stream_through_a_crash)
         assert isinstance(events[-1], ResultReceived) and len(events) == 61
         wait_for(lambda: served.metrics().get("nnrp_gateway_workers_running") == 2
                  and len(served.worker_pids()) == 2 and victim not in served.worker_pids(),
                  what="the restart")
-        assert served.metrics()["nnrp_gateway_worker_restarts_total"] == 1
+        metrics = served.metrics()
+        assert metrics["nnrp_gateway_worker_restarts_total"] == 1
+        # What the killed worker had counted is still counted (no false counter reset).
+        assert sum(v for k, v in metrics.items() if k.startswith(requests)) >= before + 1
         replacement = served.worker_pids()[1]
 
         async def stream_on_the_replacement() -> Any:
@@ -353,3 +366,40 @@ def test_no_worker_outlives_a_killed_supervisor(tmp_path: Path,
                  what="orphaned workers to exit")
         assert any(r.get("event") == "the supervisor is gone; draining"
                    for r in served.records())
+
+
+def test_sigterm_while_a_worker_waits_to_restart_stops_everything(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        os.kill(served.pids[1], signal.SIGKILL)
+        served.process.send_signal(signal.SIGTERM)  # within the 0.5 s restart backoff
+        assert served.process.wait(timeout=15) == 0
+        # Nothing started after the stop is left behind, and nothing was restarted.
+        assert not any(alive(pid) for pid in served.worker_pids())
+        assert served.records()[-1]["event"] == "drained"
+
+
+def test_sighup_while_workers_start_is_not_fatal(tmp_path: Path,
+                                                 replay: ReplayThread) -> None:
+    pki = make_pki(tmp_path / "pki")
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [EXE, "serve", "--workers", "2", "--vllm-url", replay.url, "--listen",
+             "tcp://127.0.0.1:0", "--listen", "tcps://127.0.0.1:0", "--tls-cert",
+             str(pki.cert), "--tls-key", str(pki.key)], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        # The supervisor handles signals once it binds; its workers are then importing.
+        wait_for(lambda: process.poll() is not None or bool(children(process.pid)),
+                 what="workers spawned")
+        process.send_signal(signal.SIGHUP)
+        wait_for(lambda: b"serving NNRP on tcp" in log.read_bytes()
+                 or process.poll() is not None, what="the announcement")
+        assert process.poll() is None, log.read_text()
+        uri = next(line.removeprefix("serving NNRP on ")
+                   for line in log.read_text().splitlines()
+                   if line.startswith("serving NNRP on tcp://"))
+        assert trio.run(stream_once, uri).status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0

@@ -11,7 +11,14 @@ import pytest
 import trio
 
 from gateway.nnrp import CancelSource, TraceInfo
-from gateway.observe import AdminRoutes, AdminServer, GatewayMetrics, build_record, metrics_route
+from gateway.observe import (
+    AdminRoutes,
+    AdminServer,
+    GatewayMetrics,
+    RouteUnavailable,
+    build_record,
+    metrics_route,
+)
 from gateway.profile import EndCause, Outcome
 from gateway.server import CancelInfo, Operation, ServerStats
 from tests.support.ports import RecordingPort
@@ -185,3 +192,20 @@ async def test_admin_without_metrics_and_with_a_garbage_request(nursery: trio.Nu
     await stream.aclose()
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
         assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_a_failing_route_is_an_answer_not_the_end_of_the_listener(
+        nursery: trio.Nursery) -> None:
+    def broken() -> list[str]:
+        raise KeyError("reasons")
+
+    async def unavailable() -> dict[str, Any]:
+        raise RouteUnavailable("no worker is serving")
+
+    admin = AdminServer(AdminRoutes(broken, unavailable))
+    port = await nursery.start(admin.serve, "127.0.0.1", 0)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False) as http:
+        assert (await http.get("/readyz")).status_code == 500
+        answer = await http.get("/capabilities")
+        assert (answer.status_code, answer.json()) == (503, {"error": "no worker is serving"})
+        assert (await http.get("/healthz")).status_code == 200  # still serving

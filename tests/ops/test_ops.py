@@ -237,6 +237,14 @@ def test_bad_flags_are_one_line_errors() -> None:
                                      f"tcp://127.0.0.1:{port}"])
     assert (result.exit_code, "Traceback" in result.output) == (2, False)
     assert "cannot listen" in result.output
+    # Two listeners on one port clash, as they do for one process (SO_REUSEPORT alone
+    # would have put both in one group and split their connections).
+    port = free_port()
+    result = runner.invoke(app, ["serve", "--workers", "2", "--listen",
+                                 f"tcp://127.0.0.1:{port}", "--listen",
+                                 f"ws://127.0.0.1:{port}/nnrp"])
+    assert (result.exit_code, "Traceback" in result.output) == (2, False)
+    assert "cannot listen" in result.output and "in use" in result.output
 
 
 def test_check_and_health_commands() -> None:
