@@ -33,7 +33,7 @@ from gateway.tools.client import connect
 from gateway.transport import QuicClientOptions
 from tests.support.processes import ReplayThread, free_port
 from tests.support.quic import make_pki
-from tests.support.stack import chat, envelope, run_operation
+from tests.support.stack import chat, envelope, run_operation, stream_through_signal
 
 EXE = str(Path(sys.executable).parent / "nnrp-gateway")
 
@@ -240,14 +240,7 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
         async def stream_through_a_crash() -> Any:
             async with contextlib.AsyncExitStack() as stack:
                 client = await connect_to(stack, uri, survivor, served.pids)
-                session = await client.open_session()
-                operation = await session.submit(envelope(chat(stream=True, max_tokens=60)))
-                events = []
-                async for event in operation.events():
-                    events.append(event)
-                    if len(events) == 5:
-                        os.kill(victim, signal.SIGKILL)
-                return events
+                return await stream_through_signal(client, victim, signal.SIGKILL)
 
         requests = "nnrp_gateway_requests_total"
         before = sum(v for k, v in served.metrics().items() if k.startswith(requests))

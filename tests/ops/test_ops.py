@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from gateway.app import Gateway, GatewayConfig
 from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
 from tests.support.processes import ReplayThread, free_port, wait_ready
-from tests.support.stack import chat, envelope, run_operation
+from tests.support.stack import chat, envelope, run_operation, stream_through_signal
 
 runner = CliRunner()
 
@@ -290,14 +289,7 @@ def test_sigterm_drains_in_flight_stream(served_stack: Any) -> None:
 
     async def stream_through_sigterm() -> list[Any]:
         async with connect(endpoint) as client:
-            session = await client.open_session()
-            operation = await session.submit(envelope(chat(stream=True, max_tokens=60)))
-            events = []
-            async for event in operation.events():
-                events.append(event)
-                if len(events) == 5:
-                    os.kill(gateway.pid, signal.SIGTERM)
-            return events
+            return await stream_through_signal(client, gateway.pid, signal.SIGTERM)
 
     events = trio.run(stream_through_sigterm)
     assert type(events[-1]).__name__ == "ResultReceived"  # drained, not dropped

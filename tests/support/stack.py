@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from gateway.observe import ObservationRecord
-    from gateway.tools.client import ClientSession
+    from gateway.tools.client import ClientSession, NnrpClient
 
 _ids = itertools.count(1)
 
@@ -115,3 +116,17 @@ def metric_samples(registry: CollectorRegistry
     """Every sample in ``registry`` by (name, sorted labels)."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in registry.collect() for s in family.samples}
+
+
+async def stream_through_signal(client: NnrpClient, pid: int, signum: int, *,
+                                max_tokens: int = 60, after: int = 5) -> list[Any]:
+    """Stream ``max_tokens`` tokens on a new session, sending ``signum`` to ``pid`` once
+    ``after`` events have arrived; every event, the terminal last."""
+    session = await client.open_session()
+    operation = await session.submit(envelope(chat(stream=True, max_tokens=max_tokens)))
+    events = []
+    async for event in operation.events():
+        events.append(event)
+        if len(events) == after:
+            os.kill(pid, signum)
+    return events
