@@ -6,10 +6,10 @@
 It separates the time an event spends in the gateway's hands from the rest of a
 benchmark's path (issue 16): a load generator and a backend sharing two cores with the
 gateway make end-to-end latency a figure of the machine. What it covers exactly: from
-the moment the operation's task has the body bytes (an HTTP chunk out of httpx; bytes
-waiting in the kernel or in h11 before that are not in it) to the moment the writer has
-handed the packet to the socket, so time waiting on the client (backpressure, flow
-control) and for the connection's writer is in it. "Reads" counts those HTTP chunks.
+the moment the operation's task has the body bytes (one read of the upstream socket,
+de-chunked; bytes waiting in the kernel before that are not in it) to the moment the
+writer has handed the packet to the socket, so time waiting on the client (backpressure,
+flow control) and for the connection's writer is in it. "Reads" counts those reads.
 
 Off in production: it is switched on by ``serve --bench-residence`` (hidden) and read at
 the admin listener's ``/debug/residence``. Off, its cost is one module-global check per

@@ -1,6 +1,7 @@
 """The import rules of docs/architecture.md ("Layers"), read from the source itself.
 
-* ``gateway.nnrp`` and ``gateway.profile`` are sans-IO: no trio, no httpx, no I/O layer.
+* ``gateway.nnrp``, ``gateway.profile`` and the upstream's HTTP/1.1 and SSE readers are
+  sans-IO: no trio, no httpx, no I/O layer.
 * ``gateway.upstream`` knows vLLM, not NNRP's I/O: no ``gateway.server`` or pipeline.
 * The serving core never imports the tools (``gateway.tools``): they are apart.
 """
@@ -39,7 +40,8 @@ def offenders(part: str, forbidden: tuple[str, ...]) -> list[str]:
             if any(module == f or module.startswith(f"{f}.") for f in forbidden)]
 
 
-@pytest.mark.parametrize("part", ["nnrp", "profile"])
+@pytest.mark.parametrize("part", ["nnrp", "profile", "upstream/_http1.py",
+                                  "upstream/_sse.py"])
 def test_sans_io_layers_import_no_io(part: str) -> None:
     assert offenders(part, ("trio", "httpx", "h11", "trio_websocket", "gateway.server",
                             "gateway.upstream", "gateway.pipeline", "gateway.transport",

@@ -1,4 +1,5 @@
-"""The vLLM HTTP client: the only module that calls httpx.
+"""The vLLM HTTP client: with ``_transport`` (each request slot's connection under
+httpx), the only module that calls httpx.
 
     chunks(body, headers, ...)     a streamed completion as checked chunks (``_stream``)
     completion(body, headers, ...) a non-streaming completion as a checked body
@@ -43,6 +44,7 @@ from ._errors import (
 from ._slots import ConnectionSlots
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
+from ._transport import LoopbackTransport
 from ._versions import Binding, select_binding
 
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
@@ -99,19 +101,23 @@ class VllmClient:
         # and most of a MiB each, for an https:// vLLM URL that loopback rarely uses).
         tls = httpx.create_ssl_context()
 
-        def pool(timeout: httpx.Timeout, connections: int) -> httpx.AsyncClient:
+        def pool(timeout: httpx.Timeout, connections: int,
+                 own: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
             return httpx.AsyncClient(
                 base_url=config.base_url.rstrip("/"), timeout=timeout, verify=tls,
                 limits=httpx.Limits(max_connections=connections,
                                     max_keepalive_connections=connections,
                                     keepalive_expiry=KEEPALIVE_EXPIRY),
-                headers=headers, trust_env=False, transport=transport)
+                headers=headers, trust_env=False, transport=transport or own)
 
         # Requests: no httpx read or pool timeout; waiting for a slot counts against the
-        # operation's own first-chunk, idle and total deadlines (trio scopes).
+        # operation's own first-chunk, idle and total deadlines (trio scopes). Each slot's
+        # one connection is a LoopbackTransport for http:// (the hot path, ``_transport``).
         request_timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
                                         write=30.0, pool=None)
-        self._slots = ConnectionSlots(config.pool_size, lambda: pool(request_timeout, 1))
+        plain = httpx.URL(config.base_url).scheme == "http"
+        self._slots = ConnectionSlots(config.pool_size, lambda: pool(
+            request_timeout, 1, LoopbackTransport() if plain else None))
         self._pulse = _Pulse()
         self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue

@@ -21,6 +21,7 @@ with atheris.instrument_imports():
     from gateway.profile import ProfileError, check_typed_body, parse_envelope
     from gateway.server import _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
+    from gateway.upstream._http1 import BodyDecoder, ProtocolError, parse_head
 
 
 def nnrp_decoder(data: bytes) -> None:
@@ -78,6 +79,38 @@ def sse(data: bytes) -> None:
                         pass
     except SSEError:
         pass
+
+
+def http1(data: bytes) -> None:
+    """vLLM's response bytes into the upstream's HTTP/1.1 reader: only ProtocolError may
+    escape, and how the bytes are split never changes the answer."""
+    step = 1 + (data[0] % 16 if data else 0)
+    answers = {_http1_read(data[1:], size) for size in (step, len(data) or 1)}
+    assert len(answers) == 1, answers
+
+
+def _http1_read(data: bytes, size: int) -> tuple[object, ...]:
+    received = b""
+    decoder = None
+    body = b""
+    try:
+        for start in range(0, len(data), size):
+            part = data[start:start + size]
+            if decoder is None:
+                received += part
+                parsed = parse_head(received)
+                if parsed is None:
+                    continue
+                head, length = parsed
+                decoder = BodyDecoder(head)
+                part = received[length:]
+            body += decoder.feed(part)
+        if decoder is None:
+            return ("no head",)
+        decoder.end_of_stream()
+        return (body, decoder.done, decoder.extra, decoder.reusable)
+    except ProtocolError as exc:
+        return ("error", str(exc).split(" ")[0])
 
 
 #: Every preview4 message type, in a fixed order (a byte of input picks one).
@@ -251,7 +284,7 @@ def quic_datagram(data: bytes) -> None:
 
 TARGETS = {"nnrp_decoder": nnrp_decoder, "typed_body": typed_body, "envelope": envelope,
            "sse": sse, "controls": controls, "server_session": server_session,
-           "quic_datagram": quic_datagram}
+           "quic_datagram": quic_datagram, "http1": http1}
 
 if __name__ == "__main__":
     target = TARGETS[sys.argv[1]]

@@ -13,7 +13,8 @@ HERE = Path(__file__).parent / "corpus"
 
 def main() -> None:
     folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse",
-                                              "controls", "server_session", "quic_datagram")}
+                                              "controls", "server_session", "quic_datagram",
+                                              "http1")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     vectors = Path(__file__).parents[1] / "nnrp" / "vectors"
@@ -52,9 +53,23 @@ def main() -> None:
     (folders["server_session"] / "submit_then_sends.bin").write_bytes(
         opening + bytes([0xF0, 1, 1, 0, 0xF0, 1, 1, 1, 0xF0, 1, 1, 2]) + body[:8])
     quic_seeds(folders["quic_datagram"])
+    (folders["http1"] / "length.http").write_bytes(
+        b"\x03HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\n\r\n{\"error\":1}")
+    (folders["http1"] / "close.http").write_bytes(
+        b"\x00HTTP/1.0 200 OK\r\nconnection: close\r\n\r\nuntil the end")
+    (folders["http1"] / "interim-and-trailer.http").write_bytes(
+        b"\x01HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n0\r\nx-t: 1\r\n\r\n")
     for name, transcript in bundled_transcripts().items():
         if transcript.streaming:
             (folders["sse"] / f"{name}.sse").write_bytes(transcript.body)
+            # As vLLM frames it on the wire: one chunk per write (a first byte picks the
+            # harness's split size).
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(line), line)
+                              for line in transcript.body.split(b"\n\n") if line)
+            (folders["http1"] / f"{name}.http").write_bytes(
+                b"\x07HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
         elif transcript.body:
             (folders["envelope"] / f"{name}.json").write_bytes(transcript.body)
 

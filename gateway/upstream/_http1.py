@@ -1,0 +1,196 @@
+"""HTTP/1.1 for one loopback client connection, sans-IO: request bytes out, a response
+head and body bytes in (RFC 9112). No trio, no httpx; ``_transport`` does the I/O.
+
+Why not h11 here: on the streaming path vLLM sends one chunk per token, and h11's event
+machinery (state triggers, per-event validation) plus httpcore's layers around it were
+about a third of the gateway's CPU per event at 256 streams (docs/bench/issue16). This
+module does only what a client reading vLLM needs, strictly:
+
+Rules (each cited as R<n> where it is applied):
+
+* R1 The head ends at the first CRLFCRLF, within ``MAX_HEAD`` bytes; the status line is
+  ``HTTP/1.x NNN reason``; a header line without a colon, or with whitespace before it,
+  is an error (RFC 9112 §5.1: no whitespace between name and colon).
+* R2 Framing (RFC 9112 §6.3): no body for 1xx, 204 and 304; ``Transfer-Encoding`` whose
+  last coding is ``chunked`` is chunked; any other transfer coding is refused (the
+  gateway asks for identity); else ``Content-Length`` (one value, digits only; repeated
+  identical values are one) is a fixed body; else the body runs to the connection's end.
+* R3 Chunked body: a size line (hex digits, optional ``;`` extensions, CRLF, at most
+  ``MAX_LINE`` bytes), the data, CRLF; a zero size ends the data, then trailer lines up
+  to an empty line. Anything else is an error.
+* R4 The connection may carry another request only if the response is HTTP/1.1, has no
+  ``Connection: close``, its body is delimited (chunked or fixed) and ended exactly: not
+  a byte more arrived than the message held.
+
+Errors are ``ProtocolError`` (the transport maps them to httpx's RemoteProtocolError).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+MAX_HEAD = 64 * 1024
+MAX_LINE = 4096
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class ProtocolError(Exception):
+    """The server's bytes are not HTTP/1.1 as R1-R3 read it."""
+
+
+def request_bytes(method: str, target: bytes, headers: list[tuple[bytes, bytes]],
+                  body: bytes) -> bytes:
+    """The request's head and body in one buffer (headers as the caller built them)."""
+    lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+            raise ValueError("header with a line break")
+        lines += [name, b": ", value, b"\r\n"]
+    lines.append(b"\r\n")
+    return b"".join(lines) + body
+
+
+@attrs.frozen
+class ResponseHead:
+    http_version: bytes  # b"1.1" or b"1.0"
+    status: int
+    reason: bytes
+    headers: list[tuple[bytes, bytes]]  # names lowercased, in order
+    #: "chunked", "length", "close" or "none" (R2).
+    framing: str
+    length: int = 0
+    keep_alive: bool = True
+
+
+def parse_head(data: bytes | bytearray, *, request_method: str = "POST"
+               ) -> tuple[ResponseHead, int] | None:
+    """The head at the start of ``data`` and its length, or None until it is complete."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        if len(data) > MAX_HEAD:
+            raise ProtocolError("response head too large")
+        return None
+    if end > MAX_HEAD:
+        raise ProtocolError("response head too large")
+    lines = bytes(data[:end]).split(b"\r\n")
+    status_line = lines[0].split(b" ", 2)  # R1
+    if (len(status_line) < 2 or status_line[0] not in (b"HTTP/1.1", b"HTTP/1.0")
+            or len(status_line[1]) != 3 or not status_line[1].isdigit()):
+        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
+    version = status_line[0][5:]
+    status = int(status_line[1])
+    headers = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name != name.strip() or b" " in name:
+            raise ProtocolError(f"bad header line {line[:80]!r}")
+        headers.append((name.lower(), value.strip(b" \t")))
+    return _framed(version, status, status_line[2] if len(status_line) > 2 else b"",
+                   headers, request_method), end + 4
+
+
+def _framed(version: bytes, status: int, reason: bytes, headers: list[tuple[bytes, bytes]],
+            request_method: str) -> ResponseHead:
+    """R2 and R4."""
+    tokens = {token.strip().lower() for n, v in headers if n == b"connection"
+              for token in v.split(b",")}
+    keep_alive = version == b"1.1" and b"close" not in tokens
+    codings = [c.strip().lower() for n, v in headers if n == b"transfer-encoding"
+               for c in v.split(b",")]
+    lengths = {v for n, v in headers if n == b"content-length"}
+    if status < 200 or status in (204, 304) or request_method == "HEAD":
+        return ResponseHead(version, status, reason, headers, "none", 0, keep_alive)
+    if codings:
+        if codings[-1] != b"chunked" or any(c != b"chunked" for c in codings):
+            raise ProtocolError(f"unsupported transfer coding {b','.join(codings)!r}")
+        return ResponseHead(version, status, reason, headers, "chunked", 0, keep_alive)
+    if lengths:
+        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+            raise ProtocolError(f"bad Content-Length {sorted(lengths)!r}")
+        return ResponseHead(version, status, reason, headers, "length",
+                            int(next(iter(lengths))), keep_alive)
+    return ResponseHead(version, status, reason, headers, "close", 0, False)
+
+
+class BodyDecoder:
+    """A response body's bytes, whatever its framing (R2, R3): ``feed`` the connection's
+    bytes, get the body's; ``done`` once it ended; ``extra`` counts bytes past its end."""
+
+    def __init__(self, head: ResponseHead) -> None:
+        self.framing = head.framing
+        self.done = head.framing == "none" or (head.framing == "length" and not head.length)
+        self.extra = 0
+        self._left = head.length  # length: bytes to come; chunked: of the current chunk
+        self._buffer = bytearray()
+        self._state = "size"  # chunked: size, data, data_end, trailer
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            self.extra += len(data)
+            return b""
+        if self.framing == "close":
+            return data
+        if self.framing == "length":
+            if len(data) < self._left:
+                self._left -= len(data)
+                return data
+            body, self.extra = data[:self._left], len(data) - self._left
+            self._left, self.done = 0, True
+            return body
+        return self._feed_chunked(data)
+
+    def end_of_stream(self) -> None:
+        """The server closed the connection: fine only where the body runs to the end."""
+        if self.framing == "close":
+            self.done = True
+        elif not self.done:
+            raise ProtocolError("peer closed connection without sending complete message "
+                                "body")
+
+    @property
+    def reusable(self) -> bool:
+        """R4, as far as the body goes."""
+        return self.done and self.extra == 0 and self.framing != "close"
+
+    def _feed_chunked(self, data: bytes) -> bytes:
+        """R3. The common case, whole chunks in one read, copies each chunk's data once."""
+        buffer = bytes(self._buffer) + data if self._buffer else data
+        pieces: list[bytes] = []
+        position, end = 0, len(buffer)
+        while position < end:
+            state = self._state
+            if state == "data":
+                take = min(self._left, end - position)
+                pieces.append(buffer[position:position + take])
+                position += take
+                self._left -= take
+                if not self._left:
+                    self._state = "data_end"
+                continue
+            if state == "data_end":
+                if end - position < 2:
+                    break
+                if buffer[position:position + 2] != b"\r\n":
+                    raise ProtocolError("chunk data not followed by CRLF")
+                position += 2
+                self._state = "size"
+                continue
+            line_end = buffer.find(b"\r\n", position, position + MAX_LINE + 2)
+            if line_end < 0:
+                if end - position > MAX_LINE:
+                    raise ProtocolError("chunk line too long")
+                break
+            line = buffer[position:line_end]
+            position = line_end + 2
+            if state == "size":
+                size = line.split(b";", 1)[0].strip(b" \t")
+                if not size or len(size) > 16 or not _HEX.issuperset(size):
+                    raise ProtocolError(f"bad chunk size line {line[:40]!r}")
+                self._left = int(size, 16)
+                self._state = "data" if self._left else "trailer"
+            elif not line:  # the trailer section's end: the message's end
+                self.done = True
+                self.extra = end - position
+                position = end
+        self._buffer = bytearray(buffer[position:]) if not self.done else bytearray()
+        return b"".join(pieces)

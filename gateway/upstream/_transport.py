@@ -1,0 +1,201 @@
+"""An httpx transport for one plain-HTTP loopback connection, on trio, with ``_http1``.
+
+Each request slot (``_slots``) is an httpx client that keeps one connection; this is
+that connection. httpx keeps its API (requests, responses, errors, timeouts) and the
+gateway's code stays on it; below, the bytes go straight from the socket into
+``_http1`` instead of through httpcore's pool, its trio backend and h11 (about a third of
+the CPU per streamed event at 256 streams, docs/bench/issue16). https:// URLs keep
+httpx's own transport (``VllmClient`` chooses).
+
+What it guarantees, as httpcore did for the gateway:
+
+* Errors are httpx's: ``ConnectError`` / ``ConnectTimeout`` before a request is sent,
+  ``WriteError`` / ``WriteTimeout``, ``ReadError`` / ``ReadTimeout``, and
+  ``RemoteProtocolError`` for bytes that are not HTTP/1.1 or a connection closed early.
+* A connection is reused only after a response read to its exact end (``_http1`` R4),
+  and only if the server has not closed it meanwhile (a readable idle socket is closed
+  and replaced, as httpcore does); otherwise it is closed when the response is.
+* ``response.extensions["network_stream"].get_extra_info("socket")`` is the socket, for
+  the synchronous abort (``BodyChunks.abort``); a read pending when it closes fails as
+  ``ReadError``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+import trio
+
+from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
+
+READ_SIZE = 64 * 1024
+
+
+class _NetworkStream:
+    """What ``response.extensions["network_stream"]`` offers (httpcore's shape)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+
+    def get_extra_info(self, name: str) -> Any:
+        return self._stream.socket if name == "socket" else None
+
+
+class LoopbackTransport(httpx.AsyncBaseTransport):
+    """One HTTP/1.1 connection to ``http://host:port``, reused while it is sound."""
+
+    def __init__(self) -> None:
+        self._stream: trio.SocketStream | None = None
+        self._busy = False
+        self._closed = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._busy:
+            raise RuntimeError("one request at a time on a LoopbackTransport")
+        if self._closed:
+            raise httpx.ConnectError("transport closed", request=request)
+        timeouts = request.extensions.get("timeout", {})
+        self._busy = True
+        try:
+            stream = await self._connection(request, timeouts.get("connect"))
+            body = request.content  # the gateway always sends a bytes body
+            data = request_bytes(request.method, request.url.raw_path,
+                                 list(request.headers.raw), body)
+            await _timed(stream.send_all(data), timeouts.get("write"), httpx.WriteTimeout,
+                         httpx.WriteError, request)
+            head, rest = await self._read_head(stream, request, timeouts.get("read"))
+        except BaseException:
+            self._busy = False
+            await self._discard()
+            raise
+        decoder = BodyDecoder(head)
+        return httpx.Response(
+            head.status, headers=head.headers,
+            stream=_Body(self, stream, decoder, head, rest, request, timeouts.get("read")),
+            extensions={"http_version": b"HTTP/" + head.http_version,
+                        "reason_phrase": head.reason,
+                        "network_stream": _NetworkStream(stream)})
+
+    async def _connection(self, request: httpx.Request, limit_s: float | None
+                          ) -> trio.SocketStream:
+        if self._stream is not None and self._stream.socket.is_readable():
+            # Idle, yet readable: the server closed it (or sent what it should not).
+            await self._discard()
+        if self._stream is None:
+            host = request.url.host
+            port = request.url.port or 80
+            try:
+                with trio.fail_after(math.inf if limit_s is None else limit_s):
+                    self._stream = await trio.open_tcp_stream(host, port)
+            except trio.TooSlowError as exc:
+                raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out",
+                                           request=request) from exc
+            except OSError as exc:
+                raise httpx.ConnectError(str(exc), request=request) from exc
+        return self._stream
+
+    async def _read_head(self, stream: trio.SocketStream, request: httpx.Request,
+                         limit_s: float | None) -> tuple[ResponseHead, bytes]:
+        received = bytearray()
+        while True:
+            try:
+                parsed = parse_head(received, request_method=request.method)
+            except ProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+            if parsed is not None:
+                head, length = parsed
+                del received[:length]
+                if 100 <= head.status < 200:  # an interim answer: the real one follows
+                    continue
+                return head, bytes(received)
+            data = await _timed(stream.receive_some(READ_SIZE), limit_s, httpx.ReadTimeout,
+                                httpx.ReadError, request)
+            if not data:
+                raise httpx.RemoteProtocolError("server disconnected without sending a "
+                                                "response", request=request)
+            received += data
+
+    def _release(self, stream: trio.SocketStream, reusable: bool) -> trio.SocketStream | None:
+        """The response is done with the connection: keep it or hand it back to close."""
+        self._busy = False
+        if reusable and not self._closed and self._stream is stream:
+            return None
+        if self._stream is stream:
+            self._stream = None
+        return stream
+
+    async def _discard(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if not self._busy:
+            await self._discard()
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, transport: LoopbackTransport, stream: trio.SocketStream,
+                 decoder: BodyDecoder, head: ResponseHead, rest: bytes,
+                 request: httpx.Request, timeout: float | None) -> None:
+        self._transport = transport
+        self._stream = stream
+        self._decoder = decoder
+        self._head = head
+        self._rest = rest
+        self._request = request
+        self._timeout = timeout
+        self._released = False
+
+    # A plain iterator, not an async generator: the gateway leaves streams early on
+    # purpose, and a suspended generator would be left for trio to finalize.
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        decoder = self._decoder
+        try:
+            if self._rest:
+                data, self._rest = self._rest, b""
+                body = decoder.feed(data)
+                if body:
+                    return body
+            while not decoder.done:
+                data = await _timed(self._stream.receive_some(READ_SIZE), self._timeout,
+                                    httpx.ReadTimeout, httpx.ReadError, self._request)
+                if not data:
+                    decoder.end_of_stream()
+                    break
+                body = decoder.feed(data)
+                if body:
+                    return body
+        except ProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        reusable = self._head.keep_alive and self._decoder.reusable
+        stream = self._transport._release(self._stream, reusable)
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+
+
+async def _timed(work: Any, limit_s: float | None, timed_out: type[httpx.TimeoutException],
+                 failed: type[httpx.TransportError], request: httpx.Request) -> Any:
+    """``await work`` within ``limit_s`` seconds (None: no limit), its failures as
+    httpx's."""
+    try:
+        if limit_s is None:
+            return await work
+        with trio.fail_after(limit_s):
+            return await work
+    except trio.TooSlowError as exc:
+        raise timed_out("timed out", request=request) from exc
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise failed(f"{type(exc).__name__}: {exc}", request=request) from exc

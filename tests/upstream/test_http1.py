@@ -1,0 +1,145 @@
+"""The sans-IO HTTP/1.1 reader (``_http1``), whole, byte by byte, and with trailing bytes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, strategies as st
+
+from gateway.upstream._http1 import (
+    BodyDecoder,
+    ProtocolError,
+    parse_head,
+    request_bytes,
+)
+
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n")
+EVENTS = [b"data: {\"a\": 1}\n\n", b"data: {\"b\": 22}\n\n", b"data: [DONE]\n\n"]
+CHUNKED = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n"
+
+
+def decode(parts: list[bytes]) -> tuple[bytes, BodyDecoder]:
+    received = b""
+    decoder = None
+    body = b""
+    for part in parts:
+        if decoder is None:
+            received += part
+            parsed = parse_head(received)
+            if parsed is None:
+                continue
+            head, length = parsed
+            decoder = BodyDecoder(head)
+            part = received[length:]
+        body += decoder.feed(part)
+    assert decoder is not None
+    return body, decoder
+
+
+def test_a_whole_response_in_one_read() -> None:
+    body, decoder = decode([HEAD + CHUNKED])
+    assert body == b"".join(EVENTS)
+    assert decoder.done and decoder.reusable
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(HEAD + CHUNKED) - 1), unique=True))
+def test_any_split_of_the_bytes_gives_the_same_body(cuts: list[int]) -> None:
+    data = HEAD + CHUNKED
+    points = [0, *sorted(cuts), len(data)]
+    body, decoder = decode([data[a:b] for a, b in itertools.pairwise(points)])
+    assert body == b"".join(EVENTS) and decoder.done and decoder.reusable
+
+
+def test_byte_by_byte() -> None:
+    data = HEAD + CHUNKED
+    body, decoder = decode([data[i:i + 1] for i in range(len(data))])
+    assert body == b"".join(EVENTS) and decoder.reusable
+
+
+def test_bytes_after_the_end_make_the_connection_unusable() -> None:
+    body, decoder = decode([HEAD + CHUNKED + b"HTTP/1.1 200"])
+    assert body == b"".join(EVENTS)
+    assert decoder.done and decoder.extra == len(b"HTTP/1.1 200") and not decoder.reusable
+
+
+def test_extensions_and_trailers_are_read_and_ignored() -> None:
+    body, decoder = decode([HEAD + b"5;name=value\r\nhello\r\n0\r\nx-trailer: 1\r\n\r\n"])
+    assert body == b"hello" and decoder.reusable
+
+
+@pytest.mark.parametrize("bad", [
+    b"zz\r\nhello\r\n",                     # not hex
+    b"5\r\nhelloXX",                        # data not followed by CRLF
+    b"\r\n",                                # empty size
+    b"1" * 5000,                            # a size line that never ends
+    b"11111111111111111\r\n",               # more than 16 hex digits
+])
+def test_bad_chunked_bodies_are_errors(bad: bytes) -> None:
+    head, _length = parse_head(HEAD)  # type: ignore[misc]
+    with pytest.raises(ProtocolError):
+        BodyDecoder(head).feed(bad)
+
+
+def test_a_connection_closed_mid_body_is_an_error_unless_the_body_runs_to_it() -> None:
+    head, _ = parse_head(HEAD)  # type: ignore[misc]
+    decoder = BodyDecoder(head)
+    decoder.feed(b"5\r\nhel")
+    with pytest.raises(ProtocolError, match="complete message body"):
+        decoder.end_of_stream()
+    head, _ = parse_head(b"HTTP/1.1 200 OK\r\n\r\n")  # type: ignore[misc]
+    until_close = BodyDecoder(head)
+    assert until_close.feed(b"anything") == b"anything"
+    until_close.end_of_stream()
+    assert until_close.done and not until_close.reusable and not head.keep_alive
+
+
+def test_framing_by_the_rfc() -> None:
+    def framing(head: bytes) -> tuple[str, int, bool]:
+        parsed = parse_head(head + b"\r\n")
+        assert parsed is not None
+        return parsed[0].framing, parsed[0].length, parsed[0].keep_alive
+
+    assert framing(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n") == ("length", 12, True)
+    assert framing(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 3\r\n") == (
+        "length", 3, True)
+    assert framing(b"HTTP/1.1 204 No Content\r\n") == ("none", 0, True)
+    assert framing(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n"
+                   b"Content-Length: 0\r\n") == ("length", 0, False)
+    assert framing(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n") == ("length", 1, False)
+    # Chunked wins over a length (RFC 9112 6.3), in any header case.
+    assert framing(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: Chunked\r\n"
+                   )[0] == "chunked"
+    for bad in (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n",
+                b"HTTP/1.1 200 OK\r\nbad header\r\n",
+                b"HTTP/1.1 200 OK\r\nname : value\r\n",
+                b"HTTP/2 200 OK\r\n",
+                b"HTTP/1.1 2000 OK\r\n"):
+        with pytest.raises(ProtocolError):
+            parse_head(bad + b"\r\n")
+
+
+def test_a_fixed_length_body_and_its_trailing_bytes() -> None:
+    head, _ = parse_head(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 5\r\n\r\n")  # type: ignore[misc]
+    decoder = BodyDecoder(head)
+    assert decoder.feed(b"he") == b"he" and not decoder.done
+    assert decoder.feed(b"llo!!") == b"llo"
+    assert decoder.done and decoder.extra == 2 and not decoder.reusable
+
+
+def test_head_limits() -> None:
+    assert parse_head(b"HTTP/1.1 200 OK\r\n") is None  # not complete yet
+    with pytest.raises(ProtocolError, match="too large"):
+        parse_head(b"HTTP/1.1 200 OK\r\n" + b"x: " + b"y" * 70_000)
+
+
+def test_request_bytes() -> None:
+    data = request_bytes("POST", b"/v1/chat/completions",
+                         [(b"Host", b"127.0.0.1:8000"), (b"Content-Length", b"2")], b"{}")
+    assert data == (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
+                    b"Content-Length: 2\r\n\r\n{}")
+    with pytest.raises(ValueError, match="line break"):
+        request_bytes("GET", b"/", [(b"x", b"a\r\nb")], b"")
