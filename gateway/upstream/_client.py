@@ -125,6 +125,8 @@ class VllmClient:
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
         self._probe_client = pool(httpx.Timeout(config.probe_timeout,
                                                 connect=config.connect_timeout), 2)
+        self._requests = _RequestTemplate(config.base_url, self._probe_client.headers,
+                                          request_timeout)
 
     async def aclose(self) -> None:
         await self._slots.aclose()
@@ -237,13 +239,10 @@ class VllmClient:
                         ) -> AsyncIterator[httpx.Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
-        content = json.dumps(body).encode()
-        headers = {"content-type": "application/json", **headers}
+        request = self._requests.build(path, json.dumps(body).encode(), headers)
         response: httpx.Response | None = None
         async with self._slots.checkout(self.config.queue_timeout) as client:
             with trio.move_on_at(deadline):
-                request = client.build_request("POST", path, content=content,
-                                               headers=headers)
                 try:
                     response = await client.send(request, stream=True)
                 except httpx.ConnectTimeout as exc:  # alive but not accepting in time
@@ -265,6 +264,30 @@ class VllmClient:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
+
+
+class _RequestTemplate:
+    """What every completion request shares, built once: the URL per path, the static
+    headers (the clients' defaults and the content type) and the timeouts. httpx's
+    ``build_request`` merges all three again for every request, about half of a
+    request's construction (issue 16: build once what can be)."""
+
+    def __init__(self, base_url: str, client_headers: httpx.Headers, timeout: httpx.Timeout
+                 ) -> None:
+        self._base = base_url.rstrip("/")
+        self._urls: dict[str, httpx.URL] = {}
+        defaults = httpx.Headers(client_headers)  # httpx's defaults and the gateway's
+        defaults["content-type"] = "application/json"
+        self._static = list(defaults.raw)
+        self._timeout = timeout.as_dict()
+
+    def build(self, path: str, content: bytes, headers: dict[str, str]) -> httpx.Request:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self._base + path)
+        return httpx.Request("POST", url, content=content, extensions={
+            "timeout": self._timeout}, headers=self._static + [
+                (name.encode(), value.encode()) for name, value in headers.items()])
 
 
 @attrs.define
