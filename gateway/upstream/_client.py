@@ -117,7 +117,7 @@ class VllmClient:
                                         write=30.0, pool=None)
         plain = httpx.URL(config.base_url).scheme == "http"
         self._slots = ConnectionSlots(config.pool_size, lambda: pool(
-            request_timeout, 1, LoopbackTransport() if plain else None))
+            request_timeout, 1, LoopbackTransport(KEEPALIVE_EXPIRY) if plain else None))
         self._pulse = _Pulse()
         self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue

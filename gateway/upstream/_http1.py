@@ -9,18 +9,19 @@ module does only what a client reading vLLM needs, strictly:
 Rules (each cited as R<n> where it is applied):
 
 * R1 The head ends at the first CRLFCRLF, within ``MAX_HEAD`` bytes; the status line is
-  ``HTTP/1.x NNN reason``; a header line without a colon, or with whitespace before it,
-  is an error (RFC 9112 §5.1: no whitespace between name and colon).
+  ``HTTP/1.x NNN reason`` (NNN from 100); a header line without a colon, or with
+  whitespace before it, is an error (RFC 9112 §5.1: no whitespace between name and
+  colon).
 * R2 Framing (RFC 9112 §6.3): no body for 1xx, 204 and 304; ``Transfer-Encoding`` whose
   last coding is ``chunked`` is chunked; any other transfer coding is refused (the
   gateway asks for identity); else ``Content-Length`` (one value, digits only; repeated
   identical values are one) is a fixed body; else the body runs to the connection's end.
 * R3 Chunked body: a size line (hex digits, optional ``;`` extensions, CRLF, at most
-  ``MAX_LINE`` bytes), the data, CRLF; a zero size ends the data, then trailer lines up
-  to an empty line. Anything else is an error.
+  ``MAX_LINE`` bytes), the data, CRLF; a zero size ends the data, then trailer lines (at
+  most ``MAX_HEAD`` bytes in all) up to an empty line. Anything else is an error.
 * R4 The connection may carry another request only if the response is HTTP/1.1, has no
-  ``Connection: close``, its body is delimited (chunked or fixed) and ended exactly: not
-  a byte more arrived than the message held.
+  ``Connection: close`` (nor both ``Content-Length`` and chunked), its body is delimited
+  (chunked or fixed) and ended exactly: not a byte more arrived than the message held.
 
 Errors are ``ProtocolError`` (the transport maps them to httpx's RemoteProtocolError).
 """
@@ -79,6 +80,8 @@ def parse_head(data: bytes | bytearray, *, request_method: str = "POST"
         raise ProtocolError(f"bad status line {lines[0][:80]!r}")
     version = status_line[0][5:]
     status = int(status_line[1])
+    if status < 100:
+        raise ProtocolError(f"bad status code {status}")
     headers = []
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
@@ -98,6 +101,8 @@ def _framed(version: bytes, status: int, reason: bytes, headers: list[tuple[byte
     codings = [c.strip().lower() for n, v in headers if n == b"transfer-encoding"
                for c in v.split(b",")]
     lengths = {v for n, v in headers if n == b"content-length"}
+    if codings and lengths:  # RFC 9112 6.3: chunked wins, and the connection ends after
+        keep_alive = False
     if status < 200 or status in (204, 304) or request_method == "HEAD":
         return ResponseHead(version, status, reason, headers, "none", 0, keep_alive)
     if codings:
@@ -105,7 +110,8 @@ def _framed(version: bytes, status: int, reason: bytes, headers: list[tuple[byte
             raise ProtocolError(f"unsupported transfer coding {b','.join(codings)!r}")
         return ResponseHead(version, status, reason, headers, "chunked", 0, keep_alive)
     if lengths:
-        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+        if len(lengths) != 1 or not next(iter(lengths)).isdigit() or len(
+                next(iter(lengths))) > 18:
             raise ProtocolError(f"bad Content-Length {sorted(lengths)!r}")
         return ResponseHead(version, status, reason, headers, "length",
                             int(next(iter(lengths))), keep_alive)
@@ -123,6 +129,7 @@ class BodyDecoder:
         self._left = head.length  # length: bytes to come; chunked: of the current chunk
         self._buffer = bytearray()
         self._state = "size"  # chunked: size, data, data_end, trailer
+        self._trailer = 0  # trailer bytes so far (bounded like a head)
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
@@ -188,7 +195,11 @@ class BodyDecoder:
                     raise ProtocolError(f"bad chunk size line {line[:40]!r}")
                 self._left = int(size, 16)
                 self._state = "data" if self._left else "trailer"
-            elif not line:  # the trailer section's end: the message's end
+            elif len(line) + self._trailer > MAX_HEAD:  # state == "trailer"
+                raise ProtocolError("trailer section too large")
+            elif line:
+                self._trailer += len(line) + 2
+            else:  # the trailer section's end: the message's end
                 self.done = True
                 self.extra = end - position
                 position = end

@@ -46,10 +46,14 @@ class _NetworkStream:
 class LoopbackTransport(httpx.AsyncBaseTransport):
     """One HTTP/1.1 connection to ``http://host:port``, reused while it is sound."""
 
-    def __init__(self) -> None:
+    def __init__(self, keepalive_expiry: float = math.inf) -> None:
         self._stream: trio.SocketStream | None = None
         self._busy = False
         self._closed = False
+        #: An idle connection older than this is closed, not reused (the server's
+        #: keep-alive timeout would close it about then; httpx leaves expiry to us).
+        self._expiry = keepalive_expiry
+        self._idle_since = math.inf
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._busy:
@@ -60,6 +64,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         self._busy = True
         try:
             stream = await self._connection(request, timeouts.get("connect"))
+            self._idle_since = math.inf
             body = request.content  # the gateway always sends a bytes body
             data = request_bytes(request.method, request.url.raw_path,
                                  list(request.headers.raw), body)
@@ -71,6 +76,9 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             await self._discard()
             raise
         decoder = BodyDecoder(head)
+        if rest and decoder.done:  # no body, yet bytes came with the head: not reusable
+            decoder.feed(rest)
+            rest = b""
         return httpx.Response(
             head.status, headers=head.headers,
             stream=_Body(self, stream, decoder, head, rest, request, timeouts.get("read")),
@@ -80,8 +88,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
 
     async def _connection(self, request: httpx.Request, limit_s: float | None
                           ) -> trio.SocketStream:
-        if self._stream is not None and self._stream.socket.is_readable():
-            # Idle, yet readable: the server closed it (or sent what it should not).
+        stream = self._stream
+        if stream is not None and (
+                stream.socket.fileno() == -1  # closed under us (an abort)
+                or trio.current_time() - self._idle_since > self._expiry
+                or stream.socket.is_readable()):  # idle yet readable: the server closed it
             await self._discard()
         if self._stream is None:
             host = request.url.host
@@ -120,7 +131,9 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
     def _release(self, stream: trio.SocketStream, reusable: bool) -> trio.SocketStream | None:
         """The response is done with the connection: keep it or hand it back to close."""
         self._busy = False
-        if reusable and not self._closed and self._stream is stream:
+        if (reusable and not self._closed and self._stream is stream
+                and stream.socket.fileno() != -1):  # an abort may have closed it after
+            self._idle_since = trio.current_time()   # the body's end
             return None
         if self._stream is stream:
             self._stream = None

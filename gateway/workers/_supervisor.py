@@ -271,7 +271,11 @@ class Supervisor:
         slot.started = False
         slot.spawning = True
         try:
-            started_read, started_write = os.pipe()
+            try:
+                started_read, started_write = os.pipe()
+            except OSError as exc:  # out of descriptors: a failed start, not a crash
+                log.error("could not start a worker", worker=slot.index, error=str(exc))
+                return 1
             async with trio.lowlevel.FdStream(started_read) as started:
                 try:
                     for listener in self._listeners:
@@ -347,8 +351,10 @@ class Supervisor:
         return [slot for slot in self._slots if slot.process is not None and slot.started]
 
     async def _ask_all(self, path: str) -> list[tuple[_Slot, httpx.Response | None]]:
-        """GET ``path`` from every serving worker at once (None: it did not answer)."""
+        """GET ``path`` from every serving worker at once (None: it did not answer, or
+        its process exited meanwhile: an answer is only ever its current process's)."""
         slots = self._serving()
+        processes = [slot.process for slot in slots]
         answers: list[httpx.Response | None] = [None] * len(slots)
 
         async def ask(i: int, slot: _Slot) -> None:
@@ -359,7 +365,8 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for i, slot in enumerate(slots):
                 nursery.start_soon(ask, i, slot)
-        return list(zip(slots, answers, strict=True))
+        return [(slot, answer if slot.process is process else None)
+                for slot, process, answer in zip(slots, processes, answers, strict=True)]
 
     async def readiness(self) -> list[str]:
         reasons = ["draining"] if self.draining else []

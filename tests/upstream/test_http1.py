@@ -67,6 +67,12 @@ def test_bytes_after_the_end_make_the_connection_unusable() -> None:
 def test_extensions_and_trailers_are_read_and_ignored() -> None:
     body, decoder = decode([HEAD + b"5;name=value\r\nhello\r\n0\r\nx-trailer: 1\r\n\r\n"])
     assert body == b"hello" and decoder.reusable
+    head, _ = parse_head(HEAD)  # type: ignore[misc]
+    endless = BodyDecoder(head)
+    endless.feed(b"0\r\n")
+    trailers = b"".join(b"x-trailer: " + b"y" * 1000 + b"\r\n" for _ in range(100))
+    with pytest.raises(ProtocolError, match="trailer section too large"):
+        endless.feed(trailers)
 
 
 @pytest.mark.parametrize("bad", [
@@ -108,15 +114,18 @@ def test_framing_by_the_rfc() -> None:
     assert framing(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n"
                    b"Content-Length: 0\r\n") == ("length", 0, False)
     assert framing(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n") == ("length", 1, False)
-    # Chunked wins over a length (RFC 9112 6.3), in any header case.
+    # Chunked wins over a length (RFC 9112 6.3), in any header case, and the connection
+    # is not reused after such a message.
     assert framing(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: Chunked\r\n"
-                   )[0] == "chunked"
+                   ) == ("chunked", 0, False)
     for bad in (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n",
                 b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n",
                 b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n",
                 b"HTTP/1.1 200 OK\r\nbad header\r\n",
                 b"HTTP/1.1 200 OK\r\nname : value\r\n",
                 b"HTTP/2 200 OK\r\n",
+                b"HTTP/1.1 099 Odd\r\n",
+                b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 19 + b"\r\n",
                 b"HTTP/1.1 2000 OK\r\n"):
         with pytest.raises(ProtocolError):
             parse_head(bad + b"\r\n")

@@ -1,0 +1,185 @@
+"""LoopbackTransport against a real loopback server that says exactly what each test
+needs: reuse, a server that closes idle connections, garbage, resets, interim answers,
+bytes after the body, an abort after the body's end, refused connections, expiry."""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from gateway.upstream._transport import LoopbackTransport
+
+Reply = bytes | Callable[[trio.SocketStream], Any]
+OK = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+
+
+class Server:
+    """Answers each request with the next reply in ``replies`` (bytes, or a coroutine
+    function given the stream); counts connections and requests."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        self.replies = replies
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.port = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        buffer = b""
+        try:
+            while self.replies:
+                while b"\r\n\r\n" not in buffer:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                self.requests.append(head + b"\r\n\r\n" + buffer[:length])
+                buffer = buffer[length:]
+                reply = self.replies.pop(0)
+                if isinstance(reply, bytes):
+                    await stream.send_all(reply)
+                else:
+                    await reply(stream)
+                    return
+            await stream.receive_some(1)  # hold the connection until the client closes
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await stream.aclose()
+
+
+@asynccontextmanager
+async def serving(replies: list[Reply]) -> AsyncIterator[tuple[Server, httpx.AsyncClient]]:
+    server = Server(replies)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(
+            trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
+        server.port = listeners[0].socket.getsockname()[1]
+        transport = LoopbackTransport(keepalive_expiry=0.5)
+        async with httpx.AsyncClient(transport=transport,
+                                     base_url=f"http://127.0.0.1:{server.port}") as client:
+            yield server, client
+        nursery.cancel_scope.cancel()
+
+
+async def post(client: httpx.AsyncClient, body: bytes = b"{}") -> tuple[int, bytes]:
+    async with client.stream("POST", "/v1/chat/completions", content=body) as response:
+        return response.status_code, await response.aread()
+
+
+async def test_a_connection_is_reused_after_a_body_read_to_its_end() -> None:
+    async with serving([OK, OK, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi"]) as (
+            server, client):
+        assert await post(client) == (200, b"hello")
+        assert await post(client, b"x" * 100_000) == (200, b"hello")
+        assert await post(client) == (200, b"hi")
+        assert server.connections == 1
+        assert server.requests[1].endswith(b"x" * 100_000)
+        assert b"content-length: 100000" in server.requests[1].lower()
+
+
+async def test_bytes_after_the_body_or_connection_close_mean_a_new_connection() -> None:
+    async with serving([OK + b"junk", OK]) as (server, client):
+        assert await post(client) == (200, b"hello")
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
+    closing = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nhi"
+    async with serving([closing, OK]) as (server, client):
+        assert await post(client) == (200, b"hi")
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
+
+
+async def test_an_idle_connection_the_server_closed_is_replaced() -> None:
+    async def answer_then_close(stream: trio.SocketStream) -> None:
+        await stream.send_all(OK)
+
+    async with serving([answer_then_close, OK]) as (server, client):
+        assert await post(client) == (200, b"hello")
+        await trio.sleep(0.05)  # the server's close reaches us: the idle socket is readable
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
+
+
+async def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
+    async with serving([OK, OK]) as (server, client):
+        assert await post(client) == (200, b"hello")
+        await trio.sleep(0.6)  # past keepalive_expiry=0.5: vLLM may be closing it now
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
+
+
+async def test_an_abort_after_the_body_ended_leaves_nothing_broken() -> None:
+    # The last read held the whole end of the body, then the operation was cancelled
+    # and the socket closed from another task (BodyChunks.abort): not reusable.
+    async with serving([OK, OK]) as (server, client):
+        async with client.stream("POST", "/") as response:
+            assert await response.aread() == b"hello"
+            response.extensions["network_stream"].get_extra_info("socket").close()
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
+
+
+async def test_interim_answers_are_skipped() -> None:
+    async with serving([b"HTTP/1.1 100 Continue\r\n\r\n" + OK]) as (_, client):
+        assert await post(client) == (200, b"hello")
+
+
+@pytest.mark.parametrize("reply", [
+    b"garbage\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: " + b"9" * 5000 + b"\r\n\r\n",
+])
+async def test_bytes_that_are_not_http_are_a_protocol_error(reply: bytes) -> None:
+    async with serving([reply]) as (_, client):
+        with pytest.raises(httpx.RemoteProtocolError):
+            await post(client)
+
+
+async def test_a_connection_lost_mid_body_is_an_httpx_error() -> None:
+    async def half(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhe")
+
+    async def reset(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhe")
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                 b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+    for reply in (half, reset):
+        async with serving([reply]) as (_, client):
+            with pytest.raises(httpx.TransportError):
+                await post(client)
+
+
+async def test_refused_and_silent_servers() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    async with httpx.AsyncClient(transport=LoopbackTransport()) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.post(f"http://127.0.0.1:{port}/", content=b"{}")
+
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with serving([silent]) as (_, client):
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/", content=b"{}", timeout=httpx.Timeout(5, read=0.2))
+        # A cancelled request leaves the transport usable (the connection is dropped).
+    async with serving([silent, OK]) as (server, client):
+        with trio.move_on_after(0.2):
+            await post(client)
+        assert await post(client) == (200, b"hello")
+        assert server.connections == 2
