@@ -21,7 +21,8 @@ with atheris.instrument_imports():
     from gateway.profile import ProfileError, check_typed_body, parse_envelope
     from gateway.server import _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
-    from gateway.upstream._http1 import BodyDecoder, ProtocolError, parse_head
+    from gateway.upstream._http1 import ProtocolError
+    from tests.support.http1 import read_in_parts
 
 
 def nnrp_decoder(data: bytes) -> None:
@@ -90,21 +91,9 @@ def http1(data: bytes) -> None:
 
 
 def _http1_read(data: bytes, size: int) -> tuple[object, ...]:
-    received = b""
-    decoder = None
-    body = b""
     try:
-        for start in range(0, len(data), size):
-            part = data[start:start + size]
-            if decoder is None:
-                received += part
-                parsed = parse_head(received)
-                if parsed is None:
-                    continue
-                head, length = parsed
-                decoder = BodyDecoder(head)
-                part = received[length:]
-            body += decoder.feed(part)
+        body, decoder = read_in_parts(data[start:start + size]
+                                      for start in range(0, len(data), size))
         if decoder is None:
             return ("no head",)
         decoder.end_of_stream()

@@ -13,6 +13,7 @@ from gateway.upstream._http1 import (
     parse_head,
     request_bytes,
 )
+from tests.support.http1 import read_in_parts
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"transfer-encoding: chunked\r\n\r\n")
@@ -21,19 +22,7 @@ CHUNKED = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n"
 
 
 def decode(parts: list[bytes]) -> tuple[bytes, BodyDecoder]:
-    received = b""
-    decoder = None
-    body = b""
-    for part in parts:
-        if decoder is None:
-            received += part
-            parsed = parse_head(received)
-            if parsed is None:
-                continue
-            head, length = parsed
-            decoder = BodyDecoder(head)
-            part = received[length:]
-        body += decoder.feed(part)
+    body, decoder = read_in_parts(parts)
     assert decoder is not None
     return body, decoder
 
