@@ -313,7 +313,8 @@ class BodyChunks:
         """Close the response's socket now, synchronously, from any task: vLLM sees the
         disconnect (and aborts the request) without waiting for the reading task to be
         scheduled, which at 256 busy streams can take many milliseconds (issue 16). The
-        socket comes from httpcore's documented ``network_stream`` extension; the reading
+        socket comes from the response's ``network_stream`` extension (httpx's convention,
+        which ``LoopbackTransport`` and httpcore both follow); the reading
         task's pending read then fails, and closing the response later is harmless.
         False when there is no socket to close (a mock transport)."""
         network_stream = self._response.extensions.get("network_stream")

@@ -44,8 +44,8 @@ def request_bytes(method: str, target: bytes, headers: list[tuple[bytes, bytes]]
     """The request's head and body in one buffer (headers as the caller built them)."""
     lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
-        if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
-            raise ValueError("header with a line break")
+        if any(c in field for field in (name, value) for c in (b"\r", b"\n", b"\0")):
+            raise ValueError("header with a line break or NUL")
         lines += [name, b": ", value, b"\r\n"]
     lines.append(b"\r\n")
     return b"".join(lines) + body
@@ -99,14 +99,16 @@ def _framed(version: bytes, status: int, reason: bytes, headers: list[tuple[byte
               for token in v.split(b",")}
     keep_alive = version == b"1.1" and b"close" not in tokens
     codings = [c.strip().lower() for n, v in headers if n == b"transfer-encoding"
-               for c in v.split(b",")]
+               for c in v.split(b",") if c.strip()]  # empty list elements are ignored
+    if codings and version == b"1.0":  # RFC 9112 6.1: faulty framing
+        raise ProtocolError("Transfer-Encoding in an HTTP/1.0 response")
     lengths = {v for n, v in headers if n == b"content-length"}
     if codings and lengths:  # RFC 9112 6.3: chunked wins, and the connection ends after
         keep_alive = False
     if status < 200 or status in (204, 304) or request_method == "HEAD":
         return ResponseHead(version, status, reason, headers, "none", 0, keep_alive)
     if codings:
-        if codings[-1] != b"chunked" or any(c != b"chunked" for c in codings):
+        if codings != [b"chunked"]:
             raise ProtocolError(f"unsupported transfer coding {b','.join(codings)!r}")
         return ResponseHead(version, status, reason, headers, "chunked", 0, keep_alive)
     if lengths:

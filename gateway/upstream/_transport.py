@@ -31,6 +31,8 @@ import trio
 from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
 
 READ_SIZE = 64 * 1024
+#: Interim (1xx) heads accepted before the final one.
+MAX_INTERIM = 8
 
 
 class _NetworkStream:
@@ -66,8 +68,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             stream = await self._connection(request, timeouts.get("connect"))
             self._idle_since = math.inf
             body = request.content  # the gateway always sends a bytes body
-            data = request_bytes(request.method, request.url.raw_path,
-                                 list(request.headers.raw), body)
+            try:
+                data = request_bytes(request.method, request.url.raw_path,
+                                     list(request.headers.raw), body)
+            except ValueError as exc:
+                raise httpx.LocalProtocolError(str(exc), request=request) from exc
             await _timed(stream.send_all(data), timeouts.get("write"), httpx.WriteTimeout,
                          httpx.WriteError, request)
             head, rest = await self._read_head(stream, request, timeouts.get("read"))
@@ -110,6 +115,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
     async def _read_head(self, stream: trio.SocketStream, request: httpx.Request,
                          limit_s: float | None) -> tuple[ResponseHead, bytes]:
         received = bytearray()
+        interim = 0
         while True:
             try:
                 parsed = parse_head(received, request_method=request.method)
@@ -118,7 +124,14 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             if parsed is not None:
                 head, length = parsed
                 del received[:length]
+                if head.status == 101:  # never asked for: an upgrade is not HTTP any more
+                    raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols",
+                                                    request=request)
                 if 100 <= head.status < 200:  # an interim answer: the real one follows
+                    interim += 1
+                    if interim > MAX_INTERIM:
+                        raise httpx.RemoteProtocolError("too many interim responses",
+                                                        request=request)
                     continue
                 return head, bytes(received)
             data = await _timed(stream.receive_some(READ_SIZE), limit_s, httpx.ReadTimeout,

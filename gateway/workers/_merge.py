@@ -13,9 +13,10 @@ the same series from several workers becomes one sample whose value is
 Counters must never step back, or Prometheus' ``rate()`` reads a reset and counts the
 other workers' whole totals as new increase. So ``PodMetrics`` keeps each worker's last
 text: a worker that does not answer a scrape counts with its last values, and when a
-worker exits its last counters and histograms join a retired base that every later
-scrape adds (its gauges go: what it held is gone). Increments between a dead worker's
-last scrape and its end are lost, as they would be for one process.
+worker exits its last counters and histograms (and their creation times) join a retired
+base that every later scrape adds (its gauges go: what it held is gone). Increments
+between a dead worker's last scrape and its end are lost, as they would be for one
+process.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class PodMetrics:
         if text is None:
             return
         kept = [family for family in text_string_to_metric_families(text)
-                if family.type in _CUMULATIVE]
+                if family.type in _CUMULATIVE or family.name.endswith("_created")]
         self._retired = merged_exposition([self._retired, _render(kept).decode()]).decode()
 
     def exposition(self, *extra: CollectorRegistry) -> bytes:

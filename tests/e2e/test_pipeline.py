@@ -267,7 +267,7 @@ async def test_abort_closes_the_upstream_socket_from_another_task(stack: Stack) 
     """Issue 16: an NNRP cancel closes vLLM's socket synchronously, in the task that
     reads the CANCEL (``Operation.aborts_upstream``); this is that close on a real httpx
     response: the backend sees the disconnect at once, and the stream's reads fail
-    once what httpcore had already buffered is used up."""
+    once what the connection had already buffered is used up."""
     request_id = scenario_id("long_stream")
     client = stack.gateway.client
 

@@ -100,6 +100,7 @@ def test_framing_by_the_rfc() -> None:
     assert framing(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 3\r\n") == (
         "length", 3, True)
     assert framing(b"HTTP/1.1 204 No Content\r\n") == ("none", 0, True)
+    assert framing(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: , chunked\r\n")[0] == "chunked"
     assert framing(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, Close\r\n"
                    b"Content-Length: 0\r\n") == ("length", 0, False)
     assert framing(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n") == ("length", 1, False)
@@ -114,6 +115,8 @@ def test_framing_by_the_rfc() -> None:
                 b"HTTP/1.1 200 OK\r\nname : value\r\n",
                 b"HTTP/2 200 OK\r\n",
                 b"HTTP/1.1 099 Odd\r\n",
+                b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n",
                 b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 19 + b"\r\n",
                 b"HTTP/1.1 2000 OK\r\n"):
         with pytest.raises(ProtocolError):
@@ -139,5 +142,5 @@ def test_request_bytes() -> None:
                          [(b"Host", b"127.0.0.1:8000"), (b"Content-Length", b"2")], b"{}")
     assert data == (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
                     b"Content-Length: 2\r\n\r\n{}")
-    with pytest.raises(ValueError, match="line break"):
+    with pytest.raises(ValueError, match="line break or NUL"):
         request_bytes("GET", b"/", [(b"x", b"a\r\nb")], b"")

@@ -132,9 +132,21 @@ async def test_an_abort_after_the_body_ended_leaves_nothing_broken() -> None:
         assert server.connections == 2
 
 
-async def test_interim_answers_are_skipped() -> None:
+async def test_interim_answers_are_skipped_within_limits() -> None:
     async with serving([b"HTTP/1.1 100 Continue\r\n\r\n" + OK]) as (_, client):
         assert await post(client) == (200, b"hello")
+    for reply in (b"HTTP/1.1 100 Continue\r\n\r\n" * 9 + OK,
+                  b"HTTP/1.1 101 Switching Protocols\r\n\r\n"):
+        async with serving([reply]) as (_, client):
+            with pytest.raises(httpx.RemoteProtocolError):
+                await post(client)
+
+
+async def test_a_header_that_would_split_the_request_is_refused_before_sending() -> None:
+    async with serving([OK]) as (server, client):
+        with pytest.raises(httpx.LocalProtocolError):
+            await client.post("/", content=b"{}", headers={"x-id": "a\x00b"})
+        assert server.requests == []
 
 
 @pytest.mark.parametrize("reply", [
