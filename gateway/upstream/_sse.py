@@ -23,7 +23,14 @@ DEFAULT_MAX_EVENT = 4 << 20
 
 
 class SSEError(Exception):
-    """The stream broke an SSE rule or a size cap (the operation fails with backend_error)."""
+    """The stream broke an SSE rule or a size cap (the operation fails with backend_error).
+
+    ``events``: the whole events the same ``feed`` decoded before the fault, so that
+    what came before it is still delivered."""
+
+    def __init__(self, message: str, events: list[SSEEvent] | None = None) -> None:
+        super().__init__(message)
+        self.events = events or []
 
 
 @attrs.frozen
@@ -65,6 +72,18 @@ class SSEDecoder:
                 chunk = chunk[1:]
         buffer = self._buffer
         buffer += chunk
+        try:
+            start = self._lines(buffer, events)
+        except SSEError as exc:
+            exc.events = events
+            raise
+        del buffer[:start]
+        if len(buffer) > self.max_line:
+            raise SSEError(f"SSE line of over {self.max_line} bytes without an end", events)
+        return events
+
+    def _lines(self, buffer: bytearray, events: list[SSEEvent]) -> int:
+        """Every complete line of ``buffer`` into ``events``; where the rest starts."""
         start = 0
         length = len(buffer)
         while True:
@@ -84,10 +103,7 @@ class SSEDecoder:
                 raise SSEError(f"SSE line of {end - start} bytes exceeds {self.max_line}")
             self._line(bytes(buffer[start:end]), events)
             start = after
-        del buffer[:start]
-        if len(buffer) > self.max_line:
-            raise SSEError(f"SSE line of over {self.max_line} bytes without an end")
-        return events
+        return start
 
     def _feed_whole_events(self, chunk: bytes) -> list[SSEEvent] | None:
         """The usual case: whole ``data: <json>\\n\\n`` events, one line each (vLLM writes

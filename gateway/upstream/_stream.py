@@ -72,6 +72,9 @@ class ChunkStream:
         self.first_byte_at: float | None = None
         #: vLLM said ``data: [DONE]``: the answer is complete.
         self.done = False
+        #: A bad chunk (vLLM's mid-stream error) read together with good ones: raised by
+        #: the next ``__anext__``, after the good ones were handed over.
+        self._pending: UpstreamMalformed | None = None
 
     @asynccontextmanager
     async def clocks(self) -> AsyncIterator[None]:
@@ -136,18 +139,35 @@ class ChunkStream:
         return self
 
     async def __anext__(self) -> list[Chunk]:
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            raise error
         while not self.done:
             raw = await self._read()
+            fault: UpstreamMalformed | None = None
             try:
                 events = self._decoder.feed(raw)
             except SSEError as exc:
-                raise UpstreamMalformed(str(exc)) from exc
+                events, fault = exc.events, UpstreamMalformed(str(exc))
+                fault.__cause__ = exc
             batch: list[Chunk] = []
             for event in events:
                 if event.is_done:
                     self.done = True
                     break
-                batch.append(parse_chunk(event.data))
+                try:
+                    batch.append(parse_chunk(event.data))
+                except UpstreamMalformed as exc:
+                    fault = exc
+                    break
+            if fault is not None:
+                # One read may hold good chunks and then a fault (vLLM's error chunk, a
+                # broken line): what came before it is delivered first, as when the
+                # reads came apart, and the fault is raised by the next call.
+                if not batch:
+                    raise fault
+                self._pending = fault
+                return batch
             if batch:
                 return batch
         raise StopAsyncIteration

@@ -54,3 +54,10 @@ def test_caps() -> None:
         SSEDecoder(max_event=10).feed(b"data: 123456\ndata: 123456\n\n")
     with pytest.raises(SSEError, match="UTF-8"):
         SSEDecoder().feed(b"data: \xff\n\n")
+
+
+def test_events_before_a_fault_travel_with_it() -> None:
+    decoder = SSEDecoder(max_line=64)
+    with pytest.raises(SSEError, match="exceeds 64") as raised:
+        decoder.feed(b"data: a\n\ndata: b\n\n" + b"x" * 100 + b"\n")
+    assert [event.data for event in raised.value.events] == ["a", "b"]

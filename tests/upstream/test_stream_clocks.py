@@ -191,3 +191,30 @@ def test_a_clock_must_run() -> None:
     with pytest.raises(ValueError, match="idle_timeout"):
         ChunkStream(PacedBody(), first_chunk_deadline=0, first_chunk_timeout=1,
                     idle_timeout=0, max_event=4096)
+
+
+async def batch_sizes(chunks: ChunkStream, sizes: list[int]) -> None:
+    async with chunks.clocks():
+        async for batch in chunks:
+            sizes.append(len(batch))
+
+
+async def test_chunks_read_together_with_a_mid_stream_error_come_first() -> None:
+    # With whole socket reads, a delta and vLLM's error chunk often arrive in one read:
+    # the delta must reach the client before the error, as when they came apart.
+    error = b'data: {"error":{"message":"EngineCore died","code":500}}\n\n'
+    chunks = stream(PacedBody((0, CHUNK), (0, CHUNK + CHUNK + error + CHUNK)),
+                    first_chunk=5, idle=5)
+    batches: list[int] = []
+    with pytest.raises(UpstreamMalformed, match="EngineCore died"):
+        await batch_sizes(chunks, batches)
+    assert batches == [1, 2]  # the two chunks before the error; none after it
+
+
+async def test_chunks_read_together_with_a_broken_sse_line_come_first() -> None:
+    chunks = stream(PacedBody((0, CHUNK + b"data: " + b"y" * 5000 + b"\n")),
+                    first_chunk=5, idle=5)
+    batches: list[int] = []
+    with pytest.raises(UpstreamMalformed, match="exceeds"):
+        await batch_sizes(chunks, batches)
+    assert batches == [1]
