@@ -79,7 +79,7 @@ from aioquic.quic.packet import (
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
 
-from ._listeners import UDP_RECEIVE_BUFFER
+from ._listeners import UDP_RECEIVE_BUFFER, format_host
 
 if TYPE_CHECKING:
     from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -316,7 +316,7 @@ def format_address(addr: NetworkAddress) -> str:
         host, port = addr[0], addr[1]
     except (TypeError, IndexError):
         return "unknown"
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return f"{format_host(str(host))}:{port}"
 
 
 @attrs.frozen
