@@ -396,3 +396,30 @@ def test_sighup_while_workers_start_is_not_fatal(tmp_path: Path,
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
+
+
+def test_nnrp_pys_native_client_streams_through_both_workers(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    """The protocol's own client, on tcp and unix: each connection's stream completes
+    and its session stays usable for a second operation, whichever worker holds it."""
+    pytest.importorskip("nnrp.client.native")
+    from tests.support.native import native_connection, open_session, openai_submit, poll_until
+
+    sock = tmp_path / "nnrp.sock"
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0",
+                        f"unix://{sock}") as served:
+        for transport, uri in (("tcp", served.uris["tcp"]), ("ipc", served.uris["unix"])):
+            for _ in range(4):  # connections spread by the kernel; each must work
+                with native_connection(transport, uri) as connection:
+                    session = open_session(connection)
+                    for frame in (1, 2):
+                        session.submit_operation(openai_submit(frame, frame, envelope(
+                            chat(stream=True, max_tokens=6))))
+                        events = poll_until(session, lambda e, f=frame: any(
+                            x["kind"] == "RESULT_PUSH" and x.get("frame_id") == f
+                            for x in e))
+                        frames = [e for e in events if e.get("frame_id") == frame]
+                        assert [e["kind"] for e in frames] == (
+                            ["PARTIAL_RESULT"] * 6 + ["RESULT_PUSH"])
+                    session.close()
+        assert len(served.operations()) == 16
