@@ -44,7 +44,7 @@ from ._errors import (
 from ._slots import ConnectionSlots
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
-from ._transport import LoopbackTransport
+from ._transport import BODY_EXTENSION, LoopbackTransport
 from ._versions import Binding, select_binding
 
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
@@ -305,7 +305,10 @@ class BodyChunks:
     """
 
     def __init__(self, response: httpx.Response, pulse: _Pulse) -> None:
-        self._chunks = response.aiter_raw()
+        # The loopback transport's own body iterator when there is one (no httpx layers
+        # per read); httpx's otherwise (https://, a mock transport).
+        body: AsyncIterator[bytes] | None = response.extensions.get(BODY_EXTENSION)
+        self._chunks = body if body is not None else response.aiter_raw()
         self._pulse = pulse
         self._response = response
 

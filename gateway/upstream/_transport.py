@@ -18,6 +18,10 @@ What it guarantees, as httpcore did for the gateway:
 * ``response.extensions["network_stream"].get_extra_info("socket")`` is the socket, for
   the synchronous abort (``BodyChunks.abort``); a read pending when it closes fails as
   ``ReadError``.
+* ``response.extensions[BODY_EXTENSION]`` iterates the raw body as ``aiter_raw()`` does
+  (the bytes as read, chunked framing removed), one read per step, through
+  ``gateway._sockio``: the streamed-event path has nothing else between the socket and
+  the SSE decoder.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ from typing import Any
 import httpx
 import trio
 
+from gateway import _sockio
+
 from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
 
 READ_SIZE = 64 * 1024
+#: The response extension holding the body's own iterator: a reader that takes its
+#: chunks from it skips httpx's two generator layers per read (``aiter_raw``); closing
+#: the response still closes it.
+BODY_EXTENSION = "gateway.body"
 #: Interim (1xx) heads accepted before the final one.
 MAX_INTERIM = 8
 
@@ -84,12 +94,14 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         if rest and decoder.done:  # no body, yet bytes came with the head: not reusable
             decoder.feed(rest)
             rest = b""
+        response_body = _Body(self, stream, decoder, head, rest, request,
+                              timeouts.get("read"))
         return httpx.Response(
-            head.status, headers=head.headers,
-            stream=_Body(self, stream, decoder, head, rest, request, timeouts.get("read")),
+            head.status, headers=head.headers, stream=response_body,
             extensions={"http_version": b"HTTP/" + head.http_version,
                         "reason_phrase": head.reason,
-                        "network_stream": _NetworkStream(stream)})
+                        "network_stream": _NetworkStream(stream),
+                        BODY_EXTENSION: response_body})
 
     async def _connection(self, request: httpx.Request, limit_s: float | None
                           ) -> trio.SocketStream:
@@ -175,6 +187,9 @@ class _Body(httpx.AsyncByteStream):
         self._request = request
         self._timeout = timeout
         self._released = False
+        #: The last read was short, so the socket has most likely been drained: the next
+        #: read waits for it first instead of failing with EAGAIN (``_sockio``).
+        self._drained = True
 
     # A plain iterator, not an async generator: the gateway leaves streams early on
     # purpose, and a suspended generator would be left for trio to finalize.
@@ -190,8 +205,7 @@ class _Body(httpx.AsyncByteStream):
                 if body:
                     return body
             while not decoder.done:
-                data = await _timed(self._stream.receive_some(READ_SIZE), self._timeout,
-                                    httpx.ReadTimeout, httpx.ReadError, self._request)
+                data = await self._receive()
                 if not data:
                     decoder.end_of_stream()
                     break
@@ -201,6 +215,20 @@ class _Body(httpx.AsyncByteStream):
         except ProtocolError as exc:
             raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
         raise StopAsyncIteration
+
+    async def _receive(self) -> bytes:
+        if self._timeout is not None:  # the gateway's streams carry no read timeout
+            timed: bytes = await _timed(self._stream.receive_some(READ_SIZE), self._timeout,
+                                        httpx.ReadTimeout, httpx.ReadError, self._request)
+            return timed
+        try:
+            data = await _sockio.receive_some(self._stream.socket, READ_SIZE,
+                                              likely_empty=self._drained)
+        except (OSError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(f"{type(exc).__name__}: {exc}",
+                                  request=self._request) from exc
+        self._drained = len(data) < READ_SIZE
+        return data
 
     async def aclose(self) -> None:
         if self._released:
