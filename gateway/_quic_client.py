@@ -42,6 +42,7 @@ import math
 import socket
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -113,6 +114,8 @@ class QuicClientTransport:
 
     kind = "quic"
     message_based = False
+    #: Every write goes through the QUIC connection's state: no direct writes.
+    send_now: Callable[[bytes], int] | None = None
 
     def __init__(self, quic: QuicConnection, sock: socket.socket, address: NetworkAddress,
                  *, peer: str, send_buffer: int) -> None:

@@ -16,10 +16,12 @@ Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, the T
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import ssl
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -28,6 +30,7 @@ import attrs
 import trio
 import trio_websocket
 
+from gateway import _sockio
 from gateway.errors import ConfigError
 
 #: Bytes asked for per read: large enough that a burst of submits is one syscall.
@@ -115,6 +118,9 @@ class PacketTransport(Protocol):
     kind: str  # "tcp", "ipc", "websocket" or "quic": a bounded metrics label
     message_based: bool  # True: each receive() is exactly one packet
     peer: str
+    #: Writes bytes without waiting and says how many the kernel took (a plain socket),
+    #: or None: then every write goes through ``send`` (gateway/server/_outbox.py).
+    send_now: Callable[[bytes], int] | None
 
     async def receive(self) -> bytes | None:
         """Next bytes (or message); None at end of stream."""
@@ -147,6 +153,9 @@ class StreamTransport:
         self.stream = stream
         self.kind = kind
         self.peer = peer
+        self.send_now: Callable[[bytes], int] | None = (
+            functools.partial(_sockio.send_now, stream.socket)
+            if isinstance(stream, trio.SocketStream) else None)  # not through TLS
 
     async def receive(self) -> bytes | None:
         try:
@@ -167,6 +176,8 @@ class WebSocketTransport:
 
     message_based = True
     kind = "websocket"
+    #: One message per packet, framed by trio-websocket: no direct writes.
+    send_now: Callable[[bytes], int] | None = None
 
     def __init__(self, connection: trio_websocket.WebSocketConnection, peer: str) -> None:
         self.connection = connection

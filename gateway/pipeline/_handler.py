@@ -235,11 +235,15 @@ class ChatPipeline:
                     async for batch in stream:
                         if notes.upstream_first_byte is None:
                             notes.upstream_first_byte = stream.first_byte_at
-                        for chunk in batch:
-                            if not op.spend_tokens(token_count(chunk)):
-                                await trio.lowlevel.checkpoint()  # budget spent: scope ends
-                            for event in translator.feed(chunk):
-                                await op.emit(ev.encode_event(event))
+                        # The events of one upstream read leave in one write (issue 16).
+                        try:
+                            for chunk in batch:
+                                if not op.spend_tokens(token_count(chunk)):
+                                    await trio.lowlevel.checkpoint()  # budget spent: ends
+                                for event in translator.feed(chunk):
+                                    await op.emit(ev.encode_event(event), flush=False)
+                        finally:
+                            op.flush()
         finally:
             notes.upstream_closed = trio.current_time()
             notes.usage = translator.usage

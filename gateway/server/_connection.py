@@ -124,6 +124,7 @@ class _Port:
         protocol = connection.protocol
         if not protocol.flow.active and not protocol.holding:  # the fast path
             return
+        connection.outbox.flush()  # events deferred so far go out before we may wait
         while True:
             # Held for a replacement (rule 9): until it comes (the old operation is then
             # cancelled, which ends this wait) or the hold is over.
@@ -137,13 +138,16 @@ class _Port:
             with trio.move_on_after(math.inf if wait is None else wait):
                 await connection.flow_changed.wait()
 
-    def send_partial(self, body: bytes) -> None:
+    def send_partial(self, body: bytes, *, defer: bool = False) -> None:
         connection = self._connection
         packet = connection.protocol.send_partial(self.session_id, self.operation_id, body)
         if residence.PROBE is None:
-            connection.outbox.put(packet)
+            connection.outbox.put(packet, defer=defer)
         else:  # a benchmark: the packet carries when its upstream bytes were read
-            connection.outbox.put(packet, read_at=residence.PROBE.read_at())
+            connection.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
+
+    def flush(self) -> None:
+        self._connection.outbox.flush()
 
     def send_progress(self, stage: Stage) -> None:
         connection = self._connection
@@ -155,7 +159,7 @@ class _Port:
         connection = self._connection
         connection.outbox.put_all(connection.protocol.send_result(
             self.session_id, self.operation_id, status, payload,
-            retry_after_ms=retry_after_ms, frame=frame))
+            retry_after_ms=retry_after_ms, frame=frame), flush=True)
 
     def negotiated(self, token: str) -> bool:
         return token in self._connection.protocol.session_tokens(self.session_id)
@@ -182,7 +186,8 @@ class Connection:
         self.limits = limits
         #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
         self.protocol = ServerConnection(config)
-        self.outbox = Outbox(limits.outbox_high_water)
+        self.outbox = Outbox(limits.outbox_high_water, send_now=transport.send_now,
+                             on_written=self._count_written)
         #: The open sessions, each owning its running operations.
         self.sessions: dict[int, Session] = {}
         self.stats = stats or ServerStats()
@@ -321,8 +326,10 @@ class Connection:
                 self._nursery.cancel_scope.cancel()
                 return
             outbox.written(batch)
-            self.stats.bytes_out += sum(map(len, batch))
-            self.stats.frames_out += len(batch)
+
+    def _count_written(self, nbytes: int, packets: int) -> None:
+        self.stats.bytes_out += nbytes
+        self.stats.frames_out += packets
 
     async def _fail(self, failure: ConnectionFailed) -> None:
         """A fatal protocol violation: every operation ends now (the protocol wrote their

@@ -66,7 +66,14 @@ class OperationPort(Protocol):
         superseded operation's wait for its replacement is over."""
         ...
 
-    def send_partial(self, body: bytes) -> None: ...
+    def send_partial(self, body: bytes, *, defer: bool = False) -> None:
+        """A PARTIAL_RESULT; ``defer`` holds it for the next ``flush`` (one write for the
+        events of one upstream read)."""
+        ...
+
+    def flush(self) -> None:
+        """Hand what was deferred to the connection's write path now."""
+        ...
 
     def send_progress(self, stage: Stage) -> None: ...
 
@@ -333,9 +340,13 @@ class Operation:
         if self.end_cause is not None:
             await trio.lowlevel.checkpoint()  # raises Cancelled: the cancel is ours
 
-    async def emit(self, body: bytes) -> None:
+    async def emit(self, body: bytes, *, flush: bool = True) -> None:
         """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure and
-        the client's flow window."""
+        the client's flow window.
+
+        ``flush=False`` leaves it queued for this task's next ``flush()``, so that the
+        events of one upstream read leave in one write (every wait here flushes first).
+        """
         await self._sendable()
         await self._port.credit()
         if self._port.superseding():
@@ -345,7 +356,7 @@ class Operation:
             await trio.lowlevel.checkpoint()
         if not self.events_sent:
             self.stage(Stage.PRODUCING_PARTIAL)
-        self._port.send_partial(body)
+        self._port.send_partial(body, defer=not flush)
         now = trio.current_time()
         if self.first_event_at is None:
             self.first_event_at = now
@@ -354,6 +365,10 @@ class Operation:
         self.last_event_at = now
         self.events_sent += 1
         self.bytes_sent += len(body)
+
+    def flush(self) -> None:
+        """Write the events emitted with ``flush=False`` (synchronous)."""
+        self._port.flush()
 
     async def close(self, cause: EndCause, payload: bytes, *,
                     retry_after_ms: int | None = None,

@@ -7,23 +7,56 @@ few syscalls. Memory is bounded: ``wait_for_room`` blocks producers while more t
 that never reads therefore stalls its own operations (TCP backpressure reaches the
 operation tasks, and through them the upstream streams), never the process.
 
+The direct path (issue 16). When the transport can write without waiting
+(``send_now``: a plain TCP or unix socket) and the writer is idle with nothing queued,
+a producer that knows where its batch ends (the events of one upstream read, a
+terminal's packets) queues it with ``defer=True`` and calls ``flush()``, which writes it
+at once, synchronously: a streamed token then costs no wake-up of the writer task and no
+pass of the scheduler. Whatever the kernel does not take at once is left for the writer,
+which keeps the order (a flush writes directly only while the writer holds nothing) and
+owns every wait and every failure: a direct write that fails wakes the writer, which
+meets the same error and ends the connection. A plain ``put`` still only wakes the
+writer, so a producer that emits in a tight loop is coalesced into one write, as
+before.
+
 Under a benchmark's residence probe (``gateway.residence``) a packet may carry when its
 upstream bytes were read; ``written`` reports those once the batch is on the socket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from gateway import residence
 
+#: Writes what the kernel takes of the bytes at once and returns how many; 0 when its
+#: buffer is full; raises OSError for a broken socket (``gateway._sockio.send_now``).
+SendNow = Callable[[bytes], int]
+#: Told (bytes, packets) as they reach the transport (the connection's counters).
+WrittenHook = Callable[[int, int], None]
+
+
+def _ignore_written(nbytes: int, packets: int) -> None:
+    pass
+
 
 class Outbox:
-    def __init__(self, high_water: int = 1 << 20, low_water: int | None = None) -> None:
+    def __init__(self, high_water: int = 1 << 20, low_water: int | None = None, *,
+                 send_now: SendNow | None = None,
+                 on_written: WrittenHook = _ignore_written) -> None:
         self.high_water = high_water
         self.low_water = high_water // 2 if low_water is None else low_water
+        self._send_now = send_now
+        self._on_written = on_written
         self._queue: list[bytes] = []
         self._bytes = 0
+        #: Packets queued (a partly written one stays counted until its end is written).
+        self._packets = 0
+        self._taken_packets = 0
+        #: The writer holds a batch it has not finished writing.
+        self._writing = False
         #: Read times of the queued packets that carry one (residence probe only).
         self._read_at: list[int] = []
         self._taken_read_at: list[int] = []
@@ -43,26 +76,67 @@ class Outbox:
         """The writer has stopped: nothing put from now on reaches the peer."""
         return self._closed
 
-    def put(self, packet: bytes, *, read_at: int | None = None) -> None:
-        """Queue a packet now (synchronous: order equals call order). Never blocks."""
+    def put(self, packet: bytes, *, read_at: int | None = None, defer: bool = False) -> None:
+        """Queue a packet for the writer (synchronous: order equals call order). Never
+        blocks. ``defer`` does not wake the writer: the caller owes a ``flush()``, which
+        may write it directly."""
         if self._closed:
             return
         if read_at is not None:
             self._read_at.append(read_at)
         self._queue.append(packet)
         self._bytes += len(packet)
-        self._has_data.set()
+        self._packets += 1
         self._flushed = trio.Event() if self._flushed.is_set() else self._flushed
         if self._bytes > self.high_water and self._has_room.is_set():
             self._has_room = trio.Event()
+        if not defer:
+            self._has_data.set()
 
-    def put_all(self, packets: list[bytes]) -> None:
-        """Queue several packets, in order (each stays its own WebSocket message)."""
+    def put_all(self, packets: list[bytes], *, flush: bool = False) -> None:
+        """Queue several packets, in order (each stays its own WebSocket message);
+        ``flush`` writes them at once if the direct path is open."""
         for packet in packets:
-            self.put(packet)
+            self.put(packet, defer=True)
+        if flush:
+            self.flush()
+        elif packets:
+            self._has_data.set()
+
+    def flush(self) -> None:
+        """Write what is queued now, from the calling task, if the direct path is open
+        (the transport can, the writer is idle); otherwise wake the writer for it."""
+        queue = self._queue
+        if not queue:
+            return
+        if self._send_now is None or self._writing or self._closed:
+            self._has_data.set()
+            return
+        data = queue[0] if len(queue) == 1 else b"".join(queue)
+        try:
+            sent = self._send_now(data)
+        except OSError:
+            self._has_data.set()  # the writer meets the same error and ends the connection
+            return
+        if sent == len(data):
+            self._queue = []
+            self._bytes -= sent
+            packets, self._packets = self._packets, 0
+            read_at, self._read_at = self._read_at, []
+            self._done_writing(sent, packets, read_at)
+            return
+        # The kernel took part or nothing: the rest waits for the writer (who waits for
+        # room). Packet boundaries do not matter here: a direct path is a byte stream.
+        if sent:
+            self._queue = [data[sent:]]
+            self._bytes -= sent
+            self._on_written(sent, 0)
+        self._has_data.set()
 
     async def wait_for_room(self) -> None:
         """Block while the queue is over its high-water mark."""
+        if not self._has_room.is_set():
+            self.flush()  # a deferred batch must reach the writer before we wait on it
         while not self._has_room.is_set() and not self._closed:
             await self._has_room.wait()
 
@@ -74,17 +148,24 @@ class Outbox:
             self._has_data = trio.Event()
             await self._has_data.wait()
         batch, self._queue = self._queue, []
+        self._taken_packets, self._packets = self._packets, 0
         if self._read_at:
             self._taken_read_at, self._read_at = self._read_at, []
+        self._writing = True
         return batch
 
     def written(self, batch: list[bytes]) -> None:
         """The writer finished writing ``batch``."""
-        if self._taken_read_at:
-            if residence.PROBE is not None:
-                residence.PROBE.written(self._taken_read_at)
-            self._taken_read_at = []
-        self._bytes -= sum(map(len, batch))
+        self._writing = False
+        nbytes = sum(map(len, batch))
+        self._bytes -= nbytes
+        read_at, self._taken_read_at = self._taken_read_at, []
+        self._done_writing(nbytes, self._taken_packets, read_at)
+
+    def _done_writing(self, nbytes: int, packets: int, read_at: list[int]) -> None:
+        if read_at and residence.PROBE is not None:
+            residence.PROBE.written(read_at)
+        self._on_written(nbytes, packets)
         if self._bytes <= self.low_water:
             self._has_room.set()
         if not self._queue:

@@ -568,6 +568,8 @@ class QuicTransport:
 
     kind = "quic"
     message_based = False
+    #: Every write goes through the QUIC connection's state: no direct writes.
+    send_now: Callable[[bytes], int] | None = None
 
     def __init__(self, listener: QuicListener, session: _Session) -> None:
         self._listener = listener

@@ -212,6 +212,8 @@ def test_every_worker_serves_every_listener_and_metrics_are_the_pods(
                         assert outcome.status == 200 and len(outcome.partials) == 8
 
         trio.run(one_stream_per_worker_and_listener)
+        # Each record is logged after its terminal is on the wire: wait for the last.
+        wait_for(lambda: len(served.operations()) == 6, what="six operation records")
         by_worker = sorted((r["worker"], r["transport"]) for r in served.operations())
         assert by_worker == [(0, "ipc"), (0, "tcp"), (0, "websocket"),
                              (1, "ipc"), (1, "tcp"), (1, "websocket")]
@@ -262,7 +264,10 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
                 return await run_operation(session, envelope(chat(stream=True,
                                                                   max_tokens=8)))
 
+        operations_before = len(served.operations())
         assert trio.run(stream_on_the_replacement).status == 200
+        # The record is logged after the terminal is on the wire: wait for it.
+        wait_for(lambda: len(served.operations()) > operations_before, what="its record")
         assert served.operations()[-1]["worker"] == 1
         assert replacement != victim
         restart = [r for r in served.records() if r.get("event") == "worker exited; "
@@ -422,4 +427,4 @@ def test_nnrp_pys_native_client_streams_through_both_workers(
                         assert [e["kind"] for e in frames] == (
                             ["PARTIAL_RESULT"] * 6 + ["RESULT_PUSH"])
                     session.close()
-        assert len(served.operations()) == 16
+        wait_for(lambda: len(served.operations()) == 16, what="16 operation records")

@@ -407,6 +407,34 @@ async def test_slow_reader_backpressure_bounds_memory(nursery: trio.Nursery,
     await stream.aclose()
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_flushed_batches_survive_a_reader_that_stalls_then_resumes(
+        nursery: trio.Nursery, socket_dir: Any, transport: str) -> None:
+    # The outbox's direct path (events flushed by the producing task itself) against a
+    # client that stops reading: the kernel takes part of a write, the writer task the
+    # rest; memory stays bounded, and once the client reads every event arrives, in
+    # order, then the terminal. (ws has no direct path: the same through the writer.)
+    limits = ConnectionLimits(outbox_high_water=64 * 1024)
+    running = await start_server(nursery, socket_dir, limits=limits)
+    with trio.fail_after(20):  # a lost byte would leave the client waiting: fail, not hang
+        events, connection = await _stall_then_read(running, transport)
+    numbers = [json.loads(e.body)["n"] for e in events[:-1]]
+    assert numbers == list(range(3_000))
+    assert isinstance(events[-1], nnrp.ResultReceived)
+    assert connection.stats.frames_out >= 3_001
+
+
+async def _stall_then_read(running: RunningServer, transport: str) -> tuple[list[Any], Any]:
+    async with connect(running.uri(transport)) as client:
+        session = await client.open_session()
+        operation = await session.submit(script(events=3_000, size=500, batch=7))
+        await running.seen.started.wait()
+        (connection,) = running.server.connections
+        await trio.sleep(0.5)  # nothing read yet (the client's reader runs only in events())
+        assert connection.outbox.queued_bytes <= 64 * 1024 + 8 * 600
+        return await collect(operation), connection
+
+
 async def test_client_reports_server_gone(running: RunningServer) -> None:
     async with connect(running.uri()) as client:
         session = await client.open_session()
@@ -445,21 +473,29 @@ async def test_busy_connection_is_not_idle(nursery: trio.Nursery, socket_dir: An
 
 async def test_bursts_are_coalesced_into_few_writes(running: RunningServer,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import _sockio
     from gateway.transport import StreamTransport
 
+    # Both write paths: the writer task's and the direct one (gateway/server/_outbox.py).
     writes: list[int] = []
-    original = StreamTransport.send
+    original_send, original_send_now = StreamTransport.send, _sockio.send_now
 
     async def counting_send(self: StreamTransport, packets: list[bytes]) -> None:
-        writes.append(len(packets))
-        await original(self, packets)
+        writes.append(sum(map(len, packets)))
+        await original_send(self, packets)
+
+    def counting_send_now(sock: trio.socket.SocketType, data: bytes) -> int:
+        sent = original_send_now(sock, data)
+        writes.append(sent)
+        return sent
 
     monkeypatch.setattr(StreamTransport, "send", counting_send)
+    monkeypatch.setattr(_sockio, "send_now", counting_send_now)
     async with connect(running.uri()) as client:
         session = await client.open_session()
         before = len(writes)
         events = await collect(await session.submit(script(events=500)))
     assert len(events) == 501
     burst_writes = writes[before:]
-    assert sum(burst_writes) >= 501
-    assert len(burst_writes) <= 20  # 501 packets left in a handful of send calls
+    assert sum(burst_writes) >= 501 * 10  # every packet written (each over 10 bytes)
+    assert len(burst_writes) <= 20  # 501 packets left in a handful of writes

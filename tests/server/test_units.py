@@ -64,6 +64,114 @@ async def test_outbox_flush_and_close() -> None:
     assert await outbox.take() == []  # closed and empty: the writer stops
 
 
+class FakeSocket:
+    """A direct-write target: takes up to ``room`` bytes per call, or fails."""
+
+    def __init__(self, room: int = 1 << 30) -> None:
+        self.room = room
+        self.writes: list[bytes] = []
+        self.error: OSError | None = None
+
+    def send_now(self, data: bytes) -> int:
+        if self.error is not None:
+            raise self.error
+        taken = data[:self.room]
+        if taken:
+            self.writes.append(taken)
+        return len(taken)
+
+
+def counting_outbox(sock: FakeSocket, **kw: Any) -> tuple[Outbox, list[tuple[int, int]]]:
+    counted: list[tuple[int, int]] = []
+    outbox = Outbox(send_now=sock.send_now,
+                    on_written=lambda nbytes, packets: counted.append((nbytes, packets)), **kw)
+    return outbox, counted
+
+
+async def _takes_at_once(outbox: Outbox) -> list[bytes] | None:
+    with trio.move_on_after(0.05):
+        return await outbox.take()
+    return None
+
+
+async def test_a_flush_writes_everything_queued_in_one_direct_write() -> None:
+    sock = FakeSocket()
+    outbox, counted = counting_outbox(sock)
+    outbox.put(b"progress")  # a plain put: queued for the writer, not written
+    assert sock.writes == []
+    outbox.put(b"a", defer=True)
+    outbox.put(b"bb", defer=True)
+    outbox.flush()
+    assert sock.writes == [b"progressabb"]  # in call order, one write
+    assert counted == [(11, 3)]
+    assert outbox.queued_bytes == 0
+    await outbox.wait_flushed()
+    assert await _takes_at_once(outbox) is None  # the writer has nothing left to do
+
+
+async def test_a_partial_direct_write_leaves_the_rest_to_the_writer() -> None:
+    sock = FakeSocket(room=3)
+    outbox, counted = counting_outbox(sock)
+    outbox.put(b"abcd", defer=True)
+    outbox.put(b"ef", defer=True)
+    outbox.flush()
+    assert sock.writes == [b"abc"]
+    assert counted == [(3, 0)]  # bytes now, packets when their ends are written
+    assert outbox.queued_bytes == 3
+    batch = await _takes_at_once(outbox)
+    assert batch == [b"def"]
+    outbox.put(b"g", defer=True)
+    outbox.flush()  # the writer holds a batch: nothing may overtake it
+    assert sock.writes == [b"abc"]
+    outbox.written(batch)
+    assert counted == [(3, 0), (3, 2)]
+    assert await _takes_at_once(outbox) == [b"g"]
+
+
+async def test_a_full_socket_or_a_failed_write_wakes_the_writer() -> None:
+    sock = FakeSocket(room=0)
+    outbox, counted = counting_outbox(sock)
+    outbox.put(b"abc", defer=True)
+    outbox.flush()
+    assert await _takes_at_once(outbox) == [b"abc"]  # the writer waits for room
+    outbox.written([b"abc"])
+    sock.room, sock.error = 10, BrokenPipeError()
+    outbox.put(b"xyz", defer=True)
+    outbox.flush()
+    assert await _takes_at_once(outbox) == [b"xyz"]  # its write meets the error and ends
+    assert counted == [(3, 1)]
+
+
+async def test_deferred_packets_wait_for_a_flush_or_the_next_wake() -> None:
+    sock = FakeSocket()
+    outbox, _ = counting_outbox(sock, high_water=4, low_water=2)
+    taken: list[list[bytes]] = []
+    async with trio.open_nursery() as nursery:
+        async def writer() -> None:
+            taken.append(await outbox.take())
+
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        outbox.put(b"ab", defer=True)
+        await trio.testing.wait_all_tasks_blocked()
+        assert taken == []  # deferred: the writer is not woken
+        outbox.put(b"cde", defer=True)  # over high water: a waiting producer flushes first
+        await outbox.wait_for_room()
+        assert sock.writes == [b"abcde"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert taken == []  # written directly: the writer never woke
+        outbox.put(b"f")  # a plain put wakes it
+    assert taken == [[b"f"]]
+    plain = Outbox()  # no direct path (WebSocket, TLS, QUIC): a flush wakes the writer
+    plain.put(b"ws", defer=True)
+    plain.flush()
+    assert await _takes_at_once(plain) == [b"ws"]
+    outbox.close()
+    outbox.put(b"late", defer=True)
+    outbox.flush()
+    assert sock.writes == [b"abcde"]  # closed: nothing more is written
+
+
 # --------------------------------------------------------------------------- operation
 
 

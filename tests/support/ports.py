@@ -20,6 +20,9 @@ class RecordingPort:
     progress: list[Stage] = attrs.field(factory=list)
     superseded: bool = False  # a SUPERSEDE of the operation waits for its replacement
     frames: list[FrameShape] = attrs.field(factory=list)  # each result's frame shape
+    #: Partials per write: each undeferred partial is one, a flush writes the deferred.
+    writes: list[int] = attrs.field(factory=list)
+    deferred: int = 0
 
     async def room(self) -> None:
         if self.blocked is not None:
@@ -29,8 +32,18 @@ class RecordingPort:
     async def credit(self) -> None:
         await trio.lowlevel.checkpoint()
 
-    def send_partial(self, body: bytes) -> None:
+    def send_partial(self, body: bytes, *, defer: bool = False) -> None:
         self.sent.append(("partial", body))
+        if defer:
+            self.deferred += 1
+        else:
+            self.flush()
+            self.writes.append(1)
+
+    def flush(self) -> None:
+        if self.deferred:
+            self.writes.append(self.deferred)
+            self.deferred = 0
 
     def send_progress(self, stage: Stage) -> None:
         self.progress.append(stage)

@@ -1,7 +1,9 @@
 """A real GatewayServer on free ports with a scripted handler (tests/server and tests/interop).
 
 The handler reads its script from the operation's JSON payload:
-``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool}``.
+``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool,
+"batch": N}``; with ``batch`` the events are flushed N at a time, as the pipeline
+flushes the events of one upstream read (the outbox's direct path).
 It records what it saw (trace context, deadlines, cancellation) for assertions.
 """
 
@@ -34,12 +36,16 @@ async def scripted_handler(op: Operation, seen: Seen) -> None:
     try:
         if script.get("hang"):
             await trio.sleep_forever()
+        batch = script.get("batch")
         for index in range(script.get("events", 0)):
             body = json.dumps({"type": "response.output_text.delta", "index": 0,
                                "delta": "x" * script.get("size", 1), "n": index}).encode()
-            await op.emit(body)
+            await op.emit(body, flush=batch is None)
+            if batch is not None and (index + 1) % batch == 0:
+                op.flush()
             if script.get("delay"):
                 await trio.sleep(script["delay"])
+        op.flush()
         if script.get("no_terminal"):
             return
         trace = op.trace
