@@ -86,3 +86,30 @@ def test_plots_for_cost_and_workers(tmp_path: Path) -> None:
     workers.append(Figure("events/s scaling, 2 workers over 1, 256 streams", 1.0, "x"))
     _plots(tmp_path, {"cost": cost, "workers": workers})
     assert {p.name for p in tmp_path.iterdir()} == {"cost.png", "workers.png"}
+
+
+def test_cpu_time_is_the_kernels_exact_clock_for_any_process() -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from gateway.tools.bench._scenarios import process_cpu_seconds
+
+    # A child that burns 0.3 s of CPU then sleeps: read from outside, its CPU time is
+    # the burn to the millisecond (a tick-sampled figure moves in 10 ms steps).
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint('done', flush=True)\n"
+        "time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        burned = process_cpu_seconds(child.pid)
+        assert 0.3 <= burned < 0.3 + 0.25  # plus the interpreter's start-up
+        time.sleep(0.2)
+        assert process_cpu_seconds(child.pid) - burned < 0.01  # asleep: nothing more
+    finally:
+        child.kill()
+        child.communicate()
+    mine = process_cpu_seconds(os.getpid())
+    assert abs(mine - time.process_time()) < 0.05
