@@ -153,16 +153,26 @@ class StreamTransport:
         self.stream = stream
         self.kind = kind
         self.peer = peer
+        #: The plain socket (None through TLS): reads and direct writes use it.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._drained = False
         self.send_now: Callable[[bytes], int] | None = (
-            functools.partial(_sockio.send_now, stream.socket)
-            if isinstance(stream, trio.SocketStream) else None)  # not through TLS
+            None if self._socket is None else functools.partial(_sockio.send_now,
+                                                                 self._socket))
 
     async def receive(self) -> bytes | None:
         try:
-            data = await self.stream.receive_some(READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if self._socket is None:  # TLS
+                data = bytes(await self.stream.receive_some(READ_SIZE))
+            else:
+                # A CANCEL is read the moment it lands, with the fewest layers between
+                # (gateway/_sockio.py); after a short read the socket is most likely empty.
+                data = await _sockio.receive_some(self._socket, READ_SIZE,
+                                                  likely_empty=self._drained)
+                self._drained = len(data) < READ_SIZE
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return None
-        return bytes(data) or None
+        return data or None
 
     async def send(self, packets: list[bytes]) -> None:
         await self.stream.send_all(packets[0] if len(packets) == 1 else b"".join(packets))

@@ -16,8 +16,11 @@ from typing import Any
 
 from ._errors import UpstreamMalformed
 
-#: A surrogate escape; only then can decoded text hold a lone surrogate.
+#: A surrogate can only come out of JSON as a \\u escape (Python's decoder rejects one
+#: encoded as UTF-8): no such escape in the text, no walk of the decoded value.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in decoded text (a pair decodes to one)
 
 
 def parse_chunk(data: str) -> dict[str, Any]:
@@ -49,7 +52,7 @@ def parse_chunk(data: str) -> dict[str, Any]:
 def _has_lone_surrogate(value: Any) -> bool:
     """A surrogate left unpaired by JSON decoding (a valid pair decodes to one character)."""
     if isinstance(value, str):
-        return any("\ud800" <= char <= "\udfff" for char in value)
+        return not value.isascii() and _SURROGATE.search(value) is not None
     if isinstance(value, dict):
         return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
     if isinstance(value, list):
@@ -148,7 +151,7 @@ def parse_completion(data: bytes, kind: str = "chat.completion") -> dict[str, An
         raise UpstreamMalformed(f"completion body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise UpstreamMalformed("completion body is not a JSON object")
-    if b"\\u" in data and _has_lone_surrogate(body):
+    if b"\\u" in data and _SURROGATE_ESCAPE_BYTES.search(data) and _has_lone_surrogate(body):
         raise UpstreamMalformed("completion body holds text that is not Unicode (a lone "
                                 "surrogate): it cannot be carried as UTF-8")
     if body.get("object") != kind:

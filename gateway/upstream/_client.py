@@ -26,7 +26,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import httpx
@@ -101,23 +101,26 @@ class VllmClient:
         # and most of a MiB each, for an https:// vLLM URL that loopback rarely uses).
         tls = httpx.create_ssl_context()
 
-        def pool(timeout: httpx.Timeout, connections: int,
-                 own: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+        def pool(timeout: httpx.Timeout, connections: int) -> httpx.AsyncClient:
             return httpx.AsyncClient(
                 base_url=config.base_url.rstrip("/"), timeout=timeout, verify=tls,
                 limits=httpx.Limits(max_connections=connections,
                                     max_keepalive_connections=connections,
                                     keepalive_expiry=KEEPALIVE_EXPIRY),
-                headers=headers, trust_env=False, transport=transport or own)
+                headers=headers, trust_env=False, transport=transport)
 
         # Requests: no httpx read or pool timeout; waiting for a slot counts against the
         # operation's own first-chunk, idle and total deadlines (trio scopes). Each slot's
         # one connection is a LoopbackTransport for http:// (the hot path, ``_transport``).
         request_timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
                                         write=30.0, pool=None)
-        plain = httpx.URL(config.base_url).scheme == "http"
-        self._slots = ConnectionSlots(config.pool_size, lambda: pool(
-            request_timeout, 1, LoopbackTransport(KEEPALIVE_EXPIRY) if plain else None))
+        # A plain-HTTP slot is the loopback transport itself, called without httpx's
+        # client around it (auth, redirects, cookies: none apply to vLLM on loopback).
+        plain = transport is None and httpx.URL(config.base_url).scheme == "http"
+        self._slots: ConnectionSlots[_Slot] = ConnectionSlots(
+            config.pool_size,
+            (lambda: LoopbackTransport(KEEPALIVE_EXPIRY)) if plain
+            else (lambda: _ClientSlot(pool(request_timeout, 1))))
         self._pulse = _Pulse()
         self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue
@@ -241,10 +244,10 @@ class VllmClient:
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
         request = self._requests.build(path, json.dumps(body).encode(), headers)
         response: httpx.Response | None = None
-        async with self._slots.checkout(self.config.queue_timeout) as client:
+        async with self._slots.checkout(self.config.queue_timeout) as slot:
             with trio.move_on_at(deadline):
                 try:
-                    response = await client.send(request, stream=True)
+                    response = await slot.send(request)
                 except httpx.ConnectTimeout as exc:  # alive but not accepting in time
                     raise UpstreamOverloaded(
                         f"vLLM did not accept a connection within "
@@ -264,6 +267,29 @@ class VllmClient:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
                     await response.aclose()
+
+
+class _Slot(Protocol):
+    """One request at a time on one connection (``_slots``)."""
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """The response, its body not yet read."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _ClientSlot:
+    """A slot on an httpx client of its own (https://, or a transport given for tests)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        return await self._client.send(request, stream=True)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 class _RequestTemplate:

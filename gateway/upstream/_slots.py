@@ -1,21 +1,26 @@
-"""Upstream connection slots: one single-connection httpx client per concurrent request."""
+"""Upstream connection slots: one single-connection client per concurrent request."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 import trio
 
 from ._errors import UpstreamOverloaded
 
-if TYPE_CHECKING:  # the clients are built by _client, the only module that uses httpx
-    import httpx
+
+class Closeable(Protocol):
+    async def aclose(self) -> None: ...
 
 
-class ConnectionSlots:
+#: A slot's client: built by ``_client`` (the only module that uses httpx).
+ClientT = TypeVar("ClientT", bound=Closeable)
+
+
+class ConnectionSlots(Generic[ClientT]):
     """At most ``size`` requests at once, each on a client of its own that keeps one
     connection: checking out a slot is checking out a connection.
 
@@ -35,14 +40,14 @@ class ConnectionSlots:
     sockets after a 32-stream burst), since a client in the free list reads nothing.
     """
 
-    def __init__(self, size: int, new_client: Callable[[], httpx.AsyncClient],
+    def __init__(self, size: int, new_client: Callable[[], ClientT],
                  clock: Callable[[], float] = trio.current_time) -> None:
         self._limiter = trio.CapacityLimiter(size)
         self._new_client = new_client
         self._clock = clock
         #: Idle clients and when each was last put back, oldest first.
-        self._free: list[tuple[float, httpx.AsyncClient]] = []
-        self._clients: set[httpx.AsyncClient] = set()  # every open one, idle or not
+        self._free: list[tuple[float, ClientT]] = []
+        self._clients: set[ClientT] = set()  # every open one, idle or not
 
     @property
     def in_use(self) -> int:
@@ -54,7 +59,7 @@ class ConnectionSlots:
         return len(self._free)
 
     @asynccontextmanager
-    async def checkout(self, wait: float = math.inf) -> AsyncIterator[httpx.AsyncClient]:
+    async def checkout(self, wait: float = math.inf) -> AsyncIterator[ClientT]:
         """A client of one's own; raises ``UpstreamOverloaded`` when none is free within
         ``wait`` seconds (every upstream connection busy: refuse, do not queue on)."""
         try:

@@ -67,6 +67,14 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         self._expiry = keepalive_expiry
         self._idle_since = math.inf
 
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """As ``httpx.AsyncClient.send(request, stream=True)`` would answer, for the
+        request slot that is this transport (``_client``): the response, bound to its
+        request, its body not yet read."""
+        response = await self.handle_async_request(request)
+        response.request = request
+        return response
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._busy:
             raise RuntimeError("one request at a time on a LoopbackTransport")
