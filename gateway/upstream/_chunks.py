@@ -16,8 +16,9 @@ from typing import Any
 
 from ._errors import UpstreamMalformed
 
-#: A surrogate can only come out of JSON as a \\u escape (Python's decoder rejects one
-#: encoded as UTF-8): no such escape in the text, no walk of the decoded value.
+#: A surrogate can only come out of JSON text as a \u escape (strict UTF-8 decoding,
+#: as the SSE decoder's and ``parse_completion``'s, rejects one encoded as UTF-8): no
+#: such escape, no walk of the decoded value.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # in decoded text (a pair decodes to one)
@@ -146,7 +147,9 @@ def parse_completion(data: bytes, kind: str = "chat.completion") -> dict[str, An
     """A non-streaming completion body of ``kind`` (``chat.completion``, or
     ``text_completion`` for ``/v1/completions``), checked like a chunk, lightly."""
     try:
-        body = json.loads(data)
+        # Decoded strictly first: json.loads(bytes) lets a UTF-8-encoded surrogate
+        # through ('surrogatepass'), which no escape check would see.
+        body = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UpstreamMalformed(f"completion body is not JSON: {exc}") from exc
     if not isinstance(body, dict):

@@ -90,3 +90,18 @@ def test_400_keeps_message_and_param() -> None:
     assert error.param == "temperature"
     assert error.diagnostics == {"backend_status": 400, "backend_error_type": "BadRequestError",
                                  "backend_param": "temperature"}
+
+
+@pytest.mark.parametrize("text", [b'"a\\ud800b"', b'"a\xed\xa0\x80b"'],
+                         ids=["escaped", "utf-8-encoded"])
+def test_a_completion_with_a_lone_surrogate_is_refused_however_it_is_written(
+        text: bytes) -> None:
+    from gateway.upstream import parse_completion
+
+    body = (b'{"object": "chat.completion", "id": "x", "choices": '
+            b'[{"message": {"content": ' + text + b'}}]}')
+    with pytest.raises(UpstreamMalformed, match=r"not Unicode|not JSON"):
+        parse_completion(body)
+    # A valid pair, escaped, is one character and fine.
+    fine = parse_completion(body.replace(text, b'"\\ud83d\\ude00"'))
+    assert fine["choices"][0]["message"]["content"] == "\U0001F600"
