@@ -21,6 +21,7 @@ terminator) on the way out of ``chunks``, so its connection goes back to its slo
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import math
@@ -304,6 +305,13 @@ class _RequestTemplate:
         self._urls: dict[str, httpx.URL] = {}
         defaults = httpx.Headers(client_headers)  # httpx's defaults and the gateway's
         defaults["content-type"] = "application/json"
+        url = httpx.URL(base_url)
+        if url.username or url.password:
+            # Credentials in the URL (http://user:pass@host) are Basic auth, as httpx's
+            # client made them (over an API key's header, as there); the requests go to
+            # the transport without that client.
+            credentials = f"{url.username}:{url.password}".encode()
+            defaults["authorization"] = "Basic " + base64.b64encode(credentials).decode()
         self._static = list(defaults.raw)
         self._timeout = timeout.as_dict()
 

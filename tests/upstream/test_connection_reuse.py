@@ -4,6 +4,7 @@ new connect, and 1,000 streams reconnecting together met connect timeouts)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -99,3 +100,22 @@ async def test_concurrent_streams_never_open_more_than_the_pool(nursery: trio.Nu
         assert sorted(finished) == list(range(10))
         assert replay.connections == 4
         assert client.slots_in_use == 0
+
+
+async def test_credentials_in_the_url_are_sent_as_basic_auth(nursery: trio.Nursery) -> None:
+    # The request slots call the transport without httpx's client, which used to turn
+    # http://user:pass@host into an Authorization header; the template does it now.
+    replay = ReplayServer()
+    url = await nursery.start(replay.serve)
+    client = VllmClient(UpstreamConfig(url.replace("http://", "http://us%40er:p%3Ass@")))
+    try:
+        await _read_to_done(client, "replay:timestamped:2:0:credentials")
+        answer = await client.completion({**BODY, "stream": False},
+                                         {"x-request-id": "unary"})
+        assert answer["object"] == "chat.completion"
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
+    expected = "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+    posts = [r for r in replay.requests if r.method == "POST"]
+    assert [r.headers["authorization"] for r in posts] == [expected, expected]
