@@ -124,7 +124,6 @@ class _Port:
         protocol = connection.protocol
         if not protocol.flow.active and not protocol.holding:  # the fast path
             return
-        connection.outbox.flush()  # events deferred so far go out before we may wait
         while True:
             # Held for a replacement (rule 9): until it comes (the old operation is then
             # cancelled, which ends this wait) or the hold is over.
@@ -135,6 +134,9 @@ class _Port:
                 return
             # Held by the client: we stop reading upstream, so vLLM's socket fills and
             # the pause reaches it as TCP backpressure (nothing is buffered or dropped).
+            # What this operation deferred goes out first: the client may be waiting
+            # for it before it opens the window again.
+            self.flush()
             with trio.move_on_after(math.inf if wait is None else wait):
                 await connection.flow_changed.wait()
 
@@ -147,7 +149,12 @@ class _Port:
             connection.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
 
     def flush(self) -> None:
-        self._connection.outbox.flush()
+        connection = self._connection
+        # Directly only for a connection's lone operation (the latency case): with more
+        # in flight, the writer coalesces their packets into one write per pass, and a
+        # client reading many streams on one connection wakes once per pass, not once
+        # per stream (gateway/server/_outbox.py, "The direct path").
+        connection.outbox.flush(direct=connection.operations_in_flight == 1)
 
     def send_progress(self, stage: Stage) -> None:
         connection = self._connection
@@ -159,7 +166,8 @@ class _Port:
         connection = self._connection
         connection.outbox.put_all(connection.protocol.send_result(
             self.session_id, self.operation_id, status, payload,
-            retry_after_ms=retry_after_ms, frame=frame), flush=True)
+            retry_after_ms=retry_after_ms, frame=frame), defer=True)
+        self.flush()
 
     def negotiated(self, token: str) -> bool:
         return token in self._connection.protocol.session_tokens(self.session_id)
@@ -190,6 +198,8 @@ class Connection:
                              on_written=self._count_written)
         #: The open sessions, each owning its running operations.
         self.sessions: dict[int, Session] = {}
+        #: Operations started and not yet ended, over every session.
+        self.operations_in_flight = 0
         self.stats = stats or ServerStats()
         self.sessions_opened = 0
         self.closed = trio.Event()
@@ -318,14 +328,28 @@ class Connection:
             if not batch:
                 return
             try:
-                with trio.fail_after(self.limits.write_timeout):
-                    await self.transport.send(batch)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                await self._write(batch)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                    OSError):
                 self.outbox.close()
                 assert self._nursery is not None
                 self._nursery.cancel_scope.cancel()
                 return
             outbox.written(batch)
+
+    async def _write(self, batch: list[bytes]) -> None:
+        """Write a batch in order; bounded by the write timeout only when it must wait.
+        On a plain socket what the kernel takes at once goes without trio's send layers
+        (most batches: the writer runs once per pass with what the pass queued)."""
+        send_now = self.transport.send_now
+        if send_now is not None:
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            sent = send_now(data)
+            if sent == len(data):
+                return
+            batch = [data[sent:]]
+        with trio.fail_after(self.limits.write_timeout):
+            await self.transport.send(batch)
 
     def _count_written(self, nbytes: int, packets: int) -> None:
         self.stats.bytes_out += nbytes
@@ -452,7 +476,7 @@ class Connection:
     def _open_session(self, session_id: int) -> None:
         assert self._nursery is not None
         self.sessions[session_id] = Session(session_id, self._nursery, self.handler,
-                                            self.observer, self.stats)
+                                            self._operation_ended, self.stats)
         self.sessions_opened += 1
         self.stats.sessions_active += 1
         self.stats.sessions_total += 1
@@ -465,8 +489,14 @@ class Connection:
         else:
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
 
+    def _operation_ended(self, operation: Operation) -> None:
+        self.operations_in_flight -= 1
+        if self.observer is not None:
+            self.observer(operation)
+
     def _start_operation(self, event: OperationSubmitted) -> None:
         session = self.sessions[event.session_id]
+        self.operations_in_flight += 1
         session.start(Operation(
             _Port(self, event.session_id, event.operation_id),
             connection_id=self.connection_id, transport=self.transport.kind,

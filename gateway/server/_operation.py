@@ -344,8 +344,10 @@ class Operation:
         """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure and
         the client's flow window.
 
-        ``flush=False`` leaves it queued for this task's next ``flush()``, so that the
-        events of one upstream read leave in one write (every wait here flushes first).
+        By default it is queued and the connection's writer woken: events emitted in a
+        tight loop leave together, in the writer's next write. ``flush=False`` leaves it
+        for this task's next ``flush()``, which may write it at once itself, with the
+        other events of the same upstream read (every wait here flushes first).
         """
         await self._sendable()
         await self._port.credit()

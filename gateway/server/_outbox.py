@@ -17,7 +17,10 @@ which keeps the order (a flush writes directly only while the writer holds nothi
 owns every wait and every failure: a direct write that fails wakes the writer, which
 meets the same error and ends the connection. A plain ``put`` still only wakes the
 writer, so a producer that emits in a tight loop is coalesced into one write, as
-before.
+before. The connection writes directly only for its lone operation
+(``flush(direct=...)``): with several in flight the writer, woken once, takes what all
+of them queued in a pass and writes it at once, so a client reading many streams on one
+connection gets one segment per pass, not one per stream.
 
 Under a benchmark's residence probe (``gateway.residence``) a packet may carry when its
 upstream bytes were read; ``written`` reports those once the batch is on the socket.
@@ -57,6 +60,9 @@ class Outbox:
         self._taken_packets = 0
         #: The writer holds a batch it has not finished writing.
         self._writing = False
+        #: A direct write fell short (the socket is full): until the writer has written
+        #: a batch, flushes leave everything to it instead of retrying the write.
+        self._backlogged = False
         #: Read times of the queued packets that carry one (residence probe only).
         self._read_at: list[int] = []
         self._taken_read_at: list[int] = []
@@ -93,23 +99,23 @@ class Outbox:
         if not defer:
             self._has_data.set()
 
-    def put_all(self, packets: list[bytes], *, flush: bool = False) -> None:
-        """Queue several packets, in order (each stays its own WebSocket message);
-        ``flush`` writes them at once if the direct path is open."""
+    def put_all(self, packets: list[bytes], *, defer: bool = False) -> None:
+        """Queue several packets, in order (each stays its own WebSocket message), as
+        ``put`` does."""
         for packet in packets:
             self.put(packet, defer=True)
-        if flush:
-            self.flush()
-        elif packets:
+        if packets and not defer:
             self._has_data.set()
 
-    def flush(self) -> None:
+    def flush(self, *, direct: bool = True) -> None:
         """Write what is queued now, from the calling task, if the direct path is open
-        (the transport can, the writer is idle); otherwise wake the writer for it."""
+        (the transport can, the writer is idle, the caller allows it: ``direct``);
+        otherwise wake the writer for it."""
         queue = self._queue
         if not queue:
             return
-        if self._send_now is None or self._writing or self._closed:
+        if (not direct or self._send_now is None or self._writing or self._backlogged
+                or self._closed):
             self._has_data.set()
             return
         data = queue[0] if len(queue) == 1 else b"".join(queue)
@@ -127,10 +133,13 @@ class Outbox:
             return
         # The kernel took part or nothing: the rest waits for the writer (who waits for
         # room). Packet boundaries do not matter here: a direct path is a byte stream.
+        self._backlogged = True
         if sent:
             self._queue = [data[sent:]]
             self._bytes -= sent
             self._on_written(sent, 0)
+            if self._bytes <= self.low_water:
+                self._has_room.set()
         self._has_data.set()
 
     async def wait_for_room(self) -> None:
@@ -156,7 +165,7 @@ class Outbox:
 
     def written(self, batch: list[bytes]) -> None:
         """The writer finished writing ``batch``."""
-        self._writing = False
+        self._writing = self._backlogged = False
         nbytes = sum(map(len, batch))
         self._bytes -= nbytes
         read_at, self._taken_read_at = self._taken_read_at, []

@@ -1,11 +1,12 @@
 """An httpx transport for one plain-HTTP loopback connection, on trio, with ``_http1``.
 
-Each request slot (``_slots``) is an httpx client that keeps one connection; this is
-that connection. httpx keeps its API (requests, responses, errors, timeouts) and the
-gateway's code stays on it; below, the bytes go straight from the socket into
-``_http1`` instead of through httpcore's pool, its trio backend and h11 (about a third of
-the CPU per streamed event at 256 streams, docs/bench/issue16). https:// URLs keep
-httpx's own transport (``VllmClient`` chooses).
+Each plain-HTTP request slot (``_slots``) is one of these, holding one connection, and
+``send`` is called without an httpx client around it (``_client``). httpx keeps its
+API (requests, responses, errors, timeouts) and the gateway's code stays on it; below,
+the bytes go straight from the socket into ``_http1`` instead of through httpcore's
+pool, its trio backend and h11 (about a third of the CPU per streamed event at 256
+streams, docs/bench/issue16). https:// URLs keep httpx's own transport (``VllmClient``
+chooses).
 
 What it guarantees, as httpcore did for the gateway:
 
@@ -21,7 +22,9 @@ What it guarantees, as httpcore did for the gateway:
 * ``response.extensions[BODY_EXTENSION]`` iterates the raw body as ``aiter_raw()`` does
   (the bytes as read, chunked framing removed), one read per step, through
   ``gateway._sockio``: the streamed-event path has nothing else between the socket and
-  the SSE decoder.
+  the SSE decoder. Unlike ``aiter_raw()`` it neither guards against a second
+  iteration nor releases the connection at the body's end: the caller closes the
+  response, which does (``VllmClient._response`` always does).
 """
 
 from __future__ import annotations

@@ -263,6 +263,25 @@ async def _until(condition: Any) -> None:
         await trio.sleep(0.005)
 
 
+async def test_each_upstream_read_is_written_before_the_next_is_awaited(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    # The events of one upstream read are deferred and flushed together (issue 16): a
+    # flush left out would hold them until the next write (the terminal, here 0.6 s
+    # later), and the stream would still complete. So: arrival times, at real speed.
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer())
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        operation = await session.submit(envelope(
+            chat(stream=True), request_id="replay:timestamped:3:300000:flush"))
+        arrivals = [(trio.current_time(), event) async for event in operation.events()]
+    partial_times = [at for at, event in arrivals if isinstance(event, nnrp.PartialReceived)]
+    terminal_at, terminal = arrivals[-1]
+    assert isinstance(terminal, nnrp.ResultReceived)
+    assert len(partial_times) >= 3
+    assert terminal_at - partial_times[0] > 0.4  # the first token did not wait for the end
+    assert partial_times[-1] - partial_times[0] > 0.4
+
+
 async def test_abort_closes_the_upstream_socket_from_another_task(stack: Stack) -> None:
     """Issue 16: an NNRP cancel closes vLLM's socket synchronously, in the task that
     reads the CANCEL (``Operation.aborts_upstream``); this is that close on a real httpx

@@ -407,6 +407,40 @@ async def test_slow_reader_backpressure_bounds_memory(nursery: trio.Nursery,
     await stream.aclose()
 
 
+async def test_a_lone_operation_writes_directly_and_shared_connections_coalesce(
+        running: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import _sockio
+
+    # Packets per write, by the task that wrote: the operation's own or the writer.
+    direct: list[int] = []
+    through_writer: list[int] = []
+    original_send_now = _sockio.send_now
+
+    def counting_send_now(sock: trio.socket.SocketType, data: bytes) -> int:
+        packets = data.count(b"NNRP\x01")
+        writer = trio.lowlevel.current_task().name.endswith("._writer")
+        (through_writer if writer else direct).append(packets)
+        return original_send_now(sock, data)
+
+    monkeypatch.setattr(_sockio, "send_now", counting_send_now)
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        # One operation, each event flushed on its own: each is its own direct write.
+        events = await collect(await session.submit(script(events=200, batch=1)))
+        assert len(events) == 201
+        assert len(direct) >= 200
+        direct.clear()
+        through_writer.clear()
+        # Two on one connection, flushing as they go: the writer takes their packets,
+        # and whatever both queued in a pass leaves in one write.
+        other = await client.open_session()
+        first = await session.submit(script(events=200, batch=1, delay=0.002))
+        second = await other.submit(script(events=200, batch=1, delay=0.002))
+        assert [len(await collect(op)) for op in (first, second)] == [201, 201]
+    assert sum(through_writer) >= 300  # all but what one left alone wrote directly
+    assert len(through_writer) < sum(through_writer)  # writes carrying several packets
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_flushed_batches_survive_a_reader_that_stalls_then_resumes(
         nursery: trio.Nursery, socket_dir: Any, transport: str) -> None:

@@ -71,8 +71,10 @@ class FakeSocket:
         self.room = room
         self.writes: list[bytes] = []
         self.error: OSError | None = None
+        self.attempts = 0
 
     def send_now(self, data: bytes) -> int:
+        self.attempts += 1
         if self.error is not None:
             raise self.error
         taken = data[:self.room]
@@ -133,13 +135,25 @@ async def test_a_full_socket_or_a_failed_write_wakes_the_writer() -> None:
     outbox, counted = counting_outbox(sock)
     outbox.put(b"abc", defer=True)
     outbox.flush()
-    assert await _takes_at_once(outbox) == [b"abc"]  # the writer waits for room
-    outbox.written([b"abc"])
+    outbox.put(b"d", defer=True)
+    outbox.flush()  # the socket was full: no retry until the writer has written
+    assert sock.attempts == 1
+    assert await _takes_at_once(outbox) == [b"abc", b"d"]  # the writer waits for room
+    outbox.written([b"abc", b"d"])
+    assert counted == [(4, 2)]
     sock.room, sock.error = 10, BrokenPipeError()
     outbox.put(b"xyz", defer=True)
     outbox.flush()
+    assert sock.attempts == 2  # direct again once the backlog was written
     assert await _takes_at_once(outbox) == [b"xyz"]  # its write meets the error and ends
-    assert counted == [(3, 1)]
+
+
+async def test_a_partial_direct_write_under_low_water_lets_producers_on() -> None:
+    sock = FakeSocket(room=8)
+    outbox, _ = counting_outbox(sock, high_water=6, low_water=3)
+    outbox.put(b"0123456789", defer=True)  # over high water: producers would wait
+    outbox.flush()  # the kernel takes 8: two bytes left, under low water
+    assert await _has_room(outbox)
 
 
 async def test_deferred_packets_wait_for_a_flush_or_the_next_wake() -> None:
@@ -162,6 +176,10 @@ async def test_deferred_packets_wait_for_a_flush_or_the_next_wake() -> None:
         assert taken == []  # written directly: the writer never woke
         outbox.put(b"f")  # a plain put wakes it
     assert taken == [[b"f"]]
+    outbox.written(taken[0])
+    outbox.put(b"g", defer=True)
+    outbox.flush(direct=False)  # the connection has several operations: the writer writes
+    assert sock.writes == [b"abcde"]
     plain = Outbox()  # no direct path (WebSocket, TLS, QUIC): a flush wakes the writer
     plain.put(b"ws", defer=True)
     plain.flush()

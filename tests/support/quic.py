@@ -258,6 +258,7 @@ class ClientStreamTransport:
     kind = "quic"
     message_based = False
     peer = "server"
+    send_now = None  # every write goes through the QUIC connection
 
     def __init__(self, client: AioquicClient, stream_id: int) -> None:
         self.client = client
