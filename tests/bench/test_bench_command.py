@@ -113,3 +113,22 @@ def test_cpu_time_is_the_kernels_exact_clock_for_any_process() -> None:
         child.communicate()
     mine = process_cpu_seconds(os.getpid())
     assert abs(mine - time.process_time()) < 0.05
+
+
+def test_a_bare_trio_wake_up_is_measured_on_an_echo_process_that_then_goes() -> None:
+    import os
+
+    import trio
+
+    from gateway.tools.bench._wake import wake_cost
+
+    def children() -> set[str]:
+        tasks = Path(f"/proc/{os.getpid()}/task")
+        return {child for task in tasks.iterdir()
+                for child in (task / "children").read_text().split()}
+
+    before = children()
+    back_to_back = trio.run(wake_cost, 0.0, 200)
+    paced = trio.run(wake_cost, 0.005, 40)
+    assert 0 < back_to_back < 20_000 and 0 < paced < 20_000  # microseconds, measured
+    assert children() == before  # the echo process is killed and reaped

@@ -32,6 +32,7 @@ from gateway.upstream import SSEDecoder
 
 from . import SCENARIO_NAMES
 from ._stats import Figure, percentile
+from ._wake import wake_cost
 
 Progress = Callable[[str], None]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -332,13 +333,17 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
 
 
 def _cpu_figure(cpu: float, events: int, streams: int, shape: str,
-                residence: dict[str, Any], *, judged: bool = True) -> Figure:
-    """Gateway CPU (from /proc, 10 ms ticks) per streamed event, over the whole run of
-    the streams: each request's setup and terminal and the background work (health
-    checks) are in it, a few microseconds an event at 256 streams."""
+                residence: dict[str, Any], *, judged: bool = True,
+                wake: tuple[float, str] | None = None) -> Figure:
+    """Gateway CPU (the kernel's per-process clock) per streamed event, over the whole run
+    of the streams: each request's setup and terminal and the background work (health
+    checks) are in it, a few microseconds an event at 256 streams. ``wake``: a bare trio
+    wake-up's CPU on this machine and how it was paced, as the baseline (``_wake``)."""
     goal = 10.0 if judged and streams == 256 and shape == "paced" else None
     return Figure(f"gateway CPU per event, {streams} stream(s), {shape}",
                   cpu / max(events, 1) * 1e6, "us", goal=goal,
+                  baseline=None if wake is None else wake[0],
+                  baseline_name="" if wake is None else f"bare trio wake-up, {wake[1]}",
                   spread=f"{cpu:.2f} CPU s for {events} events; " + _residence_spread(residence))
 
 
@@ -348,12 +353,27 @@ async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
     coalesced, an instant backend writing 64 events at a time. CPU per event and the
     residence time, both measured on the gateway process."""
     figures = []
+    # The yardstick first: what a bare trio process pays per wake-up on this machine,
+    # paced as one stream is and back to back, as a busy gateway runs (``_wake``).
+    progress("cost: a bare trio wake-up on this machine")
+    scale = 3 if quick else 1
+    wakes = {"paced 10 ms": await wake_cost(0.010, 300 // scale),
+             "paced 1 ms": await wake_cost(0.001, 1000 // scale),
+             "back to back": await wake_cost(0.0, 3000 // scale)}
+    for pacing, microseconds in wakes.items():
+        figures.append(Figure(
+            f"bare trio wake-up CPU on this machine, {pacing}", microseconds, "us",
+            spread="an echo process of 200-byte messages, trio only; the gateway's CPU per "
+                   "event is read against it (ratio: bare wake-ups an event)"))
     plans = {1: (2000, 1000), 16: (500, 4000), 256: (200, 10000)}  # events, interval us
     for streams in ((1, 16, 64) if quick else (1, 16, 256)):
         events, interval_us = plans.get(streams, (200, 10000))
         if quick:
             events = max(40, events // 5)
         for shape, interval in (("paced", interval_us), ("coalesced", 0)):
+            # One paced stream sleeps between events as the 1 ms echo does; more streams,
+            # or a coalesced burst, keep the process busy: the back-to-back wake-up.
+            pacing = "paced 1 ms" if streams == 1 and shape == "paced" else "back to back"
             progress(f"cost: {streams} stream(s), {shape}")
             received: list[float] = []
             run = time.monotonic_ns()
@@ -365,7 +385,8 @@ async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
                     f"replay:timestamped:{events}:{interval}:c{run}", received))
                 cpu = process_cpu_seconds(stack.gateway_pid) - cpu
                 residence = await stack.residence()
-            figures.append(_cpu_figure(cpu, len(received), streams, shape, residence))
+            figures.append(_cpu_figure(cpu, len(received), streams, shape, residence,
+                                       wake=(wakes[pacing], pacing)))
             for q in (0.5, 0.99):
                 measured = residence.get(f"p{int(q * 100)}_us")
                 if measured is not None:

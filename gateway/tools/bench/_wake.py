@@ -1,0 +1,69 @@
+"""This machine's price of a wake-up: the yardstick for the gateway's CPU per event.
+
+A paced event costs the gateway one wake-up of its process (epoll, trio's run loop, the
+read, the write) and then its own work. What a wake-up costs depends on the machine more
+than on the gateway: on this project's 2-core VM a trio process that does nothing but
+echo 200 bytes pays about 270 us of CPU per wake-up when they come 10 ms apart, and
+about 60 us back to back (between distant wake-ups the caches and the virtual CPU go
+cold; docs/benchmarks.md). ``wake_cost`` measures that echo in the same run as the
+gateway, so each CPU figure also reads as a ratio, "so many bare wake-ups an event",
+which carries to another machine where a bare wake-up costs something else.
+
+The echo is a child process of its own, trio only (no gateway code), on a socket pair;
+its CPU comes from the kernel's per-process clock, as the gateway's does.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import trio
+
+_ECHO = """
+import socket, sys, trio
+async def main():
+    sock = trio.socket.fromfd(int(sys.argv[1]), socket.AF_UNIX, socket.SOCK_STREAM)
+    while data := await sock.recv(65536):
+        await sock.send(data)
+trio.run(main)
+"""
+_MESSAGE = b"x" * 200  # about one token event
+_WARM_UP = 20
+
+
+async def wake_cost(gap_s: float, wakes: int) -> float:
+    """CPU microseconds a bare trio echo process spends per wake-up, woken every
+    ``gap_s`` seconds (0: back to back) ``wakes`` times."""
+    from ._scenarios import process_cpu_seconds
+
+    ours, theirs = socket.socketpair()
+    child = await trio.lowlevel.open_process(
+        [sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+        stdin=subprocess.DEVNULL)
+    theirs.close()
+    try:
+        with trio.socket.from_stdlib_socket(ours) as sock:
+            async def round_trip() -> None:
+                await sock.send(_MESSAGE)
+                received = 0
+                while received < len(_MESSAGE):
+                    data = await sock.recv(65536)
+                    if not data:
+                        raise RuntimeError("the echo process ended early")
+                    received += len(data)
+                if gap_s:
+                    await trio.sleep(gap_s)
+
+            for _ in range(_WARM_UP):  # the child's start-up and imports are not counted
+                await round_trip()
+            before = process_cpu_seconds(child.pid)
+            for _ in range(wakes):
+                await round_trip()
+            spent = process_cpu_seconds(child.pid) - before
+    finally:
+        child.kill()
+        with trio.CancelScope(shield=True):
+            await child.wait()
+    return spent / wakes * 1e6
