@@ -145,7 +145,7 @@ class Outbox:
     async def wait_for_room(self) -> None:
         """Block while the queue is over its high-water mark."""
         if not self._has_room.is_set():
-            self.flush()  # a deferred batch must reach the writer before we wait on it
+            self.flush(direct=False)  # a deferred batch must reach the writer first
         while not self._has_room.is_set() and not self._closed:
             await self._has_room.wait()
 

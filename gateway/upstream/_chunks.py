@@ -149,8 +149,12 @@ def parse_completion(data: bytes, kind: str = "chat.completion") -> dict[str, An
     try:
         # Decoded strictly first: json.loads(bytes) lets a UTF-8-encoded surrogate
         # through ('surrogatepass'), which no escape check would see.
-        body = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UpstreamMalformed(f"completion body is not UTF-8 text: {exc}") from exc
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise UpstreamMalformed(f"completion body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise UpstreamMalformed("completion body is not a JSON object")

@@ -441,6 +441,54 @@ async def test_a_lone_operation_writes_directly_and_shared_connections_coalesce(
     assert len(through_writer) < sum(through_writer)  # writes carrying several packets
 
 
+async def test_each_lone_operation_in_turn_writes_directly(
+        running: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The connection's count of operations in flight comes back down: a long-lived
+    # connection keeps the direct path for every later lone operation.
+    from gateway import _sockio
+
+    direct: list[int] = []
+    original = _sockio.send_now
+
+    def counting(sock: trio.socket.SocketType, data: bytes) -> int:
+        if not trio.lowlevel.current_task().name.endswith("._writer"):
+            direct.append(data.count(b"NNRP\x01"))
+        return original(sock, data)
+
+    monkeypatch.setattr(_sockio, "send_now", counting)
+    async with connect(running.uri()) as client:
+        session = await client.open_session()
+        (connection,) = running.server.connections
+        for _ in range(3):
+            direct.clear()
+            events = await collect(await session.submit(script(events=50, batch=1)))
+            assert len(events) == 51
+            assert len(direct) >= 50
+        assert connection.operations_in_flight == 0
+
+
+async def test_a_reader_that_never_reads_is_cut_off_by_the_write_timeout(
+        nursery: trio.Nursery, socket_dir: Any, raw_connect: RawConnect) -> None:
+    # The writer writes what the kernel takes at once, then waits under the timeout.
+    limits = ConnectionLimits(outbox_high_water=64 * 1024, write_timeout=0.5)
+    running = await start_server(nursery, socket_dir, limits=limits)
+    stream = await raw_connect(running.uri())
+    client = nnrp.ClientConnection()
+    await stream.send_all(client.hello())
+    await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.SessionOpen(profile_id=2))))
+    await stream.receive_some(65536)
+    await stream.send_all(nnrp.encode(nnrp.Packet(
+        nnrp.FrameSubmit(operation_id=1, payload_kind_bitmap=0x10, payload_frame_count=1),
+        session_id=1, frame_id=1,
+        body=nnrp.pack_single_frame(script(events=100_000, size=1000, batch=5)))))
+    await trio.sleep(0.2)
+    (connection,) = running.server.connections
+    with trio.fail_after(5):
+        await connection.closed.wait()
+    assert connection.operations_in_flight == 0
+    await stream.aclose()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_flushed_batches_survive_a_reader_that_stalls_then_resumes(
         nursery: trio.Nursery, socket_dir: Any, transport: str) -> None:

@@ -100,7 +100,7 @@ def test_a_completion_with_a_lone_surrogate_is_refused_however_it_is_written(
 
     body = (b'{"object": "chat.completion", "id": "x", "choices": '
             b'[{"message": {"content": ' + text + b'}}]}')
-    with pytest.raises(UpstreamMalformed, match=r"not Unicode|not JSON"):
+    with pytest.raises(UpstreamMalformed, match=r"not Unicode|not UTF-8"):
         parse_completion(body)
     # A valid pair, escaped, is one character and fine.
     fine = parse_completion(body.replace(text, b'"\\ud83d\\ude00"'))

@@ -39,10 +39,15 @@ async def wake_cost(gap_s: float, wakes: int) -> float:
     from ._scenarios import process_cpu_seconds
 
     ours, theirs = socket.socketpair()
-    child = await trio.lowlevel.open_process(
-        [sys.executable, "-c", _ECHO, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-        stdin=subprocess.DEVNULL)
-    theirs.close()
+    try:
+        child = await trio.lowlevel.open_process(
+            [sys.executable, "-c", _ECHO, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()  # the child has its own copy
     try:
         with trio.socket.from_stdlib_socket(ours) as sock:
             async def round_trip() -> None:
