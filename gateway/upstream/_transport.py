@@ -228,16 +228,9 @@ class _Body(httpx.AsyncByteStream):
         raise StopAsyncIteration
 
     async def _receive(self) -> bytes:
-        if self._timeout is not None:  # the gateway's streams carry no read timeout
-            timed: bytes = await _timed(self._stream.receive_some(READ_SIZE), self._timeout,
-                                        httpx.ReadTimeout, httpx.ReadError, self._request)
-            return timed
-        try:
-            data = await _sockio.receive_some(self._stream.socket, READ_SIZE,
-                                              likely_empty=self._drained)
-        except (OSError, trio.ClosedResourceError) as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}",
-                                  request=self._request) from exc
+        data: bytes = await _timed(
+            _sockio.receive_some(self._stream.socket, READ_SIZE, likely_empty=self._drained),
+            self._timeout, httpx.ReadTimeout, httpx.ReadError, self._request)
         self._drained = len(data) < READ_SIZE
         return data
 
