@@ -154,7 +154,7 @@ class _Port:
         # in flight, the writer coalesces their packets into one write per pass, and a
         # client reading many streams on one connection wakes once per pass, not once
         # per stream (gateway/server/_outbox.py, "The direct path").
-        connection.outbox.flush(direct=connection.operations_in_flight == 1)
+        connection.outbox.flush(direct=connection.operations == 1)
 
     def send_progress(self, stage: Stage) -> None:
         connection = self._connection
@@ -198,8 +198,8 @@ class Connection:
                              on_written=self._count_written)
         #: The open sessions, each owning its running operations.
         self.sessions: dict[int, Session] = {}
-        #: Operations started and not yet ended, over every session.
-        self.operations_in_flight = 0
+        #: Operations started and not yet ended, over every session (``operations``).
+        self._in_flight = 0
         self.stats = stats or ServerStats()
         self.sessions_opened = 0
         self.closed = trio.Event()
@@ -212,8 +212,9 @@ class Connection:
 
     @property
     def operations(self) -> int:
-        """Operations in flight on this connection."""
-        return sum(len(session.operations) for session in self.sessions.values())
+        """Operations in flight on this connection (counted as they start and end: the
+        direct-write policy asks on every flush)."""
+        return self._in_flight
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -490,13 +491,13 @@ class Connection:
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
 
     def _operation_ended(self, operation: Operation) -> None:
-        self.operations_in_flight -= 1
+        self._in_flight -= 1
         if self.observer is not None:
             self.observer(operation)
 
     def _start_operation(self, event: OperationSubmitted) -> None:
         session = self.sessions[event.session_id]
-        self.operations_in_flight += 1
+        self._in_flight += 1
         session.start(Operation(
             _Port(self, event.session_id, event.operation_id),
             connection_id=self.connection_id, transport=self.transport.kind,

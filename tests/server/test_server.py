@@ -464,7 +464,7 @@ async def test_each_lone_operation_in_turn_writes_directly(
             events = await collect(await session.submit(script(events=50, batch=1)))
             assert len(events) == 51
             assert len(direct) >= 50
-        assert connection.operations_in_flight == 0
+        assert connection.operations == 0
 
 
 async def test_a_reader_that_never_reads_is_cut_off_by_the_write_timeout(
@@ -485,7 +485,7 @@ async def test_a_reader_that_never_reads_is_cut_off_by_the_write_timeout(
     (connection,) = running.server.connections
     with trio.fail_after(5):
         await connection.closed.wait()
-    assert connection.operations_in_flight == 0
+    assert connection.operations == 0
     await stream.aclose()
 
 
