@@ -12,12 +12,14 @@ every client disconnect before the end of a response (when, after how many chunk
 
 Failure modes: HTTP errors from the error transcripts (400, 401 with an API key, 404,
 500), an in-stream error, a stalled stream (first chunk or mid-stream), a reset
-mid-body, and engine death: the recorded in-stream error, then ``/health`` 503 and
-refused connections until ``revive()``.
+mid-body, engine death (the recorded in-stream error, then ``/health`` 503 and
+refused connections until ``revive()``), and ``long_stream``, which never ends until
+the client leaves.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -85,6 +87,11 @@ class Reply:
     reset_after: int | None = None  # chunks sent before resetting the connection
     kill_engine: bool = False
     no_response: bool = False  # hang up before the status line (a reset before a response)
+    #: After ``chunks``, these are sent in turn forever, one every ``endless_interval_ms``:
+    #: a stream that never ends by itself, however fast the host, so a cancel, deadline,
+    #: drain or cut always lands while it is still running.
+    endless: tuple[bytes, ...] = ()
+    endless_interval_ms: float = 0.0
 
 
 class ReplayServer:
@@ -319,8 +326,8 @@ class ReplayServer:
             return _json_reply(404, json.dumps({"error": {
                 "message": message, "type": "NotFoundError", "param": "model",
                 "code": 404}}, separators=(",", ":")).encode(), "error_404_model")
-        if name == "long_stream":  # long enough for any cancel or timeout to land mid-stream
-            return attrs.evolve(self._text_stream(request_id, model, 5_000), scenario=name)
+        if name == "long_stream":
+            return self._endless_stream(request_id, model)
         if name == "stall_first_chunk":
             return Reply(200, synth.SSE_HEADERS, (), name, streaming=True, stall_after=0)
         if name == "stall_mid_stream":
@@ -378,6 +385,16 @@ class ReplayServer:
                       for t, data in chunks]
         return Reply(200, synth.SSE_HEADERS, tuple(chunks), "text_stream", streaming=True)
 
+    def _endless_stream(self, request_id: str, model: Any) -> Reply:
+        """``long_stream``: text tokens at the replay's pace until the client leaves. Any
+        cancel, deadline, timeout or drain lands mid-stream, on a quiet machine too (a long
+        but finite stream was finished in the time a fast client took to react)."""
+        tokens = tuple(synth.delta_chunk(request_id, str(model), {"content": word})
+                       for word in synth.WORDS)
+        return Reply(200, synth.SSE_HEADERS, ((5.0, synth.role_chunk(request_id, str(model))),),
+                     "long_stream", streaming=True, endless=tokens,
+                     endless_interval_ms=self.token_interval_ms)
+
     def _transcript_reply(self, name: str, request_id: str, model: Any) -> Reply:
         transcript = self.transcripts[name]
         return Reply(transcript.status, _headers(transcript),
@@ -403,7 +420,8 @@ class ReplayServer:
         if reply.no_response:
             await trio.aclose_forcefully(stream)
             raise trio.ClosedResourceError("hung up before responding (scripted)")
-        if self.rechunk is not None and reply.chunks and reply.stall_after is None:
+        if (self.rechunk is not None and reply.chunks and reply.stall_after is None
+                and not reply.endless):
             reply = self._rechunked(reply)
         request_id = request.headers.get("x-request-id", "")
         headers = [(k, v) for k, v in reply.headers if k != "x-request-id"]
@@ -485,6 +503,13 @@ class ReplayServer:
                 data = data.replace(TIMESTAMP, str(time.monotonic_ns()).encode())
             await stream.send_all(connection.send(h11.Data(data=data)))
             progress.sent += 1
+        if reply.endless:
+            t_ms = reply.chunks[-1][0] if reply.chunks else 0.0
+            for data in itertools.cycle(reply.endless):
+                t_ms += reply.endless_interval_ms
+                await trio.sleep_until(start + t_ms / 1000 / self.speed)
+                await stream.send_all(connection.send(h11.Data(data=data)))
+                progress.sent += 1
         if reply.stall_after is not None:
             await trio.sleep_forever()
         await stream.send_all(connection.send(h11.EndOfMessage()))
