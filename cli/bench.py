@@ -14,8 +14,8 @@ import typer
 from gateway.tools.bench import SCENARIO_NAMES
 
 if TYPE_CHECKING:
-    from gateway.tools.bench._soak import SoakReport
-    from gateway.tools.bench._stats import Figure
+    from gateway.tools.bench.soak import SoakReport
+    from gateway.tools.bench.stats import Figure
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
 
@@ -59,7 +59,7 @@ def _machine() -> dict[str, object]:
 @bench_app.command("codec")
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
-    from gateway.tools.bench._codec import run_codec_bench
+    from gateway.tools.bench.codec import run_codec_bench
 
     _report("codec", run_codec_bench(quick), as_json, out)
 
@@ -70,7 +70,7 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     (real sockets; TCP, and QUIC beside it with the TCP figure as its baseline)."""
     import trio
 
-    from gateway.tools.bench._wire import run_wire_bench
+    from gateway.tools.bench.wire import run_wire_bench
 
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)
@@ -205,7 +205,7 @@ def run_scenarios_command(
     """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale."""
     import trio
 
-    from gateway.tools.bench._scenarios import run_scenarios
+    from gateway.tools.bench.scenarios import run_scenarios
 
     _quiet_logs()
     names = scenario or list(SCENARIO_NAMES)
@@ -237,7 +237,7 @@ def live_command(
     """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
     import trio
 
-    from gateway.tools.bench._scenarios import live
+    from gateway.tools.bench.scenarios import live
 
     _quiet_logs()
     results = _with_progress(
@@ -268,7 +268,7 @@ def soak_command(
     With --out, the gateway's and the backend's logs are kept in OUT/logs."""
     import trio
 
-    from gateway.tools.bench._soak import soak
+    from gateway.tools.bench.soak import soak
 
     _quiet_logs()
 
@@ -325,7 +325,7 @@ def relay_command(
     for what one more process hop costs on this host."""
     import trio
 
-    from gateway.tools.bench._relay import serve_relay
+    from gateway.tools.bench.relay import serve_relay
 
     def address(text: str) -> tuple[str, int]:
         host, _, port = text.rpartition(":")

@@ -249,8 +249,8 @@ def serve(
     from gateway.nnrp import ServerConfig
     from gateway.observe import configure_logging
     from gateway.pipeline import PipelineLimits
-    from gateway.server import ConnectionLimits, TlsConfig, TokenAuthenticator
-    from gateway.transport import ListenError, parse_endpoint
+    from gateway.server import ConnectionLimits, TokenAuthenticator
+    from gateway.transport import ListenError, TlsConfig, parse_endpoint
 
     for uri in listen:
         try:
@@ -414,7 +414,7 @@ def replay_server(
 def record(vllm_url: VllmUrl, out: Annotated[Path, typer.Option(help="Directory for JSONL.")],
            model: Annotated[str, typer.Option(help="Served model name.")] = "tiny") -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
-    from gateway.tools.replay._record import record_all
+    from gateway.tools.replay import record_all
 
     for path in record_all(vllm_url, out, model):
         typer.echo(f"wrote {path}")

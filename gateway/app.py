@@ -34,13 +34,10 @@ from gateway.observe import (
 )
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import Listener, capability_document, runtime_tokens
-from gateway.server import (
+from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer, Operation
+from gateway.transport import (
     AlpnPolicy,
-    BoundEndpoint,
-    ConnectionLimits,
-    GatewayServer,
     Inherited,
-    Operation,
     QuicSettings,
     TlsConfig,
     load_tls,

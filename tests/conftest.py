@@ -7,6 +7,9 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+#: Shared fixtures live in tests/support, like every other shared helper.
+pytest_plugins = ["tests.support.fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def fresh_logging_configuration() -> Iterator[None]:

@@ -13,9 +13,16 @@ PUBLIC: dict[str, str] = {
         "ConfigError GatewayError "
     ),
     "gateway.transport": (
-        "Endpoint ListenError PacketTransport QuicClientOptions READ_SIZE StreamTransport "
-        "TextMessageError WebSocketTransport connect describe_peer open_unix_listener "
-        "parse_endpoint read_until_closed tune_tcp "
+        "AlpnPolicy Endpoint Inherited ListenError NNRP_ALPN PacketTransport QuicClientOptions "
+        "QuicSettings READ_SIZE SharedListener StreamTransport TextMessageError TlsConfig "
+        "WebSocketTransport bind_shared bound_uri connect describe_peer format_host "
+        "load_tls open_unix_listener parse_endpoint read_until_closed server_context "
+        "tune_tcp "
+    ),
+    "gateway.transport.quic": (
+        "QuicClientTransport QuicConnectError QuicEndpoint QuicListener QuicPeer QuicStats "
+        "QuicTransport RoutingTable client_configuration feed_datagram open_quic_transport "
+        "server_configuration "
     ),
     "gateway.nnrp": (
         "Abort Backpressure BudgetFlag BudgetPolicy BudgetRequested BudgetUpdate CacheAck "
@@ -71,13 +78,12 @@ PUBLIC: dict[str, str] = {
         "token_count traceparent "
     ),
     "gateway.server": (
-        "AlpnPolicy BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer "
-        "Inherited Observer Operation OperationHandler OperationPort QuicSettings "
-        "RefusalHandler ServerStats Session SharedListener TlsConfig TokenAuthenticator "
-        "bind_shared load_tls server_context "
+        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer "
+        "Operation OperationHandler OperationNotes OperationPort RefusalHandler ServerStats "
+        "Session TokenAuthenticator "
     ),
     "gateway.observe": (
-        "AdminRoutes AdminServer GatewayMetrics ObservationRecord OperationNotes "
+        "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
         "RouteUnavailable build_record configure_logging metrics_route "
     ),
     "gateway.tools.client": (
@@ -86,7 +92,7 @@ PUBLIC: dict[str, str] = {
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
         "Transcript VERSIONS bundled_transcripts choose_scenario conform_body derive "
-        "load_transcript parse_transcript "
+        "load_transcript parse_transcript record_all "
     ),
     "gateway.tools.conformance": (
         "ManifestError ValidationReport build_plan check_case native_available "
@@ -96,7 +102,7 @@ PUBLIC: dict[str, str] = {
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.
-_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.transport", "gateway.tools.client"})
+_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.tools.client"})
 
 
 def public_names(module_name: str) -> list[str]:

@@ -1,9 +1,13 @@
 """The import rules of docs/architecture.md ("Layers"), read from the source itself.
 
-* ``gateway.nnrp``, ``gateway.profile`` and the upstream's HTTP/1.1 and SSE readers are
-  sans-IO: no trio, no httpx, no I/O layer.
-* ``gateway.upstream`` knows vLLM, not NNRP's I/O: no ``gateway.server`` or pipeline.
-* The serving core never imports the tools (``gateway.tools``): they are apart.
+* Every unit of ``gateway/`` and ``cli/`` has a floor; a unit imports only units on lower
+  floors (and itself). Type-checking-only and function-level imports count too: a
+  circle of them is still a circle to a reader.
+* No import circle anywhere, between modules of one package included.
+* A unit reaches into another only through its public names: no ``_private`` module of
+  another unit is imported (``gateway._sockio``, a shared leaf, excepted).
+* ``gateway.nnrp``, ``gateway.profile``, the QUIC endpoint and the upstream's HTTP/1.1
+  and SSE readers are sans-IO: no trio, no httpx, no I/O layer.
 """
 
 from __future__ import annotations
@@ -13,52 +17,184 @@ from pathlib import Path
 
 import pytest
 
-GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
-CORE = ("nnrp", "profile", "upstream", "pipeline", "server", "observe", "app.py",
-        "transport.py", "_quic_client.py", "errors.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Floor by unit, lowest first. A unit is a package under gateway/ (``gateway.server``),
+#: a top-level module (``gateway.errors``) or cli.
+FLOORS: dict[str, int] = {
+    # shared leaves: the error root, socket helpers, the benchmark probe, the version
+    "gateway": 0, "gateway.errors": 0, "gateway._sockio": 0, "gateway.residence": 0,
+    "gateway.nnrp": 1,  # sans-IO NNRP/1
+    "gateway.profile": 2,  # openai-compatible/1, pure
+    "gateway.transport": 3,  # bytes to and from NNRP clients
+    "gateway.upstream": 3,  # bytes to and from vLLM
+    "gateway.server": 4,  # the NNRP engine
+    "gateway.observe": 5,  # records, logs, metrics, the admin listener
+    "gateway.pipeline": 6,  # the vLLM operation handler
+    "gateway.app": 7,  # wiring, probe, drain
+    "gateway.workers": 8,  # several processes
+    "gateway.tools": 9,  # client, replay, conformance, bench: apart from serving
+    "cli": 10,
+}
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module a file imports, type-checking-only imports included."""
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(path): path for top in ("gateway", "cli")
+            for path in sorted((ROOT / top).rglob("*.py"))}
+
+
+def imports_of(path: Path, name: str | None = None) -> set[str]:
+    """Every module a file imports (absolute names; relative imports resolved), at any
+    depth: type-checking-only and function-level imports included. ``from pkg import x``
+    names ``pkg.x`` when that is a module, else ``pkg``."""
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    modules = sources()
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            submodules = [f"{module}.{alias.name}" for alias in node.names
+                          if f"{module}.{alias.name}" in modules]
+            found.update(submodules or [module])
+    found.discard(name)
     return found
 
 
-def files_of(part: str) -> list[Path]:
-    path = GATEWAY / part
-    return sorted(path.rglob("*.py")) if path.is_dir() else [path]
+def unit_of(module: str) -> str | None:
+    """The unit a gateway or cli module belongs to (None: a third-party module)."""
+    if module == "cli" or module.startswith("cli."):
+        return "cli"
+    if module != "gateway" and not module.startswith("gateway."):
+        return None
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else "gateway"
 
 
-def offenders(part: str, forbidden: tuple[str, ...]) -> list[str]:
-    return [f"{path.relative_to(GATEWAY)} imports {module}"
-            for path in files_of(part) for module in sorted(imports_of(path))
-            if any(module == f or module.startswith(f"{f}.") for f in forbidden)]
+def test_every_unit_has_a_floor() -> None:
+    assert {unit_of(name) for name in sources()} == set(FLOORS)
 
 
-@pytest.mark.parametrize("part", ["nnrp", "profile", "upstream/_http1.py",
-                                  "upstream/_sse.py"])
+def test_no_upward_or_sideways_import() -> None:
+    offences = []
+    for name, path in sources().items():
+        unit = unit_of(name)
+        assert unit is not None
+        for imported in sorted(imports_of(path, name)):
+            target = unit_of(imported)
+            if target is None or target == unit or target == "gateway":
+                continue  # third party, its own unit, or the root's version string
+            if FLOORS[target] >= FLOORS[unit]:
+                offences.append(f"{name} (floor {FLOORS[unit]}) imports {imported} "
+                                f"(floor {FLOORS[target]})")
+    assert offences == []
+
+
+def test_other_units_are_used_through_their_public_names() -> None:
+    offences = []
+    for name, path in sources().items():
+        for imported in sorted(imports_of(path, name)):
+            target = unit_of(imported)
+            if target is None or target == unit_of(name) or imported == "gateway._sockio":
+                continue
+            if any(part.startswith("_") for part in imported.split(".")):
+                offences.append(f"{name} imports {imported}")
+    assert offences == []
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = sources()
+    return {name: {m for m in imports_of(path, name) if m in modules}
+            for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+SANS_IO = ("gateway/nnrp", "gateway/profile", "gateway/upstream/_http1.py",
+           "gateway/upstream/_sse.py", "gateway/transport/_quic_endpoint.py",
+           "gateway/transport/_quic_settings.py", "gateway/transport/_endpoints.py")
+
+
+#: What a sans-IO module may not import (its own package's siblings excepted).
+IO = ("trio", "httpx", "h11", "trio_websocket", "gateway.transport", "gateway.upstream",
+      "gateway.server", "gateway.pipeline", "gateway.observe", "gateway.tools")
+
+
+def io_imports(file: Path) -> list[str]:
+    package = module_name(file).rpartition(".")[0]
+    return [module for module in sorted(imports_of(file))
+            if not module.startswith(f"{package}.")
+            and any(module == io or module.startswith(f"{io}.") for io in IO)]
+
+
+@pytest.mark.parametrize("part", SANS_IO)
 def test_sans_io_layers_import_no_io(part: str) -> None:
-    assert offenders(part, ("trio", "httpx", "h11", "trio_websocket", "gateway.server",
-                            "gateway.upstream", "gateway.pipeline", "gateway.transport",
-                            "gateway.observe", "gateway.tools")) == []
-
-
-def test_upstream_knows_nothing_of_the_nnrp_io() -> None:
-    assert offenders("upstream", ("gateway.server", "gateway.pipeline", "gateway.transport",
-                                  "gateway.tools")) == []
-
-
-@pytest.mark.parametrize("part", CORE)
-def test_the_serving_core_never_imports_the_tools(part: str) -> None:
-    assert offenders(part, ("gateway.tools",)) == []
+    path = ROOT / part
+    files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    assert {str(file.relative_to(ROOT)): io_imports(file) for file in files} == {
+        str(file.relative_to(ROOT)): [] for file in files}
 
 
 def test_the_rules_see_real_imports() -> None:
     # The scan itself must find what is there, or every rule above passes vacuously.
-    assert "trio" in imports_of(GATEWAY / "server" / "_connection.py")
-    assert "gateway.tools.client" in imports_of(GATEWAY / "tools" / "conformance" / "_run.py")
+    connection = ROOT / "gateway" / "server" / "_connection.py"
+    assert "trio" in imports_of(connection)
+    assert "gateway.server._outbox" in imports_of(connection)
+    assert "gateway.tools.client" in imports_of(
+        ROOT / "gateway" / "tools" / "conformance" / "_run.py")
+    assert io_imports(ROOT / "gateway" / "transport" / "_quic_listener.py") == ["trio"]

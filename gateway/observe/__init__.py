@@ -11,6 +11,5 @@ from ._logging import configure_logging as configure_logging
 from ._metrics import GatewayMetrics as GatewayMetrics
 from ._record import (
     ObservationRecord as ObservationRecord,
-    OperationNotes as OperationNotes,
     build_record as build_record,
 )

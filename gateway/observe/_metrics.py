@@ -30,7 +30,7 @@ import gateway
 
 if TYPE_CHECKING:
     from gateway.server import ServerStats
-    from gateway.server._quic import QuicListener
+    from gateway.transport.quic import QuicListener
 
     from ._record import ObservationRecord
 

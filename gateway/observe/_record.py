@@ -1,8 +1,13 @@
-"""The observation record: one per operation, built once, feeding three outputs.
+"""The observation record: one per operation, from one builder, feeding three outputs.
 
     Operation + its OperationNotes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
                                                          ├─▶ canonical JSON log line
                                                          └─▶ Prometheus metrics
+
+``build_record`` is the only place a record is made: once when the operation has ended
+(the log line and the metrics), and, when the client asked for diagnostics, once more
+just before the terminal, for the ``response.diagnostics`` event (the same builder, the
+cause it is about to end with), so the three outputs cannot disagree.
 
 Never in it: trace attribute bodies (only their byte count), API keys, message content.
 """
@@ -17,24 +22,6 @@ from gateway.profile import END_TABLE, EndCause, Outcome
 
 if TYPE_CHECKING:
     from gateway.server import Operation
-
-
-@attrs.define
-class OperationNotes:
-    """What the operation's handler learned (the pipeline fills it in as it goes)."""
-
-    model: str | None = None
-    operation: str | None = None
-    request_id: str | None = None
-    stream: bool | None = None
-    traceparent: str | None = None
-    upstream_status: int | None = None
-    upstream_started: float | None = None
-    upstream_first_byte: float | None = None
-    upstream_closed: float | None = None
-    usage: dict[str, Any] | None = None
-    diagnostics: bool = False
-    backend: dict[str, str] | None = None
 
 
 @attrs.frozen

@@ -1,5 +1,6 @@
-"""trio I/O for NNRP: listeners (tcp, unix, ws and their TLS forms, quic), connections,
-sessions, operations, graceful shutdown. Transports themselves: ``gateway.transport``."""
+"""The NNRP engine: the server over its listeners, connections, sessions, operations and
+graceful shutdown. What moves the bytes (listeners, TLS, QUIC, carriers) is
+``gateway.transport``."""
 
 from ._auth import TokenAuthenticator as TokenAuthenticator
 from ._connection import (
@@ -7,19 +8,13 @@ from ._connection import (
     ConnectionLimits as ConnectionLimits,
     RefusalHandler as RefusalHandler,
 )
-from ._listeners import (
-    Inherited as Inherited,
-    SharedListener as SharedListener,
-    bind_shared as bind_shared,
-)
 from ._operation import (
     CancelInfo as CancelInfo,
     Operation as Operation,
     OperationHandler as OperationHandler,
+    OperationNotes as OperationNotes,
     OperationPort as OperationPort,
 )
-from ._quic_settings import AlpnPolicy as AlpnPolicy, QuicSettings as QuicSettings
 from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer
 from ._session import Observer as Observer, Session as Session
 from ._stats import ServerStats as ServerStats
-from ._tls import TlsConfig as TlsConfig, load_tls as load_tls, server_context as server_context

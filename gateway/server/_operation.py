@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import structlog
@@ -48,7 +48,6 @@ from gateway.nnrp import (
     TraceInfo,
     TypedBody,
 )
-from gateway.observe import OperationNotes
 from gateway.profile import END_TABLE, Drop, EndCause, Outcome, Push
 
 log = structlog.get_logger("gateway.server")
@@ -93,6 +92,24 @@ class OperationPort(Protocol):
     def superseding(self) -> bool:
         """Whether a SUPERSEDE of this operation waits for its replacement."""
         ...
+
+
+@attrs.define
+class OperationNotes:
+    """What the operation's handler learned (the pipeline fills it in as it goes)."""
+
+    model: str | None = None
+    operation: str | None = None
+    request_id: str | None = None
+    stream: bool | None = None
+    traceparent: str | None = None
+    upstream_status: int | None = None
+    upstream_started: float | None = None
+    upstream_first_byte: float | None = None
+    upstream_closed: float | None = None
+    usage: dict[str, Any] | None = None
+    diagnostics: bool = False
+    backend: dict[str, str] | None = None
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ from gateway.transport import (
     ListenError,
     StreamTransport,
     WebSocketTransport,
+    bound_uri,
     describe_peer,
     open_unix_listener,
     parse_endpoint,
@@ -27,16 +28,13 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
-from ._listeners import bound_uri
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
-    from gateway.transport import PacketTransport
+    from gateway.transport import Inherited, PacketTransport, QuicSettings
+    from gateway.transport.quic import QuicListener
 
-    from ._listeners import Inherited
     from ._operation import OperationHandler
-    from ._quic import QuicListener
-    from ._quic_settings import QuicSettings
     from ._session import Observer
 
 log = structlog.get_logger("gateway.server")
@@ -71,7 +69,7 @@ class GatewayServer:
         observer: told of every operation once it has ended (logs and metrics).
         quic: certificate and limits for ``quic://`` listeners (none without it).
         inherited: listeners a ``--workers`` supervisor bound for this process, by URI as
-            configured (``_listeners``); the others are bound here.
+            configured (``gateway.transport.bind_shared``); the others are bound here.
     """
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
@@ -221,7 +219,7 @@ class GatewayServer:
         """One UDP socket. Its datagram loop lives in the connection nursery (a draining
         server keeps serving established QUIC connections); this task only stops it
         accepting when the accept scope ends."""
-        from ._quic import QuicListener  # aioquic is imported only when QUIC is served
+        from gateway.transport.quic import QuicListener  # aioquic: only when QUIC is served
 
         if self.quic is None:
             raise ListenError("quic:// needs a certificate (--tls-cert, --tls-key)")

@@ -60,8 +60,13 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.observe import AdminRoutes, AdminServer, RouteUnavailable
-from gateway.server import SharedListener, bind_shared, server_context
-from gateway.transport import ListenError, parse_endpoint
+from gateway.transport import (
+    ListenError,
+    SharedListener,
+    bind_shared,
+    parse_endpoint,
+    server_context,
+)
 
 from ._merge import PodMetrics
 from ._worker import EXIT_FATAL, WorkerPlan, encode_plan

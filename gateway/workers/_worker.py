@@ -15,14 +15,17 @@ import os
 import pickle
 import struct
 import sys
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import attrs
 import structlog
 import trio
 
 from gateway.app import Gateway, GatewayConfig, serve_until_signalled
-from gateway.server import BoundEndpoint, Inherited
+from gateway.transport import Inherited
+
+if TYPE_CHECKING:
+    from gateway.server import BoundEndpoint
 
 log = structlog.get_logger("gateway.workers")
 

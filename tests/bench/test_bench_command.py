@@ -35,7 +35,7 @@ def test_unknown_scenario_is_a_clean_error() -> None:
 
 
 def test_soak_rss_growth_is_measured_after_warm_up() -> None:
-    from gateway.tools.bench._soak import SoakReport, warm_up_seconds
+    from gateway.tools.bench.soak import SoakReport, warm_up_seconds
 
     assert warm_up_seconds(600) == 120  # a fifth of a long run
     assert warm_up_seconds(30) == 15  # at least 15 s
@@ -53,7 +53,7 @@ def test_soak_says_whether_the_load_was_carried_and_how_late_events_were() -> No
     import json
     import time
 
-    from gateway.tools.bench._soak import SoakReport
+    from gateway.tools.bench.soak import SoakReport
 
     report = SoakReport(streams=10, seconds=60, token_interval_ms=500)
     report.durations = [20.0] * 90 + [30.0] * 10  # nominal: 40 tokens x 0.5 s = 20 s
@@ -74,7 +74,7 @@ def test_soak_says_whether_the_load_was_carried_and_how_late_events_were() -> No
 def test_plots_for_cost_and_workers(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from cli.bench import _plots
-    from gateway.tools.bench._stats import Figure
+    from gateway.tools.bench.stats import Figure
 
     cost = [Figure(f"gateway CPU per event, {n} stream(s), {shape}", v, "us")
             for n, shape, v in ((1, "paced", 500), (1, "coalesced", 55), (256, "paced", 130),
@@ -94,7 +94,7 @@ def test_cpu_time_is_the_kernels_exact_clock_for_any_process() -> None:
     import sys
     import time
 
-    from gateway.tools.bench._scenarios import process_cpu_seconds
+    from gateway.tools.bench._procs import process_cpu_seconds
 
     # A child that burns 0.3 s of CPU then sleeps: read from outside, its CPU time is
     # the burn to the millisecond (a tick-sampled figure moves in 10 ms steps).

@@ -36,7 +36,7 @@ def test_light_commands_do_not_load_the_gateway() -> None:
     # trio, httpx, structlog or the gateway's modules (1.0 s of imports before, 0.2 s now).
     code = ("import sys, cli.main; print(sorted(m for m in sys.modules if m in "
             "('trio', 'httpx', 'structlog', 'attrs', 'gateway.app', 'gateway.nnrp', "
-            "'gateway.tools.bench._scenarios', 'gateway.tools.conformance')))")
+            "'gateway.tools.bench.scenarios', 'gateway.tools.conformance')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert loaded == "[]"

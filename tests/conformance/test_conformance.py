@@ -16,7 +16,7 @@ import trio
 from gateway import nnrp
 from gateway.profile import EndCause, runtime_tokens
 from gateway.profile._capabilities import capability_document
-from gateway.server import GatewayServer, Operation, TlsConfig
+from gateway.server import GatewayServer, Operation
 from gateway.tools.client import Trust
 from gateway.tools.conformance import (
     ManifestError,
@@ -36,6 +36,7 @@ from gateway.tools.conformance import (
 from gateway.tools.conformance._suite import capability_tokens, suite_recipes
 from gateway.tools.conformance._wire import scenarios
 from gateway.tools.replay import ReplayServer
+from gateway.transport import TlsConfig
 from tests.support.stack import start_stack
 from tests.support.tls import make_pki
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,12 +14,6 @@ from tests.support.stack import Stack, start_stack
 
 if TYPE_CHECKING:
     import trio
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="nnrp-e2e-") as path:
-        yield Path(path)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import atheris
 with atheris.instrument_imports():
     from gateway import nnrp
     from gateway.profile import ProfileError, check_typed_body, parse_envelope
-    from gateway.server import _quic
+    from gateway.transport import quic as _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
     from gateway.upstream._http1 import ProtocolError
     from tests.support.http1 import read_in_parts
@@ -209,7 +209,7 @@ def _quic_fixture() -> tuple[object, object, bytes]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from gateway.server import QuicSettings, TlsConfig
+    from gateway.transport import QuicSettings, TlsConfig
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])

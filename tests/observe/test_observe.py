@@ -124,7 +124,7 @@ def test_connection_counters_are_exported_at_scrape_time() -> None:
 
 def test_quic_listener_counters_are_exported_summed_over_listeners() -> None:
     from gateway.observe._metrics import QUIC_COUNTERS
-    from gateway.server._quic import QuicStats
+    from gateway.transport.quic import QuicStats
 
     metrics = GatewayMetrics()
     listeners: list[Any] = []

@@ -13,8 +13,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from gateway.nnrp import ServerConfig
-from gateway.server import TlsConfig, TokenAuthenticator
+from gateway.server import TokenAuthenticator
 from gateway.tools.client import ClientError, connect
+from gateway.transport import TlsConfig
 from tests.support.stack import chat, envelope, run_operation
 from tests.support.tls import client_context, start, uri
 

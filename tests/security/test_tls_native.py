@@ -27,7 +27,7 @@ from nnrp.client.native import (
 from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeTransportClientSecurity
 
-from gateway.server import TlsConfig
+from gateway.transport import TlsConfig
 from tests.support.native import openai_submit, poll_until
 from tests.support.tls import start, uri
 

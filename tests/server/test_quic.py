@@ -14,8 +14,9 @@ import pytest
 import trio
 
 from gateway.profile import EndCause
-from gateway.server import AlpnPolicy, ConnectionLimits, TlsConfig
+from gateway.server import ConnectionLimits
 from gateway.tools.client import ClientError
+from gateway.transport import AlpnPolicy, TlsConfig
 from tests.support.quic import (
     Pki,
     aioquic_client,

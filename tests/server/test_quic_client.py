@@ -1,4 +1,4 @@
-"""The project's own quic:// client (gateway/_quic_client.py through
+"""The project's own quic:// client (gateway/transport/_quic_client.py through
 ``gateway.transport.connect`` and ``gateway.tools.client.connect``) against the gateway's
 QUIC listener: streaming, ALPN, trust, refusals, and the end of a connection."""
 
@@ -15,15 +15,10 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway._quic_client import (
-    QuicClientTransport,
-    QuicConnectError,
-    _unacked_bytes,
-    client_configuration,
-)
-from gateway.server import AlpnPolicy
 from gateway.tools.client import connect
-from gateway.transport import QuicClientOptions, connect as connect_transport
+from gateway.transport import AlpnPolicy, QuicClientOptions, connect as connect_transport
+from gateway.transport._quic_client import _unacked_bytes
+from gateway.transport.quic import QuicClientTransport, QuicConnectError, client_configuration
 from tests.support.quic import Pki, make_pki, start_quic_server, until
 from tests.support.tls import client_context, make_pki as tls_pki
 

@@ -16,9 +16,8 @@ from aioquic.quic.events import (
     StreamReset,
 )
 
-from gateway.server import AlpnPolicy, QuicSettings, TlsConfig
-from gateway.server._quic import (
-    NNRP_STREAM_ID,
+from gateway.transport import AlpnPolicy, QuicSettings, TlsConfig
+from gateway.transport._quic_endpoint import (
     RETRY_MEMORY_ENTRIES,
     QuicEndpoint,
     QuicPeer,
@@ -26,6 +25,7 @@ from gateway.server._quic import (
     feed_datagram,
     server_configuration,
 )
+from gateway.transport._quic_settings import NNRP_STREAM_ID
 from tests.support.quic import Pki, make_pki
 
 CLIENT = ("192.0.2.7", 50000)

@@ -33,14 +33,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gateway.nnrp import ServerConfig
-from gateway.server import (
-    ConnectionLimits,
-    GatewayServer,
-    Operation,
-    QuicSettings,
-    TlsConfig as TlsConfig,
-)
+from gateway.server import ConnectionLimits, GatewayServer, Operation
 from gateway.tools.client import ClientError, NnrpClient
+from gateway.transport import QuicSettings, TlsConfig as TlsConfig
 from tests.support.servers import Seen, scripted_handler
 from tests.support.stack import Stack, start_stack
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server import bind_shared
+from gateway.transport import bind_shared
 from gateway.workers import PodMetrics
 from gateway.workers._supervisor import exit_status
 

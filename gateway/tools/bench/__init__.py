@@ -1,8 +1,8 @@
 """Benchmarks (``nnrp-gateway bench``): measured, never timed in unit tests.
 
 This package's own namespace stays light (the CLI reads ``SCENARIO_NAMES`` for its help
-without loading the benchmarks); the benchmarks are in ``_codec``, ``_wire``,
-``_scenarios`` (``bench run``) and ``_soak``.
+without loading the benchmarks); the benchmarks are in ``codec``, ``wire``,
+``scenarios`` (``bench run``) and ``soak``.
 """
 
 #: The scenarios of ``bench run``, in the order they run.

@@ -21,6 +21,8 @@ import sys
 
 import trio
 
+from ._procs import process_cpu_seconds
+
 _ECHO = """
 import socket, sys, trio
 async def main():
@@ -36,8 +38,6 @@ _WARM_UP = 20
 async def wake_cost(gap_s: float, wakes: int) -> float:
     """CPU microseconds a bare trio echo process spends per wake-up, woken every
     ``gap_s`` seconds (0: back to back) ``wakes`` times."""
-    from ._scenarios import process_cpu_seconds
-
     ours, theirs = socket.socketpair()
     try:
         child = await trio.lowlevel.open_process(

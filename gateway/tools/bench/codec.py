@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from gateway import nnrp
 
-from ._stats import Figure, per_call_us
+from .stats import Figure, per_call_us
 
 _EVENT = json.dumps({"type": "response.output_text.delta", "index": 0,
                      "delta": "Hello"}, separators=(",", ":")).encode()

@@ -24,8 +24,9 @@ import trio
 from gateway import nnrp
 from gateway.tools.client import ClientError
 
-from ._scenarios import Progress, Stack, _envelope, _sessions, process_rss
-from ._stats import percentile
+from ._procs import process_rss
+from .scenarios import Progress, Stack, _envelope, _sessions
+from .stats import percentile
 
 TOKENS_PER_OPERATION = 40
 #: Every this many events of each operation, one event's delay is sampled (bounded).

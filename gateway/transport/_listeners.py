@@ -28,25 +28,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from typing import Any
 
 import attrs
+import trio
 
-from gateway.transport import Endpoint, open_unix_listener, parse_endpoint
-
-
-def bound_uri(spec: Endpoint, sockname: Any) -> str:
-    """The URI a client uses for a listener bound at ``sockname`` (port 0 resolved)."""
-    if spec.scheme == "unix":
-        return f"unix://{spec.path}"
-    host, port = sockname[:2]
-    if spec.scheme in ("ws", "wss"):  # the configured host: the name the path lives under
-        return f"{spec.scheme}://{format_host(spec.host)}:{port}{spec.path}"
-    return f"{spec.scheme}://{format_host(host)}:{port}"
-
-
-def format_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+from ._endpoints import Endpoint, ListenError, bound_uri, parse_endpoint
 
 
 @attrs.frozen
@@ -182,3 +170,23 @@ def _bind_one_of_each(addresses: list[tuple[Any, ...]]) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
+
+
+async def open_unix_listener(path: str) -> trio.SocketListener:
+    """Bind a unix stream socket, replacing a stale socket file (never a regular file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise ListenError(f"unix://{path}: exists and is not a socket")
+        os.unlink(path)
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.bind(path)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketListener(sock)

@@ -24,10 +24,11 @@ from typing import Any
 import trio
 
 from gateway.profile import EndCause
-from gateway.server import GatewayServer, Operation, QuicSettings, TlsConfig
+from gateway.server import GatewayServer, Operation
 from gateway.tools.client import Trust
+from gateway.transport import QuicSettings, TlsConfig
 
-from ._stats import Figure, percentile, rss_bytes
+from .stats import Figure, percentile, rss_bytes
 
 _DELTA = b'{"type":"response.output_text.delta","index":0,"delta":"tok"}'
 _DONE = b'{"type":"response.completed","body":{}}'

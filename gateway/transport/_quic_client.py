@@ -2,10 +2,11 @@
 ``QuicConnection`` on one connected trio UDP socket, as a ``PacketTransport``.
 
 NNRP over QUIC as nnrp-py's native client speaks it, and as the gateway's listener
-(``gateway/server/_quic.py``) serves it: TLS 1.3, the client opens the first bidirectional
-stream (id 0) and writes packets back to back on it; no unidirectional streams, no
-DATAGRAM frames. ALPN: none by default (the listener's default policy, and the native
-client's behaviour); ``("nnrp/1",)`` for a listener that requires it.
+(``_quic_endpoint.py``, ``_quic_listener.py``) serves it: TLS 1.3, the client opens the
+first bidirectional stream (id 0) and writes packets back to back on it; no
+unidirectional streams, no DATAGRAM frames. ALPN: none by default (the listener's
+default policy, and the native client's behaviour); ``("nnrp/1",)`` for a listener that
+requires it.
 
 ``gateway.transport.connect`` imports this module for quic:// URIs only, so the other
 transports (and the server) never load aioquic for a client.
@@ -56,13 +57,10 @@ from aioquic.quic.events import (
     StreamReset,
 )
 
-if TYPE_CHECKING:
-    from gateway.transport import QuicClientOptions
+from ._quic_settings import MAX_DATAGRAM, NNRP_STREAM_ID
 
-#: The client's first bidirectional stream carries the NNRP byte stream.
-NNRP_STREAM_ID = 0
-#: Largest UDP payload.
-MAX_DATAGRAM = 65535
+if TYPE_CHECKING:
+    from ._endpoints import QuicClientOptions
 
 
 class QuicConnectError(OSError):

@@ -1,4 +1,5 @@
-"""QUIC listener (``quic://host:port``): aioquic's sans-IO ``QuicConnection``, driven by trio.
+"""The QUIC endpoint, sans-IO: aioquic's ``QuicConnection`` behind one datagram-in,
+datagrams-out step (the trio side is ``_quic_listener``).
 
 NNRP over QUIC (nnrp-wire.md section 1): TLS 1.3 is mandatory (QUIC has no other TLS), the
 client opens one bidirectional stream and writes packets back to back on it. nnrp-py's
@@ -7,7 +8,7 @@ native client (quinn 0.11 + rustls) uses the first client-initiated bidirectiona
 older SDKs offer ALPN ``nnrp/1``. To ``Connection`` the stream is a byte stream, as TCP is:
 ``QuicTransport`` has kind "quic" and message_based False.
 
-Layers (everything above ``QuicListener`` is sans-IO and never imports trio):
+Layers (this module is sans-IO and never imports trio):
 
 * ``AlpnPolicy`` (in ``_quic_settings``, with ``QuicSettings``) and ``install_alpn_policy``:
   which ClientHellos are accepted.
@@ -19,8 +20,9 @@ Layers (everything above ``QuicListener`` is sans-IO and never imports trio):
 * ``QuicEndpoint``: one datagram in, datagrams out: header checks, version negotiation,
   admission (a connection cap, Retry under load), routing, per-connection events
   (``QuicPeer``). ``feed_datagram`` runs one step of it without sockets, for the fuzzer.
-* ``QuicListener``: one UDP socket, one task per QUIC connection (its aioquic timer, its
-  keepalive and its NNRP ``Connection``), and ``QuicTransport``.
+* ``QuicListener`` (``_quic_listener``, trio): one UDP socket, one task per QUIC
+  connection (its aioquic timer, its keepalive and its NNRP ``Connection``), and
+  ``QuicTransport``.
 
 Bad input (nothing here touches another connection):
 
@@ -47,15 +49,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
-import structlog
-import trio
 from aioquic import tls
 from aioquic._buffer import Buffer  # aioquic.buffer re-exports it implicitly only
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
@@ -70,7 +69,6 @@ from aioquic.quic.events import (
     StreamReset,
 )
 from aioquic.quic.packet import (
-    QuicErrorCode,
     QuicFrameType,
     QuicPacketType,
     encode_quic_retry,
@@ -79,7 +77,8 @@ from aioquic.quic.packet import (
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
 
-from ._listeners import UDP_RECEIVE_BUFFER, format_host
+from ._endpoints import format_host
+from ._quic_settings import NNRP_STREAM_ID
 
 if TYPE_CHECKING:
     from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -88,15 +87,10 @@ if TYPE_CHECKING:
 
     from ._quic_settings import AlpnPolicy, QuicSettings
 
-log = structlog.get_logger("gateway.server")
 
-#: The first client-initiated bidirectional stream carries the NNRP byte stream.
-NNRP_STREAM_ID = 0
 #: Application error code of the STOP_SENDING / RESET_STREAM refusing an extra stream.
 #: NNRP defines no QUIC error codes; the value is opaque to clients (their logs show it).
 STREAM_REFUSED = 0x101
-#: Largest UDP payload; anything longer is not a datagram we could have been sent.
-MAX_DATAGRAM = 65535
 #: Client Initials must be padded to this (RFC 9000 section 14.1); smaller ones are dropped
 #: before any state is made, so a flood of tiny packets costs one header parse each.
 MIN_INITIAL = SMALLEST_MAX_DATAGRAM_SIZE
@@ -541,263 +535,3 @@ def feed_datagram(endpoint: QuicEndpoint, data: bytes, now: float,
     return out
 
 
-# ---------------------------------------------------------------------------- trio I/O
-
-
-class _Session:
-    """The trio side of one QUIC connection: who to wake when something happened."""
-
-    def __init__(self, peer: QuicPeer) -> None:
-        self.peer = peer
-        self._changed = trio.Event()
-
-    def notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
-
-    @property
-    def changed(self) -> trio.Event:
-        return self._changed
-
-
-class QuicTransport:
-    """The NNRP stream of one QUIC connection, as a ``PacketTransport``."""
-
-    kind = "quic"
-    message_based = False
-    #: Every write goes through the QUIC connection's state: no direct writes.
-    send_now: Callable[[bytes], int] | None = None
-
-    def __init__(self, listener: QuicListener, session: _Session) -> None:
-        self._listener = listener
-        self._session = session
-        self.peer = session.peer.address
-
-    @property
-    def alpn(self) -> str | None:
-        return self._session.peer.alpn
-
-    async def receive(self) -> bytes | None:
-        session, peer = self._session, self._session.peer
-        while not peer.inbound:
-            if peer.receive_ended:
-                return None
-            await session.wait_changed()
-        data = peer.take_inbound()
-        self._listener.service(session)  # grants the freed credit
-        return data
-
-    async def send(self, packets: list[bytes]) -> None:
-        """Hand packets to aioquic once the unacknowledged backlog has room.
-
-        aioquic buffers whatever it is given and transmits as flow control and the
-        congestion window allow; waiting here while more than ``send_buffer`` bytes are
-        unacknowledged keeps that buffer bounded. A client that stops reading stalls this
-        send (and so its Connection's operations, up to the write timeout), nothing else.
-        """
-        data = packets[0] if len(packets) == 1 else b"".join(packets)
-        session, peer = self._session, self._session.peer
-        limit = self._listener.settings.send_buffer
-        while True:
-            if peer.send_ended or not peer.quic.has_stream(NNRP_STREAM_ID):
-                raise trio.BrokenResourceError("QUIC stream closed")
-            backlog = peer.quic.unacked_bytes(NNRP_STREAM_ID)
-            if backlog == 0 or backlog + len(data) <= limit:
-                break
-            await session.wait_changed()
-        peer.quic.send_stream_data(NNRP_STREAM_ID, data)
-        self._listener.service(session)
-
-    async def aclose(self) -> None:
-        """FIN the stream, give the peer ``close_linger`` to acknowledge what was sent
-        (an ERROR reply must arrive before the close), then close the QUIC connection."""
-        session, peer = self._session, self._session.peer
-        if peer.terminated:
-            return
-        with trio.move_on_after(self._listener.settings.close_linger):
-            if not peer.send_ended and peer.quic.has_stream(NNRP_STREAM_ID):
-                peer.send_ended = True
-                peer.quic.send_stream_data(NNRP_STREAM_ID, b"", end_stream=True)
-                self._listener.service(session)
-            while peer.quic.unacked_bytes(NNRP_STREAM_ID) and not peer.terminated:
-                await session.wait_changed()
-        self._listener.close(session)
-
-
-ConnectionHandler = Callable[[QuicTransport], Awaitable[None]]
-
-
-class QuicListener:
-    """One UDP socket serving QUIC connections, each handed to ``handler`` as a transport.
-
-    ``run`` serves until cancelled, or until ``stop_accepting`` was called and the last
-    connection has ended: draining a server leaves established QUIC connections their
-    socket, as it leaves TCP connections theirs.
-    """
-
-    def __init__(self, settings: QuicSettings, sock: socket.socket) -> None:
-        self.settings = settings
-        self.endpoint = QuicEndpoint(settings, server_configuration(settings))
-        self._sock = sock
-        self._trio_sock = trio.socket.from_stdlib_socket(sock)
-        self._sessions: dict[QuicPeer, _Session] = {}
-        self._recv_scope = trio.CancelScope()
-        name = sock.getsockname()
-        self.host: str = name[0]
-        self.port: int = name[1]
-
-    @property
-    def stats(self) -> QuicStats:
-        return self.endpoint.stats
-
-    @property
-    def connections_open(self) -> int:
-        """QUIC connections this listener routes to (handshaking or established)."""
-        return len(self.endpoint.routes)
-
-    @property
-    def handshakes_in_progress(self) -> int:
-        return self.endpoint.handshakes_in_progress
-
-    @classmethod
-    async def bind(cls, settings: QuicSettings, host: str, port: int) -> QuicListener:
-        check_aioquic()
-        infos = await trio.socket.getaddrinfo(host or None, port, type=socket.SOCK_DGRAM,
-                                              flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setblocking(False)
-            with contextlib.suppress(OSError):  # room for bursts; the kernel may cap it
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)
-            sock.bind(address)
-            return cls(settings, sock)
-        except BaseException:
-            sock.close()
-            raise
-
-    def reload_tls(self) -> None:
-        """Re-read the certificate files: new handshakes use them, established
-        connections keep theirs. Raises (and keeps the old files) on a bad file."""
-        self.endpoint.configuration = server_configuration(self.settings)
-
-    def stop_accepting(self) -> None:
-        self.endpoint.accepting = False
-        if not self._sessions:
-            self._recv_scope.cancel()
-
-    async def run(self, handler: ConnectionHandler) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                with self._recv_scope:
-                    if not self.endpoint.accepting and not self._sessions:
-                        return
-                    while True:
-                        try:
-                            data, addr = await self._trio_sock.recvfrom(MAX_DATAGRAM)
-                        except OSError:  # e.g. ICMP errors reported on the socket
-                            continue
-                        self._datagram(data, addr, nursery, handler)
-        finally:
-            self._trio_sock.close()
-
-    def _datagram(self, data: bytes, addr: NetworkAddress, nursery: trio.Nursery,
-                  handler: ConnectionHandler) -> None:
-        received = self.endpoint.receive_datagram(data, addr, trio.current_time())
-        for reply in received.replies:
-            self._sendto(reply, addr)
-        peer = received.peer
-        if peer is None:
-            return
-        session = self._sessions.get(peer)
-        if session is None:
-            session = self._sessions[peer] = _Session(peer)
-            nursery.start_soon(self._run_session, session, handler)
-        self.service(session)
-
-    def service(self, session: _Session) -> None:
-        """After anything changed a connection: apply its events, transmit, wake waiters."""
-        self.endpoint.process(session.peer)
-        for data, addr in self.endpoint.datagrams_to_send(session.peer, trio.current_time()):
-            self._sendto(data, addr)
-        session.notify()
-
-    def close(self, session: _Session, error_code: int = QuicErrorCode.NO_ERROR,
-              reason: str = "") -> None:
-        session.peer.send_ended = True
-        session.peer.quic.close(error_code=error_code, reason_phrase=reason)
-        self.service(session)
-
-    def _sendto(self, data: bytes, addr: NetworkAddress) -> None:
-        # Synchronous and non-blocking: a full socket buffer drops the datagram, which QUIC
-        # loss recovery resends; no task ever waits on the socket to send.
-        try:
-            self._sock.sendto(data, addr)
-        except OSError:
-            self.endpoint.stats.send_errors += 1
-
-    async def _run_session(self, session: _Session, handler: ConnectionHandler) -> None:
-        peer = session.peer
-        settings = self.settings
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._timer, session)
-                with trio.move_on_after(settings.handshake_timeout):
-                    while not peer.handshake_complete and not peer.terminated:
-                        await session.wait_changed()
-                if not peer.handshake_complete:
-                    if not peer.terminated:  # no closing period for a half-open one
-                        self.endpoint.stats.handshake_timeouts += 1
-                        self.close(session, QuicErrorCode.CONNECTION_REFUSED,
-                                   "handshake timeout")
-                        self.endpoint.forget(peer)
-                        session.notify()
-                elif not peer.terminated:
-                    keepalive = trio.CancelScope()
-                    nursery.start_soon(self._keepalive, session, keepalive)
-                    try:
-                        await handler(QuicTransport(self, session))
-                    except Exception:
-                        log.exception("QUIC connection handler failed", peer=peer.address)
-                    keepalive.cancel()
-                    self.close(session)
-                # The timer task ends once aioquic's closing period is over (3 PTO).
-        finally:
-            if not peer.terminated:  # cancelled: tell the peer, best effort, no waiting
-                peer.quic.close(error_code=QuicErrorCode.NO_ERROR, reason_phrase="shutdown")
-                for data, addr in self.endpoint.datagrams_to_send(peer, trio.current_time()):
-                    self._sendto(data, addr)
-                self.endpoint.forget(peer)
-            del self._sessions[peer]
-            if not self.endpoint.accepting and not self._sessions:
-                self._recv_scope.cancel()
-
-    async def _timer(self, session: _Session) -> None:
-        """aioquic's one timer per connection (loss detection, ACK delay, pacing, idle,
-        closing period): sleep until it is due or something changed, then recompute."""
-        peer = session.peer
-        while not peer.terminated:
-            at = peer.quic.get_timer()
-            changed = session.changed
-            with trio.move_on_at(math.inf if at is None else at):
-                await changed.wait()
-                continue
-            assert at is not None
-            peer.quic.handle_timer(max(at, trio.current_time()))
-            self.service(session)
-
-    async def _keepalive(self, session: _Session, scope: trio.CancelScope) -> None:
-        """PING every third of the idle timeout while the NNRP connection is open: a live
-        client keeps answering (a quiet operation waiting on vLLM never looks idle), a
-        vanished one does not, and aioquic ends the connection after idle_timeout."""
-        interval = self.settings.idle_timeout / 3
-        uid = 0
-        with scope:
-            while not session.peer.terminated:
-                await trio.sleep(interval)
-                uid += 1
-                session.peer.quic.send_ping(uid)
-                self.service(session)

@@ -1,4 +1,6 @@
-"""A real GatewayServer (tests.support.servers) on free ports, per test."""
+"""Fixtures every test package may use (registered by tests/conftest.py): a short
+temporary directory for unix sockets, and a real GatewayServer (tests.support.servers)
+on free ports."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def socket_dir() -> Iterator[Path]:
+    # Under /tmp, not pytest's tmp_path: a unix socket path must stay under 108 bytes.
     with tempfile.TemporaryDirectory(prefix="nnrp-") as path:
         yield Path(path)
 

@@ -1,111 +1,29 @@
-"""Packet transports and endpoint URIs, shared by the server, the client and the tools.
+"""Packet transports: how NNRP packets ride each carrier, for the server and the client.
 
 * Stream transports (TCP, unix sockets) carry packets back to back: reads return any
   number of bytes, and a burst of packets leaves in one ``send_all``.
 * WebSocket carries one packet per binary message; a text message is a protocol
   error (nnrp-wire.md section 1).
 * QUIC carries packets back to back on the client's first bidirectional stream, a byte
-  stream as TCP is. The listener is ``gateway/server/_quic.py``; the client side
-  (``connect``) is ``gateway/_quic_client.py``, imported for quic:// URIs only.
-
-Endpoints: ``tcp://host:port``, ``unix:///path``, ``ws://host:port/path``, the TLS forms
-``tcps://host:port`` and ``wss://host:port/path``, and ``quic://host:port`` (always TLS
-1.3). Port 0 asks the OS for a free port (a listener) and is refused by ``connect``.
+  stream as TCP is: ``_quic_listener.QuicTransport`` (server) and
+  ``_quic_client.QuicClientTransport`` (client) are stream transports too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import socket
-import ssl
-import stat
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
 
-import attrs
 import trio
 import trio_websocket
 
 from gateway import _sockio
-from gateway.errors import ConfigError
 
 #: Bytes asked for per read: large enough that a burst of submits is one syscall.
 READ_SIZE = 64 * 1024
-
-
-class ListenError(ConfigError):
-    """An endpoint URI that cannot be used."""
-
-
-@attrs.frozen
-class Endpoint:
-    """A parsed endpoint URI."""
-
-    scheme: str  # "tcp", "tcps", "unix", "ws", "wss" or "quic"
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    @property
-    def transport(self) -> str:
-        """The bounded transport label: ``tcp``, ``ipc``, ``websocket`` or ``quic``."""
-        return {"tcp": "tcp", "tcps": "tcp", "unix": "ipc", "ws": "websocket",
-                "wss": "websocket", "quic": "quic"}[self.scheme]
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme in ("tcps", "wss")  # quic:// is always TLS (its own stack)
-
-
-@attrs.frozen
-class QuicClientOptions:
-    """How ``connect`` opens a ``quic://`` connection (trust comes from its ssl_context).
-
-    Args:
-        alpn: the ALPN protocols offered; empty offers none, as nnrp-py's native client
-            does and the listener's default policy (``--quic-alpn none``) requires.
-            ``("nnrp/1",)`` for a listener that requires it.
-        server_name: the name checked against the server's certificate (and sent as
-            SNI); default: the URI's host.
-        ca_file: PEM trust anchors, before anything ``ssl_context`` holds. aioquic keeps
-            its own store and an ``ssl.SSLContext`` only lists its CA certificates
-            (``get_ca_certs``), so a self-signed server certificate without the CA flag
-            must be given here.
-        idle_timeout: the QUIC idle timeout this client asks for (the connection ends
-            after the shorter of both sides'; the gateway pings while it is open).
-        send_buffer: unacknowledged bytes beyond which ``send()`` waits.
-    """
-
-    alpn: tuple[str, ...] = ()
-    server_name: str | None = None
-    ca_file: Path | None = None
-    idle_timeout: float = 30.0
-    send_buffer: int = 512 * 1024
-
-
-def parse_endpoint(uri: str) -> Endpoint:
-    """Parse one ``--listen`` value or client endpoint."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme == "unix":
-        path = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
-        if not path:
-            raise ListenError(f"{uri}: a unix listener needs a path (unix:///run/nnrp.sock)")
-        return Endpoint("unix", path=path)
-    if scheme not in ("tcp", "tcps", "ws", "wss", "quic"):
-        raise ListenError(f"{uri}: scheme must be tcp://, unix:// or ws:// (or tcps://, wss://, "
-                          "quic://)")
-    try:
-        port = parts.port
-    except ValueError as exc:
-        raise ListenError(f"{uri}: {exc}") from exc
-    if parts.hostname is None or port is None:
-        raise ListenError(f"{uri}: needs host and port (use port 0 for any free port)")
-    return Endpoint(scheme, parts.hostname, port, parts.path or "/")
 
 
 class TextMessageError(Exception):
@@ -241,57 +159,3 @@ def describe_peer(stream: trio.abc.Stream) -> str:
     return "unknown"
 
 
-async def connect(uri: str, nursery: trio.Nursery,
-                  ssl_context: ssl.SSLContext | None = None, *,
-                  quic: QuicClientOptions | None = None) -> PacketTransport:
-    """Open a client transport to ``uri``.
-
-    ``nursery`` hosts a WebSocket's reader task or a QUIC connection's driver. ``tcps://``,
-    ``wss://`` and ``quic://`` trust ``ssl_context`` (default: the system's trust store;
-    for QUIC its CA certificates are read, see ``gateway/_quic_client.py``); ``quic``
-    sets the QUIC-only options. A QUIC handshake that fails raises an ``OSError``
-    (``QuicConnectError``), as a refused TCP connect does.
-    """
-    endpoint = parse_endpoint(uri)
-    if endpoint.scheme == "quic":
-        from gateway._quic_client import open_quic_transport  # aioquic: for quic:// only
-
-        return await open_quic_transport(endpoint.host, endpoint.port, nursery,
-                                         options=quic or QuicClientOptions(),
-                                         ssl_context=ssl_context, peer=uri)
-    tls = (ssl_context or ssl.create_default_context()) if endpoint.tls else None
-    if endpoint.scheme in ("tcp", "tcps"):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
-        tune_tcp(stream)
-        if tls is not None:
-            ssl_stream = trio.SSLStream(stream, tls, server_hostname=endpoint.host)
-            await ssl_stream.do_handshake()
-            stream = ssl_stream
-        return StreamTransport(stream, "tcp", uri)
-    if endpoint.scheme == "unix":
-        return StreamTransport(await trio.open_unix_socket(endpoint.path), "ipc", uri)
-    scheme = "wss" if endpoint.tls else "ws"
-    connection = await trio_websocket.connect_websocket_url(
-        nursery, f"{scheme}://{endpoint.host}:{endpoint.port}{endpoint.path}",
-        message_queue_size=4096, ssl_context=tls)
-    return WebSocketTransport(connection, uri)
-
-
-async def open_unix_listener(path: str) -> trio.SocketListener:
-    """Bind a unix stream socket, replacing a stale socket file (never a regular file)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise ListenError(f"unix://{path}: exists and is not a socket")
-        os.unlink(path)
-    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        await sock.bind(path)
-        sock.listen(socket.SOMAXCONN)
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketListener(sock)

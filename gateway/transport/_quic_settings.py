@@ -1,7 +1,7 @@
 """What a ``quic://`` listener accepts: the ALPN policy and the listener's limits.
 
 Plain data without aioquic, so configuration and the command line never import it; the
-driver is ``_quic.py``.
+endpoint is ``_quic_endpoint.py``, the listener ``_quic_listener.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from ._tls import TlsConfig
 
 #: The ALPN older SDKs offer (nnrp-core constant; nnrp-wire.md section 1).
 NNRP_ALPN = "nnrp/1"
+#: The client's first bidirectional stream carries the NNRP byte stream (both sides).
+NNRP_STREAM_ID = 0
+#: Largest UDP payload: anything longer is not a datagram either side could be sent.
+MAX_DATAGRAM = 65535
 
 
 class AlpnPolicy(Enum):
