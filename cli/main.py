@@ -169,6 +169,21 @@ def serve(
              "before the gateway closes it (within --drain-timeout).")] = 5.0,
     max_connections: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_MAX_CONNECTIONS", min=1)] = 1024,
+    resume_window: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_WINDOW", min=0.0,
+        help="Seconds a session whose connection dropped waits for its client to resume "
+             "it, its operations running on (0 turns resume off).")] = 120.0,
+    resume_max_sessions: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_MAX_SESSIONS", min=1,
+        help="Resumable sessions per worker, attached or detached; past it sessions open "
+             "without resume.")] = 1024,
+    resume_session_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_SESSION_BYTES", min=64 * 1024,
+        help="Result bytes one resumable session keeps for a replay; a detached session "
+             "at this bound pauses its operations (vLLM is not read).")] = 4 << 20,
+    resume_max_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_MAX_BYTES", min=64 * 1024,
+        help="Result bytes all resumable sessions of a worker keep together.")] = 256 << 20,
     max_sessions_per_connection: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_MAX_SESSIONS_PER_CONNECTION", min=1)] = 64,
     max_operations_per_session: Annotated[int, typer.Option(
@@ -249,7 +264,7 @@ def serve(
     from gateway.nnrp import ServerConfig
     from gateway.observe import configure_logging
     from gateway.pipeline import PipelineLimits
-    from gateway.server import ConnectionLimits, TokenAuthenticator
+    from gateway.server import ConnectionLimits, ResumeSettings, TokenAuthenticator
     from gateway.transport import ListenError, TlsConfig, parse_endpoint
 
     for uri in listen:
@@ -273,6 +288,9 @@ def serve(
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
         drain_timeout=drain_timeout, drain_close_grace=drain_close_grace,
         max_connections=max_connections,
+        resume=ResumeSettings(window=resume_window, max_sessions=resume_max_sessions,
+                              session_bytes=resume_session_bytes,
+                              total_bytes=resume_max_bytes),
         server=ServerConfig(max_packet=max_frame_bytes,
                             max_sessions=max_sessions_per_connection,
                             max_in_flight=max_operations_per_session,

@@ -34,7 +34,13 @@ from gateway.observe import (
 )
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import Listener, capability_document, runtime_tokens
-from gateway.server import BoundEndpoint, ConnectionLimits, GatewayServer, Operation
+from gateway.server import (
+    BoundEndpoint,
+    ConnectionLimits,
+    GatewayServer,
+    Operation,
+    ResumeSettings,
+)
 from gateway.transport import (
     AlpnPolicy,
     Inherited,
@@ -71,6 +77,8 @@ class GatewayConfig:
     #: After a drain, how long a connection is left for its client to close first.
     drain_close_grace: float = 5.0
     max_connections: int = 1024
+    #: Resumable sessions (README, "Resumable sessions"); a zero window turns them off.
+    resume: ResumeSettings = attrs.field(factory=ResumeSettings)
     server: ServerConfig = attrs.field(factory=ServerConfig)
     connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
@@ -114,7 +122,8 @@ class Gateway:
                                     ssl_context=self.ssl_context,
                                     quic=QuicSettings(config.tls, AlpnPolicy(config.quic_alpn),
                                                       max_connections=config.max_connections)
-                                    if config.tls else None, inherited=inherited)
+                                    if config.tls else None, inherited=inherited,
+                                    resume=config.resume)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False

@@ -5,7 +5,9 @@ Bytes in, events out: nothing here imports trio or httpx (docs/architecture.md, 
 Layout (h11's): ``_constants`` (registries), ``_layout`` (how a metadata field is
 declared), ``_messages`` (one class per message type), ``_codec`` (header, packets,
 the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
-machine reports), ``_server`` / ``_client`` (the state machines), ``_errors``.
+machine reports), ``_server`` (a connection: handshake, sessions, the rule table),
+``_server_session`` (one session: operations and results), ``_server_controls`` (the
+runtime controls), ``_client`` (the client's state machine), ``_errors``.
 """
 
 from ._body import (
@@ -84,6 +86,7 @@ from ._constants import (
     InputProfile as InputProfile,
     LossTolerance as LossTolerance,
     MemoryLocationHint as MemoryLocationHint,
+    MigrateAccept as MigrateAccept,
     MsgType as MsgType,
     ObjectReleaseReason as ObjectReleaseReason,
     OwnershipHint as OwnershipHint,
@@ -105,7 +108,9 @@ from ._constants import (
     Role as Role,
     RuntimeObjectKind as RuntimeObjectKind,
     SchedulingFlag as SchedulingFlag,
+    SessionAckFlag as SessionAckFlag,
     SessionError as SessionError,
+    SessionFlag as SessionFlag,
     SessionOpenStatus as SessionOpenStatus,
     SessionPatchField as SessionPatchField,
     Stage as Stage,
@@ -134,6 +139,7 @@ from ._events import (
     FrameIgnored as FrameIgnored,
     HandshakeCompleted as HandshakeCompleted,
     OperationCancelled as OperationCancelled,
+    OperationResubmitted as OperationResubmitted,
     OperationSubmitted as OperationSubmitted,
     PeerClosed as PeerClosed,
     PeerError as PeerError,
@@ -141,8 +147,10 @@ from ._events import (
     RefusalReason as RefusalReason,
     SendBytes as SendBytes,
     SessionCloseRequested as SessionCloseRequested,
+    SessionMigrated as SessionMigrated,
     SessionOpened as SessionOpened,
     SessionOpenRefused as SessionOpenRefused,
+    SessionResumed as SessionResumed,
     SubmitRefused as SubmitRefused,
     TraceContextUpdated as TraceContextUpdated,
     TraceInfo as TraceInfo,
@@ -210,9 +218,18 @@ from ._messages import (
 from ._server import (
     MIGRATION_REFUSED as MIGRATION_REFUSED,
     ConnState as ConnState,
-    OpState as OpState,
-    ServerConfig as ServerConfig,
     ServerConnection as ServerConnection,
+)
+from ._server_config import ServerConfig as ServerConfig
+from ._server_recovery import (
+    ResumeGrant as ResumeGrant,
+    ResumeRefused as ResumeRefused,
+    SessionStore as SessionStore,
+    identity_of as identity_of,
+)
+from ._server_session import (
+    OpState as OpState,
+    ServerSession as ServerSession,
     SessionState as SessionState,
 )
 from ._tokens import (

@@ -158,6 +158,19 @@ class SessionOpenStatus(IntEnum):
     RESUMED = 3
 
 
+class SessionFlag(IntFlag):
+    """session_flags of SESSION_OPEN (mask 0x0F; bits 1-3 are the SDK contract's)."""
+
+    ALLOW_RESUME = 0x01
+
+
+class SessionAckFlag(IntFlag):
+    """session_flags_ack of SESSION_OPEN_ACK (mask 0x1F): what the server granted, never
+    more than the client asked for (preview3 section 7.1B)."""
+
+    RESUME_ENABLED = 0x01
+
+
 class SessionError(IntEnum):
     """session_error_code values of SESSION_OPEN_ACK (section 3)."""
 
@@ -437,6 +450,23 @@ class TransportId(IntEnum):
     TCP = 2
     IPC = 3
     WEBSOCKET = 4
+
+
+class MigrateAccept(IntEnum):
+    """accept_code of SESSION_MIGRATE_ACK. The spec defines only 0 (accepted; "non-zero
+    means a rejection reason", preview2 section 10.4); the other values are this
+    gateway's, listed in docs/runtime-controls.md."""
+
+    ACCEPTED = 0
+    #: No detached or attached session answers to this id and migration token (the
+    #: same answer whatever was wrong: nothing says whether the session exists).
+    REFUSED = 1
+    #: old_transport_id equals new_transport_id: not a migration (nnrp-core's rule).
+    SAME_TRANSPORT = 2
+    #: new_transport_id is not the transport the migrate arrived on.
+    TRANSPORT_MISMATCH = 3
+    #: The server is draining: open a session elsewhere.
+    DRAINING = 4
 
 
 class SessionPatchField(IntFlag):

@@ -32,6 +32,10 @@ class RefusalReason(enum.Enum):
     OPERATION_LIMIT = "adapter_operation_limit"
     SESSION_CLOSING = "session_closing"
     DRAINING = "server_draining"
+    #: After a resume (I/O layer): the resubmission is not the request it resubmits...
+    RESUBMISSION_DIFFERS = "resubmission_differs"
+    #: ...or what the client may have missed is no longer held.
+    RESULTS_UNAVAILABLE = "results_unavailable"
 
 
 @attrs.frozen
@@ -68,6 +72,30 @@ class SessionOpened:
     session_id: int
     request: SessionOpen
     max_in_flight: int
+    #: Resume was granted (a token went out with the ACK).
+    resumable: bool = False
+
+
+@attrs.frozen
+class SessionResumed:
+    """A SESSION_OPEN with a resume token was accepted (status resumed): the session is
+    attached to this connection again; its operations whose results are held wait for
+    their resubmission (``OperationResubmitted``)."""
+
+    session_id: int
+    request: SessionOpen
+
+
+@attrs.frozen
+class SessionMigrated:
+    """SESSION_MIGRATE was accepted on this connection (rule 4): the session, taken from
+    the connection or the detached state it was in, continues here. Results of operations
+    on frames after ``last_result_frame_id`` are replayed; the client submits from
+    ``resume_from_frame_id`` on."""
+
+    session_id: int
+    last_result_frame_id: int
+    resume_from_frame_id: int
 
 
 @attrs.frozen
@@ -95,6 +123,19 @@ class OperationSubmitted:
     deadline_drop_reason: int
     priority_class: int = 0
     token_budget: int | None = None
+
+
+@attrs.frozen
+class OperationResubmitted:
+    """After a resume, the client submitted again an operation whose results the server
+    holds, on its original frame (rule 5): the I/O layer checks the payload is the same,
+    then replays what the client may have missed and goes on live."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    typed_body: TypedBody | None
+    body_error: str | None
 
 
 @attrs.frozen
@@ -216,8 +257,9 @@ class ConnectionFailed:
 
 
 Event = (
-    SendBytes | HandshakeCompleted | SessionOpened | SessionOpenRefused | OperationSubmitted
-    | SubmitRefused | OperationCancelled | DeadlineUpdated | TraceContextUpdated
-    | PriorityRequested | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
+    SendBytes | HandshakeCompleted | SessionOpened | SessionResumed | SessionMigrated
+    | SessionOpenRefused | OperationSubmitted | OperationResubmitted | SubmitRefused
+    | OperationCancelled | DeadlineUpdated | TraceContextUpdated | PriorityRequested
+    | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
     | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed
 )

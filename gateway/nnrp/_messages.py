@@ -875,6 +875,12 @@ class SessionMigrate(WireMessage):
     last_result_frame_id: int = wire("Q")
     client_migrate_ts_us: int = wire("Q")
 
+    def expected_body_len(self) -> int | None:
+        # The migration token (preview2 section 10.4, step 3: "after validating the
+        # session_id and migration token"). The layout has no length field for it, and
+        # nnrp-py's builder takes a free body: here it is the session's resume token.
+        return None
+
 
 @message(MsgType.SESSION_MIGRATE_ACK)
 @attrs.frozen

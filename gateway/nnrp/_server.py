@@ -1,10 +1,14 @@
 """The server side of an NNRP/1 connection, as a sans-IO state machine.
 
-Everything that changes connection, session or operation state lives here; the I/O
-adapter (gateway.server) feeds bytes in and acts on the events that come out.
+The I/O adapter (gateway.server) feeds bytes in and acts on the events that come out.
+This module is the connection: the handshake, opening, resuming, migrating and closing
+sessions, the client's flow windows, and the rule table that routes every message; a
+session's own state and frames are ``_server_session``, the runtime controls
+``_server_controls``.
 
 Rules (the ``_RULES`` table at the bottom has one row per preview4 message type; each
-row names its acceptance scope and its handler, and each handler cites its rule):
+row names its acceptance scope and its handler, and each handler cites its rule; rules
+5 and 15 are ``_server_session``'s, 6 to 10, 12 to 14 ``_server_controls``'):
 
 1. Connection start. ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK)
    and CLIENT_HELLO. Anything else before the hello (garbage, a bad magic, a
@@ -15,7 +19,9 @@ row names its acceptance scope and its handler, and each handler cites its rule)
    errors, an unknown msg_type, a second CLIENT_HELLO. Every operation still in flight,
    of every session, gets RESULT_DROP_REASON transport_closed; then a fatal ERROR with
    session_id 0 (which nnrp-py's native client ignores), then the close. Every other
-   well-formed frame has a rule below, and none of them closes the connection.
+   well-formed frame has a rule below, and none of them closes the connection. A
+   connection that fails takes its sessions with it, resumable ones included: their
+   state can no longer be trusted.
 3. Refusals never break a session. A control that cannot be honoured is answered with
    ERROR_RECOVERABLE, scoped to its frame or session: nnrp-py's native client delivers
    it as an event, whereas a session-scoped ERROR (0x06) wedges that client's session
@@ -25,68 +31,39 @@ row names its acceptance scope and its handler, and each handler cites its rule)
    the lowest free id from 1. Refusals (profile, schema, resume, limit, auth) are an ACK
    with status rejected, an error code and a UTF-8 diagnostic. While the server drains,
    the status is retry_later (``start_draining``).
-5. Operations: FRAME_SUBMIT needs a non-zero frame_id and operation_id unused in the
-   session. A duplicate operation id, the in-flight limit, a closing session or a
-   draining server *refuse the submit* on its frame (the adapter answers it); a reused
-   frame_id cannot be answered on its frame and gets ERROR_RECOVERABLE. A typed body
-   that does not parse still becomes an operation (the profile answers
-   ``invalid_submit_body``).
-6. Operation-scoped controls (CANCEL, ABORT, PRIORITY_UPDATE, DEADLINE, EXPIRE_AT,
-   SUPERSEDE, BUDGET_UPDATE, the hints) name their operation by operation_id; a non-zero
-   header.frame_id must be that operation's frame ("keep the (operation_id, frame_id)
-   pair", section 3), and 0 is accepted (the Rust runner's client sends 0). An operation
-   never seen, or a mismatched frame, gets ERROR_RECOVERABLE INVALID_STATE and changes
-   nothing; one that already ended is a normal race and is ignored; an exact repeat
-   (same type, operation and control_sequence) is ignored.
-7. Cancellation: FRAME_CANCEL names its operation by header.frame_id; CANCEL and ABORT by
-   operation_id, 0 meaning every operation of the session. After a cancel only
-   RESULT_DROP_REASON may end the operation.
-8. Deadlines: DEADLINE / EXPIRE_AT for an active operation tighten its deadline; for one
-   not yet submitted they are held (bounded; a later one replaces it; dropped when its
-   time passes, when its submit is refused, or at SESSION_CLOSE) and applied when its
-   submit arrives, if the submit's frame is the one the deadline named (wire case
-   deadline-before-submit). DEADLINE drops with deadline_expired, EXPIRE_AT with
-   superseded (section 7).
-9. SUPERSEDE: the replacement is admitted before the old operation is dropped. If the
-   new operation is already in flight (or flags bit0, "abort old now"), the old one is
-   cancelled at once; otherwise the old one is SUPERSEDING (the client counts it ended:
-   only its drop may follow, ``_OPERATION_TABLE``) until the replacement arrives (it is
-   admitted even at the in-flight limit: the old one makes room), is refused, the
-   session closes, or ``supersede_hold_ms`` passes (``supersede_hold_left``); then it is
-   cancelled. One replacement per supersede: a second naming the same replacement, or
-   a SUPERSEDE of an operation already waiting, is refused. The old operation ends with
-   drop reason superseded.
-10. PRIORITY_UPDATE and BUDGET_UPDATE are handed to the adapter, which knows whether the
-    operation was dispatched (``PriorityRequested``, ``BudgetRequested``); a refusal is
-    ``refuse_control``. A budget with no token budget is refused here (only tokens
-    apply to a language model). ROUTE_HINT / EXECUTION_HINT with must-honor set are
-    refused; best-effort hints are noted and ignored.
+   a. Resume granted: a SESSION_OPEN with ``allow_resume`` gets ``resume_enabled``, a
+      token (the ACK's body) and the window, when the ``SessionStore`` grants them;
+      otherwise the session opens without resume (session_flags_ack may only confirm or
+      downgrade what was asked: preview3 section 7.1B).
+   b. Resume: a SESSION_OPEN whose body starts with a token (``resume_token_bytes``)
+      needs ``allow_resume`` and the session's id (session-recovery.md). The store gives
+      back the detached session that token opens, and its next token (tokens rotate:
+      a token is good once); the ACK says resumed. Anything wrong (unknown, expired,
+      used, another identity's token, an id already open here) is rejected with
+      ``resume_rejected``, the same answer whatever it was; a session still attached to
+      a connection the server has not yet seen die is retry_later (only the holder of
+      its current token learns that). While the server drains, retry_later.
+   c. SESSION_MIGRATE for a session open on this connection is the reference runtime's
+      exchange: acknowledged, nothing moves. For a session not open here it moves the
+      session to this connection (preview2 section 10.4: "establish a new connection on
+      the candidate path and send SESSION_MIGRATE"), taking it from the connection it
+      was on, if any. Its body is the migration token, the session's current resume
+      token; old and new transport must differ and the new one must be this
+      connection's (nnrp-core's rule). The ACK's resume_from_frame_id is past every
+      frame the session has used and not behind last_result_frame_id: the client
+      resubmits nothing, and the results of frames after last_result_frame_id are
+      replayed (``SessionMigrated``). A refusal is a non-zero accept_code
+      (``MigrateAccept``).
 11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
     over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go. Their
     flags (or FLOW_UPDATE's scope) pick connection, session or operation; an operation
-    window only for an operation in flight (else noted and ignored).
-12. CAPABILITY_NEGOTIATION with a canonical token list is answered with the tokens we
-    implement (``ServerConfig.runtime_tokens``): CAPABILITY_NEGOTIATION, or
-    DEGRADE_PROFILE when some were dropped and the offer allows downgrade, plus
-    ERROR_RECOVERABLE when nothing was accepted and the offer was a hard requirement. An
-    opaque body gets no reply (the capability-route-cache wire case wants CACHE_MISS
-    next). DEGRADE_PROFILE from a client narrows the session's tokens. With
-    ``control.credit_backpressure`` negotiated, the session's free operation slots are
-    advertised (CREDIT_UPDATE, or BACKPRESSURE hard when none are left) at once and on
-    every change.
-13. Features this server does not have are refused in their own message's form:
-    SESSION_PATCH gets SESSION_PATCH_ACK rejected, SESSION_MIGRATE gets
-    SESSION_MIGRATE_ACK not accepted, CACHE_PUT gets CACHE_ACK rejected, CACHE_REFERENCE
-    gets CACHE_MISS not_found. CACHE_INVALIDATE, OBJECT_*, the client's PROGRESS,
-    PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER, CACHE_MISS,
-    CACHE_ACK, PONG, and messages only a server sends are noted and ignored
-    (``FrameIgnored``).
-14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
-    must name an active operation's frame; a non-zero header.trace_id must equal the
-    metadata trace_id.
-15. Exactly one terminal per operation, nothing after it. A drop is preceded by
-    TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
-    this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
+    window only for an operation in flight (else noted and ignored). Windows belong to
+    the connection: a session resumed or migrated here starts with none.
+13. Features this server does not have are refused in their own message's form (the
+    session-scoped ones in ``_server_controls``). CACHE_INVALIDATE, OBJECT_*, the
+    client's PROGRESS, PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE,
+    RETRY_AFTER, CACHE_MISS, CACHE_ACK, PONG, and messages only a server sends are noted
+    and ignored (``FrameIgnored``).
 16. PING is answered with PONG at once. SESSION_CLOSE moves the session to ``CLOSING``:
     no new submits; the adapter drains (or aborts) and then calls
     ``send_session_close_ack``. CLOSE and a fatal ERROR from the peer end the connection.
@@ -100,94 +77,52 @@ from collections.abc import Callable
 
 import attrs
 
-from ._body import OPENAI_EVENT_FRAME, FrameShape, pack_single_frame, parse_typed_body
-from ._codec import Decoder, Packet, decode_packet, encode, encode_partial_result
+from . import _server_controls as controls
+from ._body import OPENAI_EVENT_FRAME, FrameShape
+from ._codec import Decoder, Packet, decode_packet, encode
 from ._constants import (
-    DEFAULT_MAX_PACKET,
     TOKEN_SCHEMA_ID,
     TOKEN_SCHEMA_VERSION,
-    BudgetFlag,
-    CacheAckStatus,
-    CacheMissReason,
-    CapabilityFlag,
     CloseAckStatus,
-    ControlReason,
-    DropFlag,
     DropReason,
     ErrorCode,
     ErrorScope,
     FlowScope,
-    HintFlag,
+    MigrateAccept,
     MsgType,
-    PatchAckStatus,
-    PatchRejectReason,
     PressureFlag,
-    PressureLevel,
-    PressureReason,
-    RecoverableFlag,
-    RetryScopeFlag,
-    Role,
+    SessionAckFlag,
     SessionError,
+    SessionFlag,
     SessionOpenStatus,
     Stage,
-    StandardProfile,
-    SupersedeFlag,
-    TraceFlag,
+    TransportId,
 )
-from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError, TypedBodyError
+from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
-    BudgetRequested,
     CancelSource,
-    CapabilitiesNegotiated,
     ConnectionFailed,
-    DeadlineUpdated,
     Event,
     FlowChanged,
     FrameIgnored,
     HandshakeCompleted,
-    OperationCancelled,
-    OperationSubmitted,
     PeerClosed,
     PeerError,
-    PriorityRequested,
-    RefusalReason,
     SendBytes,
     SessionCloseRequested,
+    SessionMigrated,
     SessionOpened,
     SessionOpenRefused,
-    SubmitRefused,
-    TraceContextUpdated,
-    TraceInfo,
+    SessionResumed,
 )
 from ._flow import FlowControl
-from ._idruns import IdRuns
 from ._messages import (
-    Abort,
     Backpressure,
-    BudgetUpdate,
-    CacheAck,
-    CacheMiss,
-    CachePut,
-    CacheReference,
-    Cancel,
-    CapabilityNegotiation,
     ClientHello,
     CreditUpdate,
-    Deadline,
-    DegradeProfile,
     Error,
-    ErrorRecoverable,
-    ExecutionHint,
-    ExpireAt,
     FlowUpdate,
-    FrameSubmit,
     Pong,
-    PriorityUpdate,
-    Progress,
-    ResultDropReason,
-    ResultPush,
-    RetryAfter,
-    RouteHint,
     ServerHelloAck,
     SessionClose,
     SessionCloseAck,
@@ -195,14 +130,18 @@ from ._messages import (
     SessionMigrateAck,
     SessionOpen,
     SessionOpenAck,
-    SessionPatch,
-    SessionPatchAck,
-    Supersede,
-    TraceContext,
     TransportProbe,
     TransportProbeAck,
 )
-from ._tokens import pack_tokens, parse_tokens
+from ._server_config import ServerConfig
+from ._server_recovery import ResumeGrant, ResumeRefused, SessionStore, identity_of
+from ._server_session import (
+    OpState,
+    ServerSession,
+    SessionState,
+    diagnostic,
+    recoverable_error,
+)
 
 
 class ConnState(enum.Enum):
@@ -211,165 +150,60 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
-class SessionState(enum.Enum):
-    OPEN = "open"
-    CLOSING = "closing"
-
-
-class OpState(enum.Enum):
-    ACTIVE = "active"
-    #: A SUPERSEDE waits for its replacement: the client counts the operation ended, so
-    #: only its drop (or a cancel) may follow (rules 9, 15).
-    SUPERSEDING = "superseding"
-    CANCELLING = "cancelling"  # a cancel arrived: only RESULT_DROP_REASON may follow
-    DONE = "done"
-
-
-class OpAction(enum.Enum):
-    PARTIAL = "partial"
-    PROGRESS = "progress"
-    RESULT = "result"
-    DROP = "drop"
-    CANCEL = "cancel"
-    HOLD = "hold"  # a SUPERSEDE whose replacement has not arrived
-
-
-#: Operation transitions; a missing entry is a LocalProtocolError (rule 15).
-_OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
-    (OpState.ACTIVE, OpAction.PARTIAL): OpState.ACTIVE,
-    (OpState.ACTIVE, OpAction.PROGRESS): OpState.ACTIVE,
-    (OpState.ACTIVE, OpAction.RESULT): OpState.DONE,
-    (OpState.ACTIVE, OpAction.DROP): OpState.DONE,
-    (OpState.ACTIVE, OpAction.CANCEL): OpState.CANCELLING,
-    (OpState.ACTIVE, OpAction.HOLD): OpState.SUPERSEDING,
-    (OpState.SUPERSEDING, OpAction.DROP): OpState.DONE,
-    (OpState.SUPERSEDING, OpAction.CANCEL): OpState.CANCELLING,
-    (OpState.CANCELLING, OpAction.DROP): OpState.DONE,
-    (OpState.CANCELLING, OpAction.CANCEL): OpState.CANCELLING,
-}
-
-#: SESSION_MIGRATE_ACK accept_code: 0 is "accepted" to nnrp-py's client; the spec has no
-#: registry, so any other value refuses (rule 13).
-MIGRATION_REFUSED = 1
-#: Longest diagnostic we write (ASCII/UTF-8 text for a human).
-MAX_DIAGNOSTIC = 1024
-
-
-@attrs.frozen
-class ServerConfig:
-    """Limits and advertised values of one server connection."""
-
-    max_packet: int = DEFAULT_MAX_PACKET
-    max_sessions: int = 64
-    max_in_flight: int = 64
-    #: Profiles a session may open: the stock clients' token profile (the openai
-    #: profile is chosen per frame) plus the typed profile 0 itself.
-    session_profiles: frozenset[int] = frozenset({int(StandardProfile.TOKEN),
-                                                  int(StandardProfile.OPENAI_TYPED)})
-    #: Hello profile bitmap, bit (profile_id - 1): the token profile.
-    hello_profile_bitmap: int = 1 << (int(StandardProfile.TOKEN) - 1)
-    max_pending_deadlines: int = 64
-    max_pending_supersedes: int = 64
-    #: How long a superseded operation waits for its replacement before it is dropped
-    #: anyway (rule 9): a client that never submits one must not hold vLLM's work.
-    supersede_hold_ms: int = 5_000
-    lease_ttl_ms: int = 30_000
-    token_ttl_ms: int = 120_000
-    #: The runtime tokens capability negotiation may grant (what the adapter implements).
-    runtime_tokens: frozenset[str] = frozenset()
-    #: The retry time sent with a busy refusal (in-flight limit, draining).
-    busy_retry_after_ms: int = 1000
-    #: Checks SESSION_OPEN auth bytes; None accepts any (auth is then the transport's job).
-    authenticate: Callable[[bytes], bool] | None = None
-
-
-@attrs.define
-class _Operation:
-    operation_id: int
-    frame_id: int
-    state: OpState = OpState.ACTIVE
-    sequence: int = 0
-    progress_sequence: int = 0
-    #: The trace the TRACE_CONTEXT before a drop names (the submit's, or a later one).
-    trace_id: int = 0
-    trace_flags: int = 0
-    #: (msg_type, control_sequence) already seen: exact repeats are ignored (rule 6).
-    controls: set[tuple[int, int]] = attrs.field(factory=set)
-    #: While SUPERSEDING: until when (``clock``) it waits for its replacement.
-    held_until: float = 0.0
-
-
-@attrs.frozen
-class _PendingDeadline:
-    frame_id: int
-    deadline_unix_ms: int
-    drop_reason: int
-
-
-@attrs.frozen
-class _PendingSupersede:
-    old_operation_id: int
-    diagnostic: bytes
-
-
-@attrs.define
-class _Session:
-    session_id: int
-    max_in_flight: int
-    priority_class: int = 0
-    state: SessionState = SessionState.OPEN
-    operations: dict[int, _Operation] = attrs.field(factory=dict)
-    by_frame: dict[int, int] = attrs.field(factory=dict)
-    seen_operations: IdRuns = attrs.field(factory=IdRuns)
-    seen_frames: IdRuns = attrs.field(factory=IdRuns)
-    pending_deadlines: dict[int, _PendingDeadline] = attrs.field(factory=dict)
-    #: new operation_id -> the supersede waiting for it (rule 9)
-    pending_supersedes: dict[int, _PendingSupersede] = attrs.field(factory=dict)
-    trace: TraceInfo | None = None
-    last_operation_id: int = 0
-    tokens: frozenset[str] = frozenset()
-    token_budget: int | None = None
-    retry_sequence: int = 0
-
-    @property
-    def advertises_credit(self) -> bool:
-        return "control.credit_backpressure" in self.tokens
-
-
-def _diag(text: str) -> bytes:
-    return text.encode("utf-8", "replace")[:MAX_DIAGNOSTIC]
+#: SESSION_MIGRATE_ACK accept_code of a refusal without a better reason (rule 4c).
+MIGRATION_REFUSED = int(MigrateAccept.REFUSED)
 
 
 class ServerConnection:
     """Sans-IO server role for one transport connection (many sessions).
 
-    ``clock`` (seconds, monotonic) times the client's retry-after windows; tests pass
-    their own.
-    """
+    ``clock`` (seconds, monotonic) times the client's retry-after windows and supersede
+    holds; tests pass their own. ``store`` keeps resumable sessions between connections
+    (None: resume and migrate are refused). ``transport_id`` is the carrier this
+    connection arrived on (a migration must name it)."""
 
     def __init__(self, config: ServerConfig | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, *,
+                 store: SessionStore | None = None,
+                 transport_id: TransportId | None = None) -> None:
         self.config = config or ServerConfig()
         self.state = ConnState.AWAIT_HELLO
         self.draining = False
         self.flow = FlowControl(clock)
+        self.store = store
+        self.transport_id = transport_id
         self._clock = clock
         self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
-        #: Operations SUPERSEDING on this connection (the I/O layer's fast path).
-        self.holding = 0
         self._decoder = Decoder(self.config.max_packet)
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, ServerSession] = {}
         self.hello: ClientHello | None = None
 
     @property
     def is_closed(self) -> bool:
         return self.state is ConnState.CLOSED
 
+    def session(self, session_id: int) -> ServerSession | None:
+        return self._sessions.get(session_id)
+
     def start_draining(self) -> None:
         """Refuse new sessions (retry_later) and new submits (recoverable, with a retry
         time): the gateway is shutting down and clients should go elsewhere (rule 4, 5)."""
         self.draining = True
+        for session in self._sessions.values():
+            session.draining = True
+
+    def detach(self, session_id: int) -> ServerSession | None:
+        """Let a session go (its connection ended without SESSION_CLOSE, or a migration
+        takes it elsewhere): its operations stay as they are, its flow windows go."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self.flow.forget_session(session_id)
+        return session
+
+    def _attach(self, session: ServerSession) -> None:
+        session.draining = self.draining
+        self._sessions[session.session_id] = session
 
     # ------------------------------------------------------------------ inputs
 
@@ -424,23 +258,26 @@ class ServerConnection:
         elif rule.scope is Scope.BEFORE_HELLO:
             raise RemoteProtocolError(f"{msg_type.name} after the handshake",
                                       code=ErrorCode.INVALID_STATE)
-        if rule.scope in (Scope.SESSION, Scope.SESSION_OR_ONLY_ONE):
-            session_id = self._session_of(packet, rule.scope)
-            if session_id is None:
-                events.append(self._nonfatal_error(
-                    ErrorCode.INVALID_STATE, packet.session_id,
-                    f"{msg_type.name} names session {packet.session_id}, which is not open"))
-                return
-            if session_id != packet.session_id:
-                packet = packet._replace(session_id=session_id)
-        rule.handler(self, packet, events)
+        if isinstance(rule, ConnectionRule):
+            rule.handler(self, packet, events)
+            return
+        session = self._session_of(packet, rule.scope)
+        if session is None:
+            events.append(self._nonfatal_error(
+                ErrorCode.INVALID_STATE, packet.session_id,
+                f"{msg_type.name} names session {packet.session_id}, which is not open"))
+            return
+        if session.session_id != packet.session_id:
+            packet = packet._replace(session_id=session.session_id)
+        rule.handler(session, packet, events)
 
-    def _session_of(self, packet: Packet, scope: Scope) -> int | None:
-        if packet.session_id in self._sessions:
-            return packet.session_id
+    def _session_of(self, packet: Packet, scope: Scope) -> ServerSession | None:
+        session = self._sessions.get(packet.session_id)
+        if session is not None:
+            return session
         if packet.session_id == 0 and scope is Scope.SESSION_OR_ONLY_ONE and len(
                 self._sessions) == 1:
-            return next(iter(self._sessions))  # session-optional controls (rule 12)
+            return next(iter(self._sessions.values()))  # session-optional controls (rule 12)
         return None
 
     def _fail(self, error: ProtocolError) -> ConnectionFailed:
@@ -450,18 +287,10 @@ class ServerConnection:
         replies: list[bytes] = []
         if self.state is ConnState.READY:
             for session in self._sessions.values():
-                for operation in session.operations.values():
-                    drop = ResultDropReason(
-                        operation_id=operation.operation_id,
-                        result_sequence=operation.sequence + 1,
-                        drop_reason=int(DropReason.TRANSPORT_CLOSED),
-                        source_role=int(Role.SERVER), flags=int(DropFlag.FINAL))
-                    replies.append(encode(Packet(drop, session_id=session.session_id,
-                                                 frame_id=operation.frame_id)))
+                replies.extend(session.drops_on_failure())
             replies.append(self._error_packet(error.code, str(error), fatal=True))
         self.state = ConnState.CLOSED
         self._sessions.clear()
-        self.holding = 0
         return ConnectionFailed(error, tuple(replies))
 
     # ------------------------------------------------------------------ handshake (rule 1)
@@ -509,37 +338,96 @@ class ServerConnection:
     def _on_session_open(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, SessionOpen)
+        token = packet.body[:request.resume_token_bytes]
         auth = packet.body[request.resume_token_bytes:
                            request.resume_token_bytes + request.auth_bytes]
-        session_id = self._pick_session_id(request.requested_session_id)
         refusal = self._session_refusal(request, auth)
+        if refusal is None and token:
+            self._resume(request, token, auth, events)
+            return
+        session_id = self._pick_session_id(request.requested_session_id)
         if refusal is None and session_id is None:
             refusal = (SessionError.LIMIT_REACHED, "no free session id")
         if refusal is not None:
             code, text = refusal
-            status = (SessionOpenStatus.RETRY_LATER if self.draining
-                      and code is SessionError.LIMIT_REACHED else SessionOpenStatus.REJECTED)
-            ack = SessionOpenAck(
-                session_id=0, profile_id=request.profile_id,
-                priority_class=request.priority_class, status=status,
-                schema_id=request.schema_id, schema_version=request.schema_version,
-                lease_ttl_ms=self.config.lease_ttl_ms, session_error_code=code)
-            events.append(SendBytes(encode(Packet(ack, body=_diag(text)))))
-            events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
+            retry = self.draining and code is SessionError.LIMIT_REACHED
+            self._refuse_open(request, code, text, events, retry_later=retry)
             return
         assert session_id is not None
         max_in_flight = min(request.max_in_flight or self.config.max_in_flight,
                             self.config.max_in_flight)
-        self._sessions[session_id] = _Session(session_id, max_in_flight, request.priority_class)
+        session = ServerSession(session_id, self.config, max_in_flight=max_in_flight,
+                                priority_class=request.priority_class, clock=self._clock,
+                                wall_clock=self._wall_clock)
+        grant = None
+        if request.session_flags & SessionFlag.ALLOW_RESUME and self.store is not None:
+            grant = self.store.grant(session, identity_of(auth))  # rule 4a
+        session.resumable = grant is not None
+        self._attach(session)
+        events.append(SendBytes(self._open_ack(session, request, SessionOpenStatus.OPENED,
+                                               grant)))
+        events.append(SessionOpened(session_id, request, max_in_flight,
+                                    resumable=grant is not None))
+
+    def _resume(self, request: SessionOpen, token: bytes, auth: bytes,
+                events: list[Event]) -> None:
+        """Rule 4b."""
+        session_id = request.requested_session_id
+        rejected = (SessionError.RESUME_REJECTED,
+                    "resume rejected: no session can be resumed with this token")
+        if not request.session_flags & SessionFlag.ALLOW_RESUME or not session_id:
+            self._refuse_open(request, *rejected, events)
+            return
+        if self.draining:
+            self._refuse_open(request, SessionError.RESUME_REJECTED,
+                              "the server is draining; open a session elsewhere", events,
+                              retry_later=True)
+            return
+        if self.store is None or session_id in self._sessions:
+            self._refuse_open(request, *rejected, events)
+            return
+        claimed = self.store.resume(session_id, token, identity_of(auth))
+        if isinstance(claimed, ResumeRefused):
+            if claimed is ResumeRefused.RETRY_LATER:
+                self._refuse_open(request, SessionError.RESUME_REJECTED,
+                                  "the session is still attached to its previous "
+                                  "connection; retry shortly", events, retry_later=True)
+            else:
+                self._refuse_open(request, *rejected, events)
+            return
+        session, grant = claimed
+        session.resumed()
+        self._attach(session)
+        events.append(SendBytes(self._open_ack(session, request, SessionOpenStatus.RESUMED,
+                                               grant)))
+        events.append(SessionResumed(session_id, request))
+
+    def _open_ack(self, session: ServerSession, request: SessionOpen,
+                  status: SessionOpenStatus, grant: ResumeGrant | None) -> bytes:
+        max_in_flight = min(session.max_in_flight, 0xFFFF)
         ack = SessionOpenAck(
-            session_id=session_id, profile_id=request.profile_id,
-            priority_class=request.priority_class, status=SessionOpenStatus.OPENED,
+            session_id=session.session_id, profile_id=request.profile_id,
+            priority_class=request.priority_class, status=status,
             schema_id=request.schema_id, schema_version=request.schema_version,
-            granted_operation_credit=min(max_in_flight, 0xFFFF),
-            max_in_flight=min(max_in_flight, 0xFFFF), lease_ttl_ms=self.config.lease_ttl_ms,
-            resume_window_ms=0, server_session_tag=session_id)
-        events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
-        events.append(SessionOpened(session_id, request, max_in_flight))
+            granted_operation_credit=max_in_flight, max_in_flight=max_in_flight,
+            lease_ttl_ms=self.config.lease_ttl_ms,
+            resume_window_ms=grant.window_ms if grant else 0,
+            resume_token_bytes=len(grant.token) if grant else 0,
+            server_session_tag=session.session_id,
+            session_flags_ack=int(SessionAckFlag.RESUME_ENABLED) if grant else 0)
+        return encode(Packet(ack, session_id=session.session_id,
+                             body=grant.token if grant else b""))
+
+    def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
+                     events: list[Event], *, retry_later: bool = False) -> None:
+        status = SessionOpenStatus.RETRY_LATER if retry_later else SessionOpenStatus.REJECTED
+        ack = SessionOpenAck(
+            session_id=0, profile_id=request.profile_id,
+            priority_class=request.priority_class, status=status,
+            schema_id=request.schema_id, schema_version=request.schema_version,
+            lease_ttl_ms=self.config.lease_ttl_ms, session_error_code=code)
+        events.append(SendBytes(encode(Packet(ack, body=diagnostic(text)))))
+        events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
 
     def _session_refusal(self, request: SessionOpen, auth: bytes
                          ) -> tuple[SessionError, str] | None:
@@ -557,8 +445,6 @@ class ServerConnection:
                 (TOKEN_SCHEMA_ID, TOKEN_SCHEMA_VERSION), (0, 0)):
             return SessionError.SCHEMA_UNSUPPORTED, (
                 f"schema {request.schema_id:#x} v{request.schema_version} is not served")
-        if request.resume_token_bytes:
-            return SessionError.RESUME_REJECTED, "session resume is not supported"
         return None
 
     def _pick_session_id(self, requested: int) -> int | None:
@@ -572,320 +458,71 @@ class ServerConnection:
     def _on_session_close(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, SessionClose)
-        session = self._sessions[packet.session_id]
+        session = self._sessions.get(packet.session_id)
+        if session is None:
+            events.append(self._nonfatal_error(
+                ErrorCode.INVALID_STATE, packet.session_id,
+                f"SESSION_CLOSE names session {packet.session_id}, which is not open"))
+            return
         if session.state is SessionState.CLOSING:
             events.append(FrameIgnored(session.session_id, int(MsgType.SESSION_CLOSE),
                                        "the session is already closing"))
             return
         session.state = SessionState.CLOSING
         for replacement in list(session.pending_supersedes):
-            self._release_held(session, replacement, events)  # no replacement can come now
+            session.release_held(replacement, events)  # no replacement can come now
         session.pending_deadlines.clear()
+        session.awaiting.clear()  # nothing is resubmitted into a closing session
         abort = request.in_flight_policy == 1
         if abort:
             for operation in list(session.operations.values()):
-                self._cancel(session, operation, CancelSource.SESSION_CLOSE, request.reason,
-                             b"", events)
+                session.cancel(operation, CancelSource.SESSION_CLOSE, request.reason, b"",
+                               events)
         events.append(SessionCloseRequested(session.session_id, abort, request.drain_timeout_ms))
 
-    # ------------------------------------------------------------------ operations (rule 5)
-
-    def _on_submit(self, packet: Packet, events: list[Event]) -> None:
-        submit = packet.message
-        assert isinstance(submit, FrameSubmit)
-        session = self._sessions[packet.session_id]
-        frame_id, operation_id = packet.frame_id, submit.operation_id
-        if frame_id == 0 or frame_id in session.seen_frames:
-            # Not answerable on its frame: a refusal to the session (rule 3).
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.SESSION, session.session_id, 0,
-                f"FRAME_SUBMIT frame_id {frame_id} is zero or already used in this session"))
-            self._release_held(session, operation_id, events)
-            return
-        session.seen_frames.add(frame_id)
-        superseding = session.pending_supersedes.get(operation_id)
-        replaces_live = (superseding is not None
-                         and superseding.old_operation_id in session.operations)
-        refusal: tuple[RefusalReason, str] | None = None
-        if operation_id in session.seen_operations:
-            refusal = (RefusalReason.DUPLICATE_OPERATION_ID,
-                       f"operation_id {operation_id} is already used in this session")
-        elif session.state is SessionState.CLOSING:
-            refusal = (RefusalReason.SESSION_CLOSING, "the session is closing")
-        elif self.draining:
-            refusal = (RefusalReason.DRAINING,
-                       "the server is draining; submit on another connection")
-        elif len(session.operations) >= session.max_in_flight and not replaces_live:
-            refusal = (RefusalReason.OPERATION_LIMIT,
-                       f"session has {session.max_in_flight} operations in flight (the limit)")
-        if refusal is not None:
-            events.append(SubmitRefused(session.session_id, operation_id, frame_id, *refusal))
-            if operation_id not in session.seen_operations:
-                self._release_held(session, operation_id, events)
-            return
-        session.seen_operations.add(operation_id)
-        session.last_operation_id = operation_id
-        trace = session.trace
-        operation = _Operation(operation_id, frame_id,
-                               trace_id=packet.trace_id or (trace.trace_id if trace else 0),
-                               trace_flags=trace.trace_flags if trace else 0)
-        session.operations[operation_id] = operation
-        session.by_frame[frame_id] = operation_id
-        typed_body = None
-        body_error = None
-        try:
-            typed_body = parse_typed_body(packet.body,
-                                          payload_kind_bitmap=submit.payload_kind_bitmap,
-                                          payload_frame_count=submit.payload_frame_count)
-        except TypedBodyError as exc:
-            body_error = str(exc)
-        deadline: int | None = None
-        drop_reason = 0
-        pending = session.pending_deadlines.pop(operation_id, None)
-        if pending is not None:
-            if pending.frame_id and pending.frame_id != frame_id:
-                events.append(self._refuse(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, frame_id,
-                    f"the deadline held for operation {operation_id} named frame "
-                    f"{pending.frame_id}, but it was submitted on frame {frame_id}: "
-                    "the deadline is not applied"))
-            else:
-                deadline, drop_reason = pending.deadline_unix_ms, pending.drop_reason
-        events.append(OperationSubmitted(
-            session.session_id, operation_id, frame_id, submit, typed_body, body_error,
-            packet.trace_id, session.trace, deadline, drop_reason,
-            priority_class=session.priority_class, token_budget=session.token_budget))
-        if superseding is not None:
-            del session.pending_supersedes[operation_id]
-            old = session.operations.get(superseding.old_operation_id)
-            if old is not None:
-                self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
-                             superseding.diagnostic, events)
-        self._advertise_credit(session, events)
-
-    def _release_held(self, session: _Session, operation_id: int, events: list[Event]) -> None:
-        """A submit that will not run: what was held for it goes (rules 8, 9). Its held
-        deadline is forgotten, and an operation it was to replace is dropped superseded
-        now (the client asked for it to be replaced; no replacement is coming)."""
-        session.pending_deadlines.pop(operation_id, None)
-        superseding = session.pending_supersedes.pop(operation_id, None)
-        if superseding is not None:
-            old = session.operations.get(superseding.old_operation_id)
-            if old is not None:
-                self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
-                             superseding.diagnostic, events)
-
-    def _set_state(self, session: _Session, operation: _Operation, state: OpState) -> None:
-        """Every transition goes here, so leaving SUPERSEDING releases its hold."""
-        if operation.state is OpState.SUPERSEDING and state is not OpState.SUPERSEDING:
-            self.holding -= 1
-            for new_id, pending in list(session.pending_supersedes.items()):
-                if pending.old_operation_id == operation.operation_id:
-                    del session.pending_supersedes[new_id]
-        elif state is OpState.SUPERSEDING:
-            self.holding += 1
-        operation.state = state
-
-    def _control_target(self, packet: Packet, operation_id: int, events: list[Event],
-                        control_sequence: int | None = None) -> _Operation | None:
-        """The active operation an operation-scoped control names, or None (rule 6)."""
-        session = self._sessions[packet.session_id]
-        name = packet.msg_type.name
-        operation = session.operations.get(operation_id)
-        if operation is None:
-            if operation_id not in session.seen_operations:
-                events.append(self._refuse(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
-                    packet.frame_id, f"{name} names operation {operation_id}, which this "
-                    "session never submitted"))
-            return None  # already ended: a normal race
-        if packet.frame_id and packet.frame_id != operation.frame_id:
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
-                f"{name}: operation {operation_id} is bound to frame {operation.frame_id}, "
-                f"not {packet.frame_id}"))
-            return None
-        if control_sequence is not None:
-            key = (int(packet.msg_type), control_sequence)
-            if key in operation.controls:
-                events.append(FrameIgnored(session.session_id, int(packet.msg_type),
-                                           f"repeats control_sequence {control_sequence}"))
-                return None
-            if len(operation.controls) < 64:  # bounded: a repeat past this is re-applied
-                operation.controls.add(key)
-        if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
-            return None  # being cancelled: nothing more to apply
-        return operation
-
-    def _on_frame_cancel(self, packet: Packet, events: list[Event]) -> None:
-        session = self._sessions[packet.session_id]
-        operation_id = session.by_frame.get(packet.frame_id)
-        if operation_id is None:
-            if packet.frame_id not in session.seen_frames:
-                events.append(self._refuse(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
-                    packet.frame_id, f"FRAME_CANCEL for unknown frame {packet.frame_id}"))
-            return  # already ended: a normal race (rule 7)
-        operation = session.operations[operation_id]
-        self._cancel(session, operation, CancelSource.FRAME_CANCEL,
-                     ControlReason.USER_CANCELLED, b"", events)
-
-    def _on_cancel(self, packet: Packet, events: list[Event]) -> None:
+    def _on_session_migrate(self, packet: Packet, events: list[Event]) -> None:
+        """Rule 4c."""
         request = packet.message
-        assert isinstance(request, Cancel | Abort)
-        session = self._sessions[packet.session_id]
-        if request.operation_id == 0:
-            for each in list(session.operations.values()):
-                self._cancel(session, each, CancelSource.SESSION_CANCEL, request.reason,
-                             packet.body, events)
+        assert isinstance(request, SessionMigrate)
+        session_id = packet.session_id
+        session = self._sessions.get(session_id)
+        moves = session is None
+        refusal = self._migrate_refusal(request, packet, moves)
+        if refusal is None and moves:
+            assert self.store is not None
+            session = self.store.migrate(session_id, bytes(packet.body))
+            if session is None:
+                refusal = MigrateAccept.REFUSED
+        now_us = int(self._wall_clock() * 1e6)
+        if refusal is not None or session is None:
+            ack = SessionMigrateAck(accept_code=int(refusal or MigrateAccept.REFUSED),
+                                    resume_from_frame_id=request.last_result_frame_id,
+                                    server_migrate_ts_us=now_us)
+            events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
             return
-        operation = self._control_target(packet, request.operation_id, events,
-                                         request.control_sequence)
-        if operation is None:
-            return
-        source = CancelSource.ABORT if isinstance(request, Abort) else CancelSource.CANCEL
-        self._cancel(session, operation, source, request.reason, packet.body, events)
+        if moves:
+            self._attach(session)
+        cursor = max(request.last_result_frame_id, session.max_frame_id + 1)
+        ack = SessionMigrateAck(accept_code=int(MigrateAccept.ACCEPTED),
+                                resume_from_frame_id=cursor, server_migrate_ts_us=now_us)
+        events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
+        if moves:
+            events.append(SessionMigrated(session_id, request.last_result_frame_id, cursor))
 
-    def _cancel(self, session: _Session, operation: _Operation, source: CancelSource,
-                reason: int, diagnostic: bytes, events: list[Event]) -> None:
-        if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
-            return
-        self._set_state(session, operation, _OPERATION_TABLE[(operation.state,
-                                                               OpAction.CANCEL)])
-        events.append(OperationCancelled(session.session_id, operation.operation_id,
-                                         operation.frame_id, source, reason, diagnostic))
-
-    def _on_deadline(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, Deadline | ExpireAt)
-        session = self._sessions[packet.session_id]
-        drop = (DropReason.DEADLINE_EXPIRED if isinstance(request, Deadline)
-                else DropReason.SUPERSEDED)
-        if request.operation_id in session.operations:
-            operation = self._control_target(packet, request.operation_id, events,
-                                             request.control_sequence)
-            if operation is not None:
-                events.append(DeadlineUpdated(session.session_id, operation.operation_id,
-                                              request.deadline_unix_ms, int(drop)))
-            return
-        if request.operation_id in session.seen_operations:
-            return  # ended already
-        # Rule 8: held for a submit to come, on the frame it names.
-        if packet.frame_id and packet.frame_id in session.seen_frames:
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
-                f"{packet.msg_type.name} for a future submit names frame {packet.frame_id}, "
-                "which is already used"))
-            return
-        now_ms = int(self._wall_clock() * 1000)
-        for operation_id, held in list(session.pending_deadlines.items()):
-            if held.deadline_unix_ms <= now_ms:
-                del session.pending_deadlines[operation_id]  # its submit never came in time
-        if (request.operation_id not in session.pending_deadlines
-                and len(session.pending_deadlines) >= self.config.max_pending_deadlines):
-            events.append(self._refuse(
-                ErrorCode.LIMIT_EXCEEDED, ErrorScope.SESSION, session.session_id,
-                packet.frame_id, "too many deadlines held for operations not yet submitted"))
-            return
-        # For an operation not yet submitted the latest word counts ("only tighten" is
-        # for a running one): a retry after a refused submit brings its own deadline.
-        session.pending_deadlines[request.operation_id] = _PendingDeadline(
-            packet.frame_id, request.deadline_unix_ms, int(drop))
-
-    def _on_priority(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, PriorityUpdate)
-        operation = self._control_target(packet, request.operation_id, events,
-                                         request.control_sequence)
-        if operation is not None:
-            events.append(PriorityRequested(packet.session_id, operation.operation_id,
-                                            operation.frame_id, request.priority_class,
-                                            request.priority_delta))
-
-    def _on_supersede(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, Supersede)
-        session = self._sessions[packet.session_id]
-        old = self._control_target(packet, request.old_operation_id, events,
-                                   request.control_sequence)
-        if old is None:
-            return
-        new_id = request.new_operation_id
-        if old.state is not OpState.ACTIVE:
-            if old.state is OpState.SUPERSEDING:
-                events.append(self._refuse(
-                    ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id,
-                    old.frame_id, f"operation {old.operation_id} already waits for its "
-                    "replacement"))
-            return  # being cancelled already
-        abort_now = bool(request.flags & SupersedeFlag.ABORT_OLD_IMMEDIATELY)
-        if abort_now or new_id in session.seen_operations or new_id == 0:
-            # The replacement was admitted already (or none is coming, or the client says
-            # not to wait): the old operation goes now (rule 9).
-            self._cancel(session, old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
-                         packet.body, events)
-            return
-        waiting = session.pending_supersedes.get(new_id)
-        if waiting is not None:
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, old.frame_id,
-                f"operation {new_id} is already the replacement of operation "
-                f"{waiting.old_operation_id}"))
-            return
-        if len(session.pending_supersedes) >= self.config.max_pending_supersedes:
-            events.append(self._refuse(
-                ErrorCode.LIMIT_EXCEEDED, ErrorScope.FRAME, session.session_id, old.frame_id,
-                "too many supersedes waiting for their replacement"))
-            return
-        # The client counts the old operation superseded already: nothing more of it may
-        # reach the client but its drop (rule 15). It waits for its replacement, at most
-        # supersede_hold_ms (``supersede_hold_left``).
-        session.pending_supersedes[new_id] = _PendingSupersede(old.operation_id, packet.body)
-        self._set_state(session, old, _OPERATION_TABLE[(old.state, OpAction.HOLD)])
-        old.held_until = self._clock() + self.config.supersede_hold_ms / 1000
-
-    def _on_budget(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, BudgetUpdate)
-        session = self._sessions[packet.session_id]
-        if not request.token_budget:
-            # Compute, memory and bandwidth budgets have no meaning for a language model
-            # behind HTTP; only tokens can be counted and capped (rule 10).
-            if request.compute_units or request.memory_bytes or request.bandwidth_bytes:
-                events.append(self._refuse(
-                    ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, session.session_id,
-                    packet.frame_id, "only token budgets are supported"))
-            return
-        increment = bool(request.flags & BudgetFlag.INCREMENT)
-        if request.operation_id == 0:
-            if not increment:
-                session.token_budget = request.token_budget
-            elif session.token_budget is not None:  # more on top of no limit: no limit
-                session.token_budget += request.token_budget
-            events.append(BudgetRequested(session.session_id, None, 0, request.token_budget,
-                                          increment))
-            return
-        operation = self._control_target(packet, request.operation_id, events)
-        if operation is not None:
-            events.append(BudgetRequested(session.session_id, operation.operation_id,
-                                          operation.frame_id, request.token_budget, increment))
-
-    def _on_hint(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, RouteHint | ExecutionHint)
-        if request.operation_id:
-            operation = self._control_target(packet, request.operation_id, events)
-            if operation is None:
-                return
-        name = packet.msg_type.name
-        if request.flags & HintFlag.MUST_HONOR:
-            events.append(self._refuse(
-                ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, packet.session_id,
-                packet.frame_id, f"{name.lower()} cannot be honoured: one vLLM serves this "
-                "gateway"))
-            return
-        events.append(FrameIgnored(packet.session_id, int(packet.msg_type),
-                                   "best-effort hint: one vLLM serves this gateway"))
+    def _migrate_refusal(self, request: SessionMigrate, packet: Packet, moves: bool
+                         ) -> MigrateAccept | None:
+        if request.old_transport_id == request.new_transport_id:
+            return MigrateAccept.SAME_TRANSPORT
+        if not moves:
+            return None  # the session's own connection: a declaration, nothing moves
+        if self.draining:
+            return MigrateAccept.DRAINING
+        if self.transport_id is not None and request.new_transport_id != self.transport_id:
+            return MigrateAccept.TRANSPORT_MISMATCH
+        if (self.store is None or not packet.body or not packet.session_id
+                or len(self._sessions) >= self.config.max_sessions):
+            return MigrateAccept.REFUSED
+        return None
 
     # ------------------------------------------------------------------ flow (rule 11)
 
@@ -901,19 +538,19 @@ class ServerConnection:
                     ErrorCode.INVALID_STATE, session_id,
                     f"{packet.msg_type.name} names session {session_id}, which is not open"))
                 return
-            session_id = resolved
+            session_id = resolved.session_id
             if request.flags & PressureFlag.OPERATION and not self._in_flight(
-                    session_id, request.scope_id, packet.msg_type, events):
+                    resolved, request.scope_id, packet.msg_type, events):
                 return
         self.flow.on_pressure(request, session_id)
         events.append(FlowChanged())
 
-    def _in_flight(self, session_id: int, operation_id: int, msg_type: MsgType,
+    def _in_flight(self, session: ServerSession, operation_id: int, msg_type: MsgType,
                    events: list[Event]) -> bool:
         """An operation-scoped window needs an operation in flight (``_flow`` rule 6)."""
-        if operation_id in self._sessions[session_id].operations:
+        if operation_id in session.operations:
             return True
-        events.append(FrameIgnored(session_id, int(msg_type),
+        events.append(FrameIgnored(session.session_id, int(msg_type),
                                    f"operation {operation_id} is not in flight"))
         return False
 
@@ -921,13 +558,14 @@ class ServerConnection:
         request = packet.message
         assert isinstance(request, FlowUpdate)
         session_id = packet.session_id
-        if request.scope != FlowScope.CONNECTION and session_id not in self._sessions:
+        session = self._sessions.get(session_id)
+        if request.scope != FlowScope.CONNECTION and session is None:
             events.append(self._nonfatal_error(
                 ErrorCode.INVALID_STATE, session_id,
                 f"FLOW_UPDATE names session {session_id}, which is not open"))
             return
-        if request.scope == FlowScope.OPERATION and not self._in_flight(
-                session_id, request.operation_id, MsgType.FLOW_UPDATE, events):
+        if request.scope == FlowScope.OPERATION and session is not None and not self._in_flight(
+                session, request.operation_id, MsgType.FLOW_UPDATE, events):
             return
         if self.flow.on_flow_update(request, session_id):
             events.append(FlowChanged())
@@ -935,138 +573,11 @@ class ServerConnection:
             events.append(FrameIgnored(session_id, int(MsgType.FLOW_UPDATE),
                                        f"stale credit_epoch {request.credit_epoch}"))
 
-    # ------------------------------------------------------------------ negotiation (rule 12)
-
-    def _on_capabilities(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, CapabilityNegotiation)
-        session = self._sessions[packet.session_id]
-        offered = parse_tokens(packet.body, request.capability_count)
-        if offered is None:
-            events.append(FrameIgnored(session.session_id, int(MsgType.CAPABILITY_NEGOTIATION),
-                                       "the offer is not a canonical token list"))
-            return
-        accepted = frozenset(offered) & self.config.runtime_tokens
-        if request.profile_id not in self.config.session_profiles:
-            accepted = frozenset()
-        dropped = len(accepted) < len(offered)
-        reply_class: type[CapabilityNegotiation | DegradeProfile] = (
-            DegradeProfile if dropped and accepted
-            and request.flags & CapabilityFlag.DOWNGRADE_ALLOWED else CapabilityNegotiation)
-        body = pack_tokens(accepted)
-        reply = reply_class(profile_id=request.profile_id, capability_count=len(accepted),
-                            body_bytes=len(body), flags=request.flags)
-        events.append(SendBytes(encode(Packet(reply, session_id=session.session_id,
-                                              body=body))))
-        if not accepted and request.flags & CapabilityFlag.HARD_REQUIREMENT:
-            events.append(self._refuse(
-                ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.SESSION, session.session_id, 0,
-                "capability_mismatch: none of the required runtime capabilities is served"))
-        advertised_before = session.advertises_credit
-        session.tokens = accepted
-        events.append(CapabilitiesNegotiated(session.session_id, accepted))
-        if session.advertises_credit and not advertised_before:
-            self._advertise_credit(session, events)
-
-    def _on_degrade(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, DegradeProfile)
-        session = self._sessions[packet.session_id]
-        kept = parse_tokens(packet.body, request.capability_count)
-        if kept is None:
-            events.append(FrameIgnored(session.session_id, int(MsgType.DEGRADE_PROFILE),
-                                       "the degrade is not a canonical token list"))
-            return
-        session.tokens = session.tokens & frozenset(kept)
-        events.append(CapabilitiesNegotiated(session.session_id, session.tokens))
-
-    def _advertise_credit(self, session: _Session, events: list[Event]) -> None:
-        events.extend(SendBytes(data) for data in self._credit_packets(session))
-
-    def _credit_packets(self, session: _Session) -> list[bytes]:
-        """The session's free operation slots (rule 12), once credit was negotiated."""
-        if not session.advertises_credit or session.state is not SessionState.OPEN:
-            return []
-        free = max(0, session.max_in_flight - len(session.operations))
-        if free:
-            message: CreditUpdate | Backpressure = CreditUpdate(
-                scope_id=session.session_id, credit_window=free, level=int(PressureLevel.NONE))
-        else:
-            message = Backpressure(
-                scope_id=session.session_id, credit_window=0, level=int(PressureLevel.HARD),
-                reason=int(PressureReason.RECEIVER_QUEUE_FULL),
-                retry_after_ms=self.config.busy_retry_after_ms)
-        return [encode(Packet(message, session_id=session.session_id))]
-
-    # ------------------------------------------------------------------ trace (rule 14)
-
-    def _on_trace_context(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, TraceContext)
-        session = self._sessions[packet.session_id]
-        if packet.trace_id and packet.trace_id != request.trace_id:
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.SESSION, session.session_id, packet.frame_id,
-                "TRACE_CONTEXT header trace_id differs from its metadata trace_id"))
-            return
-        trace = TraceInfo(request.trace_id, request.span_id, request.parent_span_id,
-                          request.trace_flags, request.body_bytes)
-        if packet.frame_id == 0:
-            session.trace = trace
-            events.append(TraceContextUpdated(session.session_id, None, trace))
-            return
-        operation_id = session.by_frame.get(packet.frame_id)
-        operation = session.operations.get(operation_id) if operation_id else None
-        if operation is None or operation.state is not OpState.ACTIVE:
-            events.append(self._refuse(
-                ErrorCode.INVALID_STATE, ErrorScope.FRAME, session.session_id, packet.frame_id,
-                f"TRACE_CONTEXT frame {packet.frame_id} names no active operation"))
-            return
-        if trace.eligible:
-            operation.trace_id, operation.trace_flags = trace.trace_id, trace.trace_flags
-        events.append(TraceContextUpdated(session.session_id, operation.operation_id, trace))
-
-    # ------------------------------------------------------------------ not served (rule 13)
-
-    def _on_session_patch(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, SessionPatch)
-        ack = SessionPatchAck(ack_status=int(PatchAckStatus.REJECTED),
-                              reject_reason=int(PatchRejectReason.UNSUPPORTED_FIELD),
-                              rejected_patch_mask=request.patch_mask,
-                              effective_profile_id=request.profile_id)
-        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
-
-    def _on_session_migrate(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, SessionMigrate)
-        ack = SessionMigrateAck(accept_code=MIGRATION_REFUSED,
-                                resume_from_frame_id=request.last_result_frame_id)
-        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
-
-    def _on_cache_put(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, CachePut)
-        ack = CacheAck(cache_namespace=request.cache_namespace,
-                       status=int(CacheAckStatus.REJECTED), cache_key_hi=request.cache_key_hi,
-                       cache_key_lo=request.cache_key_lo,
-                       detail_code=int(ErrorCode.UNSUPPORTED_CAPABILITY))
-        events.append(SendBytes(encode(Packet(ack, session_id=packet.session_id))))
-
-    def _on_cache_reference(self, packet: Packet, events: list[Event]) -> None:
-        request = packet.message
-        assert isinstance(request, CacheReference)
-        miss = CacheMiss(cache_namespace=request.cache_namespace,
-                         profile_id=request.profile_id,
-                         miss_reason=int(CacheMissReason.NOT_FOUND),
-                         cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo)
-        events.append(SendBytes(encode(Packet(miss, session_id=packet.session_id))))
+    # ------------------------------------------------------------------ connection (rules 13, 16)
 
     def _on_ignored(self, packet: Packet, events: list[Event]) -> None:
         events.append(FrameIgnored(packet.session_id, int(packet.msg_type),
                                    _IGNORED[packet.msg_type]))
-
-    # ------------------------------------------------------------------ connection (rule 16)
 
     def _on_ping(self, packet: Packet, events: list[Event]) -> None:
         events.append(SendBytes(encode(Packet(Pong(), session_id=packet.session_id,
@@ -1086,30 +597,11 @@ class ServerConnection:
 
     # ------------------------------------------------------------------ outputs
 
-    def _operation(self, session_id: int, operation_id: int, action: OpAction) -> _Operation:
+    def _session(self, session_id: int) -> ServerSession:
         session = self._sessions.get(session_id)
-        operation = session.operations.get(operation_id) if session else None
-        if operation is None:
-            raise LocalProtocolError(
-                f"{action.value} for operation {operation_id} of session {session_id}, "
-                "which is not in flight")
-        next_state = _OPERATION_TABLE.get((operation.state, action))
-        if next_state is None:
-            raise LocalProtocolError(
-                f"{action.value} not allowed for operation {operation_id} in state "
-                f"{operation.state.value}")
-        assert session is not None
-        self._set_state(session, operation, next_state)
-        if next_state is OpState.DONE:
-            del session.operations[operation_id]
-            del session.by_frame[operation.frame_id]
-            self.flow.forget_operation(session_id, operation_id)
-        return operation
-
-    def session_tokens(self, session_id: int) -> frozenset[str]:
-        """The runtime capability tokens a session negotiated (rule 12)."""
-        session = self._sessions.get(session_id)
-        return session.tokens if session is not None else frozenset()
+        if session is None:
+            raise LocalProtocolError(f"session {session_id} is not open on this connection")
+        return session
 
     def superseding(self, session_id: int, operation_id: int) -> bool:
         """Whether a SUPERSEDE of this operation waits for its replacement (rule 9): its
@@ -1120,16 +612,12 @@ class ServerConnection:
         """Seconds the superseded operation still waits for its replacement (0 or less:
         the wait is over, drop it superseded); None when it is not held."""
         session = self._sessions.get(session_id)
-        operation = session.operations.get(operation_id) if session else None
-        if operation is None or operation.state is not OpState.SUPERSEDING:
-            return None
-        return operation.held_until - self._clock()
+        return session.supersede_hold_left(operation_id) if session is not None else None
 
     def operation_state(self, session_id: int, operation_id: int) -> OpState:
         """The state of an operation; DONE once it has left the registry."""
         session = self._sessions.get(session_id)
-        operation = session.operations.get(operation_id) if session else None
-        return operation.state if operation else OpState.DONE
+        return session.operation_state(operation_id) if session is not None else OpState.DONE
 
     def flow_wait(self, session_id: int, operation_id: int) -> float | None:
         """When the operation's next PARTIAL_RESULT may go (rule 11): 0 now, else seconds
@@ -1137,97 +625,45 @@ class ServerConnection:
         return self.flow.wait(session_id, operation_id)
 
     def send_partial(self, session_id: int, operation_id: int, body: bytes) -> bytes:
-        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...)."""
-        operation = self._operation(session_id, operation_id, OpAction.PARTIAL)
-        operation.sequence += 1
+        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...), counted
+        against the client's windows."""
+        packet = self._session(session_id).send_partial(operation_id, body)
         if self.flow.active:
             self.flow.spend(session_id, operation_id)
-        return encode_partial_result(session_id, operation.frame_id, operation_id,
-                                     operation.sequence, body)
+        return packet
 
     def send_progress(self, session_id: int, operation_id: int, stage: Stage) -> bytes:
         """PROGRESS for an operation still running (never after a cancel: rule 15)."""
-        operation = self._operation(session_id, operation_id, OpAction.PROGRESS)
-        operation.progress_sequence += 1
-        message = Progress(operation_id=operation_id,
-                           progress_sequence=operation.progress_sequence, stage=int(stage))
-        return encode(Packet(message, session_id=session_id, frame_id=operation.frame_id))
+        return self._session(session_id).send_progress(operation_id, stage)
 
     def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes, *,
                     retry_after_ms: int | None = None,
                     frame: FrameShape = OPENAI_EVENT_FRAME) -> list[bytes]:
-        """The terminal RESULT_PUSH: a typed body with one frame of ``payload`` (by default
-        the openai-compatible JSON event). With
-        ``retry_after_ms`` (a recoverable failure) ERROR_RECOVERABLE and RETRY_AFTER go
-        first, saying when to try again. Packets in order (one WebSocket message each)."""
-        operation = self._operation(session_id, operation_id, OpAction.RESULT)
-        advice = [] if retry_after_ms is None else self._busy(
-            session_id, operation.frame_id, operation_id, retry_after_ms, payload_status=status)
-        return [*advice, self._result_packet(session_id, operation.frame_id, status, payload,
-                                             frame),
-                *self._credit_packets(self._sessions[session_id])]
+        """The terminal RESULT_PUSH (``ServerSession.send_result``)."""
+        session = self._session(session_id)
+        packets = session.send_result(operation_id, status, payload,
+                                      retry_after_ms=retry_after_ms, frame=frame)
+        self.flow.forget_operation(session_id, operation_id)
+        return packets + session.credit_packets()
 
     def send_refusal(self, session_id: int, frame_id: int, operation_id: int, status: int,
                      payload: bytes, *, retry_after_ms: int | None = None) -> list[bytes]:
         """Answer a refused submit (``SubmitRefused``) on its frame; no operation exists."""
-        advice = [] if retry_after_ms is None else self._busy(
-            session_id, frame_id, operation_id, retry_after_ms, payload_status=status)
-        return [*advice, self._result_packet(session_id, frame_id, status, payload,
-                                             OPENAI_EVENT_FRAME)]
-
-    def _busy(self, session_id: int, frame_id: int, operation_id: int, retry_after_ms: int, *,
-              payload_status: int) -> list[bytes]:
-        """ERROR_RECOVERABLE (SERVER_BUSY, frame scope) + RETRY_AFTER (the operation), the
-        reference adapter's pair before a recoverable terminal."""
-        session = self._sessions.get(session_id)
-        sequence = 0
-        if session is not None:
-            session.retry_sequence += 1
-            sequence = session.retry_sequence
-        text = _diag(f"recoverable: retry after {retry_after_ms} ms (status {payload_status})")
-        error = ErrorRecoverable(
-            error_code=int(ErrorCode.SERVER_BUSY), scope=int(ErrorScope.FRAME),
-            role=int(Role.SERVER), flags=int(RecoverableFlag.RETRY_AFTER_REQUIRED),
-            retry_after_ms=retry_after_ms, related_session_id=session_id,
-            related_frame_id=frame_id, diagnostic_bytes=len(text))
-        retry = RetryAfter(scope_id=operation_id, control_sequence=sequence,
-                           retry_after_ms=retry_after_ms, role=int(Role.SERVER),
-                           flags=int(RetryScopeFlag.OPERATION), diagnostic_bytes=len(text))
-        return [encode(Packet(error, session_id=session_id, frame_id=frame_id, body=text)),
-                encode(Packet(retry, session_id=session_id, frame_id=frame_id, body=text))]
-
-    def _result_packet(self, session_id: int, frame_id: int, status: int, payload: bytes,
-                       frame: FrameShape) -> bytes:
-        meta = ResultPush(status_code=status, payload_kind_bitmap=frame.kind,
-                          payload_frame_count=1)
-        return encode(Packet(meta, session_id=session_id, frame_id=frame_id,
-                             body=pack_single_frame(payload, **frame._asdict())))
+        return self._session(session_id).send_refusal(
+            frame_id, operation_id, status, payload, retry_after_ms=retry_after_ms)
 
     def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
                   diagnostic: bytes, *, traced: bool = True) -> list[bytes]:
-        """The terminal RESULT_DROP_REASON (after a cancel, a deadline, a supersede, a
-        budget or a shutdown); ``traced``: preceded by TRACE_CONTEXT with header.frame_id 0
-        naming the operation's trace (rule 15; the reference adapter's terminal trace)."""
-        operation = self._operation(session_id, operation_id, OpAction.DROP)
-        trace_id = operation.trace_id or operation_id
-        trace = TraceContext(trace_id=trace_id, span_id=operation.frame_id,
-                             stage=int(Stage.DROPPED),
-                             trace_flags=operation.trace_flags & int(TraceFlag.SAMPLED))
-        meta = ResultDropReason(operation_id=operation_id,
-                                result_sequence=operation.sequence + 1,
-                                drop_reason=int(drop_reason), source_role=int(Role.SERVER),
-                                flags=int(DropFlag.FINAL), diagnostic_bytes=len(diagnostic))
-        session = self._sessions.get(session_id)
-        packets = ([encode(Packet(trace, session_id=session_id, trace_id=trace_id))]
-                   if traced else [])
-        packets.append(encode(Packet(meta, session_id=session_id, frame_id=operation.frame_id,
-                                     body=diagnostic)))
-        return packets + (self._credit_packets(session) if session is not None else [])
+        """The terminal RESULT_DROP_REASON (``ServerSession.send_drop``)."""
+        session = self._session(session_id)
+        packets = session.send_drop(operation_id, drop_reason, diagnostic, traced=traced)
+        self.flow.forget_operation(session_id, operation_id)
+        return packets + session.credit_packets()
 
     def refuse_control(self, session_id: int, frame_id: int, code: ErrorCode, text: str
                        ) -> bytes:
         """ERROR_RECOVERABLE for a control the adapter could not honour (rules 3, 10)."""
-        return self._refuse(code, ErrorScope.FRAME, session_id, frame_id, text).data
+        return recoverable_error(code, ErrorScope.FRAME, session_id, frame_id, text).data
 
     def send_session_close_ack(self, session_id: int) -> bytes:
         """Acknowledge SESSION_CLOSE once the session's operations have ended."""
@@ -1254,16 +690,6 @@ class ServerConnection:
             self.state = ConnState.CLOSED
         return data
 
-    def _refuse(self, code: ErrorCode, scope: ErrorScope, session_id: int, frame_id: int,
-                text: str) -> SendBytes:
-        """ERROR_RECOVERABLE: a refusal the client's session survives (rule 3)."""
-        body = _diag(text)
-        meta = ErrorRecoverable(error_code=int(code), scope=int(scope), role=int(Role.SERVER),
-                                related_session_id=session_id, related_frame_id=frame_id,
-                                diagnostic_bytes=len(body))
-        return SendBytes(encode(Packet(meta, session_id=session_id, frame_id=frame_id,
-                                       body=body)))
-
     def _nonfatal_error(self, code: ErrorCode, related_session_id: int, text: str) -> SendBytes:
         """A non-fatal ERROR about a session that is not open: header session_id 0, so no
         client mistakes it for a frame of one of its sessions (rule 3)."""
@@ -1274,7 +700,7 @@ class ServerConnection:
     def _error_packet(code: ErrorCode, message: str, *, fatal: bool,
                       scope: ErrorScope = ErrorScope.CONNECTION, related_session_id: int = 0,
                       related_frame_id: int = 0) -> bytes:
-        body = _diag(message)
+        body = diagnostic(message)
         meta = Error(code=int(code), scope=int(scope), is_fatal=int(fatal),
                      related_session_id=related_session_id, related_frame_id=related_frame_id,
                      diagnostic_bytes=len(body))
@@ -1292,13 +718,21 @@ class Scope(enum.Enum):
 
 
 #: What one client message does to the connection: (connection, packet, events out).
-Handler = Callable[[ServerConnection, Packet, list[Event]], None]
+ConnectionHandler = Callable[[ServerConnection, Packet, list[Event]], None]
+#: What one client message does to the session it names: (session, packet, events out).
+SessionHandler = Callable[[ServerSession, Packet, list[Event]], None]
 
 
 @attrs.frozen
-class Rule:
+class ConnectionRule:
     scope: Scope
-    handler: Handler
+    handler: ConnectionHandler
+
+
+@attrs.frozen
+class SessionRule:
+    scope: Scope  # SESSION or SESSION_OR_ONLY_ONE
+    handler: SessionHandler
 
 
 #: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
@@ -1329,37 +763,38 @@ _IGNORED: dict[MsgType, str] = {
 }
 
 S = ServerConnection
+C = controls
 #: One row per preview4 message type (tests/nnrp checks the table covers MsgType).
-_RULES: dict[MsgType, Rule] = {
-    MsgType.CLIENT_HELLO: Rule(Scope.BEFORE_HELLO, S._on_hello),
-    MsgType.TRANSPORT_PROBE: Rule(Scope.ANY_TIME, S._on_probe),
-    MsgType.SESSION_OPEN: Rule(Scope.CONNECTION, S._on_session_open),
-    MsgType.SESSION_CLOSE: Rule(Scope.SESSION, S._on_session_close),
-    MsgType.CLOSE: Rule(Scope.CONNECTION, S._on_close),
-    MsgType.ERROR: Rule(Scope.CONNECTION, S._on_peer_error),
-    MsgType.PING: Rule(Scope.CONNECTION, S._on_ping),
-    MsgType.FRAME_SUBMIT: Rule(Scope.SESSION, S._on_submit),
-    MsgType.FRAME_CANCEL: Rule(Scope.SESSION, S._on_frame_cancel),
-    MsgType.CANCEL: Rule(Scope.SESSION, S._on_cancel),
-    MsgType.ABORT: Rule(Scope.SESSION, S._on_cancel),
-    MsgType.DEADLINE: Rule(Scope.SESSION, S._on_deadline),
-    MsgType.EXPIRE_AT: Rule(Scope.SESSION, S._on_deadline),
-    MsgType.PRIORITY_UPDATE: Rule(Scope.SESSION, S._on_priority),
-    MsgType.SUPERSEDE: Rule(Scope.SESSION, S._on_supersede),
-    MsgType.BUDGET_UPDATE: Rule(Scope.SESSION, S._on_budget),
-    MsgType.ROUTE_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
-    MsgType.EXECUTION_HINT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_hint),
-    MsgType.TRACE_CONTEXT: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_trace_context),
-    MsgType.BACKPRESSURE: Rule(Scope.CONNECTION, S._on_pressure),  # scope by its flags
-    MsgType.CREDIT_UPDATE: Rule(Scope.CONNECTION, S._on_pressure),
-    MsgType.FLOW_UPDATE: Rule(Scope.CONNECTION, S._on_flow_update),
-    MsgType.CAPABILITY_NEGOTIATION: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_capabilities),
-    MsgType.DEGRADE_PROFILE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_degrade),
-    MsgType.SESSION_PATCH: Rule(Scope.SESSION, S._on_session_patch),
-    MsgType.SESSION_MIGRATE: Rule(Scope.SESSION, S._on_session_migrate),
-    MsgType.CACHE_PUT: Rule(Scope.SESSION, S._on_cache_put),
-    MsgType.CACHE_REFERENCE: Rule(Scope.SESSION_OR_ONLY_ONE, S._on_cache_reference),
-    **{msg_type: Rule(Scope.CONNECTION, S._on_ignored) for msg_type in _IGNORED},
+_RULES: dict[MsgType, ConnectionRule | SessionRule] = {
+    MsgType.CLIENT_HELLO: ConnectionRule(Scope.BEFORE_HELLO, S._on_hello),
+    MsgType.TRANSPORT_PROBE: ConnectionRule(Scope.ANY_TIME, S._on_probe),
+    MsgType.SESSION_OPEN: ConnectionRule(Scope.CONNECTION, S._on_session_open),
+    MsgType.SESSION_CLOSE: ConnectionRule(Scope.CONNECTION, S._on_session_close),
+    MsgType.SESSION_MIGRATE: ConnectionRule(Scope.CONNECTION, S._on_session_migrate),
+    MsgType.CLOSE: ConnectionRule(Scope.CONNECTION, S._on_close),
+    MsgType.ERROR: ConnectionRule(Scope.CONNECTION, S._on_peer_error),
+    MsgType.PING: ConnectionRule(Scope.CONNECTION, S._on_ping),
+    MsgType.BACKPRESSURE: ConnectionRule(Scope.CONNECTION, S._on_pressure),  # by its flags
+    MsgType.CREDIT_UPDATE: ConnectionRule(Scope.CONNECTION, S._on_pressure),
+    MsgType.FLOW_UPDATE: ConnectionRule(Scope.CONNECTION, S._on_flow_update),
+    MsgType.FRAME_SUBMIT: SessionRule(Scope.SESSION, ServerSession.on_submit),
+    MsgType.FRAME_CANCEL: SessionRule(Scope.SESSION, C.on_frame_cancel),
+    MsgType.CANCEL: SessionRule(Scope.SESSION, C.on_cancel),
+    MsgType.ABORT: SessionRule(Scope.SESSION, C.on_cancel),
+    MsgType.DEADLINE: SessionRule(Scope.SESSION, C.on_deadline),
+    MsgType.EXPIRE_AT: SessionRule(Scope.SESSION, C.on_deadline),
+    MsgType.PRIORITY_UPDATE: SessionRule(Scope.SESSION, C.on_priority),
+    MsgType.SUPERSEDE: SessionRule(Scope.SESSION, C.on_supersede),
+    MsgType.BUDGET_UPDATE: SessionRule(Scope.SESSION, C.on_budget),
+    MsgType.ROUTE_HINT: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_hint),
+    MsgType.EXECUTION_HINT: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_hint),
+    MsgType.TRACE_CONTEXT: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_trace_context),
+    MsgType.CAPABILITY_NEGOTIATION: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_capabilities),
+    MsgType.DEGRADE_PROFILE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_degrade),
+    MsgType.SESSION_PATCH: SessionRule(Scope.SESSION, C.on_session_patch),
+    MsgType.CACHE_PUT: SessionRule(Scope.SESSION, C.on_cache_put),
+    MsgType.CACHE_REFERENCE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_cache_reference),
+    **{msg_type: ConnectionRule(Scope.CONNECTION, S._on_ignored) for msg_type in _IGNORED},
 }
-del S
+del S, C
 assert set(_RULES) == set(MsgType), "every preview4 message type needs a rule"

@@ -58,6 +58,9 @@ class ObservationRecord:
     priority_updates: int | None = None
     token_budget: int | None = None
     tokens_used: int | None = None
+    #: Resumes or migrations of its session while it ran, and the events replayed.
+    resumed: int | None = None
+    replayed_events: int | None = None
     #: Why it ended; decides the log level and the metrics (not part of the log line).
     end_cause: EndCause | None = attrs.field(default=None, repr=False)
 
@@ -119,4 +122,5 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         priority_updates=op.priority_updates or None,
         token_budget=op.token_budget,
         tokens_used=op.tokens_used if op.token_budget is not None else None,
+        resumed=op.reattached or None, replayed_events=op.replayed_events or None,
         end_cause=cause)

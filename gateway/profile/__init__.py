@@ -16,7 +16,9 @@ from ._envelope import (
     SCHEMA_VERSION as SCHEMA_VERSION,
     Envelope as Envelope,
     NnrpPolicy as NnrpPolicy,
+    Resubmission as Resubmission,
     check_typed_body as check_typed_body,
+    compare_resubmission as compare_resubmission,
     parse_envelope as parse_envelope,
 )
 from ._errors import ProfileError as ProfileError

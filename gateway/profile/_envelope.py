@@ -61,12 +61,18 @@ class NnrpPolicy:
     progress: bool = False
     #: The suite runner's directive (a CANCEL after N events); accepted, never acted on.
     cancel_after_events: int | None = attrs.field(default=None, validator=_non_negative)
+    #: On a resubmission after a resume: the last result_sequence the client holds of
+    #: this operation; the gateway replays only what comes after it (README, "Resumable
+    #: sessions"; the capability document lists it). Ignored on a first submission.
+    resume_after_sequence: int | None = attrs.field(default=None, validator=_non_negative)
 
 
 #: What each policy field must be, for the refusal message.
 _POLICY_RULES = {"timeout_ms": "an integer >= 0", "cancel_after_events": "an integer >= 0",
                  "diagnostics": "a boolean", "include_openai_chunk": "a boolean",
-                 "progress": "a boolean"}
+                 "progress": "a boolean", "resume_after_sequence": "an integer >= 0"}
+#: The one policy field a resubmission may add or change (it says where to continue).
+RESUME_POSITION = "resume_after_sequence"
 
 
 def _strict(kind: type) -> Any:
@@ -199,3 +205,44 @@ def _policy_problem(error: cattrs.ClassValidationError) -> str:
             if name in _POLICY_RULES:
                 return f"nnrp.{name} must be {_POLICY_RULES[name]}"
     return "nnrp policy is invalid"
+
+
+@attrs.frozen
+class Resubmission:
+    """How a resubmitted envelope relates to the original (issue 21): ``same`` request
+    (the same JSON, apart from ``nnrp.resume_after_sequence``), and the position it
+    declares, if any."""
+
+    same: bool
+    resume_after: int | None = None
+
+
+def compare_resubmission(original: bytes, resubmitted: bytes) -> Resubmission:
+    """Whether ``resubmitted`` asks for what ``original`` asked. Payloads that are not
+    JSON objects must be byte for byte equal; a position that is not an integer >= 0 is
+    no position (the resubmission is then not the same request)."""
+    if original == resubmitted:
+        return Resubmission(True)
+    before, after = _document(original), _document(resubmitted)
+    if before is None or after is None:
+        return Resubmission(False)
+    position = None
+    for document in (before, after):
+        policy = document.get("nnrp")
+        if isinstance(policy, dict):
+            value = policy.pop(RESUME_POSITION, None)
+            if document is after:
+                position = value
+            if not policy:
+                del document["nnrp"]
+    if position is not None and (type(position) is not int or position < 0):
+        return Resubmission(False)
+    return Resubmission(before == after, position)
+
+
+def _document(payload: bytes) -> dict[str, Any] | None:
+    try:
+        document = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return document if isinstance(document, dict) else None

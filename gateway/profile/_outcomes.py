@@ -49,6 +49,8 @@ class EndCause(enum.StrEnum):
     ADAPTER_OPERATION_LIMIT = "adapter_operation_limit"
     SESSION_CLOSING = "session_closing"
     SERVER_DRAINING = "server_draining"
+    RESUBMISSION_DIFFERS = "resubmission_differs"  # not the request it resubmits
+    RESULTS_UNAVAILABLE = "results_unavailable"  # resubmitted, but not replayable
     # What vLLM said, or did not say.
     INVALID_BACKEND_REQUEST = "invalid_backend_request"
     BACKEND_AUTH_FAILED = "backend_auth_failed"
@@ -67,6 +69,8 @@ class EndCause(enum.StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"  # BUDGET_UPDATE's token budget spent mid-stream
     SHUTDOWN = "shutdown"  # drain timeout, session close timeout
     DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
+    RESUME_EXPIRED = "resume_expired"  # detached past its window, or never resubmitted
+    RESUME_ABANDONED = "resume_abandoned"  # its resubmission was refused (different, gap)
     PROTOCOL_FAILURE = "protocol_failure"  # the peer broke the protocol on its connection
     NO_TERMINAL = "no_terminal"  # the handler returned without one (a bug)
 
@@ -168,6 +172,8 @@ END_TABLE: dict[EndCause, EndSpec] = {
     C.SESSION_CLOSING: _refused(503, "overloaded_error", Outcome.SHED, "info"),
     C.SERVER_DRAINING: _refused(503, "overloaded_error", Outcome.SHED, "info",
                                 recoverable=True),
+    C.RESUBMISSION_DIFFERS: _invalid(409),
+    C.RESULTS_UNAVAILABLE: _invalid(410),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
                                          "info"),
     C.BACKEND_AUTH_FAILED: _upstream(502, "backend_error", Outcome.UPSTREAM_ERROR, "error"),
@@ -188,6 +194,10 @@ END_TABLE: dict[EndCause, EndSpec] = {
     C.BUDGET_EXCEEDED: EndSpec(Drop(DropReason.BUDGET_EXCEEDED), Outcome.BUDGET_EXCEEDED, "info"),
     C.SHUTDOWN: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.SHUTDOWN, "info"),
     C.DISCONNECTED: EndSpec(Silent(), Outcome.DISCONNECTED, "info"),
+    # Ended for a client that is not there (a detached session, an operation not yet
+    # resubmitted): as if it had cancelled (vLLM aborts); the drop reaches no one.
+    C.RESUME_EXPIRED: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.CANCELLED, "info"),
+    C.RESUME_ABANDONED: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.CANCELLED, "info"),
     # The sans-IO server writes these drops itself, ahead of its fatal ERROR (its rule 2):
     # by the time the operation ends its protocol state is gone.
     C.PROTOCOL_FAILURE: EndSpec(Drop(DropReason.TRANSPORT_CLOSED, traced=False,

@@ -19,23 +19,24 @@ Nothing in this table touches another connection: each runs in its own nursery a
 no exception leaves ``Connection.run`` (``Cancelled`` excepted).
 
 The connection owns the sans-IO protocol state and the outbox; sessions own their
-operations; each operation reaches the wire only through the ``_Port`` bound to it.
+operations; each operation reaches the wire only through its session's port. A resumable
+session outlives the connection: when it ends without SESSION_CLOSE the session detaches
+(``gateway.server._resume``, rule 3) instead of ending, and a resume or a migration
+attaches it to another connection (``_adopt``), which replays what its client may have
+missed (``_resubmitted``, ``_migrated``).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
-from typing import assert_never
+from typing import TYPE_CHECKING, assert_never
 
 import attrs
 import structlog
 import trio
 
-from gateway import residence
 from gateway.nnrp import (
-    OPENAI_EVENT_FRAME,
     BudgetRequested,
     CapabilitiesNegotiated,
     ConnectionFailed,
@@ -45,38 +46,51 @@ from gateway.nnrp import (
     Event,
     FlowChanged,
     FrameIgnored,
-    FrameShape,
     HandshakeCompleted,
     LocalProtocolError,
+    MsgType,
     OperationCancelled,
+    OperationResubmitted,
     OperationSubmitted,
     PeerClosed,
     PeerError,
     PriorityRequested,
+    RefusalReason,
     RemoteProtocolError,
     SendBytes,
     ServerConfig,
     ServerConnection,
     SessionCloseRequested,
     SessionError,
+    SessionMigrated,
     SessionOpened,
     SessionOpenRefused,
-    Stage,
+    SessionResumed,
+    SessionState,
     SubmitRefused,
     TraceContextUpdated,
+    TransportId,
 )
-from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
+from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause, compare_resubmission
 from gateway.transport import PacketTransport, TextMessageError, read_until_closed
 
+from ._journal import ReplayGap
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
+from ._resume import Record, SessionRegistry
 from ._session import Observer, Session
 from ._stats import ServerStats
+
+if TYPE_CHECKING:
+    from ._resume import Record, SessionRegistry
 
 log = structlog.get_logger("gateway.server")
 #: After a fatal ERROR, how long the connection waits for its client to close it.
 FAILURE_LINGER = 1.0
 _connection_ids = itertools.count(1)
+#: The SESSION_MIGRATE transport id of each carrier kind (nnrp-wire.md section 1).
+TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
+                 "websocket": TransportId.WEBSOCKET}
 
 
 @attrs.frozen
@@ -101,120 +115,45 @@ def plain_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
     return 503, refusal.message.encode()
 
 
-class _Port:
-    """The wire as one operation sees it: bound to (session, operation)."""
-
-    __slots__ = ("_connection", "operation_id", "session_id")
-
-    def __init__(self, connection: Connection, session_id: int, operation_id: int) -> None:
-        self._connection = connection
-        self.session_id = session_id
-        self.operation_id = operation_id
-
-    async def room(self) -> None:
-        outbox = self._connection.outbox
-        await outbox.wait_for_room()
-        if outbox.closed:
-            # The connection is gone and its nursery cancelled: deliver that cancel here,
-            # or a handler emitting in a loop would never reach a checkpoint.
-            await trio.lowlevel.checkpoint()
-
-    async def credit(self) -> None:
-        connection = self._connection
-        protocol = connection.protocol
-        if not protocol.flow.active and not protocol.holding:  # the fast path
-            return
-        while True:
-            # Held for a replacement (rule 9): until it comes (the old operation is then
-            # cancelled, which ends this wait) or the hold is over.
-            held = protocol.supersede_hold_left(self.session_id, self.operation_id)
-            wait = held if held is not None else protocol.flow_wait(self.session_id,
-                                                                  self.operation_id)
-            if wait is not None and wait <= 0:
-                return
-            # Held by the client: we stop reading upstream, so vLLM's socket fills and
-            # the pause reaches it as TCP backpressure (nothing is buffered or dropped).
-            # What this operation deferred goes out first: the client may be waiting
-            # for it before it opens the window again.
-            self.flush()
-            with trio.move_on_after(math.inf if wait is None else wait):
-                await connection.flow_changed.wait()
-
-    def send_partial(self, body: bytes, *, defer: bool = False) -> None:
-        connection = self._connection
-        packet = connection.protocol.send_partial(self.session_id, self.operation_id, body)
-        if residence.PROBE is None:
-            connection.outbox.put(packet, defer=defer)
-        else:  # a benchmark: the packet carries when its upstream bytes were read
-            connection.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
-
-    def flush(self) -> None:
-        connection = self._connection
-        # Directly only for a connection's lone operation (the latency case): with more
-        # in flight, the writer coalesces their packets into one write per pass, and a
-        # client reading many streams on one connection wakes once per pass, not once
-        # per stream (gateway/server/_outbox.py, "The direct path").
-        connection.outbox.flush(direct=connection.operations == 1)
-
-    def send_progress(self, stage: Stage) -> None:
-        connection = self._connection
-        connection.outbox.put(connection.protocol.send_progress(
-            self.session_id, self.operation_id, stage))
-
-    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
-                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
-        connection = self._connection
-        connection.outbox.put_all(connection.protocol.send_result(
-            self.session_id, self.operation_id, status, payload,
-            retry_after_ms=retry_after_ms, frame=frame), defer=True)
-        self.flush()
-
-    def negotiated(self, token: str) -> bool:
-        return token in self._connection.protocol.session_tokens(self.session_id)
-
-    def superseding(self) -> bool:
-        return self._connection.protocol.superseding(self.session_id, self.operation_id)
-
-    def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
-        connection = self._connection
-        connection.outbox.put_all(connection.protocol.send_drop(
-            self.session_id, self.operation_id, reason, diagnostic, traced=traced))
-
-
 class Connection:
     def __init__(self, transport: PacketTransport, handler: OperationHandler,
                  config: ServerConfig, limits: ConnectionLimits, *,
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
-                 stats: ServerStats | None = None) -> None:
+                 stats: ServerStats | None = None,
+                 registry: SessionRegistry | None = None) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
         self.refusal = refusal or plain_refusal
         self.observer = observer
         self.limits = limits
+        self.registry = registry
+        #: Claims resumable sessions for this connection (None: resume is refused).
+        self._store = registry.store(self) if registry is not None else None
         #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
-        self.protocol = ServerConnection(config)
+        self.protocol = ServerConnection(config, store=self._store,
+                                         transport_id=TRANSPORT_IDS.get(transport.kind))
         self.outbox = Outbox(limits.outbox_high_water, send_now=transport.send_now,
                              on_written=self._count_written)
-        #: The open sessions, each owning its running operations.
+        #: The sessions attached here, each owning its running operations.
         self.sessions: dict[int, Session] = {}
-        #: Operations started and not yet ended, over every session (``operations``).
-        self._in_flight = 0
+        #: The registry's record of each resumable session attached here.
+        self._records: dict[int, Record] = {}
         self.stats = stats or ServerStats()
-        self.sessions_opened = 0
         self.closed = trio.Event()
         #: Set (and replaced) whenever the client changes a flow window.
         self.flow_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
+        self._failed = False
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
 
     @property
     def operations(self) -> int:
-        """Operations in flight on this connection (counted as they start and end: the
-        direct-write policy asks on every flush)."""
-        return self._in_flight
+        """Operations in flight on this connection, over all its sessions (the
+        direct-write policy asks on every flush; a connection has few sessions)."""
+        return sum(len(session.operations) for session in self.sessions.values())
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -228,19 +167,48 @@ class Connection:
                 nursery.start_soon(self._idle_watchdog)
                 await self._reader()
                 # The reader ended: the peer is gone or broke the protocol.
-                self._end_all(EndCause.DISCONNECTED)
+                self._leave()
                 nursery.cancel_scope.cancel()
         except Exception:
             self.log.exception("connection crashed")
         finally:
             self.outbox.close()
-            self._end_all(EndCause.DISCONNECTED)
-            # Sessions that never sent SESSION_CLOSE end with their connection.
-            self.stats.sessions_active -= len(self.sessions)
-            self.sessions.clear()
+            self._leave()
             with trio.CancelScope(shield=True):
                 await self.transport.aclose()
             self.closed.set()
+
+    def _leave(self) -> None:
+        """The connection is over: each session that never sent SESSION_CLOSE detaches
+        (a resumable one, while the server keeps it: ``_resume`` rule 3) or ends."""
+        for session_id, session in list(self.sessions.items()):
+            record = self._records.pop(session_id, None)
+            self.sessions.pop(session_id)
+            self.stats.sessions_active -= 1
+            keep = (record is not None and not self._failed
+                    and session.protocol.state is SessionState.OPEN
+                    and self.registry is not None and self.registry.detach(record))
+            if keep:
+                self.protocol.detach(session_id)
+                session.detach()
+                self.log.info("session detached; it waits for its client to resume",
+                              session_id=session_id, operations=len(session.operations))
+                continue
+            session.cancel_all(EndCause.PROTOCOL_FAILURE if self._failed
+                               else EndCause.DISCONNECTED)
+            if record is not None and self.registry is not None:
+                self.registry.end(record)
+
+    def release_session(self, session_id: int) -> None:
+        """A migration takes the session to another connection (``_resume`` rule 6):
+        it leaves this one as it is, operations and all."""
+        session = self.sessions.pop(session_id, None)
+        self._records.pop(session_id, None)
+        if session is not None:
+            self.protocol.detach(session_id)
+            session.detach()
+            self.stats.sessions_active -= 1
+            self.log.info("session migrated away", session_id=session_id)
 
     async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
         """Graceful end, for ``drain_timeout`` at most:
@@ -265,10 +233,6 @@ class Connection:
             await self.closed.wait()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-
-    def _end_all(self, cause: EndCause) -> None:
-        for session in self.sessions.values():
-            session.cancel_all(cause)
 
     async def _idle_watchdog(self) -> None:
         timeout = self.limits.idle_timeout
@@ -323,34 +287,12 @@ class Connection:
                     return
 
     async def _writer(self) -> None:
-        outbox = self.outbox
-        while True:
-            batch = await outbox.take()
-            if not batch:
-                return
-            try:
-                await self._write(batch)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
-                    OSError):
-                self.outbox.close()
-                assert self._nursery is not None
-                self._nursery.cancel_scope.cancel()
-                return
-            outbox.written(batch)
-
-    async def _write(self, batch: list[bytes]) -> None:
-        """Write a batch in order; bounded by the write timeout only when it must wait.
-        On a plain socket what the kernel takes at once goes without trio's send layers
-        (most batches: the writer runs once per pass with what the pass queued)."""
-        send_now = self.transport.send_now
-        if send_now is not None:
-            data = batch[0] if len(batch) == 1 else b"".join(batch)
-            sent = send_now(data)
-            if sent == len(data):
-                return
-            batch = [data[sent:]]
-        with trio.fail_after(self.limits.write_timeout):
-            await self.transport.send(batch)
+        try:
+            await self.outbox.run_writer(self.transport.send, self.limits.write_timeout)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                OSError):
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
 
     def _count_written(self, nbytes: int, packets: int) -> None:
         self.stats.bytes_out += nbytes
@@ -360,7 +302,9 @@ class Connection:
         """A fatal protocol violation: every operation ends now (the protocol wrote their
         drops, its state is gone), then the replies are flushed before the close."""
         self.stats.protocol_errors += 1
-        self._end_all(EndCause.PROTOCOL_FAILURE)
+        self._failed = True
+        for session in self.sessions.values():
+            session.cancel_all(EndCause.PROTOCOL_FAILURE)
         self.log.info("protocol violation; closing connection", error=str(failure.error),
                       code=failure.error.code.name, replied=bool(failure.replies))
         if failure.replies:
@@ -384,6 +328,8 @@ class Connection:
                 self.outbox.put(data)
             case OperationSubmitted():
                 self._start_operation(event)
+            case OperationResubmitted():
+                self._resubmitted(event)
             case OperationCancelled():
                 session = self.sessions.get(event.session_id)
                 if session is not None:
@@ -414,20 +360,18 @@ class Connection:
                 self.log.debug("frame noted and ignored", session_id=event.session_id,
                                msg_type=event.msg_type, reason=event.reason)
             case SubmitRefused():
-                self.stats.refused_submits += 1
-                status, payload = self.refusal(event)
-                recoverable = END_TABLE[EndCause(event.reason.value)].recoverable
-                self.outbox.put_all(self.protocol.send_refusal(
-                    event.session_id, event.frame_id, event.operation_id, status, payload,
-                    retry_after_ms=(self.protocol.config.busy_retry_after_ms if recoverable
-                                    else None)))
+                self._refuse_submit(event)
             case SessionCloseRequested():
                 assert self._nursery is not None
                 self._nursery.start_soon(self._close_session, event)
             case HandshakeCompleted():
                 self._handshake_done.set()
             case SessionOpened():
-                self._open_session(event.session_id)
+                self._open_session(event)
+            case SessionResumed():
+                self._adopt(event.session_id, resumed=True)
+            case SessionMigrated():
+                self._migrated(event)
             case SessionOpenRefused():
                 self._session_refused(event)
             case PeerError():
@@ -440,6 +384,15 @@ class Connection:
     def _operation(self, session_id: int, operation_id: int) -> Operation | None:
         session = self.sessions.get(session_id)
         return session.operations.get(operation_id) if session is not None else None
+
+    def _refuse_submit(self, event: SubmitRefused) -> None:
+        self.stats.refused_submits += 1
+        status, payload = self.refusal(event)
+        recoverable = END_TABLE[EndCause(event.reason.value)].recoverable
+        self.outbox.put_all(self.protocol.send_refusal(
+            event.session_id, event.frame_id, event.operation_id, status, payload,
+            retry_after_ms=(self.protocol.config.busy_retry_after_ms if recoverable
+                            else None)))
 
     def _apply_priority(self, event: PriorityRequested) -> None:
         """PRIORITY_UPDATE: honoured before dispatch when vLLM schedules by priority (the
@@ -474,13 +427,116 @@ class Connection:
 
     # ------------------------------------------------------------------ sessions
 
-    def _open_session(self, session_id: int) -> None:
+    def _open_session(self, event: SessionOpened) -> None:
         assert self._nursery is not None
-        self.sessions[session_id] = Session(session_id, self._nursery, self.handler,
-                                            self._operation_ended, self.stats)
-        self.sessions_opened += 1
-        self.stats.sessions_active += 1
+        protocol = self.protocol.session(event.session_id)
+        assert protocol is not None
+        record = None
+        if event.resumable and self._store is not None and self.registry is not None:
+            record = self._store.claimed.pop(event.session_id)
+            session = Session(protocol, self.registry.nursery, self.handler, self.observer,
+                              self.stats, journal=self.registry.journal())
+            record.session = session
+        else:
+            session = Session(protocol, self._nursery, self.handler, self.observer,
+                              self.stats)
+        self._attach(session, record)
         self.stats.sessions_total += 1
+        if record is not None and self.registry is not None:
+            self.registry.attached(record, self, resumed=False)
+
+    def _attach(self, session: Session, record: Record | None) -> None:
+        self.sessions[session.session_id] = session
+        if record is not None:
+            self._records[session.session_id] = record
+        session.attach(self)
+        self.stats.sessions_active += 1
+
+    def _adopt(self, session_id: int, *, resumed: bool) -> Session:
+        """A resumed or migrated session is attached here (``_resume`` rules 4, 6)."""
+        assert self._store is not None
+        assert self.registry is not None
+        record = self._store.claimed.pop(session_id)
+        session = record.session
+        assert session is not None
+        session.reattachments += 1
+        for operation in session.operations.values():
+            operation.reattached += 1
+        self._attach(session, record)
+        self.registry.attached(record, self, resumed=resumed)
+        self.log.info("session resumed" if resumed else "session migrated here",
+                      session_id=session_id, operations=len(session.operations),
+                      awaiting=len(session.protocol.awaiting))
+        return session
+
+    def _migrated(self, event: SessionMigrated) -> None:
+        """The results of frames after the client's last are replayed, then go on live
+        (rule 4c of gateway.nnrp._server)."""
+        assert self.registry is not None
+        session = self._adopt(event.session_id, resumed=False)
+        self.registry.stats.migrated_total += 1
+        journal = session.journal
+        if journal is None:
+            return
+        for record in sorted(journal.records.values(), key=lambda r: r.frame_id):
+            if record.frame_id > event.last_result_frame_id and record.entries:
+                self._replay(session, record.operation_id, None)
+
+    def _resubmitted(self, event: OperationResubmitted) -> None:
+        """After a resume the client submitted an operation again: the same request gets
+        what it may have missed, then goes on live; anything else is refused on its
+        frame, and the operation it named ends (its results reach no one)."""
+        session = self.sessions.get(event.session_id)
+        journal = session.journal if session is not None else None
+        record = journal.records.get(event.operation_id) if journal is not None else None
+        if session is None or record is None:
+            self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
+                                      "the results of this operation are no longer held")
+            return
+        payload = b"".join(frame.payload for frame in event.typed_body.frames) if (
+            event.typed_body is not None) else b""
+        check = compare_resubmission(record.payload, payload)
+        if not check.same:
+            self._abandon(session, event.operation_id)
+            self._refuse_resubmission(event, RefusalReason.RESUBMISSION_DIFFERS,
+                                      "the resubmission is not the request it resubmits")
+            return
+        try:
+            self._replay(session, event.operation_id, check.resume_after)
+        except ReplayGap as gap:
+            self._abandon(session, event.operation_id)
+            self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
+                                      f"{gap}; submit it anew")
+
+    def _replay(self, session: Session, operation_id: int, after: int | None) -> None:
+        assert session.journal is not None
+        assert self.registry is not None
+        packets = session.journal.replay(operation_id, after)
+        self.outbox.put_all(packets)
+        partials = sum(1 for packet in packets if packet[6] == MsgType.PARTIAL_RESULT)
+        operation = session.operations.get(operation_id)
+        if operation is not None:
+            operation.replayed_events += partials
+        stats = self.registry.stats
+        stats.replayed_events_total += partials
+        stats.replayed_bytes_total += sum(map(len, packets))
+        self.log.info("results replayed", session_id=session.session_id,
+                      operation_id=operation_id, events=partials, after=after,
+                      running=operation is not None)
+
+    def _abandon(self, session: Session, operation_id: int) -> None:
+        """Its resubmission was refused: nothing more of it may reach the client (the
+        refusal is the frame's terminal), and it ends."""
+        session.muted.add(operation_id)
+        session.cancel(operation_id, EndCause.RESUME_ABANDONED)
+        if session.journal is not None:
+            session.journal.forget(operation_id)
+            session.release_journal()
+
+    def _refuse_resubmission(self, event: OperationResubmitted, reason: RefusalReason,
+                             message: str) -> None:
+        self._refuse_submit(SubmitRefused(event.session_id, event.operation_id,
+                                          event.frame_id, reason, message))
 
     def _session_refused(self, event: SessionOpenRefused) -> None:
         self.stats.sessions_refused += 1
@@ -490,23 +546,19 @@ class Connection:
         else:
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
 
-    def _operation_ended(self, operation: Operation) -> None:
-        self._in_flight -= 1
-        if self.observer is not None:
-            self.observer(operation)
-
     def _start_operation(self, event: OperationSubmitted) -> None:
         session = self.sessions[event.session_id]
-        self._in_flight += 1
+        typed = event.typed_body
         session.start(Operation(
-            _Port(self, event.session_id, event.operation_id),
+            session.port(event.operation_id),
             connection_id=self.connection_id, transport=self.transport.kind,
             session_id=event.session_id, operation_id=event.operation_id,
-            frame_id=event.frame_id, typed_body=event.typed_body, body_error=event.body_error,
+            frame_id=event.frame_id, typed_body=typed, body_error=event.body_error,
             header_trace_id=event.header_trace_id, trace=event.trace,
             deadline_unix_ms=event.deadline_unix_ms,
             deadline_drop_reason=event.deadline_drop_reason,
-            priority_class=event.priority_class, token_budget=event.token_budget))
+            priority_class=event.priority_class, token_budget=event.token_budget),
+            payload=b"".join(frame.payload for frame in typed.frames) if typed else b"")
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
         session = self.sessions[event.session_id]
@@ -515,6 +567,9 @@ class Connection:
         await session.drain(timeout)
         if self.sessions.pop(event.session_id, None) is not None:
             self.stats.sessions_active -= 1
+        record = self._records.pop(event.session_id, None)
+        if record is not None and self.registry is not None:
+            self.registry.end(record)
         try:
             self.outbox.put(self.protocol.send_session_close_ack(event.session_id))
         except LocalProtocolError as exc:  # the connection failed while the session drained

@@ -183,6 +183,9 @@ class Operation:
         self.dispatched_at: float | None = None
         self.token_budget = token_budget
         self.tokens_used = 0
+        #: Resumes and migrations it lived through, and the events replayed to the client.
+        self.reattached = 0
+        self.replayed_events = 0
         #: Closes the upstream exchange at once when the operation is cancelled.
         self._abort_upstream: Callable[[], object] | None = None
         #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.

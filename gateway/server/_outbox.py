@@ -1,9 +1,11 @@
-"""A bounded, coalescing outbox: the only path from a connection to its transport.
+"""A bounded, coalescing outbox: the only path from a connection to its transport, and
+the one owner of every write to it.
 
-Operation tasks and the reader append encoded packets; one writer task takes
-everything queued at once and writes it in one call, so a burst of events leaves in
-few syscalls. Memory is bounded: ``wait_for_room`` blocks producers while more than
-``high_water`` bytes wait, until the writer brings it under ``low_water``. A client
+Operation tasks and the reader append encoded packets; one writer task
+(``run_writer``) takes everything queued at once and writes it in one call, so a burst
+of events leaves in few syscalls. Memory is bounded: ``wait_for_room`` blocks producers
+while more than ``high_water`` bytes wait, until the writer brings it under
+``low_water``. A client
 that never reads therefore stalls its own operations (TCP backpressure reaches the
 operation tasks, and through them the upstream streams), never the process.
 
@@ -28,7 +30,7 @@ upstream bytes were read; ``written`` reports those once the batch is on the soc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -37,6 +39,8 @@ from gateway import residence
 #: Writes what the kernel takes of the bytes at once and returns how many; 0 when its
 #: buffer is full; raises OSError for a broken socket (``gateway._sockio.send_now``).
 SendNow = Callable[[bytes], int]
+#: Writes packets in order, waiting as long as it must (``PacketTransport.send``).
+Send = Callable[[list[bytes]], Awaitable[None]]
 #: Told (bytes, packets) as they reach the transport (the connection's counters).
 WrittenHook = Callable[[int, int], None]
 
@@ -141,6 +145,34 @@ class Outbox:
             if self._bytes <= self.low_water:
                 self._has_room.set()
         self._has_data.set()
+
+    async def run_writer(self, send: Send, write_timeout: float) -> None:
+        """The writer: take what is queued, write it, until closed and empty. A write
+        that fails or waits longer than ``write_timeout`` closes the outbox (every
+        producer is released) and raises: the connection is over."""
+        while True:
+            batch = await self.take()
+            if not batch:
+                return
+            try:
+                await self._write(batch, send, write_timeout)
+            except BaseException:
+                self.close()
+                raise
+            self.written(batch)
+
+    async def _write(self, batch: list[bytes], send: Send, write_timeout: float) -> None:
+        """Write a batch in order; bounded by the write timeout only when it must wait.
+        On a plain socket what the kernel takes at once goes without trio's send layers
+        (most batches: the writer runs once per pass with what the pass queued)."""
+        if self._send_now is not None:
+            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            sent = self._send_now(data)
+            if sent == len(data):
+                return
+            batch = [data[sent:]]
+        with trio.fail_after(write_timeout):
+            await send(batch)
 
     async def wait_for_room(self) -> None:
         """Block while the queue is over its high-water mark."""

@@ -28,6 +28,7 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._resume import ResumeSettings, SessionRegistry
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class GatewayServer:
         quic: certificate and limits for ``quic://`` listeners (none without it).
         inherited: listeners a ``--workers`` supervisor bound for this process, by URI as
             configured (``gateway.transport.bind_shared``); the others are bound here.
+        resume: what resumable sessions may hold (``_resume``); None or a zero window
+            refuses resume and migration.
     """
 
     def __init__(self, handler: OperationHandler, *, config: ServerConfig | None = None,
@@ -77,7 +80,8 @@ class GatewayServer:
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  ssl_context: ssl.SSLContext | None = None,
                  quic: QuicSettings | None = None,
-                 inherited: Sequence[Inherited] = ()) -> None:
+                 inherited: Sequence[Inherited] = (),
+                 resume: ResumeSettings | None = None) -> None:
         self.handler = handler
         self._inherited = {listener.uri: listener for listener in inherited}
         self.observer = observer
@@ -92,6 +96,9 @@ class GatewayServer:
         self.endpoints: list[BoundEndpoint] = []
         self.connections: set[Connection] = set()
         self.stats = ServerStats()
+        #: Resumable sessions, between their connections (None: resume is off).
+        self.registry = (SessionRegistry(resume) if resume is not None and resume.enabled
+                         else None)
         self._accept_scope = trio.CancelScope()
         self._connection_nursery: trio.Nursery | None = None
         self._unix_paths: list[str] = []
@@ -105,6 +112,8 @@ class GatewayServer:
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
+                if self.registry is not None:
+                    await connections.start(self.registry.run)
                 with self._accept_scope:
                     async with trio.open_nursery() as accept:
                         for uri, spec in specs:
@@ -124,6 +133,8 @@ class GatewayServer:
         self.accepting = False
         self._accept_scope.cancel()
         async with trio.open_nursery() as nursery:
+            if self.registry is not None:
+                nursery.start_soon(self.registry.drain, drain_timeout)
             for connection in list(self.connections):
                 nursery.start_soon(connection.shutdown, drain_timeout, close_grace)
 
@@ -258,7 +269,8 @@ class GatewayServer:
             await self._refuse(transport)
             return
         connection = Connection(transport, self.handler, self.config, self.limits,
-                                refusal=self.refusal, observer=self.observer, stats=self.stats)
+                                refusal=self.refusal, observer=self.observer, stats=self.stats,
+                                registry=self.registry)
         self.connections.add(connection)
         self.stats.connections_active += 1
         self.stats.connections_total += 1

@@ -1,26 +1,47 @@
 """One NNRP session: it owns its operations, and has one drain.
 
-The session starts each operation in the connection's nursery, forgets it when it has
-ended, and reports it to the observer. ``drain`` is the one way a session stops:
-SESSION_CLOSE (drain or abort), the gateway's shutdown and a closing connection all use
-it. It lets operations finish for a grace period, ends the rest with ``cause``, and
-returns once every operation task has ended.
+The session starts each operation, forgets it when it has ended, and reports it to the
+observer. ``drain`` is the one way a session stops: SESSION_CLOSE (drain or abort), the
+gateway's shutdown, a closing connection and an expired resume window all use it. It
+lets operations finish for a grace period, ends the rest with ``cause``, and returns once
+every operation task has ended.
+
+A session is attached to at most one connection (``link``), which carries its frames.
+A resumable session (``journal`` set) may lose its connection and keep running: its
+operations then write only to the journal, and a resume or a migration attaches it to a
+new connection (``attach``). After a resume, an operation's frames reach the client
+again only once the client has resubmitted it (``resubmitted``): what the client may
+have missed is replayed first, then it goes on live.
+
+Each operation reaches the wire only through its ``_Port``, bound to (session,
+operation): the port asks the session where its frames go now.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 import trio
 
+from gateway import residence
+from gateway.nnrp import (
+    OPENAI_EVENT_FRAME,
+    DropReason,
+    FrameShape,
+    ServerConnection,
+    ServerSession,
+    Stage,
+)
 from gateway.profile import EndCause
 
 from ._operation import CancelInfo, Operation, OperationHandler
 
 if TYPE_CHECKING:
+    from ._journal import Journal
+    from ._outbox import Outbox
     from ._stats import ServerStats
 
 log = structlog.get_logger("gateway.server")
@@ -29,20 +50,89 @@ log = structlog.get_logger("gateway.server")
 Observer = Callable[[Operation], None]
 
 
+class Link(Protocol):
+    """What a session needs of the connection it is attached to."""
+
+    outbox: Outbox
+    protocol: ServerConnection
+    #: Set (and replaced) whenever the client changes a flow window.
+    flow_changed: trio.Event
+
+    @property
+    def operations(self) -> int:
+        """Operations in flight on the connection, over all its sessions."""
+        ...
+
+
 class Session:
-    def __init__(self, session_id: int, nursery: trio.Nursery, handler: OperationHandler,
-                 observer: Observer | None, stats: ServerStats) -> None:
-        self.session_id = session_id
+    def __init__(self, protocol: ServerSession, nursery: trio.Nursery,
+                 handler: OperationHandler, observer: Observer | None, stats: ServerStats,
+                 *, journal: Journal | None = None) -> None:
+        self.protocol = protocol
+        self.session_id = protocol.session_id
         self._nursery = nursery
         self._handler = handler
         self._observer = observer
         self._stats = stats
+        self.journal = journal
         self.operations: dict[int, Operation] = {}
+        #: The connection carrying the session's frames; None while detached.
+        self.link: Link | None = None
         self._idle = trio.Event()
         self._idle.set()
+        #: Set (and replaced) on attach, detach and whenever the journal makes room.
+        self._changed = trio.Event()
+        #: How many times it was resumed or migrated (for the observation records).
+        self.reattachments = 0
+        #: Operations whose frames never reach the client again (their resubmission was
+        #: refused on their frame, which has had its terminal).
+        self.muted: set[int] = set()
 
-    def start(self, operation: Operation) -> None:
+    @property
+    def resumable(self) -> bool:
+        return self.journal is not None
+
+    # ------------------------------------------------------------------ attachment
+
+    def attach(self, link: Link) -> None:
+        self.link = link
+        self._notify()
+
+    def detach(self) -> None:
+        self.link = None
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def live(self, operation_id: int) -> bool:
+        """Whether the operation's frames go to the client now: attached, and not waiting
+        for its resubmission after a resume."""
+        return (self.link is not None and operation_id not in self.protocol.awaiting
+                and operation_id not in self.muted)
+
+    def release_journal(self) -> None:
+        """Tell the protocol state which operations the journal no longer holds."""
+        journal = self.journal
+        if journal is not None and journal.released:
+            for operation_id in journal.released:
+                self.protocol.release_results(operation_id)
+            journal.released.clear()
+            self._notify()  # room was made: detached operations may go on
+
+    # ------------------------------------------------------------------ operations
+
+    def port(self, operation_id: int) -> _Port:
+        return _Port(self, operation_id)
+
+    def start(self, operation: Operation, payload: bytes = b"") -> None:
         self.operations[operation.operation_id] = operation
+        if self.journal is not None:
+            self.journal.start(operation.operation_id, operation.frame_id, payload)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._nursery.start_soon(self._run, operation)
 
@@ -79,3 +169,149 @@ class Session:
             await self._idle.wait()
         self.cancel_all(cause)
         await self._idle.wait()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+
+class _Port:
+    """The wire as one operation sees it: bound to (session, operation), it sends through
+    whatever connection the session is attached to now, and into the session's journal
+    when it is resumable."""
+
+    __slots__ = ("_session", "operation_id", "session_id")
+
+    def __init__(self, session: Session, operation_id: int) -> None:
+        self._session = session
+        self.session_id = session.session_id
+        self.operation_id = operation_id
+
+    async def room(self) -> None:
+        session = self._session
+        while True:
+            link = session.link
+            journal = session.journal
+            if link is None or not session.live(self.operation_id):
+                # Detached (or held for a resubmission): only the journal's bound
+                # applies, and waiting for room here stops the upstream read.
+                if journal is None or not journal.over_budget():
+                    return
+                await session.wait_changed()
+                continue
+            outbox = link.outbox
+            await outbox.wait_for_room()
+            if outbox.closed:
+                # The connection is gone: its end detaches or ends the session. Deliver a
+                # checkpoint here, or a handler emitting in a loop would never reach one.
+                await trio.lowlevel.checkpoint()
+                if session.link is link:
+                    await session.wait_changed()
+                continue
+            return
+
+    async def credit(self) -> None:
+        session = self._session
+        link = session.link
+        if link is None or not session.live(self.operation_id):
+            return  # nobody to hold back for: the journal's bound applies (``room``)
+        protocol = link.protocol
+        if not protocol.flow.active and not session.protocol.holding:  # the fast path
+            return
+        while True:
+            # Held for a replacement (rule 9): until it comes (the old operation is then
+            # cancelled, which ends this wait) or the hold is over.
+            held = session.protocol.supersede_hold_left(self.operation_id)
+            wait = held if held is not None else protocol.flow_wait(self.session_id,
+                                                                  self.operation_id)
+            if wait is not None and wait <= 0:
+                return
+            # Held by the client: we stop reading upstream, so vLLM's socket fills and
+            # the pause reaches it as TCP backpressure (nothing is buffered or dropped).
+            # What this operation deferred goes out first: the client may be waiting
+            # for it before it opens the window again.
+            self.flush()
+            with trio.move_on_after(math.inf if wait is None else wait):
+                await link.flow_changed.wait()
+            if session.link is not link:
+                return  # moved or detached meanwhile
+
+    def _deliver(self, packets: list[bytes], *, defer: bool = True) -> None:
+        link = self._session.link
+        if link is not None and self._session.live(self.operation_id):
+            link.outbox.put_all(packets, defer=defer)
+
+    def _keep(self, packets: list[bytes], *, sequence: int = 0, terminal: bool = False
+              ) -> None:
+        session = self._session
+        journal = session.journal
+        if journal is not None:
+            journal.add(self.operation_id, packets, sequence=sequence, terminal=terminal,
+                        attached=session.link is not None)
+            if journal.released:
+                session.release_journal()
+
+    def send_partial(self, body: bytes, *, defer: bool = False) -> None:
+        session = self._session
+        link = session.link
+        if link is not None and session.live(self.operation_id):
+            # Through the connection: it counts the partial against the client's windows.
+            packet = link.protocol.send_partial(self.session_id, self.operation_id, body)
+            if residence.PROBE is None:
+                link.outbox.put(packet, defer=defer)
+            else:  # a benchmark: the packet carries when its upstream bytes were read
+                link.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
+        else:
+            packet = session.protocol.send_partial(self.operation_id, body)
+        if session.journal is not None:
+            self._keep([packet], sequence=session.protocol.operations[
+                self.operation_id].sequence)
+
+    def flush(self) -> None:
+        link = self._session.link
+        if link is None:
+            return
+        # Directly only for a connection's lone operation (the latency case): with more
+        # in flight, the writer coalesces their packets into one write per pass, and a
+        # client reading many streams on one connection wakes once per pass, not once
+        # per stream (gateway/server/_outbox.py, "The direct path").
+        link.outbox.flush(direct=link.operations == 1)
+
+    def send_progress(self, stage: Stage) -> None:
+        packet = self._session.protocol.send_progress(self.operation_id, stage)
+        self._keep([packet])
+        self._deliver([packet], defer=False)
+
+    def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
+                    frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
+        session = self._session
+        packets = session.protocol.send_result(self.operation_id, status, payload,
+                                               retry_after_ms=retry_after_ms, frame=frame)
+        self._end(packets)
+        self.flush()
+
+    def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
+        session = self._session
+        packets = session.protocol.send_drop(self.operation_id, reason, diagnostic,
+                                             traced=traced)
+        self._end(packets)
+        link = session.link
+        if link is not None:
+            link.outbox.flush(direct=False)
+
+    def _end(self, packets: list[bytes]) -> None:
+        """The terminal's packets: kept, and sent with the session's credit now (rule 12),
+        which the journal does not keep: it is the session's state, not a result."""
+        session = self._session
+        self._keep(packets, terminal=True)
+        link = session.link
+        if link is not None:
+            link.protocol.flow.forget_operation(self.session_id, self.operation_id)
+            if session.live(self.operation_id):
+                link.outbox.put_all([*packets, *session.protocol.credit_packets()],
+                                    defer=True)
+
+    def negotiated(self, token: str) -> bool:
+        return token in self._session.protocol.tokens
+
+    def superseding(self) -> bool:
+        return self._session.protocol.supersede_hold_left(self.operation_id) is not None

@@ -191,7 +191,7 @@ def test_supersede_abort_now_and_a_held_operation_may_only_drop(
     assert cancelled.operation_id == 1
     server.receive_data(submit(2, 2))
     server.receive_data(pk(nnrp.Supersede(old_operation_id=2, new_operation_id=3), session_id=1))
-    assert server.superseding(1, 2) and server.holding == 1
+    assert server.superseding(1, 2) and server.session(1).holding == 1
     # The client counts it superseded: no partial, progress or result may follow (rule 15).
     for send in (lambda: server.send_partial(1, 2, b"x"),
                  lambda: server.send_progress(1, 2, nnrp.Stage.EXECUTING),
@@ -199,7 +199,7 @@ def test_supersede_abort_now_and_a_held_operation_may_only_drop(
         with pytest.raises(nnrp.LocalProtocolError, match="superseding"):
             send()
     server.send_drop(1, 2, nnrp.DropReason.SUPERSEDED, b"")  # its hold ran out, say
-    assert server.holding == 0
+    assert server.session(1).holding == 0
     assert of(server.receive_data(submit(3, 3)), nnrp.OperationCancelled) == []
 
 
@@ -240,7 +240,9 @@ def test_a_replacement_that_cannot_come_drops_the_old_one_now(why: str) -> None:
     (cancelled,) = of(events, nnrp.OperationCancelled)
     assert (cancelled.operation_id, cancelled.source, cancelled.diagnostic) == (
         1, nnrp.CancelSource.SUPERSEDE, b"new")
-    assert conn.holding == 0
+    session = conn.session(1)
+    assert session is not None
+    assert session.holding == 0
 
 
 def test_a_refused_submit_leaves_no_held_deadline_behind() -> None:
@@ -451,10 +453,15 @@ def test_features_not_served_are_refused_in_their_own_form(
         profile_id=2, patch_mask=0x03), session_id=1)))
     assert patch_ack.message == nnrp.SessionPatchAck(
         ack_status=2, reject_reason=1, rejected_patch_mask=0x03, effective_profile_id=2)
+    # SESSION_MIGRATE on the session's own connection is the reference runtime's exchange
+    # (rule 4c): acknowledged, nothing moves; the cursor is past every frame used.
     (migrate_ack,) = replies(server.receive_data(pk(nnrp.SessionMigrate(
         old_transport_id=2, new_transport_id=1, last_result_frame_id=7), session_id=1)))
-    assert migrate_ack.message.accept_code == nnrp.MIGRATION_REFUSED
+    assert migrate_ack.message.accept_code == nnrp.MigrateAccept.ACCEPTED
     assert migrate_ack.message.resume_from_frame_id == 7
+    (same,) = replies(server.receive_data(pk(nnrp.SessionMigrate(
+        old_transport_id=2, new_transport_id=2, last_result_frame_id=7), session_id=1)))
+    assert same.message.accept_code == nnrp.MigrateAccept.SAME_TRANSPORT
     (cache_ack,) = replies(server.receive_data(pk(nnrp.CachePut(
         cache_namespace=3, object_kind=7, cache_key_hi=1, cache_key_lo=2, object_bytes=2),
         session_id=1, body=b"xy")))

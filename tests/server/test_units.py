@@ -395,6 +395,10 @@ async def test_no_progress_after_a_peer_cancel() -> None:
 # --------------------------------------------------------------------------- session
 
 
+def protocol_session() -> nnrp.ServerSession:
+    return nnrp.ServerSession(1, nnrp.ServerConfig(), max_in_flight=8)
+
+
 async def test_a_session_drain_lets_work_finish_then_ends_the_rest() -> None:
     ended: list[Operation] = []
     stats = ServerStats()
@@ -407,7 +411,7 @@ async def test_a_session_drain_lets_work_finish_then_ends_the_rest() -> None:
             await trio.sleep_forever()
 
     async with trio.open_nursery() as nursery:
-        session = Session(1, nursery, handler, ended.append, stats)
+        session = Session(protocol_session(), nursery, handler, ended.append, stats)
         ports = [RecordingPort(), RecordingPort()]
         for number, port in enumerate(ports, 1):
             session.start(operation(port, number))
@@ -428,7 +432,7 @@ async def test_an_idle_session_drains_at_once() -> None:
         async def nothing(op: Operation) -> None:
             await trio.lowlevel.checkpoint()
 
-        session = Session(1, nursery, nothing, None, ServerStats())
+        session = Session(protocol_session(), nursery, nothing, None, ServerStats())
         with trio.fail_after(1):
             await session.drain(grace=math.inf)
 

@@ -1,0 +1,38 @@
+"""The limits and advertised values of the server role (one object, shared by every
+connection of a server)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from ._constants import DEFAULT_MAX_PACKET, StandardProfile
+
+
+@attrs.frozen
+class ServerConfig:
+    """Limits and advertised values of one server connection."""
+
+    max_packet: int = DEFAULT_MAX_PACKET
+    max_sessions: int = 64
+    max_in_flight: int = 64
+    #: Profiles a session may open: the stock clients' token profile (the openai
+    #: profile is chosen per frame) plus the typed profile 0 itself.
+    session_profiles: frozenset[int] = frozenset({int(StandardProfile.TOKEN),
+                                                  int(StandardProfile.OPENAI_TYPED)})
+    #: Hello profile bitmap, bit (profile_id - 1): the token profile.
+    hello_profile_bitmap: int = 1 << (int(StandardProfile.TOKEN) - 1)
+    max_pending_deadlines: int = 64
+    max_pending_supersedes: int = 64
+    #: How long a superseded operation waits for its replacement before it is dropped
+    #: anyway (rule 9): a client that never submits one must not hold vLLM's work.
+    supersede_hold_ms: int = 5_000
+    lease_ttl_ms: int = 30_000
+    token_ttl_ms: int = 120_000
+    #: The runtime tokens capability negotiation may grant (what the adapter implements).
+    runtime_tokens: frozenset[str] = frozenset()
+    #: The retry time sent with a busy refusal (in-flight limit, draining).
+    busy_retry_after_ms: int = 1000
+    #: Checks SESSION_OPEN auth bytes; None accepts any (auth is then the transport's job).
+    authenticate: Callable[[bytes], bool] | None = None

@@ -1,0 +1,416 @@
+"""What each session-scoped client message does to its session: the runtime controls
+(preview4 0x30-0x49 and FRAME_CANCEL), trace context, capability negotiation, and the
+session features this server refuses. One function per message kind, each taking the
+session it names (the connection's rule table, ``_server._RULES``, routes to them).
+
+Rules (numbered as in ``_server``):
+
+6. Operation-scoped controls (CANCEL, ABORT, PRIORITY_UPDATE, DEADLINE, EXPIRE_AT,
+   SUPERSEDE, BUDGET_UPDATE, the hints) name their operation by operation_id; a non-zero
+   header.frame_id must be that operation's frame ("keep the (operation_id, frame_id)
+   pair", section 3), and 0 is accepted (the Rust runner's client sends 0). An operation
+   never seen, or a mismatched frame, gets ERROR_RECOVERABLE INVALID_STATE and changes
+   nothing; one that already ended is a normal race and is ignored; an exact repeat
+   (same type, operation and control_sequence) is ignored.
+7. Cancellation: FRAME_CANCEL names its operation by header.frame_id; CANCEL and ABORT by
+   operation_id, 0 meaning every operation of the session. After a cancel only
+   RESULT_DROP_REASON may end the operation.
+8. Deadlines: DEADLINE / EXPIRE_AT for an active operation tighten its deadline; for one
+   not yet submitted they are held (bounded; a later one replaces it; dropped when its
+   time passes, when its submit is refused, or at SESSION_CLOSE) and applied when its
+   submit arrives, if the submit's frame is the one the deadline named (wire case
+   deadline-before-submit). DEADLINE drops with deadline_expired, EXPIRE_AT with
+   superseded (section 7).
+9. SUPERSEDE: the replacement is admitted before the old operation is dropped. If the
+   new operation is already in flight (or flags bit0, "abort old now"), the old one is
+   cancelled at once; otherwise the old one is SUPERSEDING (the client counts it ended:
+   only its drop may follow) until the replacement arrives (it is admitted even at the
+   in-flight limit: the old one makes room), is refused, the session closes, or
+   ``supersede_hold_ms`` passes (``ServerSession.supersede_hold_left``); then it is
+   cancelled. One replacement per supersede: a second naming the same replacement, or a
+   SUPERSEDE of an operation already waiting, is refused. The old operation ends with
+   drop reason superseded.
+10. PRIORITY_UPDATE and BUDGET_UPDATE are handed to the adapter, which knows whether the
+    operation was dispatched (``PriorityRequested``, ``BudgetRequested``); a refusal is
+    ``ServerConnection.refuse_control``. A budget with no token budget is refused here
+    (only tokens apply to a language model). ROUTE_HINT / EXECUTION_HINT with must-honor
+    set are refused; best-effort hints are noted and ignored.
+12. CAPABILITY_NEGOTIATION with a canonical token list is answered with the tokens we
+    implement (``ServerConfig.runtime_tokens``): CAPABILITY_NEGOTIATION, or
+    DEGRADE_PROFILE when some were dropped and the offer allows downgrade, plus
+    ERROR_RECOVERABLE when nothing was accepted and the offer was a hard requirement. An
+    opaque body gets no reply (the capability-route-cache wire case wants CACHE_MISS
+    next). DEGRADE_PROFILE from a client narrows the session's tokens. With
+    ``control.credit_backpressure`` negotiated, the session's free operation slots are
+    advertised (CREDIT_UPDATE, or BACKPRESSURE hard when none are left) at once and on
+    every change.
+13. Session features this server does not have are refused in their own message's
+    form: SESSION_PATCH gets SESSION_PATCH_ACK rejected, CACHE_PUT gets CACHE_ACK
+    rejected, CACHE_REFERENCE gets CACHE_MISS not_found. (The connection-level ones, and
+    what is noted and ignored, are ``_server``'s.)
+14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
+    must name an active operation's frame; a non-zero header.trace_id must equal the
+    metadata trace_id.
+"""
+
+from __future__ import annotations
+
+from ._codec import Packet, encode
+from ._constants import (
+    BudgetFlag,
+    CacheAckStatus,
+    CacheMissReason,
+    CapabilityFlag,
+    ControlReason,
+    DropReason,
+    ErrorCode,
+    ErrorScope,
+    HintFlag,
+    MsgType,
+    PatchAckStatus,
+    PatchRejectReason,
+    SupersedeFlag,
+)
+from ._events import (
+    BudgetRequested,
+    CancelSource,
+    CapabilitiesNegotiated,
+    DeadlineUpdated,
+    Event,
+    FrameIgnored,
+    PriorityRequested,
+    SendBytes,
+    TraceContextUpdated,
+    TraceInfo,
+)
+from ._messages import (
+    Abort,
+    BudgetUpdate,
+    CacheAck,
+    CacheMiss,
+    CachePut,
+    CacheReference,
+    Cancel,
+    CapabilityNegotiation,
+    Deadline,
+    DegradeProfile,
+    ExecutionHint,
+    ExpireAt,
+    PriorityUpdate,
+    RouteHint,
+    SessionPatch,
+    SessionPatchAck,
+    Supersede,
+    TraceContext,
+)
+from ._server_session import OpState, PendingDeadline, ServerOperation, ServerSession
+from ._tokens import pack_tokens, parse_tokens
+
+
+def control_target(session: ServerSession, packet: Packet, operation_id: int,
+                   events: list[Event], control_sequence: int | None = None
+                   ) -> ServerOperation | None:
+    """The active operation an operation-scoped control names, or None (rule 6)."""
+    name = packet.msg_type.name
+    operation = session.operations.get(operation_id)
+    if operation is None:
+        if operation_id not in session.seen_operations:
+            events.append(session.refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, packet.frame_id,
+                f"{name} names operation {operation_id}, which this session never "
+                "submitted"))
+        return None  # already ended: a normal race
+    if packet.frame_id and packet.frame_id != operation.frame_id:
+        events.append(session.refuse(
+            ErrorCode.INVALID_STATE, ErrorScope.FRAME, packet.frame_id,
+            f"{name}: operation {operation_id} is bound to frame {operation.frame_id}, "
+            f"not {packet.frame_id}"))
+        return None
+    if control_sequence is not None:
+        key = (int(packet.msg_type), control_sequence)
+        if key in operation.controls:
+            events.append(FrameIgnored(session.session_id, int(packet.msg_type),
+                                       f"repeats control_sequence {control_sequence}"))
+            return None
+        if len(operation.controls) < 64:  # bounded: a repeat past this is re-applied
+            operation.controls.add(key)
+    if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
+        return None  # being cancelled: nothing more to apply
+    return operation
+
+
+# --------------------------------------------------------------------------- cancel (rule 7)
+
+
+def on_frame_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    operation_id = session.by_frame.get(packet.frame_id)
+    if operation_id is None:
+        if packet.frame_id not in session.seen_frames:
+            events.append(session.refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, packet.frame_id,
+                f"FRAME_CANCEL for unknown frame {packet.frame_id}"))
+        return  # already ended: a normal race (rule 7)
+    session.cancel(session.operations[operation_id], CancelSource.FRAME_CANCEL,
+                   ControlReason.USER_CANCELLED, b"", events)
+
+
+def on_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, Cancel | Abort)
+    if request.operation_id == 0:
+        for each in list(session.operations.values()):
+            session.cancel(each, CancelSource.SESSION_CANCEL, request.reason, packet.body,
+                           events)
+        return
+    operation = control_target(session, packet, request.operation_id, events,
+                               request.control_sequence)
+    if operation is None:
+        return
+    source = CancelSource.ABORT if isinstance(request, Abort) else CancelSource.CANCEL
+    session.cancel(operation, source, request.reason, packet.body, events)
+
+
+# --------------------------------------------------------------------------- deadlines (rule 8)
+
+
+def on_deadline(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, Deadline | ExpireAt)
+    drop = (DropReason.DEADLINE_EXPIRED if isinstance(request, Deadline)
+            else DropReason.SUPERSEDED)
+    if request.operation_id in session.operations:
+        operation = control_target(session, packet, request.operation_id, events,
+                                   request.control_sequence)
+        if operation is not None:
+            events.append(DeadlineUpdated(session.session_id, operation.operation_id,
+                                          request.deadline_unix_ms, int(drop)))
+        return
+    if request.operation_id in session.seen_operations:
+        return  # ended already
+    # Rule 8: held for a submit to come, on the frame it names.
+    if packet.frame_id and packet.frame_id in session.seen_frames:
+        events.append(session.refuse(
+            ErrorCode.INVALID_STATE, ErrorScope.FRAME, packet.frame_id,
+            f"{packet.msg_type.name} for a future submit names frame {packet.frame_id}, "
+            "which is already used"))
+        return
+    now_ms = int(session.wall_clock() * 1000)
+    for operation_id, held in list(session.pending_deadlines.items()):
+        if held.deadline_unix_ms <= now_ms:
+            del session.pending_deadlines[operation_id]  # its submit never came in time
+    if (request.operation_id not in session.pending_deadlines
+            and len(session.pending_deadlines) >= session.config.max_pending_deadlines):
+        events.append(session.refuse(
+            ErrorCode.LIMIT_EXCEEDED, ErrorScope.SESSION, packet.frame_id,
+            "too many deadlines held for operations not yet submitted"))
+        return
+    # For an operation not yet submitted the latest word counts ("only tighten" is for a
+    # running one): a retry after a refused submit brings its own deadline.
+    session.pending_deadlines[request.operation_id] = PendingDeadline(
+        packet.frame_id, request.deadline_unix_ms, int(drop))
+
+
+# --------------------------------------------------------------------------- supersede (rule 9)
+
+
+def on_supersede(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, Supersede)
+    old = control_target(session, packet, request.old_operation_id, events,
+                         request.control_sequence)
+    if old is None:
+        return
+    new_id = request.new_operation_id
+    if old.state is not OpState.ACTIVE:
+        if old.state is OpState.SUPERSEDING:
+            events.append(session.refuse(
+                ErrorCode.INVALID_STATE, ErrorScope.FRAME, old.frame_id,
+                f"operation {old.operation_id} already waits for its replacement"))
+        return  # being cancelled already
+    abort_now = bool(request.flags & SupersedeFlag.ABORT_OLD_IMMEDIATELY)
+    if abort_now or new_id in session.seen_operations or new_id == 0:
+        # The replacement was admitted already (or none is coming, or the client says not
+        # to wait): the old operation goes now (rule 9).
+        session.cancel(old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED, packet.body,
+                       events)
+        return
+    waiting = session.pending_supersedes.get(new_id)
+    if waiting is not None:
+        events.append(session.refuse(
+            ErrorCode.INVALID_STATE, ErrorScope.FRAME, old.frame_id,
+            f"operation {new_id} is already the replacement of operation "
+            f"{waiting.old_operation_id}"))
+        return
+    if len(session.pending_supersedes) >= session.config.max_pending_supersedes:
+        events.append(session.refuse(
+            ErrorCode.LIMIT_EXCEEDED, ErrorScope.FRAME, old.frame_id,
+            "too many supersedes waiting for their replacement"))
+        return
+    # The client counts the old operation superseded already: nothing more of it may
+    # reach the client but its drop (rule 15). It waits for its replacement, at most
+    # supersede_hold_ms.
+    session.hold(old, new_id, packet.body)
+
+
+# --------------------------------------------------------------------------- adapter's (rule 10)
+
+
+def on_priority(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, PriorityUpdate)
+    operation = control_target(session, packet, request.operation_id, events,
+                               request.control_sequence)
+    if operation is not None:
+        events.append(PriorityRequested(session.session_id, operation.operation_id,
+                                        operation.frame_id, request.priority_class,
+                                        request.priority_delta))
+
+
+def on_budget(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, BudgetUpdate)
+    if not request.token_budget:
+        # Compute, memory and bandwidth budgets have no meaning for a language model
+        # behind HTTP; only tokens can be counted and capped (rule 10).
+        if request.compute_units or request.memory_bytes or request.bandwidth_bytes:
+            events.append(session.refuse(
+                ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, packet.frame_id,
+                "only token budgets are supported"))
+        return
+    increment = bool(request.flags & BudgetFlag.INCREMENT)
+    if request.operation_id == 0:
+        if not increment:
+            session.token_budget = request.token_budget
+        elif session.token_budget is not None:  # more on top of no limit: no limit
+            session.token_budget += request.token_budget
+        events.append(BudgetRequested(session.session_id, None, 0, request.token_budget,
+                                      increment))
+        return
+    operation = control_target(session, packet, request.operation_id, events)
+    if operation is not None:
+        events.append(BudgetRequested(session.session_id, operation.operation_id,
+                                      operation.frame_id, request.token_budget, increment))
+
+
+def on_hint(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, RouteHint | ExecutionHint)
+    if request.operation_id and control_target(session, packet, request.operation_id,
+                                               events) is None:
+        return
+    name = packet.msg_type.name
+    if request.flags & HintFlag.MUST_HONOR:
+        events.append(session.refuse(
+            ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.FRAME, packet.frame_id,
+            f"{name.lower()} cannot be honoured: one vLLM serves this gateway"))
+        return
+    events.append(FrameIgnored(session.session_id, int(packet.msg_type),
+                               "best-effort hint: one vLLM serves this gateway"))
+
+
+# --------------------------------------------------------------------------- negotiation (rule 12)
+
+
+def on_capabilities(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, CapabilityNegotiation)
+    offered = parse_tokens(packet.body, request.capability_count)
+    if offered is None:
+        events.append(FrameIgnored(session.session_id, int(MsgType.CAPABILITY_NEGOTIATION),
+                                   "the offer is not a canonical token list"))
+        return
+    config = session.config
+    accepted = frozenset(offered) & config.runtime_tokens
+    if request.profile_id not in config.session_profiles:
+        accepted = frozenset()
+    dropped = len(accepted) < len(offered)
+    reply_class: type[CapabilityNegotiation | DegradeProfile] = (
+        DegradeProfile if dropped and accepted
+        and request.flags & CapabilityFlag.DOWNGRADE_ALLOWED else CapabilityNegotiation)
+    body = pack_tokens(accepted)
+    reply = reply_class(profile_id=request.profile_id, capability_count=len(accepted),
+                        body_bytes=len(body), flags=request.flags)
+    events.append(SendBytes(encode(Packet(reply, session_id=session.session_id, body=body))))
+    if not accepted and request.flags & CapabilityFlag.HARD_REQUIREMENT:
+        events.append(session.refuse(
+            ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.SESSION, 0,
+            "capability_mismatch: none of the required runtime capabilities is served"))
+    advertised_before = session.advertises_credit
+    session.tokens = accepted
+    events.append(CapabilitiesNegotiated(session.session_id, accepted))
+    if session.advertises_credit and not advertised_before:
+        session.advertise_credit(events)
+
+
+def on_degrade(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, DegradeProfile)
+    kept = parse_tokens(packet.body, request.capability_count)
+    if kept is None:
+        events.append(FrameIgnored(session.session_id, int(MsgType.DEGRADE_PROFILE),
+                                   "the degrade is not a canonical token list"))
+        return
+    session.tokens = session.tokens & frozenset(kept)
+    events.append(CapabilitiesNegotiated(session.session_id, session.tokens))
+
+
+# --------------------------------------------------------------------------- trace (rule 14)
+
+
+def on_trace_context(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, TraceContext)
+    if packet.trace_id and packet.trace_id != request.trace_id:
+        events.append(session.refuse(
+            ErrorCode.INVALID_STATE, ErrorScope.SESSION, packet.frame_id,
+            "TRACE_CONTEXT header trace_id differs from its metadata trace_id"))
+        return
+    trace = TraceInfo(request.trace_id, request.span_id, request.parent_span_id,
+                      request.trace_flags, request.body_bytes)
+    if packet.frame_id == 0:
+        session.trace = trace
+        events.append(TraceContextUpdated(session.session_id, None, trace))
+        return
+    operation_id = session.by_frame.get(packet.frame_id)
+    operation = session.operations.get(operation_id) if operation_id else None
+    if operation is None or operation.state is not OpState.ACTIVE:
+        events.append(session.refuse(
+            ErrorCode.INVALID_STATE, ErrorScope.FRAME, packet.frame_id,
+            f"TRACE_CONTEXT frame {packet.frame_id} names no active operation"))
+        return
+    if trace.eligible:
+        operation.trace_id, operation.trace_flags = trace.trace_id, trace.trace_flags
+    events.append(TraceContextUpdated(session.session_id, operation.operation_id, trace))
+
+
+# --------------------------------------------------------------------------- not served (rule 13)
+
+
+def on_session_patch(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, SessionPatch)
+    ack = SessionPatchAck(ack_status=int(PatchAckStatus.REJECTED),
+                          reject_reason=int(PatchRejectReason.UNSUPPORTED_FIELD),
+                          rejected_patch_mask=request.patch_mask,
+                          effective_profile_id=request.profile_id)
+    events.append(SendBytes(encode(Packet(ack, session_id=session.session_id))))
+
+
+def on_cache_put(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, CachePut)
+    ack = CacheAck(cache_namespace=request.cache_namespace,
+                   status=int(CacheAckStatus.REJECTED), cache_key_hi=request.cache_key_hi,
+                   cache_key_lo=request.cache_key_lo,
+                   detail_code=int(ErrorCode.UNSUPPORTED_CAPABILITY))
+    events.append(SendBytes(encode(Packet(ack, session_id=session.session_id))))
+
+
+def on_cache_reference(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, CacheReference)
+    miss = CacheMiss(cache_namespace=request.cache_namespace,
+                     profile_id=request.profile_id,
+                     miss_reason=int(CacheMissReason.NOT_FOUND),
+                     cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo)
+    events.append(SendBytes(encode(Packet(miss, session_id=session.session_id))))

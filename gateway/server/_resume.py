@@ -1,0 +1,317 @@
+"""Resumable sessions: the registry that keeps them between connections.
+
+Rules (issue 21; README "Resumable sessions"; the connection's side is
+``gateway.nnrp._server`` rule 4):
+
+1. Granted to a SESSION_OPEN with ``allow_resume`` while resume is on (``window`` > 0)
+   and fewer than ``max_sessions`` resumable sessions exist, attached or detached. At
+   the cap a session opens without resume (``resume_enabled`` clear: the client sees
+   it did not get it), so every window that was granted is honoured.
+2. Tokens: ``token_bytes`` (24, as nnrp-py's server) from the OS CSPRNG, a new one on
+   every resume (a token is good once), compared in constant time, bound to the
+   credentials that opened the session when session auth is on, never logged.
+3. A session detaches when its connection ends without SESSION_CLOSE (EOF, reset,
+   keepalive loss, idle cut, QUIC loss): its operations keep running and write to its
+   journal (``_journal``), and its window starts. A connection that fails (a protocol
+   violation) or a session that is closing ends instead.
+4. Resume (a token for a detached session within its window) attaches the session to
+   the new connection; its held operations wait for their resubmission. The token of a
+   session still attached is answered retry_later: the old connection's end has not
+   been seen yet (a cut without a FIN or RST is found by keepalive or the write timeout).
+5. Expiry: a session still detached when its window passes ends: its operations are
+   cancelled (vLLM aborts), as if the client had (cause ``resume_expired``). After a
+   resume, the operations not resubmitted within the window end the same way.
+6. Migration takes the session from wherever it is, a live connection included (the
+   client moves), without rotating the token (SESSION_MIGRATE_ACK cannot carry one).
+7. Drain (SIGTERM): no new windows. Detached sessions drain like attached ones (their
+   operations finish within the drain time or end); a session whose connection ends
+   during the drain ends; resumes are refused retry_later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import attrs
+import structlog
+import trio
+
+from gateway.nnrp import ResumeGrant, ResumeRefused, ServerSession, SessionState
+from gateway.profile import EndCause
+
+from ._journal import Budget, Journal
+from ._session import Session
+
+log = structlog.get_logger("gateway.server")
+
+
+@attrs.frozen
+class ResumeSettings:
+    """What resume costs and allows (``--resume-*``)."""
+
+    #: Seconds a detached session waits for its client; 0 turns resume off.
+    window: float = 120.0
+    #: Resumable sessions per gateway process, attached or detached.
+    max_sessions: int = 1024
+    #: Result bytes one session keeps for a replay.
+    session_bytes: int = 4 << 20
+    #: Result bytes all sessions of the process keep together.
+    total_bytes: int = 256 << 20
+    token_bytes: int = 24
+
+    @property
+    def enabled(self) -> bool:
+        return self.window > 0
+
+    @property
+    def window_ms(self) -> int:
+        return min(int(self.window * 1000), 0xFFFFFFFF)
+
+
+@attrs.define
+class ResumeStats:
+    """Counters for the metrics (exported at scrape time)."""
+
+    detached_total: int = 0
+    resumed_total: int = 0
+    migrated_total: int = 0
+    expired_total: int = 0
+    refused_total: int = 0
+    replayed_events_total: int = 0
+    replayed_bytes_total: int = 0
+
+
+class Holder(Protocol):
+    """A connection, as the registry sees it: it can let a session go elsewhere."""
+
+    def release_session(self, session_id: int) -> None: ...
+
+
+@attrs.define(eq=False)
+class Record:
+    protocol: ServerSession
+    token: bytes
+    identity: bytes
+    #: The I/O session, once the connection that opened it has made it.
+    session: Session | None = None
+    holder: Holder | None = None
+    detached_at: float | None = None
+    #: Bumped on every attach and detach: a timer of an older one does nothing.
+    generation: int = 0
+    ended: bool = False
+
+
+def _key(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
+class SessionRegistry:
+    """Every resumable session of this process (rules 1-7). ``run`` hosts the resumable
+    sessions' operations, which outlive any one connection."""
+
+    def __init__(self, settings: ResumeSettings | None = None) -> None:
+        self.settings = settings or ResumeSettings()
+        self.budget = Budget(self.settings.total_bytes)
+        self.stats = ResumeStats()
+        self._records: dict[bytes, Record] = {}
+        self._nursery: trio.Nursery | None = None
+        self._timers: trio.Nursery | None = None
+        self._stopped = trio.Event()
+        self.draining = False
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "SessionRegistry.run() is not running"
+        return self._nursery
+
+    @property
+    def sessions(self) -> int:
+        return len(self._records)
+
+    @property
+    def detached(self) -> int:
+        return sum(1 for record in self._records.values() if record.holder is None)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Host the resumable sessions' operations until the drain is over, and their
+        windows' timers until then (the operations still running are waited for)."""
+        async with trio.open_nursery() as operations, trio.open_nursery() as timers:
+            self._nursery, self._timers = operations, timers
+            task_status.started()
+            await self._stopped.wait()
+            timers.cancel_scope.cancel()
+
+    def journal(self) -> Journal:
+        return Journal(self.settings.session_bytes, self.budget)
+
+    def store(self, holder: Holder) -> Store:
+        """The ``SessionStore`` of one connection."""
+        return Store(self, holder)
+
+    # ------------------------------------------------------------------ tokens (rules 1, 2)
+
+    def _issue(self, record: Record) -> bytes:
+        token = secrets.token_bytes(self.settings.token_bytes)
+        self._records.pop(_key(record.token), None)
+        record.token = token
+        self._records[_key(token)] = record
+        return token
+
+    def _find(self, session_id: int, token: bytes) -> Record | None:
+        record = self._records.get(_key(token))
+        if (record is None or record.ended or record.protocol.session_id != session_id
+                or not hmac.compare_digest(record.token, token)):
+            return None
+        return record
+
+    def grant(self, protocol: ServerSession, identity: bytes) -> Record | None:
+        if (not self.settings.enabled or self.draining
+                or len(self._records) >= self.settings.max_sessions):
+            return None
+        record = Record(protocol, b"", identity)
+        self._issue(record)
+        return record
+
+    def resume(self, session_id: int, token: bytes, identity: bytes
+               ) -> Record | ResumeRefused:
+        record = self._find(session_id, token)
+        if record is None or not hmac.compare_digest(record.identity, identity):
+            self.stats.refused_total += 1
+            return ResumeRefused.REJECTED
+        if record.holder is not None or record.session is None:
+            return ResumeRefused.RETRY_LATER  # rule 4: its old connection is not seen dead
+        self._issue(record)
+        return record
+
+    def migrate(self, session_id: int, token: bytes) -> Record | None:
+        record = self._find(session_id, token)
+        if (record is None or record.session is None
+                or record.protocol.state is not SessionState.OPEN):
+            self.stats.refused_total += 1
+            return None
+        if record.holder is not None:
+            record.holder.release_session(session_id)  # rule 6: the client moves
+        return record
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def attached(self, record: Record, holder: Holder, *, resumed: bool) -> None:
+        """``record``'s session is now on ``holder``'s connection."""
+        record.holder = holder
+        record.detached_at = None
+        record.generation += 1
+        if resumed:
+            self.stats.resumed_total += 1
+            if record.protocol.awaiting:
+                self._timer(self._expire_awaiting, record, record.generation)
+
+    def detach(self, record: Record) -> bool:
+        """The session's connection ended (rule 3): True when it is kept, detached; False
+        when it must end (draining, or resume has been turned off)."""
+        if self.draining or record.ended or record.session is None:
+            return False
+        record.holder = None
+        record.detached_at = trio.current_time()
+        record.generation += 1
+        self.stats.detached_total += 1
+        self._timer(self._expire_detached, record, record.generation)
+        return True
+
+    def _timer(self, timer: Callable[[Record, int], Awaitable[None]], record: Record,
+               generation: int) -> None:
+        assert self._timers is not None, "SessionRegistry.run() is not running"
+        self._timers.start_soon(timer, record, generation)
+
+    def end(self, record: Record, cause: EndCause | None = None) -> None:
+        """The session is over (closed, expired, failed): forget it; ``cause`` ends its
+        operations (their journal goes once they have)."""
+        if record.ended:
+            return
+        record.ended = True
+        self._records.pop(_key(record.token), None)
+        session = record.session
+        if session is None:
+            return
+        if cause is not None:
+            session.cancel_all(cause)
+        self.nursery.start_soon(self._forget_when_idle, session)
+
+    async def _forget_when_idle(self, session: Session) -> None:
+        await session.wait_idle()
+        if session.journal is not None:
+            session.journal.clear()
+            session.release_journal()
+
+    async def _expire_detached(self, record: Record, generation: int) -> None:
+        assert record.detached_at is not None
+        await trio.sleep_until(record.detached_at + self.settings.window)
+        if record.generation == generation and not record.ended:
+            self.stats.expired_total += 1
+            log.info("resume window passed; session ends", session_id=record.protocol.session_id,
+                     window_s=self.settings.window)
+            self.end(record, EndCause.RESUME_EXPIRED)
+
+    async def _expire_awaiting(self, record: Record, generation: int) -> None:
+        """Rule 5, after a resume: what was not resubmitted within the window ends."""
+        await trio.sleep(self.settings.window)
+        session = record.session
+        if record.ended or session is None:
+            return
+        for operation_id in list(record.protocol.awaiting):
+            session.cancel(operation_id, EndCause.RESUME_EXPIRED)
+            if session.journal is not None:
+                session.journal.forget(operation_id)
+        session.release_journal()
+        del generation  # the resubmissions are what counts, not later moves
+
+    async def drain(self, grace: float) -> None:
+        """Rule 7: the detached sessions drain as attached ones do (their operations
+        finish within ``grace`` or end), and no session detaches any more."""
+        self.draining = True
+        detached = [record for record in self._records.values()
+                    if record.holder is None and record.session is not None]
+        async with trio.open_nursery() as nursery:
+            for record in detached:
+                assert record.session is not None
+                nursery.start_soon(record.session.drain, grace, EndCause.SHUTDOWN)
+        for record in detached:
+            self.end(record)
+        self._stopped.set()
+
+
+class Store:
+    """The ``gateway.nnrp.SessionStore`` of one connection: it claims records for it, and
+    the connection picks them up as the matching event comes out (``claimed``)."""
+
+    def __init__(self, registry: SessionRegistry, holder: Holder) -> None:
+        self._registry = registry
+        self._holder = holder
+        self.claimed: dict[int, Record] = {}
+
+    def grant(self, session: ServerSession, identity: bytes) -> ResumeGrant | None:
+        record = self._registry.grant(session, identity)
+        if record is None:
+            return None
+        self.claimed[session.session_id] = record
+        return ResumeGrant(record.token, self._registry.settings.window_ms)
+
+    def resume(self, session_id: int, token: bytes, identity: bytes
+               ) -> tuple[ServerSession, ResumeGrant] | ResumeRefused:
+        claimed = self._registry.resume(session_id, token, identity)
+        if isinstance(claimed, ResumeRefused):
+            return claimed
+        self.claimed[session_id] = claimed
+        return claimed.protocol, ResumeGrant(claimed.token, self._registry.settings.window_ms)
+
+    def migrate(self, session_id: int, token: bytes) -> ServerSession | None:
+        record = self._registry.migrate(session_id, token)
+        if record is None:
+            return None
+        self.claimed[session_id] = record
+        return record.protocol
+
