@@ -235,6 +235,10 @@ def serve(
         envvar="NNRP_GATEWAY_QUIC_ALPN",
         help="ALPN for quic://: none (nnrp-py's native client offers none), nnrp/1 (older "
              "SDKs), or any (either).")] = QuicAlpn.none,
+    quic_idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_QUIC_IDLE_TIMEOUT", min=1.0,
+        help="Seconds of silence after which a QUIC client is gone (the gateway pings "
+             "live ones); its resumable sessions then detach.")] = 30.0,
     auth_token: Annotated[list[str] | None, typer.Option(
         envvar="NNRP_GATEWAY_AUTH_TOKEN",
         help="Bearer token sessions must present in SESSION_OPEN (repeatable).")] = None,
@@ -306,7 +310,8 @@ def serve(
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
-        metrics=metrics, tls=tls, quic_alpn=quic_alpn.value, bench_residence=bench_residence)
+        metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
+        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence)
     if print_config:
         typer.echo(json.dumps({**_mask(config), "workers": workers}, indent=2, default=str))
         return

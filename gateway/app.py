@@ -92,6 +92,8 @@ class GatewayConfig:
     tls: TlsConfig | None = None
     #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
     quic_alpn: str = "none"
+    #: A QUIC client silent this long is gone (its sessions detach or end).
+    quic_idle_timeout: float = 30.0
     #: Benchmarks only: record each event's residence time, served at /debug/residence.
     bench_residence: bool = False
 
@@ -121,6 +123,7 @@ class Gateway:
                                     refusal=profile_refusal, observer=self._observe,
                                     ssl_context=self.ssl_context,
                                     quic=QuicSettings(config.tls, AlpnPolicy(config.quic_alpn),
+                                                      idle_timeout=config.quic_idle_timeout,
                                                       max_connections=config.max_connections)
                                     if config.tls else None, inherited=inherited,
                                     resume=config.resume)

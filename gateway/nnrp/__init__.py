@@ -33,6 +33,7 @@ from ._client import (
     HelloAcked as HelloAcked,
     OtherReceived as OtherReceived,
     PartialReceived as PartialReceived,
+    RepeatReceived as RepeatReceived,
     ResultReceived as ResultReceived,
     SessionCloseAcked as SessionCloseAcked,
     SessionOpenAnswered as SessionOpenAnswered,

@@ -11,6 +11,12 @@ Rules:
    A gap in the sequence, a frame for an unknown operation, or anything after the
    terminal is a ``RemoteProtocolError``: the server broke the ordering guarantee.
 5. ``close_session()`` sends SESSION_CLOSE; SESSION_CLOSE_ACK ends the session.
+6. Resume (gateway/nnrp/_server.py rule 4): ``open_session(resume=True)`` asks for it;
+   ``resume_session(session_id, token)`` reopens a session on a new connection;
+   ``submit(..., after_sequence=n)`` resubmits an operation whose results up to ``n``
+   the client holds, and ``migrate_session`` moves a session here. After a resume or a
+   migration a server may send again results the client holds (the same bytes under the
+   same sequence): up to what it held, those are ``RepeatReceived``, not a gap.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ._constants import (
     PressureFlag,
     PressureLevel,
     Role,
+    SessionFlag,
     SessionOpenStatus,
     StandardProfile,
 )
@@ -55,6 +62,7 @@ from ._messages import (
     ServerHelloAck,
     SessionClose,
     SessionCloseAck,
+    SessionMigrate,
     SessionOpen,
     SessionOpenAck,
     TraceContext,
@@ -138,8 +146,20 @@ class OtherReceived:
     packet: Packet
 
 
-ClientEvent = (HelloAcked | SessionOpenAnswered | PartialReceived | ResultReceived
-               | DropReceived | SessionCloseAcked | ErrorReceived | OtherReceived)
+@attrs.frozen
+class RepeatReceived:
+    """A PARTIAL_RESULT the client holds already, sent again after a resume or a migration
+    (rule 6): dropped."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+    sequence: int
+
+
+ClientEvent = (HelloAcked | SessionOpenAnswered | PartialReceived | RepeatReceived
+               | ResultReceived | DropReceived | SessionCloseAcked | ErrorReceived
+               | OtherReceived)
 
 
 @attrs.define
@@ -147,6 +167,8 @@ class _ClientOp:
     operation_id: int
     frame_id: int
     sequence: int = 0
+    #: Results up to ``sequence`` may come again (a resumed or migrated session).
+    repeats: bool = False
 
 
 @attrs.define
@@ -185,19 +207,61 @@ class ClientConnection:
                      profile_id: int = int(StandardProfile.TOKEN),
                      schema_id: int = TOKEN_SCHEMA_ID,
                      schema_version: int = TOKEN_SCHEMA_VERSION, max_in_flight: int = 0,
-                     auth: bytes = b"") -> bytes:
+                     auth: bytes = b"", resume: bool = False) -> bytes:
+        """SESSION_OPEN; ``resume`` asks for a resume token (rule 6)."""
+        return self._open(requested_session_id, b"", auth, profile_id, schema_id,
+                          schema_version, max_in_flight, resume=resume)
+
+    def resume_session(self, session_id: int, token: bytes, *, auth: bytes = b"",
+                       profile_id: int = int(StandardProfile.TOKEN),
+                       schema_id: int = TOKEN_SCHEMA_ID,
+                       schema_version: int = TOKEN_SCHEMA_VERSION,
+                       max_in_flight: int = 0) -> bytes:
+        """SESSION_OPEN with the session's resume token (rule 6)."""
+        return self._open(session_id, token, auth, profile_id, schema_id, schema_version,
+                          max_in_flight, resume=True)
+
+    def _open(self, requested_session_id: int, token: bytes, auth: bytes, profile_id: int,
+              schema_id: int, schema_version: int, max_in_flight: int, *, resume: bool
+              ) -> bytes:
         self._require_ready()
         self._opening += 1
         meta = SessionOpen(requested_session_id=requested_session_id, profile_id=profile_id,
                            priority_class=1, schema_id=schema_id, schema_version=schema_version,
                            max_in_flight=max_in_flight, lease_ttl_hint_ms=30_000,
-                           auth_bytes=len(auth))
-        return encode(Packet(meta, body=auth))
+                           session_flags=int(SessionFlag.ALLOW_RESUME) if resume else 0,
+                           resume_token_bytes=len(token), auth_bytes=len(auth))
+        return encode(Packet(meta, body=token + auth))
+
+    def migrate_session(self, session_id: int, token: bytes, *, old_transport_id: int,
+                        new_transport_id: int, last_result_frame_id: int = 0) -> bytes:
+        """SESSION_MIGRATE for a session open on another connection (rule 6): its answer
+        is an ``OtherReceived`` SESSION_MIGRATE_ACK; ``adopt_session`` once accepted."""
+        self._require_ready()
+        meta = SessionMigrate(old_transport_id=old_transport_id,
+                              new_transport_id=new_transport_id,
+                              last_result_frame_id=last_result_frame_id)
+        return encode(Packet(meta, session_id=session_id, body=token))
+
+    def adopt_session(self, session_id: int,
+                      operations: dict[int, tuple[int, int]]) -> None:
+        """A session migrated here, with its operations in flight (operation id ->
+        (frame id, sequence held)): their results continue, repeats allowed."""
+        session = self._sessions.setdefault(session_id, _ClientSession(session_id))
+        for operation_id, (frame_id, sequence) in operations.items():
+            operation = _ClientOp(operation_id, frame_id, sequence, repeats=True)
+            session.by_frame[frame_id] = operation
+            session.by_operation[operation_id] = operation
 
     def submit(self, session_id: int, operation_id: int, frame_id: int, payload: bytes, *,
-               trace_id: int = 0) -> bytes:
-        """FRAME_SUBMIT with one STRUCTURED_EVENT typed frame (the openai mapping)."""
+               trace_id: int = 0, after_sequence: int | None = None) -> bytes:
+        """FRAME_SUBMIT with one STRUCTURED_EVENT typed frame (the openai mapping);
+        ``after_sequence``: a resubmission after a resume, of an operation whose results
+        up to that sequence the client holds (the payload must then say so: rule 6)."""
         self._register(session_id, operation_id, frame_id)
+        if after_sequence is not None:
+            operation = self._sessions[session_id].by_operation[operation_id]
+            operation.sequence, operation.repeats = after_sequence, True
         return encode_openai_submit(session_id, frame_id, operation_id, payload,
                                     trace_id=trace_id)
 
@@ -346,6 +410,9 @@ class ClientConnection:
             return SessionCloseAcked(packet.session_id, message)
         if isinstance(message, PartialResult):
             operation = self._operation_for(packet, message.operation_id)
+            if operation.repeats and message.result_sequence <= operation.sequence:
+                return RepeatReceived(packet.session_id, operation.operation_id,
+                                      packet.frame_id, message.result_sequence)
             expected = operation.sequence + 1
             if message.result_sequence != expected:
                 raise RemoteProtocolError(

@@ -341,7 +341,7 @@ class ServerConnection:
         token = packet.body[:request.resume_token_bytes]
         auth = packet.body[request.resume_token_bytes:
                            request.resume_token_bytes + request.auth_bytes]
-        refusal = self._session_refusal(request, auth)
+        refusal = self._session_refusal(request, auth, resuming=bool(token))
         if refusal is None and token:
             self._resume(request, token, auth, events)
             return
@@ -429,12 +429,12 @@ class ServerConnection:
         events.append(SendBytes(encode(Packet(ack, body=diagnostic(text)))))
         events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
 
-    def _session_refusal(self, request: SessionOpen, auth: bytes
+    def _session_refusal(self, request: SessionOpen, auth: bytes, *, resuming: bool
                          ) -> tuple[SessionError, str] | None:
         config = self.config
         if config.authenticate is not None and not config.authenticate(auth):
             return SessionError.AUTH_FAILED, "authentication failed"
-        if self.draining:
+        if self.draining and not resuming:  # a resume says it itself (rule 4b)
             return SessionError.LIMIT_REACHED, "the server is draining; open the session elsewhere"
         if len(self._sessions) >= config.max_sessions:
             return SessionError.LIMIT_REACHED, (

@@ -20,7 +20,9 @@ Rules (numbered as in ``_server``, whose table routes every message):
    nnrp-py's client takes results for an operation of a resumed session only once it
    has resubmitted it). A FRAME_SUBMIT naming such an operation *and its original frame*
    is that resubmission (``OperationResubmitted``), not a duplicate; on another frame it
-   is refused as a duplicate.
+   is refused as a duplicate. The resubmission of an operation whose results the server
+   no longer holds (``released``: the most recent ``MAX_RELEASED``) is answered on its
+   frame: results_unavailable.
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
@@ -87,6 +89,8 @@ if TYPE_CHECKING:
 
 #: Longest diagnostic we write (ASCII/UTF-8 text for a human).
 MAX_DIAGNOSTIC = 1024
+#: Operations whose results were let go that a resubmission is still answered for.
+MAX_RELEASED = 1024
 
 
 class SessionState(enum.Enum):
@@ -214,6 +218,8 @@ class ServerSession:
         self.replayable: dict[int, int] = {}
         #: After a resume: the replayable operations the client has not resubmitted yet.
         self.awaiting: dict[int, int] = {}
+        #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
+        self.released: dict[int, int] = {}
 
     @property
     def advertises_credit(self) -> bool:
@@ -229,8 +235,12 @@ class ServerSession:
     def release_results(self, operation_id: int) -> None:
         """The I/O layer holds no more results of this operation: it cannot be replayed,
         and a resubmission of it is a duplicate again."""
-        self.replayable.pop(operation_id, None)
+        frame_id = self.replayable.pop(operation_id, None)
         self.awaiting.pop(operation_id, None)
+        if frame_id is not None:
+            self.released[operation_id] = frame_id
+            if len(self.released) > MAX_RELEASED:
+                del self.released[next(iter(self.released))]
 
     # ------------------------------------------------------------------ submit (rule 5)
 
@@ -244,6 +254,12 @@ class ServerSession:
             typed_body, body_error = _parse_body(packet, submit)
             events.append(OperationResubmitted(self.session_id, operation_id, frame_id,
                                                typed_body, body_error))
+            return
+        if self.released.get(operation_id) == frame_id:
+            del self.released[operation_id]
+            events.append(SubmitRefused(
+                self.session_id, operation_id, frame_id, RefusalReason.RESULTS_UNAVAILABLE,
+                f"the results of operation {operation_id} are no longer held"))
             return
         if frame_id == 0 or frame_id in self.seen_frames:
             # Not answerable on its frame: a refusal to the session (rule 3).

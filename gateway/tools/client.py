@@ -9,14 +9,23 @@
 
 ``operation.cancel()`` sends a real CANCEL (or FRAME_CANCEL / ABORT); the terminal
 then arrives as ``DropReceived`` (peer_cancelled).
+
+Resume (README, "Resumable sessions"): ``connect(uri, resume=True)`` opens sessions
+that may outlive their connection. When the connection drops, the client reconnects by
+itself (backing off, within the session's resume window), resumes each session with its
+ticket, and resubmits every operation still in flight with ``nnrp.resume_after_sequence``
+(the last result it holds), so ``events()`` goes on as if nothing happened: nothing is
+missed, nothing arrives twice. ``resume_session`` and ``migrate_session`` are the same
+steps by hand.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
@@ -36,10 +45,14 @@ from gateway.nnrp import (
     PartialReceived,
     PressureLevel,
     ProtocolError,
+    RepeatReceived,
     ResultReceived,
     RetryAfter,
+    SessionAckFlag,
     SessionCloseAcked,
+    SessionMigrateAck,
     SessionOpenAnswered,
+    SessionOpenStatus,
 )
 from gateway.transport import (
     PacketTransport,
@@ -80,16 +93,61 @@ class Trust:
 
 
 class ClientError(Exception):
-    """The server refused something (a session, a submit) or the connection broke."""
+    """The server refused something (a session, a submit) or the connection broke.
+    ``retry_later``: the server said to try again (a draining server, a session whose
+    old connection it has not yet seen die)."""
+
+    def __init__(self, message: str, *, retry_later: bool = False) -> None:
+        super().__init__(message)
+        self.retry_later = retry_later
+
+
+@attrs.frozen
+class ResumeTicket:
+    """What reopens a session on another connection: its id, its current token (a
+    secret: never printed), and how long the server keeps it after a drop."""
+
+    session_id: int
+    token: bytes = attrs.field(repr=False)
+    window_ms: int
+
+    @classmethod
+    def of(cls, answer: SessionOpenAnswered) -> ResumeTicket | None:
+        ack = answer.ack
+        if not ack.session_flags_ack & SessionAckFlag.RESUME_ENABLED:
+            return None
+        return cls(answer.session_id, answer.diagnostic[:ack.resume_token_bytes],
+                   ack.resume_window_ms)
+
+
+def resubmission(payload: bytes, after: int) -> bytes:
+    """``payload`` declaring the results the client holds (``nnrp.resume_after_sequence``);
+    a payload that is not a JSON object goes as it was (the server then replays from the
+    start and the repeats are dropped here)."""
+    try:
+        document = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return payload
+    if not isinstance(document, dict):
+        return payload
+    policy = document.get("nnrp")
+    document["nnrp"] = {**(policy if isinstance(policy, dict) else {}),
+                        "resume_after_sequence": after}
+    return json.dumps(document).encode()
 
 
 class ClientOperation:
     """One submitted operation; iterate ``events()`` until its terminal."""
 
-    def __init__(self, session: ClientSession, operation_id: int, frame_id: int) -> None:
+    def __init__(self, session: ClientSession, operation_id: int, frame_id: int,
+                 payload: bytes | None = None) -> None:
         self.session = session
         self.operation_id = operation_id
         self.frame_id = frame_id
+        #: What was submitted (to resubmit it after a resume); None: not resubmittable.
+        self.payload = payload
+        #: The last result_sequence received.
+        self.sequence = 0
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
         #: Set when the server said (RETRY_AFTER) when to try this operation again: its
@@ -143,12 +201,18 @@ class _OperationEvents:
 
 
 class ClientSession:
-    def __init__(self, client: NnrpClient, session_id: int) -> None:
+    def __init__(self, client: NnrpClient, session_id: int, *,
+                 ticket: ResumeTicket | None = None, auth: bytes = b"") -> None:
         self.client = client
         self.session_id = session_id
         self.operations: dict[int, ClientOperation] = {}
         self._ids = itertools.count(1)
         self.closed = trio.Event()
+        #: Set while the session is resumable (rotated on every resume).
+        self.ticket = ticket
+        self._auth = auth
+        #: How many times the session was resumed on a new connection.
+        self.resumes = 0
 
     async def submit(self, payload: bytes, *, operation_id: int | None = None,
                      frame_id: int | None = None, trace_id: int = 0) -> ClientOperation:
@@ -156,7 +220,7 @@ class ClientSession:
         number = next(self._ids)
         operation_id = operation_id or number
         frame_id = frame_id or number
-        operation = ClientOperation(self, operation_id, frame_id)
+        operation = ClientOperation(self, operation_id, frame_id, payload)
         self.operations[frame_id] = operation
         await self.client.send(self.client.sans_io.submit(
             self.session_id, operation_id, frame_id, payload, trace_id=trace_id))
@@ -199,66 +263,217 @@ class ClientSession:
         await self.client.send(self.client.sans_io.close_session(self.session_id, abort=abort))
         await self.closed.wait()
 
+    def resubmissions(self, sans_io: ClientConnection) -> list[bytes]:
+        """After a resume (on the connection ``sans_io`` speaks for): every operation in
+        flight again, declaring what it holds."""
+        packets = []
+        for operation in self.operations.values():
+            payload = operation.payload
+            if payload is None:
+                continue  # not resubmittable (another profile's frame): its results wait
+            packets.append(sans_io.submit(
+                self.session_id, operation.operation_id, operation.frame_id,
+                resubmission(payload, operation.sequence), after_sequence=operation.sequence))
+        return packets
+
+
+#: Opens a new transport to the same endpoint (reconnecting after a drop).
+Reconnect = Callable[[], Awaitable[PacketTransport]]
+#: The longest pause between two reconnection attempts.
+MAX_BACKOFF = 2.0
+
 
 class NnrpClient:
-    def __init__(self, transport: PacketTransport) -> None:
+    def __init__(self, transport: PacketTransport, *,
+                 reconnect: Reconnect | None = None) -> None:
         self.transport = transport
         self.sans_io = ClientConnection()
         self.sessions: dict[int, ClientSession] = {}
         self._hello = trio.Event()
         self._session_answers = trio.open_memory_channel[SessionOpenAnswered](64)
+        self._migrate_answers = trio.open_memory_channel[SessionMigrateAck](16)
         self._send_lock = trio.Lock()
         self.errors: list[ErrorReceived] = []
         self.failure: Exception | None = None
         self.others: list[ClientEvent] = []
+        #: When set, a dropped connection is reconnected and its sessions resumed.
+        self._reconnect = reconnect
+        #: Cleared while a dropped connection is being recovered: senders wait for it.
+        self._connected = trio.Event()
+        self._connected.set()
+        #: Connections recovered after a drop.
+        self.recoveries = 0
 
     async def send(self, data: bytes) -> None:
+        await self._connected.wait()
         if self.failure is not None:
             raise ClientError(f"connection failed: {self.failure}")
         async with self._send_lock:
             await self.transport.send([data])
 
-    async def open_session(self, *, requested_session_id: int = 0, auth: bytes = b""
-                           ) -> ClientSession:
-        """SESSION_OPEN and its answer; raises ClientError when refused."""
+    async def open_session(self, *, requested_session_id: int = 0, auth: bytes = b"",
+                           resume: bool = False) -> ClientSession:
+        """SESSION_OPEN and its answer; raises ClientError when refused. ``resume`` asks
+        for a session that outlives its connection (``session.ticket`` when granted)."""
         await self.send(self.sans_io.open_session(requested_session_id=requested_session_id,
-                                                  auth=auth))
+                                                  auth=auth, resume=resume))
         answer = await self._session_answers[1].receive()
-        if not answer.opened:
-            raise ClientError(f"session refused (code {answer.ack.session_error_code:#x}): "
-                              f"{answer.diagnostic.decode(errors='replace')}")
-        session = ClientSession(self, answer.session_id)
+        _check_opened(answer)
+        session = ClientSession(self, answer.session_id, ticket=ResumeTicket.of(answer),
+                                auth=auth)
         self.sessions[answer.session_id] = session
         return session
 
+    async def resume_session(self, ticket: ResumeTicket, *, auth: bytes = b""
+                             ) -> ClientSession:
+        """Reopen a session of another (lost) connection here; a new session object, with
+        the next ticket. Raises ClientError (``retry_later`` set when worth retrying)."""
+        await self.send(self.sans_io.resume_session(ticket.session_id, ticket.token,
+                                                    auth=auth))
+        answer = await self._session_answers[1].receive()
+        _check_opened(answer)
+        session = ClientSession(self, answer.session_id, ticket=ResumeTicket.of(answer),
+                                auth=auth)
+        self.sessions[answer.session_id] = session
+        return session
+
+    async def migrate_session(self, session: ClientSession, *, old_transport_id: int,
+                              new_transport_id: int, last_result_frame_id: int = 0
+                              ) -> SessionMigrateAck:
+        """Move ``session`` (of another connection of this client's) here with
+        SESSION_MIGRATE; on acceptance its operations continue on this connection."""
+        assert session.ticket is not None, "only a resumable session carries a token"
+        await self.send(self.sans_io.migrate_session(
+            session.session_id, session.ticket.token, old_transport_id=old_transport_id,
+            new_transport_id=new_transport_id, last_result_frame_id=last_result_frame_id))
+        ack = await self._migrate_answers[1].receive()
+        if ack.accept_code == 0:
+            self.sans_io.adopt_session(session.session_id, {
+                op.operation_id: (op.frame_id, op.sequence)
+                for op in session.operations.values()})
+            session.client.sessions.pop(session.session_id, None)
+            session.client = self
+            self.sessions[session.session_id] = session
+        return ack
+
     async def _reader(self) -> None:
+        while True:
+            try:
+                await self._read_until_failure()
+            except (ClientError, ProtocolError, trio.BrokenResourceError, OSError) as exc:
+                if await self._recover():
+                    continue
+                self._fail(exc)
+                return
+
+    async def _read_until_failure(self) -> None:
+        while True:
+            data = await self.transport.receive()
+            if data is None:
+                raise ClientError("server closed the connection")
+            events = (self.sans_io.receive_message(data) if self.transport.message_based
+                      else self.sans_io.receive_data(data))
+            for event in events:
+                await self._route(event)
+
+    def _fail(self, exc: Exception) -> None:
+        self.failure = exc
+        error = exc if isinstance(exc, ClientError) else ClientError(str(exc))
+        for session in self.sessions.values():
+            for operation in session.operations.values():
+                with contextlib.suppress(trio.WouldBlock):
+                    operation._send.send_nowait(error)
+            session.closed.set()
+        self._hello.set()
+        self._connected.set()
+
+    async def _recover(self) -> bool:
+        """The connection dropped: reconnect and resume every resumable session, within
+        the longest resume window, backing off between attempts. False: nothing to
+        resume, or no way back (every session that could not be resumed fails)."""
+        resumable = [s for s in self.sessions.values() if s.ticket is not None]
+        if self._reconnect is None or not resumable or not self._hello.is_set():
+            return False
+        lost = ClientError("the connection dropped and the session was not resumable")
+        for session in [s for s in self.sessions.values() if s.ticket is None]:
+            self._drop_session(session, lost)
+        self._connected = trio.Event()
+        window = max(s.ticket.window_ms for s in resumable if s.ticket) / 1000
+        deadline = trio.current_time() + window
+        backoff = 0.05
+        while trio.current_time() < deadline:
+            try:
+                if await self._resume_all():
+                    self.recoveries += 1
+                    self._connected.set()
+                    return True
+            except (ClientError, ProtocolError, trio.BrokenResourceError, OSError) as error:
+                if isinstance(error, ClientError) and not error.retry_later:
+                    break
+            await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
+            backoff = min(backoff * 2, MAX_BACKOFF)
+        return False
+
+    async def _resume_all(self) -> bool:
+        """One attempt: a new connection, the hello, then each session resumed and its
+        operations resubmitted. Sessions the server refuses for good are failed here."""
+        transport = await self._reconnect() if self._reconnect is not None else None
+        assert transport is not None
+        sans_io = ClientConnection()
+        pending: list[ClientEvent] = []
         try:
-            while True:
-                data = await self.transport.receive()
-                if data is None:
-                    raise ClientError("server closed the connection")
-                events = (self.sans_io.receive_message(data) if self.transport.message_based
-                          else self.sans_io.receive_data(data))
-                for event in events:
-                    await self._route(event)
-        except (ClientError, ProtocolError, trio.BrokenResourceError) as exc:
-            self.failure = exc
-            error = exc if isinstance(exc, ClientError) else ClientError(str(exc))
-            for session in self.sessions.values():
-                for operation in session.operations.values():
-                    with contextlib.suppress(trio.WouldBlock):
-                        operation._send.send_nowait(error)
-                session.closed.set()
-            self._hello.set()
+            await transport.send([sans_io.hello()])
+            await _until(transport, sans_io, pending, HelloAcked)
+            for session in [s for s in self.sessions.values() if s.ticket is not None]:
+                assert session.ticket is not None
+                await transport.send([sans_io.resume_session(
+                    session.session_id, session.ticket.token, auth=session._auth)])
+                answer = await _until(transport, sans_io, pending, SessionOpenAnswered)
+                assert isinstance(answer, SessionOpenAnswered)
+                if answer.ack.status == SessionOpenStatus.RETRY_LATER:
+                    raise ClientError("the server asks to retry the resume", retry_later=True)
+                if not answer.opened:
+                    self._drop_session(session, ClientError(
+                        "the session could not be resumed: "
+                        + answer.diagnostic.decode(errors="replace")))
+                    continue
+                session.ticket = ResumeTicket.of(answer)
+                session.resumes += 1
+                packets = session.resubmissions(sans_io)
+                if packets:
+                    await transport.send(packets)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await transport.aclose()
+            raise
+        old, self.transport, self.sans_io = self.transport, transport, sans_io
+        with trio.CancelScope(shield=True):
+            await old.aclose()
+        for event in pending:
+            await self._route(event)
+        return True
+
+    def _drop_session(self, session: ClientSession, error: ClientError) -> None:
+        for operation in session.operations.values():
+            with contextlib.suppress(trio.WouldBlock):
+                operation._send.send_nowait(error)
+        session.operations.clear()
+        session.ticket = None
+        self.sessions.pop(session.session_id, None)
+        session.closed.set()
 
     async def _route(self, event: ClientEvent) -> None:
         if isinstance(event, HelloAcked):
             self._hello.set()
         elif isinstance(event, SessionOpenAnswered):
             await self._session_answers[0].send(event)
+        elif isinstance(event, RepeatReceived):
+            pass  # held already: sent again after a resume or a migration
         elif isinstance(event, PartialReceived | ResultReceived | DropReceived):
             session = self.sessions[event.session_id]
             operation = session.operations[event.frame_id]
+            if isinstance(event, PartialReceived):
+                operation.sequence = event.sequence
             await operation._send.send(event)
             if not isinstance(event, PartialReceived):
                 del session.operations[event.frame_id]
@@ -273,6 +488,8 @@ class NnrpClient:
         else:
             self.others.append(event)
             packet = event.packet if isinstance(event, OtherReceived) else None
+            if packet is not None and isinstance(packet.message, SessionMigrateAck):
+                await self._migrate_answers[0].send(packet.message)
             if packet is not None and isinstance(packet.message, RetryAfter):
                 owner = self.sessions.get(packet.session_id)
                 waiting = owner.operations.get(packet.frame_id) if owner else None
@@ -280,22 +497,50 @@ class NnrpClient:
                     waiting.retry_after_ms = packet.message.retry_after_ms
 
 
+def _check_opened(answer: SessionOpenAnswered) -> None:
+    if not answer.opened:
+        raise ClientError(f"session refused (code {answer.ack.session_error_code:#x}): "
+                          f"{answer.diagnostic.decode(errors='replace')}",
+                          retry_later=answer.ack.status == SessionOpenStatus.RETRY_LATER)
+
+
+async def _until(transport: PacketTransport, sans_io: ClientConnection,
+                 pending: list[ClientEvent], kind: type[ClientEvent]) -> ClientEvent:
+    """Read ``transport`` until an event of ``kind``; what came with it waits in
+    ``pending`` (results of resubmitted operations may share its read)."""
+    while True:
+        for index, event in enumerate(pending):
+            if isinstance(event, kind):
+                return pending.pop(index)
+        data = await transport.receive()
+        if data is None:
+            raise ClientError("server closed the connection")
+        pending += (sans_io.receive_message(data) if transport.message_based
+                    else sans_io.receive_data(data))
+
+
 @asynccontextmanager
 async def connect(uri: str, *, handshake_timeout: float = 10.0,
                   ssl_context: ssl.SSLContext | None = None,
-                  quic: QuicClientOptions | None = None) -> AsyncIterator[NnrpClient]:
+                  quic: QuicClientOptions | None = None,
+                  resume: bool = False) -> AsyncIterator[NnrpClient]:
     """Connect to ``tcp://``, ``unix://``, ``ws://`` (or ``tcps://``, ``wss://``,
     ``quic://``, trusting ``ssl_context``; ``quic`` for QUIC's own options) and complete
-    the hello.
+    the hello. ``resume``: when the connection drops, reconnect and resume the sessions
+    opened with ``open_session(resume=True)`` (the module's docstring).
 
     Error handling: a refused or broken handshake raises ``ClientError``; an exception
     from the body propagates as itself (the internal nursery's group is unwrapped).
     """
     try:
         async with trio.open_nursery() as nursery:
-            with trio.fail_after(handshake_timeout):
-                transport = await connect_transport(uri, nursery, ssl_context, quic=quic)
-            client = NnrpClient(transport)
+
+            async def reconnect() -> PacketTransport:
+                with trio.fail_after(handshake_timeout):
+                    return await connect_transport(uri, nursery, ssl_context, quic=quic)
+
+            transport = await reconnect()
+            client = NnrpClient(transport, reconnect=reconnect if resume else None)
             nursery.start_soon(client._reader)
             try:
                 await client.send(client.sans_io.hello())
@@ -307,7 +552,7 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
             finally:
                 nursery.cancel_scope.cancel()
                 with trio.CancelScope(shield=True):
-                    await transport.aclose()
+                    await client.transport.aclose()
     except BaseExceptionGroup as group:
         # The reader never raises; a lone error here is the caller's or the handshake's.
         if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):

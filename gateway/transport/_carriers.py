@@ -107,9 +107,12 @@ class WebSocketTransport:
     #: One message per packet, framed by trio-websocket: no direct writes.
     send_now: Callable[[bytes], int] | None = None
 
-    def __init__(self, connection: trio_websocket.WebSocketConnection, peer: str) -> None:
+    def __init__(self, connection: trio_websocket.WebSocketConnection, peer: str, *,
+                 stream: trio.abc.Stream | None = None) -> None:
         self.connection = connection
         self.peer = peer
+        #: The stream under a client's connection, closed here whatever trio-websocket did.
+        self._stream = stream
 
     async def receive(self) -> bytes | None:
         try:
@@ -131,6 +134,8 @@ class WebSocketTransport:
         with trio.move_on_after(1) as scope:
             scope.shield = True
             await self.connection.aclose()
+        if self._stream is not None:
+            await trio.aclose_forcefully(self._stream)
 
 
 def tune_tcp(stream: trio.abc.Stream) -> None:

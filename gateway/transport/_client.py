@@ -29,21 +29,26 @@ async def connect(uri: str, nursery: trio.Nursery,
         return await open_quic_transport(endpoint.host, endpoint.port, nursery,
                                          options=quic or QuicClientOptions(),
                                          ssl_context=ssl_context, peer=uri)
-    tls = (ssl_context or ssl.create_default_context()) if endpoint.tls else None
-    if endpoint.scheme in ("tcp", "tcps"):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
-        tune_tcp(stream)
-        if tls is not None:
-            ssl_stream = trio.SSLStream(stream, tls, server_hostname=endpoint.host)
-            await ssl_stream.do_handshake()
-            stream = ssl_stream
-        return StreamTransport(stream, "tcp", uri)
     if endpoint.scheme == "unix":
         return StreamTransport(await trio.open_unix_socket(endpoint.path), "ipc", uri)
-    scheme = "wss" if endpoint.tls else "ws"
-    connection = await trio_websocket.connect_websocket_url(
-        nursery, f"{scheme}://{endpoint.host}:{endpoint.port}{endpoint.path}",
-        message_queue_size=4096, ssl_context=tls)
-    return WebSocketTransport(connection, uri)
+    tls = (ssl_context or ssl.create_default_context()) if endpoint.tls else None
+    stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+    stream = plain = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+    try:
+        tune_tcp(plain)
+        if tls is not None:
+            stream = trio.SSLStream(plain, tls, server_hostname=endpoint.host)
+            await stream.do_handshake()
+        if endpoint.scheme in ("tcp", "tcps"):
+            return StreamTransport(stream, "tcp", uri)
+        # The stream is ours, not trio-websocket's: it does not close a stream that broke
+        # under it (its abort path skips the close), so the transport closes it itself.
+        connection = await trio_websocket.wrap_client_stream(
+            nursery, stream, f"{endpoint.host}:{endpoint.port}", endpoint.path,
+            message_queue_size=4096)
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return WebSocketTransport(connection, uri, stream=stream)
 
 

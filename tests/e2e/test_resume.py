@@ -1,35 +1,126 @@
-"""Resumable sessions end to end (issue 21): nnrp-py's native client opens a session with
-resume, streams from the replay vLLM through a proxy the test controls, loses its
-connection mid-stream (the proxy resets it), resumes with its ticket on a new connection,
+"""Resumable sessions end to end (issue 21), on every transport the gateway serves.
+
+nnrp-py's native client opens a session with resume, streams from the replay vLLM
+through a proxy the test controls, loses its connection mid-stream (the proxy resets
+TCP, or blackholes QUIC's datagrams), resumes with its ticket on a new connection,
 resubmits the operation with the same ids, and gets every result: the sequences across
-both connections cover 1..n without a gap (repeats identical), the terminal is a 200, and
-vLLM saw one request and no disconnect."""
+both connections cover 1..n without a gap (repeats identical), the terminal is a 200,
+and vLLM saw one request and no disconnect. The project's own client does the same by
+itself, declaring what it holds, so nothing arrives twice.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 pytest.importorskip("nnrp.client.native")
 
-from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+from nnrp.client.native import (
+    NativeClientOptions,
+    NativeClientProviderRoute,
+    NativeClientSessionOptions,
+    connect_native_client_connection,
+)
+from nnrp.core.messages import TransportPolicy
+from nnrp.native import NativeTransportClientSecurity
 
+from gateway import nnrp
+from gateway.tools.client import connect
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
-from tests.support.cut import StreamCutProxy
+from gateway.transport import QuicClientOptions, TlsConfig
+from tests.support.cut import DatagramCutProxy, StreamCutProxy
 from tests.support.native import describe, openai_submit
-from tests.support.quic import until
-from tests.support.stack import chat, envelope, records_of, start_stack
+from tests.support.quic import Pki, make_pki, until
+from tests.support.stack import Stack, chat, envelope, records_of, start_stack
 
 pytestmark = pytest.mark.interop
 
 RESUME = NativeClientSessionOptions(allow_resume=True)
+TRANSPORTS = ["tcp", "unix", "ws", "tcps", "wss", "quic"]
+#: A QUIC client silent this long is gone: how soon a blackholed flow detaches.
+QUIC_IDLE = 1.0
+
+
+@attrs.define
+class Route:
+    """The gateway, and a proxy in front of one of its listeners."""
+
+    stack: Stack
+    transport: str
+    direct: str  # the listener's URI
+    via: str  # the same scheme, through the proxy
+    cut: Callable[[], None]
+    pki: Pki
+
+    @property
+    def registry(self) -> Any:
+        registry = self.stack.gateway.server.registry
+        assert registry is not None
+        return registry
+
+    def native(self, uri: str) -> Any:
+        """nnrp-py's native client options for ``uri`` (this route's scheme)."""
+        scheme, _, rest = uri.partition("://")
+        security = NativeTransportClientSecurity(server_name="127.0.0.1",
+                                                 trusted_certificate_der=self.pki.der)
+        if scheme == "tcps":
+            return NativeClientOptions(f"nnrps://{rest}", provider_routes={
+                "tcp": NativeClientProviderRoute(provider_endpoint=f"tcp://{rest}",
+                                                 security=security)},
+                transport_policy=TransportPolicy.FORCE_TCP)
+        if scheme == "wss":
+            return NativeClientOptions("nnrps://gateway.local", provider_routes={
+                "websocket": NativeClientProviderRoute(provider_endpoint=uri,
+                                                       security=security)},
+                transport_policy=TransportPolicy.FORCE_WEBSOCKET)
+        return native_client_options(uri, trusted_der=self.pki.der)
+
+    def ours(self) -> dict[str, Any]:
+        """Our client's trust for this route."""
+        import ssl
+        return {"ssl_context": ssl.create_default_context(cafile=str(self.pki.cert)),
+                "quic": QuicClientOptions(ca_file=self.pki.cert, idle_timeout=QUIC_IDLE)}
+
+
+LISTEN = {"tcp": "tcp://127.0.0.1:0", "tcps": "tcps://127.0.0.1:0", "ws": "ws://127.0.0.1:0/nnrp",
+          "wss": "wss://127.0.0.1:0/nnrp", "quic": "quic://127.0.0.1:0"}
+
+
+async def route(nursery: trio.Nursery, socket_dir: Path, transport: str,
+                **config: Any) -> Route:
+    pki = make_pki(socket_dir / "pki")
+    extra = (LISTEN[transport],) if transport in ("tcps", "wss", "quic") else ()
+    stack = await start_stack(
+        nursery, socket_dir, replay=config.pop("replay", None)
+        or ReplayServer(speed=1.0, token_interval_ms=5.0), extra_listen=extra,
+        tls=TlsConfig(pki.cert, pki.key), quic_idle_timeout=QUIC_IDLE, **config)
+    scheme = "unix" if transport == "unix" else transport
+    direct = next(e.uri for e in stack.gateway.endpoints if e.uri.startswith(f"{scheme}://"))
+    if transport == "quic":
+        host, _, port = direct.removeprefix("quic://").rpartition(":")
+        datagrams = DatagramCutProxy((host, int(port)))
+        via = "quic://" + await nursery.start(datagrams.serve)
+        return Route(stack, transport, direct, via, datagrams.cut, pki)
+    if transport == "unix":
+        stream = StreamCutProxy(direct.removeprefix("unix://"))
+        via = await nursery.start(stream.serve, str(socket_dir / "proxy.sock"))
+        return Route(stack, transport, direct, via, stream.cut, pki)
+    address, _, path = direct.partition("://")[2].partition("/")
+    host, _, port = address.rpartition(":")
+    stream = StreamCutProxy((host, int(port)))
+    proxied = await nursery.start(stream.serve)
+    via = f"{scheme}://{proxied}" + (f"/{path}" if path else "")
+    return Route(stack, transport, direct, via, stream.cut, pki)
 
 
 def partials_of(events: list[dict[str, Any]]) -> dict[int, bytes]:
@@ -42,28 +133,23 @@ def partials_of(events: list[dict[str, Any]]) -> dict[int, bytes]:
     return seen
 
 
-async def test_a_native_client_resumes_a_stream_after_a_reset(
-        nursery: trio.Nursery, socket_dir: Path) -> None:
-    stack = await start_stack(nursery, socket_dir,
-                              replay=ReplayServer(speed=1.0, token_interval_ms=5.0))
-    host, _, port = stack.uri("tcp").removeprefix("tcp://").rpartition(":")
-    proxy = StreamCutProxy((host, int(port)))
-    address = await nursery.start(proxy.serve)
-    records = records_of(stack)
-    registry = stack.gateway.server.registry
-    assert registry is not None
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_native_client_resumes_a_stream_after_its_connection_drops(
+        nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
+    path = await route(nursery, socket_dir, transport)
+    records = records_of(path.stack)
     token = trio.lowlevel.current_trio_token()
     payload = envelope(chat(stream=True, max_tokens=200), request_id="resume-1")
 
     def first_connection() -> tuple[Any, list[dict[str, Any]]]:
-        opened = connect_native_client_connection(native_client_options(f"tcp://{address}"))
+        opened = connect_native_client_connection(path.native(path.via))
         connection = opened.__enter__()
         session = asyncio.run(connection.open_session(RESUME))
         session.submit_operation(openai_submit(7001, 1, payload))
         events: list[dict[str, Any]] = []
         while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
             events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-        trio.from_thread.run_sync(proxy.cut, trio_token=token)
+        trio.from_thread.run_sync(path.cut, trio_token=token)
         ticket = session.recovery_ticket()
         with contextlib.suppress(Exception):  # its connection is gone: closing it fails
             opened.__exit__(None, None, None)
@@ -71,12 +157,12 @@ async def test_a_native_client_resumes_a_stream_after_a_reset(
 
     with trio.fail_after(30):
         ticket, before = await trio.to_thread.run_sync(first_connection)
-        assert ticket is not None
-        await until(lambda: registry.detached == 1)
+        assert ticket is not None and ticket.resume_window_ms == 120_000
+        await until(lambda: path.registry.detached == 1)
 
     def second_connection() -> list[dict[str, Any]]:
-        with connect_native_client_connection(native_client_options(stack.uri("tcp"))) as c:
-            session = asyncio.run(c.resume_session(ticket, RESUME))
+        with connect_native_client_connection(path.native(path.direct)) as connection:
+            session = asyncio.run(connection.resume_session(ticket, RESUME))
             session.submit_operation(openai_submit(7001, 1, payload))
             events: list[dict[str, Any]] = []
             while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
@@ -87,13 +173,43 @@ async def test_a_native_client_resumes_a_stream_after_a_reset(
     with trio.fail_after(30):
         after = await trio.to_thread.run_sync(second_connection)
     seen = partials_of(before + after)
-    assert sorted(seen) == list(range(1, len(seen) + 1))
+    assert sorted(seen) == list(range(1, 201))
     terminal = [e for e in after if e["kind"] == "RESULT_PUSH"]
     assert terminal[-1]["status"] == 200
     text = "".join(json.loads(body)["delta"] for body in seen.values()
                    if json.loads(body)["type"] == "response.output_text.delta")
     assert text == terminal[-1]["payload"]["body"]["choices"][0]["message"]["content"]
-    assert len([r for r in stack.replay.requests if r.method == "POST"]) == 1
-    assert stack.replay.disconnects == []
+    assert len([r for r in path.stack.replay.requests if r.method == "POST"]) == 1
+    assert path.stack.replay.disconnects == []
     await until(lambda: records)
-    assert records[0].outcome == "ok" and records[0].resumed == 1
+    (record,) = records
+    assert (record.outcome, record.resumed, record.events) == ("ok", 1, 200)
+    assert record.replayed_events  # nnrp-py declares nothing: it got what we held again
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_our_client_resumes_by_itself_and_the_stream_goes_on(
+        nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
+    path = await route(nursery, socket_dir, transport)
+    records = records_of(path.stack)
+    with trio.fail_after(30):
+        async with connect(path.via, resume=True, **path.ours()) as client:
+            session = await client.open_session(resume=True)
+            assert session.ticket is not None and session.ticket.window_ms == 120_000
+            operation = await session.submit(envelope(chat(stream=True, max_tokens=150)))
+            events = []
+            async for event in operation.events():
+                events.append(event)
+                if len(events) == 40:
+                    path.cut()
+            await session.close()
+    partials = [e for e in events if isinstance(e, nnrp.PartialReceived)]
+    assert [e.sequence for e in partials] == list(range(1, 151))  # none missed, none twice
+    assert isinstance(events[-1], nnrp.ResultReceived)
+    assert events[-1].meta.status_code == 200
+    assert (client.recoveries, session.resumes) == (1, 1)
+    assert len([r for r in path.stack.replay.requests if r.method == "POST"]) == 1
+    assert path.stack.replay.disconnects == []
+    await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.resumed, record.events) == ("ok", 1, 150)

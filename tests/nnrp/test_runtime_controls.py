@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from gateway import nnrp
 from gateway.nnrp._server import _RULES
 from tests.support.strategies import ALL_CLASSES, packets
+from tests.support.wire import of, pk, replies, unpacked
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11)
 OPEN = nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3, max_in_flight=2)
@@ -18,8 +19,6 @@ TOKENS = frozenset({"control.cancel_abort", "control.credit_backpressure",
                     "control.progress_partial", "control.trace_context"})
 
 
-def pk(message: Any, **kw: Any) -> bytes:
-    return nnrp.encode(nnrp.Packet(message, **kw))
 
 
 def submit(operation_id: int, frame_id: int, session_id: int = 1, **kw: Any) -> bytes:
@@ -29,20 +28,10 @@ def submit(operation_id: int, frame_id: int, session_id: int = 1, **kw: Any) -> 
               **kw)
 
 
-def unpacked(packets: list[bytes]) -> list[nnrp.Packet]:
-    """A multi-packet output, decoded (each element is exactly one packet)."""
-    return [nnrp.decode_packet(packet) for packet in packets]
 
 
-def of(events: list[Any], kind: type[Any]) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
 
 
-def replies(events: list[Any]) -> list[nnrp.Packet]:
-    out: list[nnrp.Packet] = []
-    for event in of(events, nnrp.SendBytes):
-        out += nnrp.Decoder().feed(event.data)
-    return out
 
 
 class Clock:

@@ -7,38 +7,21 @@ from typing import Any
 import pytest
 
 from gateway import nnrp
+from tests.support.wire import of, pk, replies, submit, unpacked
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11, payload_kind_bitmap=0x73, latency_budget_ms=500)
 OPEN = nnrp.SessionOpen(profile_id=2, priority_class=1, schema_id=0x1001, schema_version=3,
                         max_in_flight=4)
 
 
-def pk(message: Any, **kw: Any) -> bytes:
-    return nnrp.encode(nnrp.Packet(message, **kw))
 
 
-def submit(session_id: int, operation_id: int, frame_id: int, payload: bytes = b"{}",
-           **kw: Any) -> bytes:
-    return pk(nnrp.FrameSubmit(operation_id=operation_id, payload_kind_bitmap=0x10,
-                               payload_frame_count=1),
-              session_id=session_id, frame_id=frame_id, body=nnrp.pack_single_frame(payload),
-              **kw)
 
 
-def unpacked(packets: list[bytes]) -> list[nnrp.Packet]:
-    """A multi-packet output, decoded (each element is exactly one packet)."""
-    return [nnrp.decode_packet(packet) for packet in packets]
 
 
-def of(events: list[Any], kind: type[Any]) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
 
 
-def replies(events: list[Any]) -> list[nnrp.Packet]:
-    out = []
-    for event in of(events, nnrp.SendBytes):
-        out += nnrp.Decoder().feed(event.data)
-    return out
 
 
 @pytest.fixture

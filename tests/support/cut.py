@@ -100,22 +100,27 @@ class DatagramCutProxy:
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         front = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        await front.bind(("127.0.0.1", 0))
-        self.uri = f"127.0.0.1:{front.getsockname()[1]}"
-        async with trio.open_nursery() as nursery:
-            task_status.started(self.uri)
-            while True:
-                data, client = await front.recvfrom(65536)
-                if client in self._dead:
-                    self.dropped += 1
-                    continue
-                back = self._flows.get(client)
-                if back is None:
-                    back = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                    await back.bind(("127.0.0.1", 0))
-                    self._flows[client] = back
-                    nursery.start_soon(self._back, front, back, client)
-                await back.sendto(data, self.target)
+        try:
+            await front.bind(("127.0.0.1", 0))
+            self.uri = f"127.0.0.1:{front.getsockname()[1]}"
+            async with trio.open_nursery() as nursery:
+                task_status.started(self.uri)
+                while True:
+                    data, client = await front.recvfrom(65536)
+                    if client in self._dead:
+                        self.dropped += 1
+                        continue
+                    back = self._flows.get(client)
+                    if back is None:
+                        back = trio.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                        self._flows[client] = back
+                        await back.bind(("127.0.0.1", 0))
+                        nursery.start_soon(self._back, front, back, client)
+                    await back.sendto(data, self.target)
+        finally:
+            front.close()
+            for back in self._flows.values():
+                back.close()
 
     async def _back(self, front: trio.socket.SocketType, back: trio.socket.SocketType,
                     client: tuple[str, int]) -> None:
