@@ -1,10 +1,13 @@
 """HTTP/1.1 for one loopback client connection, sans-IO: request bytes out, a response
 head and body bytes in (RFC 9112). No trio, no httpx; ``_transport`` does the I/O.
 
-Why not h11 here: on the streaming path vLLM sends one chunk per token, and h11's event
-machinery (state triggers, per-event validation) plus httpcore's layers around it were
-about a third of the gateway's CPU per event at 256 streams (docs/bench/issue16). This
-module does only what a client reading vLLM needs, strictly:
+Why not h11 here: on the streaming path vLLM sends one chunk per token. In a profile at
+256 paced streams the read path below httpx's API (httpcore's stream and pool layers,
+h11's ``next_event``, the socket read) held about a third of the gateway's samples, h11
+about half of that; h11's parser alone, timed apart, takes about five times as long as
+this module per read, and it hands over one chunk per call, so a stream that fell
+behind caught up one token per pass (docs/benchmarks.md, "The upstream read path").
+This module does only what a client reading vLLM needs, strictly:
 
 Rules (each cited as R<n> where it is applied):
 
