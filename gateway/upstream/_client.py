@@ -1,5 +1,6 @@
-"""The vLLM HTTP client: with ``_transport`` (each request slot's connection under
-httpx), the only module that calls httpx.
+"""The vLLM HTTP client, on httpx. Of the upstream's modules only this one and
+``_transport`` (each plain-HTTP request slot's connection, an httpx transport) import
+httpx (who else does, and why: the package docstring).
 
     chunks(body, headers, ...)     a streamed completion as checked chunks (``_stream``)
     completion(body, headers, ...) a non-streaming completion as a checked body
