@@ -7,13 +7,20 @@
     │   └── LocalProtocolError     ...by us: a send the state machine forbids (never sent)
     ├── ProfileError             gateway.profile: the request is refused; carries its EndCause
     ├── UpstreamError            gateway.upstream: vLLM could not serve the request
-    │   ├── UpstreamUnavailable    refused or reset before any response byte
-    │   ├── UpstreamTimeout        connect / first chunk / idle / total
-    │   ├── UpstreamStatus         a 4xx/5xx answer (vLLM's message and param parsed)
-    │   ├── UpstreamMalformed      a stream or body that breaks vLLM's contract
+    │   ├── UpstreamUnavailable    no usable answer: refused, reset, closed (or a probe
+    │   │                          timed out) before a whole HTTP/1.1 head
+    │   ├── UpstreamOverloaded     no request slot free within the queue wait, or vLLM not
+    │   │                          accepting a connection within the connect timeout
+    │   ├── UpstreamTimeout        first_chunk / idle / total (its ``kind``)
+    │   ├── UpstreamStatus         a non-200 answer (vLLM's message and param parsed)
+    │   ├── UpstreamMalformed      a stream or body that breaks vLLM's contract, an
+    │   │                          in-stream error event, a connection lost mid-body
     │   └── UnsupportedVersion     the probed vLLM is outside the tested families
-    └── ConfigError              an option that cannot be used (listen URI, TLS files)
-        └── ListenError
+    └── ConfigError              an option that cannot be used (TLS files, say); a ValueError
+        └── ListenError            gateway.transport: a listen URI that cannot be used
+
+This is the only drawing (``tests/test_errors.py`` holds it to the classes): a module
+that defines a branch points here rather than drawing it again.
 
 How each ends an operation (which terminal, outcome label, log level, metric) is one
 table: ``gateway.profile.END_TABLE``, keyed by ``EndCause``. ``ProtocolError`` never ends

@@ -8,6 +8,7 @@
   another unit is imported (``gateway._sockio``, a shared leaf, excepted).
 * ``gateway.nnrp``, ``gateway.profile``, the QUIC endpoint and the upstream's HTTP/1.1
   and SSE readers are sans-IO: no trio, no httpx, no I/O layer.
+* httpx is imported only where the docs say it is (``HTTPX``).
 """
 
 from __future__ import annotations
@@ -188,6 +189,21 @@ def test_sans_io_layers_import_no_io(part: str) -> None:
     files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
     assert {str(file.relative_to(ROOT)): io_imports(file) for file in files} == {
         str(file.relative_to(ROOT)): [] for file in files}
+
+
+#: The serving core's httpx users, each for a reason the docs give (gateway/upstream
+#: __init__, docs/architecture.md); gateway.tools may use it freely.
+HTTPX = {
+    "gateway.upstream._client": "the vLLM client: httpx's API",
+    "gateway.upstream._transport": "each plain-HTTP slot's connection, an httpx transport",
+    "gateway.workers._supervisor": "asks each worker's admin listener on its unix socket",
+}
+
+
+def test_httpx_is_imported_where_the_docs_say() -> None:
+    users = {name for name, path in sources().items()
+             if "httpx" in imports_of(path, name) and unit_of(name) != "gateway.tools"}
+    assert users == set(HTTPX)
 
 
 def test_the_rules_see_real_imports() -> None:

@@ -1,12 +1,5 @@
-"""Protocol errors raised by the sans-IO layer (their place in the whole tree:
-``gateway.errors``).
-
-    ProtocolError                 anything that breaks NNRP rules
-    ├── RemoteProtocolError       the peer sent something invalid
-    │   └── TypedBodyError        a FRAME_SUBMIT/RESULT_PUSH typed body is invalid:
-    │                             operation-level, the connection survives
-    └── LocalProtocolError        we tried to do something the rules forbid
-                                  (a send after an operation's terminal, say)
+"""Protocol errors raised by the sans-IO layer: ``ProtocolError`` and its subclasses, a
+branch of the gateway's one error tree, drawn with what each means in ``gateway.errors``.
 
 Each error carries the NNRP ``ErrorCode`` that an ERROR frame would report and
 whether the problem is fatal to the connection.

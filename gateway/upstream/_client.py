@@ -1,14 +1,17 @@
-"""The vLLM HTTP client: with ``_transport`` (each request slot's connection under
-httpx), the only module that calls httpx.
+"""The vLLM HTTP client, on httpx. Of the upstream's modules only this one and
+``_transport`` (each plain-HTTP request slot's connection, an httpx transport) import
+httpx (who else does, and why: the package docstring).
 
     chunks(body, headers, ...)     a streamed completion as checked chunks (``_stream``)
     completion(body, headers, ...) a non-streaming completion as a checked body
     probe(), health_check()        GET /version, /v1/models, /health on their own pool
 
-Timeouts: httpx's own per-read timeout is off (``read=None``); the first-chunk and idle
-deadlines are the stream's clocks (``_stream.ChunkStream.clocks``), the total deadline a scope
-owned by the caller (conventions.md A4). Only the connect timeout is httpx's, and it
-surfaces as ``UpstreamUnavailable`` (no response at all).
+Timeouts: a request's httpx per-read timeout is off (``read=None``); the first-chunk and
+idle deadlines are the stream's clocks (``_stream.ChunkStream.clocks``), the total
+deadline a scope owned by the caller (conventions.md A4). httpx keeps the connect
+timeout, which on a request surfaces as ``UpstreamOverloaded`` (vLLM is there but does
+not accept in time), and a write bound. Probes have their own bounded timeouts
+(``probe_timeout``); a probe that times out is ``UpstreamUnavailable``.
 
 Cancellation: leaving ``chunks`` early (a cancelled scope, an exception) closes the
 response before it is fully read, so httpx closes the socket instead of pooling it, and

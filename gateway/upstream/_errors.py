@@ -1,19 +1,15 @@
 """What can go wrong talking to vLLM, and which end cause each failure is.
 
-    UpstreamError                 (a GatewayError; the whole tree: gateway.errors)
-    ├── UpstreamUnavailable   connection refused/reset before any response byte
-    ├── UpstreamTimeout       first chunk / idle / total (kind says which)
-    ├── UpstreamStatus        vLLM answered 4xx/5xx (body parsed for message and param)
-    ├── UpstreamMalformed     a stream or body that breaks vLLM's contract, or an
-    │                         in-stream {"error": ...} event (kind says which)
-    └── UnsupportedVersion    (gateway.upstream._versions) outside the tested families
+``UpstreamError`` and its subclasses (``UnsupportedVersion`` lives in ``_versions``)
+are a branch of the gateway's one error tree, drawn with what each means in
+``gateway.errors``.
 
 ``to_profile_error`` classifies a failure as an ``EndCause`` (what that cause then means
 on the wire is ``END_TABLE``'s job): 400 and 422 -> invalid_backend_request (vLLM's
 message and param kept), 401 -> backend_auth_failed, 404 -> unsupported_model, 503 ->
-backend_overload, any other status -> backend_error; unavailable ->
-backend_unavailable; timeouts -> request_timeout; malformed streams and in-stream errors
--> backend_error.
+backend_overload, any other status -> backend_error; overloaded -> backend_overload;
+unavailable -> backend_unavailable; timeouts -> request_timeout; malformed streams,
+in-stream errors and anything else -> backend_error.
 """
 
 from __future__ import annotations
@@ -59,7 +55,7 @@ class UpstreamMalformed(UpstreamError):
                  error_type: str | None = None, status: int | None = None,
                  param: str | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # "malformed_stream" or "in_stream_error"
+        self.kind = kind  # "malformed_stream", "in_stream_error" or "connection_lost"
         self.error_type = error_type
         self.status = status
         self.param = param

@@ -1,24 +1,33 @@
 """HTTP/1.1 for one loopback client connection, sans-IO: request bytes out, a response
 head and body bytes in (RFC 9112). No trio, no httpx; ``_transport`` does the I/O.
 
-Why not h11 here: on the streaming path vLLM sends one chunk per token, and h11's event
-machinery (state triggers, per-event validation) plus httpcore's layers around it were
-about a third of the gateway's CPU per event at 256 streams (docs/bench/issue16). This
-module does only what a client reading vLLM needs, strictly:
+Why not h11 here: on the streaming path vLLM sends one chunk per token. In a profile at
+256 paced streams the read path below httpx's API (httpcore's stream and pool layers,
+h11's ``next_event``, the socket read) held about a third of the gateway's samples, h11
+about half of that; h11's parser alone, timed apart, takes about five times as long as
+this module per read, and it hands over one chunk per call, so a stream that fell
+behind caught up one token per pass (docs/benchmarks.md, "The upstream read path").
+This module does only what a client reading vLLM needs, strictly:
 
 Rules (each cited as R<n> where it is applied):
 
 * R1 The head ends at the first CRLFCRLF, within ``MAX_HEAD`` bytes; the status line is
   ``HTTP/1.x NNN reason`` (NNN from 100); a header line without a colon, or with
   whitespace before it, is an error (RFC 9112 §5.1: no whitespace between name and
-  colon).
+  colon). Only CRLF ends a line: a bare CR or LF, or a NUL, anywhere in the head is an
+  error (RFC 9110 §5.5: reject or replace), never part of a value, since a reader that
+  takes a bare LF as a line end (h11 does, RFC 9112 §2.2) would see other fields, and
+  so other framing, in the same bytes.
 * R2 Framing (RFC 9112 §6.3): no body for 1xx, 204 and 304; ``Transfer-Encoding`` whose
   last coding is ``chunked`` is chunked; any other transfer coding is refused (the
   gateway asks for identity); else ``Content-Length`` (one value, digits only; repeated
   identical values are one) is a fixed body; else the body runs to the connection's end.
 * R3 Chunked body: a size line (hex digits, optional ``;`` extensions, CRLF, at most
   ``MAX_LINE`` bytes), the data, CRLF; a zero size ends the data, then trailer lines (at
-  most ``MAX_HEAD`` bytes in all) up to an empty line. Anything else is an error.
+  most ``MAX_HEAD`` bytes in all) up to an empty line. Extensions and trailer fields are
+  not read, but as in R1 a bare LF in a size line, or a bare CR or LF or a NUL in a
+  trailer line, is an error: another reader would end the line there. Anything else is
+  an error.
 * R4 The connection may carry another request only if the response is HTTP/1.1, has no
   ``Connection: close`` (nor both ``Content-Length`` and chunked), its body is delimited
   (chunked or fixed) and ended exactly: not a byte more arrived than the message held.
@@ -73,7 +82,11 @@ def parse_head(data: bytes | bytearray, *, request_method: str = "POST"
         return None
     if end > MAX_HEAD:
         raise ProtocolError("response head too large")
-    lines = bytes(data[:end]).split(b"\r\n")
+    head = bytes(data[:end])
+    lines = head.split(b"\r\n")
+    if (head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1
+            or b"\0" in head):  # R1: CRLF is the only line end
+        raise ProtocolError("bare CR, LF or NUL in the response head")
     status_line = lines[0].split(b" ", 2)  # R1
     if (len(status_line) < 2 or status_line[0] not in (b"HTTP/1.1", b"HTTP/1.0")
             or len(status_line[1]) != 3 or not status_line[1].isdigit()):
@@ -192,14 +205,19 @@ class BodyDecoder:
             line = buffer[position:line_end]
             position = line_end + 2
             if state == "size":
-                size = line.split(b";", 1)[0].strip(b" \t")
-                if not size or len(size) > 16 or not _HEX.issuperset(size):
+                size, semicolon, _extensions = line.partition(b";")
+                size = size.strip(b" \t")
+                # Without extensions the hex check refuses a bare LF already (R3).
+                if (not size or len(size) > 16 or not _HEX.issuperset(size)
+                        or (semicolon and b"\n" in line)):
                     raise ProtocolError(f"bad chunk size line {line[:40]!r}")
                 self._left = int(size, 16)
                 self._state = "data" if self._left else "trailer"
             elif len(line) + self._trailer > MAX_HEAD:  # state == "trailer"
                 raise ProtocolError("trailer section too large")
             elif line:
+                if b"\r" in line or b"\n" in line or b"\0" in line:  # R3
+                    raise ProtocolError(f"bad trailer line {line[:40]!r}")
                 self._trailer += len(line) + 2
             else:  # the trailer section's end: the message's end
                 self.done = True

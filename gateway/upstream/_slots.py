@@ -16,7 +16,7 @@ class Closeable(Protocol):
     async def aclose(self) -> None: ...
 
 
-#: A slot's client: built by ``_client`` (the only module that uses httpx).
+#: A slot's client, built by ``_client``: a ``LoopbackTransport`` or an httpx client.
 ClientT = TypeVar("ClientT", bound=Closeable)
 
 

@@ -8,8 +8,14 @@ and friends, which occur raw inside JSON token text (conventions.md A4, the bug
 httpx-sse fixed in 0.4.2). Decoding works on bytes, so a multi-byte UTF-8 sequence
 split across reads is never a problem: only complete lines are decoded.
 
-vLLM sends ``data: <json>\\n\\n`` per event and ends with ``data: [DONE]``; comments,
-``event:``, ``id:`` and ``retry:`` fields are parsed per the spec and ignored here.
+vLLM sends ``data: <json>\\n\\n`` per event and ends with ``data: [DONE]\\n\\n``, after an
+error too (vllm-http.md); comments, ``event:``, ``id:`` and ``retry:`` fields are parsed
+per the spec and ignored here.
+
+End of stream: there is nothing to flush. An event is dispatched by its blank line,
+and the spec discards an event the stream ends inside ("Once the end of the file is
+reached, any pending data must be discarded"), so the decoder is simply dropped; a
+body that ends before ``[DONE]``'s blank line is a body cut short (``_stream``).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    """Incremental decoder. ``feed(bytes) -> list[SSEEvent]``; ``close()`` at end of stream."""
+    """Incremental decoder: ``feed(bytes) -> list[SSEEvent]``."""
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE, max_event: int = DEFAULT_MAX_EVENT
                  ) -> None:
@@ -117,13 +123,6 @@ class SSEDecoder:
             except UnicodeDecodeError:
                 return None
         return events
-
-    def close(self) -> list[SSEEvent]:
-        """End of stream: a final unterminated event is discarded (per the SSE spec)."""
-        self._buffer.clear()
-        self._data.clear()
-        self._data_size = 0
-        return []
 
     def _line(self, raw: bytes, events: list[SSEEvent]) -> None:
         if not raw:

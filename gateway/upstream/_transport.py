@@ -4,9 +4,10 @@ Each plain-HTTP request slot (``_slots``) is one of these, holding one connectio
 ``send`` is called without an httpx client around it (``_client``). httpx keeps its
 API (requests, responses, errors, timeouts) and the gateway's code stays on it; below,
 the bytes go straight from the socket into ``_http1`` instead of through httpcore's
-pool, its trio backend and h11 (about a third of the CPU per streamed event at 256
-streams, docs/bench/issue16). https:// URLs keep httpx's own transport (``VllmClient``
-chooses).
+pool, its trio backend and h11 (that read path, the socket read included, was about a
+third of the CPU per streamed event in a profile at 256 paced streams; the parts are in
+docs/benchmarks.md, "The upstream read path"). https:// URLs keep httpx's own transport
+(``VllmClient`` chooses).
 
 What it guarantees, as httpcore did for the gateway:
 

@@ -138,8 +138,13 @@ async def test_a_reset_mid_stream_is_malformed_not_unavailable() -> None:
     assert info.value.kind == "connection_lost"
 
 
-async def test_a_truncated_body_without_done_is_malformed() -> None:
-    client = client_for(response=sse((0, CHUNK), (0, b'data: {"id":"c","obj')))
+@pytest.mark.parametrize("tail", [b'data: {"id":"c","obj', b"data: [DONE]",
+                                  b"data: [DONE]\n"])
+async def test_a_truncated_body_without_done_is_malformed(tail: bytes) -> None:
+    # An event exists once its blank line has come; the spec discards one the stream
+    # ends inside, and vLLM always ends "data: [DONE]\n\n": a [DONE] without its blank
+    # line is a body cut short, never the end of the answer.
+    client = client_for(response=sse((0, CHUNK), (0, tail)))
     with pytest.raises(UpstreamMalformed, match=r"ended before data: \[DONE\]"):
         await read_all(client)
 

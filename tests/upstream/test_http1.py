@@ -70,6 +70,9 @@ def test_extensions_and_trailers_are_read_and_ignored() -> None:
     b"\r\n",                                # empty size
     b"1" * 5000,                            # a size line that never ends
     b"11111111111111111\r\n",               # more than 16 hex digits
+    b"5;a\nb\r\nhello\r\n",                  # a bare LF in the extensions
+    b"0\r\nx: a\rb\r\n\r\n",                  # a bare CR in a trailer field
+    b"0\r\nx: a\0b\r\n\r\n",                  # a NUL in a trailer field
 ])
 def test_bad_chunked_bodies_are_errors(bad: bytes) -> None:
     head, _length = parse_head(HEAD)  # type: ignore[misc]
@@ -113,6 +116,12 @@ def test_framing_by_the_rfc() -> None:
                 b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n",
                 b"HTTP/1.1 200 OK\r\nbad header\r\n",
                 b"HTTP/1.1 200 OK\r\nname : value\r\n",
+                # One field to a reader ending lines at CRLF only, two (and a length) to
+                # one taking a bare LF as a line end: refused, whatever it would mean.
+                b"HTTP/1.1 200 OK\r\nx: a\ncontent-length: 0\r\n",
+                b"HTTP/1.1 200 OK\r\nx: a\rb\r\n",
+                b"HTTP/1.1 200 OK\r\nx: a\0b\r\n",
+                b"HTTP/1.1 200 O\nK\r\n",
                 b"HTTP/2 200 OK\r\n",
                 b"HTTP/1.1 099 Odd\r\n",
                 b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n",
