@@ -132,6 +132,8 @@ class Gateway:
         self.draining = False
         self.metrics = GatewayMetrics()
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
+        if self.server.registry is not None:
+            self.metrics.attach_resume(self.server.registry)
         self.metrics.attach_quic(lambda: self.server.quic_listeners)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 import gateway
 
 if TYPE_CHECKING:
-    from gateway.server import ServerStats
+    from gateway.server import ServerStats, SessionRegistry
     from gateway.transport.quic import QuicListener
 
     from ._record import ObservationRecord
@@ -146,6 +146,45 @@ class _QuicCollector(Collector):
                                           for listener in listeners))
 
 
+#: ``ResumeStats`` field -> (family, help). Every counter the registry keeps is here
+#: (tests/observe checks), so a new one cannot go unexported.
+RESUME_COUNTERS: dict[str, tuple[str, str]] = {
+    "detached_total": ("resume_detached", "Sessions whose connection ended without "
+                       "SESSION_CLOSE and were kept for their client."),
+    "resumed_total": ("resume_resumed", "Sessions resumed on a new connection."),
+    "migrated_total": ("resume_migrated", "Sessions moved by SESSION_MIGRATE."),
+    "expired_total": ("resume_expired", "Detached sessions whose window passed (their "
+                      "operations were cancelled)."),
+    "refused_total": ("resume_refused", "Resumes and migrations refused (a token that "
+                      "opens nothing)."),
+    "replayed_events_total": ("resume_replayed_events", "Results sent again after a "
+                              "resume or migration."),
+    "replayed_bytes_total": ("resume_replayed_bytes", "Bytes of the frames sent again "
+                             "after a resume or migration."),
+}
+
+
+class _ResumeCollector(Collector):
+    def __init__(self, registry: SessionRegistry) -> None:
+        self.sessions = registry
+
+    def collect(self) -> Iterator[Metric]:
+        registry = self.sessions
+        for field, (name, documentation) in RESUME_COUNTERS.items():
+            yield CounterMetricFamily(f"{PREFIX}_{name}", documentation,
+                                      value=getattr(registry.stats, field))
+        sessions = GaugeMetricFamily(f"{PREFIX}_resume_sessions",
+                                     "Resumable sessions, attached to a connection or "
+                                     "detached (waiting for their client).", labels=["state"])
+        detached = registry.detached
+        sessions.add_metric(["attached"], registry.sessions - detached)
+        sessions.add_metric(["detached"], detached)
+        yield sessions
+        yield GaugeMetricFamily(f"{PREFIX}_resume_held_bytes",
+                                "Result bytes resumable sessions keep for a replay.",
+                                value=registry.budget.held)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -180,6 +219,10 @@ class GatewayMetrics:
 
     def attach(self, stats: ServerStats, upstream_ready: Callable[[], bool]) -> None:
         self.registry.register(_StatsCollector(stats, upstream_ready))
+
+    def attach_resume(self, registry: SessionRegistry) -> None:
+        """Export what the resumable sessions' registry counts."""
+        self.registry.register(_ResumeCollector(registry))
 
     def attach_quic(self, listeners: Callable[[], Sequence[QuicListener]]) -> None:
         """Export the QUIC listeners' counters (``listeners()`` is read at every scrape:

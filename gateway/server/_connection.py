@@ -507,6 +507,8 @@ class Connection:
             self._abandon(session, event.operation_id)
             self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
                                       f"{gap}; submit it anew")
+            return
+        session.changed()  # it is live again: an operation waiting for room looks again
 
     def _replay(self, session: Session, operation_id: int, after: int | None) -> None:
         assert session.journal is not None

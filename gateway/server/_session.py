@@ -96,13 +96,15 @@ class Session:
 
     def attach(self, link: Link) -> None:
         self.link = link
-        self._notify()
+        self.changed()
 
     def detach(self) -> None:
         self.link = None
-        self._notify()
+        self.changed()
 
-    def _notify(self) -> None:
+    def changed(self) -> None:
+        """Where frames go changed (attached, detached, an operation resubmitted, room
+        made in the journal): operations waiting on it look again."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -122,7 +124,7 @@ class Session:
             for operation_id in journal.released:
                 self.protocol.release_results(operation_id)
             journal.released.clear()
-            self._notify()  # room was made: detached operations may go on
+            self.changed()  # room was made: detached operations may go on
 
     # ------------------------------------------------------------------ operations
 

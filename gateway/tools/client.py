@@ -226,6 +226,19 @@ class ClientSession:
             self.session_id, operation_id, frame_id, payload, trace_id=trace_id))
         return operation
 
+    async def resubmit(self, payload: bytes, *, operation_id: int, frame_id: int,
+                       after: int = 0) -> ClientOperation:
+        """After ``resume_session``: an operation of the lost connection again, on its ids,
+        declaring the results it holds (those after ``after`` come; a server may send the
+        held ones again, which are dropped)."""
+        operation = ClientOperation(self, operation_id, frame_id, payload)
+        operation.sequence = after
+        self.operations[frame_id] = operation
+        await self.client.send(self.client.sans_io.submit(
+            self.session_id, operation_id, frame_id, resubmission(payload, after) if after
+            else payload, after_sequence=after))
+        return operation
+
     async def submit_frame(self, meta: FrameSubmit, body: bytes, *,
                            frame_id: int | None = None) -> ClientOperation:
         """FRAME_SUBMIT with metadata and typed body as given (another profile's request,

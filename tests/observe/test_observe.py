@@ -209,3 +209,21 @@ async def test_a_failing_route_is_an_answer_not_the_end_of_the_listener(
         answer = await http.get("/capabilities")
         assert (answer.status_code, answer.json()) == (503, {"error": "no worker is serving"})
         assert (await http.get("/healthz")).status_code == 200  # still serving
+
+
+def test_every_resume_counter_is_exported() -> None:
+    from gateway.observe._metrics import RESUME_COUNTERS
+    from gateway.server import ResumeStats, SessionRegistry
+
+    assert set(RESUME_COUNTERS) == {field.name for field in attrs.fields(ResumeStats)}
+    metrics = GatewayMetrics()
+    registry = SessionRegistry()
+    registry.stats.resumed_total = 3
+    registry.budget.held = 1234
+    metrics.attach_resume(registry)
+    from prometheus_client import generate_latest
+
+    text = generate_latest(metrics.registry).decode()
+    assert "nnrp_gateway_resume_resumed_total 3.0" in text
+    assert "nnrp_gateway_resume_held_bytes 1234.0" in text
+    assert 'nnrp_gateway_resume_sessions{state="detached"} 0.0' in text

@@ -1,0 +1,211 @@
+"""Resumable sessions at their edges (issue 21): the window passing, tokens that open
+nothing, another identity's token, a resume during a drain, the byte bound of a detached
+session, the cap on resumable sessions, and a resubmission that is not the request it
+resubmits. The project's client, step by step (``resume_session``, ``resubmit``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway import nnrp
+from gateway.nnrp import ServerConfig
+from gateway.server import ResumeSettings, TokenAuthenticator
+from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
+from gateway.tools.replay import ReplayServer
+from tests.support.quic import until
+from tests.support.stack import Stack, chat, envelope, metric_samples, records_of, start_stack
+
+
+def registry_of(stack: Stack) -> Any:
+    registry = stack.gateway.server.registry
+    assert registry is not None
+    return registry
+
+
+async def detach(stack: Stack, payload: bytes, *, events: int = 3, auth: bytes = b""
+                 ) -> tuple[ResumeTicket, int]:
+    """Open a resumable session, stream ``events`` results of ``payload``, then drop the
+    connection without SESSION_CLOSE; the ticket, and the last sequence received."""
+    registry = registry_of(stack)
+    detached = registry.detached
+    async with connect(stack.uri()) as client:
+        session = await client.open_session(resume=True, auth=auth)
+        operation = await session.submit(payload, operation_id=41, frame_id=4)
+        received = 0
+        async for event in operation.events():
+            assert isinstance(event, nnrp.PartialReceived)
+            received = event.sequence
+            if received == events:
+                break
+        assert session.ticket is not None
+        ticket = session.ticket
+    await until(lambda: registry.detached == detached + 1)
+    return ticket, received
+
+
+async def test_a_window_that_passes_ends_the_operations_and_aborts_vllm(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=0.5))
+    records = records_of(stack)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:expires"))
+    with trio.fail_after(5):
+        await until(lambda: stack.replay.disconnects)  # vLLM aborted the generation
+        await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.cancel_source) == ("cancelled", "resume_expired")
+    assert record.upstream_aborted
+    assert registry_of(stack).sessions == 0
+    with trio.fail_after(5):
+        await until(lambda: registry_of(stack).budget.held == 0)  # the journal is gone
+    samples = metric_samples(stack.gateway.metrics.registry)
+    assert samples[("nnrp_gateway_resume_expired_total", ())] == 1
+    assert samples[("nnrp_gateway_resume_held_bytes", ())] == 0
+    with trio.fail_after(5):
+        async with connect(stack.uri()) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(ticket)
+    assert not refused.value.retry_later
+
+
+async def test_a_token_is_good_once_and_an_unknown_one_gets_the_same_answer(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:once"))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)
+            await check_tokens(client, session, ticket)
+    assert registry_of(stack).stats.refused_total == 2
+
+
+async def check_tokens(client: Any, session: ClientSession, ticket: ResumeTicket) -> None:
+    """The spent token and an unknown one: refused alike; the live one: retry later.
+    Asked on another connection than the one holding session 1 (there, any resume of id 1
+    is refused before a token is looked at)."""
+    assert session.ticket is not None and session.ticket.token != ticket.token
+    async with connect(client.transport.peer) as other:
+        answers = []
+        for token in (ticket.token, b"\x00" * 24):  # spent, and never issued
+            with pytest.raises(ClientError) as refused:
+                await other.resume_session(ResumeTicket(ticket.session_id, token,
+                                                        ticket.window_ms))
+            answers.append(str(refused.value))
+            assert not refused.value.retry_later
+        assert answers[0] == answers[1]  # nothing says whether a session exists
+        # Its live token, while it is attached to a connection the server has not seen
+        # die: retry later; only the holder of that token learns it.
+        with pytest.raises(ClientError) as attached:
+            await other.resume_session(session.ticket)
+        assert attached.value.retry_later
+
+
+async def test_a_token_opens_nothing_for_another_identity(nursery: trio.Nursery,
+                                                          socket_dir: Path) -> None:
+    authenticate = TokenAuthenticator([b"alice-key", b"bob-key"])
+    stack = await start_stack(nursery, socket_dir,
+                              server=ServerConfig(authenticate=authenticate))
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:who"),
+                             auth=b"alice-key")
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(ticket, auth=b"bob-key")
+            assert "resume rejected" in str(refused.value)
+            session = await client.resume_session(ticket, auth=b"alice-key")
+            assert session.ticket is not None
+
+
+async def test_a_resume_during_the_drain_is_retry_later_and_the_detached_work_ends(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, drain_timeout=1.0, drain_close_grace=0.2)
+    records = records_of(stack)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:drain"))
+    async with connect(stack.uri()) as client:
+        await client.open_session()  # a connection that was there before the drain
+        with trio.fail_after(10):
+            async with trio.open_nursery() as draining:
+                draining.start_soon(stack.gateway.drain)
+                await until(lambda: registry_of(stack).draining)
+                with pytest.raises(ClientError) as refused:
+                    await client.resume_session(ticket)
+                assert refused.value.retry_later
+    await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.upstream_aborted) == ("shutdown", True)
+    assert [d.request_id for d in stack.replay.disconnects] == ["replay:long_stream:drain"]
+
+
+async def test_a_detached_session_at_its_byte_bound_stops_reading_vllm_and_loses_nothing(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    bound = 16 << 10
+    stack = await start_stack(nursery, socket_dir,
+                              replay=ReplayServer(speed=50.0, token_interval_ms=1.0),
+                              resume=ResumeSettings(session_bytes=bound))
+    request_id = "replay:long_stream:bound"
+    payload = envelope(chat(stream=True), request_id=request_id)
+    ticket, received = await detach(stack, payload)
+    registry = registry_of(stack)
+    # The journal fills to its bound, then the operation waits: vLLM's socket is no
+    # longer read (the replay's count stops), and nothing is dropped.
+    with trio.fail_after(10):
+        await until(lambda: registry.budget.held >= bound)
+        progress = stack.replay.playing[request_id]
+        sent = -1
+        while progress.sent != sent:
+            sent = progress.sent
+            await trio.sleep(0.2)
+    assert registry.budget.held < bound + (8 << 10)  # one upstream read past it at most
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)
+            operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                               after=received)
+            sequences = []
+            async for event in operation.events():
+                sequences.append(event.sequence)
+                if len(sequences) == 2000:
+                    await operation.cancel()
+                    break
+    assert sequences == list(range(received + 1, received + 2001))
+
+
+async def test_past_the_cap_sessions_open_without_resume(nursery: trio.Nursery,
+                                                         socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(max_sessions=1))
+    async with connect(stack.uri()) as client:
+        first = await client.open_session(resume=True)
+        second = await client.open_session(resume=True)
+        assert first.ticket is not None
+        assert second.ticket is None  # resume_enabled clear: the client sees it
+        await first.close()
+        third = await client.open_session(resume=True)  # the cap counts live ones only
+        assert third.ticket is not None
+
+
+async def test_a_resubmission_that_is_another_request_is_refused_and_the_original_ends(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir)
+    request_id = "replay:long_stream:other"
+    ticket, _ = await detach(stack, envelope(chat(stream=True), request_id=request_id))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)
+            other = envelope(chat(stream=True, max_tokens=3), request_id=request_id)
+            operation = await session.resubmit(other, operation_id=41, frame_id=4)
+            (terminal,) = [event async for event in operation.events()]
+        await until(lambda: stack.replay.disconnects)
+    assert isinstance(terminal, nnrp.ResultReceived)
+    assert terminal.meta.status_code == 409
+    assert terminal.typed_body is not None
+    error = json.loads(terminal.typed_body.frames[0].payload)["error"]
+    assert error["code"] == "resubmission_differs"
+    assert [r.method for r in stack.replay.requests].count("POST") == 1
