@@ -253,6 +253,10 @@ class ClientConnection:
             session.by_frame[frame_id] = operation
             session.by_operation[operation_id] = operation
 
+    def forget_session(self, session_id: int) -> None:
+        """A session adopted here that stays elsewhere after all (a refused migration)."""
+        self._sessions.pop(session_id, None)
+
     def submit(self, session_id: int, operation_id: int, frame_id: int, payload: bytes, *,
                trace_id: int = 0, after_sequence: int | None = None) -> bytes:
         """FRAME_SUBMIT with one STRUCTURED_EVENT typed frame (the openai mapping);

@@ -480,7 +480,9 @@ class Connection:
             return
         for record in sorted(journal.records.values(), key=lambda r: r.frame_id):
             if record.frame_id > event.last_result_frame_id and record.entries:
-                self._replay(session, record.operation_id, None)
+                self._send_again(session, record.operation_id,
+                                 journal.kept(record.operation_id), None)
+        session.changed()
 
     def _resubmitted(self, event: OperationResubmitted) -> None:
         """After a resume the client submitted an operation again: the same request gets
@@ -512,8 +514,12 @@ class Connection:
 
     def _replay(self, session: Session, operation_id: int, after: int | None) -> None:
         assert session.journal is not None
+        self._send_again(session, operation_id, session.journal.replay(operation_id, after),
+                         after)
+
+    def _send_again(self, session: Session, operation_id: int, packets: list[bytes],
+                    after: int | None) -> None:
         assert self.registry is not None
-        packets = session.journal.replay(operation_id, after)
         self.outbox.put_all(packets)
         partials = sum(1 for packet in packets if packet[6] == MsgType.PARTIAL_RESULT)
         operation = session.operations.get(operation_id)

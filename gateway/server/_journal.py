@@ -121,6 +121,11 @@ class Journal:
                 start = len(entries) if position > self.last_sequence(operation_id) else 0
         return [entry.packet for entry in entries[start:]]
 
+    def kept(self, operation_id: int) -> list[bytes]:
+        """Every packet still held (a migration: the client gave no position and dedups
+        by sequence; what was dropped while attached went out long before)."""
+        return [entry.packet for entry in self.records[operation_id].entries]
+
     def last_sequence(self, operation_id: int) -> int:
         record = self.records[operation_id]
         return max((entry.sequence for entry in record.entries), default=record.dropped_through)

@@ -354,19 +354,26 @@ class NnrpClient:
                               new_transport_id: int, last_result_frame_id: int = 0
                               ) -> SessionMigrateAck:
         """Move ``session`` (of another connection of this client's) here with
-        SESSION_MIGRATE; on acceptance its operations continue on this connection."""
+        SESSION_MIGRATE; on acceptance its operations continue on this connection. The
+        server sends again what it holds of frames after ``last_result_frame_id``: the
+        session is taken here before asking, so nothing that comes with the answer, or
+        still comes on the old connection, is lost (repeats are dropped)."""
         assert session.ticket is not None, "only a resumable session carries a token"
+        old = session.client
+        old.sessions.pop(session.session_id, None)
+        self.sans_io.adopt_session(session.session_id, {
+            op.operation_id: (op.frame_id, op.sequence) for op in session.operations.values()})
+        session.client = self
+        self.sessions[session.session_id] = session
         await self.send(self.sans_io.migrate_session(
             session.session_id, session.ticket.token, old_transport_id=old_transport_id,
             new_transport_id=new_transport_id, last_result_frame_id=last_result_frame_id))
         ack = await self._migrate_answers[1].receive()
-        if ack.accept_code == 0:
-            self.sans_io.adopt_session(session.session_id, {
-                op.operation_id: (op.frame_id, op.sequence)
-                for op in session.operations.values()})
-            session.client.sessions.pop(session.session_id, None)
-            session.client = self
-            self.sessions[session.session_id] = session
+        if ack.accept_code != 0:  # it stays where it was
+            self.sessions.pop(session.session_id, None)
+            self.sans_io.forget_session(session.session_id)
+            session.client = old
+            old.sessions[session.session_id] = session
         return ack
 
     async def _reader(self) -> None:
@@ -483,7 +490,9 @@ class NnrpClient:
         elif isinstance(event, RepeatReceived):
             pass  # held already: sent again after a resume or a migration
         elif isinstance(event, PartialReceived | ResultReceived | DropReceived):
-            session = self.sessions[event.session_id]
+            session = self.sessions.get(event.session_id)
+            if session is None:
+                return  # migrated away: its results are sent again where it went
             operation = session.operations[event.frame_id]
             if isinstance(event, PartialReceived):
                 operation.sequence = event.sequence

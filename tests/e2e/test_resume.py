@@ -41,7 +41,7 @@ from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.cut import DatagramCutProxy, StreamCutProxy
 from tests.support.native import describe, openai_submit
 from tests.support.quic import Pki, make_pki, until
-from tests.support.stack import Stack, chat, envelope, records_of, start_stack
+from tests.support.stack import Stack, chat, envelope, records_of, run_operation, start_stack
 
 pytestmark = pytest.mark.interop
 
@@ -213,3 +213,51 @@ async def test_our_client_resumes_by_itself_and_the_stream_goes_on(
     await until(lambda: records)
     (record,) = records
     assert (record.outcome, record.resumed, record.events) == ("ok", 1, 150)
+
+
+async def test_a_session_migrates_to_another_transport_mid_stream(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """SESSION_MIGRATE on a new ws connection moves a session streaming on tcp: the ACK's
+    cursor is past every frame used, what the gateway holds of the stream is sent again
+    there (the client drops the repeats), and the stream ends there; vLLM never knew."""
+    stack = await start_stack(nursery, socket_dir,
+                              replay=ReplayServer(speed=1.0, token_interval_ms=5.0))
+    registry = stack.gateway.server.registry
+    assert registry is not None
+    with trio.fail_after(30):
+        async with connect(stack.uri("tcp")) as first, connect(stack.uri("websocket")) as second:
+            session = await first.open_session(resume=True)
+            operation = await session.submit(envelope(chat(stream=True, max_tokens=120)),
+                                              operation_id=9, frame_id=3)
+            events: list[Any] = []
+            async for event in operation.events():
+                events.append(event)
+                if len(events) == 20:
+                    ack = await second.migrate_session(
+                        session, old_transport_id=nnrp.TransportId.TCP,
+                        new_transport_id=nnrp.TransportId.WEBSOCKET)
+                    assert (ack.accept_code, ack.resume_from_frame_id) == (0, 4)
+            assert session.client is second and session.session_id in second.sessions
+            await session.close()
+    partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
+    assert partials == list(range(1, 121))
+    assert isinstance(events[-1], nnrp.ResultReceived) and events[-1].meta.status_code == 200
+    assert registry.stats.migrated_total == 1 and registry.stats.replayed_events_total >= 20
+    assert len([r for r in stack.replay.requests if r.method == "POST"]) == 1
+    assert stack.replay.disconnects == []
+
+
+async def test_a_migration_with_a_wrong_token_moves_nothing(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    stack = await start_stack(nursery, socket_dir)
+    with trio.fail_after(10):
+        async with connect(stack.uri("tcp")) as first, connect(stack.uri("websocket")) as second:
+            session = await first.open_session(resume=True)
+            assert session.ticket is not None
+            session.ticket = attrs.evolve(session.ticket, token=b"\x01" * 24)
+            ack = await second.migrate_session(session, old_transport_id=nnrp.TransportId.TCP,
+                                               new_transport_id=nnrp.TransportId.WEBSOCKET)
+            assert ack.accept_code == nnrp.MigrateAccept.REFUSED
+            assert session.client is first
+            outcome = await run_operation(session, envelope(chat(max_tokens=2)))
+            assert outcome.status == 200  # it works where it was
