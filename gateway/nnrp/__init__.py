@@ -138,6 +138,7 @@ from ._events import (
     Event as Event,
     FlowChanged as FlowChanged,
     FrameIgnored as FrameIgnored,
+    HandedOff as HandedOff,
     HandshakeCompleted as HandshakeCompleted,
     OperationCancelled as OperationCancelled,
     OperationResubmitted as OperationResubmitted,

@@ -99,6 +99,15 @@ class SessionMigrated:
 
 
 @attrs.frozen
+class HandedOff:
+    """A resume or migration names a session another process of the gateway holds (rule
+    4d): nothing was answered and nothing more is read here; the I/O layer relays the
+    connection, from its first byte, to that process."""
+
+    session_id: int
+
+
+@attrs.frozen
 class SessionOpenRefused:
     session_id: int
     error_code: int
@@ -258,6 +267,7 @@ class ConnectionFailed:
 
 Event = (
     SendBytes | HandshakeCompleted | SessionOpened | SessionResumed | SessionMigrated
+    | HandedOff
     | SessionOpenRefused | OperationSubmitted | OperationResubmitted | SubmitRefused
     | OperationCancelled | DeadlineUpdated | TraceContextUpdated | PriorityRequested
     | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored

@@ -54,16 +54,17 @@ row names its acceptance scope and its handler, and each handler cites its rule;
       resubmits nothing, and the results of frames after last_result_frame_id are
       replayed (``SessionMigrated``). A refusal is a non-zero accept_code
       (``MigrateAccept``).
+   d. A token of a session another process of the gateway holds (``--workers``): if
+      the resume or migration is the first session message of the connection, nothing
+      is answered, the connection is ``HANDED_OFF`` (``HandedOff``) and reads nothing
+      more; the I/O layer relays it whole to that process. Otherwise it is refused.
 11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
     over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go. Their
     flags (or FLOW_UPDATE's scope) pick connection, session or operation; an operation
     window only for an operation in flight (else noted and ignored). Windows belong to
     the connection: a session resumed or migrated here starts with none.
-13. Features this server does not have are refused in their own message's form (the
-    session-scoped ones in ``_server_controls``). CACHE_INVALIDATE, OBJECT_*, the
-    client's PROGRESS, PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE,
-    RETRY_AFTER, CACHE_MISS, CACHE_ACK, PONG, and messages only a server sends are noted
-    and ignored (``FrameIgnored``).
+13. Features this server does not have are refused in their own message's form, or
+    noted and ignored (``_server_controls`` rule 13, and its ``IGNORED`` table).
 16. PING is answered with PONG at once. SESSION_CLOSE moves the session to ``CLOSING``:
     no new submits; the adapter drains (or aborts) and then calls
     ``send_session_close_ack``. CLOSE and a fatal ERROR from the peer end the connection.
@@ -105,6 +106,7 @@ from ._events import (
     Event,
     FlowChanged,
     FrameIgnored,
+    HandedOff,
     HandshakeCompleted,
     PeerClosed,
     PeerError,
@@ -148,6 +150,7 @@ class ConnState(enum.Enum):
     AWAIT_HELLO = "await_hello"
     READY = "ready"
     CLOSED = "closed"
+    HANDED_OFF = "handed_off"  # relayed to another process from now on (rule 4d)
 
 
 #: SESSION_MIGRATE_ACK accept_code of a refusal without a better reason (rule 4c).
@@ -209,7 +212,7 @@ class ServerConnection:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """Bytes from a stream transport (TCP, unix socket, a QUIC stream)."""
-        if self.state is ConnState.CLOSED:
+        if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
         try:
             packets = self._decoder.feed(data)
@@ -225,7 +228,7 @@ class ServerConnection:
 
     def receive_message(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """One WebSocket binary message: exactly one packet."""
-        if self.state is ConnState.CLOSED:
+        if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
         try:
             packet = decode_packet(data, self.config.max_packet)
@@ -244,7 +247,7 @@ class ServerConnection:
                 self._dispatch(packet, events)
             except RemoteProtocolError as exc:
                 events.append(self._fail(exc))
-            if self.state is ConnState.CLOSED:
+            if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
                 break
         return events
 
@@ -387,6 +390,9 @@ class ServerConnection:
             self._refuse_open(request, *rejected, events)
             return
         claimed = self.store.resume(session_id, token, identity_of(auth))
+        if claimed is ResumeRefused.ELSEWHERE and not self._sessions:
+            self._hand_off(session_id, events)  # rule 4d
+            return
         if isinstance(claimed, ResumeRefused):
             if claimed is ResumeRefused.RETRY_LATER:
                 self._refuse_open(request, SessionError.RESUME_REJECTED,
@@ -490,7 +496,11 @@ class ServerConnection:
         refusal = self._migrate_refusal(request, packet, moves)
         if refusal is None and moves:
             assert self.store is not None
-            session = self.store.migrate(session_id, bytes(packet.body))
+            taken = self.store.migrate(session_id, bytes(packet.body))
+            if taken is ResumeRefused.ELSEWHERE and not self._sessions:
+                self._hand_off(session_id, events)  # rule 4d
+                return
+            session = taken if isinstance(taken, ServerSession) else None
             if session is None:
                 refusal = MigrateAccept.REFUSED
         now_us = int(self._wall_clock() * 1e6)
@@ -508,6 +518,10 @@ class ServerConnection:
         events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
         if moves:
             events.append(SessionMigrated(session_id, request.last_result_frame_id, cursor))
+
+    def _hand_off(self, session_id: int, events: list[Event]) -> None:
+        self.state = ConnState.HANDED_OFF
+        events.append(HandedOff(session_id))
 
     def _migrate_refusal(self, request: SessionMigrate, packet: Packet, moves: bool
                          ) -> MigrateAccept | None:
@@ -577,7 +591,7 @@ class ServerConnection:
 
     def _on_ignored(self, packet: Packet, events: list[Event]) -> None:
         events.append(FrameIgnored(packet.session_id, int(packet.msg_type),
-                                   _IGNORED[packet.msg_type]))
+                                   controls.IGNORED[packet.msg_type]))
 
     def _on_ping(self, packet: Packet, events: list[Event]) -> None:
         events.append(SendBytes(encode(Packet(Pong(), session_id=packet.session_id,
@@ -735,33 +749,6 @@ class SessionRule:
     handler: SessionHandler
 
 
-#: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
-_IGNORED: dict[MsgType, str] = {
-    MsgType.PONG: "a PONG answers nothing we sent",
-    MsgType.CACHE_INVALIDATE: "this server keeps no cache",
-    MsgType.CACHE_ACK: "this server sends no CACHE_PUT",
-    MsgType.CACHE_MISS: "this server sends no CACHE_REFERENCE",
-    MsgType.OBJECT_DECLARE: "runtime objects are not served",
-    MsgType.OBJECT_REF: "runtime objects are not served",
-    MsgType.OBJECT_RELEASE: "runtime objects are not served",
-    MsgType.OBJECT_PATCH: "runtime objects are not served",
-    MsgType.OBJECT_DELTA: "runtime objects are not served",
-    MsgType.PROGRESS: "the openai-compatible profile has no client-side progress",
-    MsgType.PARTIAL_RESULT: "the openai-compatible profile has no client-side results",
-    MsgType.RESULT_DROP_REASON: "the openai-compatible profile has no client-side results",
-    MsgType.ERROR_RECOVERABLE: "noted: a client's recoverable error needs no answer",
-    MsgType.RETRY_AFTER: "noted: this server sends nothing a client could ask to retry",
-    MsgType.SERVER_HELLO_ACK: "only a server sends it",
-    MsgType.SESSION_OPEN_ACK: "only a server sends it",
-    MsgType.SESSION_CLOSE_ACK: "only a server sends it",
-    MsgType.SESSION_PATCH_ACK: "only a server sends it",
-    MsgType.RESULT_PUSH: "only a server sends it",
-    MsgType.RESULT_DROP: "only a server sends it",
-    MsgType.RESULT_HINT: "only a server sends it",
-    MsgType.TRANSPORT_PROBE_ACK: "only a server sends it",
-    MsgType.SESSION_MIGRATE_ACK: "only a server sends it",
-}
-
 S = ServerConnection
 C = controls
 #: One row per preview4 message type (tests/nnrp checks the table covers MsgType).
@@ -794,7 +781,7 @@ _RULES: dict[MsgType, ConnectionRule | SessionRule] = {
     MsgType.SESSION_PATCH: SessionRule(Scope.SESSION, C.on_session_patch),
     MsgType.CACHE_PUT: SessionRule(Scope.SESSION, C.on_cache_put),
     MsgType.CACHE_REFERENCE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_cache_reference),
-    **{msg_type: ConnectionRule(Scope.CONNECTION, S._on_ignored) for msg_type in _IGNORED},
+    **{msg_type: ConnectionRule(Scope.CONNECTION, S._on_ignored) for msg_type in controls.IGNORED},
 }
 del S, C
 assert set(_RULES) == set(MsgType), "every preview4 message type needs a rule"

@@ -44,10 +44,12 @@ Rules (numbered as in ``_server``):
     ``control.credit_backpressure`` negotiated, the session's free operation slots are
     advertised (CREDIT_UPDATE, or BACKPRESSURE hard when none are left) at once and on
     every change.
-13. Session features this server does not have are refused in their own message's
-    form: SESSION_PATCH gets SESSION_PATCH_ACK rejected, CACHE_PUT gets CACHE_ACK
-    rejected, CACHE_REFERENCE gets CACHE_MISS not_found. (The connection-level ones, and
-    what is noted and ignored, are ``_server``'s.)
+13. Features this server does not have are refused in their own message's form:
+    SESSION_PATCH gets SESSION_PATCH_ACK rejected, CACHE_PUT gets CACHE_ACK rejected,
+    CACHE_REFERENCE gets CACHE_MISS not_found. CACHE_INVALIDATE, OBJECT_*, the client's
+    PROGRESS, PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER,
+    CACHE_MISS, CACHE_ACK, PONG, and messages only a server sends are noted and ignored
+    (``FrameIgnored``, with the reason ``IGNORED`` gives; the connection routes them).
 14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
     must name an active operation's frame; a non-zero header.trace_id must equal the
     metadata trace_id.
@@ -106,6 +108,32 @@ from ._messages import (
 from ._server_session import OpState, PendingDeadline, ServerOperation, ServerSession
 from ._tokens import pack_tokens, parse_tokens
 
+#: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
+IGNORED: dict[MsgType, str] = {
+    MsgType.PONG: "a PONG answers nothing we sent",
+    MsgType.CACHE_INVALIDATE: "this server keeps no cache",
+    MsgType.CACHE_ACK: "this server sends no CACHE_PUT",
+    MsgType.CACHE_MISS: "this server sends no CACHE_REFERENCE",
+    MsgType.OBJECT_DECLARE: "runtime objects are not served",
+    MsgType.OBJECT_REF: "runtime objects are not served",
+    MsgType.OBJECT_RELEASE: "runtime objects are not served",
+    MsgType.OBJECT_PATCH: "runtime objects are not served",
+    MsgType.OBJECT_DELTA: "runtime objects are not served",
+    MsgType.PROGRESS: "the openai-compatible profile has no client-side progress",
+    MsgType.PARTIAL_RESULT: "the openai-compatible profile has no client-side results",
+    MsgType.RESULT_DROP_REASON: "the openai-compatible profile has no client-side results",
+    MsgType.ERROR_RECOVERABLE: "noted: a client's recoverable error needs no answer",
+    MsgType.RETRY_AFTER: "noted: this server sends nothing a client could ask to retry",
+    MsgType.SERVER_HELLO_ACK: "only a server sends it",
+    MsgType.SESSION_OPEN_ACK: "only a server sends it",
+    MsgType.SESSION_CLOSE_ACK: "only a server sends it",
+    MsgType.SESSION_PATCH_ACK: "only a server sends it",
+    MsgType.RESULT_PUSH: "only a server sends it",
+    MsgType.RESULT_DROP: "only a server sends it",
+    MsgType.RESULT_HINT: "only a server sends it",
+    MsgType.TRANSPORT_PROBE_ACK: "only a server sends it",
+    MsgType.SESSION_MIGRATE_ACK: "only a server sends it",
+}
 
 def control_target(session: ServerSession, packet: Packet, operation_id: int,
                    events: list[Event], control_sequence: int | None = None

@@ -21,11 +21,14 @@ class ResumeGrant:
 
 
 class ResumeRefused(enum.Enum):
-    """Why a resume is refused (rule 4b); ``RETRY_LATER`` only for the holder of the
-    current token of a session still attached elsewhere."""
+    """Why a resume is not answered here (rule 4b); ``RETRY_LATER`` only for the holder of
+    the current token of a session still attached elsewhere."""
 
     REJECTED = "rejected"
     RETRY_LATER = "retry_later"
+    #: Another process of the gateway holds the session: the connection is handed to it
+    #: (rule 4d), from its first byte.
+    ELSEWHERE = "elsewhere"
 
 
 class SessionStore(Protocol):
@@ -45,9 +48,10 @@ class SessionStore(Protocol):
         grant; or why not."""
         ...
 
-    def migrate(self, session_id: int, token: bytes) -> ServerSession | None:
+    def migrate(self, session_id: int, token: bytes) -> ServerSession | ResumeRefused:
         """The session ``token`` names, taken from wherever it is (detached, or attached
-        to another connection, which lets it go) and attached here; None: refused."""
+        to another connection, which lets it go) and attached here; or why not
+        (``REJECTED``, or ``ELSEWHERE``)."""
         ...
 
 

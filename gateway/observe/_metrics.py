@@ -157,6 +157,8 @@ RESUME_COUNTERS: dict[str, tuple[str, str]] = {
                       "operations were cancelled)."),
     "refused_total": ("resume_refused", "Resumes and migrations refused (a token that "
                       "opens nothing)."),
+    "relayed_total": ("resume_relayed", "Connections relayed whole to the worker holding "
+                      "the session they resume (--workers)."),
     "replayed_events_total": ("resume_replayed_events", "Results sent again after a "
                               "resume or migration."),
     "replayed_bytes_total": ("resume_replayed_bytes", "Bytes of the frames sent again "

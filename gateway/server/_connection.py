@@ -46,6 +46,7 @@ from gateway.nnrp import (
     Event,
     FlowChanged,
     FrameIgnored,
+    HandedOff,
     HandshakeCompleted,
     LocalProtocolError,
     MsgType,
@@ -77,6 +78,7 @@ from gateway.transport import PacketTransport, TextMessageError, read_until_clos
 from ._journal import ReplayGap
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
+from ._relay import relay
 from ._resume import Record, SessionRegistry
 from ._session import Observer, Session
 from ._stats import ServerStats
@@ -87,6 +89,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.server")
 #: After a fatal ERROR, how long the connection waits for its client to close it.
 FAILURE_LINGER = 1.0
+#: Bytes kept of a connection before its first session, to relay it whole (``_relay``):
+#: a hello, a resume, a resubmission or a few.
+MAX_PREAMBLE = 256 << 10
 _connection_ids = itertools.count(1)
 #: The SESSION_MIGRATE transport id of each carrier kind (nnrp-wire.md section 1).
 TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
@@ -146,6 +151,11 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
         self._failed = False
+        #: Every byte received until a session opens (a resume naming another worker's
+        #: session is relayed there from the first byte: ``_relay``); None after.
+        self._preamble: bytearray | None = bytearray()
+        #: The worker's relay socket this connection was handed to (``HandedOff``).
+        self._handed_to: str | None = None
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
 
@@ -166,9 +176,14 @@ class Connection:
                 nursery.start_soon(self._handshake_watchdog)
                 nursery.start_soon(self._idle_watchdog)
                 await self._reader()
-                # The reader ended: the peer is gone or broke the protocol.
-                self._leave()
+                if self._handed_to is not None:
+                    with trio.move_on_after(self.limits.write_timeout):
+                        await self.outbox.wait_flushed()  # our hello ack goes first
+                else:  # the peer is gone or broke the protocol
+                    self._leave()
                 nursery.cancel_scope.cancel()
+            if self._handed_to is not None and self._preamble is not None:
+                await self._relay(self._handed_to, bytes(self._preamble))
         except Exception:
             self.log.exception("connection crashed")
         finally:
@@ -198,6 +213,19 @@ class Connection:
                                else EndCause.DISCONNECTED)
             if record is not None and self.registry is not None:
                 self.registry.end(record)
+
+    async def _relay(self, path: str, preamble: bytes) -> None:
+        assert self.registry is not None
+        self.registry.stats.relayed_total += 1
+        self.log.info("resume relayed to the worker holding the session", worker_socket=path)
+        try:
+            await relay(self.transport, path, preamble)
+        except OSError as exc:  # that worker is gone (restarted): its sessions went too
+            self.log.warning("relay to another worker failed", error=str(exc))
+
+    def can_hand_off(self) -> bool:
+        """Nothing but the handshake has happened here: the connection can go whole."""
+        return self._preamble is not None and not self.sessions
 
     def release_session(self, session_id: int) -> None:
         """A migration takes the session to another connection (``_resume`` rule 6):
@@ -274,6 +302,11 @@ class Connection:
                 return
             self._last_receive = trio.current_time()
             self.stats.bytes_in += len(data)
+            preamble = self._preamble
+            if preamble is not None:
+                preamble += data
+                if len(preamble) > MAX_PREAMBLE:
+                    self._preamble = None
             events = (protocol.receive_message(data) if self.transport.message_based
                       else protocol.receive_data(data))
             for event in events:
@@ -282,9 +315,15 @@ class Connection:
                     return
                 if isinstance(event, PeerClosed):
                     return
+                if isinstance(event, HandedOff):
+                    assert self._store is not None
+                    self._handed_to = self._store.handed_to
+                    return
                 self._handle(event)
                 if isinstance(event, PeerError) and event.fatal:
                     return
+            if self.sessions:
+                self._preamble = None
 
     async def _writer(self) -> None:
         try:
@@ -376,7 +415,7 @@ class Connection:
                 self._session_refused(event)
             case PeerError():
                 self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
-            case ConnectionFailed() | PeerClosed():
+            case ConnectionFailed() | PeerClosed() | HandedOff():
                 pass  # the reader ends the connection on these before they get here
             case _:
                 assert_never(event)

@@ -23,7 +23,10 @@ Rules (issue 21; README "Resumable sessions"; the connection's side is
    resume, the operations not resubmitted within the window end the same way.
 6. Migration takes the session from wherever it is, a live connection included (the
    client moves), without rotating the token (SESSION_MIGRATE_ACK cannot carry one).
-7. Drain (SIGTERM): no new windows. Detached sessions drain like attached ones (their
+7. Workers (``--workers N``): a token's first byte is the worker that issued it. A
+   resume or migration naming another worker's session, first thing on a connection,
+   is relayed to that worker whole (``_relay``); anywhere else it is refused.
+8. Drain (SIGTERM): no new windows. Detached sessions drain like attached ones (their
    operations finish within the drain time or end); a session whose connection ends
    during the drain ends; resumes are refused retry_later.
 """
@@ -62,6 +65,9 @@ class ResumeSettings:
     #: Result bytes all sessions of the process keep together.
     total_bytes: int = 256 << 20
     token_bytes: int = 24
+    #: With ``--workers``: this process's index, and every worker's relay socket (rule 7).
+    worker: int = 0
+    relays: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -81,14 +87,18 @@ class ResumeStats:
     migrated_total: int = 0
     expired_total: int = 0
     refused_total: int = 0
+    relayed_total: int = 0
     replayed_events_total: int = 0
     replayed_bytes_total: int = 0
 
 
 class Holder(Protocol):
-    """A connection, as the registry sees it: it can let a session go elsewhere."""
+    """A connection, as the registry sees it: it can let a session go elsewhere, and say
+    whether it could still be relayed whole to another worker (rule 7)."""
 
     def release_session(self, session_id: int) -> None: ...
+
+    def can_hand_off(self) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -121,6 +131,7 @@ class SessionRegistry:
         self._nursery: trio.Nursery | None = None
         self._timers: trio.Nursery | None = None
         self._stopped = trio.Event()
+        self._running = False
         self.draining = False
 
     @property
@@ -142,9 +153,16 @@ class SessionRegistry:
         windows' timers until then (the operations still running are waited for)."""
         async with trio.open_nursery() as operations, trio.open_nursery() as timers:
             self._nursery, self._timers = operations, timers
+            self._running = True
             task_status.started()
-            await self._stopped.wait()
-            timers.cancel_scope.cancel()
+            try:
+                await self._stopped.wait()
+            finally:
+                # The server is going (drained, or cancelled): from now on the nurseries
+                # take nothing new; a connection that ends ends its sessions (``detach``
+                # says no, ``end`` forgets at once).
+                self._running = False
+                timers.cancel_scope.cancel()
 
     def journal(self) -> Journal:
         return Journal(self.settings.session_bytes, self.budget)
@@ -157,6 +175,8 @@ class SessionRegistry:
 
     def _issue(self, record: Record) -> bytes:
         token = secrets.token_bytes(self.settings.token_bytes)
+        if self.settings.relays:  # rule 7: the first byte says which worker holds it
+            token = bytes([self.settings.worker]) + token[1:]
         self._records.pop(_key(record.token), None)
         record.token = token
         self._records[_key(token)] = record
@@ -176,6 +196,13 @@ class SessionRegistry:
         record = Record(protocol, b"", identity)
         self._issue(record)
         return record
+
+    def holder_of(self, token: bytes) -> str | None:
+        """The relay socket of the worker that issued ``token``, when it is another."""
+        relays = self.settings.relays
+        if not relays or not token or token[0] == self.settings.worker:
+            return None
+        return relays[token[0]] if token[0] < len(relays) else None
 
     def resume(self, session_id: int, token: bytes, identity: bytes
                ) -> Record | ResumeRefused:
@@ -207,13 +234,14 @@ class SessionRegistry:
         record.generation += 1
         if resumed:
             self.stats.resumed_total += 1
-            if record.protocol.awaiting:
+            if record.protocol.awaiting and self._running:
                 self._timer(self._expire_awaiting, record, record.generation)
 
     def detach(self, record: Record) -> bool:
         """The session's connection ended (rule 3): True when it is kept, detached; False
         when it must end (draining, or resume has been turned off)."""
-        if self.draining or record.ended or record.session is None:
+        if (self.draining or not self._running or record.ended
+                or record.session is None):
             return False
         record.holder = None
         record.detached_at = trio.current_time()
@@ -239,7 +267,11 @@ class SessionRegistry:
             return
         if cause is not None:
             session.cancel_all(cause)
-        self.nursery.start_soon(self._forget_when_idle, session)
+        if self._running:
+            self.nursery.start_soon(self._forget_when_idle, session)
+        elif session.journal is not None:  # nobody left to wait for: forget now
+            session.journal.clear()
+            session.release_journal()
 
     async def _forget_when_idle(self, session: Session) -> None:
         await session.wait_idle()
@@ -292,6 +324,16 @@ class Store:
         self._registry = registry
         self._holder = holder
         self.claimed: dict[int, Record] = {}
+        #: The relay socket of the worker a resume was handed off to (rule 7).
+        self.handed_to: str | None = None
+
+    def _elsewhere(self, token: bytes) -> bool:
+        """Rule 7: another worker holds it; the connection goes there if it can."""
+        path = self._registry.holder_of(token)
+        if path is None or not self._holder.can_hand_off():
+            return False
+        self.handed_to = path
+        return True
 
     def grant(self, session: ServerSession, identity: bytes) -> ResumeGrant | None:
         record = self._registry.grant(session, identity)
@@ -302,16 +344,20 @@ class Store:
 
     def resume(self, session_id: int, token: bytes, identity: bytes
                ) -> tuple[ServerSession, ResumeGrant] | ResumeRefused:
+        if self._elsewhere(token):
+            return ResumeRefused.ELSEWHERE
         claimed = self._registry.resume(session_id, token, identity)
         if isinstance(claimed, ResumeRefused):
             return claimed
         self.claimed[session_id] = claimed
         return claimed.protocol, ResumeGrant(claimed.token, self._registry.settings.window_ms)
 
-    def migrate(self, session_id: int, token: bytes) -> ServerSession | None:
+    def migrate(self, session_id: int, token: bytes) -> ServerSession | ResumeRefused:
+        if self._elsewhere(token):
+            return ResumeRefused.ELSEWHERE
         record = self._registry.migrate(session_id, token)
         if record is None:
-            return None
+            return ResumeRefused.REJECTED
         self.claimed[session_id] = record
         return record.protocol
 

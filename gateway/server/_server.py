@@ -28,6 +28,7 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._relay import relayed
 from ._resume import ResumeSettings, SessionRegistry
 from ._stats import ServerStats
 
@@ -119,6 +120,8 @@ class GatewayServer:
                         for uri, spec in specs:
                             endpoint = await accept.start(self._listen, uri, spec)
                             self.endpoints.append(endpoint)
+                        if self.registry is not None and self.registry.settings.relays:
+                            await accept.start(self._serve_relays)
                         self.accepting = True
                         task_status.started(list(self.endpoints))
                 self.accepting = False
@@ -251,6 +254,38 @@ class GatewayServer:
             await trio.sleep_forever()
         finally:
             listener.stop_accepting()
+
+    async def _serve_relays(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Connections another worker hands over whole: resumes of sessions held here
+        that the kernel gave to it (``_relay``, ``_resume`` rule 7)."""
+        assert self.registry is not None
+        settings = self.registry.settings
+        path = settings.relays[settings.worker]
+        listener = await open_unix_listener(path)
+        self._unix_paths.append(path)
+        task_status.started()
+        assert self._connection_nursery is not None
+        nursery = self._connection_nursery
+
+        async def take(stream: trio.SocketStream) -> None:
+            try:
+                transport = await relayed(stream)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            if transport is None:
+                await trio.aclose_forcefully(stream)
+                return
+            await self._serve_connection(transport)
+
+        async with listener:
+            while True:
+                stream = await listener.accept()
+                try:
+                    nursery.start_soon(take, stream)
+                except RuntimeError:  # the server is going: nobody to take it
+                    await trio.aclose_forcefully(stream)
+                    raise
 
     def reload_quic_tls(self) -> None:
         """SIGHUP: new QUIC handshakes use the re-read files (a bad file keeps the old)."""

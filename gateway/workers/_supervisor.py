@@ -123,6 +123,7 @@ class Supervisor:
         self.exit_status = 0
         self.uris: list[str] = []
         self._runtime_dir = ""
+        self._relays: tuple[str, ...] = ()
         self._slots: list[_Slot] = []
         self._listeners: list[SharedListener] = []
         self._stop = trio.Event()
@@ -177,6 +178,10 @@ class Supervisor:
         try:
             self._slots = [_Slot(i, os.path.join(self._runtime_dir, f"worker-{i}.sock"))
                            for i in range(self.workers)]
+            # Where each worker takes the resumes the kernel gave another (its sessions'
+            # tokens name it: gateway/server/_resume.py rule 7).
+            self._relays = tuple(os.path.join(self._runtime_dir, f"worker-{i}.relay")
+                                 for i in range(self.workers))
             if self.config.tls is not None:
                 server_context(self.config.tls)  # a bad file: one clear error, not N crashes
             for uri in self.config.listen:
@@ -287,7 +292,10 @@ class Supervisor:
                         listener.renew(slot.index)
                     plan = WorkerPlan(
                         slot.index,
-                        attrs.evolve(self.config, admin_listen=f"unix:{slot.admin_path}"),
+                        attrs.evolve(self.config, admin_listen=f"unix:{slot.admin_path}",
+                                     resume=attrs.evolve(self.config.resume,
+                                                         worker=slot.index,
+                                                         relays=self._relays)),
                         tuple(listener.for_worker(slot.index) for listener in self._listeners),
                         started_write, self.log_level)
                     message = encode_plan(plan)

@@ -34,6 +34,8 @@ from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeTransportClientSecurity
 
 from gateway import nnrp
+from gateway.app import Gateway, GatewayConfig
+from gateway.server import ResumeSettings
 from gateway.tools.client import connect
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
@@ -261,3 +263,53 @@ async def test_a_migration_with_a_wrong_token_moves_nothing(
             assert session.client is first
             outcome = await run_operation(session, envelope(chat(max_tokens=2)))
             assert outcome.status == 200  # it works where it was
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+async def test_a_resume_the_kernel_gives_to_another_worker_is_relayed_to_the_holder(
+        nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
+    """Two gateways as two workers of a pod (each its own listeners, tokens naming the
+    worker that issued them, a relay socket each): a session opened on worker 0 is
+    resumed on a connection worker 1 accepted, which hands the connection to worker 0
+    whole; the stream goes on, vLLM saw one request. (tests/e2e/test_workers.py runs the
+    same through a real --workers 2 gateway, wherever the kernel puts it.)"""
+    replay = ReplayServer(speed=1.0, token_interval_ms=5.0)
+    url = await nursery.start(replay.serve)
+    relays = (str(socket_dir / "w0.relay"), str(socket_dir / "w1.relay"))
+    workers = []
+    for index in (0, 1):
+        gateway = Gateway(GatewayConfig(
+            listen=("tcp://127.0.0.1:0", "ws://127.0.0.1:0/nnrp"), vllm_url=url,
+            probe_interval=0.05, resume=ResumeSettings(worker=index, relays=relays)))
+        await nursery.start(gateway.run)
+        workers.append(gateway)
+    scheme = "tcp" if transport == "tcp" else "ws"
+    first, second = (next(e.uri for e in gw.endpoints if e.uri.startswith(f"{scheme}://"))
+                     for gw in workers)
+    payload = envelope(chat(stream=True, max_tokens=100))
+    with trio.fail_after(30):
+        async with connect(first) as client:
+            session = await client.open_session(resume=True)
+            assert session.ticket is not None and session.ticket.token[0] == 0
+            operation = await session.submit(payload, operation_id=5, frame_id=5)
+            held = []
+            async for event in operation.events():
+                held.append(event)
+                if len(held) == 10:
+                    break
+        holder = workers[0].server.registry
+        assert holder is not None
+        await until(lambda: holder.detached == 1)
+        async with connect(second) as client:
+            resumed = await client.resume_session(session.ticket)
+            assert resumed.ticket is not None and resumed.ticket.token[0] == 0
+            again = await resumed.resubmit(payload, operation_id=5, frame_id=5,
+                                           after=held[-1].sequence)
+            rest = [event async for event in again.events()]
+    sequences = [e.sequence for e in held + rest if isinstance(e, nnrp.PartialReceived)]
+    assert sequences == list(range(1, 101))
+    assert isinstance(rest[-1], nnrp.ResultReceived) and rest[-1].meta.status_code == 200
+    relayer = workers[1].server.registry
+    assert relayer is not None and relayer.stats.relayed_total == 1
+    assert holder.stats.resumed_total == 1
+    assert len([r for r in replay.requests if r.method == "POST"]) == 1

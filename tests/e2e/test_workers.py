@@ -428,3 +428,49 @@ def test_nnrp_pys_native_client_streams_through_both_workers(
                             ["PARTIAL_RESULT"] * 6 + ["RESULT_PUSH"])
                     session.close()
         wait_for(lambda: len(served.operations()) == 16, what="16 operation records")
+
+
+def test_a_resume_the_kernel_gives_to_the_other_worker_is_relayed_to_the_holder(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    """A session opened on worker 0; its client's connection drops; the new connection
+    lands on worker 1 (found, as in every test here, not guessed), which relays it whole
+    to worker 0: the stream goes on with nothing lost and nothing twice."""
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        holder, other = served.pids
+        uri = served.uris["tcp"]
+        payload = envelope(chat(stream=True, max_tokens=60))
+
+        async def scenario() -> tuple[list[Any], list[Any]]:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await connect_to(stack, uri, holder, served.pids)
+                session = await client.open_session(resume=True)
+                assert session.ticket is not None and session.ticket.token[0] == 0
+                operation = await session.submit(payload, operation_id=3, frame_id=3)
+                held = []
+                async for event in operation.events():
+                    held.append(event)
+                    if len(held) == 5:
+                        break
+            # The connection went without SESSION_CLOSE: the session waits on worker 0.
+            await trio.to_thread.run_sync(lambda: wait_for(
+                lambda: served.metrics().get(
+                    'nnrp_gateway_resume_sessions{state="detached"}') == 1,
+                what="the detached session"))
+            async with contextlib.AsyncExitStack() as stack:
+                client = await connect_to(stack, uri, other, served.pids)
+                resumed = await client.resume_session(session.ticket)
+                again = await resumed.resubmit(payload, operation_id=3, frame_id=3,
+                                               after=held[-1].sequence)
+                rest = [event async for event in again.events()]
+                await resumed.close()
+            return held, rest
+
+        held, rest = trio.run(scenario)
+        sequences = [event.sequence for event in held + rest
+                     if not isinstance(event, ResultReceived)]
+        assert sequences == list(range(1, 61))
+        assert isinstance(rest[-1], ResultReceived) and rest[-1].meta.status_code == 200
+        metrics = served.metrics()
+        assert metrics["nnrp_gateway_resume_relayed_total"] == 1
+        assert metrics["nnrp_gateway_resume_resumed_total"] == 1
+        assert len([r for r in replay.server.requests if r.method == "POST"]) == 1

@@ -57,10 +57,11 @@ class Store:
         self.attached.add(id(session))
         return session, nnrp.ResumeGrant(fresh, self.window_ms)
 
-    def migrate(self, session_id: int, token: bytes) -> nnrp.ServerSession | None:
+    def migrate(self, session_id: int, token: bytes
+                ) -> nnrp.ServerSession | nnrp.ResumeRefused:
         session = self.sessions.get(token)
         if session is None or session.session_id != session_id:
-            return None
+            return nnrp.ResumeRefused.REJECTED
         self.attached.add(id(session))
         return session
 

@@ -1,0 +1,131 @@
+"""A connection another process of the gateway serves (``--workers``): its bytes relayed
+both ways, so a session resumes on the worker that holds it whichever worker the kernel
+gave the new connection to.
+
+Rules (gateway/nnrp/_server.py rule 4d; README, "Resumable sessions"):
+
+1. A worker relays a connection only when its first session message is a resume or a
+   migration naming another worker's session (the token's first byte is the worker
+   that issued it): nothing of the connection has state here but the handshake.
+2. To the holder: a fixed ``HEADER`` (the carrier's kind and the client's address, for
+   its logs and metrics), then the client's bytes from its CLIENT_HELLO on (probes
+   before it were answered here already). The holder's connection is an ordinary one
+   and answers the hello; its SERVER_HELLO_ACK is dropped (the client has ours).
+3. Everything else goes through as it comes: on a message carrier (WebSocket) one packet
+   per message each way. Either side's end is the other's. The relay costs one more
+   hop on loopback per packet, for that connection only (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import trio
+
+from gateway.nnrp import HEADER_LEN, MsgType
+from gateway.transport import PacketTransport, StreamTransport
+
+#: magic, carrier kind, client address: fixed size, so the holder reads exactly it.
+HEADER = struct.Struct("!8s16s64s")
+MAGIC = b"NNRPRLY1"
+#: meta_len and body_len in an NNRP header (nnrp-wire.md section 2).
+_LENGTHS = struct.Struct("<II")
+#: The most the relay buffers of a packet it is splitting (the largest legal packet).
+MAX_PACKET = 64 << 20
+
+
+def split_packets(buffer: bytearray) -> list[bytes]:
+    """The whole packets at the start of ``buffer`` (removed from it); a partial one
+    stays. Framing only: the holder has checked every packet it sent."""
+    packets = []
+    while len(buffer) >= HEADER_LEN:
+        meta_len, body_len = _LENGTHS.unpack_from(buffer, 12)
+        size = HEADER_LEN + meta_len + body_len
+        if size > MAX_PACKET or len(buffer) < size:
+            break
+        packets.append(bytes(buffer[:size]))
+        del buffer[:size]
+    return packets
+
+
+def without_probes(preamble: bytes) -> bytes:
+    """Rule 2: the client's bytes from its CLIENT_HELLO on."""
+    buffer = bytearray(preamble)
+    kept = bytearray()
+    packets = split_packets(buffer)
+    seen_hello = False
+    for packet in packets:
+        seen_hello = seen_hello or packet[6] == MsgType.CLIENT_HELLO
+        if seen_hello:
+            kept += packet
+    return bytes(kept + buffer)
+
+
+async def relay(transport: PacketTransport, holder_path: str, preamble: bytes) -> None:
+    """Relay the client's connection to the worker listening on ``holder_path`` until
+    either side ends (rules 2, 3)."""
+    holder = await trio.open_unix_socket(holder_path)
+    async with holder:
+        header = HEADER.pack(MAGIC, transport.kind.encode()[:16],
+                             transport.peer.encode("ascii", "replace")[:64])
+        await holder.send_all(header + without_probes(preamble))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_to_holder, transport, holder, nursery.cancel_scope)
+            nursery.start_soon(_to_client, holder, transport, nursery.cancel_scope)
+
+
+async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
+                     done: trio.CancelScope) -> None:
+    try:
+        while (data := await transport.receive()) is not None:
+            await holder.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    done.cancel()
+
+
+async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
+                     done: trio.CancelScope) -> None:
+    buffer = bytearray()
+    greeted = False  # the holder's SERVER_HELLO_ACK has come, and was dropped
+    try:
+        while data := await holder.receive_some(65536):
+            buffer += data
+            if not greeted:
+                packets = split_packets(buffer)
+                if not packets:
+                    continue
+                if packets[0][6] != MsgType.SERVER_HELLO_ACK:
+                    return  # not a gateway answering: nothing of it reaches the client
+                greeted = True
+                out = packets[1:]
+            else:
+                out = split_packets(buffer) if transport.message_based else []
+            if not transport.message_based and buffer:  # a byte stream: as it comes
+                out.append(bytes(buffer))
+                buffer.clear()
+            if out:
+                await transport.send(out)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        done.cancel()
+
+
+async def relayed(stream: trio.SocketStream) -> StreamTransport | None:
+    """The holder's side: read the header of a relayed connection (rule 2) and make it
+    a transport that reports the client's carrier and address; None if it is none."""
+    header = bytearray()
+    with trio.move_on_after(5):
+        while len(header) < HEADER.size:
+            data = await stream.receive_some(HEADER.size - len(header))
+            if not data:
+                return None
+            header += data
+    if len(header) < HEADER.size:
+        return None
+    magic, kind, peer = HEADER.unpack(bytes(header))
+    if magic != MAGIC:
+        return None
+    return StreamTransport(stream, kind.rstrip(b"\0").decode(),
+                           peer.rstrip(b"\0").decode("ascii", "replace"))
