@@ -149,6 +149,15 @@ def test_wiring(values_file: Path | None) -> None:
     assert vllm["livenessProbe"]["timeoutSeconds"] >= 5
     service_ports = {p["name"]: p["port"] for p in manifests["Service"][0]["spec"]["ports"]}
     assert service_ports["nnrp"] == values["gateway"]["port"]
+    # A resuming client lands on its session's pod only with ClientIP affinity.
+    assert args[args.index("--resume-window") + 1] == str(values["gateway"]["resumeWindowSeconds"])
+    service = manifests["Service"][0]["spec"]
+    assert service["sessionAffinity"] == values["service"]["sessionAffinity"]
+    if service["sessionAffinity"] == "ClientIP":
+        assert service["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == (
+            values["service"]["sessionAffinityTimeoutSeconds"])
+        assert (values["service"]["sessionAffinityTimeoutSeconds"]
+                >= values["gateway"]["resumeWindowSeconds"])
     assert ("ServiceMonitor" in manifests) == values["serviceMonitor"]["enabled"]
     if "ServiceMonitor" in manifests:
         endpoint = manifests["ServiceMonitor"][0]["spec"]["endpoints"][0]

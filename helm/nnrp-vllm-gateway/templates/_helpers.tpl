@@ -86,6 +86,8 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     - 0.0.0.0:{{ .Values.gateway.adminPort }}
     - --drain-timeout
     - {{ .Values.gateway.drainTimeoutSeconds | quote }}
+    - --resume-window
+    - {{ .Values.gateway.resumeWindowSeconds | quote }}
     {{- if gt (int .Values.gateway.workers) 1 }}
     - --workers
     - {{ .Values.gateway.workers | quote }}
