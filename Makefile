@@ -54,7 +54,7 @@ flake-check: $(STAMP)
 # New inputs go to out/fuzz/<target>, crash inputs to out/fuzz/crash-*, logs to
 # out/fuzz/<target>.log; the seed corpus in tests/fuzz/corpus stays clean.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS ?= nnrp_decoder typed_body envelope sse controls server_session quic_datagram http1
+FUZZ_TARGETS ?= nnrp_decoder typed_body envelope sse controls server_session quic_datagram http1 resume
 fuzz: $(STAMP)
 	$(BIN)/python -m pip install --quiet atheris
 	for target in $(FUZZ_TARGETS); do \

@@ -114,6 +114,9 @@ EXTENSIONS = (
               "response.openai_chunk for a vLLM chunk that maps to no other event, when "
               "nnrp.include_openai_chunk is true"),
     Extension(CAPABILITIES_OPERATION, False, "this document, answered over NNRP"),
+    Extension("nnrp.resume_after_sequence", False,
+              "on a resubmission after a session resume: the last result_sequence the "
+              "client holds; only later results are sent again"),
 )
 
 _converter = cattrs.Converter()

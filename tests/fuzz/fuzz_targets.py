@@ -23,6 +23,7 @@ with atheris.instrument_imports():
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
     from gateway.upstream._http1 import ProtocolError
     from tests.support.http1 import read_in_parts
+    from tests.support.resume import exercise as resume
 
 
 def nnrp_decoder(data: bytes) -> None:
@@ -273,7 +274,10 @@ def quic_datagram(data: bytes) -> None:
 
 TARGETS = {"nnrp_decoder": nnrp_decoder, "typed_body": typed_body, "envelope": envelope,
            "sse": sse, "controls": controls, "server_session": server_session,
-           "quic_datagram": quic_datagram, "http1": http1}
+           "quic_datagram": quic_datagram, "http1": http1,
+           # Resume and migration: arbitrary tokens and bodies over connections that come
+           # and go (tests/support/resume.py, ``exercise``).
+           "resume": resume}
 
 if __name__ == "__main__":
     target = TARGETS[sys.argv[1]]

@@ -14,7 +14,7 @@ HERE = Path(__file__).parent / "corpus"
 def main() -> None:
     folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse",
                                               "controls", "server_session", "quic_datagram",
-                                              "http1")}
+                                              "http1", "resume")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     vectors = Path(__file__).parents[1] / "nnrp" / "vectors"
@@ -53,6 +53,7 @@ def main() -> None:
     (folders["server_session"] / "submit_then_sends.bin").write_bytes(
         opening + bytes([0xF0, 1, 1, 0, 0xF0, 1, 1, 1, 0xF0, 1, 1, 2]) + body[:8])
     quic_seeds(folders["quic_datagram"])
+    resume_seeds(folders["resume"])
     (folders["http1"] / "length.http").write_bytes(
         b"\x03HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\n\r\n{\"error\":1}")
     (folders["http1"] / "close.http").write_bytes(
@@ -72,6 +73,17 @@ def main() -> None:
                 b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
         elif transcript.body:
             (folders["envelope"] / f"{name}.json").write_bytes(transcript.body)
+
+
+def resume_seeds(folder: Path) -> None:
+    """Records for tests/support/resume.py ``exercise`` (kind, two argument bytes): an
+    open asking for resume, the connection's end, a resume with its live token, a
+    resubmission; and a migration with the live token after another end."""
+    open_resumable, cut = bytes([0, 0, 1]), bytes([4, 0, 0])
+    resume_live, submit = bytes([1, 0, 1]), bytes([3, 0, 1])
+    migrate_live = bytes([2, 0, 0x09])  # old transport 2 (tcp), new 3 (ipc), live token
+    (folder / "resume.bin").write_bytes(open_resumable + submit + cut + resume_live + submit)
+    (folder / "migrate.bin").write_bytes(open_resumable + cut + migrate_live + submit)
 
 
 def quic_seeds(folder: Path) -> None:

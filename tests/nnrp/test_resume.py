@@ -8,62 +8,16 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
+from tests.support.resume import Store, exercise
 from tests.support.wire import of, pk, replies, submit
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11)
 RESUMABLE = nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3,
                              max_in_flight=4, session_flags=nnrp.SessionFlag.ALLOW_RESUME)
 TOKEN = b"t" * 24
-
-
-@attrs.define
-class Store:
-    """Keeps sessions as a registry would; ``refusal`` forces an answer."""
-
-    window_ms: int = 120_000
-    granting: bool = True
-    sessions: dict[bytes, nnrp.ServerSession] = attrs.field(factory=dict)
-    identities: dict[bytes, bytes] = attrs.field(factory=dict)
-    attached: set[int] = attrs.field(factory=set)
-    issued: int = 0
-
-    def _token(self) -> bytes:
-        self.issued += 1
-        return bytes([self.issued]) * 24
-
-    def grant(self, session: nnrp.ServerSession, identity: bytes) -> nnrp.ResumeGrant | None:
-        if not self.granting:
-            return None
-        token = self._token()
-        self.sessions[token] = session
-        self.identities[token] = identity
-        self.attached.add(id(session))
-        return nnrp.ResumeGrant(token, self.window_ms)
-
-    def resume(self, session_id: int, token: bytes, identity: bytes
-               ) -> tuple[nnrp.ServerSession, nnrp.ResumeGrant] | nnrp.ResumeRefused:
-        session = self.sessions.get(token)
-        if (session is None or session.session_id != session_id
-                or self.identities[token] != identity):
-            return nnrp.ResumeRefused.REJECTED
-        if id(session) in self.attached:
-            return nnrp.ResumeRefused.RETRY_LATER
-        del self.sessions[token]
-        fresh = self._token()
-        self.sessions[fresh] = session
-        self.identities[fresh] = identity
-        self.attached.add(id(session))
-        return session, nnrp.ResumeGrant(fresh, self.window_ms)
-
-    def migrate(self, session_id: int, token: bytes
-                ) -> nnrp.ServerSession | nnrp.ResumeRefused:
-        session = self.sessions.get(token)
-        if session is None or session.session_id != session_id:
-            return nnrp.ResumeRefused.REJECTED
-        self.attached.add(id(session))
-        return session
 
 
 def connection(store: Store, **config: Any) -> nnrp.ServerConnection:
@@ -308,3 +262,10 @@ def test_a_migration_on_the_sessions_own_connection_is_acknowledged_in_place() -
     (ack,) = replies(events)
     assert (ack.message.accept_code, ack.message.resume_from_frame_id) == (0, 4)
     assert not of(events, nnrp.SessionMigrated)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_arbitrary_tokens_and_migrations_keep_the_contract(data: bytes) -> None:
+    """tests/support/resume.py ``exercise``: the fuzzer's ``resume`` target, in CI."""
+    exercise(data)
