@@ -330,12 +330,7 @@ class NnrpClient:
         for a session that outlives its connection (``session.ticket`` when granted)."""
         await self.send(self.sans_io.open_session(requested_session_id=requested_session_id,
                                                   auth=auth, resume=resume))
-        answer = await self._session_answers[1].receive()
-        _check_opened(answer)
-        session = ClientSession(self, answer.session_id, ticket=ResumeTicket.of(answer),
-                                auth=auth)
-        self.sessions[answer.session_id] = session
-        return session
+        return await self._opened(auth)
 
     async def resume_session(self, ticket: ResumeTicket, *, auth: bytes = b""
                              ) -> ClientSession:
@@ -343,6 +338,10 @@ class NnrpClient:
         the next ticket. Raises ClientError (``retry_later`` set when worth retrying)."""
         await self.send(self.sans_io.resume_session(ticket.session_id, ticket.token,
                                                     auth=auth))
+        return await self._opened(auth)
+
+    async def _opened(self, auth: bytes) -> ClientSession:
+        """The session the next SESSION_OPEN_ACK opens (ClientError when refused)."""
         answer = await self._session_answers[1].receive()
         _check_opened(answer)
         session = ClientSession(self, answer.session_id, ticket=ResumeTicket.of(answer),
