@@ -6,6 +6,7 @@ resubmits. The project's client, step by step (``resume_session``, ``resubmit``)
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +210,37 @@ async def test_a_resubmission_that_is_another_request_is_refused_and_the_origina
     error = json.loads(terminal.typed_body.frames[0].payload)["error"]
     assert error["code"] == "resubmission_differs"
     assert [r.method for r in stack.replay.requests].count("POST") == 1
+
+
+async def test_a_deadline_runs_on_while_detached_and_its_drop_is_replayed(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """A DEADLINE keeps running while the session waits for its client: the operation
+    ends at it (vLLM aborted), and the resumed client gets everything held, the drop
+    last."""
+    stack = await start_stack(nursery, socket_dir)
+    records = records_of(stack)
+    request_id = "replay:long_stream:deadline"
+    payload = envelope(chat(stream=True), request_id=request_id)
+    async with connect(stack.uri()) as client:
+        session = await client.open_session(resume=True)
+        operation = await session.submit(payload, operation_id=41, frame_id=4)
+        await client.send(client.sans_io.deadline(
+            session.session_id, 41, int(time.time() * 1000) + 300, frame_id=4))
+        async for _ in operation.events():
+            break
+        assert session.ticket is not None
+        ticket = session.ticket
+    with trio.fail_after(5):
+        await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.cancel_source) == ("deadline", "deadline_expired")
+    assert [d.request_id for d in stack.replay.disconnects] == [request_id]
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            resumed = await client.resume_session(ticket)
+            again = await resumed.resubmit(payload, operation_id=41, frame_id=4)
+            events = [event async for event in again.events()]
+    assert isinstance(events[-1], nnrp.DropReceived)
+    assert events[-1].drop_reason == nnrp.DropReason.DEADLINE_EXPIRED
+    partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
+    assert partials == list(range(1, len(partials) + 1)) and len(partials) >= 1
