@@ -1,8 +1,10 @@
-"""Secrets never leave: the upstream API key, session tokens and trace attribute bodies are
-absent from logs, diagnostics events, error messages and --print-config."""
+"""Secrets never leave: the upstream API key, session tokens, resume tokens and trace
+attribute bodies are absent from logs, diagnostics events, error messages and
+--print-config."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -35,6 +37,7 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
          "--upstream-api-key", API_KEY, "--auth-token", TOKEN, "--log-level", "debug"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs: list[str] = []
+    resume_tokens: list[bytes] = []
     try:
         wait_ready(f"http://127.0.0.1:{admin}")
 
@@ -52,6 +55,24 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
                         body, nnrp_policy={"diagnostics": True}))
                     outputs.append(json.dumps(outcome.partials))
                     outputs.append(json.dumps(outcome.final))
+                # A resumable session, dropped and resumed: its tokens are secrets too.
+                async with connect(f"tcp://127.0.0.1:{nnrp_port}") as first:
+                    resumable = await first.open_session(auth=TOKEN.encode(), resume=True)
+                    assert resumable.ticket is not None
+                    resume_tokens.append(resumable.ticket.token)
+                async with connect(f"tcp://127.0.0.1:{nnrp_port}") as second:
+                    for _ in range(100):  # until the gateway has seen the first one end
+                        try:
+                            resumed = await second.resume_session(
+                                resumable.ticket, auth=TOKEN.encode())
+                            break
+                        except ClientError as exc:
+                            assert exc.retry_later, exc
+                            outputs.append(str(exc))
+                            await trio.sleep(0.05)  # the retry pace; the answer is the wait
+                    assert resumed.ticket is not None
+                    resume_tokens.append(resumed.ticket.token)
+                    await resumed.close()
                 async with httpx.AsyncClient() as http:
                     for path in ("/metrics", "/capabilities", "/readyz"):
                         outputs.append((await http.get(f"http://127.0.0.1:{admin}{path}")).text)
@@ -69,5 +90,10 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
     assert '"event": "operation"' in everything  # the logs were captured
     assert "response.diagnostics" in everything
     assert "session authentication failed" in everything
+    assert "session resumed" in everything
     for secret in SECRETS:
         assert secret not in everything, secret
+    assert len(resume_tokens) == 2
+    for token in resume_tokens:  # in any spelling a log could use
+        for spelling in (token.hex(), repr(token), base64.b64encode(token).decode()):
+            assert spelling not in everything
