@@ -16,13 +16,16 @@ Rules (issue 21; README "Resumable sessions"):
    shared). While the session is attached, going over either bound drops what is
    oldest: whole ended operations first, then the oldest packets of running ones (their
    client most likely holds them already; a later replay from before them is a gap).
-   While it is detached nothing is dropped: the operations wait for room instead
-   (``over_budget``), which stops them reading vLLM, as a slow client does.
+   What the client cannot have seen is never dropped: nothing while the session is
+   detached, nor anything of an operation waiting for its resubmission after a resume
+   (``held_back``); the operations wait for room instead (``over_budget``), which stops
+   them reading vLLM, as a slow client does.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 
 import attrs
 
@@ -87,7 +90,10 @@ class Journal:
         self.records[operation_id] = OperationRecord(operation_id, frame_id, payload)
 
     def add(self, operation_id: int, packets: list[bytes], *, sequence: int = 0,
-            terminal: bool = False, attached: bool = True) -> None:
+            terminal: bool = False, attached: bool = True,
+            held_back: Collection[int] = ()) -> None:
+        """Keep ``packets`` of an operation; ``attached``: the session is on a connection,
+        and ``held_back`` the operations whose frames did not reach it (rule 3)."""
         record = self.records.get(operation_id)
         if record is None:
             return  # dropped whole already (rule 3): nothing of it is replayable
@@ -97,7 +103,7 @@ class Journal:
             self._count(len(packet))
         record.ended = record.ended or terminal
         if attached:
-            self._trim()
+            self._trim(held_back)
 
     def over_budget(self) -> bool:
         """Whether a detached session's operations must wait (rule 3)."""
@@ -144,16 +150,17 @@ class Journal:
         self.held += nbytes
         self.shared.held += nbytes
 
-    def _trim(self) -> None:
+    def _trim(self, held_back: Collection[int]) -> None:
         """Rule 3, attached: whole ended operations first, oldest first, then the oldest
-        packets of running operations."""
+        packets of running operations; nothing of the ``held_back`` ones."""
         if not self.over_budget():
             return
-        for record in [r for r in self.records.values() if r.ended]:
+        for record in [r for r in self.records.values()
+                       if r.ended and r.operation_id not in held_back]:
             self.forget(record.operation_id)
             if not self.over_budget():
                 return
-        for record in list(self.records.values()):
+        for record in [r for r in self.records.values() if r.operation_id not in held_back]:
             while record.entries and self.over_budget():
                 entry = record.entries.popleft()
                 record.held -= len(entry.packet)

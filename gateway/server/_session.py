@@ -247,8 +247,12 @@ class _Port:
         session = self._session
         journal = session.journal
         if journal is not None:
+            # What the client cannot have seen is never trimmed (only looked up when
+            # there is something to trim: this runs per event).
+            held_back = (session.protocol.awaiting.keys() | session.muted
+                         if journal.over_budget() else frozenset())
             journal.add(self.operation_id, packets, sequence=sequence, terminal=terminal,
-                        attached=session.link is not None)
+                        attached=session.link is not None, held_back=held_back)
             if journal.released:
                 session.release_journal()
 
