@@ -3,6 +3,10 @@ under it: ``cut()`` resets every TCP (or unix) connection through the proxy, bot
 (SO_LINGER 0: an RST, as a NAT or a load balancer that forgot the flow sends), or
 blackholes every QUIC flow (its datagrams are dropped from then on: the gateway finds
 out when QUIC's idle timeout passes). New connections through the proxy work as before.
+
+``StreamCutProxy(record=True)`` also decodes what it relays, so a test can compare the
+frames two servers send where their client library does not show them (a refused
+SESSION_OPEN_ACK's fields, say).
 """
 
 from __future__ import annotations
@@ -10,22 +14,43 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+from collections.abc import Callable
 
+import attrs
 import trio
+
+from gateway.nnrp import Decoder, Packet, RemoteProtocolError
 
 #: SO_LINGER on, 0 seconds: close() sends an RST.
 _RESET = struct.pack("ii", 1, 0)
 
 
-class StreamCutProxy:
-    """A loopback TCP (``target`` a (host, port)) or unix (``target`` a path) proxy."""
+@attrs.frozen
+class Relayed:
+    """One packet a recording proxy relayed."""
 
-    def __init__(self, target: tuple[str, int] | str) -> None:
+    connection: int  # 1 for the first connection through the proxy, and so on
+    upstream: bool  # from the client (True) or to it
+    packet: Packet
+
+
+class StreamCutProxy:
+    """A loopback TCP (``target`` a (host, port)) or unix (``target`` a path) proxy.
+
+    ``record``: decode the NNRP packets of every connection, both ways, into ``packets``
+    (in the order each direction relayed them). A direction that stops decoding stops
+    being recorded (its error in ``record_errors``) and is still relayed.
+    """
+
+    def __init__(self, target: tuple[str, int] | str, *, record: bool = False) -> None:
         self.target = target
         self.uri = ""
         self._pairs: list[tuple[trio.SocketStream, trio.SocketStream]] = []
         self.connections = 0
         self.cuts = 0
+        self.record = record
+        self.packets: list[Relayed] = []
+        self.record_errors: list[RemoteProtocolError] = []
 
     async def serve(self, listen: str | None = None, *,
                     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -55,8 +80,10 @@ class StreamCutProxy:
         self._pairs.append(pair)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._pump, client, server, nursery.cancel_scope)
-                nursery.start_soon(self._pump, server, client, nursery.cancel_scope)
+                nursery.start_soon(self._pump, client, server, nursery.cancel_scope,
+                                   self._recorder(self.connections, upstream=True))
+                nursery.start_soon(self._pump, server, client, nursery.cancel_scope,
+                                   self._recorder(self.connections, upstream=False))
         finally:
             with contextlib.suppress(ValueError):
                 self._pairs.remove(pair)
@@ -64,11 +91,29 @@ class StreamCutProxy:
                 with contextlib.suppress(OSError, trio.ClosedResourceError):
                     stream.socket.close()
 
+    def _recorder(self, connection: int, *, upstream: bool) -> Callable[[bytes], None]:
+        if not self.record:
+            return lambda data: None
+        decoder = Decoder()
+
+        def feed(data: bytes) -> None:
+            if decoder.error is not None:
+                return
+            try:
+                packets = decoder.feed(data)
+            except RemoteProtocolError as error:
+                self.record_errors.append(error)
+                return
+            self.packets += [Relayed(connection, upstream, p) for p in packets]
+
+        return feed
+
     @staticmethod
     async def _pump(source: trio.SocketStream, sink: trio.SocketStream,
-                    scope: trio.CancelScope) -> None:
+                    scope: trio.CancelScope, record: Callable[[bytes], None]) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             while data := await source.receive_some(65536):
+                record(data)  # before it goes on: the packet is recorded before its answer
                 await sink.send_all(data)
             await sink.send_eof()
             return
