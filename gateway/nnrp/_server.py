@@ -427,12 +427,17 @@ class ServerConnection:
     def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
                      events: list[Event], *, retry_later: bool = False) -> None:
         status = SessionOpenStatus.RETRY_LATER if retry_later else SessionOpenStatus.REJECTED
+        body = diagnostic(text)
+        # The diagnostic is declared in session_extension_bytes, as the reference server
+        # declares its own: nnrp-py's client refuses a body it was not told of (and then
+        # reports a local fault instead of the refusal).
         ack = SessionOpenAck(
             session_id=0, profile_id=request.profile_id,
             priority_class=request.priority_class, status=status,
             schema_id=request.schema_id, schema_version=request.schema_version,
-            lease_ttl_ms=self.config.lease_ttl_ms, session_error_code=code)
-        events.append(SendBytes(encode(Packet(ack, body=diagnostic(text)))))
+            lease_ttl_ms=self.config.lease_ttl_ms, session_extension_bytes=len(body),
+            session_error_code=code)
+        events.append(SendBytes(encode(Packet(ack, body=body))))
         events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
 
     def _session_refusal(self, request: SessionOpen, auth: bytes, *, resuming: bool

@@ -30,13 +30,11 @@ Where they differ, in the room the spec leaves (session-recovery.md):
   ``resume_rejected`` code, so the holder of the current token knows to try again once
   the old connection is seen dead (README, "Resumable sessions").
 
-And where the gateway is wrong (the xfail at the end): nnrp-py's server declares a
-refusal's diagnostic body in ``session_extension_bytes`` (checked with its schema and
-policy refusals); the gateway sends the body with 0 there, and nnrp-py's client, finding
-bytes it was not told of, reports ``NativeInvalidStateError`` detail 105 instead of the
-refusal (``NativeProtocolError``, session family, ``resume_rejected``) it reports for
-the reference. Its ``retry_later`` and its rejection, with the length declared, both read
-as that refusal in nnrp-py's client (checked by rewriting the ACK in flight).
+Found here, and fixed: nnrp-py's server declares a refusal's diagnostic body in
+``session_extension_bytes`` (checked with its schema and policy refusals); the gateway
+sent the body with 0 there, and nnrp-py's client, finding bytes it was not told of,
+reported ``NativeInvalidStateError`` detail 105 instead of the refusal. Now both
+refusals read in nnrp-py's client as the reference's does (the last test).
 """
 
 from __future__ import annotations
@@ -503,7 +501,7 @@ def test_both_refuse_the_spent_token_as_resume_rejected(runs: Runs) -> None:
     reference, ours = runs.reference.acks[SPENT], runs.ours.acks[SPENT]
     assert differing(reference[1], ours[1]) == {
         "granted_operation_credit": (2, 0), "max_in_flight": (4, 0),
-        "resume_window_ms": (120_000, 0)}
+        "resume_window_ms": (120_000, 0), "session_extension_bytes": (0, len(ours[2]))}
     assert (reference[2], ours[2]) == (
         b"", b"resume rejected: no session can be resumed with this token")
     # What nnrp-py's client makes of the reference's refusal: resume_rejected, in its
@@ -521,20 +519,13 @@ def test_a_live_token_is_rejected_by_nnrp_py_and_retry_later_at_the_gateway(
         nnrp.SessionOpenStatus.REJECTED, nnrp.SessionOpenStatus.RETRY_LATER)
     assert differing(reference[1], ours[1]) == {
         "status": (1, 2), "granted_operation_credit": (2, 0), "max_in_flight": (4, 0),
-        "resume_window_ms": (120_000, 0)}
+        "resume_window_ms": (120_000, 0), "session_extension_bytes": (0, len(ours[2]))}
     assert reference[1].session_error_code == RESUME_REJECTED
     assert (reference[2], ours[2]) == (
         b"", b"the session is still attached to its previous connection; retry shortly")
     assert runs.reference.live == Refusal("NativeProtocolError", 4, 1, RESUME_REJECTED, 108)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gateway bug: a refused SESSION_OPEN_ACK carries its diagnostic as the body with "
-    "session_extension_bytes 0; nnrp-py's server declares it (session_extension_bytes = "
-    "its length), and nnrp-py's client, finding a body it was not told of, raises "
-    "NativeInvalidStateError detail 105 instead of the refusal's code. Fix: "
-    "gateway.nnrp._server._refuse_open sets session_extension_bytes=len(body); then "
-    "drop this mark and expect session_extension_bytes among the ACK differences above"))
 def test_nnrp_py_s_client_sees_the_same_refusals_from_both(runs: Runs) -> None:
     assert runs.ours.spent == runs.reference.spent
     assert runs.ours.live == runs.reference.live
