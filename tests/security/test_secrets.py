@@ -65,7 +65,7 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
                     with trio.fail_after(10):  # until the gateway has seen it end
                         while detached not in (await http.get(
                                 f"http://127.0.0.1:{admin}/metrics")).text:
-                            await trio.sleep(0.05)
+                            await trio.sleep(0.05)  # noqa: ASYNC110 - another process
                 async with connect(f"tcp://127.0.0.1:{nnrp_port}") as second:
                     resumed = await second.resume_session(resumable.ticket,
                                                           auth=TOKEN.encode())
