@@ -63,9 +63,9 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
                 async with httpx.AsyncClient() as http:
                     detached = 'nnrp_gateway_resume_sessions{state="detached"} 1.0'
                     with trio.fail_after(10):  # until the gateway has seen it end
-                        while detached not in (await http.get(
-                                f"http://127.0.0.1:{admin}/metrics")).text:
-                            await trio.sleep(0.05)  # noqa: ASYNC110 - another process
+                        while detached not in (  # noqa: ASYNC110 - another process's state
+                                await http.get(f"http://127.0.0.1:{admin}/metrics")).text:
+                            await trio.sleep(0.05)
                 async with connect(f"tcp://127.0.0.1:{nnrp_port}") as second:
                     resumed = await second.resume_session(resumable.ticket,
                                                           auth=TOKEN.encode())
