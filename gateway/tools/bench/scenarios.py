@@ -32,8 +32,8 @@ from gateway.upstream import SSEDecoder
 
 from . import SCENARIO_NAMES
 from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_seconds
-from .stats import Figure, percentile
 from ._wake import wake_cost
+from .stats import Figure, percentile
 
 Progress = Callable[[str], None]
 
