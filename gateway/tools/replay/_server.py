@@ -606,7 +606,11 @@ def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str
     3. model ``backend-error``: vLLM's engine failure (the suite's backend-error recipe);
     4. the request itself, answered as vLLM would: a body that is not JSON, an unknown
        model, no messages, ``stream_options`` without a stream are its errors; then tool
-       calls, ``n = 2``, a text stream, or a plain completion.
+       calls, ``n = 2``; a stream whose last message asks for a long answer (the suite's
+       cancellation recipe: "Start a long answer.") is ``long_stream``, because a vLLM
+       asked for a long answer is still generating when the client's cancel lands, and a
+       fast replay of a short one could end first; then a text stream, or a plain
+       completion.
     """
     named = headers.get("x-replay-scenario")
     request_id = headers.get("x-request-id", "")
@@ -632,8 +636,15 @@ def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str
         return "stream_tool_call_parallel" if len(tools) > 1 else "stream_tool_call_single"
     if stream and body.get("n") == 2:
         return "stream_n2_interleaved"
+    if stream and _asks_for_a_long_answer(body["messages"]):
+        return "long_stream"
     return "text_stream" if stream else "nonstream_length"
 
+
+def _asks_for_a_long_answer(messages: list[Any]) -> bool:
+    last = messages[-1] if messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    return isinstance(content, str) and "long answer" in content.lower()
 
 
 def _json_reply(status: int, body: bytes, scenario: str) -> Reply:
