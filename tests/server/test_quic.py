@@ -24,8 +24,8 @@ from tests.support.quic import (
     native_quic_options,
     nnrp_over,
     start_quic_server,
-    until,
 )
+from tests.support.waits import until, until_steady
 
 pytest.importorskip("aioquic")
 
@@ -264,7 +264,7 @@ async def test_garbage_datagrams_do_not_disturb_a_live_connection(nursery: trio.
                         + os.urandom(8) + b"\x00\x44\xb0" + os.urandom(1200))
             await junk.sendto(data, gateway.address)
             sent += 1
-            await trio.sleep(0.002)
+            await trio.sleep(0.002)  # the spray's pace, beside the stream
 
     def scenario() -> list[dict[str, Any]]:
         with connect(options) as connection:
@@ -385,7 +385,8 @@ async def test_client_that_stops_acknowledging_stalls_only_its_connection(
             events = operation.events()
             await events.__anext__()
             slow.deaf = True  # nothing it is sent is acknowledged from now on
-            await trio.sleep(0.5)
+            await until_steady(lambda: gateway.seen.operations[0].events_sent,
+                               steady_for=0.3)  # the operation waits
             (connection,) = gateway.server.connections
             listener = gateway.server.quic_listeners[0]
             (quic_peer,) = listener.endpoint.peers
