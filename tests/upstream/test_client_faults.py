@@ -37,7 +37,7 @@ class Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for delay, step in self.steps:
-            await trio.sleep(delay)
+            await trio.sleep(delay)  # the scripted body's pace
             if isinstance(step, Exception):
                 raise step
             yield step
@@ -166,7 +166,7 @@ async def test_a_slow_consumer_never_counts_as_vllm_idle(autojump_clock: object)
     async with client.chunks(BODY, {}, first_chunk=1, idle=1) as stream:
         async for batch in stream:
             seen += len(batch)
-            await trio.sleep(10)
+            await trio.sleep(10)  # the slow consumer (virtual time)
     await client.aclose()
     assert seen == 3
 
