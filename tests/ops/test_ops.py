@@ -24,7 +24,7 @@ from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
 from tests.support.processes import ReplayThread, free_port, wait_ready
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
-from tests.support.waits import until, wait_for
+from tests.support.waits import until, until_async, wait_for
 
 runner = CliRunner()
 
@@ -55,6 +55,10 @@ async def get(url: str) -> httpx.Response:
         return await client.get(url)
 
 
+async def readyz_is(admin: str, status: int) -> bool:
+    return (await get(f"{admin}/readyz")).status_code == status
+
+
 async def scrape(admin: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample /metrics exports, by (name, sorted labels)."""
     text = (await get(f"{admin}/metrics")).text
@@ -75,8 +79,7 @@ async def test_unanswered_health_checks_mark_down_only_after_the_threshold(
     assert trio.current_time() - silent_since >= 0.5
     replay.health_silent = False
     with trio.fail_after(10):
-        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 200))
 
 
 async def test_a_vllm_busy_streaming_is_alive_though_health_is_silent(
@@ -110,14 +113,12 @@ async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     # vLLM goes away: readiness false, liveness unaffected; it comes back: ready again.
     replay.kill_engine()
     with trio.fail_after(5):
-        while (await get(f"{admin}/readyz")).status_code != 503:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 503))
     assert "vLLM health check failed" in (await get(f"{admin}/readyz")).json()["reasons"]
     assert (await get(f"{admin}/healthz")).status_code == 200
     replay.revive()
     with trio.fail_after(5):
-        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 200))
     await gateway.drain()
     reasons = (await get(f"{admin}/readyz")).json()["reasons"]
     assert "draining" in reasons
@@ -390,13 +391,11 @@ async def test_a_killed_vllm_is_not_ready_at_once_and_back_when_it_answers(
         outcome = await run_operation(session, envelope(chat(stream=True)))
     assert outcome.final["error"]["code"] == "backend_unavailable"
     with trio.fail_after(2):  # not three 30 s health intervals
-        while (await get(f"{admin}/readyz")).status_code == 200:  # noqa: ASYNC110
-            await trio.sleep(0.02)
+        await until_async(lambda: readyz_is(admin, 503))
     restarted = await nursery.start(replay_process)
     try:
         with trio.fail_after(20):
-            while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await until_async(lambda: readyz_is(admin, 200))
     finally:
         restarted.kill()
         await restarted.wait()

@@ -403,7 +403,7 @@ async def test_a_session_drain_lets_work_finish_then_ends_the_rest(
 
     async def handler(op: Operation) -> None:
         if op.operation_id == 1:
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # quick work, well inside the grace (virtual time)
             await op.close(EndCause.COMPLETED, b"quick")
         else:
             await trio.sleep_forever()

@@ -49,7 +49,7 @@ async def scripted_handler(op: Operation, seen: Seen) -> None:
                 op.flush()
                 await trio.sleep_forever()
             if script.get("delay"):
-                await trio.sleep(script["delay"])
+                await trio.sleep(script["delay"])  # the script's pace
         op.flush()
         if script.get("no_terminal"):
             return

@@ -10,7 +10,7 @@ offers nothing to wait on; where an event exists, wait on it instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -24,6 +24,13 @@ async def until(condition: Callable[[], object]) -> None:
     as every wait in trio is bounded."""
     while not condition():  # noqa: ASYNC110 - no event exists for these conditions
         await trio.sleep(POLL_INTERVAL)
+
+
+async def until_async(condition: Callable[[], Awaitable[object]]) -> None:
+    """``until`` for a condition that takes a request to read (an admin endpoint's
+    status): awaited again, after a pause, until it is true."""
+    while not await condition():  # noqa: ASYNC110 - a request, no event, tells us
+        await trio.sleep(POLL_INTERVAL * 5)
 
 
 async def until_steady(value: Callable[[], object], steady_for: float) -> None:

@@ -114,7 +114,7 @@ async def test_idle_clients_are_pruned_oldest_first(autojump_clock: object) -> N
         for delay in (0.0, 1.0, 2.0):
             async def hold(delay: float = delay) -> None:
                 async with slots.checkout():
-                    await trio.sleep(delay)
+                    await trio.sleep(delay)  # each holds its slot this long (virtual time)
             nursery.start_soon(hold)
     assert slots.idle == 3
     await trio.sleep(3.0)  # idle for 5, 4 and 3 s now
