@@ -7,10 +7,13 @@ checks three things: the control had its effect (docs/runtime-controls.md, "Case
 frame the client cannot accept came back (the native client raises on those), and the
 session is still usable (a second request completes and SESSION_CLOSE is acknowledged).
 
-The control always lands while the stream runs, however fast the replay: a control that
-ends the operation meets a stream that never ends by itself (``long_stream``); for one
-that lets it finish, the replay holds the stream after its third token until the
-gateway shows the control applied (``Case.applied``), then lets it run to its end.
+The control always lands while the stream runs, however fast the replay: the replay
+holds the stream after the two partials the client acts on. A control that ends the
+operation meets a stream that never ends by itself (``long_stream``), held for good, so
+nothing of it is on the wire behind the control (nnrp-py's native client refuses a
+partial of an operation it has frame-cancelled); for one that lets it finish, the hold
+is released once the gateway shows the control applied (``Case.applied``), and the
+stream runs to its end.
 
 The native server replies to no control by itself (its application decides); the small
 application below reacts to cancels and supersedes the way the reference adapter does.
@@ -75,9 +78,9 @@ TOKENS = 40  # the streamed request, when it runs to its end
 Control = Callable[[Any, Any], None]  # (connection, session) -> None
 #: Evidence that a control was applied: (the stack, the client's events so far) -> bool.
 Applied = Callable[[Stack, list[dict[str, Any]]], bool]
-#: Tokens the held stream sends before the hold (with its role chunk): two partials
-#: reach the client, which then calls the API, and the budget of 5 is not spent yet.
-HELD_AFTER_TOKENS = 3
+#: Partials operation 1 streams before the client calls the API; its stream is held
+#: there (after its role chunk and these tokens), so the budget of 5 is not spent yet.
+PARTIALS_BEFORE_CONTROL = 2
 
 
 def now_ms() -> int:
@@ -92,6 +95,11 @@ def request(tokens: int, name: str, scenario: str = "text_stream") -> bytes:
 def is_first(recorded: Any) -> bool:
     """The replay's record of operation 1's request (``drive``)."""
     return str(recorded.headers.get("x-request-id", "")).endswith(":first")
+
+
+def is_first_long(recorded: Any) -> bool:
+    """Operation 1's request in a case whose control ends it."""
+    return is_first(recorded) and recorded.scenario == "long_stream"
 
 
 def received(kind: str) -> Applied:
@@ -189,10 +197,11 @@ class Case:
     #: The end cause in the gateway's record of operation 1.
     cause: str = "completed"
     upstream_aborted: bool = False
-    #: The replay scenario of operation 1: ``long_stream`` when the control ends it.
+    #: The replay scenario of operation 1: ``long_stream`` when the control ends it (its
+    #: hold is then never released).
     scenario: str = "text_stream"
-    #: When set, operation 1's stream is held after ``HELD_AFTER_TOKENS`` tokens until this
-    #: shows the control applied (it must land while the operation runs).
+    #: For a stream that ends by itself: what shows the control applied, which releases
+    #: the hold (the control must land while the operation runs).
     applied: Applied | None = None
 
 
@@ -245,7 +254,7 @@ def drive(uri: str, control: Control, trusted_der: bytes | None = None, *,
                 events.append(event)
                 partials = [e for e in events if e["kind"] == "PARTIAL_RESULT"
                             and e["frame_id"] == 1]
-                if called is None and len(partials) >= 2:
+                if called is None and len(partials) >= PARTIALS_BEFORE_CONTROL:
                     control(connection, session)
                     called = time.monotonic()
                 if ended is None and event.get("frame_id") == 1 and event["kind"] in (
@@ -302,9 +311,10 @@ async def test_each_client_api_against_the_gateway(quic_stack: tuple[Stack, Pki]
     case = CASES[name]
     records = records_of(stack)
     seen: list[dict[str, Any]] = []
+    if case.applied is not None or case.scenario == "long_stream":
+        hold = stack.replay.hold(is_first, after=1 + PARTIALS_BEFORE_CONTROL)
     async with trio.open_nursery() as nursery:
         if case.applied is not None:
-            hold = stack.replay.hold(is_first, after=1 + HELD_AFTER_TOKENS)
             applied = case.applied
 
             async def release_once_applied() -> None:
@@ -415,6 +425,7 @@ class _Running:
     operation: Any
     frame_id: int
     total: float  # partials to send (math.inf: until the operation is ended)
+    held: bool = False  # no partial after PARTIALS_BEFORE_CONTROL
     sent: int = 0
     next_at: float = 0.0
     #: A DEADLINE or EXPIRE_AT: (unix ms, the drop reason when it passes).
@@ -423,8 +434,9 @@ class _Running:
 
 def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) -> None:
     """nnrp-py's native server, one session at a time, with an application that streams
-    ``max_tokens`` partials 25 ms apart (without end for a ``replay:long_stream:`` request,
-    as the replay vLLM behind the gateway does) and ends cancelled, superseded or expired
+    ``max_tokens`` partials 25 ms apart (for a ``replay:long_stream:`` request, two and
+    then nothing until a control ends it, as the replay vLLM behind the gateway is held)
+    and ends cancelled, superseded or expired
     operations with RESULT_DROP_REASON the way the reference adapter does (the native
     runtime itself enforces none of these)."""
 
@@ -462,7 +474,7 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
                 endless = document.get("request_id", "").startswith("replay:long_stream:")
                 active[operation.operation_id] = _Running(
                     operation, operation.submit.header.frame_id,
-                    math.inf if endless else document["body"]["max_tokens"])
+                    math.inf if endless else document["body"]["max_tokens"], held=endless)
             elif event is not None and (runtime := event.as_runtime()) is not None:
                 kind = runtime.header.message_type
                 log.append(kind.name)
@@ -488,7 +500,8 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
                 if running.expires is not None and now_ms() >= running.expires[0]:
                     await drop(op_id, running.expires[1], b"")
                     continue
-                if now < running.next_at:
+                if now < running.next_at or (
+                        running.held and running.sent >= PARTIALS_BEFORE_CONTROL):
                     continue
                 if running.sent < running.total:
                     body = json.dumps({"type": "response.output_text.delta",
@@ -526,6 +539,9 @@ async def test_each_client_api_against_the_referee(referee: Any, nursery: trio.N
     session stays usable; where both servers end the operation, they end it alike."""
     uri, log = referee
     stack = await start_stack(nursery, tmp_path, replay=ReplayServer(token_interval_ms=25.0))
+    # As in the gateway's own test: a stream a control ends is held for good after the
+    # partials the client acts on (the referee's application holds it alike).
+    stack.replay.hold(is_first_long, after=1 + PARTIALS_BEFORE_CONTROL)
     expected_kind = {
         "cancel": "CANCEL", "abort": "ABORT", "cancel_frame": "FRAME_CANCEL",
         "live_priority": "PRIORITY_UPDATE", "deadline": "DEADLINE", "expire_at": "EXPIRE_AT",
