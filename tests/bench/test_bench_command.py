@@ -106,7 +106,7 @@ def test_cpu_time_is_the_kernels_exact_clock_for_any_process() -> None:
         assert child.stdout is not None and child.stdout.readline() == "done\n"
         burned = process_cpu_seconds(child.pid)
         assert 0.3 <= burned < 0.3 + 0.25  # plus the interpreter's start-up
-        time.sleep(0.2)
+        time.sleep(0.2)  # a window in which the sleeping child must burn nothing
         assert process_cpu_seconds(child.pid) - burned < 0.01  # asleep: nothing more
     finally:
         child.kill()

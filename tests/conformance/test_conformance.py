@@ -35,9 +35,8 @@ from gateway.tools.conformance import (
 )
 from gateway.tools.conformance._suite import capability_tokens, suite_recipes
 from gateway.tools.conformance._wire import scenarios
-from gateway.tools.replay import ReplayServer
 from gateway.transport import TlsConfig
-from tests.support.stack import start_stack
+from tests.support.stack import Stack, start_stack
 from tests.support.tls import make_pki
 
 
@@ -316,9 +315,20 @@ def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
                         security_dir=tmp_path / "sec2")
 
 
+def hold_the_cancelled_completion(stack: Stack) -> None:
+    """The cancel-abort scenarios' request (the runner's operation 101, a text completion
+    of 64 tokens: 13 ms at the stack's speed) is still being generated when their CANCEL,
+    written right after it, lands: the replay holds it until the gateway aborts it (if
+    the CANCEL did not stop it before it was sent). The deadline scenario's identical
+    request (operation 151) is answered."""
+    stack.replay.hold(lambda request: request.path == "/v1/completions"
+                      and request.headers.get("x-request-id", "").endswith("-101"))
+
+
 async def test_wire_probe_passes_every_scenario_on_every_transport(
         nursery: trio.Nursery, tmp_path: Path) -> None:
     stack = await start_stack(nursery, tmp_path)
+    hold_the_cancelled_completion(stack)
     endpoints = [stack.uri(t) for t in ("tcp", "ipc", "websocket")]
     with trio.fail_after(60):
         report = await run_wire_probe(endpoints, target_name="g")
@@ -332,6 +342,8 @@ async def test_wire_probe_passes_every_scenario_on_every_transport(
         for _ in range(20):
             result = await probe(stack.uri("tcp"), "wire.control.cancel-abort.client")
             assert result["outcome"] == "passed", result
+    # None of them was answered (the CANCEL met each held, or before it was sent).
+    assert not [r for r in stack.replay.completed if r.endswith("-101")]
 
 
 def test_manifest_lists_a_quic_listener_with_its_security(tmp_path: Path) -> None:
@@ -358,6 +370,7 @@ async def test_wire_probe_over_quic(nursery: trio.Nursery, tmp_path: Path) -> No
     paths = make_pki(tmp_path)
     stack = await start_stack(nursery, tmp_path, extra_listen=("quic://127.0.0.1:0",),
                               tls=TlsConfig(paths["server"], paths["server_key"]))
+    hold_the_cancelled_completion(stack)
     with trio.fail_after(60):
         report = await run_wire_probe([stack.uri("quic")], target_name="g",
                                       trust=Trust(paths["ca"]))
@@ -386,12 +399,10 @@ async def test_run_plan_over_quic(nursery: trio.Nursery, tmp_path: Path, client:
     if client == "native":
         pytest.importorskip("nnrp.client.native")
     paths = make_pki(tmp_path)
-    # Streams paced as the CI gate paces them (a few hundred ms): at the stack's default
-    # 50x, the whole text stream (65 ms) could end before the cancel recipe's CANCEL,
-    # sent after its first event, reached the gateway.
+    # The cancel recipe asks for a long answer, which the replay streams until the
+    # client leaves (choose_scenario): its CANCEL lands mid-stream at any speed.
     stack = await start_stack(nursery, tmp_path, extra_listen=("quic://127.0.0.1:0",),
-                              tls=TlsConfig(paths["server"], paths["server_key"]),
-                              replay=ReplayServer(speed=2.0))
+                              tls=TlsConfig(paths["server"], paths["server_key"]))
     plan, _ = build_plan(caps(), include_project=False)
     with trio.fail_after(120):
         results = await run_plan(plan, stack.uri("quic"), client=client,
@@ -408,6 +419,7 @@ async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: 
     decides who goes first, only the wire. Every claimed case passes, each of several
     times."""
     stack = await start_stack(nursery, tmp_path)
+    hold_the_cancelled_completion(stack)
     endpoints = [stack.uri("tcp"), stack.uri("ipc")]
     args = [sys.executable, "-m", "cli.main", "conformance", "wire-probe",
             "--output", str(tmp_path / "wire.json")]

@@ -44,8 +44,7 @@ async def test_a_replacement_that_never_comes(nursery: trio.Nursery, tmp_path: P
     # Nothing of it reached the client while it waited for the replacement.
     assert all(isinstance(e, nnrp.PartialReceived) for e in events[:-1])
     with trio.fail_after(5):
-        while not stack.replay.disconnects:  # noqa: ASYNC110 - the replay's record, no event
-            await trio.sleep(0.01)
+        await stack.replay.wait_until(lambda: stack.replay.disconnects)
     assert stack.replay.disconnects[0].request_id == "replay:long_stream:held"
 
 

@@ -25,6 +25,7 @@ from tests.support.stack import (
     start_stack,
 )
 from tests.support.transcripts import translate
+from tests.support.waits import until
 
 
 @pytest.mark.parametrize("name", CHAT_SCENARIOS)
@@ -114,8 +115,7 @@ async def test_streams_in_a_row_share_one_upstream_connection(stack: Stack, sess
         outcome = await run_operation(session, envelope(chat(stream=True, max_tokens=3)))
         assert outcome.final["type"] == "response.completed"
         with trio.fail_after(10):  # let the operation read its trailer and release the slot
-            while stack.gateway.client.slots_in_use:  # noqa: ASYNC110 - released by the op
-                await trio.sleep(0.01)
+            await until(lambda: not stack.gateway.client.slots_in_use)
     assert stack.replay.connections == probes + 1
 
 
@@ -192,7 +192,7 @@ async def test_timeouts_are_request_timeout_and_abort_upstream(
     assert outcome.status == 504
     assert trio.current_time() - start < 3
     with trio.fail_after(2):
-        await _until(lambda: bool(stack.replay.disconnects))
+        await until(lambda: bool(stack.replay.disconnects))
     assert stack.replay.disconnects[-1].scenario == scenario
 
 
@@ -210,12 +210,12 @@ async def test_engine_death_then_refused_then_recovery(stack: Stack, session: An
     assert dying.final["error"]["code"] == "backend_error"
     assert "EngineCore" in dying.final["error"]["message"]
     with trio.fail_after(3):
-        await _until(lambda: not stack.gateway.upstream_healthy)
+        await until(lambda: not stack.gateway.upstream_healthy)
     refused = await run_operation(session, envelope(chat()))
     assert refused.final["error"]["code"] == "backend_unavailable"
     stack.replay.revive()
     with trio.fail_after(5):
-        await _until(lambda: stack.gateway.upstream_healthy)
+        await until(lambda: stack.gateway.upstream_healthy)
     assert (await run_operation(session, envelope(chat()))).final["type"] == "response.completed"
 
 
@@ -237,7 +237,7 @@ async def test_cancel_closes_the_upstream_socket(stack: Stack, session: Any, how
     assert seen[-1].drop_reason == nnrp.DropReason.PEER_CANCELLED
     assert cancelled_at is not None
     with trio.fail_after(2):
-        await _until(lambda: bool(stack.replay.disconnects))
+        await until(lambda: bool(stack.replay.disconnects))
     disconnect = stack.replay.disconnects[-1]
     assert disconnect.scenario == "long_stream"
     # The backend saw the disconnect promptly (loopback, one scheduler tick or so).
@@ -248,19 +248,13 @@ async def test_cancel_non_streaming_request_aborts_upstream(stack: Stack, sessio
     operation = await session.submit(envelope(chat(stream=False),
                                               request_id=scenario_id("stall_first_chunk")))
     with trio.fail_after(2):
-        await _until(lambda: any(r.scenario == "stall_first_chunk"
+        await until(lambda: any(r.scenario == "stall_first_chunk"
                                  for r in stack.replay.requests))
     await operation.cancel()
     (terminal,) = [event async for event in operation.events()]
     assert terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
     with trio.fail_after(2):
-        await _until(lambda: bool(stack.replay.disconnects))
-
-
-async def _until(condition: Any) -> None:
-    """Poll state owned by another component (the replay backend, the gateway)."""
-    while not condition():  # noqa: ASYNC110 - no event exists for these conditions
-        await trio.sleep(0.005)
+        await until(lambda: bool(stack.replay.disconnects))
 
 
 async def test_each_upstream_read_is_written_before_the_next_is_awaited(
@@ -296,7 +290,7 @@ async def test_abort_closes_the_upstream_socket_from_another_task(stack: Stack) 
             assert await stream.__anext__()
             assert stream.abort()
             with trio.fail_after(5):
-                await _until(lambda: bool(stack.replay.disconnects))
+                await until(lambda: bool(stack.replay.disconnects))
                 while True:  # the long stream has far more than any buffer holds
                     await stream.__anext__()
 
@@ -449,16 +443,20 @@ async def test_idle_upstream_connections_are_closed_before_vllm_closes_them(
     monkeypatch.setattr(_client, "KEEPALIVE_EXPIRY", 0.3)
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=50, keep_alive_timeout=1.0))
+    # A burst of eight at once (held until all eight are at vLLM: eight connections).
+    burst_held = stack.replay.hold(lambda request: request.method == "POST")
     async with connect(stack.uri()) as client:
         sessions = [await client.open_session() for _ in range(8)]
         async with trio.open_nursery() as burst:
             for session in sessions:
                 burst.start_soon(run_operation, session, envelope(chat(stream=True,
                                                                        max_tokens=4)))
-    assert stack.gateway.client.slots_idle >= 2  # the burst left connections for reuse
-    with trio.fail_after(5):
-        while stack.gateway.client.slots_idle:  # noqa: ASYNC110 - pruned by the clock
-            await trio.sleep(0.05)
+            with trio.fail_after(5):
+                await stack.replay.wait_for_requests(8)
+            burst_held.release()
+    with trio.fail_after(5):  # the burst left connections for reuse, then the clock prunes
+        await until(lambda: stack.gateway.client.slots_idle >= 2)
+        await until(lambda: not stack.gateway.client.slots_idle)
     await trio.sleep(1.5)  # past the replay's keep-alive: nothing left for it to close
     assert _close_wait_sockets(stack.replay.port) == 0
 

@@ -33,7 +33,7 @@ from gateway.pipeline import PipelineLimits
 from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
 from tests.support.native import native_connection, open_session, openai_submit, poll_until
-from tests.support.quic import Pki, aioquic_client, start_quic_stack, until
+from tests.support.quic import Pki, aioquic_client, start_quic_stack
 from tests.support.scenarios import CHAT_SCENARIOS, request_for
 from tests.support.stack import (
     Stack,
@@ -43,6 +43,7 @@ from tests.support.stack import (
     records_of,
     run_operation,
 )
+from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
 

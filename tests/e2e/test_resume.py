@@ -42,8 +42,9 @@ from gateway.tools.replay import ReplayServer
 from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.cut import DatagramCutProxy, StreamCutProxy
 from tests.support.native import describe, openai_submit
-from tests.support.quic import Pki, make_pki, until
+from tests.support.quic import Pki, make_pki
 from tests.support.stack import Stack, chat, envelope, records_of, run_operation, start_stack
+from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
 
@@ -135,6 +136,12 @@ def partials_of(events: list[dict[str, Any]]) -> dict[int, bytes]:
     return seen
 
 
+async def release_when_resumed(registry: Any, hold: Any) -> None:
+    with trio.fail_after(30):
+        await until(lambda: registry.stats.resumed_total == 1)
+    hold.release()
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_native_client_resumes_a_stream_after_its_connection_drops(
         nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
@@ -142,6 +149,10 @@ async def test_a_native_client_resumes_a_stream_after_its_connection_drops(
     records = records_of(path.stack)
     token = trio.lowlevel.current_trio_token()
     payload = envelope(chat(stream=True, max_tokens=200), request_id="resume-1")
+    # The generation waits after 29 tokens until the session is resumed: it is still
+    # running then, whatever the host's speed (the client reads 20 before the cut).
+    hold = path.stack.replay.hold(lambda request: request.method == "POST", after=30)
+    nursery.start_soon(release_when_resumed, path.registry, hold)
 
     def first_connection() -> tuple[Any, list[dict[str, Any]]]:
         opened = connect_native_client_connection(path.native(path.via))
@@ -194,6 +205,8 @@ async def test_our_client_resumes_by_itself_and_the_stream_goes_on(
         nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
     path = await route(nursery, socket_dir, transport)
     records = records_of(path.stack)
+    hold = path.stack.replay.hold(lambda request: request.method == "POST", after=60)
+    nursery.start_soon(release_when_resumed, path.registry, hold)
     with trio.fail_after(30):
         async with connect(path.via, resume=True, **path.ours()) as client:
             session = await client.open_session(resume=True)

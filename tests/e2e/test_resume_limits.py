@@ -18,8 +18,8 @@ from gateway.nnrp import ServerConfig
 from gateway.server import ResumeSettings, TokenAuthenticator
 from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
-from tests.support.quic import until
 from tests.support.stack import Stack, chat, envelope, metric_samples, records_of, start_stack
+from tests.support.waits import until, until_steady
 
 
 def registry_of(stack: Stack) -> Any:
@@ -160,10 +160,7 @@ async def test_a_detached_session_at_its_byte_bound_stops_reading_vllm_and_loses
     with trio.fail_after(10):
         await until(lambda: registry.budget.held >= bound)
         progress = stack.replay.playing[request_id]
-        sent = -1
-        while progress.sent != sent:
-            sent = progress.sent
-            await trio.sleep(0.2)
+        await until_steady(lambda: progress.sent, 0.5)  # the writes stopped
     assert registry.budget.held < bound + (8 << 10)  # one upstream read past it at most
     with trio.fail_after(10):
         async with connect(stack.uri()) as client:

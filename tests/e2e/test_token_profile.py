@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import trio
-import trio.lowlevel
 
 from gateway import nnrp
 from gateway.tools.conformance import runner_token_submit
@@ -42,19 +41,24 @@ async def test_a_token_request_is_a_text_completion(stack: Stack, session: Any) 
 
 
 async def test_a_token_request_is_cancelled_like_any(stack: Stack, session: Any) -> None:
+    # vLLM is still generating the completion (held: its answer cannot come first) when
+    # the cancel lands.
+    stack.replay.hold(lambda request: request.path == "/v1/completions")
     meta, body = token_request(8, b"Count to a thousand")
     operation = await session.submit_frame(meta, body)
     with trio.fail_after(5):
-        while not stack.replay.playing:
-            await trio.lowlevel.checkpoint()  # until vLLM is generating (64 tokens take 13 ms)
+        await stack.replay.wait_for_requests(1)  # the completion request itself
     await operation.cancel()
     with trio.fail_after(10):
         (drop,) = [event async for event in operation.events()]
     assert isinstance(drop, nnrp.DropReceived)
     assert drop.drop_reason == nnrp.DropReason.PEER_CANCELLED
     with trio.fail_after(5):
-        while not stack.replay.disconnects:  # noqa: ASYNC110 - the replay's record
-            await trio.sleep(0.005)
+        await stack.replay.wait_until(lambda: stack.replay.disconnects)
+    (sent,) = [r for r in stack.replay.requests if r.method == "POST"]
+    assert sent.path == "/v1/completions"
+    assert [d.request_id for d in stack.replay.disconnects] == [sent.headers["x-request-id"]]
+    assert sent.headers["x-request-id"] not in stack.replay.completed
 
 
 async def test_token_chunks_that_are_not_text_are_refused(session: Any) -> None:

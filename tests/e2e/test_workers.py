@@ -12,16 +12,16 @@ unix, the other worker is stopped (SIGSTOP) while connecting, so it cannot accep
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -34,6 +34,10 @@ from gateway.transport import QuicClientOptions
 from tests.support.processes import ReplayThread, free_port
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
+from tests.support.waits import wait_for
+
+if TYPE_CHECKING:
+    from gateway.tools.replay import RecordedRequest
 
 EXE = str(Path(sys.executable).parent / "nnrp-gateway")
 
@@ -65,15 +69,6 @@ class Served:
             if record.get("event") == "worker serving":
                 started[record["worker"]] = record["pid"]
         return [started[i] for i in sorted(started)]
-
-
-def wait_for(condition: Any, seconds: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or condition}")
 
 
 @contextmanager
@@ -188,6 +183,15 @@ async def connect_to(stack: contextlib.AsyncExitStack, uri: str, pid: int,
     raise AssertionError(f"no connection to {uri} reached worker {pid}")
 
 
+#: Chunks a held stream sends first (its role chunk and seven tokens): past the five
+#: events after which the tests act.
+HELD_AFTER = 8
+
+
+def is_chat(request: RecordedRequest) -> bool:
+    return request.path == "/v1/chat/completions"
+
+
 @pytest.fixture
 def replay() -> Iterator[ReplayThread]:
     with ReplayThread(token_interval_ms=20.0) as thread:
@@ -238,19 +242,35 @@ def test_a_killed_worker_is_restarted_while_the_other_streams_on(
     with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
         survivor, victim = served.pids
         uri = served.uris["tcp"]
+        # The survivor's stream is held mid-way (after HELD_AFTER chunks) until the victim
+        # is back: it is in flight through the whole crash and restart.
+        hold = replay.call(replay.server.hold, is_chat, after=HELD_AFTER)
+
+        def restarted() -> bool:
+            return (served.metrics().get("nnrp_gateway_workers_running") == 2
+                    and len(served.worker_pids()) == 2
+                    and victim not in served.worker_pids())
 
         async def stream_through_a_crash() -> Any:
+            events: list[Any] = []
+
+            async def stream(client: Any) -> None:
+                events.extend(await stream_through_signal(client, victim, signal.SIGKILL))
+
             async with contextlib.AsyncExitStack() as stack:
                 client = await connect_to(stack, uri, survivor, served.pids)
-                return await stream_through_signal(client, victim, signal.SIGKILL)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stream, client)
+                    await trio.to_thread.run_sync(functools.partial(
+                        wait_for, restarted, what="the restart"))
+                    assert not events  # still streaming
+                    await trio.to_thread.run_sync(replay.call, hold.release)
+            return events
 
         requests = "nnrp_gateway_requests_total"
         before = sum(v for k, v in served.metrics().items() if k.startswith(requests))
         events = trio.run(stream_through_a_crash)
         assert isinstance(events[-1], ResultReceived) and len(events) == 61
-        wait_for(lambda: served.metrics().get("nnrp_gateway_workers_running") == 2
-                 and len(served.worker_pids()) == 2 and victim not in served.worker_pids(),
-                 what="the restart")
         metrics = served.metrics()
         assert metrics["nnrp_gateway_worker_restarts_total"] == 1
         # What the killed worker had counted is still counted (no false counter reset).
@@ -279,6 +299,12 @@ def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> No
     with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
         uri = served.uris["tcp"]
         results: list[list[Any]] = []
+        # Both streams are held mid-way until both workers are draining: each worker has
+        # its stream in flight when its drain begins.
+        hold = replay.call(replay.server.hold, is_chat, after=HELD_AFTER)
+
+        def draining() -> list[dict[str, Any]]:
+            return [r for r in served.records() if r.get("event") == "draining"]
 
         async def two_streams_through_sigterm() -> None:
             async def one(pid: int, started: trio.Event) -> None:
@@ -300,8 +326,12 @@ def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> No
                     nursery.start_soon(one, pid, event)
                     await event.wait()
                 served.process.send_signal(signal.SIGTERM)
+                await trio.to_thread.run_sync(functools.partial(
+                    wait_for, lambda: len(draining()) == 2, what="both workers draining"))
+                await trio.to_thread.run_sync(replay.call, hold.release)
 
         trio.run(two_streams_through_sigterm)
+        assert sorted((r["worker"], r["inflight"]) for r in draining()) == [(0, 1), (1, 1)]
         assert [isinstance(events[-1], ResultReceived) for events in results] == [True, True]
         assert [len(events) for events in results] == [61, 61]
         assert served.process.wait(timeout=30) == 0
@@ -360,7 +390,7 @@ def test_no_worker_outlives_a_killed_supervisor(tmp_path: Path,
     with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
         served.process.kill()  # SIGKILL: no drain, no goodbye
         served.process.wait()
-        wait_for(lambda: not any(alive(pid) for pid in served.pids), seconds=15,
+        wait_for(lambda: not any(alive(pid) for pid in served.pids), timeout=15,
                  what="orphaned workers to exit")
         assert any(r.get("event") == "the supervisor is gone; draining"
                    for r in served.records())
@@ -374,6 +404,8 @@ def test_sigterm_while_a_worker_waits_to_restart_stops_everything(
         assert served.process.wait(timeout=15) == 0
         # Nothing started after the stop is left behind, and nothing was restarted.
         assert not any(alive(pid) for pid in served.worker_pids())
+        assert served.worker_pids() == served.pids
+        assert len([r for r in served.records() if r.get("event") == "worker serving"]) == 2
         assert served.records()[-1]["event"] == "drained"
 
 

@@ -21,9 +21,13 @@ from gateway.tools.replay import ReplayServer
 from tests.support.native import native_connection, open_session, openai_submit, poll_once
 from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import Stack, chat, envelope
+from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
-TOKENS = 30  # 30 x 25 ms: the stream is still running when the drain starts
+TOKENS = 30
+#: Chunks (the role chunk, then tokens) the stream sends before it is held until the drain
+#: has begun: the stream is in flight when it begins, whatever the host's speed.
+HELD_AFTER = 6
 
 
 async def drained_stack(nursery: trio.Nursery, tmp_path: Path, **config: Any
@@ -48,7 +52,7 @@ def slow_reader(uri: str, transport: str, trusted_der: bytes, started: trio.Even
             events += poll_once(session, timeout_ms=5)
             if len(events) >= 3 and not started.is_set():
                 trio.from_thread.run_sync(started.set, trio_token=token)
-            time.sleep(0.15)
+            time.sleep(0.15)  # the slow reader's pace: what this test is about
         # The drain is on: new work is refused in a form that says "try again elsewhere".
         session.submit_operation(openai_submit(2, 2, envelope(chat(stream=True))))
         later: list[dict[str, Any]] = []
@@ -65,20 +69,34 @@ async def test_every_in_flight_frame_reaches_a_slow_reader(nursery: trio.Nursery
                                                            tmp_path: Path,
                                                            transport: str) -> None:
     stack, pki = await drained_stack(nursery, tmp_path, drain_timeout=20.0)
+    hold = stack.replay.hold(
+        lambda request: request.headers.get("x-request-id") == "replay:text_stream:drain",
+        after=HELD_AFTER)
     started = trio.Event()
     result: dict[str, Any] = {}
+    drained = trio.Event()
 
     async def client() -> None:
         result.update(await trio.to_thread.run_sync(
             slow_reader, stack.uri(transport), transport, pki.der, started,
             trio.lowlevel.current_trio_token()))
 
+    async def drain() -> None:
+        await stack.gateway.drain()
+        drained.set()
+
     async with trio.open_nursery() as inner:
         inner.start_soon(client)
         with trio.fail_after(30):
             await started.wait()
+            await stack.replay.wait_until(lambda: hold.waiting)
+            # The stream is held mid-way: in flight as the drain begins.
+            assert stack.gateway.server.stats.inflight == 1
             began = trio.current_time()
-            await stack.gateway.drain()
+            inner.start_soon(drain)
+            await until(lambda: not stack.gateway.server.accepting)
+            hold.release()
+            await drained.wait()
         drained_after = trio.current_time() - began
     first = [e for e in result["events"] if e["frame_id"] == 1]
     assert [e["kind"] for e in first] == ["PARTIAL_RESULT"] * TOKENS + ["RESULT_PUSH"]

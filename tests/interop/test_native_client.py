@@ -20,6 +20,7 @@ from tests.support.native import (
     trace_metadata,
 )
 from tests.support.servers import RunningServer
+from tests.support.waits import until
 
 if TYPE_CHECKING:
     from tests.support.servers import RunningServer
@@ -82,8 +83,11 @@ async def test_cancel_mid_stream(running: RunningServer, transport: str, how: st
     def scenario() -> list[dict[str, Any]]:
         with native_connection(transport, uri) as connection:
             session = open_session(connection)
+            # Three events, then none until the cancel: nothing of the operation is on
+            # the wire behind the cancel (nnrp-py's native client refuses a partial of an
+            # operation it has frame-cancelled: NativeInvalidStateError).
             operation = session.submit_operation(
-                openai_submit(0x65, 1, script(events=400, delay=0.01)))
+                openai_submit(0x65, 1, script(events=400, hold_after=3)))
             sent = []
 
             def on_event(event: dict[str, Any]) -> None:
@@ -98,14 +102,21 @@ async def test_cancel_mid_stream(running: RunningServer, transport: str, how: st
                             diagnostic=b"user hit stop")
 
             events: list[dict[str, Any]] = []
-            # Poll past the terminal for a grace period: nothing may follow it.
+
+            def ended() -> bool:  # the server cancelled it; a runtime CANCEL's drop is in
+                return bool(sent and running.seen.cancelled) and (
+                    how == "frame_cancel"
+                    or any(e["kind"] == "RESULT_DROP_REASON" for e in events))
+
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not ended():
                 for event in poll_once(session):
                     events.append(event)
                     on_event(event)
-                if sent and time.monotonic() - sent[0] > 1.0:
-                    break
+            # Then a window past the terminal: anything in it would be one frame too many.
+            grace = time.monotonic() + 0.3
+            while time.monotonic() < grace:
+                events += poll_once(session)
             session.close()
             return events
 
@@ -118,7 +129,7 @@ async def test_cancel_mid_stream(running: RunningServer, transport: str, how: st
     wire = frames_of(events, 1)
     drops = [e for e in wire if e["kind"] == "RESULT_DROP_REASON"]
     partials = [e for e in wire if e["kind"] == "PARTIAL_RESULT"]
-    assert 3 <= len(partials) < 400
+    assert len(partials) == 3
     assert not any(e["kind"] == "RESULT_PUSH" for e in wire)
     if drops:  # the native client surfaces the drop for runtime CANCEL (and hides it for FRAME_CANCEL)
         (drop,) = drops
@@ -152,7 +163,6 @@ async def test_session_close_is_acknowledged(running: RunningServer) -> None:
     with trio.fail_after(30):
         events = await trio.to_thread.run_sync(scenario)
     assert frames_of(events, 1)[-1]["kind"] == "RESULT_PUSH"
-    await trio.sleep(0.1)
-    (connection,) = running.server.connections or [None]
-    if connection is not None:
-        assert connection.sessions == {}
+    # The closed session is gone from the server (as is its connection, once closed).
+    with trio.fail_after(5):
+        await until(lambda: not any(c.sessions for c in running.server.connections))

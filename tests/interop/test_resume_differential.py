@@ -75,8 +75,8 @@ from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
 from tests.support.native import openai_submit, poll_until
-from tests.support.quic import until
 from tests.support.stack import chat, envelope, records_of, start_stack
+from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
 

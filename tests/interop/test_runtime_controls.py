@@ -7,6 +7,14 @@ checks three things: the control had its effect (docs/runtime-controls.md, "Case
 frame the client cannot accept came back (the native client raises on those), and the
 session is still usable (a second request completes and SESSION_CLOSE is acknowledged).
 
+The control always lands while the stream runs, however fast the replay: the replay
+holds the stream after the two partials the client acts on. A control that ends the
+operation meets a stream that never ends by itself (``long_stream``), held for good, so
+nothing of it is on the wire behind the control (nnrp-py's native client refuses a
+partial of an operation it has frame-cancelled); for one that lets it finish, the hold
+is released once the gateway shows the control applied (``Case.applied``), and the
+stream runs to its end.
+
 The native server replies to no control by itself (its application decides); the small
 application below reacts to cancels and supersedes the way the reference adapter does.
 Where the spec leaves room (which drop reason a supersede or a cancel ends with), the
@@ -16,7 +24,9 @@ gateway must end the operation the way that server does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
 import queue
 import threading
 import time
@@ -52,21 +62,60 @@ from tests.support.native import (
     poll_until,
 )
 from tests.support.quic import Pki, start_quic_stack
-from tests.support.stack import Stack, chat, envelope, records_of, start_stack
+from tests.support.stack import (
+    Stack,
+    chat,
+    envelope,
+    live_operations,
+    records_of,
+    start_stack,
+)
+from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
 
-TOKENS = 40  # the streamed request: long enough for a control to land mid-stream
+TOKENS = 40  # the streamed request, when it runs to its end
 Control = Callable[[Any, Any], None]  # (connection, session) -> None
+#: Evidence that a control was applied: (the stack, the client's events so far) -> bool.
+Applied = Callable[[Stack, list[dict[str, Any]]], bool]
+#: Partials operation 1 streams before the client calls the API; its stream is held
+#: there (after its role chunk and these tokens), so the budget of 5 is not spent yet.
+PARTIALS_BEFORE_CONTROL = 2
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def request(tokens: int, name: str) -> bytes:
+def request(tokens: int, name: str, scenario: str = "text_stream") -> bytes:
     return envelope(chat(stream=True, max_tokens=tokens),
-                    request_id=f"replay:text_stream:{name}")
+                    request_id=f"replay:{scenario}:{name}")
+
+
+def is_first(recorded: Any) -> bool:
+    """The replay's record of operation 1's request (``drive``)."""
+    return str(recorded.headers.get("x-request-id", "")).endswith(":first")
+
+
+def is_first_long(recorded: Any) -> bool:
+    """Operation 1's request in a case whose control ends it."""
+    return is_first(recorded) and recorded.scenario == "long_stream"
+
+
+def received(kind: str) -> Applied:
+    return lambda _stack, events: any(e["kind"] == kind for e in events)
+
+
+def budget_applied(stack: Stack, _events: list[dict[str, Any]]) -> bool:
+    return any(op.token_budget == 5 for op in live_operations(stack.gateway))
+
+
+def priority_refused(stack: Stack, _events: list[dict[str, Any]]) -> bool:
+    return any(op.priority_updates for op in live_operations(stack.gateway))
+
+
+def hint_ignored(stack: Stack, _events: list[dict[str, Any]]) -> bool:
+    return stack.gateway.server.stats.ignored_frames > 0
 
 
 # ------------------------------------------------------------------ the APIs, one each
@@ -148,22 +197,37 @@ class Case:
     #: The end cause in the gateway's record of operation 1.
     cause: str = "completed"
     upstream_aborted: bool = False
+    #: The replay scenario of operation 1: ``long_stream`` when the control ends it (its
+    #: hold is then never released).
+    scenario: str = "text_stream"
+    #: For a stream that ends by itself: what shows the control applied, which releases
+    #: the hold (the control must land while the operation runs).
+    applied: Applied | None = None
 
 
 CASES = {
-    "cancel": Case(cancel, ("drop", 3), cause="peer_cancelled", upstream_aborted=True),
-    "abort": Case(abort, ("drop", 3), cause="peer_cancelled", upstream_aborted=True),
+    "cancel": Case(cancel, ("drop", 3), cause="peer_cancelled", upstream_aborted=True,
+                   scenario="long_stream"),
+    "abort": Case(abort, ("drop", 3), cause="peer_cancelled", upstream_aborted=True,
+                  scenario="long_stream"),
     "cancel_frame": Case(cancel_frame, ("drop", 3), cause="peer_cancelled",
-                         upstream_aborted=True),
-    "live_priority": Case(live_priority, ("push", 200), replies=("ERROR_RECOVERABLE",)),
-    "deadline": Case(deadline, ("drop", 1), cause="deadline_expired", upstream_aborted=True),
-    "expire_at": Case(expire_at, ("drop", 2), cause="expired_at", upstream_aborted=True),
-    "supersede": Case(supersede, ("drop", 2), cause="superseded", upstream_aborted=True),
+                         upstream_aborted=True, scenario="long_stream"),
+    "live_priority": Case(live_priority, ("push", 200), replies=("ERROR_RECOVERABLE",),
+                          applied=priority_refused),
+    "deadline": Case(deadline, ("drop", 1), cause="deadline_expired", upstream_aborted=True,
+                     scenario="long_stream"),
+    "expire_at": Case(expire_at, ("drop", 2), cause="expired_at", upstream_aborted=True,
+                      scenario="long_stream"),
+    "supersede": Case(supersede, ("drop", 2), cause="superseded", upstream_aborted=True,
+                      scenario="long_stream"),
     "live_budget": Case(live_budget, ("drop", 6), cause="budget_exceeded",
-                        upstream_aborted=True),
-    "route_hint": Case(route_hint, ("push", 200)),
-    "execution_hint": Case(execution_hint, ("push", 200), replies=("ERROR_RECOVERABLE",)),
-    "negotiate": Case(negotiate, ("push", 200), replies=("DEGRADE_PROFILE",)),
+                        upstream_aborted=True, applied=budget_applied),
+    "route_hint": Case(route_hint, ("push", 200), applied=hint_ignored),
+    "execution_hint": Case(execution_hint, ("push", 200), replies=("ERROR_RECOVERABLE",),
+                           applied=received("ERROR_RECOVERABLE")),
+    "negotiate": Case(negotiate, ("push", 200), replies=("DEGRADE_PROFILE",),
+                      applied=received("DEGRADE_PROFILE")),
+    # Session-scoped, answered with nothing: operation 1 ends alike whenever it lands.
     "degrade": Case(degrade, ("push", 200)),
 }
 
@@ -173,14 +237,16 @@ REFEREE_ENDS = {"cancel", "abort", "cancel_frame", "supersede", "deadline", "exp
 
 # ------------------------------------------------------------------ the client side
 
-def drive(uri: str, control: Control, trusted_der: bytes | None = None
+def drive(uri: str, control: Control, trusted_der: bytes | None = None, *,
+          scenario: str = "text_stream", events: list[dict[str, Any]] | None = None
           ) -> dict[str, list[dict[str, Any]]]:
-    """Stream operation 1, call ``control`` after two partials, poll past its terminal
-    (nothing may follow it), then prove the session usable and close it."""
+    """Stream operation 1 (replay ``scenario``), call ``control`` after two partials, poll
+    past its terminal (nothing may follow it), then prove the session usable and close
+    it. ``events``: filled as they arrive (another thread may watch them)."""
     with native_connection("tcp", uri, trusted_der=trusted_der) as connection:
         session = open_session(connection)
-        session.submit_operation(openai_submit(1, 1, request(TOKENS, "first")))
-        events: list[dict[str, Any]] = []
+        session.submit_operation(openai_submit(1, 1, request(TOKENS, "first", scenario)))
+        events = [] if events is None else events
         called = ended = None
         deadline_at = time.monotonic() + 20
         while time.monotonic() < deadline_at:
@@ -188,12 +254,13 @@ def drive(uri: str, control: Control, trusted_der: bytes | None = None
                 events.append(event)
                 partials = [e for e in events if e["kind"] == "PARTIAL_RESULT"
                             and e["frame_id"] == 1]
-                if called is None and len(partials) >= 2:
+                if called is None and len(partials) >= PARTIALS_BEFORE_CONTROL:
                     control(connection, session)
                     called = time.monotonic()
                 if ended is None and event.get("frame_id") == 1 and event["kind"] in (
                         "RESULT_PUSH", "RESULT_DROP_REASON"):
                     ended = time.monotonic()
+            # A window after the terminal: a frame in it would be one too many.
             if ended is not None and time.monotonic() - ended > 0.3:
                 break
         # Whatever the control did, the session still serves requests.
@@ -224,7 +291,7 @@ def assert_usable(result: dict[str, list[dict[str, Any]]]) -> None:
 
 @pytest.fixture
 async def quic_stack(nursery: trio.Nursery, tmp_path: Path) -> tuple[Stack, Pki]:
-    # 25 ms a token: the 40-token stream takes a second, time for any control to land.
+    # 25 ms a token: a paced stream, as vLLM's (when and where controls land is held).
     return await start_quic_stack(nursery, tmp_path,
                                   replay=ReplayServer(token_interval_ms=25.0),
                                   pipeline=PipelineLimits(priority_scheduling=False))
@@ -243,9 +310,23 @@ async def test_each_client_api_against_the_gateway(quic_stack: tuple[Stack, Pki]
     stack, pki = quic_stack
     case = CASES[name]
     records = records_of(stack)
-    with trio.fail_after(40):
-        result = await trio.to_thread.run_sync(drive, stack.uri(transport), case.control,
-                                               pki.der)
+    seen: list[dict[str, Any]] = []
+    if case.applied is not None or case.scenario == "long_stream":
+        hold = stack.replay.hold(is_first, after=1 + PARTIALS_BEFORE_CONTROL)
+    async with trio.open_nursery() as nursery:
+        if case.applied is not None:
+            applied = case.applied
+
+            async def release_once_applied() -> None:
+                with trio.fail_after(30):
+                    await until(lambda: applied(stack, seen))
+                hold.release()
+
+            nursery.start_soon(release_once_applied)
+        with trio.fail_after(40):
+            result = await trio.to_thread.run_sync(functools.partial(
+                drive, stack.uri(transport), case.control, pki.der, scenario=case.scenario,
+                events=seen))
     events = result["events"]
     assert ending(events, 1) == case.ends
     first = [e for e in events if e["frame_id"] == 1]
@@ -343,7 +424,8 @@ def _push_metadata() -> ResultPushMetadata:
 class _Running:
     operation: Any
     frame_id: int
-    total: int
+    total: float  # partials to send (math.inf: until the operation is ended)
+    held: bool = False  # no partial after PARTIALS_BEFORE_CONTROL
     sent: int = 0
     next_at: float = 0.0
     #: A DEADLINE or EXPIRE_AT: (unix ms, the drop reason when it passes).
@@ -352,7 +434,9 @@ class _Running:
 
 def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) -> None:
     """nnrp-py's native server, one session at a time, with an application that streams
-    ``max_tokens`` partials 25 ms apart and ends cancelled, superseded or expired
+    ``max_tokens`` partials 25 ms apart (for a ``replay:long_stream:`` request, two and
+    then nothing until a control ends it, as the replay vLLM behind the gateway is held)
+    and ends cancelled, superseded or expired
     operations with RESULT_DROP_REASON the way the reference adapter does (the native
     runtime itself enforces none of these)."""
 
@@ -386,9 +470,11 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
             if event is not None and (operation := event.as_submit()) is not None:
                 typed = nnrp.parse_typed_body(bytes(operation.submit.tail.body),
                                               payload_kind_bitmap=0x10, payload_frame_count=1)
-                body = json.loads(typed.frames[0].payload)["body"]
+                document = json.loads(typed.frames[0].payload)
+                endless = document.get("request_id", "").startswith("replay:long_stream:")
                 active[operation.operation_id] = _Running(
-                    operation, operation.submit.header.frame_id, body["max_tokens"])
+                    operation, operation.submit.header.frame_id,
+                    math.inf if endless else document["body"]["max_tokens"], held=endless)
             elif event is not None and (runtime := event.as_runtime()) is not None:
                 kind = runtime.header.message_type
                 log.append(kind.name)
@@ -414,7 +500,8 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
                 if running.expires is not None and now_ms() >= running.expires[0]:
                     await drop(op_id, running.expires[1], b"")
                     continue
-                if now < running.next_at:
+                if now < running.next_at or (
+                        running.held and running.sent >= PARTIALS_BEFORE_CONTROL):
                     continue
                 if running.sent < running.total:
                     body = json.dumps({"type": "response.output_text.delta",
@@ -452,6 +539,9 @@ async def test_each_client_api_against_the_referee(referee: Any, nursery: trio.N
     session stays usable; where both servers end the operation, they end it alike."""
     uri, log = referee
     stack = await start_stack(nursery, tmp_path, replay=ReplayServer(token_interval_ms=25.0))
+    # As in the gateway's own test: a stream a control ends is held for good after the
+    # partials the client acts on (the referee's application holds it alike).
+    stack.replay.hold(is_first_long, after=1 + PARTIALS_BEFORE_CONTROL)
     expected_kind = {
         "cancel": "CANCEL", "abort": "ABORT", "cancel_frame": "FRAME_CANCEL",
         "live_priority": "PRIORITY_UPDATE", "deadline": "DEADLINE", "expire_at": "EXPIRE_AT",
@@ -461,8 +551,10 @@ async def test_each_client_api_against_the_referee(referee: Any, nursery: trio.N
     for name, case in CASES.items():
         log.clear()
         with trio.fail_after(40):
-            theirs = await trio.to_thread.run_sync(drive, uri, case.control)
-            ours = await trio.to_thread.run_sync(drive, stack.uri(), case.control)
+            theirs = await trio.to_thread.run_sync(functools.partial(
+                drive, uri, case.control, scenario=case.scenario))
+            ours = await trio.to_thread.run_sync(functools.partial(
+                drive, stack.uri(), case.control, scenario=case.scenario))
         assert expected_kind[name] in log, (name, log)
         assert_usable(theirs)
         assert_usable(ours)
@@ -475,26 +567,40 @@ async def test_over_the_limit_is_recoverable_and_says_when(stack: Stack) -> None
     RETRY_AFTER before its terminal 503; the session keeps serving."""
     from nnrp.client.native import NativeClientSessionOptions
 
+    # Operation 1 is in flight when operation 2 arrives: its stream is held until
+    # operation 2's refusal is in.
+    hold = stack.replay.hold(is_first, after=1)
+    events: list[dict[str, Any]] = []
+
+    def refused() -> bool:
+        return any(e.get("frame_id") == 2 and e["kind"] == "RESULT_PUSH" for e in events)
+
     def scenario() -> dict[str, Any]:
         with native_connection("tcp", stack.uri()) as connection:
             session = asyncio.run(connection.open_session(
                 NativeClientSessionOptions(max_in_flight_operations=1)))
             session.submit_operation(openai_submit(1, 1, request(TOKENS, "first")))
             session.submit_operation(openai_submit(2, 2, request(3, "over")))
-            events: list[dict[str, Any]] = []
             end = time.monotonic() + 15
             while time.monotonic() < end and sum(
                     e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events) < 2:
-                events += poll_once(session)
+                events.extend(poll_once(session))
             session.submit_operation(openai_submit(3, 3, request(3, "later")))
             while time.monotonic() < end and not any(
                     e.get("frame_id") == 3 and e["kind"] == "RESULT_PUSH" for e in events):
-                events += poll_once(session)
+                events.extend(poll_once(session))
             session.close()
             return {"events": [e for e in events if e["kind"] != "lifecycle"]}
 
-    with trio.fail_after(30):
-        result = await trio.to_thread.run_sync(scenario)
+    async def release_once_refused() -> None:
+        with trio.fail_after(30):
+            await until(refused)
+        hold.release()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(release_once_refused)
+        with trio.fail_after(30):
+            result = await trio.to_thread.run_sync(scenario)
     over = [e for e in result["events"] if e["frame_id"] == 2]
     assert [e["kind"] for e in over] == ["ERROR_RECOVERABLE", "RETRY_AFTER", "RESULT_PUSH"]
     assert over[-1]["status"] == 503

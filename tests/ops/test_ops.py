@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import socket
@@ -23,6 +24,7 @@ from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
 from tests.support.processes import ReplayThread, free_port, wait_ready
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
+from tests.support.waits import until, until_async, wait_for
 
 runner = CliRunner()
 
@@ -53,21 +55,31 @@ async def get(url: str) -> httpx.Response:
         return await client.get(url)
 
 
+async def readyz_is(admin: str, status: int) -> bool:
+    return (await get(f"{admin}/readyz")).status_code == status
+
+
+async def scrape(admin: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample /metrics exports, by (name, sorted labels)."""
+    text = (await get(f"{admin}/metrics")).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 async def test_unanswered_health_checks_mark_down_only_after_the_threshold(
         nursery: trio.Nursery) -> None:
     # A vLLM too busy to answer /health is not dead: one silent check must not fail every
     # new request (found by the 1,000-stream soak); three in a row do.
     gateway, replay, admin = await start_with_silent_health(nursery)
-    checks_before_down = 0
+    silent_since = trio.current_time()
     with trio.fail_after(10):
-        while gateway.upstream_healthy:
-            await trio.sleep(0.1)  # health_interval; each silent check takes 0.2 s
-            checks_before_down += 1
-    assert checks_before_down >= 6  # three checks of >= 0.3 s each, not one
+        await until(lambda: not gateway.upstream_healthy)
+    # Three silent checks (0.2 s each, 0.1 s apart), not one: one would take 0.3 s at
+    # most (less the part of a check already under way when vLLM fell silent).
+    assert trio.current_time() - silent_since >= 0.5
     replay.health_silent = False
     with trio.fail_after(10):
-        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 200))
 
 
 async def test_a_vllm_busy_streaming_is_alive_though_health_is_silent(
@@ -84,8 +96,7 @@ async def test_a_vllm_busy_streaming_is_alive_though_health_is_silent(
         assert gateway.upstream_healthy
         # Nothing flowing now: three silent checks in a row mark vLLM down.
         with trio.fail_after(5):
-            while gateway.upstream_healthy:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await until(lambda: not gateway.upstream_healthy)
 
 
 async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
@@ -102,14 +113,12 @@ async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     # vLLM goes away: readiness false, liveness unaffected; it comes back: ready again.
     replay.kill_engine()
     with trio.fail_after(5):
-        while (await get(f"{admin}/readyz")).status_code != 503:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 503))
     assert "vLLM health check failed" in (await get(f"{admin}/readyz")).json()["reasons"]
     assert (await get(f"{admin}/healthz")).status_code == 200
     replay.revive()
     with trio.fail_after(5):
-        while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-            await trio.sleep(0.05)
+        await until_async(lambda: readyz_is(admin, 200))
     await gateway.drain()
     reasons = (await get(f"{admin}/readyz")).json()["reasons"]
     assert "draining" in reasons
@@ -135,10 +144,13 @@ async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
             break
         async for _ in operation.events():
             pass
-        await trio.sleep(0.1)
-        text = (await get(f"{admin}/metrics")).text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+        # The cancelled operation is counted once it has ended on the gateway's side
+        # (its upstream abort timed), which may be after its terminal reached us.
+        with trio.fail_after(5):
+            samples = await scrape(admin)
+            while samples.get(("nnrp_gateway_upstream_abort_seconds_count", ())) != 1:
+                await trio.sleep(0.05)  # between scrapes: /metrics is polled
+                samples = await scrape(admin)
     assert samples[("nnrp_gateway_requests_total",
                     (("model_name", "example-model"), ("outcome", "ok"),
                      ("transport", "tcp")))] == 1
@@ -174,8 +186,7 @@ async def test_canonical_log_line_and_no_secrets(nursery: trio.Nursery) -> None:
                                                   request_id="log-1"))
             # The line is written once the server side has finished: wait for it.
             with trio.fail_after(5):
-                while not any(line["event"] == "operation" for line in logs):  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+                await until(lambda: any(line["event"] == "operation" for line in logs))
     lines = [line for line in logs if line["event"] == "operation"]
     assert len(lines) == 1
     line = lines[0]
@@ -265,43 +276,65 @@ def test_check_and_health_commands() -> None:
 
 @pytest.fixture
 def served_stack(tmp_path: Path) -> Any:
-    """``replay-server`` and ``serve`` as real processes (signals need a real process)."""
+    """``serve`` as a real process (signals need a real process), in front of a replay
+    vLLM in a thread of this one (so a test can hold its replies)."""
     exe = str(Path(sys.executable).parent / "nnrp-gateway")
-    vllm_port, nnrp_port, admin_port = free_port(), free_port(), free_port()
-    replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm_port}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    gateway = subprocess.Popen(
-        [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
-         f"http://127.0.0.1:{vllm_port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-         "--drain-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_ready(f"http://127.0.0.1:{admin_port}")
-    yield gateway, f"tcp://127.0.0.1:{nnrp_port}", f"http://127.0.0.1:{admin_port}"
-    for process in (gateway, replay):
-        process.kill()
-        process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+    nnrp_port, admin_port = free_port(), free_port()
+    with ReplayThread() as replay:
+        gateway = subprocess.Popen(
+            [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
+             replay.url, "--admin-listen", f"127.0.0.1:{admin_port}", "--drain-timeout", "5"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{admin_port}")
+            yield (gateway, f"tcp://127.0.0.1:{nnrp_port}", f"http://127.0.0.1:{admin_port}",
+                   replay)
+        finally:
+            gateway.kill()
+            gateway.wait()
+            assert gateway.stdout is not None
+            gateway.stdout.close()
 
 
 def test_sigterm_drains_in_flight_stream(served_stack: Any) -> None:
-    gateway, endpoint, admin = served_stack
+    gateway, endpoint, admin, replay = served_stack
     assert runner.invoke(app, ["health", "--admin-url", admin, "--ready"]).exit_code == 0
+    # The stream is held mid-way (its role chunk and seven tokens; the signal goes after
+    # five events) until the gateway is draining: in flight when the drain begins.
+    hold = replay.call(replay.server.hold, lambda request: request.method == "POST",
+                       after=8)
+
+    def draining() -> bool:
+        reasons = httpx.get(f"{admin}/readyz").json()["reasons"]
+        return "draining" in reasons
 
     async def stream_through_sigterm() -> list[Any]:
-        async with connect(endpoint) as client:
-            return await stream_through_signal(client, gateway.pid, signal.SIGTERM)
+        async with connect(endpoint) as client, trio.open_nursery() as nursery:
+            events: list[Any] = []
+
+            async def stream() -> None:
+                events.extend(await stream_through_signal(client, gateway.pid,
+                                                          signal.SIGTERM))
+
+            nursery.start_soon(stream)
+            await trio.to_thread.run_sync(functools.partial(wait_for, draining,
+                                                            what="the drain"))
+            await trio.to_thread.run_sync(replay.call, hold.release)
+        return events
 
     events = trio.run(stream_through_sigterm)
     assert type(events[-1]).__name__ == "ResultReceived"  # drained, not dropped
     assert len(events) == 61
     assert gateway.wait(timeout=15) == 0
-    output = gateway.stdout.read()
-    assert '"event": "draining"' in output
-    assert '"event": "drained"' in output
+    records = [json.loads(line) for line in gateway.stdout.read().splitlines()
+               if line.startswith("{")]
+    (began,) = [r for r in records if r["event"] == "draining"]
+    assert began["inflight"] == 1  # the stream was in flight when the drain began
+    assert any(r["event"] == "drained" for r in records)
 
 
 def test_chat_one_shot(served_stack: Any) -> None:
-    _, endpoint, _ = served_stack
+    _, endpoint, _, _ = served_stack
     result = runner.invoke(app, ["chat", "Hello there", "--endpoint", endpoint,
                                  "--max-tokens", "4"])
     assert result.exit_code == 0, result.output
@@ -358,13 +391,11 @@ async def test_a_killed_vllm_is_not_ready_at_once_and_back_when_it_answers(
         outcome = await run_operation(session, envelope(chat(stream=True)))
     assert outcome.final["error"]["code"] == "backend_unavailable"
     with trio.fail_after(2):  # not three 30 s health intervals
-        while (await get(f"{admin}/readyz")).status_code == 200:  # noqa: ASYNC110
-            await trio.sleep(0.02)
+        await until_async(lambda: readyz_is(admin, 503))
     restarted = await nursery.start(replay_process)
     try:
         with trio.fail_after(20):
-            while (await get(f"{admin}/readyz")).status_code != 200:  # noqa: ASYNC110
-                await trio.sleep(0.05)
+            await until_async(lambda: readyz_is(admin, 200))
     finally:
         restarted.kill()
         await restarted.wait()

@@ -19,8 +19,9 @@ from gateway.tools.client import connect
 from gateway.transport import AlpnPolicy, QuicClientOptions, connect as connect_transport
 from gateway.transport._quic_client import _unacked_bytes
 from gateway.transport.quic import QuicClientTransport, QuicConnectError, client_configuration
-from tests.support.quic import Pki, make_pki, start_quic_server, until
+from tests.support.quic import Pki, make_pki, start_quic_server
 from tests.support.tls import client_context, make_pki as tls_pki
+from tests.support.waits import until
 
 pytest.importorskip("aioquic")
 

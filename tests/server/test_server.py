@@ -15,6 +15,7 @@ from gateway import nnrp
 from gateway.server import ConnectionLimits
 from gateway.tools.client import ClientError, NnrpClient, connect
 from tests.support.servers import RunningServer, start_server
+from tests.support.waits import until, until_steady
 
 TRANSPORTS = ["tcp", "ipc", "websocket"]
 
@@ -72,7 +73,8 @@ async def test_cancel_whole_session_with_operation_zero(running: RunningServer) 
     async with connect(running.uri()) as client:
         session = await client.open_session()
         ops = [await session.submit(script(hang=True)) for _ in range(3)]
-        await trio.sleep(0.05)
+        with trio.fail_after(5):
+            await until(lambda: len(running.seen.operations) == 3)  # all three running
         await client.send(client.sans_io.cancel(session.session_id, 0))
         for operation in ops:
             (terminal,) = await collect(operation)
@@ -203,8 +205,7 @@ async def test_a_fatal_error_leaves_the_connection_for_the_client_to_close(
     assert still_open.cancelled_caught
     await bad.aclose()
     with trio.fail_after(5):
-        while running.server.stats.connections_active:  # noqa: ASYNC110 - server state
-            await trio.sleep(0.01)
+        await until(lambda: not running.server.stats.connections_active)
 
 
 async def test_oversized_packet_is_refused_before_buffering(nursery: trio.Nursery,
@@ -257,7 +258,7 @@ async def test_handshake_timeout_closes_slowloris(running: RunningServer,
                 await stream.send_all(bytes([byte]))
             except trio.BrokenResourceError:
                 break
-            await trio.sleep(0.5)
+            await trio.sleep(0.5)  # the slowloris's pace: one byte every half second
     assert await read_all(stream) == b""
     assert trio.current_time() - start < 4.5
 
@@ -369,7 +370,8 @@ async def test_graceful_shutdown_drops_with_transport_closed(nursery: trio.Nurse
         session = await client.open_session()
         quick = await session.submit(script(events=3, delay=0.01))
         stuck = await session.submit(script(hang=True))
-        await trio.sleep(0.05)
+        with trio.fail_after(5):
+            await until(lambda: len(running.seen.operations) == 2)  # both in flight
         with trio.fail_after(5):
             await running.server.shutdown(drain_timeout=0.3)
         assert isinstance((await collect(quick))[-1], nnrp.ResultReceived)
@@ -392,12 +394,12 @@ async def test_slow_reader_backpressure_bounds_memory(nursery: trio.Nursery,
         nnrp.FrameSubmit(operation_id=1, payload_kind_bitmap=0x10, payload_frame_count=1),
         session_id=1, frame_id=1, body=nnrp.pack_single_frame(script(events=100_000, size=1000)))))
     # Never read: the operation must stall, with queued output bounded by the high-water mark.
-    await trio.sleep(1.0)
+    await running.seen.started.wait()
     (connection,) = running.server.connections
     operation = running.seen.operations[0]
-    stalled_at = operation.events_sent
-    await trio.sleep(0.5)
-    assert operation.events_sent == stalled_at < 100_000
+    with trio.fail_after(20):
+        await until_steady(lambda: operation.events_sent, steady_for=0.5)  # it stalled
+    assert operation.events_sent < 100_000
     assert connection.outbox.queued_bytes <= 64 * 1024 + 2048
     # Other clients are unaffected.
     async with connect(running.uri()) as other:
@@ -481,7 +483,7 @@ async def test_a_reader_that_never_reads_is_cut_off_by_the_write_timeout(
         nnrp.FrameSubmit(operation_id=1, payload_kind_bitmap=0x10, payload_frame_count=1),
         session_id=1, frame_id=1,
         body=nnrp.pack_single_frame(script(events=100_000, size=1000, batch=5)))))
-    await trio.sleep(0.2)
+    await running.seen.started.wait()
     (connection,) = running.server.connections
     with trio.fail_after(5):
         await connection.closed.wait()
@@ -512,7 +514,10 @@ async def _stall_then_read(running: RunningServer, transport: str) -> tuple[list
         operation = await session.submit(script(events=3_000, size=500, batch=7))
         await running.seen.started.wait()
         (connection,) = running.server.connections
-        await trio.sleep(0.5)  # nothing read yet (the client's reader runs only in events())
+        # Nothing read yet (the client's reader runs only in events()): the producer has
+        # written what the kernel and the outbox take, and waits (or, with buffers that
+        # large, is done).
+        await until_steady(lambda: running.seen.operations[0].events_sent, steady_for=0.3)
         assert connection.outbox.queued_bytes <= 64 * 1024 + 8 * 600
         return await collect(operation), connection
 
@@ -545,12 +550,17 @@ async def test_idle_connection_is_closed(nursery: trio.Nursery, socket_dir: Any,
 
 
 async def test_busy_connection_is_not_idle(nursery: trio.Nursery, socket_dir: Any) -> None:
+    # Idle is nothing received and nothing in flight: an operation streaming for three
+    # idle timeouts (as long as the host makes it, never shorter) keeps the connection.
+    # The timeout is long against the client's own pause between its session and its
+    # submit, when the connection is idle indeed.
     running = await start_server(nursery, socket_dir, limits=ConnectionLimits(
-        handshake_timeout=5, idle_timeout=0.2))
+        handshake_timeout=5, idle_timeout=0.5))
     async with connect(running.uri()) as client:
         session = await client.open_session()
-        events = await collect(await session.submit(script(events=10, delay=0.1)))
-    assert isinstance(events[-1], nnrp.ResultReceived)  # 1 s of streaming, nothing received
+        events = await collect(await session.submit(script(events=10, delay=0.15)))
+    assert isinstance(events[-1], nnrp.ResultReceived)  # 1.5 s of streaming, nothing received
+    assert [type(e).__name__ for e in events].count("PartialReceived") == 10
 
 
 async def test_bursts_are_coalesced_into_few_writes(running: RunningServer,

@@ -3,14 +3,19 @@ vLLM in its own thread (CliRunner commands call ``trio.run`` themselves)."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
-import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import trio
 
 from gateway.tools.replay import ReplayServer
+from tests.support.waits import wait_for
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -21,15 +26,16 @@ def free_port() -> int:
 
 
 def wait_ready(admin_url: str, seconds: float = 20.0) -> None:
-    """Poll a gateway process's /readyz until it answers 200 (or time runs out)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    """Poll a gateway process's /readyz until it answers 200; AssertionError after
+    ``seconds``."""
+
+    def ready() -> bool:
         try:
-            if httpx.get(f"{admin_url}/readyz").status_code == 200:
-                return
+            return httpx.get(f"{admin_url}/readyz").status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+            return False
+
+    wait_for(ready, seconds, what=f"{admin_url}/readyz")
 
 
 class ReplayThread:
@@ -51,6 +57,13 @@ class ReplayThread:
             self._ready.set()
             await self._stop.wait()
             nursery.cancel_scope.cancel()
+
+    def call(self, function: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """``function(*args, **kwargs)`` in the replay's own thread (where its trio objects
+        live: ``server.hold(...)``, ``hold.release()``); from any other thread."""
+        assert self._token is not None
+        return trio.from_thread.run_sync(functools.partial(function, *args, **kwargs),
+                                         trio_token=self._token)
 
     def __enter__(self) -> ReplayThread:
         self._thread.start()

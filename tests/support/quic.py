@@ -10,7 +10,7 @@ import datetime
 import ipaddress
 import math
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -38,12 +38,6 @@ from gateway.tools.client import ClientError, NnrpClient
 from gateway.transport import QuicSettings, TlsConfig as TlsConfig
 from tests.support.servers import Seen, scripted_handler
 from tests.support.stack import Stack, start_stack
-
-
-async def until(predicate: Callable[[], object], interval: float = 0.02) -> None:
-    """Poll a condition the server exposes no event for (callers bound it by fail_after)."""
-    while not predicate():  # noqa: ASYNC110
-        await trio.sleep(interval)
 
 
 @attrs.frozen

@@ -2,8 +2,10 @@
 
 The handler reads its script from the operation's JSON payload:
 ``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool,
-"batch": N}``; with ``batch`` the events are flushed N at a time, as the pipeline
-flushes the events of one upstream read (the outbox's direct path).
+"batch": N, "hold_after": N}``; with ``batch`` the events are flushed N at a time, as the
+pipeline flushes the events of one upstream read (the outbox's direct path); with
+``hold_after`` it sends N events and then nothing until it is cancelled (a stream still
+running when a client's cancel lands, with no event in flight behind it).
 It records what it saw (trace context, deadlines, cancellation) for assertions.
 """
 
@@ -43,8 +45,11 @@ async def scripted_handler(op: Operation, seen: Seen) -> None:
             await op.emit(body, flush=batch is None)
             if batch is not None and (index + 1) % batch == 0:
                 op.flush()
+            if index + 1 == script.get("hold_after"):
+                op.flush()
+                await trio.sleep_forever()
             if script.get("delay"):
-                await trio.sleep(script["delay"])
+                await trio.sleep(script["delay"])  # the script's pace
         op.flush()
         if script.get("no_terminal"):
             return

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from gateway.observe import ObservationRecord
+    from gateway.server import Operation
     from gateway.tools.client import ClientSession, NnrpClient
 
 _ids = itertools.count(1)
@@ -96,6 +97,13 @@ async def start_stack(nursery: trio.Nursery, socket_dir: Path, *,
     with trio.fail_after(5):
         await gateway.probed.wait()
     return Stack(replay, gateway, nursery)
+
+
+def live_operations(gateway: Gateway) -> list[Operation]:
+    """The operations ``gateway`` is running now, on every connection and session."""
+    return [operation for connection in gateway.server.connections
+            for session in connection.sessions.values()
+            for operation in session.operations.values()]
 
 
 def records_of(stack: Stack) -> list[ObservationRecord]:

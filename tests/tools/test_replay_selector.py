@@ -9,6 +9,7 @@ import pytest
 from gateway.tools.replay import SERVED_MODELS, choose_scenario
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+LONG = {"model": "tiny", "messages": [{"role": "user", "content": "Start a long answer."}]}
 
 
 @pytest.mark.parametrize(("headers", "body", "expected"), [
@@ -31,6 +32,11 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
     ({}, {**CHAT, "stream": True, "tools": [{}]}, "stream_tool_call_single"),
     ({}, {**CHAT, "stream": True, "tools": [{}, {}]}, "stream_tool_call_parallel"),
     ({}, {**CHAT, "stream": True, "n": 2}, "stream_n2_interleaved"),
+    # the suite's cancellation recipe: a long answer is still running when its cancel lands
+    ({}, {**LONG, "stream": True}, "long_stream"),
+    ({}, LONG, "nonstream_length"),  # not streamed: answered whole, as any other
+    ({}, {**LONG, "stream": True, "messages": [*LONG["messages"], CHAT["messages"][0]]},
+     "text_stream"),  # the last message decides
     ({}, {**CHAT, "stream": True}, "text_stream"),
     ({}, CHAT, "nonstream_length"),
 ])

@@ -37,7 +37,7 @@ class Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for delay, step in self.steps:
-            await trio.sleep(delay)
+            await trio.sleep(delay)  # the scripted body's pace
             if isinstance(step, Exception):
                 raise step
             yield step
@@ -114,7 +114,7 @@ async def test_idle_clients_are_pruned_oldest_first(autojump_clock: object) -> N
         for delay in (0.0, 1.0, 2.0):
             async def hold(delay: float = delay) -> None:
                 async with slots.checkout():
-                    await trio.sleep(delay)
+                    await trio.sleep(delay)  # each holds its slot this long (virtual time)
             nursery.start_soon(hold)
     assert slots.idle == 3
     await trio.sleep(3.0)  # idle for 5, 4 and 3 s now
@@ -171,7 +171,7 @@ async def test_a_slow_consumer_never_counts_as_vllm_idle(autojump_clock: object)
     async with client.chunks(BODY, {}, first_chunk=1, idle=1) as stream:
         async for batch in stream:
             seen += len(batch)
-            await trio.sleep(10)
+            await trio.sleep(10)  # the slow consumer (virtual time)
     await client.aclose()
     assert seen == 3
 

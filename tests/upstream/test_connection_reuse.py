@@ -67,7 +67,7 @@ async def test_a_body_that_stalls_after_done_is_given_up_quickly() -> None:
             yield (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
                    b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
             yield b"data: [DONE]\n\n"
-            await trio.sleep(30)
+            await trio.sleep(30)  # the stall: the terminator never comes
 
     router = respx.Router(base_url="http://vllm")
     router.post("/v1/chat/completions").mock(return_value=httpx.Response(

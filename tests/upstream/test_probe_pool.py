@@ -6,6 +6,7 @@ import trio
 
 from gateway.tools.replay import ReplayServer
 from gateway.upstream import UpstreamConfig, VllmClient
+from tests.support.waits import until
 
 BODY = {"model": "example-model", "stream": True,
         "messages": [{"role": "user", "content": "hold the only pooled connection"}]}
@@ -46,7 +47,7 @@ async def test_requests_beyond_the_pool_wait_their_turn(nursery: trio.Nursery) -
         with trio.fail_after(10):
             async with trio.open_nursery() as streams:
                 streams.start_soon(stream, "first", 500_000)  # holds the slot ~1.5 s
-                await trio.sleep(0.1)
+                await until(lambda: client.slots_in_use == 1)
                 streams.start_soon(stream, "second", 1_000)  # waits past connect_timeout
         assert finished == ["first", "second"]
     finally:

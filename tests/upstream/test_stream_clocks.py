@@ -33,7 +33,7 @@ class PacedBody:
         if not self._reads:
             raise StopAsyncIteration
         delay, data = self._reads.pop(0)
-        await trio.sleep(delay)
+        await trio.sleep(delay)  # the scripted upstream's pace (virtual time)
         return data
 
 
@@ -47,7 +47,7 @@ async def consume(chunks: ChunkStream, pause: float = 0.0) -> int:
     async with chunks.clocks():
         async for batch in chunks:
             seen += len(batch)
-            await trio.sleep(pause)
+            await trio.sleep(pause)  # the consumer's pace
     return seen
 
 

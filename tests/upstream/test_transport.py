@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from gateway.upstream._transport import LoopbackTransport
+from tests.support.waits import until
 
 Reply = bytes | Callable[[trio.SocketStream], Any]
 OK = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
@@ -27,6 +28,7 @@ class Server:
     def __init__(self, replies: list[Reply]) -> None:
         self.replies = replies
         self.connections = 0
+        self.closed = 0  # connections this server has closed
         self.requests: list[bytes] = []
         self.port = 0
 
@@ -58,6 +60,7 @@ class Server:
             pass
         finally:
             await stream.aclose()
+            self.closed += 1
 
 
 @asynccontextmanager
@@ -108,7 +111,8 @@ async def test_an_idle_connection_the_server_closed_is_replaced() -> None:
 
     async with serving([answer_then_close, OK]) as (server, client):
         assert await post(client) == (200, b"hello")
-        await trio.sleep(0.05)  # the server's close reaches us: the idle socket is readable
+        with trio.fail_after(5):  # the server has closed (on loopback its FIN is here)
+            await until(lambda: server.closed == 1)
         assert await post(client) == (200, b"hello")
         assert server.connections == 2
 

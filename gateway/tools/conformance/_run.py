@@ -239,6 +239,23 @@ async def _backend_log(url: str) -> dict[str, Any]:
         return document
 
 
+#: How long the backend may take to record the disconnects the cases expect.
+DISCONNECT_WAIT_S = 5.0
+
+
+async def _backend_log_with_disconnects(url: str, request_ids: list[str]) -> dict[str, Any]:
+    """The backend's log once it has recorded a disconnect for each of ``request_ids``
+    (it notices the gateway's abort on its own time, possibly after the client has its
+    terminal), or as it is after ``DISCONNECT_WAIT_S``, when the check will say which
+    is missing."""
+    log = await _backend_log(url)
+    with trio.move_on_after(DISCONNECT_WAIT_S):
+        while not {d["request_id"] for d in log["disconnects"]} >= set(request_ids):
+            await trio.sleep(0.05)  # the log is fetched, not pushed: poll it
+            log = await _backend_log(url)
+    return log
+
+
 def _upstream_evidence(log: dict[str, Any] | None, request_id: str) -> dict[str, Any] | None:
     if log is None:
         return None
@@ -308,8 +325,9 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
     observations = [by_index[i] for i in range(len(requests))]
     log = None
     if backend_log:
-        await trio.sleep(0.3)  # let the backend notice disconnects of the last cases
-        log = await _backend_log(backend_log)
+        log = await _backend_log_with_disconnects(backend_log, [
+            r.request_id for r in requests
+            if r.expect_upstream is not None and r.expect_upstream.get("disconnected")])
     results = []
     evidence_files: list[tuple[str, dict[str, Any]]] = []
     for number, (case, request, observation, case_endpoint) in enumerate(

@@ -15,6 +15,15 @@ Failure modes: HTTP errors from the error transcripts (400, 401 with an API key,
 mid-body, engine death (the recorded in-stream error, then ``/health`` 503 and
 refused connections until ``revive()``), and ``long_stream``, which never ends until
 the client leaves.
+
+Holds: ``hold(matches, after=N)`` makes every reply to a matching request wait after its
+Nth chunk (N = 0: before its status line, as vLLM sends nothing of a non-streamed answer
+until it is generated) until ``Hold.release()``, or until the client leaves, which is
+recorded as any disconnect is. A test that must act while a reply is still running (a
+cancel, a budget, a drain, a kill) holds it there instead of hoping to be faster than the
+replay: whatever the host's speed, the reply cannot end first. ``wait_until`` and
+``wait_for_requests`` wake when a request is routed (a held one too), reaches a hold,
+completes or ends in a disconnect.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import math
 import random
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -74,6 +84,30 @@ class Disconnect:
 class _Progress:
     sent: int = 0
     reset: bool = False
+
+
+@attrs.define(eq=False)
+class Hold:
+    """Replies to the requests ``matches`` accepts wait after ``after`` chunks (0: before
+    the status line) until ``release()``; a released hold holds nothing more. Made by
+    ``ReplayServer.hold``."""
+
+    matches: Callable[[RecordedRequest], bool]
+    after: int = 0
+    #: Request ids of the replies waiting at the hold now.
+    waiting: list[str] = attrs.field(factory=list)
+    _released: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def wait(self) -> None:
+        """Until released."""
+        await self._released.wait()
 
 
 @attrs.frozen
@@ -131,7 +165,9 @@ class ReplayServer:
         self.host = "127.0.0.1"
         self._listeners: list[trio.SocketListener] = []
         self._revived = trio.Event()
-        self._request_seen = trio.Condition()
+        self.holds: list[Hold] = []
+        #: Set and replaced whenever the record changes (``_changed``).
+        self._change = trio.Event()
 
     @property
     def url(self) -> str:
@@ -170,10 +206,28 @@ class ReplayServer:
         self.engine_dead = False
         self._revived.set()
 
+    def hold(self, matches: Callable[[RecordedRequest], bool], *, after: int = 0) -> Hold:
+        """Hold the replies to the requests ``matches`` accepts after ``after`` chunks (0:
+        before the response starts) until the returned hold is released (module doc)."""
+        hold = Hold(matches, after)
+        self.holds.append(hold)
+        return hold
+
+    async def wait_until(self, condition: Callable[[], object]) -> None:
+        """Until ``condition()`` is true, checked whenever a request is routed, reaches a
+        hold, completes or ends in a disconnect."""
+        while not condition():
+            await self._change.wait()
+
     async def wait_for_requests(self, count: int) -> None:
-        async with self._request_seen:
-            while len([r for r in self.requests if r.method == "POST"]) < count:
-                await self._request_seen.wait()
+        """Until ``count`` POST requests have been routed (answered or not: a held one
+        counts as soon as it has arrived)."""
+        await self.wait_until(
+            lambda: len([r for r in self.requests if r.method == "POST"]) >= count)
+
+    def _changed(self) -> None:
+        self._change.set()
+        self._change = trio.Event()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -192,7 +246,11 @@ class ReplayServer:
                     return  # the client left, or the connection idled past keep-alive
                 first = False
                 reply = self._route(request)
-                await self._play(connection, stream, request, reply)
+                hold = next((h for h in self.holds if not h.released
+                             and h.matches(attrs.evolve(request, scenario=reply.scenario))),
+                            None)
+                self._changed()
+                await self._play(connection, stream, request, reply, hold)
                 if connection.our_state is h11.MUST_CLOSE or reply.reset_after is not None:
                     return
                 try:
@@ -416,7 +474,7 @@ class ReplayServer:
                                                 for i, piece in enumerate(pieces)))
 
     async def _play(self, connection: h11.Connection, stream: trio.SocketStream,
-                    request: RecordedRequest, reply: Reply) -> None:
+                    request: RecordedRequest, reply: Reply, hold: Hold | None) -> None:
         if reply.no_response:
             await trio.aclose_forcefully(stream)
             raise trio.ClosedResourceError("hung up before responding (scripted)")
@@ -432,8 +490,7 @@ class ReplayServer:
             headers = [(k, v) for k, v in headers if k not in ("content-length",
                                                                "transfer-encoding")]
             headers.append(("content-length", str(size)))
-        await stream.send_all(connection.send(h11.Response(status_code=reply.status,
-                                                           headers=headers)))
+        head = connection.send(h11.Response(status_code=reply.status, headers=headers))
         progress = _Progress()
         self.playing[request_id] = progress
         disconnected = False
@@ -455,10 +512,13 @@ class ReplayServer:
                         return
                     connection.receive_data(data)  # a pipelined request: keep it
 
-            if reply.chunks or reply.stall_after is not None:
+            if reply.chunks or reply.stall_after is not None or hold is not None:
                 nursery.start_soon(watch_for_disconnect)
             try:
-                await self._send_chunks(connection, stream, reply, progress)
+                if hold is not None and hold.after == 0:
+                    await self._wait_at(hold, request_id)
+                await stream.send_all(head)
+                await self._send_chunks(connection, stream, reply, progress, hold, request_id)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 # The write noticed the close before the watcher did.
                 disconnected, seen_ns = True, seen_ns or time.monotonic_ns()
@@ -471,15 +531,31 @@ class ReplayServer:
                                                progress.sent, seen_ns))
             log.info("client disconnected mid-response", request_id=request_id,
                      scenario=reply.scenario, chunks_sent=progress.sent)
+            self._changed()
             raise trio.ClosedResourceError("client went away")
         if progress.reset:
             return
         self.completed.append(request_id)
-        async with self._request_seen:
-            self._request_seen.notify_all()
+        self._changed()
+
+    async def _wait_at(self, hold: Hold | None, request_id: str) -> float:
+        """Wait at ``hold`` until it is released; how long it held (the chunks after it
+        keep their pace from the release, as an engine resumed)."""
+        assert hold is not None
+        if hold.released:
+            return 0.0
+        began = trio.current_time()
+        hold.waiting.append(request_id)
+        self._changed()
+        try:
+            await hold.wait()
+        finally:
+            hold.waiting.remove(request_id)
+        return trio.current_time() - began
 
     async def _send_chunks(self, connection: h11.Connection, stream: trio.SocketStream,
-                           reply: Reply, progress: _Progress) -> None:
+                           reply: Reply, progress: _Progress, hold: Hold | None = None,
+                           request_id: str = "") -> None:
         """Send the reply's chunks with their recorded timing, counting them in ``progress``.
 
         Each chunk is due at its own offset from the reply's start, as an engine produces
@@ -487,7 +563,11 @@ class ReplayServer:
         not push every later one back, so a 1,000-stream soak measures the gateway, not
         this server's accumulated drift."""
         start = trio.current_time()
+        # The chunk count a hold waits at (None: no hold, or one before the status line).
+        held_at = hold.after if hold is not None and hold.after > 0 else None
         for t_ms, data in reply.chunks:
+            if progress.sent == held_at:
+                start += await self._wait_at(hold, request_id)
             if reply.stall_after is not None and progress.sent >= reply.stall_after:
                 await trio.sleep_forever()
             if reply.reset_after is not None and progress.sent >= reply.reset_after:
@@ -506,6 +586,8 @@ class ReplayServer:
         if reply.endless:
             t_ms = reply.chunks[-1][0] if reply.chunks else 0.0
             for data in itertools.cycle(reply.endless):
+                if progress.sent == held_at:
+                    start += await self._wait_at(hold, request_id)
                 t_ms += reply.endless_interval_ms
                 await trio.sleep_until(start + t_ms / 1000 / self.speed)
                 await stream.send_all(connection.send(h11.Data(data=data)))
@@ -524,7 +606,11 @@ def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str
     3. model ``backend-error``: vLLM's engine failure (the suite's backend-error recipe);
     4. the request itself, answered as vLLM would: a body that is not JSON, an unknown
        model, no messages, ``stream_options`` without a stream are its errors; then tool
-       calls, ``n = 2``, a text stream, or a plain completion.
+       calls, ``n = 2``; a stream whose last message asks for a long answer (the suite's
+       cancellation recipe: "Start a long answer.") is ``long_stream``, because a vLLM
+       asked for a long answer is still generating when the client's cancel lands, and a
+       fast replay of a short one could end first; then a text stream, or a plain
+       completion.
     """
     named = headers.get("x-replay-scenario")
     request_id = headers.get("x-request-id", "")
@@ -550,7 +636,15 @@ def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str
         return "stream_tool_call_parallel" if len(tools) > 1 else "stream_tool_call_single"
     if stream and body.get("n") == 2:
         return "stream_n2_interleaved"
+    if stream and _asks_for_a_long_answer(body["messages"]):
+        return "long_stream"
     return "text_stream" if stream else "nonstream_length"
+
+
+def _asks_for_a_long_answer(messages: list[Any]) -> bool:
+    last = messages[-1] if messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    return isinstance(content, str) and "long answer" in content.lower()
 
 
 def _json_reply(status: int, body: bytes, scenario: str) -> Reply:
