@@ -19,17 +19,16 @@ pytest.importorskip("nnrp.server.native")
 
 from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
-from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
 from nnrp.server.native import (
     NativeServerAcceptOptions,
-    NativeServerBootstrapOptions,
     listen_native_server,
 )
 
 from gateway import nnrp
 from gateway.tools.client import connect
+from tests.support.native import native_server_options
 
 pytestmark = pytest.mark.interop
 
@@ -47,9 +46,7 @@ def run_native_server(ready: queue.Queue[str], stop: threading.Event,
     """Serve one session: stream ``events`` partials per submit, honour CANCEL and close."""
 
     async def serve() -> None:
-        options = NativeServerBootstrapOptions("nnrp://127.0.0.1:0",
-                                               transport_policy=TransportPolicy.FORCE_TCP)
-        with listen_native_server(options) as server:
+        with listen_native_server(native_server_options()) as server:
             ready.put(server.bound_provider_endpoints["tcp"].uri)
             session = await server.accept(NativeServerAcceptOptions(timeout_ms=10_000))
             active: dict[int, tuple[Any, int, int]] = {}  # op -> (operation, sent, total)

@@ -59,13 +59,10 @@ pytest.importorskip("nnrp.server.native")
 from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
 from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
-from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeRuntimeError
 from nnrp.runtime.types import PartialResultMetadata
 from nnrp.server.native import (
     NativeServerAcceptOptions,
-    NativeServerBootstrapOptions,
-    NativeServerProviderRoute,
     listen_native_server,
 )
 
@@ -74,7 +71,7 @@ from gateway.observe import ObservationRecord
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
-from tests.support.native import openai_submit, poll_until
+from tests.support.native import native_server_options, openai_submit, poll_until
 from tests.support.stack import chat, envelope, records_of, start_stack
 from tests.support.waits import until
 
@@ -135,11 +132,7 @@ class NativeApplication:
 
     async def _serve(self) -> None:
         # An explicit tcp route: "nnrp://host:0" alone binds nnrp's default port (4433).
-        options = NativeServerBootstrapOptions(
-            "nnrp://127.0.0.1:0",
-            provider_routes={"tcp": NativeServerProviderRoute("tcp://127.0.0.1:0")},
-            transport_policy=TransportPolicy.FORCE_TCP)
-        with listen_native_server(options) as server:
+        with listen_native_server(native_server_options()) as server:
             self.ready.put(server.bound_provider_endpoints["tcp"].uri)
             served: list[_Served] = []
             runs: dict[int, int] = {}

@@ -42,12 +42,10 @@ pytest.importorskip("nnrp.client.native")
 
 from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
-from nnrp.core.messages import TransportPolicy
 from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
 from nnrp.server.native import (
     NativeServerAcceptOptions,
-    NativeServerBootstrapOptions,
     listen_native_server,
 )
 
@@ -56,6 +54,7 @@ from gateway.pipeline import PipelineLimits
 from gateway.tools.replay import ReplayServer
 from tests.support.native import (
     native_connection,
+    native_server_options,
     open_session,
     openai_submit,
     poll_once,
@@ -441,9 +440,7 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
     runtime itself enforces none of these)."""
 
     async def serve() -> None:
-        options = NativeServerBootstrapOptions("nnrp://127.0.0.1:0",
-                                               transport_policy=TransportPolicy.FORCE_TCP)
-        with listen_native_server(options) as server:
+        with listen_native_server(native_server_options()) as server:
             ready.put(server.bound_provider_endpoints["tcp"].uri)
             while not stop.is_set():
                 try:

@@ -89,3 +89,16 @@ def open_session(connection: Any) -> Any:
 
 def trace_metadata(trace_id: int, span_id: int, body: bytes) -> TraceContextMetadata:
     return TraceContextMetadata(trace_id, span_id, 0, 0, 1, len(body))
+
+
+def native_server_options() -> Any:
+    """nnrp-py's native server on loopback TCP, on a port the OS picks. (Its endpoint's
+    port is not the one bound: without a tcp route nnrp-py binds its default, 4433, and
+    two tests, or anything else there, collide: a listen error, detail 106.)"""
+    from nnrp.core.messages import TransportPolicy
+    from nnrp.server.native import NativeServerBootstrapOptions, NativeServerProviderRoute
+
+    return NativeServerBootstrapOptions(
+        "nnrp://127.0.0.1:0",
+        provider_routes={"tcp": NativeServerProviderRoute("tcp://127.0.0.1:0")},
+        transport_policy=TransportPolicy.FORCE_TCP)
