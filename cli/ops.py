@@ -98,7 +98,8 @@ def chat(prompt: Annotated[str | None, typer.Argument(
              help="PEM trust anchor for tcps://, wss:// and quic:// (the server's "
                   "certificate or its CA; default: the system's store).")] = None) -> None:
     """Chat over NNRP from a terminal: streams text, shows tool calls and usage; Ctrl-C
-    during an answer sends a real CANCEL (the gateway aborts vLLM's request)."""
+    during an answer sends a real CANCEL (the gateway aborts vLLM's request). A dropped
+    connection is reconnected and the session resumed: the answer goes on."""
     import trio
 
     from gateway.observe import configure_logging
@@ -119,8 +120,9 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
     from gateway.tools.client import connect
 
     history: list[dict[str, Any]] = []
-    async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
-        session = await client.open_session()
+    async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic(),
+                       resume=True) as client:
+        session = await client.open_session(resume=True)
         while True:
             text = prompt if prompt is not None else await trio.to_thread.run_sync(_ask)
             if text is None:

@@ -326,3 +326,31 @@ async def test_a_resume_the_kernel_gives_to_another_worker_is_relayed_to_the_hol
     assert relayer is not None and relayer.stats.relayed_total == 1
     assert holder.stats.resumed_total == 1
     assert len([r for r in replay.requests if r.method == "POST"]) == 1
+
+
+async def test_the_chat_command_resumes_after_its_connection_drops(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """`nnrp-gateway chat` through a proxy that resets it mid-answer: the answer goes on,
+    every word once, exit 0."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    path = await route(nursery, socket_dir, "tcp")
+    hold = path.stack.replay.hold(lambda request: request.method == "POST", after=5)
+    nursery.start_soon(release_when_resumed, path.registry, hold)
+
+    async def cut_once_four_words_are_out() -> None:
+        with trio.fail_after(30):
+            await until(lambda: hold.waiting)
+        path.cut()
+
+    nursery.start_soon(cut_once_four_words_are_out)
+    with trio.fail_after(60):
+        result = await trio.to_thread.run_sync(
+            CliRunner().invoke, app, ["chat", "Hello there", "--endpoint", path.via,
+                                      "--max-tokens", "12", "--no-usage"])
+    assert result.exit_code == 0, result.output
+    assert "The quick brown fox jumps over the lazy dog while NNRP streams" in result.output
+    assert result.output.count("The quick") == 1
+    assert path.registry.stats.resumed_total == 1
