@@ -34,7 +34,7 @@ PUBLIC: dict[str, str] = {
         "Decoder DegradeProfile DescriptorFlag DropFlag DropReason DropReceived Error ErrorCode "
         "ErrorReceived ErrorRecoverable ErrorScope Event ExecutionHint ExpireAt FieldSpec "
         "FlowBackpressure FlowChanged FlowControl FlowFlag FlowReason FlowScope FlowUpdate "
-        "FrameCancel FrameIgnored FrameShape FrameSubmit HEADER_FLAG_MASK HEADER_LEN "
+        "FrameCancel FrameIgnored FrameShape FrameSubmit HEADER_FLAG_MASK HEADER_LEN HandedOff "
         "HandshakeCompleted Header HeaderFlag HelloAcked HintFlag InFlightPolicy InputProfile "
         "KNOWN_TOKENS LocalProtocolError LossTolerance MAGIC MESSAGE_CLASSES MIGRATION_REFUSED "
         "MemoryLocationHint Message MigrateAccept MsgType OPENAI_EVENT_FRAME ObjectDeclare "
@@ -44,9 +44,9 @@ PUBLIC: dict[str, str] = {
         "PartialResult PatchAckStatus PatchRejectReason PayloadKind PeerClosed PeerError Ping "
         "Pong Prelude PressureFlag PressureLevel PressureReason PriorityClass PriorityRequested "
         "PriorityUpdate Progress ProtocolError RecoverableFlag RefusalReason RemoteProtocolError "
-        "ResultClass ResultDrop ResultDropReason ResultFlag ResultHint ResultHintBudgetPolicy "
-        "ResultHintCongestion ResultHintReason ResultPush ResultReceived ResumeGrant "
-        "ResumeRefused RetryAfter RetryScopeFlag Role RouteHint RuntimeObjectKind "
+        "RepeatReceived ResultClass ResultDrop ResultDropReason ResultFlag ResultHint "
+        "ResultHintBudgetPolicy ResultHintCongestion ResultHintReason ResultPush ResultReceived "
+        "ResumeGrant ResumeRefused RetryAfter RetryScopeFlag Role RouteHint RuntimeObjectKind "
         "SESSION_PATCH_FIELDS STAGE_VENDOR_BASE SchedulingFlag SendBytes ServerConfig "
         "ServerConnection ServerHelloAck ServerSession SessionAckFlag SessionClose "
         "SessionCloseAck SessionCloseAcked SessionCloseRequested SessionError SessionFlag "
@@ -89,7 +89,8 @@ PUBLIC: dict[str, str] = {
         "RouteUnavailable build_record configure_logging metrics_route "
     ),
     "gateway.tools.client": (
-        "ClientError ClientOperation ClientSession NnrpClient Trust connect "
+        "ClientError ClientOperation ClientSession MAX_BACKOFF NnrpClient ResumeTicket Trust "
+        "connect resubmission "
     ),
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
