@@ -358,6 +358,11 @@ class NnrpClient:
         session is taken here before asking, so nothing that comes with the answer, or
         still comes on the old connection, is lost (repeats are dropped)."""
         assert session.ticket is not None, "only a resumable session carries a token"
+        if session.session_id in self.sessions:
+            # The server refuses it too (gateway/nnrp/_server.py rule 4c); asking would
+            # first put the moving session in place of this connection's own.
+            raise ClientError(f"session {session.session_id} is already open on this "
+                              "connection; a session with that id cannot migrate here")
         old = session.client
         old.sessions.pop(session.session_id, None)
         self.sans_io.adopt_session(session.session_id, {
