@@ -79,13 +79,11 @@ from collections.abc import Callable
 import attrs
 
 from . import _server_controls as controls
-from ._body import OPENAI_EVENT_FRAME, FrameShape
 from ._codec import Decoder, Packet, decode_packet, encode
 from ._constants import (
     TOKEN_SCHEMA_ID,
     TOKEN_SCHEMA_VERSION,
     CloseAckStatus,
-    DropReason,
     ErrorCode,
     ErrorScope,
     FlowScope,
@@ -96,7 +94,6 @@ from ._constants import (
     SessionError,
     SessionFlag,
     SessionOpenStatus,
-    Stage,
     TransportId,
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -136,13 +133,12 @@ from ._messages import (
     TransportProbeAck,
 )
 from ._server_config import ServerConfig
+from ._server_outputs import SessionOutputs
 from ._server_recovery import ResumeGrant, ResumeRefused, SessionStore, identity_of
 from ._server_session import (
-    OpState,
     ServerSession,
     SessionState,
     diagnostic,
-    recoverable_error,
 )
 
 
@@ -157,7 +153,7 @@ class ConnState(enum.Enum):
 MIGRATION_REFUSED = int(MigrateAccept.REFUSED)
 
 
-class ServerConnection:
+class ServerConnection(SessionOutputs):
     """Sans-IO server role for one transport connection (many sessions).
 
     ``clock`` (seconds, monotonic) times the client's retry-after windows and supersede
@@ -180,6 +176,9 @@ class ServerConnection:
         self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
         self._decoder = Decoder(self.config.max_packet)
         self._sessions: dict[int, ServerSession] = {}
+        #: The credentials sessions were opened or resumed with here (with session auth
+        #: on): what a SESSION_MIGRATE, which carries none, is checked against (rule 4c).
+        self._identities: set[bytes] = set()
         self.hello: ClientHello | None = None
 
     @property
@@ -360,8 +359,10 @@ class ServerConnection:
         max_in_flight = min(request.max_in_flight or self.config.max_in_flight,
                             self.config.max_in_flight)
         session = ServerSession(session_id, self.config, max_in_flight=max_in_flight,
-                                priority_class=request.priority_class, clock=self._clock,
+                                priority_class=request.priority_class,
+                                profile=_profile_of(request), clock=self._clock,
                                 wall_clock=self._wall_clock)
+        self._authenticated(auth)
         grant = None
         if request.session_flags & SessionFlag.ALLOW_RESUME and self.store is not None:
             grant = self.store.grant(session, identity_of(auth))  # rule 4a
@@ -390,6 +391,12 @@ class ServerConnection:
             self._refuse_open(request, *rejected, events)
             return
         claimed = self.store.resume(session_id, token, identity_of(auth))
+        if not isinstance(claimed, ResumeRefused) and claimed[0].profile != _profile_of(
+                request):
+            # Incompatible with the profile or schema it was opened with: rejected alike
+            # (preview3 section 11.2). Its token was spent: it stays detached until its
+            # window passes, as after any refusal a client cannot take back.
+            claimed = ResumeRefused.REJECTED
         if claimed is ResumeRefused.ELSEWHERE and not self._sessions:
             self._hand_off(session_id, events)  # rule 4d
             return
@@ -403,6 +410,7 @@ class ServerConnection:
             return
         session, grant = claimed
         session.resumed()
+        self._authenticated(auth)
         self._attach(session)
         events.append(SendBytes(self._open_ack(session, request, SessionOpenStatus.RESUMED,
                                                grant)))
@@ -410,12 +418,16 @@ class ServerConnection:
 
     def _open_ack(self, session: ServerSession, request: SessionOpen,
                   status: SessionOpenStatus, grant: ResumeGrant | None) -> bytes:
+        """What the session is (a resumed one: as it was opened), and the credit left
+        (a resumed one may have operations in flight)."""
         max_in_flight = min(session.max_in_flight, 0xFFFF)
+        profile_id, schema_id, schema_version = session.profile
         ack = SessionOpenAck(
-            session_id=session.session_id, profile_id=request.profile_id,
-            priority_class=request.priority_class, status=status,
-            schema_id=request.schema_id, schema_version=request.schema_version,
-            granted_operation_credit=max_in_flight, max_in_flight=max_in_flight,
+            session_id=session.session_id, profile_id=profile_id,
+            priority_class=session.priority_class, status=status,
+            schema_id=schema_id, schema_version=schema_version,
+            granted_operation_credit=max(0, max_in_flight - len(session.operations)),
+            max_in_flight=max_in_flight,
             lease_ttl_ms=self.config.lease_ttl_ms,
             resume_window_ms=grant.window_ms if grant else 0,
             resume_token_bytes=len(grant.token) if grant else 0,
@@ -423,6 +435,10 @@ class ServerConnection:
             session_flags_ack=int(SessionAckFlag.RESUME_ENABLED) if grant else 0)
         return encode(Packet(ack, session_id=session.session_id,
                              body=grant.token if grant else b""))
+
+    def _authenticated(self, auth: bytes) -> None:
+        if self.config.authenticate is not None:
+            self._identities.add(identity_of(auth))
 
     def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
                      events: list[Event], *, retry_later: bool = False) -> None:
@@ -501,7 +517,9 @@ class ServerConnection:
         refusal = self._migrate_refusal(request, packet, moves)
         if refusal is None and moves:
             assert self.store is not None
-            taken = self.store.migrate(session_id, bytes(packet.body))
+            taken = self.store.migrate(
+                session_id, bytes(packet.body),
+                self._identities if self.config.authenticate is not None else None)
             if taken is ResumeRefused.ELSEWHERE and not self._sessions:
                 self._hand_off(session_id, events)  # rule 4d
                 return
@@ -533,7 +551,10 @@ class ServerConnection:
         if request.old_transport_id == request.new_transport_id:
             return MigrateAccept.SAME_TRANSPORT
         if not moves:
-            return None  # the session's own connection: a declaration, nothing moves
+            # The session's own connection: the reference runtime's exchange, no token,
+            # nothing moves. A token here names a session of another connection whose id
+            # this one uses too: it cannot come (an id already open here, as for a resume).
+            return MigrateAccept.REFUSED if packet.body else None
         if self.draining:
             return MigrateAccept.DRAINING
         if self.transport_id is not None and request.new_transport_id != self.transport_id:
@@ -615,74 +636,6 @@ class ServerConnection:
         events.append(PeerError(error, packet.body, fatal))
 
     # ------------------------------------------------------------------ outputs
-
-    def _session(self, session_id: int) -> ServerSession:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise LocalProtocolError(f"session {session_id} is not open on this connection")
-        return session
-
-    def superseding(self, session_id: int, operation_id: int) -> bool:
-        """Whether a SUPERSEDE of this operation waits for its replacement (rule 9): its
-        output is held, and it may end only with the superseded drop."""
-        return self.operation_state(session_id, operation_id) is OpState.SUPERSEDING
-
-    def supersede_hold_left(self, session_id: int, operation_id: int) -> float | None:
-        """Seconds the superseded operation still waits for its replacement (0 or less:
-        the wait is over, drop it superseded); None when it is not held."""
-        session = self._sessions.get(session_id)
-        return session.supersede_hold_left(operation_id) if session is not None else None
-
-    def operation_state(self, session_id: int, operation_id: int) -> OpState:
-        """The state of an operation; DONE once it has left the registry."""
-        session = self._sessions.get(session_id)
-        return session.operation_state(operation_id) if session is not None else OpState.DONE
-
-    def flow_wait(self, session_id: int, operation_id: int) -> float | None:
-        """When the operation's next PARTIAL_RESULT may go (rule 11): 0 now, else seconds
-        to wait, or None until the client changes a window (``FlowChanged``)."""
-        return self.flow.wait(session_id, operation_id)
-
-    def send_partial(self, session_id: int, operation_id: int, body: bytes) -> bytes:
-        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...), counted
-        against the client's windows."""
-        packet = self._session(session_id).send_partial(operation_id, body)
-        if self.flow.active:
-            self.flow.spend(session_id, operation_id)
-        return packet
-
-    def send_progress(self, session_id: int, operation_id: int, stage: Stage) -> bytes:
-        """PROGRESS for an operation still running (never after a cancel: rule 15)."""
-        return self._session(session_id).send_progress(operation_id, stage)
-
-    def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes, *,
-                    retry_after_ms: int | None = None,
-                    frame: FrameShape = OPENAI_EVENT_FRAME) -> list[bytes]:
-        """The terminal RESULT_PUSH (``ServerSession.send_result``)."""
-        session = self._session(session_id)
-        packets = session.send_result(operation_id, status, payload,
-                                      retry_after_ms=retry_after_ms, frame=frame)
-        self.flow.forget_operation(session_id, operation_id)
-        return packets + session.credit_packets()
-
-    def send_refusal(self, session_id: int, frame_id: int, operation_id: int, status: int,
-                     payload: bytes, *, retry_after_ms: int | None = None) -> list[bytes]:
-        """Answer a refused submit (``SubmitRefused``) on its frame; no operation exists."""
-        return self._session(session_id).send_refusal(
-            frame_id, operation_id, status, payload, retry_after_ms=retry_after_ms)
-
-    def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
-                  diagnostic: bytes, *, traced: bool = True) -> list[bytes]:
-        """The terminal RESULT_DROP_REASON (``ServerSession.send_drop``)."""
-        session = self._session(session_id)
-        packets = session.send_drop(operation_id, drop_reason, diagnostic, traced=traced)
-        self.flow.forget_operation(session_id, operation_id)
-        return packets + session.credit_packets()
-
-    def refuse_control(self, session_id: int, frame_id: int, code: ErrorCode, text: str
-                       ) -> bytes:
-        """ERROR_RECOVERABLE for a control the adapter could not honour (rules 3, 10)."""
-        return recoverable_error(code, ErrorScope.FRAME, session_id, frame_id, text).data
 
     def send_session_close_ack(self, session_id: int) -> bytes:
         """Acknowledge SESSION_CLOSE once the session's operations have ended."""
@@ -790,3 +743,7 @@ _RULES: dict[MsgType, ConnectionRule | SessionRule] = {
 }
 del S, C
 assert set(_RULES) == set(MsgType), "every preview4 message type needs a rule"
+
+
+def _profile_of(request: SessionOpen) -> tuple[int, int, int]:
+    return request.profile_id, request.schema_id, request.schema_version

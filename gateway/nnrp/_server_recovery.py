@@ -4,6 +4,7 @@ between connections (``gateway.server``'s registry): rule 4 of ``_server``."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -48,10 +49,13 @@ class SessionStore(Protocol):
         grant; or why not."""
         ...
 
-    def migrate(self, session_id: int, token: bytes) -> ServerSession | ResumeRefused:
+    def migrate(self, session_id: int, token: bytes, identities: Collection[bytes] | None
+                ) -> ServerSession | ResumeRefused:
         """The session ``token`` names, taken from wherever it is (detached, or attached
         to another connection, which lets it go) and attached here; or why not
-        (``REJECTED``, or ``ELSEWHERE``)."""
+        (``REJECTED``, or ``ELSEWHERE``). ``identities``: the credentials this connection
+        has authenticated with (None: session auth is off): a migration carries none of
+        its own, so the session's must be among them."""
         ...
 
 

@@ -185,9 +185,13 @@ class ServerSession:
 
     def __init__(self, session_id: int, config: ServerConfig, *, max_in_flight: int,
                  priority_class: int = 0, resumable: bool = False,
+                 profile: tuple[int, int, int] = (0, 0, 0),
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.session_id = session_id
+        #: (profile_id, schema_id, schema_version) it was opened with: a resume asks the
+        #: same, or is refused (preview3 section 11.2, rule 4).
+        self.profile = profile
         self.config = config
         self.max_in_flight = max_in_flight
         self.priority_class = priority_class
@@ -458,12 +462,18 @@ class ServerSession:
 
     def drops_on_failure(self) -> list[bytes]:
         """RESULT_DROP_REASON transport_closed for every operation in flight, untraced:
-        the connection fails (rule 2) and the session with it."""
-        return [encode(Packet(ResultDropReason(
+        the connection fails (rule 2) and the session with it. They are the operations'
+        terminals: any later send for them raises (rule 15)."""
+        drops = [encode(Packet(ResultDropReason(
             operation_id=operation.operation_id, result_sequence=operation.sequence + 1,
             drop_reason=int(DropReason.TRANSPORT_CLOSED), source_role=int(Role.SERVER),
             flags=int(DropFlag.FINAL)), session_id=self.session_id,
             frame_id=operation.frame_id)) for operation in self.operations.values()]
+        for operation in list(self.operations.values()):
+            self.set_state(operation, OpState.DONE)
+        self.operations.clear()
+        self.by_frame.clear()
+        return drops
 
     def _busy(self, frame_id: int, operation_id: int, retry_after_ms: int, *,
               payload_status: int) -> list[bytes]:

@@ -213,6 +213,7 @@ class Connection:
                                else EndCause.DISCONNECTED)
             if record is not None and self.registry is not None:
                 self.registry.end(record)
+        self._flow_changed()  # an operation held by the client's window looks again
 
     async def _relay(self, path: str, preamble: bytes) -> None:
         assert self.registry is not None
@@ -236,6 +237,7 @@ class Connection:
             self.protocol.detach(session_id)
             session.detach()
             self.stats.sessions_active -= 1
+            self._flow_changed()  # its operations held by our windows look again
             self.log.info("session migrated away", session_id=session_id)
 
     async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
@@ -343,6 +345,8 @@ class Connection:
         self.stats.protocol_errors += 1
         self._failed = True
         for session in self.sessions.values():
+            # The protocol wrote their drops (rule 2); nothing of them may follow.
+            session.muted.update(session.operations)
             session.cancel_all(EndCause.PROTOCOL_FAILURE)
         self.log.info("protocol violation; closing connection", error=str(failure.error),
                       code=failure.error.code.name, replied=bool(failure.replies))
@@ -389,8 +393,7 @@ class Connection:
                     if operation is not None:
                         operation.update_budget(event.token_budget, increment=event.increment)
             case FlowChanged():
-                self.flow_changed.set()
-                self.flow_changed = trio.Event()
+                self._flow_changed()
             case CapabilitiesNegotiated():
                 self.log.info("runtime capabilities negotiated", session_id=event.session_id,
                               tokens=sorted(event.tokens))
@@ -419,6 +422,10 @@ class Connection:
                 pass  # the reader ends the connection on these before they get here
             case _:
                 assert_never(event)
+
+    def _flow_changed(self) -> None:
+        self.flow_changed.set()
+        self.flow_changed = trio.Event()
 
     def _operation(self, session_id: int, operation_id: int) -> Operation | None:
         session = self.sessions.get(session_id)
@@ -501,11 +508,13 @@ class Connection:
         session.reattachments += 1
         for operation in session.operations.values():
             operation.reattached += 1
+        if resumed:
+            session.resumed()
         self._attach(session, record)
         self.registry.attached(record, self, resumed=resumed)
         self.log.info("session resumed" if resumed else "session migrated here",
                       session_id=session_id, operations=len(session.operations),
-                      awaiting=len(session.protocol.awaiting))
+                      awaiting=len(session.held))
         return session
 
     def _migrated(self, event: SessionMigrated) -> None:
@@ -518,7 +527,8 @@ class Connection:
         if journal is None:
             return
         for record in sorted(journal.records.values(), key=lambda r: r.frame_id):
-            if record.frame_id > event.last_result_frame_id and record.entries:
+            if (record.frame_id > event.last_result_frame_id and record.entries
+                    and session.live(record.operation_id)):  # not held, not muted
                 self._send_again(session, record.operation_id,
                                  journal.kept(record.operation_id), None)
         session.changed()
@@ -549,7 +559,7 @@ class Connection:
             self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
                                       f"{gap}; submit it anew")
             return
-        session.changed()  # it is live again: an operation waiting for room looks again
+        session.resubmitted(event.operation_id)
 
     def _replay(self, session: Session, operation_id: int, after: int | None) -> None:
         assert session.journal is not None
@@ -574,11 +584,7 @@ class Connection:
     def _abandon(self, session: Session, operation_id: int) -> None:
         """Its resubmission was refused: nothing more of it may reach the client (the
         refusal is the frame's terminal), and it ends."""
-        session.muted.add(operation_id)
-        session.cancel(operation_id, EndCause.RESUME_ABANDONED)
-        if session.journal is not None:
-            session.journal.forget(operation_id)
-            session.release_journal()
+        session.abandon(operation_id, EndCause.RESUME_ABANDONED)
 
     def _refuse_resubmission(self, event: OperationResubmitted, reason: RefusalReason,
                              message: str) -> None:
@@ -609,6 +615,9 @@ class Connection:
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
         session = self.sessions[event.session_id]
+        # What the client never resubmitted after a resume it does not know of: it ends
+        # unseen (its frames must not reach a client that holds no such operation).
+        session.abandon_held(EndCause.RESUME_ABANDONED)
         timeout = (event.drain_timeout_ms / 1000 if event.drain_timeout_ms
                    else self.limits.default_drain_timeout)
         await session.drain(timeout)

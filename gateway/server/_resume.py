@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Collection
 from typing import Protocol
 
 import attrs
@@ -104,23 +104,37 @@ class Holder(Protocol):
 @attrs.define(eq=False)
 class Record:
     protocol: ServerSession
-    token: bytes
-    identity: bytes
+    #: Secrets: never in a repr (a traceback with locals, a debug line).
+    token: bytes = attrs.field(repr=False)
+    identity: bytes = attrs.field(repr=False)
     #: The I/O session, once the connection that opened it has made it.
     session: Session | None = None
     holder: Holder | None = None
-    detached_at: float | None = None
-    #: Bumped on every attach and detach: a timer of an older one does nothing.
-    generation: int = 0
+    #: The window running while detached (rule 5), and the one for resubmissions after
+    #: a resume: each a timer task's scope, cancelled when the window no longer applies.
+    detached_window: trio.CancelScope | None = None
+    awaiting_window: trio.CancelScope | None = None
     ended: bool = False
+
+    def cancel_windows(self) -> None:
+        for window in (self.detached_window, self.awaiting_window):
+            if window is not None:
+                window.cancel()
+        self.detached_window = self.awaiting_window = None
 
 
 def _key(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
+def _forget(session: Session) -> None:
+    if session.journal is not None:
+        session.journal.clear()
+        session.release_journal()
+
+
 class SessionRegistry:
-    """Every resumable session of this process (rules 1-7). ``run`` hosts the resumable
+    """Every resumable session of this process (rules 1-8). ``run`` hosts the resumable
     sessions' operations, which outlive any one connection."""
 
     def __init__(self, settings: ResumeSettings | None = None) -> None:
@@ -210,15 +224,22 @@ class SessionRegistry:
         if record is None or not hmac.compare_digest(record.identity, identity):
             self.stats.refused_total += 1
             return ResumeRefused.REJECTED
-        if record.holder is not None or record.session is None:
-            return ResumeRefused.RETRY_LATER  # rule 4: its old connection is not seen dead
+        if self.draining or record.holder is not None or record.session is None:
+            # Rule 4: its old connection is not seen dead yet; rule 8: the drain.
+            return ResumeRefused.RETRY_LATER
         self._issue(record)
         return record
 
-    def migrate(self, session_id: int, token: bytes) -> Record | None:
+    def migrate(self, session_id: int, token: bytes, identities: Collection[bytes] | None
+                ) -> Record | None:
+        """Rule 6. ``identities``: the credentials this connection has authenticated
+        with (None: session auth is off); the session's must be among them."""
         record = self._find(session_id, token)
-        if (record is None or record.session is None
-                or record.protocol.state is not SessionState.OPEN):
+        if (record is None or record.session is None or self.draining
+                or record.protocol.state is not SessionState.OPEN
+                or (identities is not None and not any(
+                    hmac.compare_digest(record.identity, identity)
+                    for identity in identities))):
             self.stats.refused_total += 1
             return None
         if record.holder is not None:
@@ -228,14 +249,20 @@ class SessionRegistry:
     # ------------------------------------------------------------------ lifecycle
 
     def attached(self, record: Record, holder: Holder, *, resumed: bool) -> None:
-        """``record``'s session is now on ``holder``'s connection."""
+        """``record``'s session is now on ``holder``'s connection: its detached window
+        no longer applies; after a resume, the resubmissions' window starts."""
         record.holder = holder
-        record.detached_at = None
-        record.generation += 1
+        if record.detached_window is not None:
+            record.detached_window.cancel()
+            record.detached_window = None
         if resumed:
             self.stats.resumed_total += 1
-            if record.protocol.awaiting and self._running:
-                self._timer(self._expire_awaiting, record, record.generation)
+            session = record.session
+            if session is not None and session.held and self._running:
+                if record.awaiting_window is not None:
+                    record.awaiting_window.cancel()
+                record.awaiting_window = self._window(
+                    record, trio.current_time() + self.settings.window, self._expire_held)
 
     def detach(self, record: Record) -> bool:
         """The session's connection ended (rule 3): True when it is kept, detached; False
@@ -244,16 +271,34 @@ class SessionRegistry:
                 or record.session is None):
             return False
         record.holder = None
-        record.detached_at = trio.current_time()
-        record.generation += 1
         self.stats.detached_total += 1
-        self._timer(self._expire_detached, record, record.generation)
+        if record.detached_window is not None:
+            record.detached_window.cancel()
+        record.detached_window = self._window(
+            record, trio.current_time() + self.settings.window, self._expire_detached)
         return True
 
-    def _timer(self, timer: Callable[[Record, int], Awaitable[None]], record: Record,
-               generation: int) -> None:
+    def _window(self, record: Record, deadline: float,
+                expire: Callable[[Record], None]) -> trio.CancelScope:
+        """A timer task that calls ``expire(record)`` at ``deadline`` unless its scope
+        (returned) is cancelled first. The deadline is the task's own: whatever happens
+        to the record meanwhile, the task only sleeps, then decides."""
         assert self._timers is not None, "SessionRegistry.run() is not running"
-        self._timers.start_soon(timer, record, generation)
+        scope = trio.CancelScope()
+        self._timers.start_soon(self._run_window, record, scope, deadline, expire)
+        return scope
+
+    async def _run_window(self, record: Record, scope: trio.CancelScope, deadline: float,
+                          expire: Callable[[Record], None]) -> None:
+        with scope:
+            await trio.sleep_until(deadline)
+            if record.ended:
+                return
+            try:
+                expire(record)
+            except Exception:  # a timer must never take the registry (and the server) down
+                log.exception("resume window expiry failed",
+                              session_id=record.protocol.session_id)
 
     def end(self, record: Record, cause: EndCause | None = None) -> None:
         """The session is over (closed, expired, failed): forget it; ``cause`` ends its
@@ -261,6 +306,7 @@ class SessionRegistry:
         if record.ended:
             return
         record.ended = True
+        record.cancel_windows()
         self._records.pop(_key(record.token), None)
         session = record.session
         if session is None:
@@ -269,40 +315,36 @@ class SessionRegistry:
             session.cancel_all(cause)
         if self._running:
             self.nursery.start_soon(self._forget_when_idle, session)
-        elif session.journal is not None:  # nobody left to wait for: forget now
-            session.journal.clear()
-            session.release_journal()
+        else:  # nobody left to wait for: forget now
+            _forget(session)
 
     async def _forget_when_idle(self, session: Session) -> None:
         await session.wait_idle()
-        if session.journal is not None:
-            session.journal.clear()
-            session.release_journal()
+        try:
+            _forget(session)
+        except Exception:  # never the registry's end
+            log.exception("forgetting a session's journal failed",
+                          session_id=session.session_id)
 
-    async def _expire_detached(self, record: Record, generation: int) -> None:
-        assert record.detached_at is not None
-        await trio.sleep_until(record.detached_at + self.settings.window)
-        if record.generation == generation and not record.ended:
-            self.stats.expired_total += 1
-            log.info("resume window passed; session ends", session_id=record.protocol.session_id,
-                     window_s=self.settings.window)
-            self.end(record, EndCause.RESUME_EXPIRED)
+    def _expire_detached(self, record: Record) -> None:
+        """Rule 5: still detached when its window passed: the session ends."""
+        if record.holder is not None:
+            return  # attached meanwhile (its cancel came too late to stop the task)
+        self.stats.expired_total += 1
+        log.info("resume window passed; session ends", session_id=record.protocol.session_id,
+                 window_s=self.settings.window)
+        self.end(record, EndCause.RESUME_EXPIRED)
 
-    async def _expire_awaiting(self, record: Record, generation: int) -> None:
-        """Rule 5, after a resume: what was not resubmitted within the window ends."""
-        await trio.sleep(self.settings.window)
+    def _expire_held(self, record: Record) -> None:
+        """Rule 5, after a resume: what was not resubmitted within the window ends, and
+        nothing of it reaches the client (its frames never did)."""
+        record.awaiting_window = None
         session = record.session
-        if record.ended or session is None:
-            return
-        for operation_id in list(record.protocol.awaiting):
-            session.cancel(operation_id, EndCause.RESUME_EXPIRED)
-            if session.journal is not None:
-                session.journal.forget(operation_id)
-        session.release_journal()
-        del generation  # the resubmissions are what counts, not later moves
+        if session is not None:
+            session.abandon_held(EndCause.RESUME_EXPIRED)
 
     async def drain(self, grace: float) -> None:
-        """Rule 7: the detached sessions drain as attached ones do (their operations
+        """Rule 8: the detached sessions drain as attached ones do (their operations
         finish within ``grace`` or end), and no session detaches any more."""
         self.draining = True
         detached = [record for record in self._records.values()
@@ -352,10 +394,11 @@ class Store:
         self.claimed[session_id] = claimed
         return claimed.protocol, ResumeGrant(claimed.token, self._registry.settings.window_ms)
 
-    def migrate(self, session_id: int, token: bytes) -> ServerSession | ResumeRefused:
+    def migrate(self, session_id: int, token: bytes, identities: Collection[bytes] | None
+                ) -> ServerSession | ResumeRefused:
         if self._elsewhere(token):
             return ResumeRefused.ELSEWHERE
-        record = self._registry.migrate(session_id, token)
+        record = self._registry.migrate(session_id, token, identities)
         if record is None:
             return ResumeRefused.REJECTED
         self.claimed[session_id] = record

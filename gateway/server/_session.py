@@ -84,8 +84,11 @@ class Session:
         self._changed = trio.Event()
         #: How many times it was resumed or migrated (for the observation records).
         self.reattachments = 0
+        #: After a resume: the operations whose frames wait for the client to resubmit
+        #: them (only a resubmission takes one out: ``resubmitted``).
+        self.held: set[int] = set()
         #: Operations whose frames never reach the client again (their resubmission was
-        #: refused on their frame, which has had its terminal).
+        #: refused on their frame, which has had its terminal; or never came).
         self.muted: set[int] = set()
 
     @property
@@ -112,10 +115,35 @@ class Session:
         await self._changed.wait()
 
     def live(self, operation_id: int) -> bool:
-        """Whether the operation's frames go to the client now: attached, and not waiting
-        for its resubmission after a resume."""
-        return (self.link is not None and operation_id not in self.protocol.awaiting
+        """Whether the operation's frames go to the client now: attached, not waiting for
+        its resubmission after a resume, not muted."""
+        return (self.link is not None and operation_id not in self.held
                 and operation_id not in self.muted)
+
+    def resumed(self) -> None:
+        """Attached again after a resume: what is held waits for its resubmission."""
+        self.held = set(self.protocol.awaiting)
+
+    def resubmitted(self, operation_id: int) -> None:
+        """The client resubmitted it: it goes on live (what it missed is replayed first)."""
+        self.held.discard(operation_id)
+        self.changed()
+
+    def abandon(self, operation_id: int, cause: EndCause) -> None:
+        """Nothing more of the operation reaches the client (its frame has had, or will
+        never have, a terminal the client knows of); it ends, and its journal goes."""
+        self.held.discard(operation_id)
+        self.muted.add(operation_id)
+        self.cancel(operation_id, cause)
+        if self.journal is not None:
+            self.journal.forget(operation_id)
+            self.release_journal()
+
+    def abandon_held(self, cause: EndCause) -> None:
+        """Every operation still waiting for its resubmission ends unseen (the window
+        passed, or the session closes)."""
+        for operation_id in list(self.held):
+            self.abandon(operation_id, cause)
 
     def release_journal(self) -> None:
         """Tell the protocol state which operations the journal no longer holds."""
@@ -144,6 +172,7 @@ class Session:
             await operation.run(self._handler)
         finally:
             del self.operations[operation.operation_id]
+            self.muted.discard(operation.operation_id)
             self._stats.inflight -= 1
             if not self.operations:
                 self._idle.set()
@@ -249,8 +278,8 @@ class _Port:
         if journal is not None:
             # What the client cannot have seen is never trimmed (only looked up when
             # there is something to trim: this runs per event).
-            held_back = (session.protocol.awaiting.keys() | session.muted
-                         if journal.over_budget() else frozenset())
+            held_back = (session.held | session.muted if journal.over_budget()
+                         else frozenset())
             journal.add(self.operation_id, packets, sequence=sequence, terminal=terminal,
                         attached=session.link is not None, held_back=held_back)
             if journal.released:

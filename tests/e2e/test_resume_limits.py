@@ -18,7 +18,15 @@ from gateway.nnrp import ServerConfig
 from gateway.server import ResumeSettings, TokenAuthenticator
 from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
-from tests.support.stack import Stack, chat, envelope, metric_samples, records_of, start_stack
+from tests.support.stack import (
+    Stack,
+    chat,
+    envelope,
+    metric_samples,
+    records_of,
+    run_operation,
+    start_stack,
+)
 from tests.support.waits import until, until_steady
 
 
@@ -241,3 +249,79 @@ async def test_a_deadline_runs_on_while_detached_and_its_drop_is_replayed(
     assert events[-1].drop_reason == nnrp.DropReason.DEADLINE_EXPIRED
     partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
     assert partials == list(range(1, len(partials) + 1)) and len(partials) >= 1
+
+
+async def test_an_operation_not_resubmitted_in_the_window_ends_without_a_frame(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """After a resume the client has the window to resubmit what it wants back; what it
+    does not resubmit ends when the window passes (vLLM aborted), and not one frame of it
+    reaches the client, which never asked for it again: a frame of an operation the
+    client does not know is a protocol error to it. The session goes on."""
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=0.5))
+    records = records_of(stack)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:forgotten"))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)
+            await until(lambda: records)
+            (record,) = records
+            assert (record.outcome, record.cancel_source) == ("cancelled", "resume_expired")
+            assert stack.replay.disconnects
+            # Frames come in order: a stray one of operation 41 would be read before this
+            # operation's result, and fail the client.
+            outcome = await run_operation(session, envelope(chat(max_tokens=2)))
+            assert outcome.status == 200
+            assert client.failure is None
+
+
+async def test_a_resumed_session_closed_before_its_resubmissions_sends_none_of_them(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """SESSION_CLOSE (drain) on a resumed session whose operation was never resubmitted:
+    the operation is abandoned there and then, nothing of it goes out, the close is
+    acknowledged at once."""
+    stack = await start_stack(nursery, socket_dir)
+    records = records_of(stack)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:closed"))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)
+            await session.close()
+            assert client.failure is None
+        await until(lambda: records)
+    (record,) = records
+    assert record.cancel_source == "resume_abandoned"
+    assert stack.replay.disconnects
+
+
+async def test_a_pause_ends_with_its_connection_and_the_resumed_stream_goes_on(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """Flow control belongs to a connection (nnrp-wire.md, BACKPRESSURE): an operation
+    paused on the connection that dropped is not paused on the one that resumes it."""
+    stack = await start_stack(nursery, socket_dir,
+                              replay=ReplayServer(speed=1.0, token_interval_ms=5.0))
+    registry = registry_of(stack)
+    payload = envelope(chat(stream=True, max_tokens=60))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.open_session(resume=True)
+            operation = await session.submit(payload, operation_id=41, frame_id=4)
+            async for event in operation.events():
+                received = event.sequence
+                break
+            await session.backpressure(nnrp.PressureLevel.PAUSED)
+            # The gateway reads a connection in order: once this answer is back, the
+            # pause has been applied.
+            await client.open_session()
+            assert session.ticket is not None
+            ticket = session.ticket
+        await until(lambda: registry.detached == 1)
+        async with connect(stack.uri()) as client:
+            resumed = await client.resume_session(ticket)
+            again = await resumed.resubmit(payload, operation_id=41, frame_id=4,
+                                           after=received)
+            events = [event async for event in again.events()]
+    partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
+    assert partials == list(range(received + 1, 61))
+    assert isinstance(events[-1], nnrp.ResultReceived) and events[-1].meta.status_code == 200

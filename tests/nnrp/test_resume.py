@@ -264,6 +264,46 @@ def test_a_migration_on_the_sessions_own_connection_is_acknowledged_in_place() -
     assert not of(events, nnrp.SessionMigrated)
 
 
+def test_a_migration_cannot_land_on_an_id_this_connection_already_uses() -> None:
+    """A token on SESSION_MIGRATE names a session of another connection; one of this
+    connection's own sessions has the id: the token cannot take it over."""
+    store = Store()
+    first, token = opened(store)
+    second, _own = opened(store)
+    own = second.session(1)
+    (ack,) = replies(second.receive_data(migrate(token)))
+    assert ack.message.accept_code == nnrp.MigrateAccept.REFUSED
+    assert second.session(1) is own and first.session(1) is not None
+
+
+def test_a_migration_must_come_from_the_sessions_own_credentials() -> None:
+    """SESSION_MIGRATE carries no credentials of its own: with session auth on, the
+    connection must have opened a session with the credentials the moving one was
+    opened with; a leaked token alone moves nothing."""
+    store = Store()
+
+    def authenticated(key: bytes) -> nnrp.ServerConnection:
+        conn = nnrp.ServerConnection(
+            nnrp.ServerConfig(authenticate=lambda auth: auth in (b"alice", b"mallory")),
+            store=store, transport_id=nnrp.TransportId.TCP)
+        conn.receive_data(pk(HELLO))
+        if key:
+            conn.receive_data(pk(attrs.evolve(RESUMABLE, auth_bytes=len(key),
+                                              requested_session_id=9), body=key))
+        return conn
+
+    victim = authenticated(b"")
+    (ack,) = replies(victim.receive_data(pk(attrs.evolve(RESUMABLE, auth_bytes=5),
+                                            body=b"alice")))
+    token = ack.body
+    for thief in (authenticated(b""), authenticated(b"mallory")):
+        (refused,) = replies(thief.receive_data(migrate(token)))
+        assert refused.message.accept_code == nnrp.MigrateAccept.REFUSED
+    owner = authenticated(b"alice")
+    (accepted,) = replies(owner.receive_data(migrate(token)))
+    assert accepted.message.accept_code == nnrp.MigrateAccept.ACCEPTED
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_arbitrary_tokens_and_migrations_keep_the_contract(data: bytes) -> None:

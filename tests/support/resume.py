@@ -4,6 +4,8 @@ an oracle can check that only the right token ever opened a session."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import attrs
 
 from gateway import nnrp
@@ -50,10 +52,11 @@ class Store:
         self.attached.add(id(session))
         return session, nnrp.ResumeGrant(fresh, self.window_ms)
 
-    def migrate(self, session_id: int, token: bytes
+    def migrate(self, session_id: int, token: bytes, identities: Collection[bytes] | None
                 ) -> nnrp.ServerSession | nnrp.ResumeRefused:
         session = self.sessions.get(token)
-        if session is None or session.session_id != session_id:
+        if (session is None or session.session_id != session_id
+                or (identities is not None and self.identities[token] not in identities)):
             return nnrp.ResumeRefused.REJECTED
         self.attached.add(id(session))
         return session
