@@ -116,25 +116,22 @@ class Journal:
         position = after or 0
         if (position == 0 and record.trimmed) or position < record.dropped_through:
             raise ReplayGap(operation_id, record.dropped_through + 1)
-        entries = list(record.entries)
+        # After the last PARTIAL_RESULT the client holds: PROGRESS and terminal packets
+        # carry no sequence and go with the partials before them. What was trimmed was
+        # all at or before ``dropped_through``, so when none of the kept partials is at
+        # or before the position, everything kept follows it.
         start = 0
-        if position:
-            for index, entry in enumerate(entries):
-                if entry.sequence == position:
-                    start = index + 1
-                    break
-            else:  # beyond what was sent: the client holds more than we know of
-                start = len(entries) if position > self.last_sequence(operation_id) else 0
-        return [entry.packet for entry in entries[start:]]
+        for index, entry in enumerate(record.entries):
+            if entry.sequence > position:
+                break
+            if entry.sequence:
+                start = index + 1
+        return [entry.packet for entry in list(record.entries)[start:]]
 
     def kept(self, operation_id: int) -> list[bytes]:
         """Every packet still held (a migration: the client gave no position and dedups
         by sequence; what was dropped while attached went out long before)."""
         return [entry.packet for entry in self.records[operation_id].entries]
-
-    def last_sequence(self, operation_id: int) -> int:
-        record = self.records[operation_id]
-        return max((entry.sequence for entry in record.entries), default=record.dropped_through)
 
     def forget(self, operation_id: int) -> None:
         record = self.records.pop(operation_id, None)

@@ -48,6 +48,21 @@ def test_attached_over_the_bound_ended_operations_go_first_then_the_oldest_packe
     assert kept[-1] == packet("p6", 60)
 
 
+def test_a_replay_after_trimmed_partials_still_sends_what_followed_them() -> None:
+    """Every partial trimmed, a PROGRESS and the terminal kept: a client holding the last
+    partial, or claiming more, gets them; one holding less gets a gap, never a skip."""
+    journal = filled(budget=60)
+    journal.add(1, [packet("progress", 55)])
+    record = journal.records[1]
+    assert [entry.sequence for entry in record.entries] == [0]
+    assert record.dropped_through == 5
+    journal.add(1, [packet("drop")], terminal=True, attached=False)
+    assert journal.replay(1, 5) == [packet("progress", 55), packet("drop")]
+    assert journal.replay(1, 9) == [packet("progress", 55), packet("drop")]
+    with pytest.raises(ReplayGap):
+        journal.replay(1, 4)
+
+
 def test_detached_or_held_back_nothing_is_dropped_the_bound_says_wait() -> None:
     journal = filled(budget=50, attached=False)
     assert journal.over_budget()
