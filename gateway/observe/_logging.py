@@ -10,6 +10,7 @@ import logging
 import sys
 
 import structlog
+import structlog.tracebacks
 
 
 class _CurrentStream:
@@ -42,7 +43,10 @@ def configure_logging(*, level: str = "info", to_stderr: bool = False,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks,
+            # Tracebacks as data, without the frames' locals: those hold resume tokens,
+            # credentials and prompts, which no log line may carry.
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(

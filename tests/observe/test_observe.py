@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import attrs
 import httpx
 import pytest
+import structlog
 import trio
 
 from gateway.nnrp import CancelSource, TraceInfo
@@ -17,6 +19,7 @@ from gateway.observe import (
     GatewayMetrics,
     RouteUnavailable,
     build_record,
+    configure_logging,
     metrics_route,
 )
 from gateway.profile import EndCause, Outcome
@@ -227,3 +230,20 @@ def test_every_resume_counter_is_exported() -> None:
     assert "nnrp_gateway_resume_resumed_total 3.0" in text
     assert "nnrp_gateway_resume_held_bytes 1234.0" in text
     assert 'nnrp_gateway_resume_sessions{state="detached"} 0.0' in text
+
+
+def test_a_logged_traceback_names_frames_but_carries_no_locals(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A frame's locals hold resume tokens, credentials and prompts: a traceback in the
+    log says where it failed, never what the frame held."""
+    configure_logging(json_lines=True)
+    token = "resume-token-" + "s3cret" * 4
+    try:
+        raise RuntimeError(f"failed with {len(token)} bytes")
+    except RuntimeError:
+        structlog.get_logger().exception("failed")
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (trace,) = line["exception"]
+    assert trace["exc_type"] == "RuntimeError"
+    assert trace["frames"][0]["name"] == "test_a_logged_traceback_names_frames_but_carries_no_locals"
+    assert "s3cret" not in json.dumps(line)
