@@ -119,12 +119,22 @@ def stopped(*pids: int) -> Iterator[None]:
             os.kill(pid, signal.SIGCONT)
 
 
-def children(pid: int) -> list[int]:
+def worker_children(pid: int) -> list[int]:
+    """The worker processes among ``pid``'s children: importing trio runs
+    ``ldconfig -p`` (ctypes.util.find_library), a child too, before any worker."""
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as listed:
             found += [int(child) for child in listed.read().split()]
-    return found
+    workers = []
+    for child in found:
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if b"gateway.workers" in cmdline.read():
+                    workers.append(child)
+        except FileNotFoundError:
+            pass  # gone already
+    return workers
 
 
 def alive(pid: int) -> bool:
@@ -420,7 +430,7 @@ def test_sighup_while_workers_start_is_not_fatal(tmp_path: Path,
              str(pki.cert), "--tls-key", str(pki.key)], stdout=sink, stderr=subprocess.STDOUT)
     try:
         # The supervisor handles signals once it binds; its workers are then importing.
-        wait_for(lambda: process.poll() is not None or bool(children(process.pid)),
+        wait_for(lambda: process.poll() is not None or bool(worker_children(process.pid)),
                  what="workers spawned")
         process.send_signal(signal.SIGHUP)
         wait_for(lambda: b"serving NNRP on tcp" in log.read_bytes()
