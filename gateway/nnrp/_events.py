@@ -102,9 +102,11 @@ class SessionMigrated:
 class HandedOff:
     """A resume or migration names a session another process of the gateway holds (rule
     4d): nothing was answered and nothing more is read here; the I/O layer relays the
-    connection, from its first byte, to that process."""
+    connection, from its first byte, to that process. ``refusal``: the answer to send
+    instead when that process cannot be reached (it restarted, its sessions with it)."""
 
     session_id: int
+    refusal: bytes
 
 
 @attrs.frozen

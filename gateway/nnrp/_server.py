@@ -379,6 +379,8 @@ class ServerConnection(SessionOutputs):
         session_id = request.requested_session_id
         rejected = (SessionError.RESUME_REJECTED,
                     "resume rejected: no session can be resumed with this token")
+        gone = (SessionError.RESUME_REJECTED,
+                "resume rejected: the gateway process that held the session is gone")
         if not request.session_flags & SessionFlag.ALLOW_RESUME or not session_id:
             self._refuse_open(request, *rejected, events)
             return
@@ -398,7 +400,7 @@ class ServerConnection(SessionOutputs):
             # window passes, as after any refusal a client cannot take back.
             claimed = ResumeRefused.REJECTED
         if claimed is ResumeRefused.ELSEWHERE and not self._sessions:
-            self._hand_off(session_id, events)  # rule 4d
+            self._hand_off(session_id, self._open_refusal(request, *gone), events)  # rule 4d
             return
         if isinstance(claimed, ResumeRefused):
             if claimed is ResumeRefused.RETRY_LATER:
@@ -442,6 +444,12 @@ class ServerConnection(SessionOutputs):
 
     def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
                      events: list[Event], *, retry_later: bool = False) -> None:
+        events.append(SendBytes(self._open_refusal(request, code, text,
+                                                   retry_later=retry_later)))
+        events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
+
+    def _open_refusal(self, request: SessionOpen, code: SessionError, text: str, *,
+                      retry_later: bool = False) -> bytes:
         status = SessionOpenStatus.RETRY_LATER if retry_later else SessionOpenStatus.REJECTED
         body = diagnostic(text)
         # The diagnostic is declared in session_extension_bytes, as the reference server
@@ -453,8 +461,7 @@ class ServerConnection(SessionOutputs):
             schema_id=request.schema_id, schema_version=request.schema_version,
             lease_ttl_ms=self.config.lease_ttl_ms, session_extension_bytes=len(body),
             session_error_code=code)
-        events.append(SendBytes(encode(Packet(ack, body=body))))
-        events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
+        return encode(Packet(ack, body=body))
 
     def _session_refusal(self, request: SessionOpen, auth: bytes, *, resuming: bool
                          ) -> tuple[SessionError, str] | None:
@@ -521,7 +528,12 @@ class ServerConnection(SessionOutputs):
                 session_id, bytes(packet.body),
                 self._identities if self.config.authenticate is not None else None)
             if taken is ResumeRefused.ELSEWHERE and not self._sessions:
-                self._hand_off(session_id, events)  # rule 4d
+                refused = SessionMigrateAck(
+                    accept_code=int(MigrateAccept.REFUSED),
+                    resume_from_frame_id=request.last_result_frame_id,
+                    server_migrate_ts_us=int(self._wall_clock() * 1e6))
+                self._hand_off(session_id, encode(Packet(refused, session_id=session_id)),
+                               events)  # rule 4d
                 return
             session = taken if isinstance(taken, ServerSession) else None
             if session is None:
@@ -542,9 +554,9 @@ class ServerConnection(SessionOutputs):
         if moves:
             events.append(SessionMigrated(session_id, request.last_result_frame_id, cursor))
 
-    def _hand_off(self, session_id: int, events: list[Event]) -> None:
+    def _hand_off(self, session_id: int, refusal: bytes, events: list[Event]) -> None:
         self.state = ConnState.HANDED_OFF
-        events.append(HandedOff(session_id))
+        events.append(HandedOff(session_id, refusal))
 
     def _migrate_refusal(self, request: SessionMigrate, packet: Packet, moves: bool
                          ) -> MigrateAccept | None:

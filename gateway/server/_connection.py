@@ -154,8 +154,10 @@ class Connection:
         #: Every byte received until a session opens (a resume naming another worker's
         #: session is relayed there from the first byte: ``_relay``); None after.
         self._preamble: bytearray | None = bytearray()
-        #: The worker's relay socket this connection was handed to (``HandedOff``).
+        #: The worker's relay socket this connection was handed to (``HandedOff``), and
+        #: the answer it gets instead when that worker cannot be reached.
         self._handed_to: str | None = None
+        self._hand_off_refusal = b""
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
 
@@ -220,9 +222,16 @@ class Connection:
         self.registry.stats.relayed_total += 1
         self.log.info("resume relayed to the worker holding the session", worker_socket=path)
         try:
-            await relay(self.transport, path, preamble)
-        except OSError as exc:  # that worker is gone (restarted): its sessions went too
-            self.log.warning("relay to another worker failed", error=str(exc))
+            holder = await trio.open_unix_socket(path)
+        except OSError as exc:
+            # That worker is gone (restarted), its sessions with it: the client is told
+            # so, as for any token that opens nothing, and can open a new session.
+            self.log.warning("the worker holding the session cannot be reached",
+                             worker_socket=path, error=str(exc))
+            with trio.move_on_after(self.limits.write_timeout):
+                await self.transport.send([self._hand_off_refusal])
+            return
+        await relay(self.transport, holder, preamble)
 
     def can_hand_off(self) -> bool:
         """Nothing but the handshake has happened here: the connection can go whole."""
@@ -320,6 +329,7 @@ class Connection:
                 if isinstance(event, HandedOff):
                     assert self._store is not None
                     self._handed_to = self._store.handed_to
+                    self._hand_off_refusal = event.refusal
                     return
                 self._handle(event)
                 if isinstance(event, PeerError) and event.fatal:

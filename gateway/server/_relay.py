@@ -12,8 +12,12 @@ Rules (gateway/nnrp/_server.py rule 4d; README, "Resumable sessions"):
    before it were answered here already). The holder's connection is an ordinary one
    and answers the hello; its SERVER_HELLO_ACK is dropped (the client has ours).
 3. Everything else goes through as it comes: on a message carrier (WebSocket) one packet
-   per message each way. Either side's end is the other's. The relay costs one more
-   hop on loopback per packet, for that connection only (docs/benchmarks.md).
+   per message each way. Either side's end is the other's, and so is a client breaking
+   its carrier's rules (a WebSocket text message). The relay costs one more hop on
+   loopback per packet, for that connection only.
+4. A holder that cannot be reached has restarted, and its sessions went with it: the
+   client gets the refusal the protocol layer prepared (``HandedOff.refusal``: resume
+   rejected, migration refused), as for a token that opens nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import struct
 import trio
 
 from gateway.nnrp import HEADER_LEN, MsgType
-from gateway.transport import PacketTransport, StreamTransport
+from gateway.transport import PacketTransport, StreamTransport, TextMessageError
 
 #: magic, carrier kind, client address: fixed size, so the holder reads exactly it.
 HEADER = struct.Struct("!8s16s64s")
@@ -61,10 +65,10 @@ def without_probes(preamble: bytes) -> bytes:
     return bytes(kept + buffer)
 
 
-async def relay(transport: PacketTransport, holder_path: str, preamble: bytes) -> None:
-    """Relay the client's connection to the worker listening on ``holder_path`` until
+async def relay(transport: PacketTransport, holder: trio.SocketStream, preamble: bytes
+                ) -> None:
+    """Relay the client's connection to the worker at the other end of ``holder`` until
     either side ends (rules 2, 3)."""
-    holder = await trio.open_unix_socket(holder_path)
     async with holder:
         header = HEADER.pack(MAGIC, transport.kind.encode()[:16],
                              transport.peer.encode("ascii", "replace")[:64])
@@ -79,8 +83,8 @@ async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
     try:
         while (data := await transport.receive()) is not None:
             await holder.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, TextMessageError):
+        pass  # either end gone, or a client breaking the carrier's rules: the relay ends
     done.cancel()
 
 
