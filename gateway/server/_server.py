@@ -117,12 +117,15 @@ class GatewayServer:
                     await connections.start(self.registry.run)
                 with self._accept_scope:
                     async with trio.open_nursery() as accept:
+                        if self.registry is not None and self.registry.settings.relays:
+                            await accept.start(self._serve_relays)
+                        # Accepting before the first listener starts: a worker's listener
+                        # may already hold connections in its backlog (the supervisor bound
+                        # it), and the first of them is accepted as the listener starts.
+                        self.accepting = True
                         for uri, spec in specs:
                             endpoint = await accept.start(self._listen, uri, spec)
                             self.endpoints.append(endpoint)
-                        if self.registry is not None and self.registry.settings.relays:
-                            await accept.start(self._serve_relays)
-                        self.accepting = True
                         task_status.started(list(self.endpoints))
                 self.accepting = False
         finally:
@@ -299,9 +302,13 @@ class GatewayServer:
     # ------------------------------------------------------------------ connections
 
     async def _serve_connection(self, transport: PacketTransport) -> None:
-        if len(self.connections) >= self.max_connections or not self.accepting:
+        if not self.accepting:
             self.stats.connections_refused += 1
-            await self._refuse(transport)
+            await self._refuse(transport, "the gateway is shutting down; retry later")
+            return
+        if len(self.connections) >= self.max_connections:
+            self.stats.connections_refused += 1
+            await self._refuse(transport, "connection limit reached; retry later")
             return
         connection = Connection(transport, self.handler, self.config, self.limits,
                                 refusal=self.refusal, observer=self.observer, stats=self.stats,
@@ -315,10 +322,10 @@ class GatewayServer:
             self.connections.discard(connection)
             self.stats.connections_active -= 1
 
-    async def _refuse(self, transport: PacketTransport) -> None:
+    async def _refuse(self, transport: PacketTransport, message: str) -> None:
         """Admission refusal: one fatal ERROR SERVER_BUSY, then close (fast, bounded)."""
         reply = ServerConnection().send_error(
-            ErrorCode.SERVER_BUSY, "connection limit reached; retry later", fatal=True,
+            ErrorCode.SERVER_BUSY, message, fatal=True,
             scope=ErrorScope.CONNECTION)
         with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError,
                                                           trio.ClosedResourceError):

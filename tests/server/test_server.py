@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -12,9 +14,10 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway.server import ConnectionLimits
+from gateway.server import ConnectionLimits, GatewayServer
 from gateway.tools.client import ClientError, NnrpClient, connect
-from tests.support.servers import RunningServer, start_server
+from gateway.transport import Inherited, bind_shared
+from tests.support.servers import RunningServer, Seen, scripted_handler, start_server
 from tests.support.waits import until, until_steady
 
 TRANSPORTS = ["tcp", "ipc", "websocket"]
@@ -276,6 +279,37 @@ async def test_connection_limit_refuses_fast(nursery: trio.Nursery, socket_dir: 
         events = await collect(await session.submit(script(events=2)))
         assert isinstance(events[-1], nnrp.ResultReceived)
     assert running.server.stats.connections_refused == 1
+
+
+async def test_a_client_waiting_in_an_inherited_backlog_is_served(
+        nursery: trio.Nursery, socket_dir: Any, raw_connect: RawConnect) -> None:
+    """A worker's listener was bound by its supervisor and listens before the worker
+    starts: a client the kernel queued for it meanwhile is served once the worker starts
+    its listeners, not refused as if the gateway were stopping."""
+    group = await bind_shared("tcp://127.0.0.1:0", 1)
+    try:
+        # Connected (in the listener's backlog) and its HELLO sent before anyone accepts.
+        early = await raw_connect(group.bound_uri)
+        client = nnrp.ClientConnection()
+        await early.send_all(client.hello())
+        # Another listener after the inherited one: the first accepts while it starts.
+        server = GatewayServer(functools.partial(scripted_handler, seen=Seen()),
+                               inherited=[_worker_copy(group.for_worker(0))],
+                               limits=ConnectionLimits(handshake_timeout=2.0))
+        await nursery.start(server.serve, [group.uri, f"unix://{socket_dir}/late.sock"])
+        events: list[Any] = []
+        with trio.fail_after(5):
+            while not events:
+                events = client.receive_data(await early.receive_some(65536))
+        assert isinstance(events[0], nnrp.HelloAcked), events
+        assert server.stats.connections_refused == 0
+    finally:
+        group.close()
+
+
+def _worker_copy(listener: Inherited) -> Inherited:
+    """What a worker process receives: its own descriptors for the supervisor's sockets."""
+    return Inherited(listener.uri, tuple(os.dup(fd) for fd in listener.fds))
 
 
 async def test_a_refused_connection_lingers_for_its_client_within_a_bound(
