@@ -19,27 +19,37 @@ Rules (issue 21; README "Resumable sessions"):
    What the client cannot have seen is never dropped: nothing while the session is
    detached, nor anything of an operation waiting for its resubmission after a resume
    (``held_back``); the operations wait for room instead (``over_budget``), which stops
-   them reading vLLM, as a slow client does.
+   them reading vLLM, as a slow client does. Room made in the shared bound by another
+   session wakes them (``Budget.on_room``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import attrs
 
 
 @attrs.define
 class Budget:
-    """The bytes held by every journal of the gateway, and how many they may be."""
+    """The bytes held by every journal of the gateway, and how many they may be.
+    ``on_room`` is told when the bound stops being exceeded: operations of other
+    sessions may be waiting for that room (rule 3), and only their owner can wake them."""
 
     limit: int
     held: int = 0
+    on_room: Callable[[], None] | None = None
 
     @property
     def over(self) -> bool:
         return self.held > self.limit
+
+    def count(self, nbytes: int) -> None:
+        was_over = self.over
+        self.held += nbytes
+        if was_over and not self.over and self.on_room is not None:
+            self.on_room()
 
 
 class ReplayGap(Exception):
@@ -145,7 +155,7 @@ class Journal:
 
     def _count(self, nbytes: int) -> None:
         self.held += nbytes
-        self.shared.held += nbytes
+        self.shared.count(nbytes)
 
     def _trim(self, held_back: Collection[int]) -> None:
         """Rule 3, attached: whole ended operations first, oldest first, then the oldest

@@ -184,6 +184,34 @@ async def test_a_detached_session_at_its_byte_bound_stops_reading_vllm_and_loses
     assert sequences == list(range(received + 1, received + 2001))
 
 
+async def test_room_another_session_makes_in_the_shared_bound_wakes_a_detached_one(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    bound = 16 << 10
+    stack = await start_stack(nursery, socket_dir,
+                              replay=ReplayServer(speed=50.0, token_interval_ms=1.0),
+                              resume=ResumeSettings(total_bytes=bound))
+    registry = registry_of(stack)
+    first = envelope(chat(stream=True), request_id="replay:long_stream:first")
+    second = envelope(chat(stream=True), request_id="replay:long_stream:second")
+    first_ticket, _ = await detach(stack, first)
+    with trio.fail_after(10):
+        await until(lambda: registry.budget.held >= bound)  # the first fills the bound
+    await detach(stack, second)
+    waiting = stack.replay.playing["replay:long_stream:second"]
+    with trio.fail_after(10):
+        await until_steady(lambda: waiting.sent, 0.5)  # the second waits for room
+    stalled_at = waiting.sent
+    # The first session's client comes back and closes it: its bytes are freed, and the
+    # second, still detached, reads vLLM again until the bound is reached once more.
+    async with connect(stack.uri()) as client:
+        session = await client.resume_session(first_ticket)
+        await session.close()
+    with trio.fail_after(10):
+        await until(lambda: waiting.sent > stalled_at)
+        await until(lambda: registry.budget.held >= bound)
+    assert registry.detached == 1
+
+
 async def test_past_the_cap_sessions_open_without_resume(nursery: trio.Nursery,
                                                          socket_dir: Path) -> None:
     stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(max_sessions=1))

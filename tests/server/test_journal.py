@@ -85,3 +85,22 @@ def test_the_shared_budget_counts_every_journal_and_forgetting_gives_it_back() -
     assert first.over_budget() and second.over_budget()
     first.clear()
     assert shared.held == 100 and first.released == [1]
+
+
+def test_the_shared_budget_says_when_room_is_made_and_only_then() -> None:
+    told: list[int] = []
+    shared = Budget(150)
+    shared.on_room = lambda: told.append(shared.held)
+    first, second = Journal(1000, shared), Journal(1000, shared)
+    for journal in (first, second):
+        journal.start(1, 1, b"{}")
+        journal.add(1, [packet("a", 100)], sequence=1, attached=False)
+    assert shared.over and told == []  # growing past the bound is not room
+    second.start(2, 2, b"{}")
+    second.add(2, [packet("b", 10)], sequence=1, attached=False)
+    second.forget(2)  # still over: nobody to wake
+    assert told == []
+    first.clear()
+    assert told == [100]  # back under the bound: once
+    second.clear()
+    assert told == [100]
