@@ -148,6 +148,9 @@ class ClientOperation:
         self.payload = payload
         #: The last result_sequence received.
         self.sequence = 0
+        #: The sequence it held when it was last resubmitted after a resume: the results
+        #: after it came on the new connection (None: never resubmitted).
+        self.resubmitted_after: int | None = None
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
         #: Set when the server said (RETRY_AFTER) when to try this operation again: its
@@ -232,7 +235,7 @@ class ClientSession:
         declaring the results it holds (those after ``after`` come; a server may send the
         held ones again, which are dropped)."""
         operation = ClientOperation(self, operation_id, frame_id, payload)
-        operation.sequence = after
+        operation.sequence = operation.resubmitted_after = after
         self.operations[frame_id] = operation
         await self.client.send(self.client.sans_io.submit(
             self.session_id, operation_id, frame_id, resubmission(payload, after) if after
@@ -284,6 +287,7 @@ class ClientSession:
             payload = operation.payload
             if payload is None:
                 continue  # not resubmittable (another profile's frame): its results wait
+            operation.resubmitted_after = operation.sequence
             packets.append(sans_io.submit(
                 self.session_id, operation.operation_id, operation.frame_id,
                 resubmission(payload, operation.sequence), after_sequence=operation.sequence))
@@ -314,8 +318,13 @@ class NnrpClient:
         #: Cleared while a dropped connection is being recovered: senders wait for it.
         self._connected = trio.Event()
         self._connected.set()
-        #: Connections recovered after a drop.
+        #: Connections recovered after a drop, and the attempts that took (more: the
+        #: server said to retry later, or an attempt failed).
         self.recoveries = 0
+        self.recovery_attempts = 0
+        #: Results the server sent again that were held already (dropped here: after a
+        #: resume that declared what it held, a server should send none).
+        self.repeats = 0
 
     async def send(self, data: bytes) -> None:
         await self._connected.wait()
@@ -421,6 +430,7 @@ class NnrpClient:
         deadline = trio.current_time() + window
         backoff = 0.05
         while trio.current_time() < deadline:
+            self.recovery_attempts += 1
             try:
                 if await self._resume_all():
                     self.recoveries += 1
@@ -487,7 +497,7 @@ class NnrpClient:
         elif isinstance(event, SessionOpenAnswered):
             await self._session_answers[0].send(event)
         elif isinstance(event, RepeatReceived):
-            pass  # held already: sent again after a resume or a migration
+            self.repeats += 1  # held already: sent again after a resume or a migration
         elif isinstance(event, PartialReceived | ResultReceived | DropReceived):
             session = self.sessions.get(event.session_id)
             if session is None:
