@@ -112,6 +112,8 @@ class Record:
     detached_at: float | None = None
     #: Bumped on every attach and detach: a timer of an older one does nothing.
     generation: int = 0
+    #: Bumped on every resume: the window for resubmitting runs from the latest one.
+    resumes: int = 0
     ended: bool = False
 
 
@@ -234,8 +236,9 @@ class SessionRegistry:
         record.generation += 1
         if resumed:
             self.stats.resumed_total += 1
+            record.resumes += 1
             if record.protocol.awaiting and self._running:
-                self._timer(self._expire_awaiting, record, record.generation)
+                self._timer(self._expire_awaiting, record, record.resumes)
 
     def detach(self, record: Record) -> bool:
         """The session's connection ended (rule 3): True when it is kept, detached; False
@@ -288,18 +291,22 @@ class SessionRegistry:
                      window_s=self.settings.window)
             self.end(record, EndCause.RESUME_EXPIRED)
 
-    async def _expire_awaiting(self, record: Record, generation: int) -> None:
-        """Rule 5, after a resume: what was not resubmitted within the window ends."""
+    async def _expire_awaiting(self, record: Record, resume: int) -> None:
+        """Rule 5, after a resume: what was not resubmitted within the window ends, and
+        nothing more of it reaches the client (it did not ask for it again: a terminal
+        for a frame it does not know would be a protocol error to it)."""
         await trio.sleep(self.settings.window)
         session = record.session
-        if record.ended or session is None:
+        if record.ended or session is None or record.resumes != resume:
+            # A later resume waits for its own resubmissions, with a window of its own
+            # (later moves, a migration or a detach, do not restart this one).
             return
         for operation_id in list(record.protocol.awaiting):
+            session.muted.add(operation_id)
             session.cancel(operation_id, EndCause.RESUME_EXPIRED)
             if session.journal is not None:
                 session.journal.forget(operation_id)
         session.release_journal()
-        del generation  # the resubmissions are what counts, not later moves
 
     async def drain(self, grace: float) -> None:
         """Rule 7: the detached sessions drain as attached ones do (their operations

@@ -18,7 +18,15 @@ from gateway.nnrp import ServerConfig
 from gateway.server import ResumeSettings, TokenAuthenticator
 from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
-from tests.support.stack import Stack, chat, envelope, metric_samples, records_of, start_stack
+from tests.support.stack import (
+    Stack,
+    chat,
+    envelope,
+    metric_samples,
+    records_of,
+    run_operation,
+    start_stack,
+)
 from tests.support.waits import until, until_steady
 
 
@@ -241,3 +249,70 @@ async def test_a_deadline_runs_on_while_detached_and_its_drop_is_replayed(
     assert events[-1].drop_reason == nnrp.DropReason.DEADLINE_EXPIRED
     partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
     assert partials == list(range(1, len(partials) + 1)) and len(partials) >= 1
+
+
+async def test_each_resume_gives_the_operations_a_window_of_their_own(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """The window for resubmitting runs from the latest resume: the timer an earlier
+    resume left must not end an operation the client resubmits within the window of a
+    later one. (Found by ``bench run --scenario resume``: cuts about a window apart
+    ended a stream as resume_expired moments after its second resume; its resubmission
+    got 410 and the rest of the stream was lost.)"""
+    window = 2.0
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=window))
+    registry = registry_of(stack)
+    records = records_of(stack)
+    payload = envelope(chat(stream=True), request_id="replay:long_stream:twice")
+    ticket, held = await detach(stack, payload)
+    with trio.fail_after(20):
+        async with connect(stack.uri()) as client:  # resume 1, resubmitted at once
+            session = await client.resume_session(ticket)
+            first = trio.current_time()
+            operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                               after=held)
+            async for event in operation.events():
+                assert isinstance(event, nnrp.PartialReceived)
+                held = event.sequence
+                break
+            assert session.ticket is not None
+            ticket = session.ticket
+        await until(lambda: registry.detached == 1)
+        await trio.sleep_until(first + window / 2)
+        async with connect(stack.uri()) as client:  # resume 2, halfway through the first's
+            session = await client.resume_session(ticket)
+            # Resubmitted after the first resume's window, within the second's.
+            await trio.sleep_until(first + window * 1.25)
+            operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                               after=held)
+            async for event in operation.events():
+                assert isinstance(event, nnrp.PartialReceived), event
+                assert event.sequence == held + 1  # it goes on where it was
+                break
+            await operation.cancel()
+            async for _ in operation.events():
+                pass
+    await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.cancel_source) == ("cancelled", "cancel")  # not expired
+
+
+async def test_an_operation_not_resubmitted_in_time_ends_without_a_word_to_the_client(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """After a resume, an operation the client does not resubmit within the window ends
+    (vLLM aborts), and nothing of it reaches the client, which did not ask for it: a
+    terminal for a frame it does not know would be a protocol error to it."""
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=0.5))
+    records = records_of(stack)
+    ticket, _ = await detach(stack, envelope(chat(stream=True),
+                                             request_id="replay:long_stream:left"))
+    with trio.fail_after(10):
+        async with connect(stack.uri()) as client:
+            session = await client.resume_session(ticket)  # nothing resubmitted
+            await until(lambda: records)
+            await until(lambda: stack.replay.disconnects)
+            await trio.sleep(0.2)  # what the ended operation might still send
+            assert client.failure is None, client.failure
+            outcome = await run_operation(session, envelope(chat(max_tokens=2)))
+            assert outcome.status == 200  # the session goes on
+    (record, _) = records
+    assert (record.outcome, record.cancel_source) == ("cancelled", "resume_expired")
