@@ -202,7 +202,8 @@ def run_scenarios_command(
     scenario: Annotated[list[str] | None, typer.Option(
         help=f"Scenarios to run (default all): {', '.join(SCENARIO_NAMES)}.")] = None,
 ) -> None:
-    """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale."""
+    """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale, workers,
+    resume (cut connections resumed; what a detached stream holds)."""
     import trio
 
     from gateway.tools.bench.scenarios import run_scenarios
