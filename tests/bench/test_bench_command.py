@@ -156,6 +156,37 @@ def test_bench_run_quick_resume_reports_latency_memory_and_nothing_lost(tmp_path
     assert "| events lost across resumes |" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.slow
+def test_soak_with_cuts_resumes_every_stream_and_lets_all_go(tmp_path: Path) -> None:
+    # RSS is not what this checks (a benchmark's business): hence the loose bound.
+    result = runner.invoke(app, ["bench", "soak", "--streams", "10", "--seconds", "2",
+                                 "--cut-every", "0.1", "--resume-window", "1",
+                                 "--max-rss-growth", "1", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    resume = document["resume"]
+    assert resume["cuts"] > 0 and resume["resumes"] == resume["cuts"]
+    assert (resume["lost"], resume["duplicated"], resume["reordered"],
+            resume["incomplete"]) == (0, 0, 0, 0)
+    assert resume["whole"] == resume["operations"] == document["completed"] > 0
+    assert resume["ok"] and resume["resume_latency_ms"]["n"] > 0
+    assert document["errors"] == 0 and document["accounted"]
+    assert len(document["released_after_s"]) == 2 and None not in document["released_after_s"]
+    phases = {sample["phase"]: sample for sample in document["samples"]}
+    for period in (1, 2):  # the clients left without closing: all detached, then gone
+        assert phases[f"detached {period}"]["detached"] > 0
+        after = phases[f"after the windows {period}"]
+        assert (after["held_mib"], after["detached"]) == (0, 0)
+    assert document["rss_baseline_mib"] == phases["after the windows 1"]["rss_mib"]
+    assert json.loads((tmp_path / "soak.json").read_text())["resume"]["cuts"] == resume["cuts"]
+
+
+def test_soak_cuts_and_sigterm_are_separate_runs() -> None:
+    result = runner.invoke(app, ["bench", "soak", "--cut-every", "1", "--sigterm-at", "5"])
+    assert result.exit_code == 2
+    assert "separate runs" in result.output
+
+
 def test_a_cut_stream_operation_is_checked_token_by_token() -> None:
     """The checker behind the resume figures finds what it is there to find (a checker
     that never fails would make their zeros worthless)."""

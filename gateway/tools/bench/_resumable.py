@@ -106,9 +106,9 @@ class CutTally:
             self.failures.append(message)
 
     def count(self, streams: list[CutStream]) -> None:
-        """The clients' recoveries, once the streams are done."""
-        self.resumes = sum(stream.client.recoveries for stream in streams)
-        self.attempts = sum(stream.client.recovery_attempts for stream in streams)
+        """Add the clients' recoveries, once the streams are done."""
+        self.resumes += sum(stream.client.recoveries for stream in streams)
+        self.attempts += sum(stream.client.recovery_attempts for stream in streams)
 
     def as_dict(self) -> dict[str, object]:
         document = attrs.asdict(self, filter=lambda field, _: field.name != "times")
