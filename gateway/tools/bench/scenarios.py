@@ -734,7 +734,7 @@ async def resume(quick: bool, progress: Progress) -> list[Figure]:
     (2 s; 1 s with --quick) and no residence probe (it keeps a sample per event, which
     the RSS figures would count).
 
-    Resume latency: streams at 100 tokens/s, each on a connection of its own through a
+    Resume latency: streams at 20 tokens/s, each on a connection of its own through a
     cut proxy (``_resumable``), which the client resumes by itself after each cut: the
     time from the cut to the first result of the resubmitted operation, one connection
     cut at a time and all of them at once, every operation checked whole (nothing lost,
@@ -759,12 +759,22 @@ async def _resume_latency(stack: Stack, quick: bool, progress: Progress) -> list
     run = time.monotonic_ns()
     count = 8 if quick else 32
     singles, rounds = (20, 2) if quick else (200, 10)
-    # 0.5 s operations of tokens 10 ms apart; a cut lands past the first token and at
-    # least 10 (100 ms) before the last, so the resume is what the stream waits for.
-    tokens, interval_us, margin = 50, 10_000, 10
+    # 1.5 s operations at 20 tokens/s (a model's pace, and a load this 2-core machine
+    # carries beside the proxies: at 100 tokens/s, 32 streams queued and the resume
+    # latency was the queue's); a cut lands past the first token and at least 8 (400 ms)
+    # before the last, so the resume is what the stream waits for.
+    tokens, interval_us, margin = 30, 50_000, 8
     progress(f"resume: {count} streams, {singles} cuts one at a time, {rounds} of all at once")
     tally = CutTally()
     one, together = CutTimes(), CutTimes()
+    delays: list[float] = []
+
+    def delay(event: nnrp.PartialReceived) -> None:
+        """The load the resumes ran under: each result's delay, backend write -> here."""
+        now = time.monotonic_ns()
+        written = json.loads(event.body).get("delta")
+        if written is not None and len(delays) < 1_000_000:
+            delays.append((now - int(written)) / 1e6)
     async with trio.open_nursery() as proxies:
         async with contextlib.AsyncExitStack() as exits:
             streams = [CutStream(target, tally) for _ in range(count)]
@@ -778,7 +788,7 @@ async def _resume_latency(stack: Stack, quick: bool, progress: Progress) -> list
                     number += 1
                     await streams[index].run(_envelope(
                         f"replay:timestamped:{tokens}:{interval_us}:u{run}-{index}-{number}"),
-                        tokens)
+                        tokens, sample=delay)
 
             async with trio.open_nursery() as nursery:
                 for index in range(count):
@@ -788,7 +798,9 @@ async def _resume_latency(stack: Stack, quick: bool, progress: Progress) -> list
                     stream.cut(one)
                     with trio.move_on_after(10):
                         await stream.resumed()
-                    await trio.sleep(rng.uniform(0, 0.02))
+                    # The next cut at a random point of the token interval: the first
+                    # result after it waits for the next token, on average half of it.
+                    await trio.sleep(rng.uniform(0, interval_us / 1e6))
                 for _ in range(rounds):
                     with trio.move_on_after(5):  # most of them mid-stream
                         while True:
@@ -821,8 +833,10 @@ async def _resume_latency(stack: Stack, quick: bool, progress: Progress) -> list
                        f"{percentile(total, .5):.1f}/{percentile(total, .99):.1f}/"
                        f"{max(total, default=0):.1f} ms (n={len(total)}); less the wait for "
                        f"the backend's next token {percentile(unpaced, .5):.1f}/"
-                       f"{percentile(unpaced, .99):.1f} ms; {count} streams at 100 tokens/s, "
-                       f"each its own connection"))
+                       f"{percentile(unpaced, .99):.1f} ms; {count} streams at "
+                       f"{1e6 / interval_us:.0f} tokens/s, each its own connection, whose "
+                       f"results' delay (backend write -> client, cuts included) was p50/p99 "
+                       f"{percentile(delays, .5):.1f}/{percentile(delays, .99):.1f} ms"))
     checked = (f"{tally.whole}/{tally.operations} operations whole; {tally.cuts} cuts, "
                f"{tally.resumes} resumes ({tally.unexpected_reconnects} unexplained) in "
                f"{tally.attempts} attempts, {tally.untimed} untimed; vLLM aborts {aborted}"
