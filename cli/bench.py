@@ -214,7 +214,8 @@ def run_scenarios_command(
     if unknown:
         raise typer.BadParameter(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results = _with_progress(lambda p: trio.run(run_scenarios, names, quick, p), as_json)
-    command = "nnrp-gateway bench run" + (" --quick" if quick else "")
+    command = "nnrp-gateway bench run" + (" --quick" if quick else "") + "".join(
+        f" --scenario {name}" for name in scenario or ())
     if out is not None:
         _write_out(out, results, command)
     if as_json:

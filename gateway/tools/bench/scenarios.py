@@ -882,7 +882,9 @@ class _DetachedRound:
 async def _detached_memory(stack: Stack, window: float, quick: bool, progress: Progress
                            ) -> list[Figure]:
     """The memory half of ``resume``: a warm-up round, then ``rounds`` measured."""
-    count, tokens, rounds = (20, 200, 1) if quick else (100, 200, 5)
+    # Ten rounds: the allocator takes memory in steps (a round at times adds a few MiB
+    # that later rounds reuse), so the RSS kept per round is a slope, read over many.
+    count, tokens, rounds = (20, 200, 1) if quick else (100, 200, 10)
     results = []
     for number in range(rounds + 1):
         progress(f"resume: {count} detached streams of {tokens} tokens, window {window:g} s "
