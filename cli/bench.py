@@ -202,7 +202,8 @@ def run_scenarios_command(
     scenario: Annotated[list[str] | None, typer.Option(
         help=f"Scenarios to run (default all): {', '.join(SCENARIO_NAMES)}.")] = None,
 ) -> None:
-    """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale."""
+    """Latency, throughput, non-streaming, cancellation, a 30 s pause, scale, workers,
+    resume (cut connections resumed; what a detached stream holds)."""
     import trio
 
     from gateway.tools.bench.scenarios import run_scenarios
@@ -213,7 +214,8 @@ def run_scenarios_command(
     if unknown:
         raise typer.BadParameter(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results = _with_progress(lambda p: trio.run(run_scenarios, names, quick, p), as_json)
-    command = "nnrp-gateway bench run" + (" --quick" if quick else "")
+    command = "nnrp-gateway bench run" + (" --quick" if quick else "") + "".join(
+        f" --scenario {name}" for name in scenario or ())
     if out is not None:
         _write_out(out, results, command)
     if as_json:
@@ -262,15 +264,29 @@ def soak_command(
     client_nice: Annotated[int, typer.Option(
         min=0, max=19, help="Lower the load generator's priority by this much (nice) once "
                             "the gateway and backend run, so they get the CPU first.")] = 0,
+    cut_every: Annotated[float | None, typer.Option(
+        min=0.001, help="Resumable streams, each on its own connection through a cut "
+                        "proxy: reset one connection (a random stream, mid-operation) every "
+                        "this many seconds on average; the clients resume by themselves.")
+    ] = None,
+    resume_window: Annotated[float, typer.Option(
+        min=0.1, help="With --cut-every: the gateway's --resume-window; after the load the "
+                      "sessions detach and must all be gone once it has passed.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="With --cut-every: where and when the cuts fall.")
+    ] = 21,
 ) -> None:
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
     any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.
-    With --out, the gateway's and the backend's logs are kept in OUT/logs."""
+    With --out, the gateway's and the backend's logs are kept in OUT/logs. With
+    --cut-every, also on any event lost or duplicated, a cut not resumed, or anything still
+    held once the windows have passed (RSS growth is then measured after them)."""
     import trio
 
     from gateway.tools.bench.soak import soak
 
     _quiet_logs()
+    if cut_every is not None and sigterm_at is not None:
+        raise typer.BadParameter("--cut-every and --sigterm-at are separate runs")
 
     holder: list[SoakReport] = []
 
@@ -279,7 +295,8 @@ def soak_command(
                                             token_interval_ms=token_interval_ms,
                                             log_dir=out / "logs" if out else None,
                                             client_nice=client_nice,
-                                            progress=progress)))
+                                            progress=progress, cut_every=cut_every,
+                                            resume_window=resume_window, seed=seed)))
         return {}
 
     _with_progress(work, as_json)
@@ -291,9 +308,11 @@ def soak_command(
     if as_json:
         typer.echo(json.dumps(document, indent=2))
     else:
+        growth = ("from the first period's windows to the second's" if report.resume
+                  else "after warm-up")
         typer.echo(f"{report.started} started, {report.completed} completed, {report.dropped} "
                    f"dropped, {report.refused} refused recoverably, {report.errors} errors; "
-                   f"RSS growth after warm-up {report.rss_growth * 100:.1f} %; accounted: "
+                   f"RSS growth {growth} {report.rss_growth * 100:.1f} %; accounted: "
                    f"{report.accounted}")
         stretch = report.stretch(0.5)
         if stretch is not None:
@@ -305,15 +324,50 @@ def soak_command(
                        f"p99 {delay['p99']} ms, p99.9 {delay['p99.9']} ms")
         for cause, count in sorted(report.error_causes.items()):
             typer.echo(f"  {count} x {cause}")
-        for sample in report.samples[:: max(1, len(report.samples) // 10)]:
+        if report.resume is not None:
+            _echo_resume(report)
+        samples = report.samples
+        shown = samples[:: max(1, len(samples) // 10)]
+        if report.resume is not None:  # and those after each period's load
+            shown = [s for s in samples if s in shown or not s["phase"].startswith("load")]
+        for sample in shown:
             typer.echo(f"  t={sample['t']:>6}s RSS {sample['rss_mib']:.1f} MiB, "
-                       f"{sample['fds']} fds, {sample['completed']} completed")
+                       f"{sample['fds']} fds, {sample['completed']} completed"
+                       + (f", held {sample['held_mib']:.2f} MiB, {sample['detached']:.0f} "
+                          f"detached ({sample['phase']})" if "phase" in sample else ""))
         for line in report.error_samples:
             typer.echo(f"  error: {line}")
-    ok = (report.errors == 0 and report.accounted
+    resumed = report.resume is None or (report.resume.ok and report.released)
+    ok = (report.errors == 0 and report.accounted and resumed
           and (sigterm_at is not None or report.rss_growth <= max_rss_growth)
           and (sigterm_at is None or report.gateway_exit == 0))
     raise typer.Exit(0 if ok else 1)
+
+
+def _echo_resume(report: SoakReport) -> None:
+    tally = report.resume
+    assert tally is not None
+    typer.echo(f"  resume: {tally.cuts} cuts (one every {report.cut_every:g} s on average), "
+               f"{tally.resumes} resumes ({tally.unexpected_reconnects} unexplained) in "
+               f"{tally.attempts} attempts; {tally.whole}/{tally.operations} operations whole: "
+               f"{tally.lost} events lost, {tally.duplicated} duplicated, {tally.reordered} "
+               f"reordered, {tally.incomplete} incomplete")
+    latency = tally.times.summary()
+    if latency is not None:
+        typer.echo(f"  resume latency, cut -> first result after it: p50 {latency['p50']} ms, "
+                   f"p99 {latency['p99']} ms, less the wait for the backend's next token "
+                   f"{latency['unpaced_p50']} / {latency['unpaced_p99']} ms "
+                   f"(n={latency['n']:.0f}, {tally.untimed} untimed)")
+    released = ", ".join("NOT within the window + 30 s" if after is None else f"{after:g} s"
+                         for after in report.released_after_s)
+    typer.echo(f"  window {report.resume_window:g} s: every session gone and nothing held, "
+               f"after each period, {released} after the clients left; RSS idle "
+               f"{report.rss_idle_mib} MiB, after the first period's windows "
+               f"{report.rss_baseline_mib} MiB, after the second's "
+               f"{report.samples[-1]['rss_mib'] if report.samples else '?'} MiB "
+               f"({report.rss_growth * 100:+.1f} %)")
+    for line in tally.failures:
+        typer.echo(f"  resume failure: {line}")
 
 
 @bench_app.command("relay", hidden=True)

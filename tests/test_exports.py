@@ -92,6 +92,9 @@ PUBLIC: dict[str, str] = {
         "ClientError ClientOperation ClientSession MAX_BACKOFF NnrpClient ResumeTicket Trust "
         "connect resubmission "
     ),
+    "gateway.tools.cut": (
+        "Relayed StreamCutProxy "
+    ),
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
         "Transcript VERSIONS bundled_transcripts choose_scenario conform_body derive "
@@ -105,7 +108,7 @@ PUBLIC: dict[str, str] = {
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.
-_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.tools.client"})
+_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.tools.client", "gateway.tools.cut"})
 
 
 def public_names(module_name: str) -> list[str]:

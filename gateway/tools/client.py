@@ -148,6 +148,12 @@ class ClientOperation:
         self.payload = payload
         #: The last result_sequence received.
         self.sequence = 0
+        #: The sequence it held when it was last resubmitted after a resume: the results
+        #: after it came on the new connection (None: never resubmitted).
+        self.resubmitted_after: int | None = None
+        #: The connection state its FRAME_SUBMIT was last encoded for (a recovery that
+        #: resubmitted it on a new connection set this: it is not sent there again).
+        self._submitted_on: ClientConnection | None = None
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
         #: Set when the server said (RETRY_AFTER) when to try this operation again: its
@@ -222,7 +228,7 @@ class ClientSession:
         frame_id = frame_id or number
         operation = ClientOperation(self, operation_id, frame_id, payload)
         self.operations[frame_id] = operation
-        await self.client.send(self.client.sans_io.submit(
+        await self.client._submit(operation, lambda sans_io: sans_io.submit(
             self.session_id, operation_id, frame_id, payload, trace_id=trace_id))
         return operation
 
@@ -232,9 +238,9 @@ class ClientSession:
         declaring the results it holds (those after ``after`` come; a server may send the
         held ones again, which are dropped)."""
         operation = ClientOperation(self, operation_id, frame_id, payload)
-        operation.sequence = after
+        operation.sequence = operation.resubmitted_after = after
         self.operations[frame_id] = operation
-        await self.client.send(self.client.sans_io.submit(
+        await self.client._submit(operation, lambda sans_io: sans_io.submit(
             self.session_id, operation_id, frame_id, resubmission(payload, after) if after
             else payload, after_sequence=after))
         return operation
@@ -284,6 +290,8 @@ class ClientSession:
             payload = operation.payload
             if payload is None:
                 continue  # not resubmittable (another profile's frame): its results wait
+            operation.resubmitted_after = operation.sequence
+            operation._submitted_on = sans_io
             packets.append(sans_io.submit(
                 self.session_id, operation.operation_id, operation.frame_id,
                 resubmission(payload, operation.sequence), after_sequence=operation.sequence))
@@ -314,8 +322,13 @@ class NnrpClient:
         #: Cleared while a dropped connection is being recovered: senders wait for it.
         self._connected = trio.Event()
         self._connected.set()
-        #: Connections recovered after a drop.
+        #: Connections recovered after a drop, and the attempts that took (more: the
+        #: server said to retry later, or an attempt failed).
         self.recoveries = 0
+        self.recovery_attempts = 0
+        #: Results the server sent again that were held already (dropped here: after a
+        #: resume that declared what it held, a server should send none).
+        self.repeats = 0
 
     async def send(self, data: bytes) -> None:
         await self._connected.wait()
@@ -323,6 +336,29 @@ class NnrpClient:
             raise ClientError(f"connection failed: {self.failure}")
         async with self._send_lock:
             await self.transport.send([data])
+
+    async def _submit(self, operation: ClientOperation,
+                      encode: Callable[[ClientConnection], bytes]) -> None:
+        """An operation's FRAME_SUBMIT, encoded for the connection as it is once the send
+        lock is held. A submit racing a drop is the recovery's to finish when the session
+        is resumable (the operation is in its session, so it is resubmitted): one that
+        waited out the recovery is not sent again if the recovery resubmitted it, and
+        one that meets the dead connection before the reader has seen it die is not an
+        error to the caller (if the recovery fails, ``events()`` says so)."""
+        await self._connected.wait()
+        if self.failure is not None:
+            raise ClientError(f"connection failed: {self.failure}")
+        async with self._send_lock:
+            sans_io = self.sans_io
+            if operation._submitted_on is sans_io:
+                return  # resubmitted on this connection by the recovery
+            data = encode(sans_io)
+            operation._submitted_on = sans_io
+            try:
+                await self.transport.send([data])
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                if self._reconnect is None or operation.session.ticket is None:
+                    raise
 
     async def open_session(self, *, requested_session_id: int = 0, auth: bytes = b"",
                            resume: bool = False) -> ClientSession:
@@ -426,6 +462,7 @@ class NnrpClient:
         deadline = trio.current_time() + window
         backoff = 0.05
         while trio.current_time() < deadline:
+            self.recovery_attempts += 1
             try:
                 if await self._resume_all():
                     self.recoveries += 1
@@ -492,7 +529,7 @@ class NnrpClient:
         elif isinstance(event, SessionOpenAnswered):
             await self._session_answers[0].send(event)
         elif isinstance(event, RepeatReceived):
-            pass  # held already: sent again after a resume or a migration
+            self.repeats += 1  # held already: sent again after a resume or a migration
         elif isinstance(event, PartialReceived | ResultReceived | DropReceived):
             session = self.sessions.get(event.session_id)
             if session is None:

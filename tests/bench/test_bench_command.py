@@ -132,3 +132,97 @@ def test_a_bare_trio_wake_up_is_measured_on_an_echo_process_that_then_goes() -> 
     paced = trio.run(wake_cost, 0.005, 40)
     assert 0 < back_to_back < 20_000 and 0 < paced < 20_000  # microseconds, measured
     assert children() == before  # the echo process is killed and reaped
+
+
+@pytest.mark.slow
+def test_bench_run_quick_resume_reports_latency_memory_and_nothing_lost(tmp_path: Path
+                                                                         ) -> None:
+    result = runner.invoke(app, ["bench", "run", "--quick", "--scenario", "resume", "--json",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    figures = {f["name"]: f for f in json.loads(result.stdout)["resume"]}
+    for cut in ("one connection cut at a time", "8 connections cut at once"):
+        for q in ("p50", "p99"):
+            latency = figures[f"resume latency {q}, {cut}"]
+            assert latency["unit"] == "ms" and latency["value"] > 0
+    # Correctness, not timings: every operation whole across the cuts, and every
+    # detached session gone, nothing held, once the windows passed.
+    for name in ("events lost across resumes", "events duplicated across resumes",
+                 "operations not whole, reordered tokens, unexplained reconnects, vLLM aborts",
+                 "sessions detached and result bytes held once the windows passed"):
+        assert figures[name]["value"] == 0, figures[name]
+    assert figures["result bytes held per detached stream (200 tokens)"]["value"] > 0
+    assert figures["gateway RSS kept per round once the windows passed"]["unit"] == "KiB"
+    assert "| events lost across resumes |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_soak_with_cuts_resumes_every_stream_and_lets_all_go(tmp_path: Path) -> None:
+    # RSS is not what this checks (a benchmark's business): hence the loose bound.
+    result = runner.invoke(app, ["bench", "soak", "--streams", "10", "--seconds", "2",
+                                 "--cut-every", "0.1", "--resume-window", "1",
+                                 "--max-rss-growth", "1", "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    resume = document["resume"]
+    assert resume["cuts"] > 0 and resume["resumes"] == resume["cuts"]
+    assert (resume["lost"], resume["duplicated"], resume["reordered"],
+            resume["incomplete"]) == (0, 0, 0, 0)
+    assert resume["whole"] == resume["operations"] == document["completed"] > 0
+    assert resume["ok"] and resume["resume_latency_ms"]["n"] > 0
+    assert document["errors"] == 0 and document["accounted"]
+    assert len(document["released_after_s"]) == 2 and None not in document["released_after_s"]
+    phases = {sample["phase"]: sample for sample in document["samples"]}
+    for period in (1, 2):  # the clients left without closing: all detached, then gone
+        assert phases[f"detached {period}"]["detached"] > 0
+        after = phases[f"after the windows {period}"]
+        assert (after["held_mib"], after["detached"]) == (0, 0)
+    assert document["rss_baseline_mib"] == phases["after the windows 1"]["rss_mib"]
+    assert json.loads((tmp_path / "soak.json").read_text())["resume"]["cuts"] == resume["cuts"]
+
+
+def test_soak_cuts_and_sigterm_are_separate_runs() -> None:
+    result = runner.invoke(app, ["bench", "soak", "--cut-every", "1", "--sigterm-at", "5"])
+    assert result.exit_code == 2
+    assert "separate runs" in result.output
+
+
+def test_a_cut_stream_operation_is_checked_token_by_token() -> None:
+    """The checker behind the resume figures finds what it is there to find (a checker
+    that never fails would make their zeros worthless)."""
+    from gateway import nnrp
+    from gateway.tools.bench._resumable import CutTally, check_operation
+
+    def partials(stamps: list[int]) -> list[nnrp.PartialReceived]:
+        return [nnrp.PartialReceived(1, 1, 1, index, json.dumps({
+            "type": "response.output_text.delta", "delta": str(stamp), "index": 0}).encode())
+            for index, stamp in enumerate(stamps, start=1)]
+
+    def completed(text: str) -> nnrp.ResultReceived:
+        body = json.dumps({"type": "response.completed", "body": {
+            "choices": [{"message": {"content": text}}]}}).encode()
+        return nnrp.ResultReceived(1, 1, 1, nnrp.ResultPush(status_code=200), nnrp.TypedBody(
+            (nnrp.TypedFrame(nnrp.TypedDescriptor(), body),)))
+
+    tally = CutTally()
+    assert check_operation(tally, partials([10, 20, 30]), completed("102030"), 3, 0)
+    assert (tally.operations, tally.whole, tally.lost, tally.duplicated) == (1, 1, 0, 0)
+    assert tally.ok is True
+
+    cases = [  # (tokens received, the terminal's text, tokens written, repeats on the wire)
+        ([10, 30], "1030", 3, 0),  # one lost
+        ([10, 20, 20, 30], "10202030", 3, 0),  # one twice
+        ([10, 30, 20], "103020", 3, 0),  # out of order
+        ([10, 20, 30], "102030", 3, 2),  # two results the client held, sent again
+        ([10, 20, 30], "1030", 3, 0),  # the terminal is not what was streamed
+    ]
+    found = []
+    for stamps, text, tokens, repeats in cases:
+        tally = CutTally()
+        assert not check_operation(tally, partials(stamps), completed(text), tokens, repeats)
+        assert not tally.ok and tally.failures
+        found.append((tally.lost, tally.duplicated, tally.reordered, tally.incomplete))
+    assert found == [(1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 2, 0, 0), (0, 0, 0, 1)]
+    tally = CutTally()
+    assert not check_operation(tally, partials([10]), None, 1, 0)  # no terminal
+    assert tally.incomplete == 1

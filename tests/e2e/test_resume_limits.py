@@ -353,3 +353,48 @@ async def test_a_pause_ends_with_its_connection_and_the_resumed_stream_goes_on(
     partials = [e.sequence for e in events if isinstance(e, nnrp.PartialReceived)]
     assert partials == list(range(received + 1, 61))
     assert isinstance(events[-1], nnrp.ResultReceived) and events[-1].meta.status_code == 200
+
+
+async def test_each_resume_gives_the_operations_a_window_of_their_own(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """The window for resubmitting runs from the latest resume: the timer an earlier
+    resume left must not end an operation the client resubmits within the window of a
+    later one. (Found by ``bench run --scenario resume``: cuts about a window apart
+    ended a stream as resume_expired moments after its second resume; its resubmission
+    got 410 and the rest of the stream was lost.)"""
+    window = 2.0
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=window))
+    registry = registry_of(stack)
+    records = records_of(stack)
+    payload = envelope(chat(stream=True), request_id="replay:long_stream:twice")
+    ticket, held = await detach(stack, payload)
+    with trio.fail_after(20):
+        async with connect(stack.uri()) as client:  # resume 1, resubmitted at once
+            session = await client.resume_session(ticket)
+            first = trio.current_time()
+            operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                               after=held)
+            async for event in operation.events():
+                assert isinstance(event, nnrp.PartialReceived)
+                held = event.sequence
+                break
+            assert session.ticket is not None
+            ticket = session.ticket
+        await until(lambda: registry.detached == 1)
+        await trio.sleep_until(first + window / 2)
+        async with connect(stack.uri()) as client:  # resume 2, halfway through the first's
+            session = await client.resume_session(ticket)
+            # Resubmitted after the first resume's window, within the second's.
+            await trio.sleep_until(first + window * 1.25)
+            operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                               after=held)
+            async for event in operation.events():
+                assert isinstance(event, nnrp.PartialReceived), event
+                assert event.sequence == held + 1  # it goes on where it was
+                break
+            await operation.cancel()
+            async for _ in operation.events():
+                pass
+    await until(lambda: records)
+    (record,) = records
+    assert (record.outcome, record.cancel_source) == ("cancelled", "cancel")  # not expired

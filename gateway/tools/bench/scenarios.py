@@ -14,13 +14,9 @@ import contextlib
 import functools
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,124 +28,15 @@ from gateway.upstream import SSEDecoder
 
 from . import SCENARIO_NAMES
 from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_seconds
+from ._resume_scenario import resume
+from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
 from ._wake import wake_cost
 from .stats import Figure, percentile
-
-Progress = Callable[[str], None]
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free now (for processes started with it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Stack:
-    """A replay backend, a gateway (with the residence probe on: ``gateway.residence``)
-    and a null relay to the backend (``relay``), as processes, on free loopback ports."""
-
-    def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = (),
-                 log_dir: Path | None = None, residence: bool = True) -> None:
-        self.speed = speed
-        self.gateway_args = (*gateway_args, "--bench-residence") if residence else gateway_args
-        #: Where the processes' output goes (gateway.log, replay.log); discarded if None.
-        self.log_dir = log_dir
-        self._logs: list[Any] = []
-        exe = Path(sys.executable).parent / "nnrp-gateway"
-        self.exe = str(exe) if exe.exists() else "nnrp-gateway"
-        self.vllm_port, self.nnrp_port, self.admin_port, self.relay_port = (
-            free_port(), free_port(), free_port(), free_port())
-        self.vllm_url = f"http://127.0.0.1:{self.vllm_port}"
-        #: The backend through the null relay: direct HTTP plus one process hop.
-        self.relay_url = f"http://127.0.0.1:{self.relay_port}"
-        self.endpoint = f"tcp://127.0.0.1:{self.nnrp_port}"
-        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.startup_seconds = 0.0
-
-    @property
-    def gateway_pid(self) -> int:
-        return self.processes[-1].pid
-
-    def _log_file(self, name: str) -> Any:
-        if self.log_dir is None:
-            return subprocess.DEVNULL
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._logs.append((self.log_dir / name).open("wb"))  # closed in __aexit__
-        return self._logs[-1]
-
-    async def __aenter__(self) -> Stack:
-        log = self._log_file("replay.log")
-        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
-            [self.exe, "replay-server", "--listen", f"127.0.0.1:{self.vllm_port}",
-             "--speed", str(self.speed)], stdout=log, stderr=log))
-        await self._wait(f"{self.vllm_url}/health")
-        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
-            [self.exe, "bench", "relay", "--listen", f"127.0.0.1:{self.relay_port}",
-             "--target", f"127.0.0.1:{self.vllm_port}"], stdout=log, stderr=log))
-        await self._wait(f"{self.relay_url}/health")
-        start = time.perf_counter()
-        log = self._log_file("gateway.log")
-        self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
-            [self.exe, "serve", "--listen", self.endpoint, "--vllm-url", self.vllm_url,
-             "--admin-listen", f"127.0.0.1:{self.admin_port}", "--log-level", "warning",
-             *self.gateway_args], stdout=log, stderr=log))
-        await self._wait(f"{self.admin_url}/readyz")
-        self.startup_seconds = time.perf_counter() - start
-        return self
-
-    async def _wait(self, url: str) -> None:
-        async with httpx.AsyncClient(trust_env=False) as client:
-            with trio.fail_after(30):
-                while True:
-                    with contextlib.suppress(httpx.HTTPError):
-                        if (await client.get(url, timeout=1)).status_code == 200:
-                            return
-                    await trio.sleep(0.02)
-
-    async def __aexit__(self, *exc: object) -> None:
-        for process in reversed(self.processes):
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                await trio.to_thread.run_sync(process.wait, 10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for log_file in self._logs:
-            log_file.close()
-
-    async def residence(self) -> dict[str, Any]:
-        """The gateway's residence figures since the last call (``gateway.residence``)."""
-        async with httpx.AsyncClient(trust_env=False) as client:
-            document: dict[str, Any] = (
-                await client.get(f"{self.admin_url}/debug/residence")).json()
-            return document
-
-    async def backend_log(self) -> dict[str, Any]:
-        async with httpx.AsyncClient(trust_env=False) as client:
-            document: dict[str, Any] = (await client.get(f"{self.vllm_url}/__replay/log")).json()
-            return document
-
-
-def _envelope(request_id: str, *, stream: bool = True, max_tokens: int | None = None,
-              model: str = "example-model") -> bytes:
-    body: dict[str, Any] = {"model": model, "stream": stream,
-                            "messages": [{"role": "user", "content": "benchmark"}]}
-    if max_tokens:
-        body["max_tokens"] = max_tokens
-    return json.dumps({"schema_version": "openai-compatible/1",
-                       "operation": "chat.completions.create", "request_id": request_id,
-                       "body": body}).encode()
-
-
-def _chat_body(request_id: str, stream: bool = True) -> dict[str, Any]:
-    return json.loads(_envelope(request_id, stream=stream))["body"]  # type: ignore[no-any-return]
 
 
 async def _gateway_stream(session: ClientSession, request_id: str, latencies: list[float]
                           ) -> int:
-    operation = await session.submit(_envelope(request_id))
+    operation = await session.submit(envelope(request_id))
     count = 0
     async for event in operation.events():
         if isinstance(event, nnrp.PartialReceived):
@@ -166,7 +53,7 @@ async def _direct_stream(client: httpx.AsyncClient, url: str, request_id: str,
     decoder = SSEDecoder()
     count = 0
     async with client.stream("POST", f"{url}/v1/chat/completions",
-                             json=_chat_body(request_id),
+                             json=chat_body(request_id),
                              headers={"x-request-id": request_id}) as response:
         async for raw in response.aiter_raw():
             now = time.monotonic_ns()
@@ -199,24 +86,6 @@ async def _indexed_direct_stream(client: httpx.AsyncClient, url: str, prefix: st
     return await _direct_stream(client, url, f"{prefix}-{index}", latencies)
 
 
-@contextlib.asynccontextmanager
-async def _sessions(endpoint: str, count: int, *, connections: int | None = None
-                    ) -> AsyncIterator[list[ClientSession]]:
-    """``count`` sessions spread over ``connections`` connections (default: up to 16, as
-    the gateway's default per-connection session limit needs)."""
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(connect(endpoint))
-                   for _ in range(connections or min(16, count))]
-        sessions = [await clients[i % len(clients)].open_session() for i in range(count)]
-        yield sessions
-
-
-async def _fan_out(count: int, job: Callable[[int], Any]) -> None:
-    async with trio.open_nursery() as nursery:
-        for index in range(count):
-            nursery.start_soon(job, index)
-
-
 # --------------------------------------------------------------------------- scenarios
 
 
@@ -231,7 +100,7 @@ async def _direct_fan_out(url: str, streams: int, request_prefix: str,
                           latencies: list[float]) -> None:
     async with httpx.AsyncClient(trust_env=False, timeout=None,
                                  limits=httpx.Limits(max_connections=512)) as client:
-        await _fan_out(streams, functools.partial(
+        await fan_out(streams, functools.partial(
             _indexed_direct_stream, client, url, request_prefix, latencies))
 
 
@@ -249,10 +118,10 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
         direct: list[float] = []
         run = time.monotonic_ns()
         prefix = f"replay:timestamped:{events}:10000"
-        async with _sessions(stack.endpoint, streams) as sessions:
+        async with open_sessions(stack.endpoint, streams) as sessions:
             await stack.residence()  # start the probe afresh
             cpu = process_cpu_seconds(stack.gateway_pid)
-            await _fan_out(streams, functools.partial(
+            await fan_out(streams, functools.partial(
                 _indexed_gateway_stream, sessions, f"{prefix}:g{run}", via))
             cpu = process_cpu_seconds(stack.gateway_pid) - cpu
             residence = await stack.residence()
@@ -337,10 +206,10 @@ async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
             progress(f"cost: {streams} stream(s), {shape}")
             received: list[float] = []
             run = time.monotonic_ns()
-            async with _sessions(stack.endpoint, streams) as sessions:
+            async with open_sessions(stack.endpoint, streams) as sessions:
                 await stack.residence()
                 cpu = process_cpu_seconds(stack.gateway_pid)
-                await _fan_out(streams, functools.partial(
+                await fan_out(streams, functools.partial(
                     _indexed_gateway_stream, sessions,
                     f"replay:timestamped:{events}:{interval}:c{run}", received))
                 cpu = process_cpu_seconds(stack.gateway_pid) - cpu
@@ -364,10 +233,10 @@ async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figu
         progress(f"throughput: {streams} stream(s) x {events} events")
         received: list[float] = []
         run = time.monotonic_ns()
-        async with _sessions(stack.endpoint, streams) as sessions:
+        async with open_sessions(stack.endpoint, streams) as sessions:
             cpu = process_cpu_seconds(stack.gateway_pid)
             start = time.perf_counter()
-            await _fan_out(streams, functools.partial(
+            await fan_out(streams, functools.partial(
                 _indexed_gateway_stream, sessions, f"replay:timestamped:{events}:0:t{run}",
                 received))
             wall = time.perf_counter() - start
@@ -392,7 +261,7 @@ async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             start = time.perf_counter()
-            operation = await session.submit(_envelope("unary", stream=False))
+            operation = await session.submit(envelope("unary", stream=False))
             async for _ in operation.events():
                 pass
             via.append((time.perf_counter() - start) * 1e6)
@@ -401,7 +270,7 @@ async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
         while time.perf_counter() < end:
             start = time.perf_counter()
             response = await http.post(f"{stack.vllm_url}/v1/chat/completions",
-                                       json=_chat_body("unary", stream=False))
+                                       json=chat_body("unary", stream=False))
             response.raise_for_status()
             direct.append((time.perf_counter() - start) * 1e6)
     return [Figure("non-streaming added latency p50", percentile(via, .5) - percentile(direct, .5),
@@ -426,7 +295,7 @@ async def cancellation(stack: Stack, quick: bool, progress: Progress) -> list[Fi
         session = await client.open_session()
         for number in range(rounds):
             request_id = f"replay:long_stream:c{time.monotonic_ns()}-{number}"
-            operation = await session.submit(_envelope(request_id))
+            operation = await session.submit(envelope(request_id))
             events = 0
             try:
                 async for event in operation.events():
@@ -465,7 +334,7 @@ async def pause(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
     received: list[tuple[float, Any]] = []
     async with connect(stack.endpoint) as client:
         session = await client.open_session()
-        operation = await session.submit(_envelope(request_id))
+        operation = await session.submit(envelope(request_id))
         arrived, finished = trio.Event(), trio.Event()
 
         async def consume() -> None:
@@ -537,11 +406,11 @@ async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
     active = 100 if quick else 1000
     progress(f"scale: {active} active streams")
     before = process_rss(pid)
-    async with _sessions(stack.endpoint, active) as sessions, trio.open_nursery() as nursery:
+    async with open_sessions(stack.endpoint, active) as sessions, trio.open_nursery() as nursery:
         started = trio.Semaphore(0)
 
         async def hold(index: int) -> None:
-            operation = await sessions[index].submit(_envelope(
+            operation = await sessions[index].submit(envelope(
                 f"replay:timestamped:100000:50000:s{index}"))
             async for _ in operation.events():
                 started.release()
@@ -673,13 +542,13 @@ async def workers(quick: bool, progress: Progress) -> list[Figure]:
                 complete: list[int] = []
                 run = time.monotonic_ns()
 
-                async with _sessions(stack.endpoint, streams, connections=32) as sessions:
+                async with open_sessions(stack.endpoint, streams, connections=32) as sessions:
                     pids = process_tree(stack.gateway_pid)
                     cpu_before = tree_cpu_seconds(pids)
                     backend_before = process_cpu_seconds(stack.processes[0].pid)
                     client_before = time.process_time()
                     start = time.perf_counter()
-                    await _fan_out(streams, functools.partial(
+                    await fan_out(streams, functools.partial(
                         _counted_stream, sessions, f"replay:timestamped:{events}:10000:w{run}",
                         received, complete, events))
                     wall = time.perf_counter() - start
@@ -721,7 +590,7 @@ SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = {
     "latency": latency, "cost": cost, "throughput": throughput, "unary": unary,
     "cancellation": cancellation, "pause": pause, "scale": scale}
 #: Scenarios that start their own stacks (one per configuration they compare).
-STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers}
+STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers, "resume": resume}
 assert set(SCENARIOS) | set(STAGED) == set(SCENARIO_NAMES)
 
 

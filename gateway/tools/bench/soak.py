@@ -7,14 +7,26 @@ over time, and RSS growth after warm-up (the first sample after warm-up vs the l
 ``sigterm_at`` sends SIGTERM to the gateway mid-run (shutdown under load): every
 operation must then end with ``response.completed`` or an explicit RESULT_DROP_REASON,
 and started == completed + dropped (nothing lost, nothing hung).
+
+``cut_every`` (issue 21) runs each stream on a connection of its own, through a cut proxy,
+with a resumable session the client resumes by itself, and resets one connection every
+``cut_every`` seconds on average (a seeded Poisson process; a random stream caught
+mid-operation): every operation must end whole (``_resumable``: nothing lost or
+duplicated), every cut be resumed, and once the load ends (the clients leave without
+closing their sessions, which detach) and every window has passed, nothing may be held
+and the gateway's RSS be back within ``max_rss_growth`` of the first sample after
+warm-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +37,8 @@ from gateway import nnrp
 from gateway.tools.client import ClientError
 
 from ._procs import process_rss
-from .scenarios import Progress, Stack, _envelope, _sessions
+from ._resumable import DETACHED, HELD_BYTES, CutStream, CutTally, released, resume_metrics
+from ._stack import Progress, Stack, envelope, open_sessions
 from .stats import percentile
 
 TOKENS_PER_OPERATION = 40
@@ -58,7 +71,7 @@ class SoakReport:
     refused: int = 0
     #: Each distinct refusal message once (bounded): why the gateway said "later".
     refusal_samples: list[str] = attrs.field(factory=list)
-    samples: list[dict[str, float]] = attrs.field(factory=list)
+    samples: list[dict[str, Any]] = attrs.field(factory=list)
     sigterm_at: float | None = None
     gateway_exit: int | None = None
     #: Offered load: each stream's token interval (40 tokens per operation).
@@ -68,6 +81,23 @@ class SoakReport:
     #: Sampled events' delay (ms), the backend's write -> here: lag in mid-operation,
     #: which an operation's duration hides when the backend catches up on its schedule.
     delays_ms: list[float] = attrs.field(factory=list)
+    #: With ``cut_every``: the mean seconds between two cuts, the gateway's resume
+    #: window, what the streams saw (``_resumable.CutTally``), the gateway's RSS before
+    #: the load (MiB), and for each period the seconds from the clients' leaving until
+    #: no session was detached and nothing held (None: not within the window and 30 s).
+    cut_every: float | None = None
+    resume_window: float | None = None
+    resume: CutTally | None = None
+    rss_idle_mib: float | None = None
+    #: With ``cut_every``: the RSS after the first period's windows, the baseline of
+    #: ``rss_growth`` (``_cut_soak``).
+    rss_baseline_mib: float | None = None
+    released_after_s: list[float | None] = attrs.field(factory=list)
+
+    @property
+    def released(self) -> bool:
+        """With ``cut_every``: every period ended with nothing detached, nothing held."""
+        return bool(self.released_after_s) and None not in self.released_after_s
 
     def event_delay(self, body: bytes, received_ns: int | None = None) -> None:
         """A timestamped token's delay (the replay writes its send time as the text).
@@ -84,12 +114,17 @@ class SoakReport:
 
     @property
     def rss_growth(self) -> float:
-        """Relative RSS growth from the first sample after warm-up to the last."""
+        """Relative RSS growth from the first sample after warm-up to the last (with
+        ``cut_every``: from the RSS after the first period's windows to the last)."""
+        if self.rss_baseline_mib is not None and self.samples:
+            last = float(self.samples[-1]["rss_mib"])
+            return (last - self.rss_baseline_mib) / self.rss_baseline_mib
         if len(self.samples) < 3:
             return 0.0
         warm_up = warm_up_seconds(self.seconds)
         warm = [s for s in self.samples if s["t"] >= warm_up] or self.samples
-        return (self.samples[-1]["rss_mib"] - warm[0]["rss_mib"]) / warm[0]["rss_mib"]
+        first, last = float(warm[0]["rss_mib"]), float(self.samples[-1]["rss_mib"])
+        return (last - first) / first
 
     @property
     def accounted(self) -> bool:
@@ -116,7 +151,9 @@ class SoakReport:
 
     def as_dict(self) -> dict[str, Any]:
         document = attrs.asdict(self, filter=lambda field, _: field.name not in (
-            "durations", "delays_ms"))
+            "durations", "delays_ms", "resume"))
+        if self.resume is not None:
+            document["resume"] = self.resume.as_dict()
         delays = self.delays_ms
         document["event_delay_ms"] = {
             name: round(percentile(delays, q), 2)
@@ -153,11 +190,19 @@ def _open_fds(pid: int) -> int:
 
 async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                token_interval_ms: float = 20.0, log_dir: Path | None = None,
-               client_nice: int = 0, progress: Progress = lambda _: None) -> SoakReport:
+               client_nice: int = 0, progress: Progress = lambda _: None,
+               cut_every: float | None = None, resume_window: float = 5.0,
+               seed: int = 21) -> SoakReport:
     """Each stream is 40 tokens ``token_interval_ms`` apart, so the offered load is
     ``streams * 1000 / token_interval_ms`` events/s: size it to the machine. With
     ``log_dir``, the gateway's and the backend's logs are kept there; ``client_nice``
-    lowers this (the load generator's) priority once the processes are up."""
+    lowers this (the load generator's) priority once the processes are up. ``cut_every``:
+    the streams resume after random cuts (the module's docstring)."""
+    if cut_every is not None:
+        return await _cut_soak(streams, seconds, cut_every=cut_every,
+                               resume_window=resume_window, seed=seed,
+                               token_interval_ms=token_interval_ms, log_dir=log_dir,
+                               client_nice=client_nice, progress=progress)
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at,
                         token_interval_ms=token_interval_ms)
     interval_us = round(token_interval_ms * 1000)
@@ -181,7 +226,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                 report.started += 1
                 submitted = trio.current_time()
                 try:
-                    operation = await session.submit(_envelope(
+                    operation = await session.submit(envelope(
                         f"replay:timestamped:{TOKENS_PER_OPERATION}:{interval_us}:"
                         f"soak-{index}-{number}"))
                     terminal = None
@@ -240,7 +285,7 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
             os.kill(pid, signal.SIGTERM)
 
         # 200 sessions per connection (the gateway runs with up to 1,024 each).
-        async with (_sessions(stack.endpoint, streams,
+        async with (open_sessions(stack.endpoint, streams,
                               connections=max(1, streams // 200)) as sessions,
                     trio.open_nursery() as nursery):
             nursery.start_soon(sampler)
@@ -254,3 +299,121 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
         report.seconds = round(trio.current_time() - start, 2)
     return report
 
+
+
+#: A stream is cut only mid-operation: past its first result, this many before its last.
+CUT_MARGIN = 5
+
+
+async def _cut_soak(streams: int, seconds: float, *, cut_every: float, resume_window: float,
+                    seed: int, token_interval_ms: float, log_dir: Path | None,
+                    client_nice: int, progress: Progress) -> SoakReport:
+    """``soak`` with ``cut_every``: resumable streams, each through a cut proxy, in two
+    periods of ``seconds / 2``. After each, the clients leave without closing their
+    sessions (every session detaches) and every window passes. The RSS after the
+    second period's windows is measured against the RSS after the first's: a gateway
+    that kept what it held for detached or resumed sessions would be up by what the
+    second period made it hold; one that let it go reuses that memory (Python rarely
+    gives freed memory back to the OS, so RSS after the first period stays near its
+    high-water mark, the first use of pools and connections included)."""
+    report = SoakReport(streams, seconds, token_interval_ms=token_interval_ms,
+                        cut_every=cut_every, resume_window=resume_window, resume=CutTally())
+    tally = report.resume
+    assert tally is not None
+    interval_us = round(token_interval_ms * 1000)
+    rng = random.Random(seed)
+    async with Stack(gateway_args=("--upstream-pool-size", str(max(256, streams)),
+                                   "--drain-timeout", "10", "--metrics",
+                                   "--resume-window", str(resume_window)),
+                     log_dir=log_dir, residence=False) as stack:
+        pid = stack.gateway_pid
+        report.rss_idle_mib = round(process_rss(pid) / 2**20, 2)
+        if client_nice:
+            os.nice(client_nice)
+        target = ("127.0.0.1", stack.nnrp_port)
+        start = trio.current_time()
+
+        async def sample(phase: str) -> None:
+            try:
+                rss = process_rss(pid) / 2**20
+                metrics = await resume_metrics(stack.admin_url)
+            except OSError:
+                return
+            report.samples.append({
+                "t": round(trio.current_time() - start, 2), "rss_mib": round(rss, 2),
+                "fds": _open_fds(pid), "completed": report.completed,
+                "held_mib": round(metrics.get(HELD_BYTES, 0) / 2**20, 2),
+                "detached": metrics.get(DETACHED, 0), "cuts": tally.cuts, "phase": phase})
+            progress(f"soak ({phase}): {report.completed} completed, {tally.cuts} cuts, "
+                     f"{report.errors} errors, RSS {rss:.1f} MiB")
+
+        async def worker(stream: CutStream, index: int, deadline: float) -> None:
+            number = 0
+            while trio.current_time() < deadline:
+                number += 1
+                report.started += 1
+                submitted = trio.current_time()
+                failures = len(tally.failures)
+                whole = await stream.run(envelope(
+                    f"replay:timestamped:{TOKENS_PER_OPERATION}:{interval_us}:"
+                    f"cut-{start}-{index}-{number}"), TOKENS_PER_OPERATION,
+                    sample=_delay_sampler(report))
+                if whole:
+                    report.completed += 1
+                    report.durations.append(trio.current_time() - submitted)
+                    continue
+                report.error("not whole", tally.failures[failures] if len(tally.failures)
+                             > failures else "not whole (a failure seen before)")
+                return
+
+        async def cutter(streams_: list[CutStream]) -> None:
+            while True:
+                await trio.sleep(rng.expovariate(1 / cut_every))
+                candidates = [stream for stream in streams_ if stream.cuttable(CUT_MARGIN)]
+                if candidates:
+                    rng.choice(candidates).cut()
+
+        async def period(number: int) -> None:
+            deadline = trio.current_time() + seconds / 2
+            async with trio.open_nursery() as proxies:
+                async with contextlib.AsyncExitStack() as exits:
+                    cut_streams = [CutStream(target, tally) for _ in range(streams)]
+                    for stream in cut_streams:
+                        await stream.open(proxies, exits)
+                    async with trio.open_nursery() as nursery:
+                        async def sampler() -> None:
+                            while True:
+                                await trio.sleep(1.0)
+                                await sample(f"load {number}")
+
+                        nursery.start_soon(sampler)
+                        nursery.start_soon(cutter, cut_streams)
+                        async with trio.open_nursery() as workers:
+                            for index, stream in enumerate(cut_streams):
+                                workers.start_soon(worker, stream, index, deadline)
+                        nursery.cancel_scope.cancel()  # the load is over: no more cuts
+                    tally.count(cut_streams)
+                    # Leaving without SESSION_CLOSE: every session detaches.
+                proxies.cancel_scope.cancel()
+            left = trio.current_time()
+            await sample(f"detached {number}")
+            after: float | None = None
+            with trio.move_on_after(resume_window + 30):
+                await released(stack.admin_url)
+                after = round(trio.current_time() - left, 2)
+            report.released_after_s.append(after)
+            await trio.sleep(1.0)  # what the gateway gives back once the sessions are gone
+            await sample(f"after the windows {number}")
+
+        await period(1)
+        report.rss_baseline_mib = report.samples[-1]["rss_mib"]
+        await period(2)
+        report.seconds = round(trio.current_time() - start, 2)
+    return report
+
+
+def _delay_sampler(report: SoakReport) -> Callable[[nnrp.PartialReceived], None]:
+    def sample(event: nnrp.PartialReceived) -> None:
+        if event.sequence % DELAY_SAMPLE_EVERY == 0:
+            report.event_delay(event.body)
+    return sample
