@@ -79,7 +79,6 @@ from ._journal import ReplayGap
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
 from ._relay import relay
-from ._resume import Record, SessionRegistry
 from ._session import Observer, Session
 from ._stats import ServerStats
 

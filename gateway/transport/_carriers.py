@@ -138,16 +138,24 @@ class WebSocketTransport:
             await trio.aclose_forcefully(self._stream)
 
 
+#: Unacknowledged data older than this ends a TCP connection (``tune_tcp``).
+PEER_GONE_MS = 60_000
+
+
 def tune_tcp(stream: trio.abc.Stream) -> None:
     """Small packets (one token event each) must not wait for Nagle (nnrp-py.md section 5),
-    and a peer that vanishes without a FIN is found by TCP keepalive within ~1 minute (idle
-    30 s, then 3 probes 10 s apart), which ends its operations and aborts their upstreams."""
+    and a peer that vanishes without a FIN is found within about a minute, which ends its
+    operations (or detaches its resumable sessions): by TCP keepalive when the connection
+    is idle (30 s, then 3 probes 10 s apart), and by ``TCP_USER_TIMEOUT`` while results
+    are in flight (keepalive does not probe then, and retransmissions alone would go on
+    for up to 15 minutes, during which a client that came back on a new connection could
+    not resume: its session would still be attached)."""
     if isinstance(stream, trio.SocketStream) and stream.socket.family in (
             socket.AF_INET, socket.AF_INET6):
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, True)
         for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10),
-                              ("TCP_KEEPCNT", 3)):
+                              ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", PEER_GONE_MS)):
             if hasattr(socket, option):
                 stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 

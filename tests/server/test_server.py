@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -566,6 +567,20 @@ async def test_client_reports_server_gone(running: RunningServer) -> None:
         with pytest.raises(ClientError):
             await collect(operation)
         assert isinstance(client, NnrpClient)
+
+
+async def test_a_peer_that_vanishes_is_found_whether_idle_or_sent_to(
+        running: RunningServer) -> None:
+    """Keepalive finds a silent peer that is idle; TCP_USER_TIMEOUT one that stops
+    acknowledging the results sent to it (keepalive does not probe then)."""
+    async with connect(running.uri()) as client:
+        await client.open_session()
+        (connection,) = running.server.connections
+        sock = connection.transport.stream.socket
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 60_000  # ms
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
 async def test_idle_connection_is_closed(nursery: trio.Nursery, socket_dir: Any,
