@@ -237,7 +237,13 @@ def compare_resubmission(original: bytes, resubmitted: bytes) -> Resubmission:
                 del document["nnrp"]
     if position is not None and (type(position) is not int or position < 0):
         return Resubmission(False)
-    return Resubmission(before == after, position)
+    return Resubmission(_canonical(before) == _canonical(after), position)
+
+
+def _canonical(document: dict[str, Any]) -> str:
+    """The document with its keys in one order, and nothing equal that is not the same
+    JSON: Python's ``==`` takes ``true`` for ``1`` and ``1`` for ``1.0``."""
+    return json.dumps(document, sort_keys=True, ensure_ascii=False)
 
 
 def _document(payload: bytes) -> dict[str, Any] | None:

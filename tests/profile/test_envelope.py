@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from gateway import nnrp
-from gateway.profile import ProfileError, check_typed_body, events, parse_envelope
+from gateway.profile import (
+    ProfileError,
+    check_typed_body,
+    compare_resubmission,
+    events,
+    parse_envelope,
+)
 
 GOOD = {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
@@ -129,3 +135,34 @@ def test_text_delta_fast_path_matches_the_general_encoder(delta: str) -> None:
     assert events.encode_event(event) == events._encoder.encode(event).encode("utf-8")
     with_chunk = {**events.text_delta(0, delta), "openai_chunk": {"id": "x"}}
     assert json.loads(events.encode_event(with_chunk))["openai_chunk"] == {"id": "x"}
+
+
+def resubmitted(document: dict[str, Any], position: Any) -> bytes:
+    return json.dumps({**document, "nnrp": {"resume_after_sequence": position}}).encode()
+
+
+def test_a_resubmission_is_the_same_request_with_a_position_added() -> None:
+    original = {**GOOD, "body": {**GOOD["body"], "stream": True, "temperature": 0.5}}
+    # Keys in another order, other whitespace: the same JSON.
+    reordered = json.dumps(dict(reversed(list(original.items()))), indent=2).encode()
+    assert compare_resubmission(json.dumps(original).encode(), reordered).same
+    same = compare_resubmission(json.dumps(original).encode(), resubmitted(original, 7))
+    assert (same.same, same.resume_after) == (True, 7)
+    for position in (-1, 1.5, "7", True):
+        assert not compare_resubmission(json.dumps(original).encode(),
+                                        resubmitted(original, position)).same
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("stream", 1),  # Python's == takes true for 1
+    ("temperature", 1),  # ... and 1 for 1.0
+    ("max_tokens", 16.0),
+    ("model", "other"),
+])
+def test_a_resubmission_that_changes_a_value_or_its_json_type_is_another_request(
+        field: str, value: Any) -> None:
+    original = {**GOOD, "body": {**GOOD["body"], "stream": True, "temperature": 1.0,
+                                 "max_tokens": 16}}
+    changed = {**original, "body": {**original["body"], field: value}}
+    assert not compare_resubmission(json.dumps(original).encode(),
+                                    resubmitted(changed, 3)).same
