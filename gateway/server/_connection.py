@@ -151,8 +151,10 @@ class Connection:
         self._handshake_done = trio.Event()
         self._failed = False
         #: Every byte received until a session opens (a resume naming another worker's
-        #: session is relayed there from the first byte: ``_relay``); None after.
-        self._preamble: bytearray | None = bytearray()
+        #: session is relayed there from the first byte: ``_relay``); None after, and
+        #: from the start where there is no other worker to relay to.
+        self._preamble: bytearray | None = (
+            bytearray() if registry is not None and registry.settings.relays else None)
         #: The worker's relay socket this connection was handed to (``HandedOff``), and
         #: the answer it gets instead when that worker cannot be reached.
         self._handed_to: str | None = None
