@@ -421,8 +421,12 @@ class NnrpClient:
             try:
                 await self._read_until_failure()
             except (ClientError, ProtocolError, trio.BrokenResourceError, OSError) as exc:
+                attempts = self.recovery_attempts
                 if await self._recover():
                     continue
+                if self.recovery_attempts > attempts:
+                    exc = ClientError(f"{exc}; the sessions were not resumed within their "
+                                      f"window ({self.recovery_attempts - attempts} attempts)")
                 self._fail(exc)
                 return
 
@@ -464,10 +468,13 @@ class NnrpClient:
         while trio.current_time() < deadline:
             self.recovery_attempts += 1
             try:
-                if await self._resume_all():
-                    self.recoveries += 1
-                    self._connected.set()
-                    return True
+                # An attempt ends with the window: a server that takes the connection and
+                # never answers must not hold the recovery past it.
+                with trio.move_on_after(max(0.0, deadline - trio.current_time())):
+                    if await self._resume_all():
+                        self.recoveries += 1
+                        self._connected.set()
+                        return True
             except (ClientError, ProtocolError, trio.BrokenResourceError, OSError) as error:
                 if isinstance(error, ClientError) and not error.retry_later:
                     break

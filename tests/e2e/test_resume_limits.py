@@ -5,6 +5,7 @@ resubmits. The project's client, step by step (``resume_session``, ``resubmit``)
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from gateway.nnrp import ServerConfig
 from gateway.server import ResumeSettings, TokenAuthenticator
 from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
+from tests.support.cut import StreamCutProxy
 from tests.support.stack import (
     Stack,
     chat,
@@ -210,6 +212,39 @@ async def test_room_another_session_makes_in_the_shared_bound_wakes_a_detached_o
         await until(lambda: waiting.sent > stalled_at)
         await until(lambda: registry.budget.held >= bound)
     assert registry.detached == 1
+
+
+async def test_a_recovery_that_meets_a_server_that_never_answers_ends_with_the_window(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """Our client's recovery: the address now leads to something that takes the
+    connection and never answers (a half-dead pod behind the same name). Each attempt
+    ends with the window, and the operation gets an error, not a wait without end."""
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=1.0))
+    host, _, port = stack.uri().removeprefix("tcp://").rpartition(":")
+    proxy = StreamCutProxy((host, int(port)))
+    via = "tcp://" + await nursery.start(proxy.serve)
+    silent: list[trio.SocketStream] = []
+
+    async def never_answer(stream: trio.SocketStream) -> None:
+        silent.append(stream)
+        await trio.sleep_forever()
+
+    (black_hole,) = await nursery.start(
+        functools.partial(trio.serve_tcp, never_answer, 0, host="127.0.0.1"))
+    with trio.fail_after(10):
+        async with connect(via, resume=True) as client:
+            session = await client.open_session(resume=True)
+            operation = await session.submit(envelope(chat(stream=True)))
+            async for event in operation.events():
+                if isinstance(event, nnrp.PartialReceived) and event.sequence == 3:
+                    proxy.target = black_hole.socket.getsockname()[:2]
+                    proxy.cut()
+                    break
+            with pytest.raises(ClientError, match="not resumed within their window"):
+                async for _ in operation.events():
+                    pass
+            assert client.recoveries == 0 and client.recovery_attempts >= 1
+            assert silent  # it did reach the silent server
 
 
 async def test_past_the_cap_sessions_open_without_resume(nursery: trio.Nursery,
