@@ -249,8 +249,8 @@ class _Port:
         if not protocol.flow.active and not session.protocol.holding:  # the fast path
             return
         while True:
-            # Held for a replacement (rule 9): until it comes (the old operation is then
-            # cancelled, which ends this wait) or the hold is over.
+            # Held for a replacement (nnrp._server_controls rule 9): until it comes (the
+            # old operation is then cancelled, which ends this wait) or the hold is over.
             held = session.protocol.supersede_hold_left(self.operation_id)
             wait = held if held is not None else protocol.flow_wait(self.session_id,
                                                                   self.operation_id)
@@ -334,8 +334,9 @@ class _Port:
             link.outbox.flush(direct=False)
 
     def _end(self, packets: list[bytes]) -> None:
-        """The terminal's packets: kept, and sent with the session's credit now (rule 12),
-        which the journal does not keep: it is the session's state, not a result."""
+        """The terminal's packets: kept, and sent with the session's credit now
+        (nnrp._server_controls rule 12), which the journal does not keep: it is the
+        session's state, not a result."""
         session = self._session
         self._keep(packets, terminal=True)
         link = session.link

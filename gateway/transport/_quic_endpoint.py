@@ -213,7 +213,7 @@ def check_aioquic() -> None:
         missing.append("tls.Context._server_handle_hello")
     if missing:
         raise RuntimeError(f"aioquic changed (missing {missing}); QUIC needs aioquic 1.x "
-                           "as checked in gateway/server/_quic.py")
+                           "as checked in gateway/transport/_quic_endpoint.py")
 
 
 class RoutingTable:
