@@ -17,7 +17,6 @@ import trio
 
 pytest.importorskip("nnrp.server.native")
 
-from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
 from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
@@ -28,17 +27,9 @@ from nnrp.server.native import (
 
 from gateway import nnrp
 from gateway.tools.client import connect
-from tests.support.native import native_server_options
+from tests.support.native import native_server_options, result_metadata
 
 pytestmark = pytest.mark.interop
-
-
-def _result_metadata() -> ResultPushMetadata:
-    return ResultPushMetadata(
-        status_code=200, result_flags=0, section_count=0, tile_count=0, active_profile_id=0,
-        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
-        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
-        payload_frame_count=1)
 
 
 def run_native_server(ready: queue.Queue[str], stop: threading.Event,
@@ -84,7 +75,7 @@ def run_native_server(ready: queue.Queue[str], stop: threading.Event,
                         active[op_id] = (operation, sent + 1, total)
                     elif total < 1000:
                         await operation.send_result(
-                            _result_metadata(),
+                            result_metadata(),
                             nnrp.pack_single_frame(b'{"type":"response.completed"}'))
                         del active[op_id]
 

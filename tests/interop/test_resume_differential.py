@@ -57,7 +57,6 @@ import trio
 pytest.importorskip("nnrp.server.native")
 
 from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
-from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
 from nnrp.native import NativeRuntimeError
 from nnrp.runtime.types import PartialResultMetadata
@@ -71,7 +70,12 @@ from gateway.observe import ObservationRecord
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
-from tests.support.native import native_server_options, openai_submit, poll_until
+from tests.support.native import (
+    native_server_options,
+    openai_submit,
+    poll_until,
+    result_metadata,
+)
 from tests.support.stack import chat, envelope, records_of, start_stack
 from tests.support.waits import until
 
@@ -92,14 +96,6 @@ def terminal(events: list[dict[str, Any]]) -> bool:
 
 
 # -- nnrp-py's native server, with a serving application --------------------------------
-
-
-def _result_metadata() -> ResultPushMetadata:
-    return ResultPushMetadata(
-        status_code=200, result_flags=0, section_count=0, tile_count=0, active_profile_id=0,
-        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
-        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
-        payload_frame_count=1)
 
 
 @attrs.define
@@ -200,7 +196,7 @@ class NativeApplication:
                     state[1] = sent + 1
                 else:
                     await operation.send_result(
-                        _result_metadata(), nnrp.pack_single_frame(b'{"type":"done"}'))
+                        result_metadata(), nnrp.pack_single_frame(b'{"type":"done"}'))
                     del entry.operations[op_id]
             except NativeRuntimeError:  # the connection died under the send; the poll says so next
                 entry.operations.clear()

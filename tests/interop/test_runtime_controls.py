@@ -40,7 +40,6 @@ import trio
 
 pytest.importorskip("nnrp.client.native")
 
-from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
 from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
@@ -59,6 +58,7 @@ from tests.support.native import (
     openai_submit,
     poll_once,
     poll_until,
+    result_metadata,
 )
 from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import (
@@ -411,14 +411,6 @@ async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Pat
 
 # ------------------------------------------------------------------ the referee
 
-def _push_metadata() -> ResultPushMetadata:
-    return ResultPushMetadata(
-        status_code=200, result_flags=0, section_count=0, tile_count=0, active_profile_id=0,
-        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
-        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
-        payload_frame_count=1)
-
-
 @attrs.define
 class _Running:
     operation: Any
@@ -509,7 +501,7 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
                         op_id, running.sent, 0, running.sent, len(body), 0), body)
                 else:
                     await running.operation.send_result(
-                        _push_metadata(),
+                        result_metadata(),
                         nnrp.pack_single_frame(b'{"type":"response.completed"}'))
                     del active[op_id]
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
 from nnrp.runtime.types import TraceContextMetadata
 
@@ -102,3 +103,12 @@ def native_server_options() -> Any:
         "nnrp://127.0.0.1:0",
         provider_routes={"tcp": NativeServerProviderRoute("tcp://127.0.0.1:0")},
         transport_policy=TransportPolicy.FORCE_TCP)
+
+
+def result_metadata() -> Any:
+    """A native server's RESULT_PUSH metadata for one structured event, status 200."""
+    return ResultPushMetadata(
+        status_code=200, result_flags=0, section_count=0, tile_count=0, active_profile_id=0,
+        reserved0=0, inference_ms=0, queue_ms=0, server_total_ms=0, reserved1=0, tile_base_id=0,
+        tile_index_bytes=0, payload_kind_bitmap=PayloadKind.STRUCTURED_EVENT,
+        payload_frame_count=1)
