@@ -297,6 +297,8 @@ async def test_abort_closes_the_upstream_socket_from_another_task(stack: Stack) 
     with pytest.raises(UpstreamMalformed) as failed:
         await abort_mid_stream()
     assert failed.value.kind == "connection_lost"
+    with trio.fail_after(5):  # the backend sees the close after us
+        await until(lambda: stack.replay.disconnects)
     assert stack.replay.disconnects[0].request_id == request_id
 
 

@@ -205,6 +205,8 @@ async def test_drain_over_quic_ends_what_outlives_it_and_closes_the_socket(
     kinds = {e["kind"] for e in frames(events, 1)}
     assert "PARTIAL_RESULT" in kinds and "RESULT_PUSH" not in kinds
     assert drained_after < 1.0 + listener.settings.close_linger + 1.0
+    with trio.fail_after(5):  # the backend sees the abort after us
+        await until(lambda: stack.replay.disconnects)
     assert [d.request_id for d in stack.replay.disconnects] == ["replay:text_stream:long"]
     (line,) = [line for line in logs if line["event"] == "operation"]
     assert (line["transport"], line["outcome"], line["upstream_aborted"]) == (

@@ -152,6 +152,8 @@ async def test_a_resume_during_the_drain_is_retry_later_and_the_detached_work_en
     await until(lambda: records)
     (record,) = records
     assert (record.outcome, record.upstream_aborted) == ("shutdown", True)
+    with trio.fail_after(5):  # the backend sees the abort after the log
+        await until(lambda: stack.replay.disconnects)
     assert [d.request_id for d in stack.replay.disconnects] == ["replay:long_stream:drain"]
 
 
@@ -302,6 +304,8 @@ async def test_a_deadline_runs_on_while_detached_and_its_drop_is_replayed(
         await until(lambda: records)
     (record,) = records
     assert (record.outcome, record.cancel_source) == ("deadline", "deadline_expired")
+    with trio.fail_after(5):  # the backend sees the abort after the log
+        await until(lambda: stack.replay.disconnects)
     assert [d.request_id for d in stack.replay.disconnects] == [request_id]
     with trio.fail_after(10):
         async with connect(stack.uri()) as client:
@@ -330,7 +334,7 @@ async def test_an_operation_not_resubmitted_in_the_window_ends_without_a_frame(
             await until(lambda: records)
             (record,) = records
             assert (record.outcome, record.cancel_source) == ("cancelled", "resume_expired")
-            assert stack.replay.disconnects
+            await until(lambda: stack.replay.disconnects)
             # Frames come in order: a stray one of operation 41 would be read before this
             # operation's result, and fail the client.
             outcome = await run_operation(session, envelope(chat(max_tokens=2)))
@@ -355,7 +359,8 @@ async def test_a_resumed_session_closed_before_its_resubmissions_sends_none_of_t
         await until(lambda: records)
     (record,) = records
     assert record.cancel_source == "resume_abandoned"
-    assert stack.replay.disconnects
+    with trio.fail_after(5):
+        await until(lambda: stack.replay.disconnects)
 
 
 async def test_a_pause_ends_with_its_connection_and_the_resumed_stream_goes_on(
