@@ -232,7 +232,8 @@ async def test_default_policy_with_tcp_and_quic_picks_the_faster_probe(
     carrier), then ranks by probe success, then median throughput, then RTT; the static
     rank (quic 1 before tcp 2) and PREFER_QUIC only break ties. On loopback this
     gateway's TCP answers a probe several times faster than its QUIC (Python's QUIC stack
-    on the server), so TCP is chosen, even with PREFER_QUIC. Documented in the README."""
+    on the server), so TCP is chosen, even with PREFER_QUIC (documented in the README),
+    when the machine is quiet."""
     stack, pki = quic_stack
     server = stack.gateway.server
     quic_listener = server.quic_listeners[0]
@@ -262,14 +263,17 @@ async def test_default_policy_with_tcp_and_quic_picks_the_faster_probe(
         chosen, probes, events = await trio.to_thread.run_sync(scenario)
     assert frames(events, 1)[-1]["status"] == 200
     assert set(probes) == {"tcp", "quic"}  # both carriers were probed...
-    assert all(p.success_count == 3 for p in probes.values())
-    fastest = max(probes, key=lambda name: (probes[name].median_throughput_bytes_per_sec,
+    assert all(p.success_count >= 1 for p in probes.values())  # 3 on a quiet machine
+    fastest = max(probes, key=lambda name: (probes[name].success_count,
+                                            probes[name].median_throughput_bytes_per_sec,
                                             -probes[name].median_rtt_us))
-    assert chosen == fastest  # ...and the better probe won
-    assert chosen == "tcp"
-    assert [r.transport for r in records] == ["tcp"]
+    # ...and the better probe won. Which one that is depends on the machine's moment (on
+    # a quiet loopback TCP, by a wide margin; a CPU hog beside it once gave QUIC the
+    # better probe), so the test asserts the rule, not the winner (issue 28).
+    assert chosen == fastest, probes
+    assert [r.transport for r in records] == [chosen]
     # Each probe is a connection of its own: one on each listener, then the session's.
-    assert quic_listener.stats.connections_total == 1
+    assert quic_listener.stats.connections_total == 1 + (chosen == "quic")
     assert server.stats.connections_total == 3
 
 
