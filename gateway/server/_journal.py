@@ -20,26 +20,34 @@ Rules (issue 21; README "Resumable sessions"):
    detached, nor anything of an operation waiting for its resubmission after a resume
    (``held_back``); the operations wait for room instead (``over_budget``), which stops
    them reading vLLM, as a slow client does. Room made in the shared bound by another
-   session wakes them (``Budget.on_room``).
+   session wakes them (``Budget.waiting``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Collection
+from typing import Protocol
 
 import attrs
+
+
+class Wakeable(Protocol):
+    def changed(self) -> None: ...
 
 
 @attrs.define
 class Budget:
     """The bytes held by every journal of the gateway, and how many they may be.
-    ``on_room`` is told when the bound stops being exceeded: operations of other
-    sessions may be waiting for that room (rule 3), and only their owner can wake them."""
+
+    ``waiting``: the sessions whose operations wait for room (rule 3). Room another
+    session makes is theirs too, and nothing else would tell them: they are woken when
+    the bound stops being exceeded, and only they (at the bound, attached sessions go
+    over and back under with every packet they trim)."""
 
     limit: int
     held: int = 0
-    on_room: Callable[[], None] | None = None
+    waiting: set[Wakeable] = attrs.field(factory=set)
 
     @property
     def over(self) -> bool:
@@ -48,8 +56,10 @@ class Budget:
     def count(self, nbytes: int) -> None:
         was_over = self.over
         self.held += nbytes
-        if was_over and not self.over and self.on_room is not None:
-            self.on_room()
+        if was_over and self.waiting and not self.over:
+            waiting, self.waiting = self.waiting, set()
+            for session in waiting:
+                session.changed()
 
 
 class ReplayGap(Exception):

@@ -130,6 +130,7 @@ def _key(token: bytes) -> bytes:
 def _forget(session: Session) -> None:
     if session.journal is not None:
         session.journal.clear()
+        session.journal.shared.waiting.discard(session)
         session.release_journal()
 
 
@@ -139,7 +140,7 @@ class SessionRegistry:
 
     def __init__(self, settings: ResumeSettings | None = None) -> None:
         self.settings = settings or ResumeSettings()
-        self.budget = Budget(self.settings.total_bytes, on_room=self._room_made)
+        self.budget = Budget(self.settings.total_bytes)
         self.stats = ResumeStats()
         self._records: dict[bytes, Record] = {}
         self._nursery: trio.Nursery | None = None
@@ -177,13 +178,6 @@ class SessionRegistry:
                 # says no, ``end`` forgets at once).
                 self._running = False
                 timers.cancel_scope.cancel()
-
-    def _room_made(self) -> None:
-        """The shared bound has room again: operations of any session may be waiting for
-        it (``_journal`` rule 3), so every session looks again."""
-        for record in list(self._records.values()):
-            if record.session is not None:
-                record.session.changed()
 
     def journal(self) -> Journal:
         return Journal(self.settings.session_bytes, self.budget)

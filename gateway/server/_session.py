@@ -227,6 +227,7 @@ class _Port:
                 # applies, and waiting for room here stops the upstream read.
                 if journal is None or not journal.over_budget():
                     return
+                journal.shared.waiting.add(session)  # room another session makes wakes it
                 await session.wait_changed()
                 continue
             outbox = link.outbox

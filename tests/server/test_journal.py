@@ -87,20 +87,30 @@ def test_the_shared_budget_counts_every_journal_and_forgetting_gives_it_back() -
     assert shared.held == 100 and first.released == [1]
 
 
-def test_the_shared_budget_says_when_room_is_made_and_only_then() -> None:
-    told: list[int] = []
+def test_the_shared_budget_wakes_the_sessions_waiting_for_room_and_only_them() -> None:
+    class Waiter:
+        def __init__(self) -> None:
+            self.woken = 0
+
+        def changed(self) -> None:
+            self.woken += 1
+
     shared = Budget(150)
-    shared.on_room = lambda: told.append(shared.held)
     first, second = Journal(1000, shared), Journal(1000, shared)
     for journal in (first, second):
         journal.start(1, 1, b"{}")
         journal.add(1, [packet("a", 100)], sequence=1, attached=False)
-    assert shared.over and told == []  # growing past the bound is not room
+    waiter = Waiter()
+    shared.waiting.add(waiter)
     second.start(2, 2, b"{}")
     second.add(2, [packet("b", 10)], sequence=1, attached=False)
-    second.forget(2)  # still over: nobody to wake
-    assert told == []
-    first.clear()
-    assert told == [100]  # back under the bound: once
-    second.clear()
-    assert told == [100]
+    second.forget(2)  # still over: no room yet
+    assert waiter.woken == 0
+    first.clear()  # back under the bound: the waiter is woken, once, and let go
+    assert (waiter.woken, shared.waiting) == (1, set())
+    # At the bound, an attached session goes over and back under with every packet it
+    # trims: with nobody waiting that wakes nobody (and costs nothing per packet).
+    shared.limit = 100
+    for sequence in range(2, 50):
+        second.add(1, [packet("c", 20)], sequence=sequence, attached=True)
+    assert waiter.woken == 1
