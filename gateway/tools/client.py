@@ -326,6 +326,8 @@ class NnrpClient:
         #: server said to retry later, or an attempt failed).
         self.recoveries = 0
         self.recovery_attempts = 0
+        #: Why the last recovery that failed ended (for the operations' error).
+        self._recovery_ended = ""
         #: Results the server sent again that were held already (dropped here: after a
         #: resume that declared what it held, a server should send none).
         self.repeats = 0
@@ -425,8 +427,9 @@ class NnrpClient:
                 if await self._recover():
                     continue
                 if self.recovery_attempts > attempts:
-                    exc = ClientError(f"{exc}; the sessions were not resumed within their "
-                                      f"window ({self.recovery_attempts - attempts} attempts)")
+                    exc = ClientError(f"{exc}; the sessions were not resumed "
+                                      f"({self.recovery_attempts - attempts} attempts: "
+                                      f"{self._recovery_ended})")
                 self._fail(exc)
                 return
 
@@ -468,25 +471,44 @@ class NnrpClient:
         while trio.current_time() < deadline:
             self.recovery_attempts += 1
             try:
-                # An attempt ends with the window: a server that takes the connection and
-                # never answers must not hold the recovery past it.
-                with trio.move_on_after(max(0.0, deadline - trio.current_time())):
-                    if await self._resume_all():
-                        self.recoveries += 1
-                        self._connected.set()
-                        return True
-            except (ClientError, ProtocolError, trio.BrokenResourceError, OSError) as error:
+                if await self._resume_all(deadline):
+                    self.recoveries += 1
+                    self._connected.set()
+                    return True
+            except (ClientError, ProtocolError, trio.BrokenResourceError, OSError,
+                    trio.TooSlowError) as error:
                 if isinstance(error, ClientError) and not error.retry_later:
-                    break
+                    self._recovery_ended = f"refused: {error}"
+                    return False
             await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
             backoff = min(backoff * 2, MAX_BACKOFF)
+        self._recovery_ended = f"their window of {window:g} s passed"
         return False
 
-    async def _resume_all(self) -> bool:
+    async def _resume_all(self, deadline: float) -> bool:
         """One attempt: a new connection, the hello, then each session resumed and its
-        operations resubmitted. Sessions the server refuses for good are failed here."""
-        transport = await self._reconnect() if self._reconnect is not None else None
-        assert transport is not None
+        operations resubmitted; then the new connection is this client's. Sessions the
+        server refuses for good are failed here. False: ``deadline`` came first (a server
+        that takes the connection and never answers must not hold the recovery past the
+        window); the hand-over itself is not cut short."""
+        assert self._reconnect is not None
+        attempt: tuple[PacketTransport, ClientConnection, list[ClientEvent]] | None = None
+        with trio.move_on_at(deadline):
+            attempt = await self._resume_on(await self._reconnect())
+        if attempt is None:
+            return False
+        transport, sans_io, pending = attempt
+        old, self.transport, self.sans_io = self.transport, transport, sans_io
+        with trio.CancelScope(shield=True):
+            await old.aclose()
+        for event in pending:
+            await self._route(event)
+        return True
+
+    async def _resume_on(self, transport: PacketTransport
+                         ) -> tuple[PacketTransport, ClientConnection, list[ClientEvent]]:
+        """The exchange of one attempt on ``transport`` (closed if it fails), and what
+        arrived with the answers."""
         sans_io = ClientConnection()
         pending: list[ClientEvent] = []
         try:
@@ -514,12 +536,7 @@ class NnrpClient:
             with trio.CancelScope(shield=True):
                 await transport.aclose()
             raise
-        old, self.transport, self.sans_io = self.transport, transport, sans_io
-        with trio.CancelScope(shield=True):
-            await old.aclose()
-        for event in pending:
-            await self._route(event)
-        return True
+        return transport, sans_io, pending
 
     def _drop_session(self, session: ClientSession, error: ClientError) -> None:
         for operation in session.operations.values():
@@ -553,8 +570,7 @@ class NnrpClient:
         elif isinstance(event, ErrorReceived):
             self.errors.append(event)
             if event.error.is_fatal:
-                raise ClientError(f"fatal ERROR {ErrorCode(event.error.code).name}: "
-                                  f"{event.diagnostic.decode(errors='replace')}")
+                raise _fatal(event)
         else:
             self.others.append(event)
             packet = event.packet if isinstance(event, OtherReceived) else None
@@ -582,11 +598,22 @@ async def _until(transport: PacketTransport, sans_io: ClientConnection,
         for index, event in enumerate(pending):
             if isinstance(event, kind):
                 return pending.pop(index)
+        for event in pending:
+            if isinstance(event, ErrorReceived) and event.error.is_fatal:
+                raise _fatal(event)
         data = await transport.receive()
         if data is None:
             raise ClientError("server closed the connection")
         pending += (sans_io.receive_message(data) if transport.message_based
                     else sans_io.receive_data(data))
+
+
+def _fatal(event: ErrorReceived) -> ClientError:
+    """A fatal ERROR as the caller's error; SERVER_BUSY (a connection limit, a gateway
+    shutting down) says to try again, elsewhere or later."""
+    return ClientError(f"fatal ERROR {ErrorCode(event.error.code).name}: "
+                       f"{event.diagnostic.decode(errors='replace')}",
+                       retry_later=event.error.code == ErrorCode.SERVER_BUSY)
 
 
 @asynccontextmanager
