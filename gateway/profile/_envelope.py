@@ -237,7 +237,10 @@ def compare_resubmission(original: bytes, resubmitted: bytes) -> Resubmission:
                 del document["nnrp"]
     if position is not None and (type(position) is not int or position < 0):
         return Resubmission(False)
-    return Resubmission(_canonical(before) == _canonical(after), position)
+    try:
+        return Resubmission(_canonical(before) == _canonical(after), position)
+    except (ValueError, RecursionError):  # nested past what can be written back
+        return Resubmission(False)
 
 
 def _canonical(document: dict[str, Any]) -> str:
@@ -249,6 +252,7 @@ def _canonical(document: dict[str, Any]) -> str:
 def _document(payload: bytes) -> dict[str, Any] | None:
     try:
         document = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        # ValueError: JSONDecodeError, or an integer past Python's digit limit.
         return None
     return document if isinstance(document, dict) else None

@@ -127,8 +127,9 @@ class GatewayServer:
                             endpoint = await accept.start(self._listen, uri, spec)
                             self.endpoints.append(endpoint)
                         task_status.started(list(self.endpoints))
-                self.accepting = False
+                self.accepting = False  # the listeners are gone; the sessions drain
         finally:
+            self.accepting = False
             for path in self._unix_paths:
                 with contextlib.suppress(OSError):
                     os.unlink(path)

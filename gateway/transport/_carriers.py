@@ -149,7 +149,9 @@ def tune_tcp(stream: trio.abc.Stream) -> None:
     is idle (30 s, then 3 probes 10 s apart), and by ``TCP_USER_TIMEOUT`` while results
     are in flight (keepalive does not probe then, and retransmissions alone would go on
     for up to 15 minutes, during which a client that came back on a new connection could
-    not resume: its session would still be attached)."""
+    not resume: its session would still be attached). A live peer that keeps its receive
+    window shut for that long is ended too (the server's write timeout, 30 s, ends it
+    sooner anyway)."""
     if isinstance(stream, trio.SocketStream) and stream.socket.family in (
             socket.AF_INET, socket.AF_INET6):
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)

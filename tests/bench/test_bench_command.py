@@ -148,7 +148,8 @@ def test_bench_run_quick_resume_reports_latency_memory_and_nothing_lost(tmp_path
     # Correctness, not timings: every operation whole across the cuts, and every
     # detached session gone, nothing held, once the windows passed.
     for name in ("events lost across resumes", "events duplicated across resumes",
-                 "operations not whole, reordered tokens, unexplained reconnects, vLLM aborts",
+                 "operations not whole, reordered tokens, cuts not resumed, unexplained "
+                 "reconnects, vLLM aborts",
                  "sessions detached and result bytes held once the windows passed"):
         assert figures[name]["value"] == 0, figures[name]
     assert figures["result bytes held per detached stream (200 tokens)"]["value"] > 0

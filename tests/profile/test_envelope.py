@@ -166,3 +166,11 @@ def test_a_resubmission_that_changes_a_value_or_its_json_type_is_another_request
     changed = {**original, "body": {**original["body"], field: value}}
     assert not compare_resubmission(json.dumps(original).encode(),
                                     resubmitted(changed, 3)).same
+
+
+def test_a_resubmission_python_cannot_read_back_is_another_request_not_a_crash() -> None:
+    original = json.dumps(GOOD).encode()
+    too_deep = b'{"nnrp": {"resume_after_sequence": 1}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    too_long = b'{"nnrp": {"resume_after_sequence": 1}, "x": ' + b"9" * 5000 + b"}"
+    for payload in (too_deep, too_long):
+        assert not compare_resubmission(original, payload).same

@@ -569,7 +569,7 @@ async def test_client_reports_server_gone(running: RunningServer) -> None:
         assert isinstance(client, NnrpClient)
 
 
-async def test_a_peer_that_vanishes_is_found_whether_idle_or_sent_to(
+async def test_accepted_tcp_connections_are_tuned_to_find_a_vanished_peer(
         running: RunningServer) -> None:
     """Keepalive finds a silent peer that is idle; TCP_USER_TIMEOUT one that stops
     acknowledging the results sent to it (keepalive does not probe then)."""

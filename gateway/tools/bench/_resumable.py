@@ -93,13 +93,17 @@ class CutTally:
 
     @property
     def unexpected_reconnects(self) -> int:
-        return self.resumes - self.cuts
+        return max(0, self.resumes - self.cuts)
+
+    @property
+    def cuts_not_resumed(self) -> int:
+        return max(0, self.cuts - self.resumes)
 
     @property
     def ok(self) -> bool:
         return (self.operations > 0 and self.whole == self.operations and not self.lost
                 and not self.duplicated and not self.reordered and not self.incomplete
-                and self.unexpected_reconnects == 0)
+                and self.unexpected_reconnects == 0 and self.cuts_not_resumed == 0)
 
     def failure(self, message: str) -> None:
         if message not in self.failures and len(self.failures) < 20:
@@ -112,7 +116,8 @@ class CutTally:
 
     def as_dict(self) -> dict[str, object]:
         document = attrs.asdict(self, filter=lambda field, _: field.name != "times")
-        document.update(unexpected_reconnects=self.unexpected_reconnects, ok=self.ok,
+        document.update(unexpected_reconnects=self.unexpected_reconnects,
+                        cuts_not_resumed=self.cuts_not_resumed, ok=self.ok,
                         resume_latency_ms=self.times.summary())
         return document
 

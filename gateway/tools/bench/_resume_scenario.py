@@ -147,11 +147,12 @@ async def _resume_latency(stack: Stack, quick: bool, progress: Progress) -> list
             Figure("events lost across resumes", tally.lost, "events", goal=0, spread=checked),
             Figure("events duplicated across resumes", tally.duplicated, "events", goal=0,
                    spread="a token received twice, or a result the client held sent again"),
-            Figure("operations not whole, reordered tokens, unexplained reconnects, vLLM "
-                   "aborts", tally.incomplete + tally.reordered + tally.unexpected_reconnects
-                   + aborted, "", goal=0,
-                   spread=f"{tally.incomplete} / {tally.reordered} / "
-                          f"{tally.unexpected_reconnects} / {aborted}")]
+            Figure("operations not whole, reordered tokens, cuts not resumed, unexplained "
+                   "reconnects, vLLM aborts", tally.incomplete + tally.reordered
+                   + tally.cuts_not_resumed + tally.unexpected_reconnects + aborted, "",
+                   goal=0, spread=f"{tally.incomplete} / {tally.reordered} / "
+                                  f"{tally.cuts_not_resumed} / "
+                                  f"{tally.unexpected_reconnects} / {aborted}")]
 
 
 async def _cuttable(streams: list[CutStream], rng: random.Random, margin: int) -> CutStream:
