@@ -26,7 +26,7 @@ import struct
 
 import trio
 
-from gateway.nnrp import HEADER_LEN, MsgType
+from gateway.nnrp import HEADER_LEN, PROTOCOL_MAX_PACKET, MsgType
 from gateway.transport import PacketTransport, StreamTransport, TextMessageError
 
 #: magic, carrier kind, client address: fixed size, so the holder reads exactly it.
@@ -34,8 +34,6 @@ HEADER = struct.Struct("!8s16s64s")
 MAGIC = b"NNRPRLY1"
 #: meta_len and body_len in an NNRP header (nnrp-wire.md section 2).
 _LENGTHS = struct.Struct("<II")
-#: The most the relay buffers of a packet it is splitting (the largest legal packet).
-MAX_PACKET = 64 << 20
 
 
 def split_packets(buffer: bytearray) -> list[bytes]:
@@ -45,7 +43,7 @@ def split_packets(buffer: bytearray) -> list[bytes]:
     while len(buffer) >= HEADER_LEN:
         meta_len, body_len = _LENGTHS.unpack_from(buffer, 12)
         size = HEADER_LEN + meta_len + body_len
-        if size > MAX_PACKET or len(buffer) < size:
+        if size > PROTOCOL_MAX_PACKET or len(buffer) < size:  # too big: never whole
             break
         packets.append(bytes(buffer[:size]))
         del buffer[:size]

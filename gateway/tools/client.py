@@ -435,22 +435,14 @@ class NnrpClient:
 
     async def _read_until_failure(self) -> None:
         while True:
-            data = await self.transport.receive()
-            if data is None:
-                raise ClientError("server closed the connection")
-            events = (self.sans_io.receive_message(data) if self.transport.message_based
-                      else self.sans_io.receive_data(data))
-            for event in events:
+            for event in await _receive(self.transport, self.sans_io):
                 await self._route(event)
 
     def _fail(self, exc: Exception) -> None:
         self.failure = exc
         error = exc if isinstance(exc, ClientError) else ClientError(str(exc))
         for session in self.sessions.values():
-            for operation in session.operations.values():
-                with contextlib.suppress(trio.WouldBlock):
-                    operation._send.send_nowait(error)
-            session.closed.set()
+            _end_session(session, error)
         self._hello.set()
         self._connected.set()
 
@@ -539,13 +531,10 @@ class NnrpClient:
         return transport, sans_io, pending
 
     def _drop_session(self, session: ClientSession, error: ClientError) -> None:
-        for operation in session.operations.values():
-            with contextlib.suppress(trio.WouldBlock):
-                operation._send.send_nowait(error)
+        _end_session(session, error)
         session.operations.clear()
         session.ticket = None
         self.sessions.pop(session.session_id, None)
-        session.closed.set()
 
     async def _route(self, event: ClientEvent) -> None:
         if isinstance(event, HelloAcked):
@@ -601,11 +590,25 @@ async def _until(transport: PacketTransport, sans_io: ClientConnection,
         for event in pending:
             if isinstance(event, ErrorReceived) and event.error.is_fatal:
                 raise _fatal(event)
-        data = await transport.receive()
-        if data is None:
-            raise ClientError("server closed the connection")
-        pending += (sans_io.receive_message(data) if transport.message_based
-                    else sans_io.receive_data(data))
+        pending += await _receive(transport, sans_io)
+
+
+async def _receive(transport: PacketTransport, sans_io: ClientConnection
+                   ) -> list[ClientEvent]:
+    """The events of the next read (ClientError when the server has closed)."""
+    data = await transport.receive()
+    if data is None:
+        raise ClientError("server closed the connection")
+    return (sans_io.receive_message(data) if transport.message_based
+            else sans_io.receive_data(data))
+
+
+def _end_session(session: ClientSession, error: ClientError) -> None:
+    """Every operation of ``session`` gets ``error``; the session is closed."""
+    for operation in session.operations.values():
+        with contextlib.suppress(trio.WouldBlock):
+            operation._send.send_nowait(error)
+    session.closed.set()
 
 
 def _fatal(event: ErrorReceived) -> ClientError:
