@@ -13,15 +13,19 @@ import typer
 
 from gateway.tools.bench import SCENARIO_NAMES
 
+from ._app import GatewayTyper, UserError
+from ._settings import check_host_port, check_http_url, check_output_dir
+
 if TYPE_CHECKING:
     from gateway.tools.bench.soak import SoakReport
     from gateway.tools.bench.stats import Figure
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: codec cost and wire throughput.")
+bench_app = GatewayTyper(help="Benchmarks: codec cost and wire throughput.")
 
 Quick = Annotated[bool, typer.Option("--quick", help="Short runs (CI proves the command works).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-Out = Annotated[Path | None, typer.Option("--out", help="Also write results JSON here.")]
+Out = Annotated[Path | None, typer.Option(
+    "--out", metavar="DIR", help="Also write the results (JSON) into this directory.")]
 
 
 def _quiet_logs() -> None:
@@ -34,7 +38,6 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     document = {"scenario": scenario, "machine": _machine(),
                 "figures": [figure.as_dict() for figure in figures]}
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / f"{scenario}.json").write_text(json.dumps(document, indent=2) + "\n")
     if as_json:
         typer.echo(json.dumps(document, indent=2))
@@ -61,6 +64,8 @@ def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> Non
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
     from gateway.tools.bench.codec import run_codec_bench
 
+    if out is not None:
+        check_output_dir(out, "--out")
     _report("codec", run_codec_bench(quick), as_json, out)
 
 
@@ -72,6 +77,8 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
 
     from gateway.tools.bench.wire import run_wire_bench
 
+    if out is not None:
+        check_output_dir(out, "--out")
     _quiet_logs()
     _report("wire", trio.run(run_wire_bench, quick), as_json, out)
 
@@ -208,11 +215,14 @@ def run_scenarios_command(
 
     from gateway.tools.bench.scenarios import run_scenarios
 
-    _quiet_logs()
     names = scenario or list(SCENARIO_NAMES)
     unknown = set(names) - set(SCENARIO_NAMES)
     if unknown:
-        raise typer.BadParameter(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        raise UserError(f"unknown scenario(s) {', '.join(sorted(unknown))} (one of "
+                        f"{', '.join(SCENARIO_NAMES)})", "--scenario")
+    if out is not None:
+        check_output_dir(out, "--out")
+    _quiet_logs()
     results = _with_progress(lambda p: trio.run(run_scenarios, names, quick, p), as_json)
     command = "nnrp-gateway bench run" + (" --quick" if quick else "") + "".join(
         f" --scenario {name}" for name in scenario or ())
@@ -230,20 +240,36 @@ def run_scenarios_command(
 @bench_app.command("live")
 def live_command(
     vllm_url: Annotated[str, typer.Option(
-        help="A real vLLM (the CPU build here, a GPU elsewhere).")],
+        metavar="URL", help="A real vLLM (the CPU build here, a GPU elsewhere).")],
     endpoint: Annotated[str | None, typer.Option(
-        help="An existing gateway in front of that vLLM (default: start one).")] = None,
-    model: Annotated[str, typer.Option()] = "tiny",
+        metavar="URL", help="An existing gateway in front of that vLLM (default: start one).")
+    ] = None,
+    model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
     quick: Quick = False, as_json: AsJson = False, out: Out = None,
 ) -> None:
     """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
+    import httpx
     import trio
 
     from gateway.tools.bench.scenarios import live
+    from gateway.tools.client import ClientError
 
+    from .ops import check_endpoint, connection_failure
+
+    check_http_url(vllm_url, "--vllm-url")
+    if endpoint is not None:
+        check_endpoint(endpoint)
+    if out is not None:
+        check_output_dir(out, "--out")
     _quiet_logs()
-    results = _with_progress(
-        lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
+    try:
+        results = _with_progress(
+            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
+    except httpx.HTTPError as exc:
+        raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
+                        code=1) from None
+    except (ClientError, OSError, trio.TooSlowError) as exc:
+        raise connection_failure(exc, endpoint or "the gateway bench live started") from None
     if out is not None:
         _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
     _report("live", results["live"], as_json, None)
@@ -284,6 +310,8 @@ def soak_command(
 
     from gateway.tools.bench.soak import soak
 
+    if out is not None:
+        check_output_dir(out, "--out")
     _quiet_logs()
     if cut_every is not None and sigterm_at is not None:
         raise typer.BadParameter("--cut-every and --sigterm-at are separate runs")
@@ -372,8 +400,9 @@ def _echo_resume(report: SoakReport) -> None:
 
 @bench_app.command("relay", hidden=True)
 def relay_command(
-    listen: Annotated[str, typer.Option(help="host:port to accept on.")],
-    target: Annotated[str, typer.Option(help="host:port to relay each connection to.")],
+    listen: Annotated[str, typer.Option(metavar="HOST:PORT", help="Where to accept.")],
+    target: Annotated[str, typer.Option(
+        metavar="HOST:PORT", help="Where to relay each connection to.")],
 ) -> None:
     """A null relay (plain TCP bytes, trio) in the gateway's place: `bench run`'s baseline
     for what one more process hop costs on this host."""
@@ -381,8 +410,5 @@ def relay_command(
 
     from gateway.tools.bench.relay import serve_relay
 
-    def address(text: str) -> tuple[str, int]:
-        host, _, port = text.rpartition(":")
-        return host, int(port)
-
-    trio.run(serve_relay, address(listen), address(target))
+    trio.run(serve_relay, check_host_port(listen, "--listen"),
+             check_host_port(target, "--target"))

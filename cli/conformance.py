@@ -3,40 +3,62 @@ commands: see cli/main.py).
 
 Against a deployment::
 
-    nnrp-gateway conformance run --endpoint tcp://host:port --output DIR
+    nnrp-gateway conformance run --endpoint tcp://host:port --out DIR
     nnrp-gateway conformance validate --results DIR/results.json
 
 TLS endpoints (tcps://, wss://, quic://) are checked against ``--ca-file`` (the server's
 certificate or its CA, PEM; default: the system's store). nnrp-py's native client needs it
-for quic://.
+for quic://. A gateway that requires session tokens takes ``--auth-token`` (or
+``--auth-token-file``); nnrp-py's native client cannot present one, so the built-in client
+runs then.
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError
+from .ops import AuthToken, AuthTokenFile, CaFile, check_endpoint, connection_failure
+
 if TYPE_CHECKING:
     from gateway.tools.client import Trust
 
-conformance_app = typer.Typer(no_args_is_help=True,
-                              help="The openai-compatible/1 suite and the wire scenario.")
+conformance_app = GatewayTyper(help="The openai-compatible/1 suite and the wire scenario.")
 
 Endpoint = Annotated[str, typer.Option(
-    "--endpoint", help="tcp://, unix://, ws:// (or tcps://, wss://, quic://) endpoint.")]
-CaFile = Annotated[Path | None, typer.Option(
-    "--ca-file", exists=True, dir_okay=False,
-    help="PEM trust anchor for tcps://, wss:// and quic:// (the server's certificate or "
-         "its CA; default: the system's store).")]
+    "--endpoint", metavar="URL",
+    help="The gateway: tcp://, unix://, ws:// (or tcps://, wss://, quic://) URL.")]
 Capabilities = Annotated[Path | None, typer.Option(
+    metavar="JSON", exists=True, dir_okay=False,
     help="Capability document (default: fetched live from --endpoint over NNRP).")]
 BackendLog = Annotated[str | None, typer.Option(
+    metavar="URL",
     help="URL of the replay backend behind the gateway: enables the replay-backed project "
          "recipes and records upstream evidence.")]
 NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's recipes.")]
+
+
+def _trust(ca_file: Path | None, auth_token: str | None, auth_token_file: Path | None
+           ) -> Trust:
+    import attrs
+
+    from .ops import read_auth_token, trust_for
+
+    return attrs.evolve(trust_for(ca_file), auth=read_auth_token(auth_token, auth_token_file))
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"cannot read the {what} ({exc.strerror})", str(path)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"the {what} is not JSON ({exc})", str(path)) from None
 
 
 async def fetch_capabilities(endpoint: str, trust: Trust | None = None) -> dict[str, Any]:
@@ -45,7 +67,7 @@ async def fetch_capabilities(endpoint: str, trust: Trust | None = None) -> dict[
 
     trust = trust or Trust()
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
-        session = await client.open_session()
+        session = await client.open_session(auth=trust.auth)
         operation = await session.submit(json.dumps({
             "schema_version": "openai-compatible/1",
             "operation": "gateway.capabilities"}).encode())
@@ -63,17 +85,22 @@ async def fetch_capabilities(endpoint: str, trust: Trust | None = None) -> dict[
 
 
 def _capabilities(endpoint: str | None, path: Path | None, without_extensions: bool,
-                  trust: Trust | None = None) -> dict[str, Any]:
+                  trust: Trust) -> dict[str, Any]:
     import trio
 
+    from gateway.tools.client import ClientError
     from gateway.tools.conformance import schema_errors, suite_capabilities
 
     if path is not None:
-        document: dict[str, Any] = json.loads(path.read_text())
+        document: dict[str, Any] = _read_json(path, "capability document")
     elif endpoint is not None:
-        document = trio.run(fetch_capabilities, endpoint, trust)
+        check_endpoint(endpoint)
+        try:
+            document = trio.run(fetch_capabilities, endpoint, trust)
+        except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            raise connection_failure(exc, endpoint) from None
     else:
-        raise typer.BadParameter("give --capabilities or --endpoint")
+        raise UserError("give --capabilities or --endpoint", code=EXIT_USAGE)
     document = suite_capabilities(document)
     errors = schema_errors(document, "api-profile-capabilities.schema.json")
     if errors:
@@ -86,9 +113,14 @@ def _capabilities(endpoint: str | None, path: Path | None, without_extensions: b
 
 @conformance_app.command()
 def plan(
-    output: Annotated[Path, typer.Option(help="Where to write the execution plan.")],
-    endpoint: Annotated[str | None, typer.Option(help="Fetch capabilities live.")] = None,
+    out: Annotated[Path, typer.Option(metavar="JSON",
+                                      help="Where to write the execution plan.")],
+    endpoint: Annotated[str | None, typer.Option(
+        metavar="URL", help="Fetch the capabilities live from this gateway.")] = None,
     capabilities: Capabilities = None,
+    ca_file: CaFile = None,
+    auth_token: AuthToken = None,
+    auth_token_file: AuthTokenFile = None,
     replay_backend: Annotated[bool, typer.Option(
         help="The backend is the replay server (claims gateway.tools.replay-backend).")] = False,
     suite_only: NoProject = False,
@@ -99,11 +131,12 @@ def plan(
     from gateway.tools.conformance import build_plan
 
     configure_logging(level="warning", to_stderr=True)
-    document = _capabilities(endpoint, capabilities, without_extensions)
+    trust = _trust(ca_file, auth_token, auth_token_file)
+    document = _capabilities(endpoint, capabilities, without_extensions, trust)
     execution_plan, not_claimed = build_plan(document, include_project=not suite_only,
                                              replay_backend=replay_backend)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(execution_plan, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(execution_plan, indent=2) + "\n")
     for case in execution_plan["cases"]:
         typer.echo(f"selected     {case['id']} ({case['status']})")
     for case_id in not_claimed:
@@ -139,42 +172,58 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
     return results
 
 
+class Client(StrEnum):
+    native = "native"
+    builtin = "builtin"
+
+
 @conformance_app.command()
 def run(
     endpoint: Endpoint,
-    output: Annotated[Path, typer.Option(help="Directory for plan, results and evidence.")],
-    client: Annotated[str | None, typer.Option(
-        help="native (nnrp-py's Rust-backed client; the default when installed) or builtin."
-    )] = None,
+    out: Annotated[Path, typer.Option(
+        metavar="DIR", help="Directory for plan, results and evidence.")],
+    client: Annotated[Client | None, typer.Option(
+        help="native (nnrp-py's Rust-backed client; the default when installed and no "
+             "auth token is given) or builtin.")] = None,
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
     scripted_endpoint: Annotated[str | None, typer.Option(
+        metavar="URL",
         help="A gateway in front of the replay vLLM: the recipes a real vLLM cannot answer "
              "as written (a backend failing on demand, automatic tool choice) run there.")
     ] = None,
     check_without_extensions: Annotated[bool, typer.Option(
         help="Also run with extensions removed; the passed cases must be the same.")] = True,
     ca_file: CaFile = None,
+    auth_token: AuthToken = None,
+    auth_token_file: AuthTokenFile = None,
 ) -> None:
     """Run every selected case over a real NNRP session; write results and evidence."""
+    import trio
+
     from gateway.observe import configure_logging
-    from gateway.tools.client import ClientError, Trust
+    from gateway.tools.client import ClientError
     from gateway.tools.conformance import native_available
 
     configure_logging(level="warning", to_stderr=True)
-    chosen = client or ("native" if native_available() else "builtin")
+    check_endpoint(endpoint)
+    if scripted_endpoint is not None:
+        check_endpoint(scripted_endpoint, "--scripted-endpoint")
+    trust = _trust(ca_file, auth_token, auth_token_file)
+    chosen = (client.value if client is not None
+              else "native" if native_available() and not trust.auth else "builtin")
     if chosen == "native" and not native_available():
-        typer.echo("error: --client native needs nnrp-py (pip install nnrp-py)", err=True)
-        raise typer.Exit(2)
-    trust = Trust(ca_file)
+        raise UserError("--client native needs nnrp-py (pip install nnrp-py)")
+    if chosen == "native" and trust.auth:
+        raise UserError("nnrp-py's native client cannot present a session auth token; "
+                        "use --client builtin", "--client native")
     if chosen == "native" and endpoint.startswith("quic://") and ca_file is None:
-        typer.echo("error: the native client over quic:// needs --ca-file (it trusts one "
-                   "certificate, not the system's store)", err=True)
-        raise typer.Exit(2)
+        raise UserError("the native client over quic:// needs --ca-file (it trusts one "
+                        "certificate, not the system's store)", endpoint)
     try:
         document = _capabilities(endpoint, capabilities, False, trust)
-        results = _run_once(endpoint, output, chosen, document, backend_log, suite_only,
+        results = _run_once(endpoint, out, chosen, document, backend_log, suite_only,
                             trust, scripted_endpoint)
         summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint,
                                    "passed": sum(r["outcome"] == "passed"
@@ -183,7 +232,7 @@ def run(
         if check_without_extensions:
             bare = dict(document, extensions=[])
             typer.echo("-- again, with extensions removed --")
-            again = _run_once(endpoint, output / "without-extensions", chosen, bare,
+            again = _run_once(endpoint, out / "without-extensions", chosen, bare,
                               backend_log, suite_only, trust, scripted_endpoint)
             passed = {r["id"] for r in results["results"] if r["outcome"] == "passed"}
             passed_bare = {r["id"] for r in again["results"] if r["outcome"] == "passed"}
@@ -191,44 +240,53 @@ def run(
             summary["without_extensions"] = {
                 "passed": len(passed_bare),
                 "same_passes": passed & bare_ids == passed_bare}
-    except (ClientError, OSError) as exc:
-        typer.echo(f"error: cannot reach {endpoint}: {exc}", err=True)
-        raise typer.Exit(2) from None
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        raise connection_failure(exc, endpoint) from None
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     ok = summary["passed"] == summary["selected"] and summary.get(
         "without_extensions", {}).get("same_passes", True)
     typer.echo(f"{summary['passed']}/{summary['selected']} passed with the {chosen} client")
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if ok else EXIT_FAILED)
 
 
 @conformance_app.command()
 def validate(
-    results: Annotated[Path, typer.Option(help="results.json written by 'run'.")],
+    results: Annotated[Path, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False, help="results.json written by 'run'.")],
     plan_path: Annotated[Path | None, typer.Option(
-        "--plan", help="Execution plan (default: plan.json beside the results).")] = None,
+        "--plan", metavar="JSON", exists=True, dir_okay=False,
+        help="Execution plan [default: plan.json beside the results].")] = None,
 ) -> None:
     """Apply the suite's validation rules strictly: exit non-zero unless passed == selected."""
     from gateway.tools.conformance import validate_results
 
     plan_file = plan_path or results.parent / "plan.json"
-    report = validate_results(json.loads(plan_file.read_text()),
-                              json.loads(results.read_text()))
+    plan_document, results_document = (_read_json(plan_file, "execution plan"),
+                                       _read_json(results, "results"))
+    try:
+        report = validate_results(plan_document, results_document)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"not an execution plan and its results (missing {exc})",
+                        f"{plan_file}, {results}") from None
     for error in report.errors:
         typer.echo(f"error   {error}")
     for failure in report.failed:
         typer.echo(f"failed  {failure}")
     typer.echo(f"{report.passed}/{report.selected} passed"
                + ("" if report.ok else " - NOT CONFORMANT"))
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(0 if report.ok else EXIT_FAILED)
 
 
 @conformance_app.command("wire-probe")
 def wire_probe(
     endpoint: Annotated[list[str], typer.Option(
-        "--endpoint", help="Endpoint per transport to probe (repeatable).")],
-    output: Annotated[Path, typer.Option(help="wire-conformance-case-results JSON.")],
+        "--endpoint", metavar="URL", help="Endpoint per transport to probe.")],
+    out: Annotated[Path, typer.Option(
+        metavar="JSON", help="Where to write the wire-conformance-case-results.")],
     target_name: Annotated[str, typer.Option(help="Name in the report.")] = "nnrp-vllm-gateway",
     ca_file: CaFile = None,
+    auth_token: AuthToken = None,
+    auth_token_file: AuthTokenFile = None,
 ) -> None:
     """The suite-as-client wire scenarios (openai-compatible level 1, cancel-abort,
     deadline-before-submit) on each given endpoint's transport. The suite has none for
@@ -236,19 +294,20 @@ def wire_probe(
     import trio
 
     from gateway.observe import configure_logging
-    from gateway.tools.client import Trust
     from gateway.tools.conformance import run_wire_probe, schema_errors
 
     configure_logging(level="warning", to_stderr=True)
-    report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name,
-                                             trust=Trust(ca_file)))
+    for one in endpoint:
+        check_endpoint(one)
+    trust = _trust(ca_file, auth_token, auth_token_file)
+    report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name, trust=trust))
     errors = schema_errors(report, "wire-conformance-case-results.schema.json")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     for result in report["results"]:
         typer.echo(f"{result['outcome']:<7} {result['id']}"
                    + (f"  ({result['message']})" if "message" in result else ""))
     for error in errors:
         typer.echo(f"error   {error}")
     ok = not errors and all(r["outcome"] == "passed" for r in report["results"])
-    raise typer.Exit(0 if ok else 1)
+    raise typer.Exit(0 if ok else EXIT_FAILED)

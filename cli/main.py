@@ -3,14 +3,14 @@
 The gateway's modules are imported inside the commands that use them, so ``health``
 (the container health check, run every few seconds), ``version`` and ``--help`` start in
 a fraction of the time ``serve`` needs (tests/cli checks what a bare import loads).
+Errors, help and ``--debug`` are cli/_app.py's; the configuration file and the checks
+before binding are cli/_settings.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import tomllib
-import typing
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -19,6 +19,7 @@ import typer
 
 import gateway
 
+from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, set_debug
 from .bench import bench_app
 from .conformance import conformance_app
 from .ops import chat, check, health
@@ -27,103 +28,57 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
     from gateway.app import GatewayConfig
-    from gateway.server import BoundEndpoint
+    from gateway.server import BoundEndpoint, TokenAuthenticator
+    from gateway.transport import TlsConfig
 
-app = typer.Typer(name="nnrp-gateway", no_args_is_help=True, add_completion=False,
-                  help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
+app = GatewayTyper(name="nnrp-gateway",
+                   help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(conformance_app, name="conformance")
 app.command()(health)
 app.command()(check)
 app.command()(chat)
 
-Listen = Annotated[list[str], typer.Option(
-    "--listen", envvar="NNRP_GATEWAY_LISTEN",
-    help="NNRP listener: tcp://host:port, unix:///path, ws://host:port/path, or with TLS "
-         "tcps://, wss://, quic://host:port (repeatable).")]
-VllmUrl = Annotated[str, typer.Option("--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL",
-                                      help="Base URL of the co-located vLLM OpenAI server.")]
+
+def _print_version(value: bool) -> None:
+    if value:
+        version()
+        raise typer.Exit(0)
+
+
+@app.callback()
+def top(
+    show_version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the version and the vLLM lines served, and exit.")] = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", envvar="NNRP_GATEWAY_DEBUG",
+        help="Show the Python traceback of an error instead of one line.")] = False,
+) -> None:
+    """Serve a co-located vLLM OpenAI server over NNRP/1 sessions."""
+    set_debug(debug)
+
+
+VllmUrl = Annotated[str, typer.Option(
+    "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL", rich_help_panel="vLLM",
+    help="Base URL of the co-located vLLM OpenAI server (http:// or https://).")]
 
 
 @app.command()
 def version() -> None:
-    """Print the gateway's version."""
+    """Print the gateway's version and the vLLM lines it serves."""
     from gateway.upstream import SUPPORTED_BAND
 
     typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})")
 
 
 def _load_config_file(ctx: typer.Context, path: Path | None) -> Path | None:
-    """``--config FILE`` (TOML): defaults below flags and environment (click's default_map).
+    """``--config FILE``: defaults below flags and environment (cli/_settings.py)."""
+    from ._settings import load_file
 
-    Keys are ``serve``'s option names with underscores, at top level or in a ``[serve]``
-    table. The file is structured by cattrs against a schema derived from ``serve``'s own
-    signature (one declaration per option): an unknown key or a value of the wrong TOML
-    type is refused with the key's name, never ignored."""
-    if path is None:
-        return None
-    try:
-        document = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise typer.BadParameter(f"cannot read {path}: {exc}") from None
-    section = {**{k: v for k, v in document.items() if not isinstance(v, dict)},
-               **document.get("serve", {})}
-    ctx.default_map = {**(ctx.default_map or {}), **_structure_config(section, path)}
+    if path is not None:
+        ctx.default_map = {**(ctx.default_map or {}), **load_file(ctx, path, serve)}
     return path
-
-
-#: ``serve`` parameters that are not settings a file may hold.
-_NOT_IN_FILE = frozenset({"ctx", "config_file", "print_config"})
-
-
-def _structure_config(section: dict[str, object], path: Path) -> dict[str, object]:
-    import attrs
-    import cattrs
-
-    hints = typing.get_type_hints(serve)
-    schema = attrs.make_class("ServeFile", {
-        name: attrs.field(type=hint | None, default=None)
-        for name, hint in hints.items() if name not in _NOT_IN_FILE and name != "return"})
-    converter = cattrs.Converter(forbid_extra_keys=True)
-    for kind in (int, float, str, bool):
-        converter.register_structure_hook(kind, _strict_toml(kind))
-    converter.register_structure_hook(Path, lambda value, _: Path(str(_strict_toml(str)(
-        value, str))))
-    try:
-        structured: attrs.AttrsInstance = converter.structure(section, schema)
-    except cattrs.ClassValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc, path="config"))
-        raise typer.BadParameter(f"{path}: {problems}") from None
-    return {key: value for key, value in attrs.asdict(structured).items()
-            if key in section}
-
-
-def _strict_toml(kind: type) -> typing.Callable[[object, type], object]:
-    """TOML has real types: 7 is not "7", true is not 1 (a float option takes an integer)."""
-
-    def structure(value: object, _: type) -> object:
-        allowed = (int, float) if kind is float else (kind,)
-        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, allowed):
-            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
-        return kind(value)
-
-    return structure
-
-
-def _mask(config: GatewayConfig) -> dict[str, object]:
-    import attrs
-
-    document = attrs.asdict(config, recurse=True, filter=lambda a, v: not callable(v))
-    if document.get("upstream_api_key"):
-        document["upstream_api_key"] = "***"
-    server = document.get("server")
-    if isinstance(server, dict):
-        server["authenticate"] = ("tokens configured" if config.server.authenticate
-                                  else "off")
-    return document
-
-
-Seconds = Annotated[float, typer.Option(min=0.0)]
 
 
 class QuicAlpn(StrEnum):
@@ -134,159 +89,215 @@ class QuicAlpn(StrEnum):
     any = "any"
 
 
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+LISTEN = "Listeners"
+VLLM = "vLLM"
+LIMITS = "Limits and timeouts"
+SECURITY = "TLS and auth"
+OBSERVE = "Observability"
+WORKERS = "Workers and shutdown"
+RESUME = "Resumable sessions"
+CONFIG = "Configuration"
+
+
 @app.command()
 def serve(
     ctx: typer.Context,
-    config_file: Annotated[Path | None, typer.Option(
-        "--config", envvar="NNRP_GATEWAY_CONFIG", is_eager=True, callback=_load_config_file,
-        help="TOML file of defaults (flags > NNRP_GATEWAY_* env > file > built-in).")] = None,
-    listen: Listen = ["tcp://127.0.0.1:7700"],  # noqa: B006
+    # ---- listeners
+    listen: Annotated[list[str], typer.Option(
+        "--listen", envvar="NNRP_GATEWAY_LISTEN", metavar="URL", rich_help_panel=LISTEN,
+        help="NNRP listener: tcp://HOST:PORT, unix:///PATH, ws://HOST:PORT/PATH, or with "
+             "TLS tcps://, wss://, quic://HOST:PORT (port 0: any free port).")
+    ] = ["tcp://127.0.0.1:7700"],  # noqa: B006
+    admin_listen: Annotated[str | None, typer.Option(
+        envvar="NNRP_GATEWAY_ADMIN_LISTEN", metavar="HOST:PORT", rich_help_panel=LISTEN,
+        help="HTTP listener for /healthz, /readyz, /capabilities and /metrics (off unless "
+             "given).")] = None,
+    quic_alpn: Annotated[QuicAlpn, typer.Option(
+        envvar="NNRP_GATEWAY_QUIC_ALPN", rich_help_panel=LISTEN,
+        help="ALPN a quic:// listener accepts: none (nnrp-py's native client offers none), "
+             "nnrp/1 (older SDKs), or any.")] = QuicAlpn.none,
+    quic_idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_QUIC_IDLE_TIMEOUT", min=1.0, metavar="SECONDS",
+        rich_help_panel=LISTEN,
+        help="Silence after which a QUIC client is gone (live ones are pinged); its "
+             "resumable sessions then detach.")] = 30.0,
+    # ---- vLLM
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     upstream_api_key: Annotated[str | None, typer.Option(
-        envvar="NNRP_GATEWAY_UPSTREAM_API_KEY",
-        help="Bearer token for vLLM's --api-key (never logged).")] = None,
+        envvar="NNRP_GATEWAY_UPSTREAM_API_KEY", metavar="KEY", rich_help_panel=VLLM,
+        help="Bearer token for vLLM's --api-key (never logged or printed).")] = None,
     allow_untested_vllm: Annotated[bool, typer.Option(
-        envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM",
-        help="Serve a vLLM outside the tested families with the nearest binding.")] = False,
+        envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM", rich_help_panel=VLLM,
+        help="Serve a vLLM outside the tested lines with the nearest binding.")] = False,
     tool_calls: Annotated[bool, typer.Option(
-        envvar="NNRP_GATEWAY_TOOL_CALLS",
-        help="Declare that vLLM runs with a tool parser (advertises tool_calls).")] = False,
+        envvar="NNRP_GATEWAY_TOOL_CALLS", rich_help_panel=VLLM,
+        help="vLLM runs with a tool parser: advertise tool_calls.")] = False,
     vllm_priority_scheduling: Annotated[bool, typer.Option(
-        envvar="NNRP_GATEWAY_VLLM_PRIORITY_SCHEDULING",
-        help="Declare that vLLM runs with --scheduling-policy priority: PRIORITY_UPDATE and "
-             "session priority classes then set vLLM's request priority.")] = False,
-    admin_listen: Annotated[str | None, typer.Option(
-        envvar="NNRP_GATEWAY_ADMIN_LISTEN",
-        help="host:port for /healthz, /readyz, /capabilities (off unless given).")] = None,
-    metrics: Annotated[bool, typer.Option(
-        envvar="NNRP_GATEWAY_METRICS", help="Serve /metrics on the admin listener.")] = False,
-    drain_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_DRAIN_TIMEOUT", min=0.0,
-        help="Seconds in-flight operations may finish after SIGTERM.")] = 30.0,
-    drain_close_grace: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_DRAIN_CLOSE_GRACE", min=0.0,
-        help="After the drain, seconds a connection is left for its client to close "
-             "before the gateway closes it (within --drain-timeout).")] = 5.0,
-    max_connections: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_CONNECTIONS", min=1)] = 1024,
-    resume_window: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_RESUME_WINDOW", min=0.0,
-        help="Seconds a session whose connection dropped waits for its client to resume "
-             "it, its operations running on (0 turns resume off).")] = 120.0,
-    resume_max_sessions: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_RESUME_MAX_SESSIONS", min=1,
-        help="Resumable sessions per worker, attached or detached; past it sessions open "
-             "without resume.")] = 1024,
-    resume_session_bytes: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_RESUME_SESSION_BYTES", min=64 * 1024,
-        help="Result bytes one resumable session keeps for a replay; a detached session "
-             "at this bound pauses its operations (vLLM is not read).")] = 4 << 20,
-    resume_max_bytes: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_RESUME_MAX_BYTES", min=64 * 1024,
-        help="Result bytes all resumable sessions of a worker keep together.")] = 256 << 20,
-    max_sessions_per_connection: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_SESSIONS_PER_CONNECTION", min=1)] = 64,
-    max_operations_per_session: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_OPERATIONS_PER_SESSION", min=1)] = 64,
-    max_frame_bytes: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_FRAME_BYTES", min=1024, max=64 * 1024 * 1024)] = 16 << 20,
-    max_envelope_bytes: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_ENVELOPE_BYTES", min=64)] = 4 << 20,
-    max_event_bytes: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_MAX_EVENT_BYTES", min=1024)] = 4 << 20,
-    handshake_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_HANDSHAKE_TIMEOUT", min=0.1)] = 10.0,
-    connection_idle_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_CONNECTION_IDLE_TIMEOUT", min=0.1,
-        help="Close connections with nothing in flight and nothing received this long.")
-    ] = 300.0,
-    upstream_connect_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", min=0.1)] = 2.0,
-    first_chunk_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_FIRST_CHUNK_TIMEOUT", min=0.1)] = 120.0,
-    idle_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_IDLE_TIMEOUT", min=0.1)] = 60.0,
-    total_timeout: Annotated[float | None, typer.Option(
-        envvar="NNRP_GATEWAY_TOTAL_TIMEOUT", min=0.1)] = None,
+        envvar="NNRP_GATEWAY_VLLM_PRIORITY_SCHEDULING", rich_help_panel=VLLM,
+        help="vLLM runs with --scheduling-policy priority: PRIORITY_UPDATE and session "
+             "priority classes set vLLM's request priority.")] = False,
     upstream_pool_size: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1)] = 256,
+        envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1, metavar="N", rich_help_panel=VLLM,
+        help="HTTP connections to vLLM at most (per worker).")] = 256,
     upstream_queue_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_UPSTREAM_QUEUE_TIMEOUT", min=0.0,
-        help="Seconds a request waits for a free upstream connection before it is "
-             "refused as overload (recoverable, with a retry time).")] = 10.0,
+        envvar="NNRP_GATEWAY_UPSTREAM_QUEUE_TIMEOUT", min=0.0, metavar="SECONDS",
+        rich_help_panel=VLLM,
+        help="Wait for a free vLLM connection before the request is refused as overload "
+             "(recoverable, with a retry time).")] = 10.0,
+    upstream_connect_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=VLLM, help="Connecting to vLLM.")] = 2.0,
     health_interval: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_HEALTH_INTERVAL", min=0.1,
-        help="Seconds between vLLM /health checks once it is ready.")] = 5.0,
+        envvar="NNRP_GATEWAY_HEALTH_INTERVAL", min=0.1, metavar="SECONDS",
+        rich_help_panel=VLLM, help="Between vLLM /health checks once it is ready.")] = 5.0,
     health_failure_threshold: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_HEALTH_FAILURE_THRESHOLD", min=1,
-        help="Unanswered /health checks in a row (with no stream flowing) before vLLM "
-             "counts as down; a non-200 answer counts at once.")] = 3,
-    log_level: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_LOG_LEVEL")] = "info",
+        envvar="NNRP_GATEWAY_HEALTH_FAILURE_THRESHOLD", min=1, metavar="N",
+        rich_help_panel=VLLM,
+        help="Unanswered /health checks in a row (no stream flowing) before vLLM counts "
+             "as down; a non-200 answer counts at once.")] = 3,
+    # ---- limits and timeouts
+    max_connections: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_CONNECTIONS", min=1, metavar="N", rich_help_panel=LIMITS,
+        help="NNRP connections at once (per worker); more are refused SERVER_BUSY.")
+    ] = 1024,
+    max_sessions_per_connection: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_SESSIONS_PER_CONNECTION", min=1, metavar="N",
+        rich_help_panel=LIMITS, help="Open sessions on one connection.")] = 64,
+    max_operations_per_session: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_OPERATIONS_PER_SESSION", min=1, metavar="N",
+        rich_help_panel=LIMITS, help="Operations in flight in one session.")] = 64,
+    max_frame_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_FRAME_BYTES", min=1024, max=64 * 1024 * 1024,
+        metavar="BYTES", rich_help_panel=LIMITS,
+        help="Largest NNRP packet accepted (1 KiB to 64 MiB).")] = 16 << 20,
+    max_envelope_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_ENVELOPE_BYTES", min=64, metavar="BYTES",
+        rich_help_panel=LIMITS, help="Largest request envelope (the JSON body).")
+    ] = 4 << 20,
+    max_event_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_MAX_EVENT_BYTES", min=1024, metavar="BYTES",
+        rich_help_panel=LIMITS, help="Largest single event read from vLLM's stream.")
+    ] = 4 << 20,
+    handshake_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_HANDSHAKE_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=LIMITS, help="From connect to the NNRP HELLO.")] = 10.0,
+    connection_idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_CONNECTION_IDLE_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=LIMITS,
+        help="Close a connection with nothing in flight and nothing received this long.")
+    ] = 300.0,
+    first_chunk_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_FIRST_CHUNK_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=LIMITS,
+        help="From the request to vLLM's first byte (queueing and prefill).")] = 120.0,
+    idle_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_IDLE_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=LIMITS, help="Between two chunks of one vLLM stream.")] = 60.0,
+    total_timeout: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_TOTAL_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=LIMITS,
+        help="A whole operation at most (default: no bound but the client's deadline).")
+    ] = None,
+    # ---- TLS and auth
     tls_cert: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_TLS_CERT",
-        help="PEM certificate chain for tcps://, wss:// and quic://.")
+        envvar="NNRP_GATEWAY_TLS_CERT", metavar="PEM", rich_help_panel=SECURITY,
+        help="Certificate chain for tcps://, wss:// and quic:// (SIGHUP re-reads it).")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_TLS_KEY", help="PEM private key for the certificate.")] = None,
+        envvar="NNRP_GATEWAY_TLS_KEY", metavar="PEM", rich_help_panel=SECURITY,
+        help="Private key of --tls-cert (unencrypted).")] = None,
     tls_client_ca: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_TLS_CLIENT_CA",
+        envvar="NNRP_GATEWAY_TLS_CLIENT_CA", metavar="PEM", rich_help_panel=SECURITY,
         help="Require client certificates signed by this CA (mutual TLS).")] = None,
-    quic_alpn: Annotated[QuicAlpn, typer.Option(
-        envvar="NNRP_GATEWAY_QUIC_ALPN",
-        help="ALPN for quic://: none (nnrp-py's native client offers none), nnrp/1 (older "
-             "SDKs), or any (either).")] = QuicAlpn.none,
-    quic_idle_timeout: Annotated[float, typer.Option(
-        envvar="NNRP_GATEWAY_QUIC_IDLE_TIMEOUT", min=1.0,
-        help="Seconds of silence after which a QUIC client is gone (the gateway pings "
-             "live ones); its resumable sessions then detach.")] = 30.0,
     auth_token: Annotated[list[str] | None, typer.Option(
-        envvar="NNRP_GATEWAY_AUTH_TOKEN",
-        help="Bearer token sessions must present in SESSION_OPEN (repeatable).")] = None,
+        envvar="NNRP_GATEWAY_AUTH_TOKEN", metavar="TOKEN", rich_help_panel=SECURITY,
+        help="Token a session must present in SESSION_OPEN (never logged).")] = None,
     auth_token_file: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_AUTH_TOKEN_FILE", help="File of tokens, one per line.")] = None,
-    workers: Annotated[int, typer.Option(
-        envvar="NNRP_GATEWAY_WORKERS", min=1, max=256,
-        help="Gateway processes sharing the listeners, for more than one core's worth of "
-             "streams; limits such as --max-connections hold per worker. One NNRP "
-             "connection lives in one worker.")] = 1,
-    print_config: Annotated[bool, typer.Option(
-        help="Print the effective configuration (secrets masked) and exit.")] = False,
+        envvar="NNRP_GATEWAY_AUTH_TOKEN_FILE", metavar="PATH", rich_help_panel=SECURITY,
+        help="File of accepted tokens, one per line (# comments).")] = None,
+    # ---- observability
+    log_level: Annotated[LogLevel, typer.Option(
+        envvar="NNRP_GATEWAY_LOG_LEVEL", rich_help_panel=OBSERVE,
+        help="Least severe log line written (JSON lines unless stdout is a terminal).")
+    ] = LogLevel.info,
+    metrics: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_METRICS", rich_help_panel=OBSERVE,
+        help="Serve Prometheus /metrics on --admin-listen.")] = False,
+    target_manifest: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_TARGET_MANIFEST", metavar="PATH", rich_help_panel=OBSERVE,
+        help="Write the suite's wire target manifest here once all listeners are bound "
+             "(with wss or quic, DER copies of the certificate and key, 0600, go to "
+             "<manifest>-tls/ beside it).")] = None,
     bench_residence: Annotated[bool, typer.Option(
         hidden=True, help="Benchmarks: record per-event residence time, served at the "
                           "admin listener's /debug/residence.")] = False,
-    target_manifest: Annotated[Path | None, typer.Option(
-        envvar="NNRP_GATEWAY_TARGET_MANIFEST",
-        help="Write the suite's wire target manifest here once all listeners are bound. "
-             "With wss or quic listeners, DER copies of the certificate and key (0600) go "
-             "to <manifest>-tls/ beside it, as the suite's schema requires.")
+    # ---- workers and shutdown
+    workers: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_WORKERS", min=1, max=256, metavar="N", rich_help_panel=WORKERS,
+        help="Gateway processes sharing the listeners (1 to 256); limits hold per worker, "
+             "and one NNRP connection lives in one worker.")] = 1,
+    drain_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_DRAIN_TIMEOUT", min=0.0, metavar="SECONDS",
+        rich_help_panel=WORKERS,
+        help="After SIGTERM, in-flight operations may finish this long; a second signal "
+             "exits at once.")] = 30.0,
+    drain_close_grace: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_DRAIN_CLOSE_GRACE", min=0.0, metavar="SECONDS",
+        rich_help_panel=WORKERS,
+        help="After the drain, time a client has to close its connection before the "
+             "gateway does (within --drain-timeout).")] = 5.0,
+    # ---- resume
+    resume_window: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_WINDOW", min=0.0, metavar="SECONDS",
+        rich_help_panel=RESUME,
+        help="A session whose connection dropped waits this long for its client to "
+             "resume it, its operations running on (0: resume off).")] = 120.0,
+    resume_max_sessions: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_MAX_SESSIONS", min=1, metavar="N",
+        rich_help_panel=RESUME,
+        help="Resumable sessions per worker, attached or detached; past it sessions open "
+             "without resume.")] = 1024,
+    resume_session_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_SESSION_BYTES", min=64 * 1024, metavar="BYTES",
+        rich_help_panel=RESUME,
+        help="Result bytes one resumable session keeps for a replay; a detached session "
+             "at this bound pauses its operations.")] = 4 << 20,
+    resume_max_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_MAX_BYTES", min=64 * 1024, metavar="BYTES",
+        rich_help_panel=RESUME,
+        help="Result bytes all resumable sessions of a worker keep together.")
+    ] = 256 << 20,
+    # ---- configuration
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", envvar="NNRP_GATEWAY_CONFIG", is_eager=True, callback=_load_config_file,
+        metavar="TOML", rich_help_panel=CONFIG,
+        help="File of settings (keys: option names with underscores; see "
+             "deploy/gateway.example.toml). Flags and the environment win over it.")
     ] = None,
+    print_config: Annotated[bool, typer.Option(
+        rich_help_panel=CONFIG,
+        help="Check the configuration, print it as a --config file (secrets left out) "
+             "and exit; 2 when it is not valid.")] = False,
 ) -> None:
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
     import trio
 
     from gateway.app import GatewayConfig
     from gateway.nnrp import ServerConfig
-    from gateway.observe import configure_logging
     from gateway.pipeline import PipelineLimits
-    from gateway.server import ConnectionLimits, ResumeSettings, TokenAuthenticator
-    from gateway.transport import ListenError, TlsConfig, parse_endpoint
+    from gateway.server import ConnectionLimits, ResumeSettings
 
-    for uri in listen:
-        try:
-            parse_endpoint(uri)
-        except ListenError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-    if (tls_cert is None) != (tls_key is None):
-        typer.echo("error: --tls-cert and --tls-key go together", err=True)
-        raise typer.Exit(2)
-    try:
-        authenticate = TokenAuthenticator.from_sources(auth_token or [], auth_token_file)
-    except (OSError, ValueError) as exc:
-        typer.echo(f"error: auth tokens: {exc}", err=True)
-        raise typer.Exit(2) from None
-    tls = (TlsConfig(tls_cert, tls_key, tls_client_ca)
-           if tls_cert is not None and tls_key is not None else None)
+    from ._settings import render
+
+    authenticate, tls = _check_serve(ctx, listen, vllm_url, admin_listen, auth_token,
+                                     auth_token_file, tls_cert, tls_key, tls_client_ca)
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
@@ -313,37 +324,100 @@ def serve(
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
         quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence)
     if print_config:
-        typer.echo(json.dumps({**_mask(config), "workers": workers}, indent=2, default=str))
+        typer.echo(render(ctx, ctx.params), nl=False)
         return
-    configure_logging(level=log_level)
+    _start_logging(log_level.value, metrics=metrics, admin_listen=admin_listen)
     try:
         if workers == 1:
             trio.run(_serve, config, target_manifest)
             return
-        status = trio.run(_supervise, config, workers, target_manifest, log_level)
+        status = trio.run(_supervise, config, workers, target_manifest, log_level.value)
     except BaseExceptionGroup as group:
         _exit_for_user_error(group)
         raise
-    except (ListenError, OSError) as exc:  # a supervisor binds before its nursery opens
-        prefix = "" if isinstance(exc, ListenError) else "cannot listen: "
-        typer.echo(f"error: {prefix}{exc}", err=True)
-        raise typer.Exit(2) from None
+    except Exception as error:  # a supervisor binds before its nursery opens
+        _exit_for_user_error(BaseExceptionGroup("serve", [error]))
+        raise
     if status:
         raise typer.Exit(status)
 
 
+def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
+                 admin_listen: str | None, auth_token: list[str] | None,
+                 auth_token_file: Path | None, tls_cert: Path | None, tls_key: Path | None,
+                 tls_client_ca: Path | None) -> tuple[TokenAuthenticator | None,
+                                                      TlsConfig | None]:
+    """Everything that can be checked before binding (``--print-config`` runs it too)."""
+    from gateway.server import TokenAuthenticator
+    from gateway.transport import (
+        ListenError,
+        TlsConfig,
+        TlsFileError,
+        parse_endpoint,
+        server_context as tls_context,
+    )
+
+    from ._settings import check_host_port, check_http_url, source
+
+    for uri in listen:
+        try:
+            endpoint = parse_endpoint(uri)
+        except ListenError as exc:
+            raise UserError(str(exc), source(ctx, "listen")) from None
+        if (endpoint.tls or endpoint.scheme == "quic") and tls_cert is None:
+            raise UserError(f"{uri} needs a certificate (--tls-cert and --tls-key)",
+                            source(ctx, "listen"))
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
+    if admin_listen is not None:
+        check_host_port(admin_listen, source(ctx, "admin_listen"), unix=True)
+    if (tls_cert is None) != (tls_key is None):
+        given = "tls_cert" if tls_cert is not None else "tls_key"
+        raise UserError("--tls-cert and --tls-key go together", source(ctx, given))
+    tls = None
+    if tls_cert is not None and tls_key is not None:
+        tls = TlsConfig(tls_cert, tls_key, tls_client_ca)
+        try:
+            tls_context(tls)
+        except TlsFileError as exc:
+            raise UserError(str(exc), source(ctx, "tls_cert")) from None
+    try:
+        authenticate = TokenAuthenticator.from_sources(auth_token or [], auth_token_file)
+    except OSError as exc:
+        raise UserError(f"cannot read the token file ({exc.strerror})",
+                        source(ctx, "auth_token_file")) from None
+    except ValueError as exc:
+        raise UserError(f"auth tokens: {exc}", source(ctx, "auth_token")) from None
+    return authenticate, tls
+
+
+def _start_logging(level: str, *, metrics: bool, admin_listen: str | None) -> None:
+    import structlog
+
+    from gateway.observe import configure_logging
+
+    configure_logging(level=level)
+    if metrics and admin_listen is None:
+        structlog.get_logger("gateway").warning(
+            "--metrics has no effect without --admin-listen: no /metrics is served")
+
+
 def _exit_for_user_error(group: BaseExceptionGroup) -> None:
-    """Errors that are the operator's to fix: one line and an exit code, no traceback."""
+    """Errors that are the operator's to fix, as ``UserError``: one line, an exit code."""
+    from gateway.app import DrainInterrupted
     from gateway.tools.conformance import ManifestError
-    from gateway.transport import ListenError
+    from gateway.transport import ListenError, TlsFileError
     from gateway.upstream import UnsupportedVersion
     from gateway.workers import EXIT_FATAL
 
+    from ._app import describe_os_error
+
     user_errors: tuple[tuple[type[Exception], int, str], ...] = (
-        (UnsupportedVersion, EXIT_FATAL, "error: {}"),
-        (ManifestError, 2, "error: target manifest: {}"),
-        (ListenError, 2, "error: {}"),
-        (OSError, 2, "error: cannot listen: {}"),
+        (UnsupportedVersion, EXIT_FATAL, "{}"),
+        (ManifestError, EXIT_USAGE, "target manifest: {}"),
+        (ListenError, EXIT_USAGE, "{}"),
+        (TlsFileError, EXIT_USAGE, "{}"),
+        (DrainInterrupted, EXIT_FAILED, "{}"),
+        (OSError, EXIT_USAGE, "cannot listen: {}"),
     )
     for kind, code, template in user_errors:
         matched, _ = group.split(kind)
@@ -351,8 +425,9 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
             leaf: BaseException = matched
             while isinstance(leaf, BaseExceptionGroup):
                 leaf = leaf.exceptions[0]
-            typer.echo(template.format(leaf), err=True)
-            raise typer.Exit(code) from None
+            text = describe_os_error(leaf) if type(leaf) is not ListenError and isinstance(
+                leaf, OSError) else str(leaf)
+            raise UserError(template.format(text), code=code) from None
 
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
@@ -382,14 +457,17 @@ async def _supervise(config: GatewayConfig, workers: int, manifest_path: Path | 
 
 async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path | None,
                     runtime_tokens: Collection[str]) -> None:
-    """Say where NNRP is served, and write the target manifest if asked."""
+    """Say where NNRP is served (a log event: JSON lines on a pipe, like every other
+    line), and write the target manifest if asked."""
+    import structlog
     import trio
 
     from gateway.profile import EXTENSIONS
     from gateway.tools.conformance import target_manifest, write_atomically
 
+    log = structlog.get_logger("gateway")
     for uri in uris:
-        typer.echo(f"serving NNRP on {uri}")
+        log.info("serving NNRP", endpoint=uri)
     if manifest_path is None:
         return
     tls = config.tls
@@ -400,46 +478,71 @@ async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path 
         tls_files=(tls.cert_file, tls.key_file) if tls else None,
         security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
     await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
-    for uri in uris:
-        if uri.startswith("tcps://"):
-            typer.echo(f"target manifest: {uri} left out (the wire suite has no TLS over "
-                       "plain TCP)", err=True)
+    log.info("target manifest written", path=str(manifest_path),
+             left_out=[uri for uri in uris if uri.startswith("tcps://")],
+             why_left_out="the wire suite has no TLS over plain TCP")
 
 
 @app.command("replay-server")
 def replay_server(
-    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on.")] = "127.0.0.1:8000",
-    vllm_version: Annotated[str, typer.Option(help="Family to impersonate: 0.18, 0.22, 0.26, 0.32."
-                                              )] = "0.26",
-    speed: Annotated[float, typer.Option(help="Timing scale: 2 plays twice as fast.")] = 1.0,
-    api_key: Annotated[str | None, typer.Option(help="Require this bearer token.")] = None,
+    listen: Annotated[str, typer.Option(
+        metavar="HOST:PORT", help="Where to listen (port 0: any free port).")
+    ] = "127.0.0.1:8000",
+    vllm_version: Annotated[str, typer.Option(
+        metavar="LINE", help="vLLM line to impersonate: 0.18, 0.22, 0.26 or 0.32.")] = "0.26",
+    speed: Annotated[float, typer.Option(
+        min=0.01, metavar="FACTOR", help="Timing scale: 2 plays twice as fast.")] = 1.0,
+    api_key: Annotated[str | None, typer.Option(
+        metavar="KEY", help="Require this bearer token, as vLLM's --api-key does.")] = None,
 ) -> None:
     """A loopback fake vLLM that plays recorded transcripts (for tests and demos)."""
     import trio
 
     from gateway.observe import configure_logging
-    from gateway.tools.replay import ReplayServer
+    from gateway.tools.replay import FAMILIES, ReplayServer
 
+    from ._settings import check_host_port
+
+    host, port = check_host_port(listen, "--listen")
+    if vllm_version not in FAMILIES:
+        raise UserError(f"unknown vLLM line {vllm_version!r} (one of {', '.join(FAMILIES)})",
+                        "--vllm-version")
     configure_logging()
-    host, _, port = listen.rpartition(":")
     server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(server.serve, host or "127.0.0.1", int(port))
-            typer.echo(f"replay vLLM {server.version} on {url}")
+            try:
+                await nursery.start(server.serve, host, port)
+            except OSError as exc:
+                raise UserError(f"cannot listen ({exc.strerror or exc})", listen) from None
 
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(run)
 
 
 @app.command()
-def record(vllm_url: VllmUrl, out: Annotated[Path, typer.Option(help="Directory for JSONL.")],
-           model: Annotated[str, typer.Option(help="Served model name.")] = "tiny") -> None:
+def record(
+    out: Annotated[Path, typer.Option(metavar="DIR", help="Directory for the JSONL files.")],
+    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
+) -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
+    import httpx
+
     from gateway.tools.replay import record_all
 
-    for path in record_all(vllm_url, out, model):
+    from ._settings import check_http_url
+
+    check_http_url(vllm_url, "--vllm-url")
+    try:
+        written = record_all(vllm_url.rstrip("/"), out, model)
+    except httpx.HTTPError as exc:
+        raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
+                        code=EXIT_FAILED) from None
+    except ValueError as exc:  # /version answered, but not with JSON
+        raise UserError(f"not a vLLM ({exc})", vllm_url, code=EXIT_FAILED) from None
+    for path in written:
         typer.echo(f"wrote {path}")
 
 
@@ -455,6 +558,9 @@ def capabilities(
     from gateway.app import Gateway, GatewayConfig
     from gateway.observe import configure_logging
 
+    from ._settings import check_http_url
+
+    check_http_url(vllm_url, "--vllm-url")
     configure_logging(to_stderr=True)
     config = GatewayConfig(vllm_url=vllm_url, tool_calls=tool_calls)
 

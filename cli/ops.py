@@ -4,6 +4,7 @@ us?), ``chat`` (a terminal NNRP client; Ctrl-C sends a real CANCEL)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -12,52 +13,97 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError
+
 if TYPE_CHECKING:
     from gateway.tools.client import ClientOperation, Trust
 
-AdminUrl = Annotated[str, typer.Option(envvar="NNRP_GATEWAY_ADMIN_URL",
-                                       help="Base URL of the gateway's admin listener.")]
+AdminUrl = Annotated[str | None, typer.Option(
+    envvar="NNRP_GATEWAY_ADMIN_URL", metavar="URL",
+    help="Base URL of the gateway's admin listener [default: from NNRP_GATEWAY_ADMIN_LISTEN "
+         "when set, else http://127.0.0.1:9090].")]
+AuthToken = Annotated[str | None, typer.Option(
+    envvar="NNRP_GATEWAY_CLIENT_AUTH_TOKEN", metavar="TOKEN",
+    help="Session auth token to present (the gateway's --auth-token).")]
+AuthTokenFile = Annotated[Path | None, typer.Option(
+    metavar="PATH", help="Read the session auth token from this file (its first line).")]
+CaFile = Annotated[Path | None, typer.Option(
+    "--ca-file", metavar="PEM",
+    help="Trust anchor for tcps://, wss:// and quic:// (the server's certificate or its "
+         "CA) [default: the system's store].")]
 
 
-def health(admin_url: AdminUrl = "http://127.0.0.1:9090",
+def admin_base_url(explicit: str | None) -> str:
+    """``--admin-url``, else the admin listener the gateway in this container was given
+    (``NNRP_GATEWAY_ADMIN_LISTEN``: the image's HEALTHCHECK follows a moved port), else the
+    chart's and the image's default."""
+    if explicit:
+        return explicit
+    listen = os.environ.get("NNRP_GATEWAY_ADMIN_LISTEN")
+    if not listen:
+        return "http://127.0.0.1:9090"
+    if listen.startswith("unix:"):
+        raise UserError("health cannot reach a unix: admin listener; give --admin-url",
+                        f"NNRP_GATEWAY_ADMIN_LISTEN={listen}")
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # every address: this host's loopback is one of them
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def health(admin_url: AdminUrl = None,
            readiness: Annotated[bool, typer.Option(
                "--ready", help="Check /readyz instead of /healthz.")] = False,
-           quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+           quiet: Annotated[bool, typer.Option(
+               "--quiet", "-q", help="Print nothing; the exit status says it.")] = False,
            timeout: Annotated[float, typer.Option(
-               help="Seconds; a gateway saturated by streams answers late.")] = 5.0) -> None:
+               min=0.1, metavar="SECONDS",
+               help="How long to wait; a gateway saturated by streams answers late.")
+           ] = 5.0) -> None:
     """Exit 0 when the gateway answers /healthz (or /readyz with --ready), 1 otherwise."""
     path = "/readyz" if readiness else "/healthz"
+    url = f"{admin_base_url(admin_url).rstrip('/')}{path}"
+    if not url.startswith(("http://", "https://")):
+        raise UserError("expected an http:// URL", f"--admin-url {admin_url}")
     # The standard library, not httpx: a container runs this every few seconds, and
     # httpx (with httpcore and trio behind it) would double its start-up. No proxies.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"{admin_url.rstrip('/')}{path}", timeout=timeout) as response:
+        with opener.open(url, timeout=timeout) as response:
             status, text = response.status, response.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:  # an answer all the same (503 from /readyz)
         status, text = exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        if not quiet:
-            typer.echo(f"unhealthy: {admin_url}{path} unreachable ({type(exc).__name__})",
-                       err=True)
-        raise typer.Exit(1) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if quiet:
+            raise typer.Exit(EXIT_FAILED) from None
+        raise UserError(f"unhealthy: no answer ({reason})", url, code=EXIT_FAILED) from None
     if not quiet:
         typer.echo(f"{status} {text}")
-    raise typer.Exit(0 if status == 200 else 1)
+    raise typer.Exit(0 if status == 200 else EXIT_FAILED)
 
 
-def check(vllm_url: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_VLLM_URL")]
-          = "http://127.0.0.1:8000",
+def check(vllm_url: Annotated[str, typer.Option(
+              envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
+              help="Base URL of the vLLM OpenAI server.")] = "http://127.0.0.1:8000",
           upstream_api_key: Annotated[str | None, typer.Option(
-              envvar="NNRP_GATEWAY_UPSTREAM_API_KEY")] = None,
+              envvar="NNRP_GATEWAY_UPSTREAM_API_KEY", metavar="KEY",
+              help="Bearer token for vLLM's --api-key.")] = None,
           allow_untested_vllm: Annotated[bool, typer.Option(
-              envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM")] = False,
-          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+              envvar="NNRP_GATEWAY_ALLOW_UNTESTED_VLLM",
+              help="Accept a vLLM outside the tested lines, as serve would.")] = False,
+          as_json: Annotated[bool, typer.Option(
+              "--json", help="The report as JSON.")] = False) -> None:
     """Can the gateway serve this vLLM? Health, version and binding, models. Exit 1 if not."""
     import trio
 
     from gateway.observe import configure_logging
     from gateway.upstream import UnsupportedVersion, UpstreamConfig, UpstreamError, VllmClient
 
+    from ._settings import check_http_url
+
+    check_http_url(vllm_url, "--vllm-url")
     configure_logging(level="warning", to_stderr=True)
 
     async def probe() -> dict[str, Any]:
@@ -86,43 +132,121 @@ def check(vllm_url: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_VLLM_URL")]
     raise typer.Exit(0 if report["ready"] else 1)
 
 
+def read_auth_token(token: str | None, token_file: Path | None) -> bytes:
+    """``--auth-token`` or the first line of ``--auth-token-file``: what SESSION_OPEN
+    presents (empty: none)."""
+    if token is not None and token_file is not None:
+        raise UserError("give --auth-token or --auth-token-file, not both")
+    if token_file is not None:
+        try:
+            lines = token_file.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read the token file ({getattr(exc, 'strerror', exc)})",
+                            f"--auth-token-file {token_file}") from None
+        token = next((line.strip() for line in lines if line.strip()), "")
+        if not token:
+            raise UserError("the token file is empty", f"--auth-token-file {token_file}")
+    return (token or "").encode()
+
+
+def check_endpoint(endpoint: str, where: str = "--endpoint") -> None:
+    """A URL the NNRP clients can dial (gateway.transport's syntax, with a real port)."""
+    from gateway.transport import ListenError, parse_endpoint
+
+    try:
+        spec = parse_endpoint(endpoint)
+    except ListenError as exc:
+        raise UserError(str(exc), where) from None
+    if spec.scheme != "unix" and spec.port == 0:
+        raise UserError(f"{endpoint}: a client needs the port to dial", where)
+
+
+def connection_failure(error: BaseException, endpoint: str) -> UserError:
+    """A failed connect or a broken session, said the way an operator can act on it."""
+    import ssl
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return UserError(f"the server's certificate is not trusted "
+                             f"({cause.verify_message}); give --ca-file", endpoint,
+                             code=EXIT_FAILED)
+        if isinstance(cause, OSError) and cause.strerror:
+            return UserError(f"cannot connect ({cause.strerror})", endpoint,
+                             code=EXIT_FAILED)
+        cause = cause.__cause__ or cause.__context__
+    text = str(error) or type(error).__name__
+    return UserError(f"no NNRP session ({text})", endpoint, code=EXIT_FAILED)
+
+
 def chat(prompt: Annotated[str | None, typer.Argument(
              help="One-shot prompt; omit for an interactive session.")] = None,
-         endpoint: Annotated[str, typer.Option(envvar="NNRP_GATEWAY_ENDPOINT")]
-         = "tcp://127.0.0.1:7700",
-         model: Annotated[str, typer.Option()] = "example-model",
-         max_tokens: Annotated[int | None, typer.Option()] = None,
+         endpoint: Annotated[str, typer.Option(
+             envvar="NNRP_GATEWAY_ENDPOINT", metavar="URL",
+             help="The gateway: tcp://HOST:PORT, unix:///PATH, ws://HOST:PORT/PATH, "
+                  "tcps://, wss:// or quic://.")] = "tcp://127.0.0.1:7700",
+         model: Annotated[str, typer.Option(help="Served model name.")] = "example-model",
+         max_tokens: Annotated[int | None, typer.Option(
+             min=1, metavar="N", help="Longest answer, in tokens.")] = None,
          usage: Annotated[bool, typer.Option(help="Ask for and show token usage.")] = True,
-         ca_file: Annotated[Path | None, typer.Option(
-             "--ca-file", exists=True, dir_okay=False,
-             help="PEM trust anchor for tcps://, wss:// and quic:// (the server's "
-                  "certificate or its CA; default: the system's store).")] = None) -> None:
+         ca_file: CaFile = None,
+         auth_token: AuthToken = None,
+         auth_token_file: AuthTokenFile = None) -> None:
     """Chat over NNRP from a terminal: streams text, shows tool calls and usage; Ctrl-C
     during an answer sends a real CANCEL (the gateway aborts vLLM's request). A dropped
-    connection is reconnected and the session resumed: the answer goes on."""
+    connection is reconnected and the session resumed: the answer goes on. Exit 1 when
+    an answer fails (an error or a drop), 130 after Ctrl-C in a one-shot chat."""
     import trio
 
     from gateway.observe import configure_logging
-    from gateway.tools.client import ClientError, Trust
 
+    check_endpoint(endpoint)
+    auth = read_auth_token(auth_token, auth_token_file)
+    trust = trust_for(ca_file)
     configure_logging(level="warning", to_stderr=True)
     try:
-        trio.run(_chat, prompt, endpoint, model, max_tokens, usage, Trust(ca_file))
-    except (ClientError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        status = trio.run(_chat, prompt, endpoint, model, max_tokens, usage, trust, auth)
+    except (KeyboardInterrupt, UserError):
+        raise
+    except Exception as exc:
+        leaf: BaseException = exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        raise connection_failure(leaf, endpoint) from None
+    raise typer.Exit(status)
+
+
+def trust_for(ca_file: Path | None) -> Trust:
+    """``--ca-file`` checked up front: a missing or non-PEM file is named, not a TLS
+    failure later."""
+    from gateway.tools.client import Trust
+
+    if ca_file is not None:
+        try:
+            text = ca_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read the CA file ({getattr(exc, 'strerror', exc)})",
+                            f"--ca-file {ca_file}") from None
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise UserError("not a PEM certificate", f"--ca-file {ca_file}")
+    return Trust(ca_file)
+
+
+#: What one answer came to: its text, and the exit status it is worth.
+Answer = tuple["str | None", int]
 
 
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
-                usage: bool, trust: Trust) -> None:
+                usage: bool, trust: Trust, auth: bytes) -> int:
     import trio
 
     from gateway.tools.client import connect
 
     history: list[dict[str, Any]] = []
+    status = 0
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic(),
                        resume=True) as client:
-        session = await client.open_session(resume=True)
+        session = await client.open_session(resume=True, auth=auth)
         while True:
             text = prompt if prompt is not None else await trio.to_thread.run_sync(_ask)
             if text is None:
@@ -136,12 +260,13 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
             operation = await session.submit(json.dumps({
                 "schema_version": "openai-compatible/1",
                 "operation": "chat.completions.create", "body": body}).encode())
-            answer = await _stream_answer(operation)
+            answer, status = await _stream_answer(operation)
             if answer is not None:
                 history.append({"role": "assistant", "content": answer})
             if prompt is not None:
                 break
         await session.close()
+    return status
 
 
 def _ask() -> str | None:
@@ -152,7 +277,7 @@ def _ask() -> str | None:
     return line or None
 
 
-async def _stream_answer(operation: ClientOperation) -> str | None:
+async def _stream_answer(operation: ClientOperation) -> Answer:
     import trio
 
     from gateway import nnrp
@@ -166,20 +291,27 @@ async def _stream_answer(operation: ClientOperation) -> str | None:
                 final = json.loads(event.typed_body.frames[0].payload)
                 if final["type"] == "response.error":
                     error = final["error"]
-                    typer.echo(f"\n[error {error['code']}: {error['message']}]", err=True)
-                    return None
+                    typer.echo(f"\nerror: the answer failed ({error['code']}: "
+                               f"{error['message']})", err=True)
+                    return None, EXIT_FAILED
             elif isinstance(event, nnrp.DropReceived):
-                typer.echo("\n[cancelled]")
-                return None
+                try:
+                    reason = nnrp.DropReason(event.drop_reason).name
+                except ValueError:
+                    reason = str(event.drop_reason)
+                detail = event.diagnostic.decode(errors="replace")
+                typer.echo(f"\nerror: the answer was dropped ({reason}"
+                           f"{': ' + detail if detail else ''})", err=True)
+                return None, EXIT_FAILED
     except KeyboardInterrupt:
         with trio.CancelScope(shield=True):
             await operation.cancel()
             async for _ in operation.events():
                 pass
-        typer.echo("\n[cancelled]")
-        return None
+        typer.echo("\n[cancelled]", err=True)
+        return None, EXIT_INTERRUPTED
     typer.echo()
-    return "".join(parts)
+    return "".join(parts), 0
 
 
 def _show(event: dict[str, Any], parts: list[str]) -> None:

@@ -29,8 +29,8 @@ for _ in $(seq 100); do
 done
 "$gw" health --ready --admin-url "http://127.0.0.1:$ADMIN_PORT"
 "$gw" conformance run --endpoint "$LIVE" --client builtin --suite-only \
-  --scripted-endpoint "tcp://127.0.0.1:$SCRIPTED_PORT" --output "$OUT/conformance" \
+  --scripted-endpoint "tcp://127.0.0.1:$SCRIPTED_PORT" --out "$OUT/conformance" \
   | tee "$OUT/conformance.txt"
 "$gw" conformance validate --results "$OUT/conformance/results.json"
-"$gw" conformance wire-probe --endpoint "$LIVE" --output "$OUT/wire.json"
+"$gw" conformance wire-probe --endpoint "$LIVE" --out "$OUT/wire.json"
 echo "conformance smoke passed against $LIVE"

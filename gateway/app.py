@@ -276,12 +276,18 @@ class Gateway:
                          threshold=self.config.health_failure_threshold)
 
 
+class DrainInterrupted(Exception):
+    """A second SIGTERM or SIGINT during the drain: exit now, status 1 (as uvicorn and
+    vLLM do); what was still in flight is cut."""
+
+
 async def serve_until_signalled(
         gateway_app: Gateway,
         started: Callable[[list[BoundEndpoint]], Awaitable[None]] | None = None,
         stop_when: Callable[[], Awaitable[None]] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (or ``stop_when`` returns), then drain; SIGHUP
-    re-reads the TLS files, during the drain too.
+    re-reads the TLS files, during the drain too. Another SIGTERM or SIGINT during the
+    drain raises ``DrainInterrupted`` at once.
 
     The signal receiver opens before anything binds, so a signal that arrives during
     start-up is a drain, never the default handler's abrupt exit.
@@ -292,6 +298,12 @@ async def serve_until_signalled(
         async for signum in signals:
             if signum == signal.SIGHUP:
                 gateway_app.reload_tls()
+            elif stop.is_set():
+                log.warning("second signal during the drain; exiting now",
+                            signal=signal.Signals(signum).name,
+                            inflight=gateway_app.server.stats.inflight)
+                raise DrainInterrupted("stopped by a second signal during the drain; "
+                                       "operations still in flight were cut")
             else:
                 stop.set()
 

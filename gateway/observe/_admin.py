@@ -28,7 +28,7 @@ import structlog
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gateway.transport import open_unix_listener
+from gateway.transport import ListenError, open_unix_listener
 
 log = structlog.get_logger("gateway.admin")
 MAX_REQUEST = 16 * 1024
@@ -67,8 +67,13 @@ class AdminServer:
 
     async def serve(self, host: str, port: int, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        self.port = listeners[0].socket.getsockname()[1]
+        await self._serve_listeners(await trio.open_tcp_listeners(port, host=host),
+                                    task_status=task_status)
+
+    async def _serve_listeners(self, listeners: list[trio.SocketListener], *,
+                               task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+                               ) -> None:
+        host, self.port = listeners[0].socket.getsockname()[:2]
         log.info("admin listening", host=host, port=self.port,
                  metrics=self.routes.metrics is not None)
         task_status.started(self.port)
@@ -77,15 +82,23 @@ class AdminServer:
     async def serve_address(self, address: str, *,
                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                             ) -> None:
-        """``host:port`` or ``unix:PATH`` (see the module's doc)."""
+        """``host:port`` or ``unix:PATH`` (see the module's doc); a failed bind is a
+        ``ListenError`` that names this listener."""
+        try:
+            if address.startswith("unix:"):
+                listener = await open_unix_listener(address.removeprefix("unix:"))
+            else:
+                host, _, port = address.rpartition(":")
+                listeners = await trio.open_tcp_listeners(int(port),
+                                                          host=host.strip("[]") or "127.0.0.1")
+        except OSError as exc:
+            raise ListenError.cannot_bind(f"admin listener {address}", exc) from exc
         if address.startswith("unix:"):
-            listener = await open_unix_listener(address.removeprefix("unix:"))
             task_status.started()
             await trio.serve_listeners(self._handle, [listener])
             return
-        host, _, port = address.rpartition(":")
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.serve, host or "127.0.0.1", int(port))
+            await nursery.start(self._serve_listeners, listeners)
             task_status.started()
 
     async def _respond_safely(self, method: str, path: str) -> tuple[int, str, bytes]:

@@ -155,7 +155,10 @@ class GatewayServer:
             return
         if spec.tls and self.ssl_context is None:
             raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, --tls-key)")
-        listeners = await self._stream_listeners(spec, inherited)
+        try:
+            listeners = await self._stream_listeners(spec, inherited)
+        except OSError as exc:
+            raise ListenError.cannot_bind(uri, exc) from exc
         if spec.scheme in ("ws", "wss"):
             await self._serve_websocket(spec, listeners, task_status)
             return
@@ -246,6 +249,8 @@ class GatewayServer:
                         else await QuicListener.bind(self.quic, spec.host, spec.port))
         except ValueError as exc:
             raise ListenError(f"quic://{spec.host}:{spec.port}: {exc}") from exc
+        except OSError as exc:
+            raise ListenError.cannot_bind(f"quic://{spec.host}:{spec.port}", exc) from exc
         self.quic_listeners.append(listener)
         assert self._connection_nursery is not None
         self._connection_nursery.start_soon(listener.run, self._serve_connection)

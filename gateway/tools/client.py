@@ -68,9 +68,11 @@ class Trust:
     """What the tools trust on a TLS endpoint (tcps://, wss://, quic://): the PEM file of
     ``--ca-file`` (the server's certificate or its CA), or the system's store (None).
     One file serves every client: an ``ssl.SSLContext`` for tcps/wss, aioquic's own store
-    for quic, DER for nnrp-py's native client."""
+    for quic, DER for nnrp-py's native client. ``auth``: the token the tools' sessions
+    present in SESSION_OPEN (``--auth-token``; nnrp-py's native client has no way to)."""
 
     ca_file: Path | None = None
+    auth: bytes = attrs.field(default=b"", repr=False)
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.ca_file is None:

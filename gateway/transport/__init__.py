@@ -42,4 +42,9 @@ from ._quic_settings import (
     AlpnPolicy as AlpnPolicy,
     QuicSettings as QuicSettings,
 )
-from ._tls import TlsConfig as TlsConfig, load_tls as load_tls, server_context as server_context
+from ._tls import (
+    TlsConfig as TlsConfig,
+    TlsFileError as TlsFileError,
+    load_tls as load_tls,
+    server_context as server_context,
+)

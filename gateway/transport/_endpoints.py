@@ -20,6 +20,12 @@ from gateway.errors import ConfigError
 class ListenError(ConfigError):
     """An endpoint URI that cannot be used."""
 
+    @classmethod
+    def cannot_bind(cls, uri: str, error: OSError) -> ListenError:
+        """A bind that failed, naming the listener (the OS's message names nothing)."""
+        what = (error.strerror or str(error) or type(error).__name__)
+        return cls(f"cannot listen on {uri}: {what[:1].lower()}{what[1:]}")
+
 
 @attrs.frozen
 class Endpoint:

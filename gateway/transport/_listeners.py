@@ -101,9 +101,16 @@ class SharedListener:
 
 async def bind_shared(uri: str, workers: int) -> SharedListener:
     """Bind ``uri`` once for ``workers`` processes (see the module's rules). A port in use
-    raises OSError (EADDRINUSE), as it does for one process: a SO_REUSEPORT bind alone
+    raises ListenError (EADDRINUSE), as it does for one process: a SO_REUSEPORT bind alone
     would join whatever group holds the port, another gateway's or this one's."""
     spec = parse_endpoint(uri)
+    try:
+        return await _bind_shared(uri, spec, workers)
+    except OSError as exc:
+        raise ListenError.cannot_bind(uri, exc) from exc
+
+
+async def _bind_shared(uri: str, spec: Endpoint, workers: int) -> SharedListener:
     if spec.scheme == "unix":
         listener = await open_unix_listener(spec.path)
         shared = socket.socket(fileno=os.dup(listener.socket.fileno()))

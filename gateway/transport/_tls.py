@@ -25,11 +25,52 @@ def server_context(config: TlsConfig) -> ssl.SSLContext:
     return context
 
 
+class TlsFileError(ValueError):
+    """A certificate, key or CA file that cannot serve: which file, and why (OpenSSL's
+    own "[SSL] PEM lib" names neither)."""
+
+
+_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+_PRIVATE_KEY = b"PRIVATE KEY-----"
+
+
+def _check_pem(path: Path, role: str, marker: bytes) -> None:
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise TlsFileError(f"{role} {path}: {(exc.strerror or str(exc)).lower()}") from None
+    if marker not in content:
+        raise TlsFileError(f"{role} {path}: not PEM (no {marker.decode().strip('-')} "
+                           "block)")
+
+
+def _no_passphrase() -> bytes:
+    # OpenSSL would otherwise prompt on the terminal of a daemon.
+    raise TlsFileError("encrypted private keys are not supported")
+
+
 def load_tls(context: ssl.SSLContext, config: TlsConfig) -> None:
-    """(Re)load the certificate chain and, for mTLS, the client CA into ``context``."""
-    context.load_cert_chain(str(config.cert_file), str(config.key_file))
+    """(Re)load the certificate chain and, for mTLS, the client CA into ``context``;
+    ``TlsFileError`` names the file at fault."""
+    _check_pem(config.cert_file, "certificate", _CERTIFICATE)
+    _check_pem(config.key_file, "private key", _PRIVATE_KEY)
+    try:
+        context.load_cert_chain(str(config.cert_file), str(config.key_file),
+                                password=_no_passphrase)
+    except ssl.SSLError as exc:
+        why = ("the private key does not match the certificate"
+               if exc.reason == "KEY_VALUES_MISMATCH" else f"cannot be loaded ({exc.reason})")
+        raise TlsFileError(f"{why}: certificate {config.cert_file}, private key "
+                           f"{config.key_file}") from None
+    except TlsFileError as exc:
+        raise TlsFileError(f"private key {config.key_file}: {exc}") from None
     if config.client_ca_file is not None:
-        context.load_verify_locations(str(config.client_ca_file))
+        _check_pem(config.client_ca_file, "client CA", _CERTIFICATE)
+        try:
+            context.load_verify_locations(str(config.client_ca_file))
+        except ssl.SSLError as exc:
+            raise TlsFileError(f"client CA {config.client_ca_file}: cannot be loaded "
+                               f"({exc.reason})") from None
         context.verify_mode = ssl.CERT_REQUIRED
     else:
         context.verify_mode = ssl.CERT_NONE

@@ -7,6 +7,7 @@ import sys
 import structlog
 import trio
 
+from gateway.app import DrainInterrupted
 from gateway.observe import configure_logging
 from gateway.upstream import UnsupportedVersion
 
@@ -23,6 +24,8 @@ def main() -> int:
         structlog.get_logger("gateway.workers").error(
             "vLLM version not supported; stopping", error=str(group.exceptions[0]))
         status = EXIT_FATAL
+    except* DrainInterrupted:
+        status = 1  # logged where the signal arrived
     return status
 
 

@@ -22,6 +22,8 @@ signals, restarts it, and stops it. The rules:
   the listening sockets, so the kernel refuses new connections instead of queueing them.
   **SIGHUP** is passed to the workers that are serving (TLS files re-read; one still
   starting reads the current files anyway, and would die of a SIGHUP before its handler).
+* **A second SIGTERM / SIGINT** during the drain is passed on: each worker exits at
+  once (its second signal), and so does the gateway, with status 1.
 * **Exit status**: 0 after a drain; a fatal worker's status otherwise, a worker killed by
   signal S as 128 + S (``exit_status``).
 * **Admin** (``--admin-listen``): each worker serves its own admin routes on a unix
@@ -226,6 +228,14 @@ class Supervisor:
                 for slot in self._slots:
                     if slot.started and slot.process is not None:
                         slot.process.send_signal(signal.SIGHUP)
+            elif self._stop.is_set():
+                # A second signal: each worker gets its second too and exits at once.
+                log.warning("second signal during the drain; stopping the workers now",
+                            signal=signal.Signals(signum).name)
+                self.exit_status = self.exit_status or 1
+                for slot in self._slots:
+                    if slot.process is not None:
+                        slot.process.send_signal(signal.SIGTERM)
             else:
                 self._begin_stop()
 

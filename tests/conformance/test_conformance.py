@@ -422,7 +422,7 @@ async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: 
     hold_the_cancelled_completion(stack)
     endpoints = [stack.uri("tcp"), stack.uri("ipc")]
     args = [sys.executable, "-m", "cli.main", "conformance", "wire-probe",
-            "--output", str(tmp_path / "wire.json")]
+            "--out", str(tmp_path / "wire.json")]
     for endpoint in endpoints * 3:
         args += ["--endpoint", endpoint]
     with trio.fail_after(120):
@@ -441,6 +441,6 @@ def test_native_client_over_quic_needs_a_ca_file(tmp_path: Path) -> None:
     from cli.main import app
 
     result = CliRunner().invoke(app, ["conformance", "run", "--endpoint", "quic://127.0.0.1:1",
-                                      "--client", "native", "--output", str(tmp_path)])
+                                      "--client", "native", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "--ca-file" in result.output

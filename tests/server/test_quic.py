@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -541,8 +542,8 @@ def test_cli_quic_alpn_option() -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["serve", "--print-config", "--quic-alpn", "nnrp/1"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["quic_alpn"] == "nnrp/1"
+    assert tomllib.loads(result.output)["quic_alpn"] == "nnrp/1"
     result = runner.invoke(app, ["serve", "--print-config"],
                            env={"NNRP_GATEWAY_QUIC_ALPN": "any"})
-    assert json.loads(result.output)["quic_alpn"] == "any"
+    assert tomllib.loads(result.output)["quic_alpn"] == "any"
     assert runner.invoke(app, ["serve", "--print-config", "--quic-alpn", "h3"]).exit_code == 2

@@ -142,7 +142,7 @@ async def run_builtin(endpoint: str, requests: list[CaseRequest], trust: Trust
                       ) -> list[Observation]:
     observations = []
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic()) as client:
-        session = await client.open_session()
+        session = await client.open_session(auth=trust.auth)
         for request in requests:
             with trio.fail_after(60):
                 observations.append(await _run_builtin_case(session, request))
@@ -154,7 +154,10 @@ async def run_builtin(endpoint: str, requests: list[CaseRequest], trust: Trust
 
 
 def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list[Observation]:
-    """Blocking: drive nnrp-py's native client (call from a worker thread)."""
+    """Blocking: drive nnrp-py's native client (call from a worker thread). It cannot
+    present a session auth token (``NativeClientSessionOptions`` has none)."""
+    if trust.auth:
+        raise ValueError("nnrp-py's native client cannot present a session auth token")
     import asyncio
 
     from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection

@@ -124,8 +124,10 @@ class Exchange:
     """One scenario's connection: sends, receives with the step timeout, and the
     runner-built list of observed frames."""
 
-    def __init__(self, transport: PacketTransport, step_timeout_ms: int) -> None:
+    def __init__(self, transport: PacketTransport, step_timeout_ms: int, *,
+                 auth: bytes = b"") -> None:
         self.transport = transport
+        self.auth = auth
         self.client = nnrp.ClientConnection()
         self.step_timeout_ms = step_timeout_ms
         self.observed: list[dict[str, Any]] = []
@@ -159,7 +161,7 @@ class Exchange:
     async def open(self) -> int:
         await self.send(self.client.hello())
         await self.receive(HANDSHAKE_TIMEOUT_MS)
-        await self.send(self.client.open_session())
+        await self.send(self.client.open_session(auth=self.auth))
         opened = await self.receive(HANDSHAKE_TIMEOUT_MS)
         if not isinstance(opened, nnrp.SessionOpenAnswered) or not opened.opened:
             raise CaseFailed("the target did not open a session")
@@ -395,7 +397,7 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
             with trio.fail_after((step_timeout_ms + CASE_SLACK_MS) / 1000):
                 transport = await connect_transport(endpoint, nursery, trust.ssl_context(),
                                                     quic=trust.quic())
-                exchange = Exchange(transport, step_timeout_ms)
+                exchange = Exchange(transport, step_timeout_ms, auth=trust.auth)
                 try:
                     terminal = await EXECUTORS[scenario["id"]](exchange)
                 finally:
