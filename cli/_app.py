@@ -40,6 +40,8 @@ EXIT_INTERRUPTED = 130
 
 DEBUG_ENV = "NNRP_GATEWAY_DEBUG"
 
+E = typing.TypeVar("E", bound=BaseException)
+
 
 class UserError(Exception):
     """A mistake the operator can fix, or a run that failed: one line, no traceback.
@@ -72,6 +74,14 @@ def _leaf(error: BaseException) -> BaseException:
         inner = [e for e in error.exceptions if not _is_cancelled(e)]
         error = (inner or list(error.exceptions))[0]
     return error
+
+
+def first_of(error: BaseException, kind: type[E]) -> E | None:
+    """The first ``kind`` in ``error`` or, for an exception group, among its leaves."""
+    if isinstance(error, BaseExceptionGroup):
+        matched, _ = error.split(kind)
+        return None if matched is None else typing.cast(E, _leaf(matched))
+    return error if isinstance(error, kind) else None
 
 
 def _is_cancelled(error: BaseException) -> bool:

@@ -137,10 +137,19 @@ def _toml_type(value: object) -> str:
 
 # ------------------------------------------------------------------------------ printing
 
-def render(ctx: typer.Context, values: dict[str, Any]) -> str:
-    """Rule 4: the effective settings as a file ``--config`` reads back."""
-    lines = ["# nnrp-gateway serve: effective configuration (serve --print-config).",
-             "# Read back with: nnrp-gateway serve --config FILE"]
+_PRINTED = ("# nnrp-gateway serve: effective configuration (serve --print-config).",
+            "# Read back with: nnrp-gateway serve --config FILE")
+_EXAMPLE = ("# nnrp-gateway serve --config FILE: every key, at its default.",
+            "# Keys are serve's option names with underscores, at top level or under [serve];",
+            "# TOML types are checked (a list is a list). Flags and NNRP_GATEWAY_* variables",
+            "# win over the file. `serve --config FILE --print-config` checks a file.",
+            "# Generated: python -m cli._settings > deploy/gateway.example.toml")
+
+
+def render(ctx: typer.Context, values: dict[str, Any], *, explain: bool = False) -> str:
+    """Rule 4: the effective settings as a file ``--config`` reads back. ``explain``: each
+    key with its help, flag and variable above it (deploy/gateway.example.toml)."""
+    lines = list(_EXAMPLE if explain else _PRINTED)
     panel = None
     for param in ctx.command.params:
         name = param.name
@@ -149,17 +158,42 @@ def render(ctx: typer.Context, values: dict[str, Any]) -> str:
         this_panel = getattr(param, "rich_help_panel", None)
         if this_panel != panel:
             panel = this_panel
-            lines += ["", f"# {panel or 'Options'}"]
+            lines += ["", f"# ---- {panel or 'Options'}"]
+        if explain:
+            lines += ["", *_comment(f"{getattr(param, 'help', '')} ({param.opts[0]}, "
+                                    f"{getattr(param, 'envvar', '')})")]
         value = values.get(name)
         if name in SECRETS:
             if value:
                 lines.append(f"# {name}: set (not printed)")
+            elif explain:
+                lines.append(f"# {name} = {_toml_value(_SECRET_EXAMPLES[name])}")
             continue
-        if value is None:
+        if (value is None or value == []) and explain and name in _UNSET_EXAMPLES:
+            lines.append(f"# {name} = {_toml_value(_UNSET_EXAMPLES[name])}")
+            continue
+        if value is None or value == []:
             lines.append(f"# {name} is not set")
             continue
         lines.append(f"{name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+_SECRET_EXAMPLES: dict[str, object] = {"upstream_api_key": "sk-...",
+                                       "auth_token": ["a-long-random-token"]}
+#: What an unset option looks like when set, for the example file.
+_UNSET_EXAMPLES: dict[str, object] = {
+    "admin_listen": "0.0.0.0:9090", "total_timeout": 600.0,
+    "tls_cert": "/etc/nnrp-gateway/tls/tls.crt", "tls_key": "/etc/nnrp-gateway/tls/tls.key",
+    "tls_client_ca": "/etc/nnrp-gateway/tls/client-ca.crt",
+    "auth_token_file": "/etc/nnrp-gateway/tokens", "target_manifest": "/tmp/manifest.json"}
+
+
+def _comment(text: str, width: int = 88) -> list[str]:
+    import textwrap
+
+    return [f"# {line}" for line in textwrap.wrap(" ".join(text.split()), width - 2,
+                                                  break_on_hyphens=False)]
 
 
 def _toml_value(value: Any) -> str:
@@ -209,3 +243,18 @@ def check_output_dir(path: Path, where: str) -> None:
     except OSError as exc:
         raise UserError(f"cannot create the output directory ({exc.strerror})",
                         f"{where} {path}") from None
+
+
+def example_file() -> str:
+    """deploy/gateway.example.toml: every key at its default, explained."""
+    from typer.main import get_command
+
+    from .main import app
+
+    serve = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    ctx = serve.make_context("serve", [])
+    return render(ctx, ctx.params, explain=True)
+
+
+if __name__ == "__main__":
+    print(example_file(), end="")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError
+from ._settings import check_output_dir
 from .ops import AuthToken, AuthTokenFile, CaFile, check_endpoint, connection_failure
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ def plan(
     from gateway.tools.conformance import build_plan
 
     configure_logging(level="warning", to_stderr=True)
+    check_output_dir(out.parent, "--out")
     trust = _trust(ca_file, auth_token, auth_token_file)
     document = _capabilities(endpoint, capabilities, without_extensions, trust)
     execution_plan, not_claimed = build_plan(document, include_project=not suite_only,
@@ -208,6 +210,7 @@ def run(
 
     configure_logging(level="warning", to_stderr=True)
     check_endpoint(endpoint)
+    check_output_dir(out, "--out")
     if scripted_endpoint is not None:
         check_endpoint(scripted_endpoint, "--scripted-endpoint")
     trust = _trust(ca_file, auth_token, auth_token_file)
@@ -299,6 +302,7 @@ def wire_probe(
     configure_logging(level="warning", to_stderr=True)
     for one in endpoint:
         check_endpoint(one)
+    check_output_dir(out.parent, "--out")
     trust = _trust(ca_file, auth_token, auth_token_file)
     report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name, trust=trust))
     errors = schema_errors(report, "wire-conformance-case-results.schema.json")

@@ -19,7 +19,7 @@ import typer
 
 import gateway
 
-from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, set_debug
+from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, first_of, set_debug
 from .bench import bench_app
 from .conformance import conformance_app
 from .ops import chat, check, health
@@ -294,10 +294,12 @@ def serve(
     from gateway.pipeline import PipelineLimits
     from gateway.server import ConnectionLimits, ResumeSettings
 
-    from ._settings import render
+    from ._settings import check_output_dir, render, source
 
     authenticate, tls = _check_serve(ctx, listen, vllm_url, admin_listen, auth_token,
                                      auth_token_file, tls_cert, tls_key, tls_client_ca)
+    if target_manifest is not None:
+        check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
@@ -512,13 +514,17 @@ def replay_server(
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            try:
-                await nursery.start(server.serve, host, port)
-            except OSError as exc:
-                raise UserError(f"cannot listen ({exc.strerror or exc})", listen) from None
+            await nursery.start(server.serve, host, port)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(run)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            trio.run(run)
+    except BaseException as error:
+        failed_bind = first_of(error, OSError)
+        if failed_bind is None:
+            raise
+        raise UserError(f"cannot listen ({failed_bind.strerror or failed_bind})",
+                        listen) from None
 
 
 @app.command()
@@ -532,9 +538,10 @@ def record(
 
     from gateway.tools.replay import record_all
 
-    from ._settings import check_http_url
+    from ._settings import check_http_url, check_output_dir
 
     check_http_url(vllm_url, "--vllm-url")
+    check_output_dir(out, "--out")
     try:
         written = record_all(vllm_url.rstrip("/"), out, model)
     except httpx.HTTPError as exc:

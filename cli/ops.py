@@ -129,7 +129,9 @@ def check(vllm_url: Annotated[str, typer.Option(
     else:
         for key, value in report.items():
             typer.echo(f"{key:>10}: {value}")
-    raise typer.Exit(0 if report["ready"] else 1)
+    if not report["ready"]:
+        why = report.get("error") or "its /health answers unhealthy"
+        raise UserError(f"not ready to serve ({why})", vllm_url, code=EXIT_FAILED)
 
 
 def read_auth_token(token: str | None, token_file: Path | None) -> bytes:
@@ -162,19 +164,27 @@ def check_endpoint(endpoint: str, where: str = "--endpoint") -> None:
 
 
 def connection_failure(error: BaseException, endpoint: str) -> UserError:
-    """A failed connect or a broken session, said the way an operator can act on it."""
+    """A failed connect or a broken session, said the way an operator can act on it: the
+    first cause that names something (an untrusted certificate, a refused port)."""
     import ssl
 
-    cause: BaseException | None = error
-    while cause is not None:
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        cause = pending.pop(0)
+        if id(cause) in seen:
+            continue
+        seen.add(id(cause))
         if isinstance(cause, ssl.SSLCertVerificationError):
             return UserError(f"the server's certificate is not trusted "
                              f"({cause.verify_message}); give --ca-file", endpoint,
                              code=EXIT_FAILED)
         if isinstance(cause, OSError) and cause.strerror:
-            return UserError(f"cannot connect ({cause.strerror})", endpoint,
-                             code=EXIT_FAILED)
-        cause = cause.__cause__ or cause.__context__
+            said = os.strerror(cause.errno) if cause.errno else cause.strerror
+            return UserError(f"cannot connect ({said})", endpoint, code=EXIT_FAILED)
+        if isinstance(cause, BaseExceptionGroup):
+            pending.extend(cause.exceptions)
+        pending.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
     text = str(error) or type(error).__name__
     return UserError(f"no NNRP session ({text})", endpoint, code=EXIT_FAILED)
 

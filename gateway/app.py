@@ -108,6 +108,8 @@ class Gateway:
             config.upstream_pool_size, queue_timeout=config.upstream_queue_timeout))
         self.info: VllmInfo | None = None
         self.upstream_healthy = False
+        #: Why the last probe or health check of vLLM failed (readiness says it).
+        self.upstream_problem: str | None = None
         # While vLLM is not ready, the next probe may change that: tell clients then.
         pipeline_limits = attrs.evolve(config.pipeline, unavailable_retry_after_ms=int(
             max(config.probe_interval, 1.0) * 1000))
@@ -145,10 +147,11 @@ class Gateway:
         reasons = []
         if not self.endpoints or not self.server.accepting:
             reasons.append("listeners are not accepting")
+        problem = f": {self.upstream_problem}" if self.upstream_problem else ""
         if self.info is None:
-            reasons.append("vLLM has not been probed yet")
+            reasons.append(f"vLLM has not answered the probe yet{problem}")
         elif not self.upstream_healthy:
-            reasons.append("vLLM health check failed")
+            reasons.append(f"vLLM health check failed{problem}")
         if self.draining:
             reasons.append("draining")
         return reasons
@@ -227,6 +230,7 @@ class Gateway:
         self.info = info
         self.metrics.known_models = frozenset(info.models)
         self.upstream_healthy = True
+        self.upstream_problem = None
         self.probed.set()
         log.info("vLLM ready", vllm_version=info.version, binding=info.binding.family,
                  models=list(info.models))
@@ -249,6 +253,7 @@ class Gateway:
                 except UnsupportedVersion:
                     raise
                 except UpstreamError as exc:
+                    self.upstream_problem = str(exc)
                     if not waiting_logged:
                         log.info("waiting for vLLM", vllm_url=self.config.vllm_url,
                                  reason=str(exc))
@@ -267,6 +272,9 @@ class Gateway:
                 health = True
             misses = 0 if health else misses + 1
             if health is False or misses >= self.config.health_failure_threshold:
+                self.upstream_problem = (
+                    "/health answered unhealthy" if health is False
+                    else f"/health unanswered {misses} times in a row")
                 misses = 0
                 self.upstream_healthy = False
                 log.warning("vLLM health check failed; new operations fail fast",

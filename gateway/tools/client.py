@@ -658,5 +658,6 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
     except BaseExceptionGroup as group:
         # The reader never raises; a lone error here is the caller's or the handshake's.
         if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-            raise group.exceptions[0] from None
+            lone = group.exceptions[0]
+            raise lone from lone.__cause__  # the why (a refused port, a certificate)
         raise

@@ -29,9 +29,9 @@ import pytest
 import trio
 
 from gateway.nnrp import ResultReceived
-from gateway.tools.client import connect
+from gateway.tools.client import ClientError, connect
 from gateway.transport import QuicClientOptions
-from tests.support.processes import ReplayThread, free_port
+from tests.support.processes import ReplayThread, free_port, served_endpoints
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
 from tests.support.waits import wait_for
@@ -85,9 +85,7 @@ def served_workers(tmp_path: Path, vllm_url: str, *listen: str, workers: int = 2
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT)
     try:
         def announced() -> list[str]:
-            return [line.removeprefix("serving NNRP on ")
-                    for line in log.read_text().splitlines()
-                    if line.startswith("serving NNRP on ")]
+            return served_endpoints(log.read_text())
         wait_for(lambda: len(announced()) == len(listen) or process.poll() is not None,
                  what="the announcement")
         assert process.poll() is None, log.read_text()
@@ -351,6 +349,44 @@ def test_sigterm_drains_every_worker(tmp_path: Path, replay: ReplayThread) -> No
             trio.run(stream_once, uri)  # nobody listens any more
 
 
+def test_a_second_signal_during_the_drain_stops_every_worker_at_once(
+        tmp_path: Path, replay: ReplayThread) -> None:
+    # Issue 22: the supervisor passes the second signal on; nobody waits for the drain
+    # (--drain-timeout 10 s here, and the stream is held until the gateway is gone).
+    with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0") as served:
+        uri = served.uris["tcp"]
+        hold = replay.call(replay.server.hold, is_chat, after=HELD_AFTER)
+
+        def draining() -> list[dict[str, Any]]:
+            return [r for r in served.records() if r.get("event") == "draining"]
+
+        async def stream_through_two_signals() -> None:
+            async def one(started: trio.Event) -> None:
+                with contextlib.suppress(ClientError):  # it dies with its worker
+                    async with connect(uri) as client:
+                        session = await client.open_session()
+                        operation = await session.submit(envelope(chat(stream=True,
+                                                                       max_tokens=60)))
+                        async for _ in operation.events():
+                            started.set()
+
+            async with trio.open_nursery() as nursery:
+                started = trio.Event()
+                nursery.start_soon(one, started)
+                await started.wait()
+                served.process.send_signal(signal.SIGTERM)
+                await trio.to_thread.run_sync(functools.partial(
+                    wait_for, lambda: len(draining()) == 2, what="both workers draining"))
+                served.process.send_signal(signal.SIGINT)
+                status = await trio.to_thread.run_sync(
+                    functools.partial(served.process.wait, 8))
+                assert status == 1
+                await trio.to_thread.run_sync(replay.call, hold.release)
+
+        trio.run(stream_through_two_signals)
+        assert not any(alive(pid) for pid in served.pids)
+
+
 def test_quic_datagrams_stay_with_the_worker_holding_their_connection(
         tmp_path: Path, replay: ReplayThread) -> None:
     pki = make_pki(tmp_path / "pki")
@@ -433,12 +469,12 @@ def test_sighup_while_workers_start_is_not_fatal(tmp_path: Path,
         wait_for(lambda: process.poll() is not None or bool(worker_children(process.pid)),
                  what="workers spawned")
         process.send_signal(signal.SIGHUP)
-        wait_for(lambda: b"serving NNRP on tcp" in log.read_bytes()
+        wait_for(lambda: any(uri.startswith("tcp://")
+                             for uri in served_endpoints(log.read_text()))
                  or process.poll() is not None, what="the announcement")
         assert process.poll() is None, log.read_text()
-        uri = next(line.removeprefix("serving NNRP on ")
-                   for line in log.read_text().splitlines()
-                   if line.startswith("serving NNRP on tcp://"))
+        uri = next(uri for uri in served_endpoints(log.read_text())
+                   if uri.startswith("tcp://"))
         assert trio.run(stream_once, uri).status == 200
     finally:
         process.send_signal(signal.SIGTERM)

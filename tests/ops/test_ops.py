@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.app import Gateway, GatewayConfig
-from gateway.tools.client import connect
+from gateway.tools.client import ClientError, connect
 from gateway.tools.replay import ReplayServer
 from tests.support.processes import ReplayThread, free_port, wait_ready
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
@@ -115,7 +115,8 @@ async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
     replay.kill_engine()
     with trio.fail_after(5):
         await until_async(lambda: readyz_is(admin, 503))
-    assert "vLLM health check failed" in (await get(f"{admin}/readyz")).json()["reasons"]
+    assert "vLLM health check failed: /health answered unhealthy" in (
+        await get(f"{admin}/readyz")).json()["reasons"]
     assert (await get(f"{admin}/healthz")).status_code == 200
     replay.revive()
     with trio.fail_after(5):
@@ -128,6 +129,20 @@ async def test_health_readiness_and_drain(nursery: trio.Nursery) -> None:
                                            ["health", "--admin-url", admin, "--ready"])
     assert result.exit_code == 1
     assert result.output.startswith("503 ") and "draining" in result.output
+
+
+async def test_readiness_says_why_the_probe_failed(nursery: trio.Nursery) -> None:
+    # Issue 22: not "not probed yet" while the probe fails: what it failed with.
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",),
+                                    vllm_url=f"http://127.0.0.1:{free_port()}",
+                                    admin_listen="127.0.0.1:0", probe_interval=0.05))
+    await nursery.start(gateway.run)
+    admin = f"http://127.0.0.1:{gateway.admin.port}"
+    with trio.fail_after(10):
+        await until(lambda: gateway.upstream_problem is not None)
+    (reason,) = (await get(f"{admin}/readyz")).json()["reasons"]
+    assert reason.startswith("vLLM has not answered the probe yet: ")
+    assert "ConnectError" in reason, reason
 
 
 async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
@@ -296,6 +311,44 @@ def served_stack(tmp_path: Path) -> Any:
             gateway.wait()
             assert gateway.stdout is not None
             gateway.stdout.close()
+
+
+def test_a_second_signal_during_the_drain_exits_at_once(served_stack: Any) -> None:
+    # Issue 22: as uvicorn and vLLM do. The stream is held, so the drain would wait its
+    # whole --drain-timeout (5 s); the second signal ends the process now, status 1.
+    gateway, endpoint, admin, replay = served_stack
+    hold = replay.call(replay.server.hold, lambda request: request.method == "POST",
+                       after=8)
+
+    def draining() -> bool:
+        return "draining" in httpx.get(f"{admin}/readyz").json()["reasons"]
+
+    async def stream_through_two_signals() -> tuple[int, list[BaseException]]:
+        broken: list[BaseException] = []
+        async with connect(endpoint) as client, trio.open_nursery() as nursery:
+
+            async def stream() -> None:
+                try:
+                    await stream_through_signal(client, gateway.pid, signal.SIGTERM)
+                except ClientError as exc:  # the connection dies with the process
+                    broken.append(exc)
+
+            nursery.start_soon(stream)
+            await trio.to_thread.run_sync(functools.partial(wait_for, draining,
+                                                            what="the drain"))
+            gateway.send_signal(signal.SIGINT)
+            # The process exits with the stream still held: it waited for no drain.
+            status = await trio.to_thread.run_sync(functools.partial(gateway.wait, 4))
+            await trio.to_thread.run_sync(replay.call, hold.release)
+        return status, broken
+
+    status, broken = trio.run(stream_through_two_signals)
+    assert status == 1
+    assert len(broken) == 1
+    output = gateway.stdout.read()
+    assert "second signal during the drain; exiting now" in output
+    assert "error: stopped by a second signal during the drain" in output
+    assert "Traceback" not in output
 
 
 def test_sigterm_drains_in_flight_stream(served_stack: Any) -> None:

@@ -3,7 +3,9 @@ vLLM in its own thread (CliRunner commands call ``trio.run`` themselves)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -23,6 +25,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def served_endpoints(log_text: str) -> list[str]:
+    """The endpoints a ``serve`` process announced in its log (JSON lines: the event
+    "serving NNRP", once all listeners, of every worker, serve)."""
+    endpoints = []
+    for line in log_text.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") == "serving NNRP":
+                endpoints.append(record["endpoint"])
+    return endpoints
 
 
 def wait_ready(admin_url: str, seconds: float = 20.0) -> None:

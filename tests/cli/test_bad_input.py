@@ -1,0 +1,278 @@
+"""Every command, every mistake (issue 22): a table of bad inputs, one per option that
+takes a path, URL, address or choice, and the unreachable peers. Each must end in exactly
+one line ``error: ...`` on stderr naming what is wrong and where, no traceback, and the
+exit status of cli/_app.py's rules: 2 for usage and configuration, 1 for a failed run.
+
+The commands run in this process (CliRunner) against real sockets: a port held busy, a
+closed port, and one real gateway (``serve`` as a process, tcp, ws and tcps listeners,
+in front of the replay vLLM) for the mistakes that need a server to be made against.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from cli.main import app
+from tests.support.processes import ReplayThread, free_port, served_endpoints
+from tests.support.quic import make_pki
+from tests.support.waits import wait_for
+
+runner = CliRunner()
+
+
+@attrs.frozen
+class World:
+    """What the bad inputs are made of."""
+
+    tmp: Path
+    busy: int  # a loopback port something listens on
+    closed: int  # a loopback port nothing listens on
+    cert: Path
+    key: Path
+    other_key: Path  # a key that does not match ``cert``
+    gateway_tcp: str
+    gateway_ws: str
+    gateway_tcps: str
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("bad-input")
+    server, other = make_pki(tmp / "pki"), make_pki(tmp / "other", "other")
+    (tmp / "not.pem").write_text("not a certificate\n")
+    (tmp / "bad.toml").write_text("this is = = not toml\n")
+    (tmp / "typo.toml").write_text('vllm_urll = "http://127.0.0.1:8000"\n')
+    (tmp / "not.json").write_text("{")
+    (tmp / "a-file").write_text("")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    log = tmp / "gateway.log"
+    with ReplayThread(speed=50.0) as replay, log.open("wb") as sink:
+        exe = str(Path(sys.executable).parent / "nnrp-gateway")
+        gateway = subprocess.Popen(
+            [exe, "serve", "--vllm-url", replay.url, "--listen", "tcp://127.0.0.1:0",
+             "--listen", "ws://127.0.0.1:0/nnrp", "--listen", "tcps://127.0.0.1:0",
+             "--tls-cert", str(server.cert), "--tls-key", str(server.key)],
+            stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: len(served_endpoints(log.read_text())) == 3
+                     or gateway.poll() is not None, what="the gateway")
+            assert gateway.poll() is None, log.read_text()
+            uris = {uri.split(":")[0]: uri for uri in served_endpoints(log.read_text())}
+            yield World(tmp, busy.getsockname()[1], free_port(), server.cert, server.key,
+                        other.key, uris["tcp"], uris["ws"], uris["tcps"])
+        finally:
+            gateway.kill()
+            gateway.wait()
+            busy.close()
+
+
+#: (id, argv with placeholders for ``World``, exit status, what stderr must say).
+CASES: list[tuple[str, list[str], int, str]] = [
+    # the top command
+    ("unknown-command", ["sreve"], 2, "no such command 'sreve'. Did you mean 'serve'?"),
+    ("unknown-option", ["serve", "--lisen", "x"], 2, "no such option: --lisen"),
+    # serve: every path, URL, address and choice, checked before anything binds
+    ("serve-listen-scheme", ["serve", "--listen", "http://127.0.0.1:1", "--print-config"], 2,
+     "scheme must be tcp://"),
+    ("serve-listen-bare", ["serve", "--listen", "127.0.0.1:7700", "--print-config"], 2,
+     "scheme must be"),
+    ("serve-listen-busy", ["serve", "--listen", "tcp://127.0.0.1:{busy}", "--vllm-url",
+                           "http://127.0.0.1:{closed}"], 2,
+     "cannot listen on tcp://127.0.0.1:{busy}: address already in use"),
+    ("serve-listen-busy-workers", ["serve", "--workers", "2", "--listen",
+                                   "tcp://127.0.0.1:{busy}"], 2,
+     "cannot listen on tcp://127.0.0.1:{busy}: address already in use"),
+    ("serve-tls-listener-no-cert", ["serve", "--listen", "tcps://127.0.0.1:0",
+                                    "--print-config"], 2, "needs a certificate"),
+    ("serve-admin-listen-shape", ["serve", "--admin-listen", "localhost", "--print-config"], 2,
+     "expected host:port or unix:PATH, got 'localhost', --admin-listen"),
+    ("serve-admin-listen-busy", ["serve", "--listen", "tcp://127.0.0.1:0", "--admin-listen",
+                                 "127.0.0.1:{busy}", "--vllm-url", "http://127.0.0.1:{closed}"],
+     2, "cannot listen on admin listener 127.0.0.1:{busy}: address already in use"),
+    ("serve-vllm-url-no-scheme", ["serve", "--vllm-url", "localhost:8000", "--print-config"],
+     2, "expected an http:// or https:// URL with a host, got 'localhost:8000', --vllm-url"),
+    ("serve-vllm-url-ftp", ["serve", "--vllm-url", "ftp://host", "--print-config"], 2,
+     "got 'ftp://host', --vllm-url"),
+    ("serve-vllm-url-port", ["serve", "--vllm-url", "http://host:99999", "--print-config"], 2,
+     "not a URL"),
+    ("serve-log-level", ["serve", "--log-level", "verbose", "--print-config"], 2,
+     "invalid value ('verbose' is not one of 'debug', 'info', 'warning', 'error'), "
+     "--log-level"),
+    ("serve-quic-alpn", ["serve", "--quic-alpn", "h3", "--print-config"], 2, "--quic-alpn"),
+    ("serve-tls-cert-missing", ["serve", "--tls-cert", "{tmp}/none.pem", "--tls-key", "{key}",
+                                "--print-config"], 2,
+     "certificate {tmp}/none.pem: no such file or directory"),
+    ("serve-tls-cert-not-pem", ["serve", "--tls-cert", "{tmp}/not.pem", "--tls-key", "{key}",
+                                "--print-config"], 2,
+     "certificate {tmp}/not.pem: not PEM"),
+    ("serve-tls-key-mismatch", ["serve", "--tls-cert", "{cert}", "--tls-key", "{other_key}",
+                                "--print-config"], 2,
+     "the private key does not match the certificate"),
+    ("serve-tls-key-alone", ["serve", "--tls-key", "{key}", "--print-config"], 2,
+     "--tls-cert and --tls-key go together, --tls-key"),
+    ("serve-tls-client-ca", ["serve", "--tls-cert", "{cert}", "--tls-key", "{key}",
+                             "--tls-client-ca", "{tmp}/not.pem", "--print-config"], 2,
+     "client CA {tmp}/not.pem: not PEM"),
+    ("serve-auth-token-file", ["serve", "--auth-token-file", "{tmp}/none", "--print-config"],
+     2, "cannot read the token file (No such file or directory), --auth-token-file"),
+    ("serve-config-missing", ["serve", "--config", "{tmp}/none.toml", "--print-config"], 2,
+     "cannot read the configuration file (No such file or directory), {tmp}/none.toml"),
+    ("serve-config-not-toml", ["serve", "--config", "{tmp}/bad.toml", "--print-config"], 2,
+     "not valid TOML"),
+    ("serve-config-typo", ["serve", "--config", "{tmp}/typo.toml", "--print-config"], 2,
+     "unknown key 'vllm_urll' (did you mean vllm_url?), {tmp}/typo.toml"),
+    ("serve-target-manifest", ["serve", "--target-manifest", "{tmp}/a-file/m.json",
+                               "--print-config"], 2,
+     "cannot create the output directory"),
+    ("serve-workers", ["serve", "--workers", "0", "--print-config"], 2, "--workers"),
+    # health, check, capabilities
+    ("health-url", ["health", "--admin-url", "ftp://x"], 2, "expected an http:// URL"),
+    ("health-unreachable", ["health", "--admin-url", "http://127.0.0.1:{closed}"], 1,
+     "unhealthy: no answer"),
+    ("check-url", ["check", "--vllm-url", "garbage"], 2, "got 'garbage', --vllm-url"),
+    ("check-unreachable", ["check", "--vllm-url", "http://127.0.0.1:{closed}"], 1,
+     "not ready to serve (vLLM unreachable or failing"),
+    ("capabilities-url", ["capabilities", "--vllm-url", "127.0.0.1:8000"], 2, "--vllm-url"),
+    # chat
+    ("chat-endpoint-http", ["chat", "hi", "--endpoint", "http://127.0.0.1:1"], 2,
+     "scheme must be tcp://"),
+    ("chat-endpoint-bare", ["chat", "hi", "--endpoint", "127.0.0.1:7700"], 2,
+     "scheme must be"),
+    ("chat-endpoint-port-0", ["chat", "hi", "--endpoint", "tcp://127.0.0.1:0"], 2,
+     "a client needs the port to dial"),
+    ("chat-unreachable", ["chat", "hi", "--endpoint", "tcp://127.0.0.1:{closed}"], 1,
+     "cannot connect (Connection refused), tcp://127.0.0.1:{closed}"),
+    ("chat-ws-path", ["chat", "hi", "--endpoint", "{gateway_ws}x"], 1,
+     "{gateway_ws}x"),
+    ("chat-untrusted-certificate", ["chat", "hi", "--endpoint", "{gateway_tcps}"], 1,
+     "the server's certificate is not trusted (self-signed certificate); give --ca-file"),
+    ("chat-ca-file-missing", ["chat", "hi", "--ca-file", "{tmp}/none.pem"], 2,
+     "cannot read the CA file (No such file or directory), --ca-file"),
+    ("chat-ca-file-not-pem", ["chat", "hi", "--ca-file", "{tmp}/not.pem"], 2,
+     "not a PEM certificate, --ca-file"),
+    ("chat-auth-token-file", ["chat", "hi", "--auth-token-file", "{tmp}/none"], 2,
+     "cannot read the token file"),
+    ("chat-unknown-model", ["chat", "hi", "--endpoint", "{gateway_tcp}", "--model", "nope"], 1,
+     "the answer failed"),
+    # replay-server, record
+    ("replay-listen-shape", ["replay-server", "--listen", "nope"], 2,
+     "expected host:port, got 'nope', --listen"),
+    ("replay-listen-busy", ["replay-server", "--listen", "127.0.0.1:{busy}"], 2,
+     "cannot listen (Address already in use), 127.0.0.1:{busy}"),
+    ("replay-version", ["replay-server", "--vllm-version", "9.9"], 2,
+     "unknown vLLM line '9.9'"),
+    ("record-url", ["record", "--out", "{tmp}/rec", "--vllm-url", "nope"], 2, "--vllm-url"),
+    ("record-unreachable", ["record", "--out", "{tmp}/rec", "--vllm-url",
+                            "http://127.0.0.1:{closed}"], 1, "vLLM did not answer"),
+    ("record-out", ["record", "--out", "{tmp}/a-file/x", "--vllm-url", "http://127.0.0.1:1"],
+     2, "cannot create the output directory"),
+    # conformance
+    ("plan-capabilities-missing", ["conformance", "plan", "--out", "{tmp}/p.json",
+                                   "--capabilities", "{tmp}/none.json"], 2, "does not exist"),
+    ("plan-capabilities-not-json", ["conformance", "plan", "--out", "{tmp}/p.json",
+                                    "--capabilities", "{tmp}/not.json"], 2,
+     "the capability document is not JSON"),
+    ("plan-endpoint", ["conformance", "plan", "--out", "{tmp}/p.json", "--endpoint",
+                       "http://x:1"], 2, "scheme must be"),
+    ("plan-unreachable", ["conformance", "plan", "--out", "{tmp}/p.json", "--endpoint",
+                          "tcp://127.0.0.1:{closed}"], 1, "cannot connect"),
+    ("plan-ca-file", ["conformance", "plan", "--out", "{tmp}/p.json", "--endpoint",
+                      "{gateway_tcps}", "--ca-file", "{tmp}/not.pem"], 2, "not a PEM"),
+    ("plan-untrusted", ["conformance", "plan", "--out", "{tmp}/p.json", "--endpoint",
+                        "{gateway_tcps}"], 1, "give --ca-file"),
+    ("plan-out", ["conformance", "plan", "--out", "{tmp}/a-file/p.json", "--endpoint",
+                  "{gateway_tcp}"], 2, "cannot create the output directory"),
+    ("run-endpoint", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                      "127.0.0.1:1"], 2, "scheme must be"),
+    ("run-unreachable", ["conformance", "run", "--out", "{tmp}/run", "--client", "builtin",
+                         "--endpoint", "tcp://127.0.0.1:{closed}"], 1, "cannot connect"),
+    ("run-client", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                    "{gateway_tcp}", "--client", "rust"], 2, "--client"),
+    ("run-scripted-endpoint", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                               "{gateway_tcp}", "--scripted-endpoint", "x"], 2,
+     "--scripted-endpoint"),
+    ("run-native-with-token", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                               "{gateway_tcp}", "--client", "native", "--auth-token", "t"], 2,
+     "cannot present a session auth token"),
+    ("run-out", ["conformance", "run", "--out", "{tmp}/a-file/run", "--endpoint",
+                 "{gateway_tcp}"], 2, "cannot create the output directory"),
+    ("validate-results-missing", ["conformance", "validate", "--results", "{tmp}/none.json"],
+     2, "does not exist"),
+    ("validate-results-not-json", ["conformance", "validate", "--results", "{tmp}/not.json",
+                                   "--plan", "{tmp}/not.json"], 2, "is not JSON"),
+    ("wire-probe-endpoint", ["conformance", "wire-probe", "--out", "{tmp}/w.json",
+                             "--endpoint", "ftp://x:1"], 2, "scheme must be"),
+    ("wire-probe-out", ["conformance", "wire-probe", "--out", "{tmp}/a-file/w.json",
+                        "--endpoint", "{gateway_tcp}"], 2, "cannot create the output directory"),
+    # bench
+    ("bench-run-scenario", ["bench", "run", "--scenario", "nope"], 2,
+     "unknown scenario(s) nope"),
+    ("bench-run-out", ["bench", "run", "--quick", "--scenario", "latency", "--out",
+                       "{tmp}/a-file/b"], 2, "cannot create the output directory"),
+    ("bench-codec-out", ["bench", "codec", "--quick", "--out", "{tmp}/a-file/b"], 2,
+     "cannot create the output directory"),
+    ("bench-wire-out", ["bench", "wire", "--quick", "--out", "{tmp}/a-file/b"], 2,
+     "cannot create the output directory"),
+    ("bench-soak-out", ["bench", "soak", "--out", "{tmp}/a-file/b"], 2,
+     "cannot create the output directory"),
+    ("bench-live-url", ["bench", "live", "--vllm-url", "nope"], 2, "--vllm-url"),
+    ("bench-live-endpoint", ["bench", "live", "--vllm-url", "http://127.0.0.1:{closed}",
+                             "--endpoint", "nope"], 2, "scheme must be"),
+    ("bench-relay-listen", ["bench", "relay", "--listen", "x", "--target", "127.0.0.1:1"], 2,
+     "expected host:port, got 'x', --listen"),
+    ("bench-relay-target", ["bench", "relay", "--listen", "127.0.0.1:0", "--target", "y"], 2,
+     "expected host:port, got 'y', --target"),
+]
+
+
+@pytest.mark.parametrize(("argv", "status", "says"), [case[1:] for case in CASES],
+                         ids=[case[0] for case in CASES])
+def test_a_mistake_is_one_line_and_an_exit_status(world: World, argv: list[str], status: int,
+                                                  says: str) -> None:
+    values = {field.name: getattr(world, field.name) for field in attrs.fields(World)}
+    args = [arg.format(**values) for arg in argv]
+    result = runner.invoke(app, args, env={"NNRP_GATEWAY_DEBUG": None,
+                                           "NNRP_GATEWAY_ADMIN_LISTEN": None})
+    assert "Traceback" not in result.output + result.stderr
+    lines = result.stderr.splitlines()
+    assert lines and lines[-1].startswith("error: "), result.stderr
+    assert sum(line.startswith("error: ") for line in lines) == 1, result.stderr
+    assert says.format(**values) in lines[-1], lines[-1]
+    assert result.exit_code == status, result.stderr
+
+
+def _commands(group: object, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for name, command in getattr(group, "commands", {}).items():
+        if getattr(command, "commands", None):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name)
+
+
+#: Commands whose options take no path, URL, address or choice: nothing to get wrong.
+NOTHING_TO_GET_WRONG = {("version",), ("demo",)}
+
+
+def test_the_table_covers_every_command() -> None:
+    covered = {tuple(w for w in argv if not w.startswith("-"))[:2] for _, argv, _, _ in CASES}
+    for command in _commands(get_command(app)):
+        if command in NOTHING_TO_GET_WRONG:
+            continue
+        assert any(command == hit[:len(command)] for hit in covered), command
+
+
+def test_debug_shows_the_traceback_instead() -> None:
+    result = runner.invoke(app, ["--debug", "serve", "--vllm-url", "x", "--print-config"])
+    assert result.exit_code == 1 and result.exception is not None
+    assert "expected an http://" in str(result.exception)
