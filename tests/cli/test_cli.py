@@ -49,6 +49,39 @@ def test_demo_streams_one_answer() -> None:
     assert "[response.completed, status 200" in result.output
 
 
+# What the test extra installs that a plain install does not (pyproject.toml).
+TEST_ONLY_MODULES = ("nnrp", "respx", "hypothesis", "pytest", "_pytest", "pytest_trio",
+                     "helm_python", "kubernetes_validate", "yamllint", "mypy", "build",
+                     "matplotlib")
+
+
+def test_demo_runs_without_the_test_extra() -> None:
+    """`make demo` installs only the runtime dependencies: the demo must not import
+    anything from the test extra. Each test-only module is made unimportable, as it is in a
+    runtime-only venv (an optional import that copes with its absence is fine)."""
+    code = f"""
+import sys
+from importlib.abc import MetaPathFinder
+
+class TestExtraAbsent(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {TEST_ONLY_MODULES!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+for name in [m for m in sys.modules if m.partition(".")[0] in {TEST_ONLY_MODULES!r}]:
+    del sys.modules[name]
+sys.meta_path.insert(0, TestExtraAbsent())
+sys.argv = ["nnrp-gateway", "demo"]
+from cli.main import main
+main()
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[response.completed, status 200" in result.stdout
+
+
 def test_capabilities_json(replay: ReplayThread) -> None:
     result = runner.invoke(app, ["capabilities", "--vllm-url", replay.url, "--json",
                                  "--tool-calls"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -234,6 +235,32 @@ def test_workers_size_the_cpu_request() -> None:
                                   "limits": {"cpu": "2", "memory": "1Gi"}}
     options, _ = cli_options("serve")
     assert "--workers" in options
+
+
+def test_readme_helm_example_gives_vllm_a_gpu() -> None:
+    """The README's `helm install` line, its --set flags parsed by Helm's own parser:
+    the chart accepts them and the vLLM container, not the gateway, asks for the GPU."""
+    readme = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "helm install" in b]
+    words = shlex.split(block.replace("\\\n", " "))
+    sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+    assert sets, block
+    values: dict[str, Any] = {}
+    for expression in sets:
+        _merge(values, helm.parse_set_string(expression))
+    chart = helm.Chart.load(str(CHART))
+    manifests: dict[str, list[dict[str, Any]]] = {}
+    for path, text in chart.render(values, name="llm", namespace="ml").items():
+        if path.endswith(".yaml"):
+            for document in yaml.safe_load_all(text):
+                if document:
+                    manifests.setdefault(document["kind"], []).append(document)
+    pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert vllm["image"].endswith(":v0.26.0")
+    gateway, _ = _gateway(manifests)
+    assert "nvidia.com/gpu" not in gateway["resources"].get("limits", {})
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:

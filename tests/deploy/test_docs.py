@@ -1,0 +1,128 @@
+"""The documentation works from a plain clone: every relative link in README.md and
+docs/**/*.md names a file in the repository (and a heading there, when it names one), and
+no path in the text reaches outside the repository (the team's notes beside it are not
+in a clone)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+# [text](target) and ![alt](target), an optional "title" after the target.
+_INLINE_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
+_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks (a link there is an example, not a link)."""
+    return _FENCE.sub("", text)
+
+
+def links(text: str) -> list[str]:
+    prose = _CODE_SPAN.sub("", _prose(text))
+    return _INLINE_LINK.findall(prose) + _REFERENCE_LINK.findall(prose)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation but '-' and '_' dropped, spaces to '-',
+    a repeated id numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in _HEADING.findall(_prose(text)):
+        plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", plain.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def broken_links(doc: Path, root: Path = ROOT) -> list[str]:
+    text = doc.read_text()
+    broken = []
+    for target in links(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:, ...
+            continue
+        path_part, _, fragment = target.partition("#")
+        resolved = (doc.parent / unquote(path_part)).resolve() if path_part else doc
+        if not resolved.is_relative_to(root) or not resolved.exists():
+            broken.append(f"{target}: no such file in the repository")
+        elif fragment and resolved.suffix == ".md" and fragment not in anchors(
+                resolved.read_text()):
+            broken.append(f"{target}: no heading #{fragment} in {resolved.relative_to(root)}")
+    return broken
+
+
+def paths_outside(doc: Path, root: Path = ROOT) -> list[str]:
+    """Code spans naming a path that starts with '../' and is not a file or folder in the
+    repository (the team's notes beside the repository are not in a clone)."""
+    outside = []
+    for span in (m.group(2).strip() for m in _CODE_SPAN.finditer(_prose(doc.read_text()))):
+        if span.startswith("../") and " " not in span:
+            resolved = (doc.parent / span).resolve()
+            if not resolved.is_relative_to(root) or not resolved.exists():
+                outside.append(span)
+    return outside
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve_in_the_repository(doc: Path) -> None:
+    assert broken_links(doc) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_path_names_a_file_outside_the_repository(doc: Path) -> None:
+    assert paths_outside(doc) == []
+
+
+def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
+    """The helpers on a small repository with one of each kind of link, good and bad."""
+    root = tmp_path / "repo"
+    (root / "docs" / "bench").mkdir(parents=True)
+    (root / "README.md").write_text("# Readme\n")
+    (root / "gateway").mkdir()
+    (root / "gateway" / "app.py").write_text("")
+    (root / "docs" / "bench" / "latency.png").write_bytes(b"")
+    (root / "docs" / "benchmarks.md").write_text("# Benchmarks\n## Current figures\n")
+    (tmp_path / "outside.md").write_text("# Outside the repository\n")
+    good = root / "docs" / "good.md"
+    good.write_text(
+        "[a](benchmarks.md) [b](benchmarks.md#current-figures) ![c](bench/latency.png)\n"
+        "[d](https://example.com/x.md) [e](#links-here) `[g](inside-a-code-span.md)`\n"
+        "[f]: ../README.md\n\n## Links here\n\n```sh\n[h](in-a-fence.md)\n```\n"
+        "See `../gateway/app.py` and `../docs/bench/`.\n")
+    bad = root / "docs" / "bad.md"
+    bad.write_text(
+        "[a](nowhere.md) [b](benchmarks.md#no-such-heading) [c](../../outside.md)\n"
+        "[e](#not-here)\n\n[d]: missing/file.txt\n\n"
+        "See `../../shared/docs/notes.md` and `../shared/docs/plan.md`.\n")
+    assert broken_links(good, root) == []
+    assert paths_outside(good, root) == []
+    assert [b.split(":")[0] for b in broken_links(bad, root)] == [
+        "nowhere.md", "benchmarks.md#no-such-heading", "../../outside.md", "#not-here",
+        "missing/file.txt"]
+    assert paths_outside(bad, root) == ["../../shared/docs/notes.md", "../shared/docs/plan.md"]
+
+
+def test_anchors_follow_githubs_rules() -> None:
+    text = ("# Benchmarks\n## Across cores: `serve --workers N` (scenario `workers`)\n"
+            "### This machine's yardstick\n## Soak\n## Soak\n")
+    assert anchors(text) == {"benchmarks", "across-cores-serve---workers-n-scenario-workers",
+                             "this-machines-yardstick", "soak", "soak-1"}
+
+
+def test_the_links_in_the_docs_are_found() -> None:
+    """The checks above see the docs' real links (a pattern matching nothing passes all)."""
+    readme = set(links((ROOT / "README.md").read_text()))
+    assert {"docs/runtime-controls.md", "docs/benchmarks.md#quic-beside-tcp-issue-13"} <= readme
+    benchmarks = set(links((ROOT / "docs" / "benchmarks.md").read_text()))
+    assert {"bench/results.json", "bench/latency.png"} <= benchmarks

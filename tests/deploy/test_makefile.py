@@ -1,0 +1,96 @@
+"""The Makefile's contract (README, "Two commands"): `make demo` and `make test` each
+make .venv on a fresh machine; demo installs only the runtime dependencies; test after
+demo adds only the test extra; demo after test installs nothing; `make` lists the
+targets. Checked with `make -n` (what make would run) on a copy of the Makefile and
+pyproject.toml whose stamps are set by hand, so nothing is installed."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+MAKE = shutil.which("make")
+pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
+
+RUNTIME = ".venv/.installed-runtime"
+TEST = ".venv/.installed-test"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    os.utime(tmp_path / "pyproject.toml", (1_000_000, 1_000_000))
+    return tmp_path
+
+
+def stamp(project: Path, name: str, mtime: int) -> None:
+    path = project / name
+    path.parent.mkdir(exist_ok=True)
+    path.touch()
+    os.utime(path, (mtime, mtime))
+
+
+def would_run(project: Path, goal: str) -> str:
+    assert MAKE is not None
+    return subprocess.run([MAKE, "-n", *([goal] if goal else [])], cwd=project, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def installs(commands: str) -> dict[str, bool]:
+    """Which install steps make would run (the runtime step makes .venv when it has none)."""
+    return {"runtime": re.search(r"pip install --quiet --no-compile -e \.$", commands,
+                                 re.M) is not None,
+            "test": "-e '.[test]'" in commands}
+
+
+def test_fresh_machine_demo_installs_the_runtime_only(project: Path) -> None:
+    commands = would_run(project, "demo")
+    assert installs(commands) == {"runtime": True, "test": False}
+    assert "-m venv --without-pip .venv" in commands
+    assert commands.rstrip().endswith(".venv/bin/nnrp-gateway demo")
+
+
+def test_fresh_machine_test_installs_everything(project: Path) -> None:
+    for goal in ("test", "lint", "unit"):
+        assert installs(would_run(project, goal)) == {"runtime": True, "test": True}
+
+
+def test_test_after_demo_adds_only_the_extra(project: Path) -> None:
+    stamp(project, RUNTIME, 2_000_000)
+    assert installs(would_run(project, "lint")) == {"runtime": False, "test": True}
+    assert would_run(project, "demo") == ".venv/bin/nnrp-gateway demo\n"
+
+
+def test_demo_after_test_installs_nothing(project: Path) -> None:
+    stamp(project, RUNTIME, 2_000_000)
+    stamp(project, TEST, 2_000_001)
+    assert would_run(project, "demo") == ".venv/bin/nnrp-gateway demo\n"
+    assert would_run(project, "lint") == ".venv/bin/ruff check gateway cli tests\n"
+
+
+def test_an_edited_pyproject_reinstalls_both(project: Path) -> None:
+    stamp(project, RUNTIME, 500_000)
+    stamp(project, TEST, 500_001)
+    assert installs(would_run(project, "demo")) == {"runtime": True, "test": False}
+    assert installs(would_run(project, "lint")) == {"runtime": True, "test": True}
+
+
+def test_make_alone_lists_every_target(project: Path) -> None:
+    assert MAKE is not None
+    assert "pip" not in would_run(project, "")  # the default goal is the list
+    listing = subprocess.run([MAKE, "help"], cwd=project, capture_output=True, text=True,
+                             check=True).stdout
+    listed = re.findall(r"^  make (\S+) +\S", listing, re.M)
+    text = (project / "Makefile").read_text()
+    (phony,) = re.findall(r"^\.PHONY:(.*)$", text, re.M)
+    assert listed and sorted(listed) == sorted(phony.split())
+    documented = re.findall(r"^([a-z][a-z-]*):.*## ", text, re.M)
+    assert listed == documented
+    assert not (project / ".venv").exists()
