@@ -276,3 +276,12 @@ def test_debug_shows_the_traceback_instead() -> None:
     result = runner.invoke(app, ["--debug", "serve", "--vllm-url", "x", "--print-config"])
     assert result.exit_code == 1 and result.exception is not None
     assert "expected an http://" in str(result.exception)
+
+
+def test_conformance_plan_reaches_a_tls_gateway_with_its_ca_file(world: World) -> None:
+    # Issue 22: `conformance plan` had no --ca-file; against tcps:// it could not start.
+    result = runner.invoke(app, ["conformance", "plan", "--out", str(world.tmp / "tls.json"),
+                                 "--endpoint", world.gateway_tcps, "--ca-file",
+                                 str(world.cert)])
+    assert result.exit_code == 0, result.stderr
+    assert "selected" in result.stdout

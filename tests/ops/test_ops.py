@@ -457,3 +457,89 @@ async def test_a_killed_vllm_is_not_ready_at_once_and_back_when_it_answers(
     finally:
         restarted.kill()
         await restarted.wait()
+
+
+def test_ctrl_c_in_a_one_shot_chat_cancels_and_exits_130(served_stack: Any) -> None:
+    # Issue 22: before, it printed "[cancelled]" and exited 0. The CANCEL is real: vLLM's
+    # request is aborted (the replay sees its client go mid-reply).
+    _, endpoint, _, replay = served_stack
+    hold = replay.call(replay.server.hold, lambda request: request.method == "POST", after=3)
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    chat_process = subprocess.Popen([exe, "chat", "Hello", "--endpoint", endpoint,
+                                     "--max-tokens", "60"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: bool(hold.waiting), what="the answer held mid-way")
+        chat_process.send_signal(signal.SIGINT)
+        _, stderr = chat_process.communicate(timeout=15)
+    finally:
+        chat_process.kill()
+        replay.call(hold.release)
+    assert chat_process.returncode == 130, stderr
+    assert "[cancelled]" in stderr and "Traceback" not in stderr
+    wait_for(lambda: len(replay.server.disconnects) == 1, what="vLLM's request aborted")
+
+
+def test_chat_and_conformance_present_a_session_token(tmp_path: Path) -> None:
+    # Issue 22: against a gateway that requires tokens, the tools now get in.
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    nnrp_port = free_port()
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    with ReplayThread(speed=50.0) as replay:
+        gateway = subprocess.Popen(
+            [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
+             replay.url, "--auth-token-file", str(token), "--admin-listen",
+             f"127.0.0.1:{(admin := free_port())}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_ready(f"http://127.0.0.1:{admin}")
+            endpoint = f"tcp://127.0.0.1:{nnrp_port}"
+            refused = runner.invoke(app, ["chat", "Hi", "--endpoint", endpoint])
+            assert refused.exit_code == 1 and "session refused" in refused.stderr
+            chatted = runner.invoke(app, ["chat", "Hi", "--endpoint", endpoint,
+                                          "--max-tokens", "4", "--auth-token-file", str(token)])
+            assert chatted.exit_code == 0, chatted.stderr
+            planned = runner.invoke(app, ["conformance", "plan", "--out",
+                                          str(tmp_path / "plan.json"), "--endpoint", endpoint,
+                                          "--auth-token", "s3cret-token"])
+            assert planned.exit_code == 0, planned.stderr
+            assert json.loads((tmp_path / "plan.json").read_text())["cases"]
+            probed = runner.invoke(app, ["conformance", "wire-probe", "--out",
+                                         str(tmp_path / "wire.json"), "--endpoint", endpoint,
+                                         "--auth-token-file", str(token)])
+            assert probed.exit_code == 0, probed.stdout + probed.stderr
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=20)
+
+
+def test_health_follows_the_admin_listen_variable(served_stack: Any) -> None:
+    # The image's HEALTHCHECK runs `nnrp-gateway health` with the container's environment:
+    # a moved admin port (NNRP_GATEWAY_ADMIN_LISTEN) is where it looks.
+    _, _, admin, _ = served_stack
+    port = admin.rsplit(":", 1)[1]
+    for listen in (f"127.0.0.1:{port}", f"0.0.0.0:{port}"):
+        result = runner.invoke(app, ["health"], env={"NNRP_GATEWAY_ADMIN_LISTEN": listen,
+                                                     "NNRP_GATEWAY_ADMIN_URL": None})
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.startswith("200 ")
+    result = runner.invoke(app, ["health"], env={"NNRP_GATEWAY_ADMIN_LISTEN": None,
+                                                 "NNRP_GATEWAY_ADMIN_URL": None})
+    assert (result.exit_code, "http://127.0.0.1:9090/healthz" in result.stderr) == (1, True)
+
+
+def test_metrics_without_an_admin_listener_warns(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    process = subprocess.Popen([exe, "serve", "--listen", "tcp://127.0.0.1:0", "--metrics",
+                                "--vllm-url", f"http://127.0.0.1:{free_port()}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        first = json.loads(process.stdout.readline())
+    finally:
+        process.terminate()
+        process.communicate(timeout=20)
+    assert first["level"] == "warning"
+    assert first["event"] == ("--metrics has no effect without --admin-listen: no /metrics "
+                              "is served")
