@@ -653,6 +653,19 @@ def demo() -> None:
     raise typer.Exit(code)
 
 
+def example_file() -> str:
+    """deploy/gateway.example.toml: every key of ``serve`` at its default, explained.
+    Regenerate with ``python -c 'import cli.main as m; print(m.example_file(), end="")'
+    > deploy/gateway.example.toml``."""
+    from typer.main import get_command
+
+    from ._settings import render
+
+    command = get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    ctx = command.make_context("serve", [])
+    return render(ctx, ctx.params, explain=True)
+
+
 def main() -> None:
     app()
 

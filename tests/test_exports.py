@@ -14,7 +14,7 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.transport": (
         "AlpnPolicy Endpoint Inherited ListenError NNRP_ALPN PacketTransport QuicClientOptions "
-        "QuicSettings READ_SIZE SharedListener StreamTransport TextMessageError TlsConfig "
+        "QuicSettings READ_SIZE SharedListener StreamTransport TextMessageError TlsConfig TlsFileError "
         "WebSocketTransport bind_shared bound_uri connect describe_peer format_host "
         "load_tls open_unix_listener parse_endpoint read_until_closed server_context "
         "tune_tcp "

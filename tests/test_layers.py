@@ -197,6 +197,8 @@ HTTPX = {
     "gateway.upstream._client": "the vLLM client: httpx's API",
     "gateway.upstream._transport": "each plain-HTTP slot's connection, an httpx transport",
     "gateway.workers._supervisor": "asks each worker's admin listener on its unix socket",
+    "cli.main": "`record` says which vLLM did not answer (the recorder's httpx error)",
+    "cli.bench": "`bench live` says which vLLM did not answer (the benchmark's httpx error)",
 }
 
 

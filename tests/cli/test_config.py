@@ -9,8 +9,7 @@ import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from cli._settings import example_file
-from cli.main import app
+from cli.main import app, example_file
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +24,8 @@ def print_config(*args: str) -> str:
 
 def test_the_example_file_is_current_and_loads_to_the_defaults() -> None:
     assert EXAMPLE.read_text() == example_file(), (
-        "regenerate: python -m cli._settings > deploy/gateway.example.toml")
+        "regenerate: python -c 'import cli.main as m; print(m.example_file(), end=\"\")' "
+        "> deploy/gateway.example.toml")
     assert print_config("--config", str(EXAMPLE)) == print_config()
 
 

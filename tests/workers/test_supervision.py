@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.transport import bind_shared
+from gateway.transport import ListenError, bind_shared
 from gateway.workers import PodMetrics
 from gateway.workers._supervisor import exit_status
 
@@ -29,9 +29,11 @@ async def test_a_port_in_use_is_an_error_with_workers_too() -> None:
     try:
         # Each of these would join the group silently with SO_REUSEPORT alone.
         for clash in (f"tcp://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/nnrp"):
-            with pytest.raises(OSError, match="in use") as raised:
+            with pytest.raises(ListenError, match="in use") as raised:
                 await bind_shared(clash, 2)
-            assert raised.value.errno == errno.EADDRINUSE
+            assert str(raised.value).startswith(f"cannot listen on {clash}: ")
+            assert isinstance(raised.value.__cause__, OSError)
+            assert raised.value.__cause__.errno == errno.EADDRINUSE
     finally:
         group.close()
     # Closed, the port is free again (TIME_WAIT or not).
