@@ -28,7 +28,7 @@ def test_version() -> None:
     result = runner.invoke(app, ["version"])
     assert result.exit_code == 0
     assert "nnrp-vllm-gateway 0.1.0" in result.output
-    assert "vllm>=0.18.0,<0.27" in result.output
+    assert "vllm>=0.18.0,<0.27 or >=0.32,<0.34" in result.output
 
 
 def test_light_commands_do_not_load_the_gateway() -> None:
@@ -55,7 +55,8 @@ def test_capabilities_json(replay: ReplayThread) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["operations"][0]["tool_calls"] is True
-    assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x"}
+    assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x",
+                                   "evidence": "gpu_smoke"}
 
 
 def test_serve_refuses_an_untested_vllm() -> None:

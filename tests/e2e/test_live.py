@@ -3,8 +3,8 @@
     ../shared/tools/real-vllm/setup.sh && ../shared/tools/real-vllm/serve.sh 8011 &
     NNRP_GATEWAY_LIVE_VLLM_URL=http://127.0.0.1:8011 .venv/bin/pytest -m live
 
-The CPU build that installs on these machines is vLLM 0.32.0, outside the tested band,
-so the gateway runs with allow_untested_vllm (its known binding: 0.32.x).
+The CPU build that installs on these machines is vLLM 0.32.0, bound as the 0.32.x family
+(issue 23): the gateway serves it without allow_untested_vllm.
 
 ``test_live_parity`` is the fidelity rule against the real thing: 50 requests, each sent
 directly over HTTP and through the gateway, answers compared field by field.
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.live,
 async def live_session(nursery: trio.Nursery) -> Any:
     assert LIVE_URL is not None
     gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=LIVE_URL,
-                                    allow_untested_vllm=True, probe_interval=0.2))
+                                    probe_interval=0.2))
     endpoints = await nursery.start(gateway.run)
     with trio.fail_after(60):
         await gateway.probed.wait()
@@ -44,6 +44,8 @@ async def live_session(nursery: trio.Nursery) -> Any:
 async def test_live_stream_usage_and_completed(live_session: Any) -> None:
     gateway, session = live_session
     assert gateway.info.binding.family == "0.32.x"
+    assert not gateway.info.untested
+    assert gateway.capabilities()["backend"]["evidence"] == "live_cpu"
     outcome = await run_operation(session, envelope(chat(
         "tiny", stream=True, max_tokens=8, stream_options={"include_usage": True})))
     assert outcome.final["type"] == "response.completed"
