@@ -249,6 +249,46 @@ def serve(
         help="Gateway processes sharing the listeners, for more than one core's worth of "
              "streams; limits such as --max-connections hold per worker. One NNRP "
              "connection lives in one worker.")] = 1,
+    # -- vLLM as deployed today (issue 23): its refusals, its load ---------------------
+    overload_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_OVERLOAD_RETRY_AFTER_MS", min=1,
+        help="Milliseconds a client is told to wait after vLLM refuses a request for load "
+             "(its 503), when vLLM's queue is not sampled. Default 1000.")] = 1000,
+    load_aware_admission: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_AWARE_ADMISSION",
+        help="Sample vLLM's load (GET /metrics or /load) and refuse new operations with "
+             "a retry time past the --load-max-* thresholds. Default off.")] = False,
+    load_source: Annotated[str, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_SOURCE",
+        help="Where vLLM's load is read: metrics (GET /metrics) or load (GET /load, "
+             "vLLM's --enable-server-load-tracking). Default metrics.")] = "metrics",
+    load_interval: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_INTERVAL", min=0.05,
+        help="Seconds between samples of vLLM's load. Default 1.0.")] = 1.0,
+    load_max_waiting: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_WAITING", min=0.0,
+        help="Requests waiting in vLLM (vllm:num_requests_waiting, or /load's "
+             "server_load) at which new operations are refused. Default none (no rule).")
+    ] = None,
+    load_max_kv_cache_usage: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_KV_CACHE_USAGE", min=0.0, max=1.0,
+        help="vLLM's KV-cache use, a fraction 0..1 (vllm:kv_cache_usage_perc), at which "
+             "new operations are refused. Default none (no rule).")] = None,
+    load_stale_after: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_STALE_AFTER", min=0.0,
+        help="Seconds after which a load sample is ignored (admit: fail open). Default 0: "
+             "three intervals.")] = 0.0,
+    load_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_RETRY_AFTER_MS", min=1,
+        help="Milliseconds of the retry time for an empty queue; one more per request "
+             "waiting per running one. Default 1000.")] = 1000,
+    load_max_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_RETRY_AFTER_MS", min=1,
+        help="Milliseconds: the longest retry time told. Default 30000.")] = 30_000,
+    load_refuse_sessions: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_REFUSE_SESSIONS",
+        help="Past a threshold, refuse new sessions too (SESSION_OPEN_ACK retry_later). "
+             "Default off.")] = False,
     print_config: Annotated[bool, typer.Option(
         help="Print the effective configuration (secrets masked) and exit.")] = False,
     bench_residence: Annotated[bool, typer.Option(
@@ -264,7 +304,7 @@ def serve(
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
     import trio
 
-    from gateway.app import GatewayConfig
+    from gateway.app import GatewayConfig, LoadSettings
     from gateway.nnrp import ServerConfig
     from gateway.observe import configure_logging
     from gateway.pipeline import PipelineLimits
@@ -287,6 +327,15 @@ def serve(
         raise typer.Exit(2) from None
     tls = (TlsConfig(tls_cert, tls_key, tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
+    if load_source not in ("metrics", "load"):
+        typer.echo(f"error: --load-source is metrics or load, not {load_source!r}", err=True)
+        raise typer.Exit(2)
+    load = LoadSettings(admission=load_aware_admission, source=load_source,
+                        interval=load_interval, max_waiting=load_max_waiting,
+                        max_kv_cache_usage=load_max_kv_cache_usage,
+                        stale_after=load_stale_after, retry_after_ms=load_retry_after_ms,
+                        max_retry_after_ms=load_max_retry_after_ms,
+                        refuse_sessions=load_refuse_sessions)
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
@@ -305,13 +354,14 @@ def serve(
                                 idle_timeout=idle_timeout, total_timeout=total_timeout,
                                 max_envelope_bytes=max_envelope_bytes,
                                 max_event_bytes=max_event_bytes,
-                                priority_scheduling=vllm_priority_scheduling),
+                                priority_scheduling=vllm_priority_scheduling,
+                                overload_retry_after_ms=overload_retry_after_ms),
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
-        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence)
+        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load)
     if print_config:
         typer.echo(json.dumps({**_mask(config), "workers": workers}, indent=2, default=str))
         return
