@@ -322,3 +322,28 @@ async def test_load_aware_admission_can_refuse_new_sessions(nursery: trio.Nurser
     assert outcome.final is not None and outcome.final["type"] == "response.completed"
     assert kept.final is not None and kept.final["type"] == "response.completed"
     assert refusals(stack) == {("gateway_session", "waiting_requests"): 1.0}
+
+
+# --------------------------------------------------------------------------- newer fields
+
+
+@pytest.mark.parametrize("scenario", ["stream_prompt_text", "nonstream_prompt_text_session"])
+async def test_newer_request_and_response_fields_are_kept(nursery: trio.Nursery,
+                                                          socket_dir: Path,
+                                                          scenario: str) -> None:
+    """``return_prompt_text`` (the rendered prompt, on a stream's first chunk) and
+    ``session_id`` (a request field vLLM 0.32 reads), recorded live: the request reaches
+    vLLM as the client wrote it, the completed body keeps the prompt text."""
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer(family="0.32",
+                                                                       speed=50))
+    transcript = TRANSCRIPTS[scenario]
+    request = {k: v for k, v in transcript.request_body.items() if k != "model"}
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat(**request),
+                                                        request_id=scenario_id(scenario)))
+    assert outcome.final is not None
+    assert outcome.final["body"]["prompt_text"] == "<|user|>Hello</s><|assistant|>"
+    (posted,) = [r for r in stack.replay.requests if r.method == "POST"]
+    for key in ("return_prompt_text", "session_id"):
+        assert posted.json().get(key) == request.get(key)
