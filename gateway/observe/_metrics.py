@@ -196,8 +196,6 @@ class _LoadCollector(Collector):
         self.monitor = monitor
 
     def collect(self) -> Iterator[Metric]:
-        import trio
-
         from gateway.upstream import LoadState
 
         m = self.monitor
@@ -218,13 +216,9 @@ class _LoadCollector(Collector):
         sample = m.sample
         if sample is None:
             return
-        try:
-            now = trio.current_time()
-        except RuntimeError:  # scraped from outside trio (a test's registry read)
-            return
         yield GaugeMetricFamily(f"{PREFIX}_load_sample_age_seconds",
                                 "Age of the last good sample of vLLM's load.",
-                                value=max(0.0, now - sample.at))
+                                value=max(0.0, m.now() - sample.at))
         for name, value, documentation in (
                 ("load_waiting_requests", sample.waiting, "vLLM's waiting requests, as sampled."),
                 ("load_running_requests", sample.running, "vLLM's running requests, as sampled."),

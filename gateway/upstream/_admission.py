@@ -59,6 +59,10 @@ class LoadMonitor:
         #: Set and replaced after every scrape (tests wait on it, not on time).
         self._scraped = trio.Event()
 
+    def now(self) -> float:
+        """The monitor's clock (trio's, unless given)."""
+        return self._clock()
+
     def decision(self) -> LoadDecision:
         return decide(self.sample, failing=self.failing, now=self._clock(), policy=self.policy)
 
