@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 
 from ._transcripts import Transcript
@@ -137,7 +138,7 @@ def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
 
     def save(transcript: Transcript, name: str, note: str) -> None:
         path = out / f"{name}.jsonl"
-        path.write_text(attrs_evolve(transcript, scenario=name, note=note).to_jsonl())
+        path.write_text(attrs.evolve(transcript, scenario=name, note=note).to_jsonl())
         written.append(path)
 
     with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(120, connect=5),
@@ -187,9 +188,3 @@ def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
                  "concurrent requests (half streamed) refused after the 200, as the "
                  "stream's only event")
     return written
-
-
-def attrs_evolve(transcript: Transcript, **changes: Any) -> Transcript:
-    import attrs
-
-    return attrs.evolve(transcript, **changes)
