@@ -29,9 +29,10 @@ before vLLM is called while vLLM's published load is past the thresholds
 (scheduler_rejected, recoverable, with the monitor's retry time). vLLM's own refusals
 (``gateway.upstream._errors``' table) end as backend_overload with the same retry rule
 (from vLLM's queue when sampled, else ``overload_retry_after_ms``); a dead engine's
-answer tells the gateway (``engine_dead``), which stops calling vLLM ready until
-``/health`` recovers. vLLM's per-request ``metrics`` (final chunk, or the body) go into
-the operation's notes, and so into the observation record.
+500 tells the gateway (``engine_dead``), which stops calling vLLM ready until ``/health``
+recovers; the same message mid-stream only wakes the health check. vLLM's per-request
+``metrics`` (final chunk, or the body) go into the operation's notes, and so into the
+observation record.
 
 A submit in NNRP's token profile (TOKEN_CHUNK frames, profile 2) is no envelope: it takes
 the text-completion path (``_token_completion``, rules in ``gateway.profile._token``).
@@ -69,6 +70,7 @@ from gateway.upstream import (
     RequestFieldError,
     UpstreamError,
     UpstreamOverloaded,
+    UpstreamStatus,
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
@@ -212,8 +214,13 @@ class ChatPipeline:
                               else self.limits.overload_retry_after_ms)
         if refusal is not None:
             op.notes.refusal_source, op.notes.refusal_reason = "vllm", str(refusal)
-        if engine_dead(error) and self.on_engine_dead is not None:
-            self.on_engine_dead()
+        if engine_dead(error):
+            if isinstance(error, UpstreamStatus) and self.on_engine_dead is not None:
+                self.on_engine_dead()  # vLLM refused the request for it: not ready now
+            else:
+                # Said mid-stream (an engine failing inside one request may yet recover):
+                # /health decides, asked now rather than at the next interval.
+                self.client.recheck()
         return to_profile_error(error, retry_after_ms=retry_after_ms)
 
     def _apply_controls(self, op: Operation, body: dict[str, Any], headers: dict[str, str],

@@ -37,8 +37,9 @@ any other 503 (a proxy, a scaling message)          overload     unavailable
 A code-503 event after output was produced is no refusal (the client already holds part
 of an answer): backend_error, as any in-stream error. vLLM's dead engine is one fixed
 message (``EngineDeadError``, ``vllm/v1/engine/exceptions.py``) on a 500 (0.33 maps it
-so on every path) or an in-stream event: backend_error, and ``engine_dead`` tells the
-gateway to stop calling vLLM ready until ``/health`` says otherwise.
+so on every path) or an in-stream event: backend_error. ``engine_dead`` recognises both;
+the 500 makes the gateway stop calling vLLM ready until ``/health`` says otherwise, the
+in-stream event only has ``/health`` asked at once (the pipeline decides).
 """
 
 from __future__ import annotations
