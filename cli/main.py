@@ -485,11 +485,15 @@ def replay_server(
 
 @app.command()
 def record(vllm_url: VllmUrl, out: Annotated[Path, typer.Option(help="Directory for JSONL.")],
-           model: Annotated[str, typer.Option(help="Served model name.")] = "tiny") -> None:
+           model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
+           admission: Annotated[bool, typer.Option(
+               help="Record issue 23's scenarios instead (per-request metrics, keep-alive, "
+                    "admission refusals); vLLM must run with the flags "
+                    "gateway/tools/replay/_record.py names.")] = False) -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
-    from gateway.tools.replay import record_all
+    from gateway.tools.replay import record_admission, record_all
 
-    for path in record_all(vllm_url, out, model):
+    for path in (record_admission if admission else record_all)(vllm_url, out, model):
         typer.echo(f"wrote {path}")
 
 
