@@ -89,6 +89,13 @@ class QuicAlpn(StrEnum):
     any = "any"
 
 
+class LoadSource(StrEnum):
+    """Where load-aware admission reads vLLM's load (gateway.upstream.LoadMonitor)."""
+
+    metrics = "metrics"
+    load = "load"
+
+
 class LogLevel(StrEnum):
     debug = "debug"
     info = "info"
@@ -103,6 +110,7 @@ SECURITY = "TLS and auth"
 OBSERVE = "Observability"
 WORKERS = "Workers and shutdown"
 RESUME = "Resumable sessions"
+LOAD = "vLLM's load and refusals"
 CONFIG = "Configuration"
 
 
@@ -274,6 +282,49 @@ def serve(
         rich_help_panel=RESUME,
         help="Result bytes all resumable sessions of a worker keep together.")
     ] = 256 << 20,
+    # ---- vLLM's load and refusals (issue 23)
+    overload_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_OVERLOAD_RETRY_AFTER_MS", min=1, metavar="MS",
+        rich_help_panel=LOAD,
+        help="Retry time a client is told after vLLM refuses a request for load (its 503), "
+             "when vLLM's queue is not sampled.")] = 1000,
+    load_aware_admission: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_AWARE_ADMISSION", rich_help_panel=LOAD,
+        help="Sample vLLM's load and refuse new operations, with a retry time, past the "
+             "--load-max-* thresholds (a failing or stale sample refuses nothing).")
+    ] = False,
+    load_source: Annotated[LoadSource, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_SOURCE", rich_help_panel=LOAD,
+        help="Where vLLM's load is read: metrics (GET /metrics) or load (GET /load, with "
+             "vLLM's --enable-server-load-tracking).")] = LoadSource.metrics,
+    load_interval: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_INTERVAL", min=0.05, metavar="SECONDS",
+        rich_help_panel=LOAD, help="Between two samples of vLLM's load.")] = 1.0,
+    load_max_waiting: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_WAITING", min=0.0, metavar="N", rich_help_panel=LOAD,
+        help="Requests waiting in vLLM (vllm:num_requests_waiting, or /load's server_load) "
+             "at which new operations are refused (default: no such rule).")] = None,
+    load_max_kv_cache_usage: Annotated[float | None, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_KV_CACHE_USAGE", min=0.0, max=1.0, metavar="FRACTION",
+        rich_help_panel=LOAD,
+        help="vLLM's KV-cache use, 0 to 1 (vllm:kv_cache_usage_perc), at which new "
+             "operations are refused (default: no such rule).")] = None,
+    load_stale_after: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_STALE_AFTER", min=0.0, metavar="SECONDS",
+        rich_help_panel=LOAD,
+        help="Age past which a load sample is ignored (admit: fail open); 0: three "
+             "intervals.")] = 0.0,
+    load_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_RETRY_AFTER_MS", min=1, metavar="MS", rich_help_panel=LOAD,
+        help="Retry time told for an empty queue; one more per request waiting per "
+             "running one.")] = 1000,
+    load_max_retry_after_ms: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_MAX_RETRY_AFTER_MS", min=1, metavar="MS",
+        rich_help_panel=LOAD, help="The longest retry time told.")] = 30_000,
+    load_refuse_sessions: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_LOAD_REFUSE_SESSIONS", rich_help_panel=LOAD,
+        help="Past a threshold, refuse new sessions too (SESSION_OPEN_ACK retry_later).")
+    ] = False,
     # ---- configuration
     config_file: Annotated[Path | None, typer.Option(
         "--config", envvar="NNRP_GATEWAY_CONFIG", is_eager=True, callback=_load_config_file,
@@ -289,7 +340,7 @@ def serve(
     """Serve NNRP, forwarding openai-compatible/1 operations to vLLM."""
     import trio
 
-    from gateway.app import GatewayConfig
+    from gateway.app import GatewayConfig, LoadSettings
     from gateway.nnrp import ServerConfig
     from gateway.pipeline import PipelineLimits
     from gateway.server import ConnectionLimits, ResumeSettings
@@ -300,6 +351,12 @@ def serve(
                                      auth_token_file, tls_cert, tls_key, tls_client_ca)
     if target_manifest is not None:
         check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
+    load = LoadSettings(admission=load_aware_admission, source=load_source.value,
+                        interval=load_interval, max_waiting=load_max_waiting,
+                        max_kv_cache_usage=load_max_kv_cache_usage,
+                        stale_after=load_stale_after, retry_after_ms=load_retry_after_ms,
+                        max_retry_after_ms=load_max_retry_after_ms,
+                        refuse_sessions=load_refuse_sessions)
     config = GatewayConfig(
         listen=tuple(listen), vllm_url=vllm_url, upstream_api_key=upstream_api_key,
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
@@ -318,13 +375,14 @@ def serve(
                                 idle_timeout=idle_timeout, total_timeout=total_timeout,
                                 max_envelope_bytes=max_envelope_bytes,
                                 max_event_bytes=max_event_bytes,
-                                priority_scheduling=vllm_priority_scheduling),
+                                priority_scheduling=vllm_priority_scheduling,
+                                overload_retry_after_ms=overload_retry_after_ms),
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
-        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence)
+        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load)
     if print_config:
         typer.echo(render(ctx, ctx.params), nl=False)
         return
@@ -491,7 +549,8 @@ def replay_server(
         metavar="HOST:PORT", help="Where to listen (port 0: any free port).")
     ] = "127.0.0.1:8000",
     vllm_version: Annotated[str, typer.Option(
-        metavar="LINE", help="vLLM line to impersonate: 0.18, 0.22, 0.26 or 0.32.")] = "0.26",
+        metavar="LINE", help="vLLM line to impersonate: 0.18, 0.22, 0.26, 0.32 or 0.33.")
+    ] = "0.26",
     speed: Annotated[float, typer.Option(
         min=0.01, metavar="FACTOR", help="Timing scale: 2 plays twice as fast.")] = 1.0,
     api_key: Annotated[str | None, typer.Option(
@@ -532,18 +591,23 @@ def record(
     out: Annotated[Path, typer.Option(metavar="DIR", help="Directory for the JSONL files.")],
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
+    admission: Annotated[bool, typer.Option(
+        help="Record issue 23's scenarios instead (per-request metrics, keep-alive, "
+             "admission refusals); vLLM must run with the flags "
+             "gateway/tools/replay/_record.py names.")] = False,
 ) -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
     import httpx
 
-    from gateway.tools.replay import record_all
+    from gateway.tools.replay import record_admission, record_all
 
     from ._settings import check_http_url, check_output_dir
 
     check_http_url(vllm_url, "--vllm-url")
     check_output_dir(out, "--out")
+    recorder = record_admission if admission else record_all
     try:
-        written = record_all(vllm_url.rstrip("/"), out, model)
+        written = recorder(vllm_url.rstrip("/"), out, model)
     except httpx.HTTPError as exc:
         raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
                         code=EXIT_FAILED) from None

@@ -50,6 +50,9 @@ from gateway.transport import (
     server_context,
 )
 from gateway.upstream import (
+    LoadMonitor,
+    LoadPolicy,
+    LoadSource,
     UnsupportedVersion,
     UpstreamConfig,
     UpstreamError,
@@ -59,6 +62,32 @@ from gateway.upstream import (
 
 log = structlog.get_logger("gateway")
 operation_log = structlog.get_logger("gateway.operation")
+
+
+@attrs.frozen
+class LoadSettings:
+    """Load-aware admission (opt-in, README "Load-aware admission"): vLLM's published
+    load sampled every ``interval`` seconds from ``source`` (metrics: GET /metrics; load:
+    GET /load), and new operations (with ``refuse_sessions``, new sessions too) refused
+    with a retry time while it is past a threshold. A failing or stale scrape admits."""
+
+    admission: bool = False
+    source: str = "metrics"
+    interval: float = 1.0
+    #: Refuse while vLLM has this many requests waiting (None: no such rule).
+    max_waiting: float | None = None
+    #: Refuse while vLLM's KV cache is this full, 0..1 (None: no such rule).
+    max_kv_cache_usage: float | None = None
+    #: A sample older than this admits (fail open); 0: three intervals.
+    stale_after: float = 0.0
+    retry_after_ms: int = 1000
+    max_retry_after_ms: int = 30_000
+    refuse_sessions: bool = False
+
+    def policy(self) -> LoadPolicy:
+        return LoadPolicy(self.max_waiting, self.max_kv_cache_usage,
+                          self.stale_after or 3 * self.interval, self.retry_after_ms,
+                          self.max_retry_after_ms)
 
 
 @attrs.frozen
@@ -96,6 +125,8 @@ class GatewayConfig:
     quic_idle_timeout: float = 30.0
     #: Benchmarks only: record each event's residence time, served at /debug/residence.
     bench_residence: bool = False
+    #: Load-aware admission (off unless ``load.admission``).
+    load: LoadSettings = attrs.field(factory=LoadSettings)
 
 
 class Gateway:
@@ -113,12 +144,23 @@ class Gateway:
         # While vLLM is not ready, the next probe may change that: tell clients then.
         pipeline_limits = attrs.evolve(config.pipeline, unavailable_retry_after_ms=int(
             max(config.probe_interval, 1.0) * 1000))
+        self.metrics = GatewayMetrics()
+        self.load: LoadMonitor | None = None
+        if config.load.admission:
+            self.load = LoadMonitor(self.client, config.load.policy(),
+                                    interval=config.load.interval,
+                                    source=LoadSource(config.load.source))
+            self.metrics.attach_load(self.load)
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
-                                     pipeline_limits)
+                                     pipeline_limits, load=self.load,
+                                     admission=self.load is not None,
+                                     on_engine_dead=self.engine_died)
         self.ssl_context = server_context(config.tls) if config.tls else None
         # The runtime tokens negotiation may grant are what this configuration implements.
         server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
             priority_scheduling=config.pipeline.priority_scheduling))
+        if self.load is not None and config.load.refuse_sessions:
+            server_config = attrs.evolve(server_config, admit_session=self._admit_session)
         self.server = GatewayServer(self.pipeline, config=server_config,
                                     limits=config.connection,
                                     max_connections=config.max_connections,
@@ -132,7 +174,6 @@ class Gateway:
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
-        self.metrics = GatewayMetrics()
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
         if self.server.registry is not None:
             self.metrics.attach_resume(self.server.registry)
@@ -155,6 +196,24 @@ class Gateway:
         if self.draining:
             reasons.append("draining")
         return reasons
+
+    def engine_died(self) -> None:
+        """vLLM answered with its dead-engine error: not ready from now on, until a
+        probe finds ``/health`` answering 200 again (``_upstream_loop``)."""
+        if self.upstream_healthy:
+            log.warning("vLLM reports its engine dead; not ready until /health recovers")
+        self.upstream_healthy = False
+        self.client.recheck()  # the health loop re-probes now, not at its next interval
+
+    def _admit_session(self) -> str | None:
+        """Load-aware admission of a new session (``ServerConfig.admit_session``)."""
+        assert self.load is not None
+        decision = self.load.decision()
+        if not decision.refused:
+            return None
+        self.metrics.overload_refusals.labels("gateway_session", str(decision.reason)).inc()
+        return (f"vLLM is loaded past this gateway's threshold ({decision.reason}); "
+                f"retry after {decision.retry_after_ms} ms or elsewhere")
 
     def _observe(self, op: Operation) -> None:
         """The canonical log line and the metrics, from one record per operation."""
@@ -195,6 +254,7 @@ class Gateway:
             priority_scheduling=self.config.pipeline.priority_scheduling,
             vllm_version=info.version if info else None,
             backend_family=info.binding.family if info else None,
+            backend_evidence=info.binding.evidence if info else None,
             listeners=tuple(
                 Listener(e.transport, e.uri,
                          self.config.quic_alpn if e.transport == "quic" else None)
@@ -211,6 +271,8 @@ class Gateway:
                                                      list(self.config.listen))
                 nursery.start_soon(self._upstream_loop)
                 nursery.start_soon(self._prune_loop)
+                if self.load is not None:
+                    nursery.start_soon(self.load.run)
                 log.info("gateway started", version=gateway.__version__,
                          endpoints=[e.uri for e in self.endpoints],
                          vllm_url=self.config.vllm_url)

@@ -68,11 +68,15 @@ PUBLIC: dict[str, str] = {
         "is_token_request parse_envelope runtime_tokens token_prompt "
     ),
     "gateway.upstream": (
-        "BINDINGS Binding CHAT_PATH ChunkStream RequestFieldError ResponseShape SSEDecoder "
+        "BINDINGS Binding CHAT_PATH ChunkStream ENGINE_DEAD_MESSAGE LoadDecision LoadError "
+        "LoadMonitor LoadPolicy LoadSample LoadSource LoadState PRIORITY_HEADER RefusalReason "
+        "RefuseReason RequestFieldError ResponseShape SSEDecoder "
         "SSEError SSEEvent SUPPORTED_BAND TEXT_COMPLETION_PATH UnsupportedVersion "
         "UpstreamConfig UpstreamError UpstreamMalformed UpstreamOverloaded UpstreamStatus "
-        "UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk is_streaming "
-        "lax_bool lax_int output_token_limit parse_chunk parse_completion select_binding "
+        "UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk classify_refusal "
+        "decide engine_dead is_streaming "
+        "lax_bool lax_int output_token_limit parse_chunk parse_completion parse_load "
+        "parse_metrics refusal_of select_binding "
         "to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
@@ -98,7 +102,7 @@ PUBLIC: dict[str, str] = {
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
         "Transcript VERSIONS bundled_transcripts choose_scenario conform_body derive "
-        "load_transcript parse_transcript record_all "
+        "load_transcript parse_transcript record_admission record_all "
     ),
     "gateway.tools.conformance": (
         "ManifestError ValidationReport build_plan check_case native_available "

@@ -350,9 +350,14 @@ class ServerConnection(SessionOutputs):
         session_id = self._pick_session_id(request.requested_session_id)
         if refusal is None and session_id is None:
             refusal = (SessionError.LIMIT_REACHED, "no free session id")
+        busy = None
+        if refusal is None and self.config.admit_session is not None:
+            busy = self.config.admit_session()  # the gateway's load-aware admission
+            if busy is not None:
+                refusal = (SessionError.LIMIT_REACHED, busy)
         if refusal is not None:
             code, text = refusal
-            retry = self.draining and code is SessionError.LIMIT_REACHED
+            retry = (self.draining or busy is not None) and code is SessionError.LIMIT_REACHED
             self._refuse_open(request, code, text, events, retry_later=retry)
             return
         assert session_id is not None

@@ -36,3 +36,7 @@ class ServerConfig:
     busy_retry_after_ms: int = 1000
     #: Checks SESSION_OPEN auth bytes; None accepts any (auth is then the transport's job).
     authenticate: Callable[[bytes], bool] | None = None
+    #: Asked before a new (not resumed) session opens: None admits it; a text refuses it
+    #: with SESSION_OPEN_ACK retry_later (limit_reached) and that text as diagnostic (the
+    #: gateway's load-aware admission: vLLM is too busy, open the session elsewhere).
+    admit_session: Callable[[], str | None] | None = None

@@ -31,6 +31,7 @@ import gateway
 if TYPE_CHECKING:
     from gateway.server import ServerStats, SessionRegistry
     from gateway.transport.quic import QuicListener
+    from gateway.upstream import LoadMonitor
 
     from ._record import ObservationRecord
 
@@ -187,6 +188,46 @@ class _ResumeCollector(Collector):
                                 value=registry.budget.held)
 
 
+class _LoadCollector(Collector):
+    """Load-aware admission's view of vLLM (``LoadMonitor``): scrapes, the state the
+    decisions rest on, and the last sample, so a failing scrape (admitting all) shows."""
+
+    def __init__(self, monitor: LoadMonitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        from gateway.upstream import LoadState
+
+        m = self.monitor
+        scrapes = CounterMetricFamily(f"{PREFIX}_load_scrapes",
+                                      "Scrapes of vLLM's load (/metrics or /load), by result.",
+                                      labels=["result"])
+        scrapes.add_metric(["ok"], m.scrapes_ok)
+        scrapes.add_metric(["failed"], m.scrapes_failed)
+        yield scrapes
+        state = GaugeMetricFamily(f"{PREFIX}_load_state",
+                                  "1 for what admission decisions rest on now: fresh, stale "
+                                  "or scrape_failing (the last two admit everything).",
+                                  labels=["state"])
+        current = m.decision().state
+        for each in LoadState:
+            state.add_metric([str(each)], 1.0 if each is current else 0.0)
+        yield state
+        sample = m.sample
+        if sample is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_load_sample_age_seconds",
+                                "Age of the last good sample of vLLM's load.",
+                                value=max(0.0, m.now() - sample.at))
+        for name, value, documentation in (
+                ("load_waiting_requests", sample.waiting, "vLLM's waiting requests, as sampled."),
+                ("load_running_requests", sample.running, "vLLM's running requests, as sampled."),
+                ("load_kv_cache_usage", sample.kv_cache_usage,
+                 "vLLM's KV-cache use (0..1), as sampled.")):
+            if value is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -215,6 +256,22 @@ class GatewayMetrics:
                                          buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter(f"{PREFIX}_tokens", "Token usage reported by vLLM.",
                               ["model_name", "kind"], registry=r)
+        # vLLM's own timings, from its per-request metrics (0.32+, with
+        # --enable-per-request-metrics), beside the gateway's first-event histogram.
+        self.backend_queue = Histogram(f"{PREFIX}_backend_queue_seconds",
+                                       "vLLM's queue time for a request (its per-request "
+                                       "metrics' queue_time_ms).", ["model_name"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.backend_ttft = Histogram(f"{PREFIX}_backend_ttft_seconds",
+                                      "vLLM's time to first token from scheduling (its "
+                                      "per-request metrics' time_to_first_token_ms).",
+                                      ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
+        self.overload_refusals = Counter(
+            f"{PREFIX}_overload_refusals",
+            "Work refused for load, with a retry time: source vllm (its admission control: "
+            "503 or in-stream), gateway (load-aware admission, operations) or "
+            "gateway_session (load-aware admission, session opens); by reason.",
+            ["source", "reason"], registry=r)
         self.build_info = Gauge(f"{PREFIX}_build_info", "Build information.", ["version"],
                                 registry=r)
         self.build_info.labels(gateway.__version__).set(1)
@@ -225,6 +282,10 @@ class GatewayMetrics:
     def attach_resume(self, registry: SessionRegistry) -> None:
         """Export what the resumable sessions' registry counts."""
         self.registry.register(_ResumeCollector(registry))
+
+    def attach_load(self, monitor: LoadMonitor) -> None:
+        """Export load-aware admission's scrapes and sample."""
+        self.registry.register(_LoadCollector(monitor))
 
     def attach_quic(self, listeners: Callable[[], Sequence[QuicListener]]) -> None:
         """Export the QUIC listeners' counters (``listeners()`` is read at every scrape:
@@ -251,6 +312,13 @@ class GatewayMetrics:
             self.cancellations.labels(record.cancel_source).inc()
         if record.upstream_abort_ms is not None:
             self.upstream_aborts.observe(record.upstream_abort_ms / 1000)
+        if record.backend_queue_ms is not None:
+            self.backend_queue.labels(model).observe(record.backend_queue_ms / 1000)
+        if record.backend_ttft_ms is not None:
+            self.backend_ttft.labels(model).observe(record.backend_ttft_ms / 1000)
+        if record.refusal_source is not None:
+            self.overload_refusals.labels(record.refusal_source,
+                                          record.refusal_reason or "unknown").inc()
         usage = record.usage or {}
         for kind in ("prompt_tokens", "completion_tokens"):
             value = usage.get(kind)

@@ -61,6 +61,18 @@ class ObservationRecord:
     #: Resumes or migrations of its session while it ran, and the events replayed.
     resumed: int | None = None
     replayed_events: int | None = None
+    #: vLLM's own timings for the request (its per-request ``metrics``, 0.32+ with
+    #: ``--enable-per-request-metrics``), beside the gateway's: queue time in vLLM's
+    #: scheduler, TTFT from scheduling, decode time, mean inter-token latency.
+    backend_queue_ms: float | None = None
+    backend_ttft_ms: float | None = None
+    backend_generation_ms: float | None = None
+    backend_mean_itl_ms: float | None = None
+    backend_tokens_per_second: float | None = None
+    #: An overload refusal: "vllm" (its admission control) or "gateway" (load-aware
+    #: admission), and the reason.
+    refusal_source: str | None = None
+    refusal_reason: str | None = None
     #: Why it ended; decides the log level and the metrics (not part of the log line).
     end_cause: EndCause | None = attrs.field(default=None, repr=False)
 
@@ -81,6 +93,15 @@ def _ms(start: float | None, end: float | None) -> float | None:
     if start is None or end is None:
         return None
     return round((end - start) * 1000, 3)
+
+
+def _backend_ms(metrics: dict[str, Any] | None, field: str) -> float | None:
+    """One of vLLM's per-request timings (``PerRequestMetrics``, vllm/entrypoints/
+    generate/base/protocol.py); None when absent or not a number."""
+    value = (metrics or {}).get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return round(float(value), 3)
 
 
 def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRecord:
@@ -123,4 +144,10 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         token_budget=op.token_budget,
         tokens_used=op.tokens_used if op.token_budget is not None else None,
         resumed=op.reattached or None, replayed_events=op.replayed_events or None,
+        backend_queue_ms=_backend_ms(notes.backend_metrics, "queue_time_ms"),
+        backend_ttft_ms=_backend_ms(notes.backend_metrics, "time_to_first_token_ms"),
+        backend_generation_ms=_backend_ms(notes.backend_metrics, "generation_time_ms"),
+        backend_mean_itl_ms=_backend_ms(notes.backend_metrics, "mean_itl_ms"),
+        backend_tokens_per_second=_backend_ms(notes.backend_metrics, "tokens_per_second"),
+        refusal_source=notes.refusal_source, refusal_reason=notes.refusal_reason,
         end_cause=cause)

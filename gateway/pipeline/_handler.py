@@ -16,10 +16,23 @@ upstream stream is left, its socket closes, vLLM aborts the request, and the ope
 sends its own drop (gateway.server).
 
 Runtime controls taken at dispatch: a PRIORITY_UPDATE (or the session's priority class)
-becomes vLLM's ``priority`` when vLLM schedules by priority; a token budget caps
+becomes vLLM's priority when vLLM schedules by priority: the ``X-Vllm-Priority`` header
+where the bound vLLM line reads it (0.32+, which prefers it over the body's field:
+``OpenAIServing._get_priority``), so the request body stays the client's; older lines
+get the body's ``priority`` field. A token budget caps
 ``max_tokens``. While streaming, each chunk's tokens are spent from the budget before its
 events go out, so a budget lowered mid-stream ends the operation (budget_exceeded) with
 no token past it. Stage transitions (PROGRESS) are marked where they happen.
+
+Load: with load-aware admission on (``load``, a ``LoadMonitor``), an operation is refused
+before vLLM is called while vLLM's published load is past the thresholds
+(scheduler_rejected, recoverable, with the monitor's retry time). vLLM's own refusals
+(``gateway.upstream._errors``' table) end as backend_overload with the same retry rule
+(from vLLM's queue when sampled, else ``overload_retry_after_ms``); a dead engine's
+500 tells the gateway (``engine_dead``), which stops calling vLLM ready until ``/health``
+recovers; the same message mid-stream only wakes the health check. vLLM's per-request
+``metrics`` (final chunk, or the body) go into the operation's notes, and so into the
+observation record.
 
 A submit in NNRP's token profile (TOKEN_CHUNK frames, profile 2) is no envelope: it takes
 the text-completion path (``_token_completion``, rules in ``gateway.profile._token``).
@@ -51,14 +64,20 @@ from gateway.profile import (
 )
 from gateway.upstream import (
     CHAT_PATH,
+    PRIORITY_HEADER,
     TEXT_COMPLETION_PATH,
+    LoadMonitor,
     RequestFieldError,
     UpstreamError,
+    UpstreamOverloaded,
+    UpstreamStatus,
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
+    engine_dead,
     lax_int,
     output_token_limit,
+    refusal_of,
     to_profile_error,
 )
 
@@ -85,6 +104,8 @@ class PipelineLimits:
     unavailable_retry_after_ms: int = 1000
     #: The output cap of a token-profile request (its prompt carries no parameters).
     token_profile_max_tokens: int = 64
+    #: The retry time told with vLLM's own refusals when its queue is not sampled.
+    overload_retry_after_ms: int = 1000
 
 
 class ChatPipeline:
@@ -92,12 +113,18 @@ class ChatPipeline:
 
     def __init__(self, client: VllmClient, info: Callable[[], VllmInfo | None],
                  capabilities: Callable[[], dict[str, Any]],
-                 limits: PipelineLimits | None = None) -> None:
+                 limits: PipelineLimits | None = None, *,
+                 load: LoadMonitor | None = None, admission: bool = False,
+                 on_engine_dead: Callable[[], None] | None = None) -> None:
         self.client = client
         self.info = info
         self.capabilities = capabilities
         self.limits = limits or PipelineLimits()
         self.operations = frozenset({CHAT_COMPLETIONS, CAPABILITIES_OPERATION})
+        #: vLLM's sampled load: retry times, and (``admission``) refusals before dispatch.
+        self.load = load
+        self.admission = admission and load is not None
+        self.on_engine_dead = on_engine_dead
 
     async def __call__(self, op: Operation) -> None:
         notes = op.notes
@@ -121,10 +148,11 @@ class ChatPipeline:
                 raise ProfileError(EndCause.BACKEND_UNAVAILABLE,
                                    "vLLM is not ready (start-up probe has not succeeded)",
                                    retry_after_ms=self.limits.unavailable_retry_after_ms)
+            self._admit(op)
             request = build_request(envelope, session_id=op.session_id,
                                     operation_id=op.operation_id,
                                     connection_id=op.connection_id, trace=op.trace)
-            self._apply_controls(op, request.body)
+            self._apply_controls(op, request.body, request.headers, info)
             notes.request_id, notes.stream = request.request_id, request.stream
             notes.traceparent = request.headers.get("traceparent")  # frozen at dispatch
             notes.diagnostics = envelope.policy.diagnostics
@@ -152,22 +180,64 @@ class ChatPipeline:
             if translator is not None:
                 for event in translator.abort(str(error)):
                     await op.emit(ev.encode_event(event))
-            await self._fail(op, to_profile_error(error))
+            await self._fail(op, self._upstream_failure(op, error))
         except Exception as exc:  # a bug or an input we did not foresee: say so, once
             log.exception("pipeline failed", operation_id=op.operation_id)
             if not op.is_terminal:
                 await self._fail(op, ProfileError(
                     EndCause.ADAPTER_RUNTIME_ERROR, f"the gateway failed: {type(exc).__name__}"))
 
-    def _apply_controls(self, op: Operation, body: dict[str, Any]) -> None:
+    def _admit(self, op: Operation) -> None:
+        """Load-aware admission (``gateway.upstream._load``'s table): refused before
+        vLLM is called while its sampled load is past a threshold."""
+        if not self.admission:
+            return
+        assert self.load is not None
+        decision = self.load.decision()
+        if not decision.refused:
+            return
+        assert decision.reason is not None
+        op.notes.refusal_source, op.notes.refusal_reason = "gateway", str(decision.reason)
+        raise ProfileError(EndCause.SCHEDULER_REJECTED,
+                           f"vLLM is loaded past this gateway's threshold "
+                           f"({decision.reason}); retry later or elsewhere",
+                           diagnostics={"admission_reason": str(decision.reason)},
+                           retry_after_ms=decision.retry_after_ms)
+
+    def _upstream_failure(self, op: Operation, error: UpstreamError) -> ProfileError:
+        """The profile error of a vLLM failure, with what the gateway learns from it:
+        a refusal's reason and retry time, a dead engine."""
+        refusal = refusal_of(error)
+        retry_after_ms = None
+        if refusal is not None or isinstance(error, UpstreamOverloaded):
+            retry_after_ms = (self.load.retry_after_ms() if self.load is not None
+                              else self.limits.overload_retry_after_ms)
+        if refusal is not None:
+            op.notes.refusal_source, op.notes.refusal_reason = "vllm", str(refusal)
+        if engine_dead(error):
+            if isinstance(error, UpstreamStatus) and self.on_engine_dead is not None:
+                self.on_engine_dead()  # vLLM refused the request for it: not ready now
+            else:
+                # Said mid-stream (an engine failing inside one request may yet recover):
+                # /health decides, asked now rather than at the next interval.
+                self.client.recheck()
+        return to_profile_error(error, retry_after_ms=retry_after_ms)
+
+    def _apply_controls(self, op: Operation, body: dict[str, Any], headers: dict[str, str],
+                        info: VllmInfo) -> None:
         """What runtime controls decided before dispatch, into the request; from here on
         the request is vLLM's and live updates come too late (``dispatched_at``)."""
         if self.limits.priority_scheduling:
             priority = op.vllm_priority
+            value: int | None = None
             if op.priority_requested:
-                body["priority"] = priority or 0
+                value = priority or 0
             elif priority is not None and "priority" not in body:
-                body["priority"] = priority
+                value = priority
+            if value is not None and info.binding.priority_header:
+                headers[PRIORITY_HEADER] = str(value)  # 0.32+: read before the body's
+            elif value is not None:
+                body["priority"] = value
         budget = op.token_budget
         if budget is not None:
             # The field vLLM obeys (max_completion_tokens wins), read as vLLM reads it. It
@@ -197,11 +267,12 @@ class ChatPipeline:
                                "vLLM is not ready (start-up probe has not succeeded)",
                                retry_after_ms=self.limits.unavailable_retry_after_ms)
         notes.model = info.models[0]
+        self._admit(op)
         body: dict[str, Any] = {"model": info.models[0], "prompt": prompt,
                                 "max_tokens": self.limits.token_profile_max_tokens}
-        self._apply_controls(op, body)
         request_id = f"nnrp-{op.connection_id}-{op.session_id}-{op.operation_id}"
         headers = {"x-request-id": request_id}
+        self._apply_controls(op, body, headers, info)
         parent = traceparent(op.trace)
         if parent is not None:
             headers["traceparent"] = parent
@@ -247,6 +318,8 @@ class ChatPipeline:
         finally:
             notes.upstream_closed = trio.current_time()
             notes.usage = translator.usage
+            metrics = translator.extra.get("metrics")  # 0.32+: on the final usage chunk
+            notes.backend_metrics = metrics if isinstance(metrics, dict) else None
         op.stage(Stage.FINALIZING)
         for event in translator.finish():
             await op.emit(ev.encode_event(event))
@@ -272,6 +345,8 @@ class ChatPipeline:
         notes.upstream_status = 200
         usage = answer.get("usage")
         notes.usage = usage if isinstance(usage, dict) else None
+        metrics = answer.get("metrics")  # 0.32+, --enable-per-request-metrics
+        notes.backend_metrics = metrics if isinstance(metrics, dict) else None
         op.stage(Stage.FINALIZING)
         return answer
 

@@ -50,6 +50,9 @@ class Backend:
     name: str
     version: str
     binding: str | None
+    #: How the binding's anchor was verified: "gpu_smoke" (the band's anchors, the GPU
+    #: smoke's targets) or "live_cpu" (0.32.0: the live tier on the CPU build only).
+    evidence: str | None = None
 
 
 @attrs.frozen
@@ -120,6 +123,8 @@ EXTENSIONS = (
 )
 
 _converter = cattrs.Converter()
+_converter.register_unstructure_hook(Backend, make_dict_unstructure_fn(
+    Backend, _converter, evidence=override(omit_if_default=True)))
 _converter.register_unstructure_hook(Listener, make_dict_unstructure_fn(
     Listener, _converter, alpn=override(omit_if_default=True)))
 _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
@@ -129,6 +134,7 @@ _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_f
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
                         vllm_version: str | None = None, backend_family: str | None = None,
+                        backend_evidence: str | None = None,
                         priority_scheduling: bool | None = None,
                         listeners: tuple[Listener, ...] = ()) -> dict[str, Any]:
     document = CapabilityDocument(
@@ -137,7 +143,7 @@ def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bo
                                           tool_calls=tool_calls, cancellation=True),),
         models=tuple(Model(model) for model in models),
         extensions=EXTENSIONS,
-        backend=(Backend("vllm", vllm_version, backend_family)
+        backend=(Backend("vllm", vllm_version, backend_family, backend_evidence)
                  if vllm_version is not None else None),
         nnrp=(Runtime("nnrp-1-preview4", tuple(sorted(runtime_tokens(
             priority_scheduling=priority_scheduling))), priority_scheduling, listeners)

@@ -11,6 +11,11 @@ that says what that cause means on the wire and in the books (architecture.md ru
 * whether it is **recoverable**: the client may try again later (or elsewhere), so the
   terminal is preceded by ERROR_RECOVERABLE and RETRY_AFTER with a retry time.
 
+vLLM's own admission refusals (0.29+: a 503, or the same refusal as a 200 stream's
+first and only event) are backend_overload, recoverable; the gateway's load-aware
+refusal, before vLLM is called, is scheduler_rejected, recoverable and shed (not an
+upstream error: vLLM was never asked).
+
 Statuses follow nnrp-wire.md section 4 (completed 200, overload 503, timeout 504, other
 errors 500; validation errors 4xx). Drops follow the same section: CANCEL/ABORT/
 FRAME_CANCEL -> peer_cancelled; DEADLINE -> deadline_expired; EXPIRE_AT -> superseded (the
@@ -51,6 +56,10 @@ class EndCause(enum.StrEnum):
     SERVER_DRAINING = "server_draining"
     RESUBMISSION_DIFFERS = "resubmission_differs"  # not the request it resubmits
     RESULTS_UNAVAILABLE = "results_unavailable"  # resubmitted, but not replayable
+    # Refused before vLLM is called: vLLM's published load is past the configured
+    # thresholds (load-aware admission, gateway.upstream._load). The profile's transient
+    # code for a scheduler's refusal (nnrp-wire.md section 4).
+    SCHEDULER_REJECTED = "scheduler_rejected"
     # What vLLM said, or did not say.
     INVALID_BACKEND_REQUEST = "invalid_backend_request"
     BACKEND_AUTH_FAILED = "backend_auth_failed"
@@ -172,6 +181,8 @@ END_TABLE: dict[EndCause, EndSpec] = {
     C.SESSION_CLOSING: _refused(503, "overloaded_error", Outcome.SHED, "info"),
     C.SERVER_DRAINING: _refused(503, "overloaded_error", Outcome.SHED, "info",
                                 recoverable=True),
+    C.SCHEDULER_REJECTED: _refused(503, "overloaded_error", Outcome.SHED, "info",
+                                   recoverable=True),
     C.RESUBMISSION_DIFFERS: _invalid(409),
     C.RESULTS_UNAVAILABLE: _invalid(410),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,

@@ -110,6 +110,12 @@ class OperationNotes:
     usage: dict[str, Any] | None = None
     diagnostics: bool = False
     backend: dict[str, str] | None = None
+    #: vLLM's per-request ``metrics`` (0.32+, ``--enable-per-request-metrics``), as sent.
+    backend_metrics: dict[str, Any] | None = None
+    #: An overload refusal: who refused ("vllm", or "gateway" for load-aware admission)
+    #: and why (the counter's reason label).
+    refusal_source: str | None = None
+    refusal_reason: str | None = None
 
 
 @attrs.frozen

@@ -6,6 +6,7 @@ them, only the workers' supervisor uses it (to ask each worker's admin listener 
 unix socket), and in ``gateway.tools`` whatever tool talks HTTP (tests/test_layers.py).
 """
 
+from ._admission import LoadMonitor as LoadMonitor
 from ._chunks import (
     check_chunk as check_chunk,
     parse_chunk as parse_chunk,
@@ -19,13 +20,30 @@ from ._client import (
     VllmInfo as VllmInfo,
 )
 from ._errors import (
+    ENGINE_DEAD_MESSAGE as ENGINE_DEAD_MESSAGE,
+    RefusalReason as RefusalReason,
     UpstreamError as UpstreamError,
     UpstreamMalformed as UpstreamMalformed,
     UpstreamOverloaded as UpstreamOverloaded,
     UpstreamStatus as UpstreamStatus,
     UpstreamTimeout as UpstreamTimeout,
     UpstreamUnavailable as UpstreamUnavailable,
+    classify_refusal as classify_refusal,
+    engine_dead as engine_dead,
+    refusal_of as refusal_of,
     to_profile_error as to_profile_error,
+)
+from ._load import (
+    LoadDecision as LoadDecision,
+    LoadError as LoadError,
+    LoadPolicy as LoadPolicy,
+    LoadSample as LoadSample,
+    LoadSource as LoadSource,
+    LoadState as LoadState,
+    RefuseReason as RefuseReason,
+    decide as decide,
+    parse_load as parse_load,
+    parse_metrics as parse_metrics,
 )
 from ._request_fields import (
     RequestFieldError as RequestFieldError,
@@ -39,6 +57,7 @@ from ._sse import SSEDecoder as SSEDecoder, SSEError as SSEError, SSEEvent as SS
 from ._stream import ChunkStream as ChunkStream
 from ._versions import (
     BINDINGS as BINDINGS,
+    PRIORITY_HEADER as PRIORITY_HEADER,
     SUPPORTED_BAND as SUPPORTED_BAND,
     Binding as Binding,
     ResponseShape as ResponseShape,

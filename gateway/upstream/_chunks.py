@@ -43,7 +43,8 @@ def parse_chunk(data: str) -> dict[str, Any]:
                 f"vLLM reported an error mid-stream: {error.get('message', 'no message')}",
                 kind="in_stream_error", error_type=_opt_str(error.get("type")),
                 status=code if isinstance(code, int) else None,
-                param=_opt_str(error.get("param")))
+                param=_opt_str(error.get("param")),
+                backend_message=_opt_str(error.get("message")))
         raise UpstreamMalformed(f"vLLM reported an error mid-stream: {error}",
                                 kind="in_stream_error")
     check_chunk(chunk)

@@ -174,6 +174,21 @@ class VllmClient:
         except json.JSONDecodeError as exc:
             raise UpstreamError(f"GET {path}: not JSON") from exc
 
+    async def get_text(self, path: str, *, max_bytes: int = 16 << 20) -> str:
+        """GET ``path`` on the probe pool (its bounded timeouts): the body as text. A
+        scrape of vLLM's /metrics or /load (``_admission``)."""
+        try:
+            response = await self._probe_client.get(path)
+        except httpx.TimeoutException as exc:
+            raise UpstreamUnavailable(f"GET {path} timed out") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise UpstreamStatus(response.status_code, response.content[:MAX_ERROR_BODY])
+        if len(response.content) > max_bytes:
+            raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
+        return response.content.decode("utf-8", "replace")
+
     async def health(self) -> bool:
         """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""
         return await self.health_check() is True
@@ -192,8 +207,14 @@ class VllmClient:
 
     async def refused(self) -> None:
         """Returns when a request's connection is refused from now on (vLLM went away
-        between health checks: the caller rechecks at once)."""
+        between health checks), or ``recheck`` is called: the caller rechecks at once."""
         await self._refused.wait()
+
+    def recheck(self) -> None:
+        """Wake ``refused()`` now: a request learned that vLLM is unwell (its dead-engine
+        answer), so the health loop should look without waiting for its interval."""
+        self._refused.set()
+        self._refused = trio.Event()
 
     async def probe(self, *, allow_untested: bool = False) -> VllmInfo:
         """GET /version (selects the binding) and GET /v1/models."""
@@ -258,8 +279,7 @@ class VllmClient:
                         f"{self.config.connect_timeout} s") from exc
                 except httpx.TransportError as exc:
                     if isinstance(exc, httpx.ConnectError):
-                        self._refused.set()
-                        self._refused = trio.Event()
+                        self.recheck()
                     raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
             if response is None:
                 raise UpstreamTimeout("first_chunk", first_chunk)

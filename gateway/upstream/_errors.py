@@ -10,10 +10,41 @@ message and param kept), 401 -> backend_auth_failed, 404 -> unsupported_model, 5
 backend_overload, any other status -> backend_error; overloaded -> backend_overload;
 unavailable -> backend_unavailable; timeouts -> request_timeout; malformed streams,
 in-stream errors and anything else -> backend_error.
+
+vLLM's own refusals (``classify_refusal``, the table ``REFUSALS``). Since 0.29 vLLM
+refuses work itself (``vllm/exceptions.py``, ``AsyncLLM.check_admission``); each refusal
+is a ``GracefulHTTPError`` that ``create_error_response`` writes as
+``{"error": {"message", "type": "Service Unavailable", "param": null, "code": 503}}``
+with no Retry-After header. The admission check runs twice: once before the response
+starts (``OpenAIServing`` -> HTTP 503), and again inside ``AsyncLLM.add_request`` when
+a streamed response has already answered 200, where the stream generator writes the
+same object as its first and only event, then ``data: [DONE]`` (seen live, issue 23).
+Both are the same refusal, so both are backend_overload with a retry hint:
+
+=================================================  ===========  =====================
+what vLLM sent (503 status, or a code-503 event     end cause    reason (the counter's
+before any chunk)                                                label; vLLM's own
+                                                                 ``admission_rejections``
+                                                                 label where it has one)
+=================================================  ===========  =====================
+"The engine is currently busy and cannot accept"    overload     max_num_queued_reqs
+"The engine has reached its prefill token backlog"  overload     max_num_queued_tokens
+type ``ServiceUnavailableError``                    overload     retryable
+                                                    (``RetryableRequestError``)
+any other 503 (a proxy, a scaling message)          overload     unavailable
+=================================================  ===========  =====================
+
+A code-503 event after output was produced is no refusal (the client already holds part
+of an answer): backend_error, as any in-stream error. vLLM's dead engine is one fixed
+message (``EngineDeadError``, ``vllm/v1/engine/exceptions.py``) on a 500 (0.33 maps it
+so on every path) or an in-stream event: backend_error. ``engine_dead`` recognises both;
+the 500 makes the gateway stop calling vLLM ready until ``/health`` says otherwise, the
+in-stream event only has ``/health`` asked at once (the pipeline decides).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
 
@@ -53,12 +84,71 @@ class UpstreamStatus(UpstreamError):
 class UpstreamMalformed(UpstreamError):
     def __init__(self, message: str, *, kind: str = "malformed_stream",
                  error_type: str | None = None, status: int | None = None,
-                 param: str | None = None) -> None:
+                 param: str | None = None, backend_message: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind  # "malformed_stream", "in_stream_error" or "connection_lost"
         self.error_type = error_type
         self.status = status
         self.param = param
+        #: An in-stream error's own message, as vLLM wrote it.
+        self.backend_message = backend_message
+        #: An in-stream error that was the stream's first event: nothing was produced
+        #: (set by the chunk stream, which knows what came before).
+        self.before_output = False
+
+
+class RefusalReason(enum.StrEnum):
+    """Why vLLM refused a request (the ``reason`` label; module table)."""
+
+    MAX_NUM_QUEUED_REQS = "max_num_queued_reqs"
+    MAX_NUM_QUEUED_TOKENS = "max_num_queued_tokens"
+    RETRYABLE = "retryable"
+    UNAVAILABLE = "unavailable"
+
+
+#: The module table's rows, first match wins: (message prefix or None, error type or
+#: None) -> reason. Messages from ``vllm/exceptions.py`` (0.32.0, installed source).
+REFUSALS: tuple[tuple[str | None, str | None, RefusalReason], ...] = (
+    ("The engine is currently busy and cannot accept new requests", None,
+     RefusalReason.MAX_NUM_QUEUED_REQS),
+    ("The engine has reached its prefill token backlog limit", None,
+     RefusalReason.MAX_NUM_QUEUED_TOKENS),
+    (None, "ServiceUnavailableError", RefusalReason.RETRYABLE),
+    (None, None, RefusalReason.UNAVAILABLE),
+)
+#: ``EngineDeadError``'s fixed message (vllm/v1/engine/exceptions.py).
+ENGINE_DEAD_MESSAGE = ("EngineCore encountered an issue. See stack trace (above) for the "
+                       "root cause.")
+
+
+def classify_refusal(message: str, error_type: str | None) -> RefusalReason:
+    """The reason of a 503 refusal (``REFUSALS``)."""
+    for prefix, wanted_type, reason in REFUSALS:
+        if prefix is not None and not message.startswith(prefix):
+            continue
+        if wanted_type is not None and error_type != wanted_type:
+            continue
+        return reason
+    raise AssertionError("REFUSALS ends with a catch-all row")
+
+
+def refusal_of(error: UpstreamError) -> RefusalReason | None:
+    """vLLM's refusal, if ``error`` is one (module table): a 503 before the response
+    started, or a code-503 event that was the stream's first."""
+    if isinstance(error, UpstreamStatus) and error.status == 503:
+        return classify_refusal(error.message, error.error_type)
+    if (isinstance(error, UpstreamMalformed) and error.kind == "in_stream_error"
+            and error.status == 503 and error.before_output):
+        return classify_refusal(error.backend_message or "", error.error_type)
+    return None
+
+
+def engine_dead(error: UpstreamError) -> bool:
+    """vLLM said its engine is dead (module docstring)."""
+    if isinstance(error, UpstreamStatus):
+        return error.status == 500 and error.message == ENGINE_DEAD_MESSAGE
+    return (isinstance(error, UpstreamMalformed) and error.kind == "in_stream_error"
+            and error.backend_message == ENGINE_DEAD_MESSAGE)
 
 
 def _parse_error_body(body: bytes) -> tuple[str, str | None, str | None]:
@@ -91,11 +181,28 @@ _STATUS_CAUSES = {400: EndCause.INVALID_BACKEND_REQUEST, 401: EndCause.BACKEND_A
                   503: EndCause.BACKEND_OVERLOAD}
 
 
-def to_profile_error(error: UpstreamError) -> ProfileError:
-    """The single mapping from upstream failures to profile errors (with diagnostics)."""
+def to_profile_error(error: UpstreamError, *, retry_after_ms: int | None = None
+                     ) -> ProfileError:
+    """The single mapping from upstream failures to profile errors (with diagnostics).
+    ``retry_after_ms``: the retry time told with vLLM's own refusals (the caller derives
+    it from vLLM's queue signals)."""
+    refusal = refusal_of(error)
+    if refusal is not None:
+        diagnostics: dict[str, object] = {"backend_status": 503, "backend_refusal": str(refusal)}
+        error_type = getattr(error, "error_type", None)
+        if error_type:
+            diagnostics["backend_error_type"] = error_type
+        if isinstance(error, UpstreamMalformed):
+            diagnostics["backend_error_family"] = error.kind
+            message = error.backend_message or str(error)
+        else:
+            assert isinstance(error, UpstreamStatus)
+            message = error.message
+        return ProfileError(EndCause.BACKEND_OVERLOAD, message, diagnostics=diagnostics,
+                            retry_after_ms=retry_after_ms)
     if isinstance(error, UpstreamStatus):
         code = _STATUS_CAUSES.get(error.status, EndCause.BACKEND_ERROR)
-        diagnostics: dict[str, object] = {"backend_status": error.status}
+        diagnostics = {"backend_status": error.status}
         if error.error_type:
             diagnostics["backend_error_type"] = error.error_type
         if error.param:
@@ -111,7 +218,8 @@ def to_profile_error(error: UpstreamError) -> ProfileError:
         return ProfileError(EndCause.REQUEST_TIMEOUT, str(error),
                             diagnostics={"timeout": error.kind})
     if isinstance(error, UpstreamOverloaded):
-        return ProfileError(EndCause.BACKEND_OVERLOAD, f"vLLM cannot take more now: {error}")
+        return ProfileError(EndCause.BACKEND_OVERLOAD, f"vLLM cannot take more now: {error}",
+                            retry_after_ms=retry_after_ms)
     if isinstance(error, UpstreamUnavailable):
         return ProfileError(EndCause.BACKEND_UNAVAILABLE, f"vLLM is unreachable: {error}")
     if isinstance(error, UpstreamMalformed):

@@ -10,7 +10,10 @@ split across reads is never a problem: only complete lines are decoded.
 
 vLLM sends ``data: <json>\\n\\n`` per event and ends with ``data: [DONE]\\n\\n``, after an
 error too (vllm-http.md); comments, ``event:``, ``id:`` and ``retry:`` fields are parsed
-per the spec and ignored here.
+per the spec and ignored here. vLLM 0.32's ``--sse-keep-alive-interval`` writes
+``: keep-alive\\n\\n`` comments while a stream is idle (queued, in prefill, between
+tokens; ``vllm/entrypoints/serve/utils/sse_keep_alive.py``): ``pending`` lets the
+stream tell such a read (no event, nothing of one begun) from one that carried tokens.
 
 End of stream: there is nothing to flush. An event is dispatched by its blank line,
 and the spec discards an event the stream ends inside ("Once the end of the file is
@@ -62,6 +65,12 @@ class SSEDecoder:
         self._data_size = 0
         self._event_type = ""
         self._pending_cr = False  # a CR ended the last chunk: a following LF belongs to it
+
+    @property
+    def pending(self) -> bool:
+        """Part of an event is held: a line without its end, or data lines without the
+        blank line that dispatches them. False after a read of comments only."""
+        return bool(self._buffer or self._data or self._event_type)
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         events: list[SSEEvent] = []

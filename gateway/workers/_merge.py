@@ -8,7 +8,9 @@ the same series from several workers becomes one sample whose value is
   is the sum of its workers';
 * the **minimum** for ``*_created`` samples (the series exists since the first worker
   created it) and for ``upstream_ready`` (1 only when every worker sees vLLM healthy);
-* the **maximum** for ``build_info`` (1 per version label, not N).
+* the **maximum** for ``build_info`` (1 per version label, not N), and for load-aware
+  admission's view of vLLM (``load_*`` gauges: every worker samples the same vLLM, so
+  the pod's figure is one sample's, the oldest age, and a state any worker is in).
 
 Counters must never step back, or Prometheus' ``rate()`` reads a reset and counts the
 other workers' whole totals as new increase. So ``PodMetrics`` keeps each worker's last
@@ -35,6 +37,11 @@ Combine = Callable[[float, float], float]
 COMBINE: dict[str, Combine] = {
     "nnrp_gateway_upstream_ready": min,
     "nnrp_gateway_build_info": max,
+    "nnrp_gateway_load_waiting_requests": max,
+    "nnrp_gateway_load_running_requests": max,
+    "nnrp_gateway_load_kv_cache_usage": max,
+    "nnrp_gateway_load_sample_age_seconds": max,
+    "nnrp_gateway_load_state": max,
 }
 
 

@@ -136,6 +136,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
                                "--print-config"], 2,
      "cannot create the output directory"),
     ("serve-workers", ["serve", "--workers", "0", "--print-config"], 2, "--workers"),
+    ("serve-load-source", ["serve", "--load-source", "prometheus", "--print-config"], 2,
+     "invalid value ('prometheus' is not one of 'metrics', 'load'), --load-source"),
+    ("serve-load-kv", ["serve", "--load-max-kv-cache-usage", "90", "--print-config"], 2,
+     "--load-max-kv-cache-usage"),
     # health, check, capabilities
     ("health-url", ["health", "--admin-url", "ftp://x"], 2, "expected an http:// URL"),
     ("health-unreachable", ["health", "--admin-url", "http://127.0.0.1:{closed}"], 1,

@@ -28,7 +28,7 @@ def test_version() -> None:
     result = runner.invoke(app, ["version"])
     assert result.exit_code == 0
     assert "nnrp-vllm-gateway 0.1.0" in result.output
-    assert "vllm>=0.18.0,<0.27" in result.output
+    assert "vllm>=0.18.0,<0.27 or >=0.32,<0.34" in result.output
 
 
 def test_light_commands_do_not_load_the_gateway() -> None:
@@ -88,7 +88,8 @@ def test_capabilities_json(replay: ReplayThread) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["operations"][0]["tool_calls"] is True
-    assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x"}
+    assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x",
+                                   "evidence": "gpu_smoke"}
 
 
 def test_serve_refuses_an_untested_vllm() -> None:
@@ -115,3 +116,25 @@ def test_record_writes_transcripts(replay: ReplayThread, tmp_path: Path) -> None
     assert usage.body.endswith(b"data: [DONE]\n\n")
     assert load_transcript(tmp_path / "error_404_model.jsonl").status == 404
     assert load_transcript(tmp_path / "error_400_stream_options_without_stream.jsonl").status == 400
+
+
+def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment() -> None:
+    """Issue 23's options: flags and NNRP_GATEWAY_* variables reach GatewayConfig."""
+    result = runner.invoke(app, [
+        "serve", "--print-config", "--load-aware-admission", "--load-max-waiting", "8",
+        "--load-interval", "0.5", "--load-refuse-sessions", "--overload-retry-after-ms",
+        "2500"], env={"NNRP_GATEWAY_LOAD_MAX_KV_CACHE_USAGE": "0.9",
+                      "NNRP_GATEWAY_LOAD_SOURCE": "load",
+                      "NNRP_GATEWAY_LOAD_RETRY_AFTER_MS": "400"})
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["load"] == {
+        "admission": True, "source": "load", "interval": 0.5, "max_waiting": 8.0,
+        "max_kv_cache_usage": 0.9, "stale_after": 0.0, "retry_after_ms": 400,
+        "max_retry_after_ms": 30000, "refuse_sessions": True}
+    assert document["pipeline"]["overload_retry_after_ms"] == 2500
+    bad = runner.invoke(app, ["serve", "--print-config", "--load-source", "router"])
+    assert bad.exit_code == 2 and "--load-source" in bad.output
+    out_of_range = runner.invoke(app, ["serve", "--print-config",
+                                       "--load-max-kv-cache-usage", "1.5"])
+    assert out_of_range.exit_code == 2

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from typer.testing import CliRunner
 
 from cli.main import app
 
@@ -437,3 +438,27 @@ def test_the_smokes_conformance_step_runs_as_written(tmp_path: Path) -> None:
     backends = {r["id"]: r["diagnostics"]["backend"] for r in results["results"]}
     assert backends["openai-compatible.chat.backend-error"] == "scripted"
     assert backends["openai-compatible.chat.streaming-text"] == "main"
+
+
+def test_load_aware_admission_values_become_serve_flags() -> None:
+    """Issue 23: the chart's admission values are serve's flags, off by default."""
+    default, _ = _gateway(render(None))
+    assert "--load-aware-admission" not in default["args"]
+    args = default["args"]
+    assert args[args.index("--overload-retry-after-ms") + 1] == "1000"
+    gateway, _ = _gateway(render(CHART / "ci" / "admission-values.yaml"))
+    args = gateway["args"]
+
+    def value(flag: str) -> str:
+        return str(args[args.index(flag) + 1])
+
+    assert "--load-aware-admission" in args and "--load-refuse-sessions" in args
+    assert (value("--load-source"), value("--load-interval"), value("--load-max-waiting"),
+            value("--load-max-kv-cache-usage"), value("--overload-retry-after-ms")) == (
+        "metrics", "0.5", "8", "0.9", "2000")
+    result = CliRunner().invoke(app, ["serve", "--print-config",
+                                      *[a for a in args if a != "--admin-listen"
+                                        and not a.startswith("0.0.0.0:")]])
+    assert result.exit_code == 0, result.output
+    load = json.loads(result.output)["load"]
+    assert (load["admission"], load["max_waiting"], load["refuse_sessions"]) == (True, 8.0, True)

@@ -382,10 +382,14 @@ async def test_session_budget_caps_the_next_request(stack: Stack) -> None:
     assert not stack.replay.disconnects
 
 
-async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["0.26", "0.32", "0.33"])
+async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Path,
+                                            family: str) -> None:
     """With vLLM's priority scheduling on, the session's priority class becomes each
-    request's ``priority`` (class * 10 + delta; lower runs first in vLLM)."""
-    stack = await start_stack(nursery, tmp_path, replay=ReplayServer(),
+    request's priority (class * 10 + delta; lower runs first in vLLM): the body's
+    ``priority`` up to 0.26, the ``X-Vllm-Priority`` header from 0.32 (which reads it
+    first), the client's body untouched."""
+    stack = await start_stack(nursery, tmp_path, replay=ReplayServer(family=family),
                               pipeline=PipelineLimits(priority_scheduling=True))
 
     def scenario() -> list[dict[str, Any]]:
@@ -406,7 +410,12 @@ async def test_submit_priority_reaches_vllm(nursery: trio.Nursery, tmp_path: Pat
         events = await trio.to_thread.run_sync(scenario)
     assert ending(events, 1) == ("push", 200)
     (sent,) = [r for r in stack.replay.requests if r.method == "POST"]
-    assert json.loads(sent.body)["priority"] == 10  # background: one step after default
+    if family == "0.26":
+        assert json.loads(sent.body)["priority"] == 10  # background: one step after default
+        assert "x-vllm-priority" not in sent.headers
+    else:
+        assert sent.headers["x-vllm-priority"] == "10"
+        assert "priority" not in json.loads(sent.body)
 
 
 # ------------------------------------------------------------------ the referee

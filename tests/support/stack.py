@@ -92,7 +92,7 @@ async def start_stack(nursery: trio.Nursery, socket_dir: Path, *,
     gateway = Gateway(GatewayConfig(
         listen=("tcp://127.0.0.1:0", f"unix://{socket_dir}/gw.sock", "ws://127.0.0.1:0/nnrp",
                 *extra_listen),
-        vllm_url=url, probe_interval=0.05, health_interval=0.2, **config))
+        vllm_url=url, **{"probe_interval": 0.05, "health_interval": 0.2, **config}))
     await nursery.start(gateway.run)
     with trio.fail_after(5):
         await gateway.probed.wait()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from gateway.upstream import SSEDecoder, SSEError
+from gateway.upstream import SSEDecoder, SSEError, SSEEvent
 
 STREAM = (b'data: {"a":1}\n\n'
           b'data: {"t":"line\xe2\x80\xa8sep \xc2\x85 \x1c"}\r\n\r\n'  # U+2028, U+0085, \x1c raw
@@ -61,3 +61,20 @@ def test_events_before_a_fault_travel_with_it() -> None:
     with pytest.raises(SSEError, match="exceeds 64") as raised:
         decoder.feed(b"data: a\n\ndata: b\n\n" + b"x" * 100 + b"\n")
     assert [event.data for event in raised.value.events] == ["a", "b"]
+
+
+def test_keep_alive_comments_leave_nothing_pending_byte_by_byte() -> None:
+    """vLLM 0.32's keep-alive comment (``: keep-alive\\n\\n``) yields no event and, once
+    its line has ended, leaves nothing of an event begun; trailing bytes of the next
+    event do."""
+    data = b": keep-alive\n\n"
+    decoder = SSEDecoder()
+    for index in range(len(data)):
+        assert decoder.feed(data[index:index + 1]) == []
+        assert decoder.pending == (index < len(b": keep-alive"))
+    assert decoder.feed(b'data: {"a"') == []
+    assert decoder.pending
+    assert decoder.feed(b":1}\n") == []
+    assert decoder.pending  # data lines held until the blank line
+    assert decoder.feed(b"\n: keep-alive\n\n") == [SSEEvent('{"a":1}')]
+    assert not decoder.pending

@@ -218,3 +218,56 @@ async def test_chunks_read_together_with_a_broken_sse_line_come_first() -> None:
     with pytest.raises(UpstreamMalformed, match="exceeds"):
         await batch_sizes(chunks, batches)
     assert batches == [1]
+
+
+# --------------------------------------------------------------------------- keep-alive
+# vLLM 0.32's --sse-keep-alive-interval writes ": keep-alive\n\n" on a timer, whatever its
+# engine does (vllm/entrypoints/serve/utils/sse_keep_alive.py): a comment restarts no clock.
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+async def test_keep_alive_comments_are_skipped_and_change_nothing(
+        autojump_clock: object) -> None:
+    body = PacedBody((0.5, KEEP_ALIVE), (0.2, CHUNK), (0.5, KEEP_ALIVE + CHUNK),
+                     (0.1, KEEP_ALIVE), (0.1, CHUNK + KEEP_ALIVE), (0, DONE))
+    batches: list[int] = []
+    await batch_sizes(stream(body, first_chunk=5, idle=5), batches)
+    assert batches == [1, 1, 1]
+
+
+async def test_keep_alive_comments_do_not_hold_off_the_first_chunk_clock(
+        autojump_clock: object) -> None:
+    # A request queued in vLLM: the frontend says keep-alive every second, no token comes.
+    start = trio.current_time()
+    chunks = stream(PacedBody(*[(1, KEEP_ALIVE)] * 30, (1, CHUNK), (0, DONE)),
+                    first_chunk=10, idle=60)
+    with pytest.raises(UpstreamTimeout) as info:
+        await consume(chunks)
+    assert info.value.kind == "first_chunk"
+    assert trio.current_time() - start == pytest.approx(10)
+    assert chunks.first_byte_at is None  # a comment is not the first chunk
+
+
+async def test_keep_alive_comments_do_not_restart_the_idle_clock(
+        autojump_clock: object) -> None:
+    start = trio.current_time()
+    chunks = stream(PacedBody((1, CHUNK), *[(1, KEEP_ALIVE)] * 30, (0, DONE)),
+                    first_chunk=10, idle=5)
+    with pytest.raises(UpstreamTimeout) as info:
+        await consume(chunks)
+    assert info.value.kind == "idle"
+    assert trio.current_time() - start == pytest.approx(6)  # 5 s after the chunk at 1 s
+
+
+async def test_a_refusal_as_the_first_event_is_marked_before_output() -> None:
+    # vLLM's admission check inside add_request, after its 200 (issue 23, seen live).
+    refusal = (b'data: {"error": {"message": "The engine is currently busy and cannot '
+               b'accept new requests. Please try again later or on a different instance.", '
+               b'"type": "Service Unavailable", "param": null, "code": 503}}\n\n')
+    with pytest.raises(UpstreamMalformed) as first:
+        await consume(stream(PacedBody((0, refusal + DONE)), first_chunk=5, idle=5))
+    assert first.value.before_output and first.value.status == 503
+    with pytest.raises(UpstreamMalformed) as later:
+        await consume(stream(PacedBody((0, CHUNK), (0, refusal + DONE)), first_chunk=5,
+                             idle=5))
+    assert not later.value.before_output

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gateway.upstream import (
+    BINDINGS,
     UnsupportedVersion,
     UpstreamMalformed,
     UpstreamStatus,
     UpstreamTimeout,
     UpstreamUnavailable,
+    engine_dead,
+    parse_chunk,
+    refusal_of,
     select_binding,
     to_profile_error,
 )
@@ -17,7 +21,8 @@ from gateway.upstream import (
 
 @pytest.mark.parametrize(("version", "family"), [("0.18.1", "0.18.x"), ("0.18.0", "0.18.x"),
                                                  ("0.22.1", "0.22.x"), ("v0.26.0", "0.26.x"),
-                                                 ("0.26.3rc1", "0.26.x")])
+                                                 ("0.26.3rc1", "0.26.x"), ("0.32.0", "0.32.x"),
+                                                 ("0.32.4", "0.32.x"), ("0.33.0", "0.32.x")])
 def test_tested_families(version: str, family: str) -> None:
     binding, untested = select_binding(version)
     assert binding.family == family
@@ -25,8 +30,9 @@ def test_tested_families(version: str, family: str) -> None:
 
 
 @pytest.mark.parametrize(("version", "nearest"), [("0.20.2", "0.18.x"), ("0.24.0", "0.22.x"),
-                                                  ("0.32.0", "0.32.x"), ("0.33.1", "0.32.x"),
-                                                  ("0.10.1", "0.18.x")])
+                                                  ("0.27.0", "0.26.x"), ("0.29.1", "0.26.x"),
+                                                  ("0.30.2", "0.32.x"), ("0.31.0", "0.32.x"),
+                                                  ("0.34.0", "0.32.x"), ("0.10.1", "0.18.x")])
 def test_other_versions_refused_unless_allowed(version: str, nearest: str) -> None:
     with pytest.raises(UnsupportedVersion) as info:
         select_binding(version)
@@ -35,15 +41,26 @@ def test_other_versions_refused_unless_allowed(version: str, nearest: str) -> No
     assert "0.18.1" in text
     assert "0.22.1" in text
     assert "0.26.0" in text
+    assert "0.32.0" in text
     assert "--allow-untested-vllm" in text
     binding, untested = select_binding(version, allow_untested=True)
     assert (binding.family, untested) == (nearest, True)
 
 
-def test_the_known_untested_family_is_never_claimed_tested() -> None:
-    with pytest.raises(UnsupportedVersion) as info:
-        select_binding("0.32.0")
-    assert "0.32" not in str(info.value).split("Supported families:")[1]
+def test_the_lines_between_the_band_and_0_32_are_refused() -> None:
+    """0.27-0.31 were never bound: refused with the design's diagnostic (the detected
+    version, the families and anchors, the flag), never served as a neighbour silently."""
+    for minor in range(27, 32):
+        with pytest.raises(UnsupportedVersion) as info:
+            select_binding(f"0.{minor}.0")
+        assert f"vLLM 0.{minor}.0 is not a tested version" in str(info.value)
+
+
+def test_each_anchor_says_how_it_was_verified() -> None:
+    evidence = {b.anchor: b.evidence for b in BINDINGS}
+    assert evidence == {"0.18.1": "gpu_smoke", "0.22.1": "gpu_smoke", "0.26.0": "gpu_smoke",
+                        "0.32.0": "live_cpu"}
+    assert [b.priority_header for b in BINDINGS] == [False, False, False, True]
 
 
 def test_shapes_follow_each_release() -> None:
@@ -105,3 +122,61 @@ def test_a_completion_with_a_lone_surrogate_is_refused_however_it_is_written(
     # A valid pair, escaped, is one character and fine.
     fine = parse_completion(body.replace(text, b'"\\ud83d\\ude00"'))
     assert fine["choices"][0]["message"]["content"] == "\U0001F600"
+
+
+# vLLM 0.32.0's refusals, byte for byte as create_error_response writes them (GracefulHTTPError:
+# type is the HTTP phrase, param null; vllm/exceptions.py, .../error_response.py).
+QUEUE_FULL = (b'{"error":{"message":"The engine is currently busy and cannot accept new '
+              b'requests. Please try again later or on a different instance.","type":'
+              b'"Service Unavailable","param":null,"code":503}}')
+QUEUED_TOKENS = (b'{"error":{"message":"The engine has reached its prefill token backlog '
+                 b'limit. Please try again later or on a different instance.","type":'
+                 b'"Service Unavailable","param":null,"code":503}}')
+RETRYABLE = (b'{"error":{"message":"Request failed; please retry","type":'
+             b'"ServiceUnavailableError","param":null,"code":503}}')
+ENGINE_DEAD = (b'{"error":{"message":"EngineCore encountered an issue. See stack trace '
+               b'(above) for the root cause.","type":"InternalServerError","param":null,'
+               b'"code":500}}')
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (QUEUE_FULL, "max_num_queued_reqs"), (QUEUED_TOKENS, "max_num_queued_tokens"),
+    (RETRYABLE, "retryable"), (b'{"error":"The model is currently scaling..."}', "unavailable"),
+    (b"<html>503 from a proxy</html>", "unavailable")])
+def test_vllm_refusals_before_the_first_byte(body: bytes, reason: str) -> None:
+    error = UpstreamStatus(503, body)
+    assert refusal_of(error) == reason
+    profile_error = to_profile_error(error, retry_after_ms=2500)
+    assert (profile_error.code, profile_error.status) == ("backend_overload", 503)
+    assert profile_error.spec.recoverable
+    assert profile_error.retry_after_ms == 2500
+    assert profile_error.diagnostics["backend_refusal"] == reason
+
+
+def _in_stream(body: bytes, *, before_output: bool) -> UpstreamMalformed:
+    with pytest.raises(UpstreamMalformed) as info:
+        parse_chunk(body.decode())
+    info.value.before_output = before_output
+    return info.value
+
+
+@pytest.mark.parametrize(("body", "reason"), [(QUEUE_FULL, "max_num_queued_reqs"),
+                                              (QUEUED_TOKENS, "max_num_queued_tokens")])
+def test_the_same_refusal_as_a_200_streams_first_event(body: bytes, reason: str) -> None:
+    first = _in_stream(body, before_output=True)
+    assert refusal_of(first) == reason
+    profile_error = to_profile_error(first, retry_after_ms=900)
+    assert (profile_error.code, profile_error.retry_after_ms) == ("backend_overload", 900)
+    assert profile_error.message.startswith("The engine")  # vLLM's own words
+    # After output, a client holds part of an answer: an error, not a refusal to retry.
+    later = _in_stream(body, before_output=False)
+    assert refusal_of(later) is None
+    assert to_profile_error(later).code == "backend_error"
+
+
+def test_a_dead_engine_is_a_backend_error_the_gateway_notices() -> None:
+    for error in (UpstreamStatus(500, ENGINE_DEAD), _in_stream(ENGINE_DEAD, before_output=True)):
+        assert engine_dead(error)
+        assert to_profile_error(error).code == "backend_error"
+        assert refusal_of(error) is None
+    assert not engine_dead(UpstreamStatus(500, b'{"error":{"message":"boom"}}'))

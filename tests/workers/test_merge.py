@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observe import GatewayMetrics
 from gateway.server import ServerStats
+from gateway.upstream import LoadMonitor, LoadPolicy, LoadSample, UpstreamConfig, VllmClient
 from gateway.workers import COMBINE
 from gateway.workers._merge import merged_exposition
 
@@ -60,6 +61,10 @@ def test_the_table_names_families_that_exist() -> None:
     # A renamed metric must not silently fall back to "sum".
     metrics = GatewayMetrics()
     metrics.attach(ServerStats(), lambda: True)
+    monitor = LoadMonitor(VllmClient(UpstreamConfig("http://127.0.0.1:9")), LoadPolicy(),
+                          clock=lambda: 5.0)
+    monitor.sample = LoadSample(4.0, 3, 1, 0.5)
+    metrics.attach_load(monitor)
     exported = {family.name for family in metrics.registry.collect()}
     assert set(COMBINE) <= exported
 

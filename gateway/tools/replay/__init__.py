@@ -1,6 +1,6 @@
 """Recorded vLLM transcripts and a loopback fake vLLM (trio + h11), for tests and ``demo``."""
 
-from ._record import record_all as record_all
+from ._record import record_admission as record_admission, record_all as record_all
 from ._server import (
     BACKEND_ERROR_MODEL as BACKEND_ERROR_MODEL,
     SERVED_MODELS as SERVED_MODELS,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 
 from ._transcripts import Transcript
@@ -107,3 +108,83 @@ def record_one(client: httpx.Client, name: str, body: dict[str, Any], version: s
         response_headers = tuple((k.lower(), v) for k, v in response.headers.items())
     return Transcript(name, version, status, response_headers, tuple(chunks), body,
                       tuple(headers.items()), "recorded by nnrp-gateway record")
+
+
+#: Issue 23's scenarios, recorded from a vLLM 0.32 started with
+#: ``--max-num-seqs 1 --max-num-queued-reqs 3 --enable-per-request-metrics
+#: --sse-keep-alive-interval 1 --scheduling-policy priority`` (``record_admission``):
+#: per-request metrics on the final chunk and on the body, keep-alive comments while a
+#: stream waits behind a long one, and vLLM's admission refusals (a 503 before the first
+#: byte and, when the race gives one, the same refusal as a 200 stream's only event).
+METRICS_SCENARIOS: dict[str, dict[str, Any]] = {
+    "stream_metrics": {"stream": True, "max_tokens": 5, "temperature": 1.0, "seed": 7,
+                       "stream_options": {"include_usage": True}},
+    "nonstream_metrics": {"max_tokens": 5, "temperature": 1.0, "seed": 7},
+}
+_LONG = {"stream": True, "max_tokens": 400, "ignore_eos": True}
+
+
+def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
+                     ) -> list[Path]:
+    """Record ``METRICS_SCENARIOS``, ``stream_keep_alive`` (a short stream queued behind a
+    long one: vLLM writes ``: keep-alive`` while it waits) and the refusals of ``crowd``
+    concurrent streams (``error_503_queue_full``, ``stream_refused_in_stream`` when one
+    came in-stream). Needs the server flags named at ``METRICS_SCENARIOS``."""
+    import threading
+
+    out.mkdir(parents=True, exist_ok=True)
+    version = httpx.get(f"{vllm_url}/version", timeout=10).json().get("version", "")
+    written: list[Path] = []
+
+    def save(transcript: Transcript, name: str, note: str) -> None:
+        path = out / f"{name}.jsonl"
+        path.write_text(attrs.evolve(transcript, scenario=name, note=note).to_jsonl())
+        written.append(path)
+
+    with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(120, connect=5),
+                      trust_env=False) as client:
+        for name, extra in METRICS_SCENARIOS.items():
+            save(record_one(client, name, {"model": model, "messages": _HELLO, **extra},
+                            version), name, "recorded with --enable-per-request-metrics")
+        results: dict[str, Transcript] = {}
+
+        def run(name: str, body: dict[str, Any]) -> None:
+            with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(120, connect=5),
+                              trust_env=False) as own:
+                results[name] = record_one(own, name, body, version)
+
+        long_runner = threading.Thread(target=run, args=(
+            "long", {"model": model, "messages": _HELLO, **_LONG}))
+        long_runner.start()
+        time.sleep(0.5)  # the long one is running (max-num-seqs 1): the next one waits
+        waiting = {"model": model, "messages": _HELLO, "stream": True, "max_tokens": 4,
+                   "temperature": 1.0, "seed": 7, "stream_options": {"include_usage": True}}
+        results["stream_keep_alive"] = record_one(client, "stream_keep_alive", waiting,
+                                                  version)
+        long_runner.join()
+        save(results["stream_keep_alive"], "stream_keep_alive",
+             "recorded with --sse-keep-alive-interval 1, queued behind a 400-token stream "
+             "(--max-num-seqs 1): keep-alive comments while it waits")
+        # Seen live: a crowd of streams is refused in-stream (the second check, in
+        # add_request, after the 200), a crowd of non-streamed requests with the 503.
+        threads = [threading.Thread(target=run, args=(f"crowd{i}", {
+            "model": model, "messages": _HELLO, **_LONG, "max_tokens": 40,
+            "stream": i % 2 == 0})) for i in range(crowd)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        crowd_results = [results[f"crowd{i}"] for i in range(crowd)]
+        refused = [t for t in crowd_results if t.status == 503]
+        in_stream = [t for t in crowd_results if t.status == 200
+                     and b'"code": 503' in t.body and b"chat.completion.chunk" not in t.body]
+        if refused:
+            save(refused[0], "error_503_queue_full",
+                 f"recorded with --max-num-queued-reqs 3: {len(refused)} of {crowd} "
+                 "concurrent requests (half streamed) refused before the first byte")
+        if in_stream:
+            save(in_stream[0], "stream_refused_in_stream",
+                 f"recorded with --max-num-queued-reqs 3: {len(in_stream)} of {crowd} "
+                 "concurrent requests (half streamed) refused after the 200, as the "
+                 "stream's only event")
+    return written

@@ -16,6 +16,13 @@ mid-body, engine death (the recorded in-stream error, then ``/health`` 503 and
 refused connections until ``revive()``), and ``long_stream``, which never ends until
 the client leaves.
 
+Load (``GET /metrics``): the text recorded from a busy vLLM 0.32.0
+(``transcripts/metrics_busy.prom``) with its three load gauges set from ``load``
+(``set_load``: waiting, running, KV-cache use; the default is the replay's own count of
+replies in progress as running, none waiting). ``metrics_status`` scripts a failing
+scrape (any status but 200, answered with an empty body), ``metrics_silent`` one that
+never finishes. Every scrape is counted (``metrics_scrapes``) and wakes ``wait_until``.
+
 Holds: ``hold(matches, after=N)`` makes every reply to a matching request wait after its
 Nth chunk (N = 0: before its status line, as vLLM sends nothing of a non-streamed answer
 until it is generated) until ``Hold.release()``, or until the client leaves, which is
@@ -28,6 +35,7 @@ completes or ends in a disconnect.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -35,6 +43,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import attrs
@@ -161,6 +170,14 @@ class ReplayServer:
         self.engine_dead = False
         #: A busy server: /health never finishes answering (a scripted stall).
         self.health_silent = False
+        #: /health answers 503 while the API server still takes requests (a dead engine
+        #: seen before the process exits).
+        self.health_unhealthy = False
+        #: Scripted load for GET /metrics (module docstring); None: the replay's own.
+        self.load: tuple[float, float, float] | None = None
+        self.metrics_status = 200
+        self.metrics_silent = False
+        self.metrics_scrapes = 0
         self.port = 0
         self.host = "127.0.0.1"
         self._listeners: list[trio.SocketListener] = []
@@ -201,6 +218,11 @@ class ReplayServer:
         """Engine death: /health 503 for live connections, then refused connections."""
         self.engine_dead = True
         self._accept_scope.cancel()
+
+    def set_load(self, waiting: float, running: float = 1.0, kv_cache_usage: float = 0.0
+                 ) -> None:
+        """What GET /metrics reports from now on (vLLM's three load gauges)."""
+        self.load = (waiting, running, kv_cache_usage)
 
     def revive(self) -> None:
         self.engine_dead = False
@@ -292,12 +314,25 @@ class ReplayServer:
             if self.health_silent and path == "/health":
                 # A busy server: the status line comes, the body never does.
                 return Reply(200, (), (), "health", streaming=True, stall_after=0)
-            return _json_reply(503 if self.engine_dead else 200, b"", "health")
+            unhealthy = self.engine_dead or (self.health_unhealthy and path == "/health")
+            return _json_reply(503 if unhealthy else 200, b"", "health")
         if request.method == "GET" and path == "/version":
             return _json_reply(200, json.dumps({"version": self.version}).encode(), "version")
+        if request.method == "GET" and path == "/metrics":
+            self.metrics_scrapes += 1
+            self._changed()
+            if self.metrics_silent:
+                return Reply(200, (), (), "metrics", streaming=True, stall_after=0)
+            if self.metrics_status != 200:
+                return _json_reply(self.metrics_status, b"", "metrics")
+            return Reply(200, (("content-type", "text/plain; version=0.0.4; charset=utf-8"),),
+                         ((0.0, self._metrics_text()),), "metrics")
         if request.method == "GET" and path == "/load":
-            return _json_reply(200, json.dumps({"server_load": len(self.requests)
-                                                - len(self.completed)}).encode(), "load")
+            self.metrics_scrapes += 1
+            self._changed()
+            load = (self.load[0] if self.load is not None
+                    else len(self.requests) - len(self.completed))
+            return _json_reply(200, json.dumps({"server_load": load}).encode(), "load")
         if request.method == "GET" and path == "/v1/models":
             return _json_reply(200, self._models(), "models")
         if request.method == "GET" and path == "/__replay/log":
@@ -321,6 +356,18 @@ class ReplayServer:
                 "completed": self.completed,
                 "playing": {rid: progress.sent for rid, progress in self.playing.items()}}
 
+    def _metrics_text(self) -> bytes:
+        waiting, running, kv = self.load or (0.0, float(len(self.playing)), 0.0)
+        values = {"vllm:num_requests_waiting{": waiting, "vllm:num_requests_running{": running,
+                  "vllm:kv_cache_usage_perc{": kv}
+        lines = []
+        for line in _metrics_template().splitlines():
+            for prefix, value in values.items():
+                if line.startswith(prefix):
+                    line = f"{line.rsplit(' ', 1)[0]} {float(value)!r}"
+            lines.append(line)
+        return ("\n".join(lines) + "\n").encode()
+
     def _models(self) -> bytes:
         return json.dumps({"object": "list", "data": [
             {"id": model, "object": "model", "created": synth.CREATED, "owned_by": "vllm",
@@ -334,10 +381,7 @@ class ReplayServer:
                 f"Bearer {self.api_key}"):
             return _json_reply(401, b'{"error":"Unauthorized"}', "error_401")
         if self.engine_dead:
-            return _json_reply(500, json.dumps({"error": {
-                "message": "EngineCore encountered an issue. See stack trace (above) for the "
-                           "root cause.", "type": "InternalServerError", "param": None,
-                "code": 500}}).encode(), "engine_dead")
+            return _engine_dead_reply()
         request_id = request.headers.get("x-request-id") or secrets.token_hex(8)
         try:
             body = json.loads(request.body)
@@ -378,6 +422,8 @@ class ReplayServer:
                                      else self.default_tokens)
         if name == "backend_error":
             return self._engine_failure(request_id, body.get("stream") is True)
+        if name == "engine_dead":  # EngineDeadError's 500, the process not yet gone
+            return _engine_dead_reply()
         if name == "error_404_model":
             message = (f"The model `{model}` does not exist. Valid aliases: "
                        f"{', '.join(self.served_models)}.")
@@ -645,6 +691,22 @@ def _asks_for_a_long_answer(messages: list[Any]) -> bool:
     last = messages[-1] if messages else None
     content = last.get("content") if isinstance(last, dict) else None
     return isinstance(content, str) and "long answer" in content.lower()
+
+
+def _engine_dead_reply() -> Reply:
+    """vLLM's answer once its engine died: EngineDeadError's fixed message on a 500
+    (vllm/v1/engine/exceptions.py; 0.33 answers it so on every path)."""
+    return _json_reply(500, json.dumps({"error": {
+        "message": "EngineCore encountered an issue. See stack trace (above) for the root "
+                   "cause.", "type": "InternalServerError", "param": None,
+        "code": 500}}).encode(), "engine_dead")
+
+
+@functools.cache
+def _metrics_template() -> str:
+    """GET /metrics of a busy vLLM 0.32.0 (CPU build), as recorded."""
+    return resources.files("gateway.tools.replay").joinpath(
+        "transcripts", "metrics_busy.prom").read_text()
 
 
 def _json_reply(status: int, body: bytes, scenario: str) -> Reply:

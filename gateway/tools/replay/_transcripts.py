@@ -27,8 +27,11 @@ import attrs
 
 from gateway.upstream import ResponseShape, select_binding
 
-FAMILIES = ("0.18", "0.22", "0.26", "0.32")
-VERSIONS = {"0.18": "0.18.1", "0.22": "0.22.1", "0.26": "0.26.0", "0.32": "0.32.0"}
+FAMILIES = ("0.18", "0.22", "0.26", "0.32", "0.33")
+#: 0.33 is served by the 0.32 binding; its own transcripts (``*_033``) are synthesized
+#: from 0.32 recordings plus 0.33's additions (each says so in its note).
+VERSIONS = {"0.18": "0.18.1", "0.22": "0.22.1", "0.26": "0.26.0", "0.32": "0.32.0",
+            "0.33": "0.33.0"}
 _USAGE_COUNTS = ("prompt_tokens", "total_tokens", "completion_tokens")
 
 
@@ -170,6 +173,8 @@ def derive(transcript: Transcript, family: str) -> Transcript:
     release), and the stream differences of vllm-http.md section 1."""
     if family not in FAMILIES:
         raise ValueError(f"unknown vLLM family {family!r}")
+    if family == "0.33" and transcript.vllm_version == VERSIONS[family]:
+        return transcript  # 0.33's own (synthesized), written in its shape already
     shape = _shape(family)
     tools = bool(transcript.request_body.get("tools"))
 

@@ -98,6 +98,32 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     {{- if .Values.gateway.toolCalls }}
     - --tool-calls
     {{- end }}
+    - --overload-retry-after-ms
+    - {{ .Values.gateway.overloadRetryAfterMs | quote }}
+    {{- with .Values.gateway.loadAwareAdmission }}
+    {{- if .enabled }}
+    - --load-aware-admission
+    - --load-source
+    - {{ .source | quote }}
+    - --load-interval
+    - {{ .intervalSeconds | quote }}
+    {{- if .maxWaiting }}
+    - --load-max-waiting
+    - {{ .maxWaiting | quote }}
+    {{- end }}
+    {{- if .maxKvCacheUsage }}
+    - --load-max-kv-cache-usage
+    - {{ .maxKvCacheUsage | quote }}
+    {{- end }}
+    - --load-retry-after-ms
+    - {{ .retryAfterMs | quote }}
+    - --load-max-retry-after-ms
+    - {{ .maxRetryAfterMs | quote }}
+    {{- if .refuseSessions }}
+    - --load-refuse-sessions
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- range .Values.gateway.extraArgs }}
     - {{ . | quote }}
     {{- end }}
