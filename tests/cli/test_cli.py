@@ -8,11 +8,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.tools.replay import load_transcript
+from tests.support.cli import served_config
 from tests.support.processes import ReplayThread
 
 runner = CliRunner()
@@ -118,21 +120,19 @@ def test_record_writes_transcripts(replay: ReplayThread, tmp_path: Path) -> None
     assert load_transcript(tmp_path / "error_400_stream_options_without_stream.jsonl").status == 400
 
 
-def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment() -> None:
+def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23's options: flags and NNRP_GATEWAY_* variables reach GatewayConfig."""
-    result = runner.invoke(app, [
-        "serve", "--print-config", "--load-aware-admission", "--load-max-waiting", "8",
-        "--load-interval", "0.5", "--load-refuse-sessions", "--overload-retry-after-ms",
-        "2500"], env={"NNRP_GATEWAY_LOAD_MAX_KV_CACHE_USAGE": "0.9",
-                      "NNRP_GATEWAY_LOAD_SOURCE": "load",
-                      "NNRP_GATEWAY_LOAD_RETRY_AFTER_MS": "400"})
-    assert result.exit_code == 0, result.output
-    document = json.loads(result.output)
-    assert document["load"] == {
+    config = served_config(monkeypatch, [
+        "--load-aware-admission", "--load-max-waiting", "8", "--load-interval", "0.5",
+        "--load-refuse-sessions", "--overload-retry-after-ms", "2500"],
+        env={"NNRP_GATEWAY_LOAD_MAX_KV_CACHE_USAGE": "0.9", "NNRP_GATEWAY_LOAD_SOURCE": "load",
+             "NNRP_GATEWAY_LOAD_RETRY_AFTER_MS": "400"})
+    assert attrs.asdict(config.load) == {
         "admission": True, "source": "load", "interval": 0.5, "max_waiting": 8.0,
         "max_kv_cache_usage": 0.9, "stale_after": 0.0, "retry_after_ms": 400,
         "max_retry_after_ms": 30000, "refuse_sessions": True}
-    assert document["pipeline"]["overload_retry_after_ms"] == 2500
+    assert config.pipeline.overload_retry_after_ms == 2500
     bad = runner.invoke(app, ["serve", "--print-config", "--load-source", "router"])
     assert bad.exit_code == 2 and "--load-source" in bad.output
     out_of_range = runner.invoke(app, ["serve", "--print-config",

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from typer.testing import CliRunner
 
 from cli.main import app
+from tests.support.cli import served_config
 
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "nnrp-vllm-gateway"
@@ -440,7 +440,8 @@ def test_the_smokes_conformance_step_runs_as_written(tmp_path: Path) -> None:
     assert backends["openai-compatible.chat.streaming-text"] == "main"
 
 
-def test_load_aware_admission_values_become_serve_flags() -> None:
+def test_load_aware_admission_values_become_serve_flags(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23: the chart's admission values are serve's flags, off by default."""
     default, _ = _gateway(render(None))
     assert "--load-aware-admission" not in default["args"]
@@ -456,9 +457,6 @@ def test_load_aware_admission_values_become_serve_flags() -> None:
     assert (value("--load-source"), value("--load-interval"), value("--load-max-waiting"),
             value("--load-max-kv-cache-usage"), value("--overload-retry-after-ms")) == (
         "metrics", "0.5", "8", "0.9", "2000")
-    result = CliRunner().invoke(app, ["serve", "--print-config",
-                                      *[a for a in args if a != "--admin-listen"
-                                        and not a.startswith("0.0.0.0:")]])
-    assert result.exit_code == 0, result.output
-    load = json.loads(result.output)["load"]
-    assert (load["admission"], load["max_waiting"], load["refuse_sessions"]) == (True, 8.0, True)
+    load = served_config(monkeypatch, [a for a in args if a != "--admin-listen"
+                                       and not a.startswith("0.0.0.0:")]).load
+    assert (load.admission, load.max_waiting, load.refuse_sessions) == (True, 8.0, True)
