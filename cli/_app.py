@@ -7,7 +7,9 @@ The error rules (issue 22), in the order ``GatewayGroup.main`` applies them:
 2. ``UserError``: the operator's to fix (a configuration, a busy port, an unreachable
    peer), or a run that failed. One line ``error: <what>, <where>``; its exit code (2 for
    usage and configuration, 1 for a failed run).
-3. Ctrl-C (``KeyboardInterrupt``) exits 130 with nothing more than a line saying so.
+3. Ctrl-C exits 130 (typer turns ``KeyboardInterrupt`` into that exit; one that reaches
+   us inside an exception group says "error: interrupted"). ``serve`` is the exception:
+   SIGINT there is a drain, and a drain that completes exits 0.
 4. An ``OSError`` nobody named (a file a command reads, a socket) is one line with its
    ``strerror`` and file name, exit 1.
 5. Anything else is a bug: one line that says so and how to see the traceback, exit 1.
@@ -129,6 +131,9 @@ def _report(error: BaseException, command_path: str) -> int:
     if isinstance(error, KeyboardInterrupt):
         typer.echo("error: interrupted", err=True)
         return EXIT_INTERRUPTED
+    if type(error).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as asked
+        typer.echo(error.format_message())  # type: ignore[attr-defined]
+        return 0
     if isinstance(error, typer.TyperException):  # click's usage errors (rule 1)
         ctx = getattr(error, "ctx", None)
         help_hint = f"(see '{ctx.command_path if ctx is not None else command_path} -h')"
@@ -210,12 +215,12 @@ def _default_text(param: Any, ctx: Any) -> str | None:
 def _option_record(param: Any, ctx: Any) -> tuple[str, str] | None:
     """``--name METAVAR`` and its help with the default: one entry of the option list.
 
-    An on/off flag is shown the way that changes its default (``--metrics``, or
-    ``--no-usage`` for one that is on), never with a value."""
+    An on/off flag is shown without a value: ``--metrics`` for one that is off, and
+    ``--usage / --no-usage`` for one that is on (its help says what "on" does)."""
     if param.hidden or param.param_type_name != "option":
         return None
     if param.is_flag and param.secondary_opts and param.default:
-        names = ", ".join(param.secondary_opts)
+        names = f"{', '.join(param.opts)} / {', '.join(param.secondary_opts)}"
     else:
         names = ", ".join(sorted(param.opts, key=len))
         if not param.is_flag:
@@ -224,6 +229,8 @@ def _option_record(param: Any, ctx: Any) -> tuple[str, str] | None:
     default = _default_text(param, ctx)
     if default is not None:
         extra.append(f"default: {default}")
+    elif param.is_flag and param.default:
+        extra.append("default: on")
     if param.multiple:
         extra.append("repeatable")
     text = (param.help or "").strip()
@@ -262,12 +269,17 @@ class GatewayCommand(TyperCommand):
             which = ("Every option" if not without
                      else f"Every option but {', '.join(without)}")
             example = with_env[0]
+            odd = [f"{p.opts[0]}: {p.envvar}" for p in with_env if p.envvar != _usual_envvar(p)]
             formatter.write_paragraph()
             formatter.write_text(
                 f"{which} can also be set in the environment: NNRP_GATEWAY_ and the "
                 f"option's name in capitals, dashes as underscores ({example.opts[0]}: "
-                f"{example.envvar}). A flag on the command line wins over the "
-                "environment.")
+                f"{example.envvar})" + (f", except {'; '.join(odd)}" if odd else "")
+                + ". A flag on the command line wins over the environment.")
+
+
+def _usual_envvar(param: Any) -> str:
+    return "NNRP_GATEWAY_" + str(param.opts[0]).lstrip("-").replace("-", "_").upper()
 
 
 class GatewayTyper(typer.Typer):

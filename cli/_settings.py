@@ -165,7 +165,9 @@ def render(ctx: typer.Context, values: dict[str, Any], *, explain: bool = False)
         value = values.get(name)
         if name in SECRETS:
             if value:
-                lines.append(f"# {name}: set (not printed)")
+                flag = param.opts[0]
+                lines.append(f"# {name}: set (not printed): give it again with {flag} or "
+                             f"{getattr(param, 'envvar', '')}")
             elif explain:
                 lines.append(f"# {name} = {_toml_value(_SECRET_EXAMPLES[name])}")
             continue
@@ -230,9 +232,11 @@ def check_host_port(address: str, where: str, *, unix: bool = False) -> tuple[st
     if unix and address.startswith("unix:") and address.removeprefix("unix:"):
         return address, 0
     host, colon, port = address.rpartition(":")
-    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+    bracketed = host.startswith("[") and host.endswith("]")
+    if (not colon or not port.isdigit() or not 0 <= int(port) <= 65535
+            or "/" in host or (":" in host and not bracketed)):
         shape = "host:port or unix:PATH" if unix else "host:port"
-        raise UserError(f"expected {shape}, got {address!r}", where)
+        raise UserError(f"expected {shape} (no scheme), got {address!r}", where)
     return host.strip("[]") or "127.0.0.1", int(port)
 
 

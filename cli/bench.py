@@ -13,14 +13,15 @@ import typer
 
 from gateway.tools.bench import SCENARIO_NAMES
 
-from ._app import GatewayTyper, UserError
+from ._app import GatewayTyper, UserError, source
 from ._settings import check_host_port, check_http_url, check_output_dir
 
 if TYPE_CHECKING:
     from gateway.tools.bench.soak import SoakReport
     from gateway.tools.bench.stats import Figure
 
-bench_app = GatewayTyper(help="Benchmarks: codec cost and wire throughput.")
+bench_app = GatewayTyper(help="Benchmarks: the codec, the wire, the gateway against direct "
+                              "HTTP, a real vLLM, a soak. Figures, never timed in CI.")
 
 Quick = Annotated[bool, typer.Option("--quick", help="Short runs (CI proves the command works).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -239,6 +240,7 @@ def run_scenarios_command(
 
 @bench_app.command("live")
 def live_command(
+    ctx: typer.Context,
     vllm_url: Annotated[str, typer.Option(
         metavar="URL", help="A real vLLM (the CPU build here, a GPU elsewhere).")],
     endpoint: Annotated[str | None, typer.Option(
@@ -256,11 +258,16 @@ def live_command(
 
     from .ops import check_endpoint, connection_failure
 
-    check_http_url(vllm_url, "--vllm-url")
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
     if endpoint is not None:
-        check_endpoint(endpoint)
+        check_endpoint(endpoint, source(ctx, "endpoint"))
     if out is not None:
         check_output_dir(out, "--out")
+    try:  # before a gateway is started in front of it: is anybody there?
+        httpx.get(f"{vllm_url.rstrip('/')}/version", timeout=5, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
+                        code=1) from None
     _quiet_logs()
     try:
         results = _with_progress(
@@ -277,29 +284,36 @@ def live_command(
 
 @bench_app.command("soak")
 def soak_command(
-    streams: Annotated[int, typer.Option(min=1, help="Concurrent streams.")] = 200,
-    seconds: Annotated[float, typer.Option(min=1, help="Duration.")] = 30.0,
+    streams: Annotated[int, typer.Option(min=1, metavar="N", help="Concurrent streams.")
+    ] = 200,
+    seconds: Annotated[float, typer.Option(min=1, metavar="SECONDS", help="Duration.")
+    ] = 30.0,
     sigterm_at: Annotated[float | None, typer.Option(
+        metavar="SECONDS",
         help="Send SIGTERM to the gateway after this many seconds (shutdown under load).")
     ] = None,
     token_interval_ms: Annotated[float, typer.Option(
-        min=0, help="Gap between a stream's 40 tokens; offered load is "
-                    "streams * 1000 / interval events/s.")] = 20.0,
+        min=0, metavar="MS", help="Gap between a stream's 40 tokens; offered load is "
+                                  "streams * 1000 / interval events/s.")] = 20.0,
     as_json: AsJson = False, out: Out = None,
-    max_rss_growth: Annotated[float, typer.Option(help="Fail above this growth.")] = 0.05,
+    max_rss_growth: Annotated[float, typer.Option(
+        metavar="FRACTION", help="Fail above this RSS growth after warm-up (0.05: 5%).")
+    ] = 0.05,
     client_nice: Annotated[int, typer.Option(
-        min=0, max=19, help="Lower the load generator's priority by this much (nice) once "
-                            "the gateway and backend run, so they get the CPU first.")] = 0,
+        min=0, max=19, metavar="N",
+        help="Lower the load generator's priority by this much (nice) once the gateway and "
+             "backend run, so they get the CPU first.")] = 0,
     cut_every: Annotated[float | None, typer.Option(
-        min=0.001, help="Resumable streams, each on its own connection through a cut "
-                        "proxy: reset one connection (a random stream, mid-operation) every "
-                        "this many seconds on average; the clients resume by themselves.")
-    ] = None,
+        min=0.001, metavar="SECONDS",
+        help="Resumable streams, each on its own connection through a cut proxy: reset one "
+             "connection (a random stream, mid-operation) every this many seconds on "
+             "average; the clients resume by themselves.")] = None,
     resume_window: Annotated[float, typer.Option(
-        min=0.1, help="With --cut-every: the gateway's --resume-window; after the load the "
-                      "sessions detach and must all be gone once it has passed.")] = 5.0,
-    seed: Annotated[int, typer.Option(help="With --cut-every: where and when the cuts fall.")
-    ] = 21,
+        min=0.1, metavar="SECONDS",
+        help="With --cut-every: the gateway's --resume-window; after the load the sessions "
+             "detach and must all be gone once it has passed.")] = 5.0,
+    seed: Annotated[int, typer.Option(
+        metavar="N", help="With --cut-every: where and when the cuts fall.")] = 21,
 ) -> None:
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
     any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.

@@ -22,9 +22,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError
-from ._settings import check_output_dir
-from .ops import AuthToken, AuthTokenFile, CaFile, check_endpoint, connection_failure
+from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, source
+from ._settings import check_http_url, check_output_dir
+from .ops import (
+    AuthToken,
+    AuthTokenFile,
+    CaFile,
+    check_endpoint,
+    connection_failure,
+    quiet_quic_logs,
+)
 
 if TYPE_CHECKING:
     from gateway.tools.client import Trust
@@ -44,13 +51,14 @@ BackendLog = Annotated[str | None, typer.Option(
 NoProject = Annotated[bool, typer.Option("--suite-only", help="Only the suite's recipes.")]
 
 
-def _trust(ca_file: Path | None, auth_token: str | None, auth_token_file: Path | None
-           ) -> Trust:
+def _trust(ca_file: Path | None, auth_token: str | None, auth_token_file: Path | None,
+           ctx: typer.Context) -> Trust:
     import attrs
 
     from .ops import read_auth_token, trust_for
 
-    return attrs.evolve(trust_for(ca_file), auth=read_auth_token(auth_token, auth_token_file))
+    return attrs.evolve(trust_for(ca_file),
+                        auth=read_auth_token(auth_token, auth_token_file, ctx))
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -95,18 +103,19 @@ def _capabilities(endpoint: str | None, path: Path | None, without_extensions: b
     if path is not None:
         document: dict[str, Any] = _read_json(path, "capability document")
     elif endpoint is not None:
-        check_endpoint(endpoint)
         try:
             document = trio.run(fetch_capabilities, endpoint, trust)
         except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-            raise connection_failure(exc, endpoint) from None
+            raise connection_failure(exc, endpoint, ca_file=trust.ca_file,
+                                     auth=trust.auth) from None
     else:
         raise UserError("give --capabilities or --endpoint", code=EXIT_USAGE)
     document = suite_capabilities(document)
     errors = schema_errors(document, "api-profile-capabilities.schema.json")
     if errors:
-        typer.echo("capability document is not valid:\n  " + "\n  ".join(errors), err=True)
-        raise typer.Exit(2)
+        raise UserError(f"the capability document is not valid ({'; '.join(errors)})",
+                        str(path) if path is not None else endpoint,
+                        code=EXIT_USAGE if path is not None else EXIT_FAILED)
     if without_extensions:
         document["extensions"] = []
     return document
@@ -114,6 +123,7 @@ def _capabilities(endpoint: str | None, path: Path | None, without_extensions: b
 
 @conformance_app.command()
 def plan(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(metavar="JSON",
                                       help="Where to write the execution plan.")],
     endpoint: Annotated[str | None, typer.Option(
@@ -132,8 +142,13 @@ def plan(
     from gateway.tools.conformance import build_plan
 
     configure_logging(level="warning", to_stderr=True)
+    quiet_quic_logs()
+    if out.is_dir():
+        raise UserError(f"{out} is a directory (give a file name)", "--out")
     check_output_dir(out.parent, "--out")
-    trust = _trust(ca_file, auth_token, auth_token_file)
+    if endpoint is not None:
+        check_endpoint(endpoint, source(ctx, "endpoint"))
+    trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     document = _capabilities(endpoint, capabilities, without_extensions, trust)
     execution_plan, not_claimed = build_plan(document, include_project=not suite_only,
                                              replay_backend=replay_backend)
@@ -181,6 +196,7 @@ class Client(StrEnum):
 
 @conformance_app.command()
 def run(
+    ctx: typer.Context,
     endpoint: Endpoint,
     out: Annotated[Path, typer.Option(
         metavar="DIR", help="Directory for plan, results and evidence.")],
@@ -209,11 +225,14 @@ def run(
     from gateway.tools.conformance import native_available
 
     configure_logging(level="warning", to_stderr=True)
-    check_endpoint(endpoint)
+    quiet_quic_logs()
+    check_endpoint(endpoint, source(ctx, "endpoint"))
     check_output_dir(out, "--out")
     if scripted_endpoint is not None:
-        check_endpoint(scripted_endpoint, "--scripted-endpoint")
-    trust = _trust(ca_file, auth_token, auth_token_file)
+        check_endpoint(scripted_endpoint, source(ctx, "scripted_endpoint"))
+    if backend_log is not None:
+        check_http_url(backend_log, source(ctx, "backend_log"))
+    trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     chosen = (client.value if client is not None
               else "native" if native_available() and not trust.auth else "builtin")
     if chosen == "native" and not native_available():
@@ -244,7 +263,7 @@ def run(
                 "passed": len(passed_bare),
                 "same_passes": passed & bare_ids == passed_bare}
     except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-        raise connection_failure(exc, endpoint) from None
+        raise connection_failure(exc, endpoint, ca_file=ca_file, auth=trust.auth) from None
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     ok = summary["passed"] == summary["selected"] and summary.get(
         "without_extensions", {}).get("same_passes", True)
@@ -269,8 +288,8 @@ def validate(
     try:
         report = validate_results(plan_document, results_document)
     except (KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"not an execution plan and its results (missing {exc})",
-                        f"{plan_file}, {results}") from None
+        raise UserError(f"not an execution plan and its results ({type(exc).__name__}: "
+                        f"{exc})", f"{plan_file}, {results}") from None
     for error in report.errors:
         typer.echo(f"error   {error}")
     for failure in report.failed:
@@ -282,6 +301,7 @@ def validate(
 
 @conformance_app.command("wire-probe")
 def wire_probe(
+    ctx: typer.Context,
     endpoint: Annotated[list[str], typer.Option(
         "--endpoint", metavar="URL", help="Endpoint per transport to probe.")],
     out: Annotated[Path, typer.Option(
@@ -300,10 +320,13 @@ def wire_probe(
     from gateway.tools.conformance import run_wire_probe, schema_errors
 
     configure_logging(level="warning", to_stderr=True)
+    quiet_quic_logs()
     for one in endpoint:
-        check_endpoint(one)
+        check_endpoint(one, source(ctx, "endpoint"))
+    if out.is_dir():
+        raise UserError(f"{out} is a directory (give a file name)", "--out")
     check_output_dir(out.parent, "--out")
-    trust = _trust(ca_file, auth_token, auth_token_file)
+    trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     report = trio.run(lambda: run_wire_probe(endpoint, target_name=target_name, trust=trust))
     errors = schema_errors(report, "wire-conformance-case-results.schema.json")
     out.parent.mkdir(parents=True, exist_ok=True)

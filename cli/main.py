@@ -19,7 +19,15 @@ import typer
 
 import gateway
 
-from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, first_of, set_debug
+from ._app import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    GatewayTyper,
+    UserError,
+    first_of,
+    set_debug,
+    source,
+)
 from .bench import bench_app
 from .conformance import conformance_app
 from .ops import chat, check, health
@@ -35,9 +43,6 @@ app = GatewayTyper(name="nnrp-gateway",
                    help="Serve a co-located vLLM OpenAI server over NNRP/1 sessions.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(conformance_app, name="conformance")
-app.command()(health)
-app.command()(check)
-app.command()(chat)
 
 
 def _print_version(value: bool) -> None:
@@ -64,7 +69,6 @@ VllmUrl = Annotated[str, typer.Option(
     help="Base URL of the co-located vLLM OpenAI server (http:// or https://).")]
 
 
-@app.command()
 def version() -> None:
     """Print the gateway's version and the vLLM lines it serves."""
     from gateway.upstream import SUPPORTED_BAND
@@ -114,7 +118,6 @@ LOAD = "vLLM's load and refusals"
 CONFIG = "Configuration"
 
 
-@app.command()
 def serve(
     ctx: typer.Context,
     # ---- listeners
@@ -350,6 +353,9 @@ def serve(
     authenticate, tls = _check_serve(ctx, listen, vllm_url, admin_listen, auth_token,
                                      auth_token_file, tls_cert, tls_key, tls_client_ca)
     if target_manifest is not None:
+        if target_manifest.is_dir():
+            raise UserError(f"{target_manifest} is a directory (give a file name)",
+                            source(ctx, "target_manifest"))
         check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
     load = LoadSettings(admission=load_aware_admission, source=load_source.value,
                         interval=load_interval, max_waiting=load_max_waiting,
@@ -419,7 +425,11 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
 
     from ._settings import check_host_port, check_http_url, source
 
+    if not listen:
+        raise UserError("no NNRP listener (give at least one)", source(ctx, "listen"))
     for uri in listen:
+        if not uri.strip():
+            raise UserError("an empty listener URL", source(ctx, "listen"))
         try:
             endpoint = parse_endpoint(uri)
         except ListenError as exc:
@@ -427,6 +437,9 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
         if (endpoint.tls or endpoint.scheme == "quic") and tls_cert is None:
             raise UserError(f"{uri} needs a certificate (--tls-cert and --tls-key)",
                             source(ctx, "listen"))
+        if endpoint.scheme == "quic" and tls_client_ca is not None:
+            raise UserError(f"{uri}: quic:// does not do mutual TLS (drop --tls-client-ca "
+                            "or the quic:// listener)", source(ctx, "tls_client_ca"))
     check_http_url(vllm_url, source(ctx, "vllm_url"))
     if admin_listen is not None:
         check_host_port(admin_listen, source(ctx, "admin_listen"), unix=True)
@@ -439,7 +452,9 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
         try:
             tls_context(tls)
         except TlsFileError as exc:
-            raise UserError(str(exc), source(ctx, "tls_cert")) from None
+            option = {"certificate": "tls_cert", "private key": "tls_key",
+                      "client CA": "tls_client_ca"}[exc.role]
+            raise UserError(str(exc), source(ctx, option)) from None
     try:
         authenticate = TokenAuthenticator.from_sources(auth_token or [], auth_token_file)
     except OSError as exc:
@@ -469,15 +484,12 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
     from gateway.upstream import UnsupportedVersion
     from gateway.workers import EXIT_FATAL
 
-    from ._app import describe_os_error
-
     user_errors: tuple[tuple[type[Exception], int, str], ...] = (
         (UnsupportedVersion, EXIT_FATAL, "{}"),
         (ManifestError, EXIT_USAGE, "target manifest: {}"),
         (ListenError, EXIT_USAGE, "{}"),
         (TlsFileError, EXIT_USAGE, "{}"),
         (DrainInterrupted, EXIT_FAILED, "{}"),
-        (OSError, EXIT_USAGE, "cannot listen: {}"),
     )
     for kind, code, template in user_errors:
         matched, _ = group.split(kind)
@@ -485,9 +497,7 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
             leaf: BaseException = matched
             while isinstance(leaf, BaseExceptionGroup):
                 leaf = leaf.exceptions[0]
-            text = describe_os_error(leaf) if type(leaf) is not ListenError and isinstance(
-                leaf, OSError) else str(leaf)
-            raise UserError(template.format(text), code=code) from None
+            raise UserError(template.format(leaf), code=code) from None
 
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
@@ -543,7 +553,6 @@ async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path 
              why_left_out="the wire suite has no TLS over plain TCP")
 
 
-@app.command("replay-server")
 def replay_server(
     listen: Annotated[str, typer.Option(
         metavar="HOST:PORT", help="Where to listen (port 0: any free port).")
@@ -586,8 +595,8 @@ def replay_server(
                         listen) from None
 
 
-@app.command()
 def record(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(metavar="DIR", help="Directory for the JSONL files.")],
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
@@ -603,7 +612,7 @@ def record(
 
     from ._settings import check_http_url, check_output_dir
 
-    check_http_url(vllm_url, "--vllm-url")
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
     check_output_dir(out, "--out")
     recorder = record_admission if admission else record_all
     try:
@@ -617,8 +626,8 @@ def record(
         typer.echo(f"wrote {path}")
 
 
-@app.command()
 def capabilities(
+    ctx: typer.Context,
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     tool_calls: Annotated[bool, typer.Option(help="vLLM runs with a tool parser.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Compact JSON.")] = False,
@@ -631,24 +640,33 @@ def capabilities(
 
     from ._settings import check_http_url
 
-    check_http_url(vllm_url, "--vllm-url")
-    configure_logging(to_stderr=True)
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
+    configure_logging(level="warning", to_stderr=True)
     config = GatewayConfig(vllm_url=vllm_url, tool_calls=tool_calls)
 
-    async def probe() -> dict[str, object]:
+    async def probe() -> tuple[dict[str, object], str | None]:
         gateway_app = Gateway(config)
+        problem = None
         try:
-            with trio.move_on_after(5):
+            with trio.move_on_after(PROBE_LIMIT) as waited:
                 await gateway_app.probe_once()
+            if waited.cancelled_caught:
+                problem = f"vLLM did not answer within {PROBE_LIMIT:g} s"
         except Exception as exc:
-            typer.echo(f"warning: vLLM probe failed: {exc}", err=True)
+            problem = f"vLLM probe failed ({exc})"
         finally:
             await gateway_app.client.aclose()
-        return gateway_app.capabilities()
+        return gateway_app.capabilities(), problem
 
-    document = trio.run(probe)
+    document, problem = trio.run(probe)
     typer.echo(json.dumps(document, separators=(",", ":")) if as_json
                else json.dumps(document, indent=2))
+    if problem is not None:  # the document without vLLM's models: not a success
+        raise UserError(problem, vllm_url, code=EXIT_FAILED)
+
+
+#: Seconds ``capabilities`` waits for vLLM's probe.
+PROBE_LIMIT = 5.0
 
 
 DEMO_PROMPT = "Stream a short answer over NNRP, please."
@@ -700,7 +718,6 @@ async def _demo() -> int:
     return status
 
 
-@app.command()
 def demo() -> None:
     """Replay vLLM + gateway on free ports; stream one chat answer over a real NNRP session."""
     import trio
@@ -712,9 +729,15 @@ def demo() -> None:
     try:
         code = trio.run(_demo)
     except (ClientError, trio.TooSlowError) as exc:
-        typer.echo(f"demo failed: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise UserError(f"the demo failed ({exc})", code=EXIT_FAILED) from None
     raise typer.Exit(code)
+
+
+# The order `nnrp-gateway -h` lists them in: what an operator runs most, first.
+for command, name in ((serve, None), (chat, None), (check, None), (health, None),
+                      (capabilities, None), (demo, None), (replay_server, "replay-server"),
+                      (record, None), (version, None)):
+    app.command(name)(command)
 
 
 def example_file() -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError
+from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError, source
 
 if TYPE_CHECKING:
     from gateway.tools.client import ClientOperation, Trust
@@ -52,7 +52,8 @@ def admin_base_url(explicit: str | None) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def health(admin_url: AdminUrl = None,
+def health(ctx: typer.Context,
+           admin_url: AdminUrl = None,
            readiness: Annotated[bool, typer.Option(
                "--ready", help="Check /readyz instead of /healthz.")] = False,
            quiet: Annotated[bool, typer.Option(
@@ -65,7 +66,8 @@ def health(admin_url: AdminUrl = None,
     path = "/readyz" if readiness else "/healthz"
     url = f"{admin_base_url(admin_url).rstrip('/')}{path}"
     if not url.startswith(("http://", "https://")):
-        raise UserError("expected an http:// URL", f"--admin-url {admin_url}")
+        raise UserError(f"expected an http:// URL, got {admin_url!r}",
+                        source(ctx, "admin_url"))
     # The standard library, not httpx: a container runs this every few seconds, and
     # httpx (with httpcore and trio behind it) would double its start-up. No proxies.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -84,7 +86,8 @@ def health(admin_url: AdminUrl = None,
     raise typer.Exit(0 if status == 200 else EXIT_FAILED)
 
 
-def check(vllm_url: Annotated[str, typer.Option(
+def check(ctx: typer.Context,
+          vllm_url: Annotated[str, typer.Option(
               envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
               help="Base URL of the vLLM OpenAI server.")] = "http://127.0.0.1:8000",
           upstream_api_key: Annotated[str | None, typer.Option(
@@ -103,7 +106,7 @@ def check(vllm_url: Annotated[str, typer.Option(
 
     from ._settings import check_http_url
 
-    check_http_url(vllm_url, "--vllm-url")
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
     configure_logging(level="warning", to_stderr=True)
 
     async def probe() -> dict[str, Any]:
@@ -126,19 +129,23 @@ def check(vllm_url: Annotated[str, typer.Option(
     report = trio.run(probe)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
-    else:
+    else:  # the error, when there is one, is the error line below
         for key, value in report.items():
-            typer.echo(f"{key:>10}: {value}")
+            if key != "error":
+                typer.echo(f"{key:>10}: {value}")
     if not report["ready"]:
         why = report.get("error") or "its /health answers unhealthy"
         raise UserError(f"not ready to serve ({why})", vllm_url, code=EXIT_FAILED)
 
 
-def read_auth_token(token: str | None, token_file: Path | None) -> bytes:
+def read_auth_token(token: str | None, token_file: Path | None,
+                    ctx: typer.Context | None = None) -> bytes:
     """``--auth-token`` or the first line of ``--auth-token-file``: what SESSION_OPEN
     presents (empty: none)."""
     if token is not None and token_file is not None:
-        raise UserError("give --auth-token or --auth-token-file, not both")
+        given = (f"{source(ctx, 'auth_token')} and {source(ctx, 'auth_token_file')}"
+                 if ctx is not None else "--auth-token and --auth-token-file")
+        raise UserError("give one session token, not two", given)
     if token_file is not None:
         try:
             lines = token_file.read_text().splitlines()
@@ -163,10 +170,17 @@ def check_endpoint(endpoint: str, where: str = "--endpoint") -> None:
         raise UserError(f"{endpoint}: a client needs the port to dial", where)
 
 
-def connection_failure(error: BaseException, endpoint: str) -> UserError:
+def connection_failure(error: BaseException, endpoint: str, *,
+                       ca_file: Path | None = None, auth: bytes = b"") -> UserError:
     """A failed connect or a broken session, said the way an operator can act on it: the
-    first cause that names something (an untrusted certificate, a refused port)."""
+    first cause that names something (an untrusted certificate, a refused port, a name
+    that does not resolve, a peer that is not NNRP)."""
+    import socket
     import ssl
+
+    import trio
+
+    from gateway.tools.client import ClientError
 
     seen: set[int] = set()
     pending: list[BaseException] = [error]
@@ -175,21 +189,50 @@ def connection_failure(error: BaseException, endpoint: str) -> UserError:
         if id(cause) in seen:
             continue
         seen.add(id(cause))
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return UserError(f"the server's certificate is not trusted "
-                             f"({cause.verify_message}); give --ca-file", endpoint,
-                             code=EXIT_FAILED)
-        if isinstance(cause, OSError) and cause.strerror:
-            said = os.strerror(cause.errno) if cause.errno else cause.strerror
-            return UserError(f"cannot connect ({said})", endpoint, code=EXIT_FAILED)
+        said = _said(cause, ssl, socket, trio, ClientError, ca_file=ca_file, auth=auth)
+        if said is not None:
+            return UserError(said, endpoint, code=EXIT_FAILED)
         if isinstance(cause, BaseExceptionGroup):
             pending.extend(cause.exceptions)
         pending.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
-    text = str(error) or type(error).__name__
-    return UserError(f"no NNRP session ({text})", endpoint, code=EXIT_FAILED)
+    leaf = error
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return UserError(f"no NNRP session ({leaf or type(leaf).__name__})", endpoint,
+                     code=EXIT_FAILED)
 
 
-def chat(prompt: Annotated[str | None, typer.Argument(
+def _said(cause: BaseException, ssl: Any, socket: Any, trio: Any, client_error: type, *,
+          ca_file: Path | None, auth: bytes) -> str | None:
+    """What one cause of a failed connection says, or None to look further."""
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        trusted = (f"not trusted by --ca-file {ca_file}" if ca_file is not None
+                   else "not trusted; give --ca-file")
+        return f"the server's certificate is {trusted} ({cause.verify_message})"
+    if isinstance(cause, ssl.SSLError):
+        return (f"the TLS handshake failed ({cause.reason or cause.strerror}); is this a "
+                "TLS listener?")
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host ({cause.strerror})"
+    if isinstance(cause, trio.TooSlowError):
+        return "no NNRP answer in time: is this an NNRP endpoint?"
+    if type(cause).__name__ == "ConnectionRejected":  # trio-websocket: an HTTP answer
+        body = (getattr(cause, "body", None) or b"").decode(errors="replace").strip()
+        return (f"the server refused the WebSocket upgrade (HTTP "
+                f"{getattr(cause, 'status_code', '?')}{': ' + body if body else ''})")
+    if isinstance(cause, client_error) and "session refused" in str(cause):
+        hint = "" if auth else "; does the gateway require --auth-token?"
+        return f"{cause}{hint}"
+    if isinstance(cause, OSError) and cause.strerror:
+        said = cause.strerror
+        if said.startswith("Error connecting to") and cause.errno and cause.errno > 0:
+            said = os.strerror(cause.errno)  # trio's prefix names the address again
+        return f"cannot connect ({said})"
+    return None
+
+
+def chat(ctx: typer.Context,
+         prompt: Annotated[str | None, typer.Argument(
              help="One-shot prompt; omit for an interactive session.")] = None,
          endpoint: Annotated[str, typer.Option(
              envvar="NNRP_GATEWAY_ENDPOINT", metavar="URL",
@@ -210,20 +253,26 @@ def chat(prompt: Annotated[str | None, typer.Argument(
 
     from gateway.observe import configure_logging
 
-    check_endpoint(endpoint)
-    auth = read_auth_token(auth_token, auth_token_file)
+    check_endpoint(endpoint, source(ctx, "endpoint"))
+    auth = read_auth_token(auth_token, auth_token_file, ctx)
     trust = trust_for(ca_file)
     configure_logging(level="warning", to_stderr=True)
+    quiet_quic_logs()
     try:
         status = trio.run(_chat, prompt, endpoint, model, max_tokens, usage, trust, auth)
     except (KeyboardInterrupt, UserError):
         raise
     except Exception as exc:
-        leaf: BaseException = exc
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        raise connection_failure(leaf, endpoint) from None
+        raise connection_failure(exc, endpoint, ca_file=ca_file, auth=auth) from None
     raise typer.Exit(status)
+
+
+def quiet_quic_logs() -> None:
+    """aioquic logs a failed handshake itself (a bare "Error: 298, reason: ..." line on
+    stderr); the tools say it once, in their own error line."""
+    import logging
+
+    logging.getLogger("quic").setLevel(logging.CRITICAL)
 
 
 def trust_for(ca_file: Path | None) -> Trust:
@@ -242,12 +291,55 @@ def trust_for(ca_file: Path | None) -> Trust:
     return Trust(ca_file)
 
 
+#: Seconds chat tries to resume a session whose connection dropped before it gives up
+#: (the gateway would wait its --resume-window, two minutes by default).
+RECOVERY_LIMIT = 10.0
+#: Seconds the goodbye (SESSION_CLOSE and its answer) may take.
+CLOSE_LIMIT = 2.0
+
 #: What one answer came to: its text, and the exit status it is worth.
 Answer = tuple["str | None", int]
 
 
+class _Interrupts:
+    """Ctrl-C as chat's own event, not a KeyboardInterrupt: trio would raise that in
+    whatever task runs when it comes (the connection's reader too), so the signal is
+    received (``trio.open_signal_receiver``) and each one sets ``event``, which the
+    answer being streamed (or the prompt being waited at) watches."""
+
+    def __init__(self) -> None:
+        import trio
+
+        self.event = trio.Event()
+
+    async def watch(self, signals: Any) -> None:
+        async for _ in signals:
+            self.event.set()
+
+    def reset(self) -> None:
+        import trio
+
+        self.event = trio.Event()
+
+
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
                 usage: bool, trust: Trust, auth: bytes) -> int:
+    import signal
+
+    import trio
+
+    interrupts = _Interrupts()
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(interrupts.watch, signals)
+            status = await _converse(prompt, endpoint, model, max_tokens, usage, trust,
+                                     auth, interrupts)
+            nursery.cancel_scope.cancel()
+    return status
+
+
+async def _converse(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
+                    usage: bool, trust: Trust, auth: bytes, interrupts: _Interrupts) -> int:
     import trio
 
     from gateway.tools.client import connect
@@ -255,10 +347,13 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
     history: list[dict[str, Any]] = []
     status = 0
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic(),
-                       resume=True) as client:
+                       resume=True, recovery_limit=RECOVERY_LIMIT) as client:
         session = await client.open_session(resume=True, auth=auth)
         while True:
-            text = prompt if prompt is not None else await trio.to_thread.run_sync(_ask)
+            text = prompt if prompt is not None else await _ask_unless_interrupted(interrupts)
+            if interrupts.event.is_set():  # Ctrl-C at the prompt: the chat ends
+                status = EXIT_INTERRUPTED
+                break
             if text is None:
                 break
             history.append({"role": "user", "content": text})
@@ -270,13 +365,39 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
             operation = await session.submit(json.dumps({
                 "schema_version": "openai-compatible/1",
                 "operation": "chat.completions.create", "body": body}).encode())
-            answer, status = await _stream_answer(operation)
+            answer, status = await _stream_answer(operation, interrupts.event)
+            interrupts.reset()  # a Ctrl-C ends an answer; the session goes on
             if answer is not None:
                 history.append({"role": "assistant", "content": answer})
             if prompt is not None:
                 break
-        await session.close()
+        # Nothing is left to wait for: a gateway gone for good (or draining) must not
+        # hold the terminal for its resume window.
+        with trio.move_on_after(CLOSE_LIMIT):
+            await session.close()
     return status
+
+
+async def _ask_unless_interrupted(interrupts: _Interrupts) -> str | None:
+    """The next line typed, or None at the end of input or on Ctrl-C (the thread that
+    reads is abandoned then: nothing can interrupt a blocking ``input``)."""
+    import trio
+
+    line: list[str | None] = []
+    async with trio.open_nursery() as nursery:
+
+        async def read() -> None:
+            line.append(await trio.to_thread.run_sync(_ask, abandon_on_cancel=True))
+            nursery.cancel_scope.cancel()
+
+        async def interrupted() -> None:
+            await interrupts.event.wait()
+            typer.echo(err=True)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(read)
+        nursery.start_soon(interrupted)
+    return line[0] if line else None
 
 
 def _ask() -> str | None:
@@ -287,41 +408,53 @@ def _ask() -> str | None:
     return line or None
 
 
-async def _stream_answer(operation: ClientOperation) -> Answer:
+async def _stream_answer(operation: ClientOperation, interrupted: Any) -> Answer:
+    """Show one answer as it streams; on Ctrl-C (``interrupted`` set) send a real CANCEL
+    and read the answer to its end (the gateway's drop)."""
     import trio
 
-    from gateway import nnrp
 
     parts: list[str] = []
-    try:
-        async for event in operation.events():
-            if isinstance(event, nnrp.PartialReceived):
-                _show(json.loads(event.body), parts)
-            elif isinstance(event, nnrp.ResultReceived) and event.typed_body is not None:
-                final = json.loads(event.typed_body.frames[0].payload)
-                if final["type"] == "response.error":
-                    error = final["error"]
-                    typer.echo(f"\nerror: the answer failed ({error['code']}: "
-                               f"{error['message']})", err=True)
-                    return None, EXIT_FAILED
-            elif isinstance(event, nnrp.DropReceived):
-                try:
-                    reason = nnrp.DropReason(event.drop_reason).name
-                except ValueError:
-                    reason = str(event.drop_reason)
-                detail = event.diagnostic.decode(errors="replace")
-                typer.echo(f"\nerror: the answer was dropped ({reason}"
-                           f"{': ' + detail if detail else ''})", err=True)
-                return None, EXIT_FAILED
-    except KeyboardInterrupt:
-        with trio.CancelScope(shield=True):
+    async with trio.open_nursery() as nursery:
+
+        async def cancel_when_interrupted() -> None:
+            await interrupted.wait()
             await operation.cancel()
-            async for _ in operation.events():
-                pass
+
+        nursery.start_soon(cancel_when_interrupted)
+        outcome = await _read_answer(operation, parts)
+        nursery.cancel_scope.cancel()
+    if interrupted.is_set():
         typer.echo("\n[cancelled]", err=True)
         return None, EXIT_INTERRUPTED
+    if outcome is not None:
+        typer.echo(f"\nerror: {outcome}", err=True)
+        return None, EXIT_FAILED
     typer.echo()
     return "".join(parts), 0
+
+
+async def _read_answer(operation: ClientOperation, parts: list[str]) -> str | None:
+    """Every event of the answer, shown; what went wrong (None: it completed)."""
+    from gateway import nnrp
+
+    problem = None
+    async for event in operation.events():
+        if isinstance(event, nnrp.PartialReceived):
+            _show(json.loads(event.body), parts)
+        elif isinstance(event, nnrp.ResultReceived) and event.typed_body is not None:
+            final = json.loads(event.typed_body.frames[0].payload)
+            if final["type"] == "response.error":
+                error = final["error"]
+                problem = f"the answer failed ({error['code']}: {error['message']})"
+        elif isinstance(event, nnrp.DropReceived):
+            try:
+                reason = nnrp.DropReason(event.drop_reason).name
+            except ValueError:
+                reason = str(event.drop_reason)
+            detail = event.diagnostic.decode(errors="replace")
+            problem = f"the answer was dropped ({reason}{': ' + detail if detail else ''})"
+    return problem
 
 
 def _show(event: dict[str, Any], parts: list[str]) -> None:

@@ -24,6 +24,7 @@ import trio
 
 import gateway
 from gateway import residence
+from gateway.errors import GatewayError
 from gateway.nnrp import ServerConfig
 from gateway.observe import (
     AdminRoutes,
@@ -335,7 +336,7 @@ class Gateway:
             misses = 0 if health else misses + 1
             if health is False or misses >= self.config.health_failure_threshold:
                 self.upstream_problem = (
-                    "/health answered unhealthy" if health is False
+                    "/health answered unhealthy, or its port refused" if health is False
                     else f"/health unanswered {misses} times in a row")
                 misses = 0
                 self.upstream_healthy = False
@@ -346,7 +347,7 @@ class Gateway:
                          threshold=self.config.health_failure_threshold)
 
 
-class DrainInterrupted(Exception):
+class DrainInterrupted(GatewayError):
     """A second SIGTERM or SIGINT during the drain: exit now, status 1 (as uvicorn and
     vLLM do); what was still in flight is cut."""
 

@@ -16,8 +16,12 @@
     │   ├── UpstreamMalformed      a stream or body that breaks vLLM's contract, an
     │   │                          in-stream error event, a connection lost mid-body
     │   └── UnsupportedVersion     the probed vLLM is outside the tested families
-    └── ConfigError              an option that cannot be used (TLS files, say); a ValueError
-        └── ListenError            gateway.transport: a listen URI that cannot be used
+    ├── ConfigError              an option that cannot be used; a ValueError
+    │   ├── ListenError            gateway.transport: a listen URI that cannot be used, or
+    │   │                          a bind that failed (named)
+    │   └── TlsFileError           gateway.transport: a certificate, key or CA file that
+    │                              cannot serve (its ``role`` says which)
+    └── DrainInterrupted         gateway.app: a second SIGTERM/SIGINT during the drain
 
 This is the only drawing (``tests/test_errors.py`` holds it to the classes): a module
 that defines a branch points here rather than drawing it again.

@@ -9,7 +9,8 @@ import gateway.errors
 from gateway.errors import GatewayError
 
 #: Every package that defines a branch of the tree.
-BRANCHES = ("gateway.nnrp", "gateway.profile", "gateway.upstream", "gateway.transport")
+BRANCHES = ("gateway.nnrp", "gateway.profile", "gateway.upstream", "gateway.transport",
+            "gateway.app")
 
 
 def drawn() -> set[tuple[str, str]]:

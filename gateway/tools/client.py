@@ -308,7 +308,8 @@ MAX_BACKOFF = 2.0
 
 class NnrpClient:
     def __init__(self, transport: PacketTransport, *,
-                 reconnect: Reconnect | None = None) -> None:
+                 reconnect: Reconnect | None = None,
+                 recovery_limit: float | None = None) -> None:
         self.transport = transport
         self.sans_io = ClientConnection()
         self.sessions: dict[int, ClientSession] = {}
@@ -321,6 +322,9 @@ class NnrpClient:
         self.others: list[ClientEvent] = []
         #: When set, a dropped connection is reconnected and its sessions resumed.
         self._reconnect = reconnect
+        #: The longest a recovery keeps trying, when shorter than the sessions' window (a
+        #: person at a terminal does not wait the server's two minutes).
+        self._recovery_limit = recovery_limit
         #: Cleared while a dropped connection is being recovered: senders wait for it.
         self._connected = trio.Event()
         self._connected.set()
@@ -460,6 +464,9 @@ class NnrpClient:
             self._drop_session(session, lost)
         self._connected = trio.Event()
         window = max(s.ticket.window_ms for s in resumable if s.ticket) / 1000
+        limited = self._recovery_limit is not None and self._recovery_limit < window
+        if self._recovery_limit is not None:
+            window = min(window, self._recovery_limit)
         deadline = trio.current_time() + window
         backoff = 0.05
         while trio.current_time() < deadline:
@@ -476,7 +483,8 @@ class NnrpClient:
                     return False
             await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
             backoff = min(backoff * 2, MAX_BACKOFF)
-        self._recovery_ended = f"their window of {window:g} s passed"
+        self._recovery_ended = (f"gave up after {window:g} s" if limited
+                                else f"their window of {window:g} s passed")
         return False
 
     async def _resume_all(self, deadline: float) -> bool:
@@ -625,11 +633,13 @@ def _fatal(event: ErrorReceived) -> ClientError:
 async def connect(uri: str, *, handshake_timeout: float = 10.0,
                   ssl_context: ssl.SSLContext | None = None,
                   quic: QuicClientOptions | None = None,
-                  resume: bool = False) -> AsyncIterator[NnrpClient]:
+                  resume: bool = False,
+                  recovery_limit: float | None = None) -> AsyncIterator[NnrpClient]:
     """Connect to ``tcp://``, ``unix://``, ``ws://`` (or ``tcps://``, ``wss://``,
     ``quic://``, trusting ``ssl_context``; ``quic`` for QUIC's own options) and complete
     the hello. ``resume``: when the connection drops, reconnect and resume the sessions
-    opened with ``open_session(resume=True)`` (the module's docstring).
+    opened with ``open_session(resume=True)`` (the module's docstring), trying for the
+    sessions' resume window or ``recovery_limit`` seconds, whichever is shorter.
 
     Error handling: a refused or broken handshake raises ``ClientError``; an exception
     from the body propagates as itself (the internal nursery's group is unwrapped).
@@ -642,7 +652,8 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
                     return await connect_transport(uri, nursery, ssl_context, quic=quic)
 
             transport = await reconnect()
-            client = NnrpClient(transport, reconnect=reconnect if resume else None)
+            client = NnrpClient(transport, reconnect=reconnect if resume else None,
+                                recovery_limit=recovery_limit)
             nursery.start_soon(client._reader)
             try:
                 await client.send(client.sans_io.hello())

@@ -23,7 +23,7 @@ signals, restarts it, and stops it. The rules:
   **SIGHUP** is passed to the workers that are serving (TLS files re-read; one still
   starting reads the current files anyway, and would die of a SIGHUP before its handler).
 * **A second SIGTERM / SIGINT** during the drain is passed on: each worker exits at
-  once (its second signal), and so does the gateway, with status 1.
+  once (its second signal), and so does the gateway (``DrainInterrupted``, status 1).
 * **Exit status**: 0 after a drain; a fatal worker's status otherwise, a worker killed by
   signal S as 128 + S (``exit_status``).
 * **Admin** (``--admin-listen``): each worker serves its own admin routes on a unix
@@ -61,6 +61,7 @@ import structlog
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.app import DrainInterrupted
 from gateway.observe import AdminRoutes, AdminServer, RouteUnavailable
 from gateway.transport import (
     ListenError,
@@ -123,6 +124,8 @@ class Supervisor:
         self.log_level = log_level
         self.announce = announce
         self.exit_status = 0
+        #: A second SIGTERM/SIGINT came during the drain (run raises DrainInterrupted).
+        self.interrupted = False
         self.uris: list[str] = []
         self._runtime_dir = ""
         self._relays: tuple[str, ...] = ()
@@ -170,6 +173,9 @@ class Supervisor:
                     self._close_listeners()
                 log.info("drained")
                 nursery.cancel_scope.cancel()
+        if self.interrupted:
+            raise DrainInterrupted("stopped by a second signal during the drain; operations "
+                                   "still in flight were cut")
         return self.exit_status
 
     @contextlib.asynccontextmanager
@@ -232,7 +238,7 @@ class Supervisor:
                 # A second signal: each worker gets its second too and exits at once.
                 log.warning("second signal during the drain; stopping the workers now",
                             signal=signal.Signals(signum).name)
-                self.exit_status = self.exit_status or 1
+                self.interrupted = True
                 for slot in self._slots:
                     if slot.process is not None:
                         slot.process.send_signal(signal.SIGTERM)

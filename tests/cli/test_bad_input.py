@@ -39,9 +39,11 @@ class World:
     cert: Path
     key: Path
     other_key: Path  # a key that does not match ``cert``
+    other_cert: Path  # a certificate the gateway's is not signed by
     gateway_tcp: str
     gateway_ws: str
     gateway_tcps: str
+    gateway_tcp_port: int
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             assert gateway.poll() is None, log.read_text()
             uris = {uri.split(":")[0]: uri for uri in served_endpoints(log.read_text())}
             yield World(tmp, busy.getsockname()[1], free_port(), server.cert, server.key,
-                        other.key, uris["tcp"], uris["ws"], uris["tcps"])
+                        other.key, other.cert, uris["tcp"], uris["ws"], uris["tcps"],
+                        int(uris["tcp"].rsplit(":", 1)[1]))
         finally:
             gateway.kill()
             gateway.wait()
@@ -96,7 +99,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("serve-tls-listener-no-cert", ["serve", "--listen", "tcps://127.0.0.1:0",
                                     "--print-config"], 2, "needs a certificate"),
     ("serve-admin-listen-shape", ["serve", "--admin-listen", "localhost", "--print-config"], 2,
-     "expected host:port or unix:PATH, got 'localhost', --admin-listen"),
+     "expected host:port or unix:PATH (no scheme), got 'localhost', --admin-listen"),
+    ("serve-admin-listen-scheme", ["serve", "--admin-listen", "http://0.0.0.0:9090",
+                                   "--print-config"], 2,
+     "(no scheme), got 'http://0.0.0.0:9090', --admin-listen"),
     ("serve-admin-listen-busy", ["serve", "--listen", "tcp://127.0.0.1:0", "--admin-listen",
                                  "127.0.0.1:{busy}", "--vllm-url", "http://127.0.0.1:{closed}"],
      2, "cannot listen on admin listener 127.0.0.1:{busy}: address already in use"),
@@ -119,11 +125,21 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("serve-tls-key-mismatch", ["serve", "--tls-cert", "{cert}", "--tls-key", "{other_key}",
                                 "--print-config"], 2,
      "the private key does not match the certificate"),
+    ("serve-tls-key-not-pem", ["serve", "--tls-cert", "{cert}", "--tls-key", "{tmp}/not.pem",
+                               "--print-config"], 2,
+     "private key {tmp}/not.pem: not PEM (no PRIVATE KEY block), --tls-key"),
     ("serve-tls-key-alone", ["serve", "--tls-key", "{key}", "--print-config"], 2,
      "--tls-cert and --tls-key go together, --tls-key"),
     ("serve-tls-client-ca", ["serve", "--tls-cert", "{cert}", "--tls-key", "{key}",
                              "--tls-client-ca", "{tmp}/not.pem", "--print-config"], 2,
-     "client CA {tmp}/not.pem: not PEM"),
+     "client CA {tmp}/not.pem: not PEM (no BEGIN CERTIFICATE block), --tls-client-ca"),
+    ("serve-quic-mutual-tls", ["serve", "--listen", "quic://127.0.0.1:0", "--tls-cert",
+                               "{cert}", "--tls-key", "{key}", "--tls-client-ca", "{cert}",
+                               "--print-config"], 2,
+     "quic:// does not do mutual TLS (drop --tls-client-ca or the quic:// listener), "
+     "--tls-client-ca"),
+    ("serve-listen-empty", ["serve", "--listen", "", "--print-config"], 2,
+     "an empty listener URL, --listen"),
     ("serve-auth-token-file", ["serve", "--auth-token-file", "{tmp}/none", "--print-config"],
      2, "cannot read the token file (No such file or directory), --auth-token-file"),
     ("serve-config-missing", ["serve", "--config", "{tmp}/none.toml", "--print-config"], 2,
@@ -135,19 +151,24 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("serve-target-manifest", ["serve", "--target-manifest", "{tmp}/a-file/m.json",
                                "--print-config"], 2,
      "cannot create the output directory"),
+    ("serve-target-manifest-dir", ["serve", "--target-manifest", "{tmp}", "--print-config"], 2,
+     "{tmp} is a directory (give a file name), --target-manifest"),
     ("serve-workers", ["serve", "--workers", "0", "--print-config"], 2, "--workers"),
     ("serve-load-source", ["serve", "--load-source", "prometheus", "--print-config"], 2,
      "invalid value ('prometheus' is not one of 'metrics', 'load'), --load-source"),
     ("serve-load-kv", ["serve", "--load-max-kv-cache-usage", "90", "--print-config"], 2,
      "--load-max-kv-cache-usage"),
     # health, check, capabilities
-    ("health-url", ["health", "--admin-url", "ftp://x"], 2, "expected an http:// URL"),
+    ("health-url", ["health", "--admin-url", "ftp://x"], 2,
+     "expected an http:// URL, got 'ftp://x', --admin-url"),
     ("health-unreachable", ["health", "--admin-url", "http://127.0.0.1:{closed}"], 1,
      "unhealthy: no answer"),
     ("check-url", ["check", "--vllm-url", "garbage"], 2, "got 'garbage', --vllm-url"),
     ("check-unreachable", ["check", "--vllm-url", "http://127.0.0.1:{closed}"], 1,
      "not ready to serve (vLLM unreachable or failing"),
     ("capabilities-url", ["capabilities", "--vllm-url", "127.0.0.1:8000"], 2, "--vllm-url"),
+    ("capabilities-unreachable", ["capabilities", "--vllm-url", "http://127.0.0.1:{closed}"],
+     1, "vLLM probe failed"),
     # chat
     ("chat-endpoint-http", ["chat", "hi", "--endpoint", "http://127.0.0.1:1"], 2,
      "scheme must be tcp://"),
@@ -158,9 +179,19 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("chat-unreachable", ["chat", "hi", "--endpoint", "tcp://127.0.0.1:{closed}"], 1,
      "cannot connect (Connection refused), tcp://127.0.0.1:{closed}"),
     ("chat-ws-path", ["chat", "hi", "--endpoint", "{gateway_ws}x"], 1,
+     "the server refused the WebSocket upgrade (HTTP 404: no NNRP endpoint at this path), "
      "{gateway_ws}x"),
     ("chat-untrusted-certificate", ["chat", "hi", "--endpoint", "{gateway_tcps}"], 1,
-     "the server's certificate is not trusted (self-signed certificate); give --ca-file"),
+     "the server's certificate is not trusted; give --ca-file (self-signed certificate)"),
+    ("chat-wrong-ca-file", ["chat", "hi", "--endpoint", "{gateway_tcps}", "--ca-file",
+                            "{other_cert}"], 1,
+     "the server's certificate is not trusted by --ca-file {other_cert}"),
+    ("chat-tls-to-plain", ["chat", "hi", "--endpoint", "tcps://127.0.0.1:{gateway_tcp_port}"],
+     1, "the TLS handshake failed"),
+    ("chat-unknown-host", ["chat", "hi", "--endpoint", "tcp://no-such-host.invalid:1"], 1,
+     "cannot resolve the host"),
+    ("chat-token-twice", ["chat", "hi", "--auth-token", "a", "--auth-token-file", "{key}"],
+     2, "give one session token, not two, --auth-token and --auth-token-file"),
     ("chat-ca-file-missing", ["chat", "hi", "--ca-file", "{tmp}/none.pem"], 2,
      "cannot read the CA file (No such file or directory), --ca-file"),
     ("chat-ca-file-not-pem", ["chat", "hi", "--ca-file", "{tmp}/not.pem"], 2,
@@ -171,7 +202,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "the answer failed"),
     # replay-server, record
     ("replay-listen-shape", ["replay-server", "--listen", "nope"], 2,
-     "expected host:port, got 'nope', --listen"),
+     "expected host:port (no scheme), got 'nope', --listen"),
     ("replay-listen-busy", ["replay-server", "--listen", "127.0.0.1:{busy}"], 2,
      "cannot listen (Address already in use), 127.0.0.1:{busy}"),
     ("replay-version", ["replay-server", "--vllm-version", "9.9"], 2,
@@ -203,6 +234,31 @@ CASES: list[tuple[str, list[str], int, str]] = [
                          "--endpoint", "tcp://127.0.0.1:{closed}"], 1, "cannot connect"),
     ("run-client", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
                     "{gateway_tcp}", "--client", "rust"], 2, "--client"),
+    ("run-backend-log", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                         "{gateway_tcp}", "--backend-log", "garbage"], 2,
+     "got 'garbage', --backend-log"),
+    ("run-capabilities", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                          "{gateway_tcp}", "--capabilities", "{tmp}/not.json"], 2,
+     "the capability document is not JSON"),
+    ("run-ca-file", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                     "{gateway_tcp}", "--ca-file", "{tmp}/none.pem"], 2,
+     "cannot read the CA file"),
+    ("run-auth-token-file", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
+                             "{gateway_tcp}", "--auth-token-file", "{tmp}/none"], 2,
+     "cannot read the token file"),
+    ("plan-auth-token-file", ["conformance", "plan", "--out", "{tmp}/p.json", "--endpoint",
+                              "{gateway_tcp}", "--auth-token-file", "{tmp}/none"], 2,
+     "cannot read the token file"),
+    ("plan-out-dir", ["conformance", "plan", "--out", "{tmp}", "--endpoint",
+                      "{gateway_tcp}"], 2, "is a directory (give a file name), --out"),
+    ("wire-probe-ca-file", ["conformance", "wire-probe", "--out", "{tmp}/w.json",
+                            "--endpoint", "{gateway_tcp}", "--ca-file", "{tmp}/not.pem"], 2,
+     "not a PEM certificate"),
+    ("wire-probe-auth-token-file", ["conformance", "wire-probe", "--out", "{tmp}/w.json",
+                                    "--endpoint", "{gateway_tcp}", "--auth-token-file",
+                                    "{tmp}/none"], 2, "cannot read the token file"),
+    ("validate-plan-missing", ["conformance", "validate", "--results", "{tmp}/not.json",
+                               "--plan", "{tmp}/none.json"], 2, "does not exist"),
     ("run-scripted-endpoint", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
                                "{gateway_tcp}", "--scripted-endpoint", "x"], 2,
      "--scripted-endpoint"),
@@ -231,12 +287,16 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("bench-soak-out", ["bench", "soak", "--out", "{tmp}/a-file/b"], 2,
      "cannot create the output directory"),
     ("bench-live-url", ["bench", "live", "--vllm-url", "nope"], 2, "--vllm-url"),
+    ("bench-live-unreachable", ["bench", "live", "--vllm-url", "http://127.0.0.1:{closed}"],
+     1, "vLLM did not answer"),
+    ("bench-live-out", ["bench", "live", "--vllm-url", "http://127.0.0.1:{closed}", "--out",
+                        "{tmp}/a-file/b"], 2, "cannot create the output directory"),
     ("bench-live-endpoint", ["bench", "live", "--vllm-url", "http://127.0.0.1:{closed}",
                              "--endpoint", "nope"], 2, "scheme must be"),
     ("bench-relay-listen", ["bench", "relay", "--listen", "x", "--target", "127.0.0.1:1"], 2,
-     "expected host:port, got 'x', --listen"),
+     "expected host:port (no scheme), got 'x', --listen"),
     ("bench-relay-target", ["bench", "relay", "--listen", "127.0.0.1:0", "--target", "y"], 2,
-     "expected host:port, got 'y', --target"),
+     "expected host:port (no scheme), got 'y', --target"),
 ]
 
 
@@ -256,24 +316,68 @@ def test_a_mistake_is_one_line_and_an_exit_status(world: World, argv: list[str],
     assert result.exit_code == status, result.stderr
 
 
-def _commands(group: object, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def _commands(group: object, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
+                                                                          object]]:
     for name, command in getattr(group, "commands", {}).items():
         if getattr(command, "commands", None):
             yield from _commands(command, (*prefix, name))
         else:
-            yield (*prefix, name)
+            yield (*prefix, name), command
 
 
-#: Commands whose options take no path, URL, address or choice: nothing to get wrong.
-NOTHING_TO_GET_WRONG = {("version",), ("demo",)}
+#: The metavars of options that take a path, URL, address or choice (cli/_app.py's help).
+TAKES_SOMETHING_TO_GET_WRONG = ("URL", "PATH", "PEM", "DIR", "JSON", "TOML", "HOST:PORT",
+                                "LINE")
 
 
-def test_the_table_covers_every_command() -> None:
-    covered = {tuple(w for w in argv if not w.startswith("-"))[:2] for _, argv, _, _ in CASES}
-    for command in _commands(get_command(app)):
-        if command in NOTHING_TO_GET_WRONG:
+def _mistakable(command: object) -> set[str]:
+    options = set()
+    for param in getattr(command, "params", []):
+        if param.param_type_name != "option" or getattr(param, "hidden", False):
             continue
-        assert any(command == hit[:len(command)] for hit in covered), command
+        described = getattr(param, "type_descriptor", None)
+        if param.metavar in TAKES_SOMETHING_TO_GET_WRONG or (
+                described is not None and (described.is_choice or described.is_path)):
+            options.add(param.opts[0])
+    return options
+
+
+def test_the_table_covers_every_option_that_can_be_given_wrong() -> None:
+    tried: dict[tuple[str, ...], set[str]] = {}
+    for _, argv, _, _ in CASES:
+        words = [w for w in argv if not w.startswith("-")]
+        for path, _ in _commands(get_command(app)):
+            if tuple(words[:len(path)]) == path:
+                tried.setdefault(path, set()).update(w for w in argv if w.startswith("--"))
+    missing = {" ".join(path): sorted(_mistakable(command) - tried.get(path, set()))
+               for path, command in _commands(get_command(app))}
+    assert {path: options for path, options in missing.items() if options} == {}
+
+
+def test_a_bare_group_prints_its_help() -> None:
+    for args in ([], ["bench"], ["conformance"]):
+        result = runner.invoke(app, args)
+        assert (result.exit_code, result.stderr) == (0, ""), args
+        assert result.stdout.startswith("Usage: ")
+
+
+@pytest.mark.parametrize(("argv", "env", "says"), [
+    (["check"], {"NNRP_GATEWAY_VLLM_URL": "ftp://x"},
+     "got 'ftp://x', environment variable NNRP_GATEWAY_VLLM_URL"),
+    (["chat", "hi"], {"NNRP_GATEWAY_ENDPOINT": "http://x:1"},
+     "environment variable NNRP_GATEWAY_ENDPOINT"),
+    (["health"], {"NNRP_GATEWAY_ADMIN_URL": "ftp://x"},
+     "environment variable NNRP_GATEWAY_ADMIN_URL"),
+    (["serve", "--print-config"], {"NNRP_GATEWAY_TLS_CERT": "/nonexistent.pem",
+                                   "NNRP_GATEWAY_TLS_KEY": "/nonexistent.key"},
+     "environment variable NNRP_GATEWAY_TLS_CERT"),
+])
+def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str, str],
+                                                  says: str) -> None:
+    result = runner.invoke(app, argv, env=env)
+    assert result.exit_code == 2
+    (line,) = result.stderr.splitlines()
+    assert says in line, line
 
 
 def test_debug_shows_the_traceback_instead() -> None:

@@ -74,6 +74,7 @@ def test_secrets_are_said_to_be_set_and_never_printed(tmp_path: Path) -> None:
     ("[serve]\nvllm_url = 'nope'", "got 'nope', key vllm_url in"),
     ("serve = 3", "[serve] must be a table"),
     ("max-connections = 3", "unknown key 'max-connections' (did you mean max_connections?)"),
+    ("listen = []", "no NNRP listener (give at least one), key listen in"),
 ])
 def test_a_file_error_names_the_file_and_the_key(tmp_path: Path, document: str,
                                                  says: str) -> None:
@@ -139,6 +140,13 @@ def test_serve_help_groups_its_options_and_shows_flags_without_values() -> None:
     assert "--log-level {debug|info|warning|error}" in text
     assert "[default: 16777216]" in text  # every default shown
     assert len(text.splitlines()) < 180
+
+
+def test_a_flag_that_is_on_shows_both_forms_with_its_help() -> None:
+    text = runner.invoke(app, ["chat", "-h"], env={"COLUMNS": "80"}).stdout
+    assert "--usage / --no-usage" in text and "[default: on]" in text
+    text = runner.invoke(app, ["conformance", "run", "-h"], env={"COLUMNS": "80"}).stdout
+    assert "--check-without-extensions / --no-check-without-extensions" in text
 
 
 def test_version_flag() -> None:

@@ -65,6 +65,15 @@ class Stack:
         return self._logs[-1]
 
     async def __aenter__(self) -> Stack:
+        try:
+            await self._start()
+        except BaseException:  # a process that never came up: none outlives the bench
+            with trio.CancelScope(shield=True):
+                await self.__aexit__()
+            raise
+        return self
+
+    async def _start(self) -> None:
         log = self._log_file("replay.log")
         self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
             [self.exe, "replay-server", "--listen", f"127.0.0.1:{self.vllm_port}",
@@ -82,7 +91,6 @@ class Stack:
              *self.gateway_args], stdout=log, stderr=log))
         await self._wait(f"{self.admin_url}/readyz")
         self.startup_seconds = time.perf_counter() - start
-        return self
 
     async def _wait(self, url: str) -> None:
         async with httpx.AsyncClient(trust_env=False) as client:

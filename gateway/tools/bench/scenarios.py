@@ -514,7 +514,12 @@ class _LiveGateway:
             [s.exe, "serve", "--listen", s.endpoint, "--vllm-url", s.vllm_url,
              "--admin-listen", f"127.0.0.1:{s.admin_port}", "--log-level", "warning",
              *s.gateway_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        await s._wait(f"{s.admin_url}/readyz")
+        try:
+            await s._wait(f"{s.admin_url}/readyz")
+        except BaseException:  # not ready (vLLM away, say): the gateway does not outlive us
+            with trio.CancelScope(shield=True):
+                await s.__aexit__()
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stack.__aexit__()
