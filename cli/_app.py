@@ -231,6 +231,8 @@ def _option_record(param: Any, ctx: Any) -> tuple[str, str] | None:
         extra.append(f"default: {default}")
     elif param.is_flag and param.default:
         extra.append("default: on")
+    if param.required:
+        extra.append("required")
     if param.multiple:
         extra.append("repeatable")
     text = (param.help or "").strip()

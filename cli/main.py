@@ -65,7 +65,7 @@ def top(
 
 
 VllmUrl = Annotated[str, typer.Option(
-    "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL", rich_help_panel="vLLM",
+    "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
     help="Base URL of the co-located vLLM OpenAI server (http:// or https://).")]
 
 
@@ -140,7 +140,10 @@ def serve(
         help="Silence after which a QUIC client is gone (live ones are pinged); its "
              "resumable sessions then detach.")] = 30.0,
     # ---- vLLM
-    vllm_url: VllmUrl = "http://127.0.0.1:8000",
+    vllm_url: Annotated[str, typer.Option(
+        "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL", rich_help_panel=VLLM,
+        help="Base URL of the co-located vLLM OpenAI server (http:// or https://).")
+    ] = "http://127.0.0.1:8000",
     upstream_api_key: Annotated[str | None, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_API_KEY", metavar="KEY", rich_help_panel=VLLM,
         help="Bearer token for vLLM's --api-key (never logged or printed).")] = None,

@@ -385,6 +385,7 @@ def test_a_second_signal_during_the_drain_stops_every_worker_at_once(
 
         trio.run(stream_through_two_signals)
         assert not any(alive(pid) for pid in served.pids)
+        assert "error: stopped by a second signal during the drain" in served.log.read_text()
 
 
 def test_quic_datagrams_stay_with_the_worker_holding_their_connection(
