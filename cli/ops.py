@@ -325,10 +325,16 @@ class _Interrupts:
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
                 usage: bool, trust: Trust, auth: bytes) -> int:
     import signal
+    import threading
 
     import trio
 
     interrupts = _Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        # Signals reach the main thread only (a caller running chat in a worker thread,
+        # as tests do): there is no Ctrl-C to take here.
+        return await _converse(prompt, endpoint, model, max_tokens, usage, trust, auth,
+                               interrupts)
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(interrupts.watch, signals)
