@@ -68,3 +68,28 @@ async def test_the_032_recording_through_the_gateway(stack: Stack, session: Any,
         assert {k: v for k, v in body.items() if k not in ("id", "created")} == {
             k: v for k, v in vllms.items() if k not in ("id", "created")}
 
+
+async def test_a_forced_tool_call_stream_rebuilds_vllms_own_body(stack: Stack, session: Any
+                                                                 ) -> None:
+    """Recorded with the same seed both ways, so vLLM generated the same tokens: the body
+    the gateway rebuilds from the stream is vLLM's non-streaming body, ``content: ""``
+    included (0.32 writes "" for a forced tool choice; the gateway once wrote null).
+
+    The reasoning pair is not compared: there vLLM itself diverges (a byte-fallback token
+    cut by ``</think>`` leaves a U+FFFD in the non-streaming reasoning that the stream
+    never sends), which no gateway can rebuild."""
+    streamed, plain = "stream_tool_call_single", "nonstream_tool_call"
+    outcome = await run_operation(session, envelope(
+        dict(TRANSCRIPTS[f"{streamed}_032"].request_body), request_id=scenario_id(streamed)))
+    assert outcome.final is not None and stack.gateway.info is not None
+    rebuilt = outcome.final["body"]["choices"][0]
+    vllms = conform_body(json.loads(TRANSCRIPTS[f"{plain}_032"].body),
+                         stack.gateway.info.binding.shape)["choices"][0]
+    # vLLM streams a call's arguments as the model wrote them, and re-serializes them
+    # (json.dumps) in a non-streaming body: equal as JSON, not as text.
+    for calls in (rebuilt["message"].get("tool_calls") or [],
+                  vllms["message"].get("tool_calls") or []):
+        for call in calls:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            call.pop("id")
+    assert rebuilt == vllms
