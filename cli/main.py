@@ -100,6 +100,13 @@ class LoadSource(StrEnum):
     load = "load"
 
 
+class ForcedSet(StrEnum):
+    """Hand-written scenarios a real vLLM can be forced into (``record_forced``)."""
+
+    tools = "tools"
+    reasoning = "reasoning"
+
+
 class LogLevel(StrEnum):
     debug = "debug"
     info = "info"
@@ -607,17 +614,27 @@ def record(
         help="Record issue 23's scenarios instead (per-request metrics, keep-alive, "
              "admission refusals); vLLM must run with the flags "
              "gateway/tools/replay/_record.py names.")] = False,
+    forced: Annotated[ForcedSet | None, typer.Option(
+        help="Record the hand-written scenarios a random-weight model can be forced into, "
+             "as <scenario>_032: 'tools' (tool calls, n=2, a server-side abort; vLLM with "
+             "VLLM_SERVER_DEV_MODE=1) or 'reasoning' (vLLM with --reasoning-parser "
+             "deepseek_r1); the flags are named in gateway/tools/replay/_record.py.")
+    ] = None,
 ) -> None:
     """Record transcripts of the standard scenarios from a real vLLM."""
+    import functools
+
     import httpx
 
-    from gateway.tools.replay import record_admission, record_all
+    from gateway.tools.replay import record_admission, record_all, record_forced
 
     from ._settings import check_http_url, check_output_dir
 
     check_http_url(vllm_url, source(ctx, "vllm_url"))
     check_output_dir(out, "--out")
     recorder = record_admission if admission else record_all
+    if forced is not None:
+        recorder = functools.partial(record_forced, reasoning=forced is ForcedSet.reasoning)
     try:
         written = recorder(vllm_url.rstrip("/"), out, model)
     except httpx.HTTPError as exc:

@@ -102,7 +102,8 @@ PUBLIC: dict[str, str] = {
     "gateway.tools.replay": (
         "BACKEND_ERROR_MODEL Disconnect FAMILIES RecordedRequest ReplayServer SERVED_MODELS "
         "Transcript VERSIONS bundled_transcripts choose_scenario conform_body derive "
-        "load_transcript parse_transcript record_admission record_all "
+        "family_transcripts load_transcript parse_transcript record_admission record_all "
+        "record_forced "
     ),
     "gateway.tools.conformance": (
         "ManifestError ValidationReport build_plan check_case native_available "

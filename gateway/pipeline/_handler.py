@@ -82,7 +82,7 @@ from gateway.upstream import (
 )
 
 from ._request import UpstreamRequest, build_request, traceparent
-from ._translate import Translator, token_count
+from ._translate import Translator, forces_tool_choice, token_count
 
 if TYPE_CHECKING:
     from gateway.nnrp import SubmitRefused
@@ -167,7 +167,8 @@ class ChatPipeline:
                 if request.stream:
                     translator = Translator(
                         info.binding, usage_requested=request.usage_requested,
-                        include_openai_chunk=envelope.policy.include_openai_chunk)
+                        include_openai_chunk=envelope.policy.include_openai_chunk,
+                        forced_tool_choice=forces_tool_choice(request.body))
                     body = await self._stream(op, request, translator)
                 else:
                     body = await self._unary(op, request.body, request.headers)

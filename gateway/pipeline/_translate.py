@@ -120,10 +120,21 @@ def token_count(chunk: dict[str, Any]) -> int:
     return total
 
 
+def forces_tool_choice(body: dict[str, Any]) -> bool:
+    """Whether a chat request forces a tool call: ``tool_choice`` ``"required"`` or a
+    named function (an object), with tools to call."""
+    choice = body.get("tool_choice")
+    return bool(body.get("tools")) and (choice == "required" or isinstance(choice, dict))
+
+
 class Translator:
     def __init__(self, binding: Binding, *, usage_requested: bool,
-                 include_openai_chunk: bool = False) -> None:
+                 include_openai_chunk: bool = False, forced_tool_choice: bool = False
+                 ) -> None:
+        """``forced_tool_choice``: the request named a function or ``"required"``
+        (``forces_tool_choice``)."""
         self.binding = binding
+        self.forced_tool_choice = forced_tool_choice
         self.usage_requested = usage_requested
         self.include_openai_chunk = include_openai_chunk
         self.id: str | None = None
@@ -300,7 +311,10 @@ class Translator:
         shape = self.binding.shape
         text = "".join(choice.content) if choice.content is not None else None
         if choice.tool_calls and not text:
-            text = None  # vLLM's parser reports a tool call without text as content null
+            # vLLM's parser reports a tool call without text as content null; 0.32 writes
+            # "" for a forced tool choice (Binding.forced_tool_content_empty).
+            forced = self.forced_tool_choice and self.binding.forced_tool_content_empty
+            text = "" if forced else None
         message: dict[str, Any] = {"role": choice.role, "content": text}
         for field in shape.message:
             message[field] = None

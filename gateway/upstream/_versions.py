@@ -92,6 +92,11 @@ class Binding:
     #: How the anchor was verified: "gpu_smoke" (deploy/smoke.sh's targets) or
     #: "live_cpu" (the live tier against the CPU build only).
     evidence: str = "gpu_smoke"
+    #: A named or ``"required"`` tool_choice answers ``content: ""``, never null, when
+    #: the model wrote no text (0.32's ``chat_completion/serving.py``:
+    #: ``content=content or ""``; recorded: ``nonstream_tool_call_032``). Older lines are
+    #: not recorded forcing a tool: they keep the parser's null.
+    forced_tool_content_empty: bool = False
 
     def serves(self, major: int, minor: int) -> bool:
         return (major, minor) == self.minor or (major, minor) in self.also
@@ -108,7 +113,8 @@ BINDINGS: tuple[Binding, ...] = (
     Binding("0.22.x", "0.22.1", (0, 22), empty_tool_calls_noise=True, shape=_SHAPE_022),
     Binding("0.26.x", "0.26.0", (0, 26), empty_tool_calls_noise=False, shape=_SHAPE_026),
     Binding("0.32.x", "0.32.0", (0, 32), empty_tool_calls_noise=False, shape=_SHAPE_032,
-            also=((0, 33),), priority_header=True, evidence="live_cpu"),
+            also=((0, 33),), priority_header=True, evidence="live_cpu",
+            forced_tool_content_empty=True),
 )
 SUPPORTED_BAND = "vllm>=0.18.0,<0.27 or >=0.32,<0.34"
 #: Where 0.32+ reads a request's priority (``vllm/entrypoints/generate/base/serving.py``:

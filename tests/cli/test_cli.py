@@ -120,6 +120,22 @@ def test_record_writes_transcripts(replay: ReplayThread, tmp_path: Path) -> None
     assert load_transcript(tmp_path / "error_400_stream_options_without_stream.jsonl").status == 400
 
 
+def test_record_forced_writes_032_recordings_naming_their_version(
+        replay: ReplayThread, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["record", "--vllm-url", replay.url, "--out", str(tmp_path),
+                                 "--forced", "reasoning"])
+    assert result.exit_code == 0, result.output
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert written == sorted(f"{name}_032.jsonl" for name in (
+        "stream_reasoning", "nonstream_reasoning", "stream_reasoning_hidden",
+        "stream_reasoning_then_tool_call"))
+    transcript = load_transcript(tmp_path / "stream_reasoning_032.jsonl")
+    assert transcript.scenario == "stream_reasoning_032"
+    assert transcript.note.startswith(f"recorded from vLLM {transcript.vllm_version}: "
+                                      "--reasoning-parser deepseek_r1")
+    assert transcript.request_body["logit_bias"] == {"7": 3.0}
+
+
 def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23's options: flags and NNRP_GATEWAY_* variables reach GatewayConfig."""

@@ -9,8 +9,9 @@ import pytest
 
 from gateway.nnrp import TraceInfo
 from gateway.pipeline import Translator, build_request, traceparent
+from gateway.pipeline._translate import forces_tool_choice
 from gateway.profile import parse_envelope
-from gateway.tools.replay import bundled_transcripts, derive
+from gateway.tools.replay import bundled_transcripts, derive, family_transcripts
 from gateway.upstream import BINDINGS, UpstreamMalformed, parse_chunk, select_binding
 from tests.support.transcripts import translate
 
@@ -143,6 +144,47 @@ def test_parallel_tool_calls_interleave() -> None:
     assert [(e["index"], e["name"], e["arguments"]) for e in completed] == [
         (0, "get_weather", '{"city": "Oslo"}'), (1, "get_time", "{}")]
     assert len(translator.completed_body()["choices"][0]["message"]["tool_calls"]) == 2
+
+
+def test_032_streams_recorded_parallel_calls_one_after_another() -> None:
+    events, translator = translate("stream_tool_call_parallel", "0.32")
+    completed = [e for e in events if e["type"] == "response.tool_call.completed"]
+    assert [(e["index"], e["name"]) for e in completed] == [
+        (0, "get_weather"), (1, "get_weather"), (2, "get_time")]
+    for event in completed:  # strict schemas: the forced arguments are JSON
+        json.loads(event["arguments"])
+    deltas = [e["index"] for e in events if e["type"] == "response.tool_call.delta"]
+    assert deltas == sorted(deltas)  # never interleaved
+    assert translator.completed_body()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(("family", "forced", "content"), [
+    ("0.32", True, ""),    # 0.32's serving.py: content or "" for a named/required choice
+    ("0.32", False, None),
+    ("0.26", True, None),  # not recorded forcing a tool: the parser's null
+])
+def test_a_tool_call_without_text_rebuilds_vllms_content(family: str, forced: bool,
+                                                         content: str | None) -> None:
+    transcript = family_transcripts(family)["stream_tool_call_single"]
+    translator = Translator(select_binding(transcript.vllm_version)[0],
+                            usage_requested=False, forced_tool_choice=forced)
+    for block in transcript.body.split(b"\n\n"):
+        if block.startswith(b"data: ") and block != b"data: [DONE]":
+            translator.feed(parse_chunk(block[6:].decode()))
+    translator.finish()
+    message = translator.completed_body()["choices"][0]["message"]
+    assert message["tool_calls"]
+    assert message["content"] == content
+
+
+def test_forced_tool_choice_is_required_or_a_named_function() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert forces_tool_choice({"tools": tools, "tool_choice": "required"})
+    assert forces_tool_choice({"tools": tools, "tool_choice": {
+        "type": "function", "function": {"name": "f"}}})
+    assert not forces_tool_choice({"tools": tools, "tool_choice": "auto"})
+    assert not forces_tool_choice({"tools": tools})
+    assert not forces_tool_choice({"tool_choice": "required"})
 
 
 def test_tool_call_noise_of_old_families_yields_no_events() -> None:

@@ -10,9 +10,13 @@ from .stack import chat
 
 TRANSCRIPTS = bundled_transcripts()
 #: 0.33's own transcripts (``*_033``, synthesized) are played as 0.33 answers them, in
-#: tests/e2e/test_vllm_today.py; an older family has no such fields.
+#: tests/e2e/test_vllm_today.py; an older family has no such fields. The 0.32 recordings
+#: of hand-written scenarios (``*_032``) are played by the 0.32 family under their
+#: scenario's name (``RECORDED_032_SCENARIOS``).
 CHAT_SCENARIOS = sorted(name for name in TRANSCRIPTS
-                        if not name.startswith("get_") and not name.endswith("_033"))
+                        if not name.startswith("get_") and not name.endswith(("_033", "_032")))
+RECORDED_032_SCENARIOS = sorted(name.removesuffix("_032") for name in TRANSCRIPTS
+                                if name.endswith("_032"))
 
 #: What each recorded exchange must end as through the gateway.
 EXPECTED_TERMINAL = {

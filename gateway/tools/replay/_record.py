@@ -4,6 +4,7 @@ every body chunk with its arrival time (the JSONL format of ``_transcripts``).""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,18 +97,22 @@ def record_all(vllm_url: str, out: Path, model: str) -> list[Path]:
     return written
 
 
-def record_one(client: httpx.Client, name: str, body: dict[str, Any], version: str
-               ) -> Transcript:
+def record_one(client: httpx.Client, name: str, body: dict[str, Any], version: str,
+               on_chunk: Callable[[int], None] | None = None) -> Transcript:
+    """One exchange; ``on_chunk(count)`` runs after each body chunk arrives."""
     headers = {"x-request-id": f"cap-{name}", "accept-encoding": "identity"}
     start = time.perf_counter()
     chunks = []
     with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         for data in response.iter_raw():
             chunks.append(((time.perf_counter() - start) * 1000, data))
+            if on_chunk is not None:
+                on_chunk(len(chunks))
         status = response.status_code
         response_headers = tuple((k.lower(), v) for k, v in response.headers.items())
     return Transcript(name, version, status, response_headers, tuple(chunks), body,
-                      tuple(headers.items()), "recorded by nnrp-gateway record")
+                      tuple(headers.items()), f"recorded from vLLM {version} by nnrp-gateway "
+                                              "record")
 
 
 #: Issue 23's scenarios, recorded from a vLLM 0.32 started with
@@ -138,14 +143,15 @@ def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
 
     def save(transcript: Transcript, name: str, note: str) -> None:
         path = out / f"{name}.jsonl"
-        path.write_text(attrs.evolve(transcript, scenario=name, note=note).to_jsonl())
+        path.write_text(attrs.evolve(transcript, scenario=name,
+                                     note=f"recorded from vLLM {version} {note}").to_jsonl())
         written.append(path)
 
     with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(120, connect=5),
                       trust_env=False) as client:
         for name, extra in METRICS_SCENARIOS.items():
             save(record_one(client, name, {"model": model, "messages": _HELLO, **extra},
-                            version), name, "recorded with --enable-per-request-metrics")
+                            version), name, "with --enable-per-request-metrics")
         results: dict[str, Transcript] = {}
 
         def run(name: str, body: dict[str, Any]) -> None:
@@ -163,7 +169,7 @@ def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
                                                   version)
         long_runner.join()
         save(results["stream_keep_alive"], "stream_keep_alive",
-             "recorded with --sse-keep-alive-interval 1, queued behind a 400-token stream "
+             "with --sse-keep-alive-interval 1, queued behind a 400-token stream "
              "(--max-num-seqs 1): keep-alive comments while it waits")
         # Seen live: a crowd of streams is refused in-stream (the second check, in
         # add_request, after the 200), a crowd of non-streamed requests with the 503.
@@ -180,11 +186,130 @@ def record_admission(vllm_url: str, out: Path, model: str, *, crowd: int = 12
                      and b'"code": 503' in t.body and b"chat.completion.chunk" not in t.body]
         if refused:
             save(refused[0], "error_503_queue_full",
-                 f"recorded with --max-num-queued-reqs 3: {len(refused)} of {crowd} "
+                 f"with --max-num-queued-reqs 3: {len(refused)} of {crowd} "
                  "concurrent requests (half streamed) refused before the first byte")
         if in_stream:
             save(in_stream[0], "stream_refused_in_stream",
-                 f"recorded with --max-num-queued-reqs 3: {len(in_stream)} of {crowd} "
+                 f"with --max-num-queued-reqs 3: {len(in_stream)} of {crowd} "
                  "concurrent requests (half streamed) refused after the 200, as the "
                  "stream's only event")
+    return written
+
+
+# ----------------------------------------------------- shapes forced out of a tiny model
+
+#: Scenarios first written by hand in 0.26's shape (``_synthesize``), recorded live from
+#: vLLM 0.32 by forcing a random-weight model into them; each is saved as
+#: ``<scenario>_032`` and played, as ``<scenario>``, by the 0.32 and 0.33 families
+#: (``_transcripts.family_transcripts``). Older families keep the 0.26 shape.
+RECORDED_SUFFIX = "_032"
+
+#: ``strict: true`` pins the arguments to the schema (vLLM 0.32's structural tags, default
+#: ``VLLM_ENFORCE_STRICT_TOOL_CALLING``; without it only the call envelope is forced and a
+#: random model writes junk arguments, as ``stream_tools_named`` shows).
+STRICT_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": False}}}
+STRICT_TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Local time", "strict": True,
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+_USAGE = {"stream_options": {"include_usage": True}}
+
+#: Recorded from serve.sh's server (``--enable-auto-tool-choice --tool-call-parser
+#: hermes``) started with ``VLLM_SERVER_DEV_MODE=1`` (for ``POST /pause``):
+#: ``tool_choice: "required"`` makes vLLM's grammar write ``<tool_call>`` blocks, which
+#: the hermes parser streams as tool-call deltas; the seeds were picked for one call, and
+#: for three in a row (two tools offered, ``parallel_tool_calls`` left on).
+TOOL_SCENARIOS: dict[str, dict[str, Any]] = {
+    "stream_tool_call_single": {"stream": True, **_USAGE, "max_tokens": 100, "seed": 7,
+                                "tools": [STRICT_WEATHER], "tool_choice": "required",
+                                "parallel_tool_calls": False},
+    "nonstream_tool_call": {"max_tokens": 100, "seed": 7, "tools": [STRICT_WEATHER],
+                            "tool_choice": "required", "parallel_tool_calls": False},
+    "stream_tool_call_parallel": {"stream": True, **_USAGE, "max_tokens": 300, "seed": 1,
+                                  "tools": [STRICT_WEATHER, STRICT_TIME],
+                                  "tool_choice": "required"},
+    "stream_n2_interleaved": {"stream": True, **_USAGE, "n": 2, "max_tokens": 6,
+                              "seed": 7},
+}
+#: ``POST /pause?mode=abort`` (a dev-mode route, vllm/entrypoints/rl/online) lands while
+#: this stream runs: vLLM ends it with ``finish_reason: "abort"``.
+ABORT_SCENARIO = {"stream": True, **_USAGE, "max_tokens": 400, "ignore_eos": True,
+                  "seed": 7}
+#: ``</think>`` (token 7 of the tiny model), favoured so that a random model ends its
+#: reasoning after a few tokens. The tiny tokenizer marks it special: without
+#: ``skip_special_tokens: false`` the text has no ``</think>``, and the non-streaming
+#: parser (which reads text, not token ids) calls the whole answer reasoning.
+_END_THINK = {"logit_bias": {"7": 3.0}, "skip_special_tokens": False}
+
+#: Recorded from serve.sh's server plus ``--reasoning-parser deepseek_r1`` (what comes
+#: before ``</think>`` is reasoning, no ``<think>`` needed).
+REASONING_SCENARIOS: dict[str, dict[str, Any]] = {
+    "stream_reasoning": {"stream": True, **_USAGE, "max_tokens": 16, "seed": 7,
+                         **_END_THINK},
+    "nonstream_reasoning": {"max_tokens": 16, "seed": 7, **_END_THINK},
+    "stream_reasoning_hidden": {"stream": True, **_USAGE, "max_tokens": 16, "seed": 7,
+                                "include_reasoning": False, **_END_THINK},
+    "stream_reasoning_then_tool_call": {"stream": True, **_USAGE, "max_tokens": 100,
+                                        "seed": 8, "tools": [STRICT_WEATHER],
+                                        "tool_choice": "required", **_END_THINK},
+}
+
+
+def _how(name: str, extra: dict[str, Any]) -> str:
+    """How a forced scenario was obtained, for its note."""
+    if name in REASONING_SCENARIOS:
+        how = "--reasoning-parser deepseek_r1, </think> favoured by logit_bias"
+        return how + (", tool_choice required (hermes)" if "tools" in extra else "")
+    if "tools" in extra:
+        return ("--enable-auto-tool-choice --tool-call-parser hermes, tool_choice "
+                "required with strict schemas")
+    return f"n={extra.get('n', 1)}, seeded"
+
+
+def record_forced(vllm_url: str, out: Path, model: str, *, reasoning: bool = False
+                  ) -> list[Path]:
+    """Record ``TOOL_SCENARIOS`` and ``stream_finish_abort`` (or, with ``reasoning``,
+    ``REASONING_SCENARIOS``) as ``<scenario>_032``; each needs the server flags named
+    at its table."""
+    import threading
+
+    out.mkdir(parents=True, exist_ok=True)
+    version = httpx.get(f"{vllm_url}/version", timeout=10).json().get("version", "")
+    written: list[Path] = []
+
+    def save(transcript: Transcript, name: str, note: str) -> None:
+        recorded = name + RECORDED_SUFFIX
+        path = out / f"{recorded}.jsonl"
+        path.write_text(attrs.evolve(transcript, scenario=recorded,
+                                     note=f"recorded from vLLM {version}: {note}").to_jsonl())
+        written.append(path)
+
+    table = REASONING_SCENARIOS if reasoning else TOOL_SCENARIOS
+    with httpx.Client(base_url=vllm_url, timeout=httpx.Timeout(300, connect=5),
+                      trust_env=False) as client:
+        for name, extra in table.items():
+            body = {"model": model, "messages": _HELLO, **extra}
+            save(record_one(client, name, body, version), name, _how(name, extra))
+        if reasoning:
+            return written
+        streaming = threading.Event()
+
+        def seen(count: int) -> None:
+            if count >= 4:
+                streaming.set()
+
+        results: list[Transcript] = []
+        runner = threading.Thread(target=lambda: results.append(record_one(
+            client, "stream_finish_abort", {"model": model, "messages": _HELLO,
+                                            **ABORT_SCENARIO}, version, seen)))
+        runner.start()
+        streaming.wait(120)
+        with httpx.Client(base_url=vllm_url, timeout=60, trust_env=False) as admin:
+            admin.post("/pause", params={"mode": "abort"}).raise_for_status()
+            runner.join()
+            admin.post("/resume").raise_for_status()
+        save(results[0], "stream_finish_abort",
+             "VLLM_SERVER_DEV_MODE=1, POST /pause?mode=abort after the 4th chunk")
     return written

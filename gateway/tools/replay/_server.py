@@ -52,7 +52,7 @@ import structlog
 import trio
 
 from . import _synthesize as synth
-from ._transcripts import FAMILIES, VERSIONS, Transcript, bundled_transcripts, derive
+from ._transcripts import FAMILIES, VERSIONS, Transcript, family_transcripts
 
 log = structlog.get_logger("gateway.tools.replay")
 
@@ -158,7 +158,7 @@ class ReplayServer:
         self.echo_request_id = echo_request_id
         #: Close a keep-alive connection idle this long, as vLLM's uvicorn does (5 s).
         self.keep_alive_timeout = keep_alive_timeout
-        self.transcripts = {name: derive(t, family) for name, t in bundled_transcripts().items()}
+        self.transcripts = family_transcripts(family)
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[Disconnect] = []
         self.completed: list[str] = []

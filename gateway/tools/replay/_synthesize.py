@@ -1,10 +1,13 @@
-"""Transcripts for what a tiny random-weight model cannot be made to say.
+"""Transcripts written by hand: fault injections a healthy vLLM never sends, and the
+0.26-shaped originals of scenarios now also recorded from 0.32 (``<scenario>_032``,
+``_record.record_forced``), which the 0.18-0.26 families keep playing. Each says which in
+its note (``NOTES``).
 
-The CPU capture model never emits valid tool calls or reasoning, so these scenarios are
-built here in exactly vLLM's 0.26 wire shape (vllm-http.md section 1): compact chunks
-with fields in declaration order, the role chunk first, one event per HTTP chunk, the
-finish chunk carrying the last fragment, the usage chunk with ``"choices":[]``, then
-``data: [DONE]``. Also the dynamic text stream used when a request names no scenario.
+These scenarios are built here in exactly vLLM's 0.26 wire shape (vllm-http.md section
+1): compact chunks with fields in declaration order, the role chunk first, one event per
+HTTP chunk, the finish chunk carrying the last fragment, the usage chunk with
+``"choices":[]``, then ``data: [DONE]``. Also the dynamic text stream used when a
+request names no scenario.
 
 Regenerate the files with ``python -m gateway.tools.replay._synthesize``.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from ._transcripts import Transcript
 
@@ -278,9 +283,51 @@ def synthesized() -> list[Transcript]:
     return out
 
 
+def _recorded_from_032(name: str, what: str) -> str:
+    return (f"synthesized in 0.26's shape, which the 0.18-0.26 families play; 0.32 on "
+            f"plays {name}_032, recorded live from vLLM 0.32.0 (a random-weight model "
+            f"forced into it): {what}")
+#: Why each stays synthesized (the replay server's transcripts say whether they are
+#: recorded or synthesized, and why: tests/tools/test_transcript_notes.py).
+NOTES = {name: _recorded_from_032(name, what) for name, what in {
+    "stream_tool_call_single": "one tool call, the last fragment on the finish chunk",
+    "stream_tool_call_parallel": "two parallel calls whose fragments interleave (vLLM 0.32 "
+                                 "streams calls one after another)",
+    "nonstream_tool_call": "non-streaming tool call, content null",
+    "stream_reasoning": "--reasoning-parser: reasoning deltas, then content",
+    "stream_reasoning_hidden": "include_reasoning:false: the reasoning tokens are produced "
+                               "but not sent",
+    "stream_reasoning_then_tool_call": "tool parsing starts only after reasoning ends "
+                                       "(vllm-http.md section 1)",
+    "nonstream_reasoning": "non-streaming with --reasoning-parser",
+    "stream_n2_interleaved": "n=2: choice indices interleave",
+    "stream_finish_abort": "server-side abort (POST /pause?mode=abort) ends the stream "
+                           "normally, finish_reason abort",
+}.items()}
+NOTES.update({
+    "stream_tool_call_broken": "synthesized (fault injection): an engine failure in the "
+                               "middle of a tool call's arguments; the engine death recorded "
+                               "from 0.32 (engine_death_mid_stream) came in a text stream",
+    "stream_malformed_chunk": "synthesized (fault injection): a chunk with an empty id, "
+                              "which vLLM never writes (its ids come from the request id)",
+    "stream_lone_surrogate": "synthesized (fault injection): valid JSON holding a lone "
+                             "surrogate; vLLM's text is decoded from UTF-8 with U+FFFD for "
+                             "bad bytes, so it never holds one",
+    "error_501_not_implemented": "synthesized (impossible from 0.32's chat route): "
+                                 "NotImplementedError's 501 needs a chat route without a "
+                                 "chat handler, but 0.32 registers the route and sets the "
+                                 "handler only for a generating model "
+                                 "(launchers/api_server/routers.py, generate/api_router.py); "
+                                 "a pooling model answers 404 {\"detail\":\"Not Found\"} "
+                                 "(seen live); the message is 0.26's guess",
+})
+
+
 def main() -> None:
     folder = Path(__file__).parent / "transcripts"
     for transcript in synthesized():
+        transcript = attrs.evolve(transcript, note=NOTES.get(transcript.scenario,
+                                                             transcript.note))
         (folder / f"{transcript.scenario}.jsonl").write_text(transcript.to_jsonl())
 
 

@@ -6,12 +6,14 @@ response_headers, ...}``; each further line is one HTTP body chunk as the client
 received it: ``{"t_ms": ms since the request was sent, "b64": base64 bytes}``.
 
 Variants: a transcript (recorded on 0.32, or written for 0.26) is rewritten into each
-family's shape (vllm-http.md sections 1-2): non-streaming bodies get exactly the family's
-declared fields (the gateway's ``ResponseShape`` tables, read from each release's
-models: 0.22 adds ``prompt_text`` and ``routed_experts``, 0.26 ``metrics`` and
-``ec_transfer_params``, 0.32 ``usage.completion_tokens_details``); 0.18 streams have no
-``prompt_text`` and no ``system_fingerprint``; 0.18 and 0.22 leak ``"tool_calls":[]``
-into content deltas of tool streams and keep it in non-streaming messages.
+family's shape (vllm-http.md sections 1-2; ``family_transcripts``: from 0.32 on, a
+scenario's 0.32 recording ``<scenario>_032`` replaces its hand-written 0.26 original):
+non-streaming bodies get exactly the family's declared fields (the gateway's
+``ResponseShape`` tables, read from each release's models: 0.22 adds ``prompt_text``
+and ``routed_experts``, 0.26 ``metrics`` and ``ec_transfer_params``, 0.32
+``usage.completion_tokens_details``); 0.18 streams have no ``prompt_text`` and no
+``system_fingerprint``; 0.18 and 0.22 leak ``"tool_calls":[]`` into content deltas of
+tool streams and keep it in non-streaming messages.
 """
 
 from __future__ import annotations
@@ -90,18 +92,41 @@ def parse_transcript(text: str) -> Transcript:
                       str(header.get("note", "")))
 
 
+#: ``<scenario>_032`` is ``<scenario>`` recorded live from vLLM 0.32 (``_record``'s
+#: ``record_forced``), where the bundled ``<scenario>`` is written by hand in 0.26's shape
+#: (``_synthesize``): the families from 0.32 on play the recording, older ones the 0.26
+#: shape.
+RECORDED_032 = "_032"
+_FROM_032 = ("0.32", "0.33")
+
+
 def load_transcript(path: Path) -> Transcript:
     return parse_transcript(path.read_text())
 
 
 def bundled_transcripts() -> dict[str, Transcript]:
-    """The transcripts shipped in the package (recorded on vLLM 0.32.0, 0.26-shaped)."""
+    """The transcripts shipped in the package, by scenario: recorded on vLLM 0.32.0, or
+    synthesized (0.26-shaped, or 0.33's own); each note says which, and why."""
     out = {}
     folder = resources.files("gateway.tools.replay").joinpath("transcripts")
     for entry in folder.iterdir():
         if entry.name.endswith(".jsonl"):
             transcript = parse_transcript(entry.read_text())
             out[transcript.scenario] = transcript
+    return out
+
+
+def family_transcripts(family: str) -> dict[str, Transcript]:
+    """Every bundled scenario as the replay server plays it for ``family``: the
+    transcript derived to the family's shape, a 0.32 recording (``RECORDED_032``) taking
+    its scenario's place from 0.32 on. The recordings keep their own names too."""
+    bundled = bundled_transcripts()
+    out = {name: derive(transcript, family) for name, transcript in bundled.items()}
+    if family in _FROM_032:
+        for name in bundled:
+            scenario = name.removesuffix(RECORDED_032)
+            if scenario != name and scenario in bundled:
+                out[scenario] = attrs.evolve(out[name], scenario=scenario)
     return out
 
 
