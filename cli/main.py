@@ -632,6 +632,8 @@ def record(
 
     check_http_url(vllm_url, source(ctx, "vllm_url"))
     check_output_dir(out, "--out")
+    if admission and forced is not None:
+        raise UserError("record one set at a time", "--admission and --forced")
     recorder = record_admission if admission else record_all
     if forced is not None:
         recorder = functools.partial(record_forced, reasoning=forced is ForcedSet.reasoning)

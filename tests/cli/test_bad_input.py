@@ -210,6 +210,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("record-url", ["record", "--out", "{tmp}/rec", "--vllm-url", "nope"], 2, "--vllm-url"),
     ("record-unreachable", ["record", "--out", "{tmp}/rec", "--vllm-url",
                             "http://127.0.0.1:{closed}"], 1, "vLLM did not answer"),
+    ("record-forced", ["record", "--out", "{tmp}/rec", "--forced", "nope"], 2,
+     "invalid value ('nope' is not one of 'tools', 'reasoning'), --forced"),
+    ("record-two-sets", ["record", "--out", "{tmp}/rec", "--forced", "tools",
+                         "--admission"], 2, "record one set at a time"),
     ("record-out", ["record", "--out", "{tmp}/a-file/x", "--vllm-url", "http://127.0.0.1:1"],
      2, "cannot create the output directory"),
     # conformance
