@@ -38,9 +38,14 @@ def stamp(project: Path, name: str, mtime: int) -> None:
 
 
 def would_run(project: Path, goal: str) -> str:
+    """``make -n GOAL`` as a person would type it: not as a sub-make of ``make test``
+    (which passes MAKELEVEL and MAKEFLAGS down and makes make print its directory)."""
     assert MAKE is not None
-    return subprocess.run([MAKE, "-n", *([goal] if goal else [])], cwd=project, capture_output=True, text=True,
-                          check=True).stdout
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run([MAKE, "--no-print-directory", "-n", *([goal] if goal else [])],
+                          cwd=project, capture_output=True, text=True, check=True,
+                          env=env).stdout
 
 
 def installs(commands: str) -> dict[str, bool]:
