@@ -231,6 +231,11 @@ def _said(cause: BaseException, ssl: Any, socket: Any, trio: Any, client_error: 
     return None
 
 
+#: Seconds chat tries to resume a session whose connection dropped before it gives up
+#: (the gateway would wait its --resume-window, two minutes by default).
+RECOVERY_LIMIT = 10.0
+
+
 def chat(ctx: typer.Context,
          prompt: Annotated[str | None, typer.Argument(
              help="One-shot prompt; omit for an interactive session.")] = None,
@@ -244,7 +249,12 @@ def chat(ctx: typer.Context,
          usage: Annotated[bool, typer.Option(help="Ask for and show token usage.")] = True,
          ca_file: CaFile = None,
          auth_token: AuthToken = None,
-         auth_token_file: AuthTokenFile = None) -> None:
+         auth_token_file: AuthTokenFile = None,
+         reconnect_for: Annotated[float, typer.Option(
+             min=0.0, metavar="SECONDS",
+             help="How long to try to resume the session after the connection drops, "
+                  "before giving up (the gateway's --resume-window bounds it too).")
+         ] = RECOVERY_LIMIT) -> None:
     """Chat over NNRP from a terminal: streams text, shows tool calls and usage; Ctrl-C
     during an answer sends a real CANCEL (the gateway aborts vLLM's request). A dropped
     connection is reconnected and the session resumed: the answer goes on. Exit 1 when
@@ -259,7 +269,8 @@ def chat(ctx: typer.Context,
     configure_logging(level="warning", to_stderr=True)
     quiet_quic_logs()
     try:
-        status = trio.run(_chat, prompt, endpoint, model, max_tokens, usage, trust, auth)
+        status = trio.run(_chat, prompt, endpoint, model, max_tokens, usage, trust, auth,
+                          reconnect_for)
     except (KeyboardInterrupt, UserError):
         raise
     except Exception as exc:
@@ -291,9 +302,6 @@ def trust_for(ca_file: Path | None) -> Trust:
     return Trust(ca_file)
 
 
-#: Seconds chat tries to resume a session whose connection dropped before it gives up
-#: (the gateway would wait its --resume-window, two minutes by default).
-RECOVERY_LIMIT = 10.0
 #: Seconds the goodbye (SESSION_CLOSE and its answer) may take.
 CLOSE_LIMIT = 2.0
 
@@ -323,7 +331,7 @@ class _Interrupts:
 
 
 async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
-                usage: bool, trust: Trust, auth: bytes) -> int:
+                usage: bool, trust: Trust, auth: bytes, reconnect_for: float) -> int:
     import signal
     import threading
 
@@ -334,18 +342,19 @@ async def _chat(prompt: str | None, endpoint: str, model: str, max_tokens: int |
         # Signals reach the main thread only (a caller running chat in a worker thread,
         # as tests do): there is no Ctrl-C to take here.
         return await _converse(prompt, endpoint, model, max_tokens, usage, trust, auth,
-                               interrupts)
+                               interrupts, reconnect_for)
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(interrupts.watch, signals)
             status = await _converse(prompt, endpoint, model, max_tokens, usage, trust,
-                                     auth, interrupts)
+                                     auth, interrupts, reconnect_for)
             nursery.cancel_scope.cancel()
     return status
 
 
 async def _converse(prompt: str | None, endpoint: str, model: str, max_tokens: int | None,
-                    usage: bool, trust: Trust, auth: bytes, interrupts: _Interrupts) -> int:
+                    usage: bool, trust: Trust, auth: bytes, interrupts: _Interrupts,
+                    reconnect_for: float) -> int:
     import trio
 
     from gateway.tools.client import connect
@@ -353,7 +362,7 @@ async def _converse(prompt: str | None, endpoint: str, model: str, max_tokens: i
     history: list[dict[str, Any]] = []
     status = 0
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic(),
-                       resume=True, recovery_limit=RECOVERY_LIMIT) as client:
+                       resume=True, recovery_limit=reconnect_for) as client:
         session = await client.open_session(resume=True, auth=auth)
         while True:
             text = prompt if prompt is not None else await _ask_unless_interrupted(interrupts)

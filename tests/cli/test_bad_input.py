@@ -347,14 +347,15 @@ def _mistakable(command: object) -> set[str]:
 
 
 def test_the_table_covers_every_option_that_can_be_given_wrong() -> None:
+    commands = list(_commands(get_command(app)))
     tried: dict[tuple[str, ...], set[str]] = {}
     for _, argv, _, _ in CASES:
         words = [w for w in argv if not w.startswith("-")]
-        for path, _ in _commands(get_command(app)):
+        for path, _ in commands:
             if tuple(words[:len(path)]) == path:
                 tried.setdefault(path, set()).update(w for w in argv if w.startswith("--"))
     missing = {" ".join(path): sorted(_mistakable(command) - tried.get(path, set()))
-               for path, command in _commands(get_command(app))}
+               for path, command in commands}
     assert {path: options for path, options in missing.items() if options} == {}
 
 
