@@ -50,8 +50,7 @@ def would_run(project: Path, goal: str) -> str:
 
 def installs(commands: str) -> dict[str, bool]:
     """Which install steps make would run (the runtime step makes .venv when it has none)."""
-    return {"runtime": re.search(r"pip install --quiet --no-compile -e \.$", commands,
-                                 re.M) is not None,
+    return {"runtime": re.search(r" -e \.; fi$", commands, re.M) is not None,
             "test": "-e '.[test]'" in commands}
 
 
@@ -59,6 +58,7 @@ def test_fresh_machine_demo_installs_the_runtime_only(project: Path) -> None:
     commands = would_run(project, "demo")
     assert installs(commands) == {"runtime": True, "test": False}
     assert "-m venv --without-pip .venv" in commands
+    assert "pip --python .venv/bin/python install --quiet uv" in commands
     assert commands.rstrip().endswith(".venv/bin/nnrp-gateway demo")
 
 
