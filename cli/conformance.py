@@ -227,12 +227,12 @@ def run(
     configure_logging(level="warning", to_stderr=True)
     quiet_quic_logs()
     check_endpoint(endpoint, source(ctx, "endpoint"))
-    check_output_dir(out, "--out")
     if scripted_endpoint is not None:
         check_endpoint(scripted_endpoint, source(ctx, "scripted_endpoint"))
     if backend_log is not None:
         check_http_url(backend_log, source(ctx, "backend_log"))
     trust = _trust(ca_file, auth_token, auth_token_file, ctx)
+    check_output_dir(out, "--out")  # last: a refused run leaves no empty directory
     chosen = (client.value if client is not None
               else "native" if native_available() and not trust.auth else "builtin")
     if chosen == "native" and not native_available():
