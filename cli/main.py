@@ -408,11 +408,8 @@ def serve(
             trio.run(_serve, config, target_manifest)
             return
         status = trio.run(_supervise, config, workers, target_manifest, log_level.value)
-    except BaseExceptionGroup as group:
-        _exit_for_user_error(group)
-        raise
-    except Exception as error:  # a supervisor binds before its nursery opens
-        _exit_for_user_error(BaseExceptionGroup("serve", [error]))
+    except BaseException as error:  # alone (a supervisor binds before its nursery
+        _exit_for_user_error(error)  # opens) or in trio's exception groups
         raise
     if status:
         raise typer.Exit(status)
@@ -486,7 +483,7 @@ def _start_logging(level: str, *, metrics: bool, admin_listen: str | None) -> No
             "--metrics has no effect without --admin-listen: no /metrics is served")
 
 
-def _exit_for_user_error(group: BaseExceptionGroup) -> None:
+def _exit_for_user_error(error: BaseException) -> None:
     """Errors that are the operator's to fix, as ``UserError``: one line, an exit code."""
     from gateway.app import DrainInterrupted
     from gateway.tools.conformance import ManifestError
@@ -502,12 +499,9 @@ def _exit_for_user_error(group: BaseExceptionGroup) -> None:
         (DrainInterrupted, EXIT_FAILED, "{}"),
     )
     for kind, code, template in user_errors:
-        matched, _ = group.split(kind)
-        if matched is not None:
-            leaf: BaseException = matched
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            raise UserError(template.format(leaf), code=code) from None
+        found = first_of(error, kind)
+        if found is not None:
+            raise UserError(template.format(found), code=code) from None
 
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:

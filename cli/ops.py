@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError, source
+from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError, first_of, source
 
 if TYPE_CHECKING:
     from gateway.tools.client import ClientOperation, Trust
@@ -195,9 +195,7 @@ def connection_failure(error: BaseException, endpoint: str, *,
         if isinstance(cause, BaseExceptionGroup):
             pending.extend(cause.exceptions)
         pending.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
-    leaf = error
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
+    leaf = first_of(error, BaseException)  # the error itself, or its group's first leaf
     return UserError(f"no NNRP session ({leaf or type(leaf).__name__})", endpoint,
                      code=EXIT_FAILED)
 

@@ -31,7 +31,11 @@ helm = pytest.importorskip("helm_python")
 
 
 def render(values_file: Path | None) -> dict[str, list[dict[str, Any]]]:
-    values = yaml.safe_load(values_file.read_text()) if values_file else {}
+    return render_values(yaml.safe_load(values_file.read_text()) if values_file else {})
+
+
+def render_values(values: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The chart rendered with ``values``: its manifests by kind."""
     chart = helm.Chart.load(str(CHART))
     rendered = chart.render(values, name="test", namespace="ml")
     out: dict[str, list[dict[str, Any]]] = {}
@@ -213,14 +217,7 @@ def test_workers_size_the_cpu_request() -> None:
     """One worker: no flag, a quarter core. N workers: --workers N, N cores requested,
     memory per worker; what values set explicitly stays as given."""
     def gateway_of(values: dict[str, Any]) -> dict[str, Any]:
-        chart = helm.Chart.load(str(CHART))
-        manifests: dict[str, list[dict[str, Any]]] = {}
-        for path, text in chart.render(values, name="t", namespace="ml").items():
-            if path.endswith(".yaml"):
-                for document in yaml.safe_load_all(text):
-                    if document:
-                        manifests.setdefault(document["kind"], []).append(document)
-        return _gateway(manifests)[0]
+        return _gateway(render_values(values))[0]
 
     one = gateway_of({})
     assert "--workers" not in one["args"]
@@ -249,13 +246,7 @@ def test_readme_helm_example_gives_vllm_a_gpu() -> None:
     values: dict[str, Any] = {}
     for expression in sets:
         _merge(values, helm.parse_set_string(expression))
-    chart = helm.Chart.load(str(CHART))
-    manifests: dict[str, list[dict[str, Any]]] = {}
-    for path, text in chart.render(values, name="llm", namespace="ml").items():
-        if path.endswith(".yaml"):
-            for document in yaml.safe_load_all(text):
-                if document:
-                    manifests.setdefault(document["kind"], []).append(document)
+    manifests = render_values(values)
     pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
