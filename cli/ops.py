@@ -175,13 +175,6 @@ def connection_failure(error: BaseException, endpoint: str, *,
     """A failed connect or a broken session, said the way an operator can act on it: the
     first cause that names something (an untrusted certificate, a refused port, a name
     that does not resolve, a peer that is not NNRP)."""
-    import socket
-    import ssl
-
-    import trio
-
-    from gateway.tools.client import ClientError
-
     seen: set[int] = set()
     pending: list[BaseException] = [error]
     while pending:
@@ -189,7 +182,7 @@ def connection_failure(error: BaseException, endpoint: str, *,
         if id(cause) in seen:
             continue
         seen.add(id(cause))
-        said = _said(cause, ssl, socket, trio, ClientError, ca_file=ca_file, auth=auth)
+        said = _said(cause, ca_file=ca_file, auth=auth)
         if said is not None:
             return UserError(said, endpoint, code=EXIT_FAILED)
         if isinstance(cause, BaseExceptionGroup):
@@ -200,9 +193,15 @@ def connection_failure(error: BaseException, endpoint: str, *,
                      code=EXIT_FAILED)
 
 
-def _said(cause: BaseException, ssl: Any, socket: Any, trio: Any, client_error: type, *,
-          ca_file: Path | None, auth: bytes) -> str | None:
+def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | None:
     """What one cause of a failed connection says, or None to look further."""
+    import socket
+    import ssl
+
+    import trio
+
+    from gateway.tools.client import ClientError
+
     if isinstance(cause, ssl.SSLCertVerificationError):
         trusted = (f"not trusted by --ca-file {ca_file}" if ca_file is not None
                    else "not trusted; give --ca-file")
@@ -218,7 +217,7 @@ def _said(cause: BaseException, ssl: Any, socket: Any, trio: Any, client_error: 
         body = (getattr(cause, "body", None) or b"").decode(errors="replace").strip()
         return (f"the server refused the WebSocket upgrade (HTTP "
                 f"{getattr(cause, 'status_code', '?')}{': ' + body if body else ''})")
-    if isinstance(cause, client_error) and "session refused" in str(cause):
+    if isinstance(cause, ClientError) and "session refused" in str(cause):
         hint = "" if auth else "; does the gateway require --auth-token?"
         return f"{cause}{hint}"
     if isinstance(cause, OSError) and cause.strerror:
