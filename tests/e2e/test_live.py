@@ -40,17 +40,33 @@ pytestmark = [pytest.mark.live,
 
 
 @pytest.fixture
-async def live_session(nursery: trio.Nursery) -> Any:
+async def live_client(nursery: trio.Nursery) -> Any:
+    """A gateway on the live vLLM (priority scheduling declared), its records, a client."""
     assert LIVE_URL is not None
     gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=LIVE_URL,
                                     probe_interval=0.2,
                                     pipeline=PipelineLimits(priority_scheduling=True,
                                                             overload_retry_after_ms=1500)))
+    records: list[Any] = []
+    observe = gateway.metrics.observe
+
+    def spy(record: Any) -> None:
+        records.append(record)
+        observe(record)
+
+    gateway.metrics.observe = spy  # type: ignore[method-assign]
     endpoints = await nursery.start(gateway.run)
     with trio.fail_after(60):
         await gateway.probed.wait()
     async with connect(endpoints[0].uri) as client:
-        yield gateway, await client.open_session()
+        yield gateway, records, client
+
+
+@pytest.fixture
+async def live_session(live_client: Any) -> Any:
+    """The older checks' view of the same gateway: it and one open session."""
+    gateway, _records, client = live_client
+    return gateway, await client.open_session()
 
 
 async def test_live_stream_usage_and_completed(live_session: Any) -> None:
@@ -197,30 +213,6 @@ async def test_live_token_profile(live_session: Any) -> None:
 
 # --------------------------------------------------------------------------- issue 23
 # These need the vLLM flags named in the module docstring.
-
-
-@pytest.fixture
-async def live_client(nursery: trio.Nursery) -> Any:
-    """A gateway on the live vLLM (priority scheduling declared), its records, a client."""
-    assert LIVE_URL is not None
-    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=LIVE_URL,
-                                    probe_interval=0.2,
-                                    pipeline=PipelineLimits(priority_scheduling=True,
-                                                            overload_retry_after_ms=1500)))
-    records: list[Any] = []
-    observe = gateway.metrics.observe
-
-    def spy(record: Any) -> None:
-        records.append(record)
-        observe(record)
-
-    gateway.metrics.observe = spy  # type: ignore[method-assign]
-    endpoints = await nursery.start(gateway.run)
-    with trio.fail_after(60):
-        await gateway.probed.wait()
-    async with connect(endpoints[0].uri) as client:
-        yield gateway, records, client
-
 
 async def _admission_rejections(http: httpx.AsyncClient) -> float:
     text = (await http.get("/metrics")).text
