@@ -34,11 +34,14 @@ from tests.support.waits import wait_for
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "helm" / "nnrp-vllm-gateway"
 VLLM_METRICS = ROOT / "gateway" / "tools" / "replay" / "transcripts" / "metrics_busy.prom"
-EXE = str(Path(sys.executable).parent / "nnrp-gateway")
-PROMTOOL = shutil.which("promtool")
+BIN = Path(sys.executable).parent
+EXE = str(BIN / "nnrp-gateway")
+#: The one `make unit` unpacks into the venv, else one on the PATH.
+PROMTOOL = str(BIN / "promtool") if (BIN / "promtool").exists() else shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install "
-    "--no-install-recommends prometheus; `make test` installs it where apt and root are)")
+    PROMTOOL is None, reason="promtool is not installed: `make unit` unpacks it from "
+    "Debian's prometheus package where apt is (or: apt-get install "
+    "--no-install-recommends prometheus)")
 
 #: Series Prometheus makes itself for every target it scrapes (not exported by anyone).
 PROMETHEUS_OWN = frozenset({"up"})
