@@ -45,6 +45,11 @@ GW_MODEL = f'{GW}, model_name=~"$model_name"'
 #: vLLM's series for the chosen models (its own job: no job filter).
 VLLM = 'namespace=~"$namespace", model_name=~"$model_name"'
 RATE = "$__rate_interval"
+#: Exported only by a gateway with the ``otel`` extra and tracing on (issue 24, item 1):
+#: a scrape of any other gateway lacks it, so the test of the queries' names is told.
+OTEL_SPANS_DROPPED = "nnrp_gateway_trace_spans_dropped_total"
+#: Every metric a query here names that a gateway exports only with an extra installed.
+FROM_EXTRAS = frozenset({OTEL_SPANS_DROPPED})
 
 
 @attrs.frozen
@@ -264,13 +269,19 @@ ROWS: tuple[Row, ...] = (
                      f"[{RATE}]))", "handshake timeouts per second")),
               unit="short"),
     )),
-    Row("Workers", (
+    Row("Workers and traces", (
         Panel("Workers running and restarts",
               "Gateway processes (serve --workers N) and restarts of dead ones.",
               (Query(f"sum(nnrp_gateway_workers_running{{{GW}}})", "running"),
                Query(f"sum(increase(nnrp_gateway_worker_restarts_total{{{GW}}}[{RATE}]))",
                      "restarts")),
-              unit="short", width=24),
+              unit="short"),
+        Panel("Trace spans dropped, by reason",
+              "Spans the OpenTelemetry exporter dropped rather than block the event path "
+              "(the otel extra, with tracing on; empty otherwise).",
+              (Query(f"sum by (reason) (rate({OTEL_SPANS_DROPPED}{{{GW}}}[{RATE}]))",
+                     "{{reason}}"),),
+              unit="ops"),
     )),
 )
 

@@ -180,7 +180,10 @@ def test_the_scrape_is_the_whole_gateway(gateway_metrics: str) -> None:
 
 
 def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str) -> None:
-    known = exported_names(gateway_metrics) | vllm_names()
+    exported = exported_names(gateway_metrics)
+    # What only an extra exports is named as such, and is no name of the plain gateway's.
+    assert not dashboard.FROM_EXTRAS & exported
+    known = exported | vllm_names() | dashboard.FROM_EXTRAS
     named = {name for expr in dashboard.queries() for name in metric_names(expr)}
     assert named - known == set()
     # Both sides of the join are on the dashboard.
@@ -190,7 +193,8 @@ def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str) -> N
 
 
 def test_alerts_name_only_exported_metrics(gateway_metrics: str) -> None:
-    known = exported_names(gateway_metrics) | vllm_names() | PROMETHEUS_OWN
+    known = exported_names(gateway_metrics) | vllm_names() | PROMETHEUS_OWN | (
+        dashboard.FROM_EXTRAS)
     named = {name for rule in alert_rules().values() for name in metric_names(rule["expr"])}
     assert named - known == set()
 
@@ -381,6 +385,13 @@ ALERT_CASES: dict[str, tuple[tuple[list[dict[str, str]], int, dict[str, str]],
         # One a second: the internet's background noise.
         ([_series("nnrp_gateway_quic_dropped_datagrams_total", _with('reason="garbage"'),
                   "0+60x30")], 20)),
+    "NnrpGatewayTraceSpansDropped": (
+        ([_series("nnrp_gateway_trace_spans_dropped_total", _with('reason="queue_full"'),
+                  "0+30x30")], 20, {"namespace": NAMESPACE, "job": JOB,
+                                    "reason": "queue_full"}),
+        # Drops that stopped: the collector came back ten minutes ago.
+        ([_series("nnrp_gateway_trace_spans_dropped_total", _with('reason="queue_full"'),
+                  "0+30x10 300x20")], 30)),
     "NnrpGatewayWorkerRestarts": (
         ([_series("nnrp_gateway_worker_restarts_total", POD, "0 0 0 1 1 1 1 1")], 5, TARGET),
         # A restart half an hour ago.
