@@ -208,6 +208,34 @@ def test_promtool_check_metrics_passes_on_the_real_metrics(gateway_metrics: str)
     assert done.stdout.strip() == "" and done.stderr.strip() == ""  # no lint complaint
 
 
+@needs_promtool
+async def test_promtool_check_metrics_passes_on_one_process(nursery: trio.Nursery) -> None:
+    """The same lint on one gateway process's own text (no supervisor re-serialising it),
+    after a streamed and a failed operation."""
+    from gateway.app import Gateway, GatewayConfig
+    from gateway.tools.replay import ReplayServer
+
+    replay = ReplayServer(speed=50.0)
+    url = await nursery.start(replay.serve)
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=url,
+                                    admin_listen="127.0.0.1:0", metrics=True))
+    await nursery.start(gateway.run)
+    with trio.fail_after(10):
+        await gateway.probed.wait()
+        async with connect(gateway.endpoints[0].uri) as client:
+            session = await client.open_session()
+            await run_operation(session, envelope(chat(stream=True, max_tokens=3)))
+            await run_operation(session, envelope(chat("no-such-model")))
+    async with httpx.AsyncClient(trust_env=False) as http:
+        text = (await http.get(f"http://127.0.0.1:{gateway.admin.port}/metrics")).text
+    assert "nnrp_gateway_request_duration_seconds_bucket" in text
+    assert PROMTOOL is not None
+    done = await trio.run_process([PROMTOOL, "check", "metrics"], stdin=text.encode(),
+                                  capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == b"" and done.stderr.strip() == b""
+
+
 # --------------------------------------------------------------------------- dashboard
 
 
