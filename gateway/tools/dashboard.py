@@ -11,12 +11,12 @@ recorded ``/metrics`` body has. Regenerate it after editing ``ROWS``::
 Rules:
 
 * **One table, ``ROWS``**: a row per question an operator asks (is it serving, how fast
-  against vLLM, how loaded, who is refused, what resumes, QUIC, workers); a panel per
+  against vLLM, how loaded, who is refused, what resumes, QUIC, workers and traces); a panel per
   figure. Layout (ids, grid positions) is computed, never written by hand.
 * **Selectors**: the gateway's series are picked by ``$namespace`` and ``$job`` (the
   ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace`` and
-  ``model_name``, the label both export (architecture.md, "Layers": the gateway reuses
-  vLLM's label name so the two join). vLLM is scraped under its own job, so no job filter
+  ``model_name``, the label both export (the gateway reuses vLLM's label name so the two
+  join: gateway/observe/_metrics.py). vLLM is scraped under its own job, so no job filter
   applies to it.
 * **Rates** use Grafana's ``$__rate_interval`` (at least four scrape intervals), so a
   panel never shows a gap from a window shorter than two scrapes.

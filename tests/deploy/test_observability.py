@@ -304,6 +304,18 @@ def test_the_chart_renders_the_rules_with_their_values() -> None:
             assert f'namespace="{NAMESPACE}"' in selector and f'job="{JOB}"' in selector
 
 
+def test_the_schema_refuses_bad_alert_values() -> None:
+    from tests.deploy.test_deploy import helm
+
+    chart = helm.Chart.load(str(CHART))
+    for bad in ({"sustainedFor": "ten minutes"}, {"notReadyFor": "5"}, {"errorRatio": 2},
+                {"ttftP99Seconds": 0}, {"maxWorkerRestarts": -1}, {"unknown": 1}):
+        with pytest.raises(helm.HelmError):
+            chart.render({"prometheusRule": {"enabled": True, **bad}}, name="x")
+    with pytest.raises(helm.HelmError):
+        chart.render({"dashboards": {"enabled": "yes"}}, name="x")
+
+
 # --------------------------------------------------------------------------- promtool
 
 
