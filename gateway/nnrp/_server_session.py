@@ -22,7 +22,13 @@ Rules (numbered as in ``_server``, whose table routes every message):
    is that resubmission (``OperationResubmitted``), not a duplicate; on another frame it
    is refused as a duplicate. The resubmission of an operation whose results the server
    no longer holds (``released``: the most recent ``MAX_RELEASED``) is answered on its
-   frame: results_unavailable.
+   frame: results_unavailable. A submit that depends on runtime objects is refused before
+   it becomes an operation (``_objects`` rule O5): one bound to objects by OBJECT_REF
+   (``object_input_unsupported``: this server takes no object as input), one whose
+   reference a release invalidated (answered RESULT_DROP_REASON ``object_invalidated``),
+   and one whose body references cached objects (object_reference region): each is
+   answered CACHE_MISS not_found (no cache here), then ``object_reference_unresolved``.
+   What was held for a refused submit goes with it (deadline, supersede, references).
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
@@ -41,11 +47,13 @@ from ._body import (
     OPENAI_EVENT_FRAME,
     FrameShape,
     TypedBody,
+    check_object_references,
     pack_single_frame,
     parse_typed_body,
 )
 from ._codec import Packet, encode, encode_partial_result
 from ._constants import (
+    CacheMissReason,
     ControlReason,
     DropFlag,
     DropReason,
@@ -74,6 +82,7 @@ from ._events import (
 from ._idruns import IdRuns
 from ._messages import (
     Backpressure,
+    CacheMiss,
     CreditUpdate,
     ErrorRecoverable,
     FrameSubmit,
@@ -83,6 +92,7 @@ from ._messages import (
     RetryAfter,
     TraceContext,
 )
+from ._objects import ObjectTable
 
 if TYPE_CHECKING:
     from ._server_config import ServerConfig
@@ -224,6 +234,8 @@ class ServerSession:
         self.awaiting: dict[int, int] = {}
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
+        #: The session's runtime objects (``_objects``; served once negotiated).
+        self.objects = ObjectTable(session_id, config.objects)
 
     @property
     def advertises_credit(self) -> bool:
@@ -290,6 +302,9 @@ class ServerSession:
         elif len(self.operations) >= self.max_in_flight and not replaces_live:
             refusal = (RefusalReason.OPERATION_LIMIT,
                        f"session has {self.max_in_flight} operations in flight (the limit)")
+        typed_body, body_error = (None, None) if refusal else _parse_body(packet, submit)
+        if refusal is None:
+            refusal = self._object_refusal(operation_id, typed_body, events)
         if refusal is not None:
             events.append(SubmitRefused(self.session_id, operation_id, frame_id, *refusal))
             if operation_id not in self.seen_operations:
@@ -305,7 +320,6 @@ class ServerSession:
         self.by_frame[frame_id] = operation_id
         if self.resumable:
             self.replayable[operation_id] = frame_id
-        typed_body, body_error = _parse_body(packet, submit)
         deadline: int | None = None
         drop_reason = 0
         pending = self.pending_deadlines.pop(operation_id, None)
@@ -330,10 +344,42 @@ class ServerSession:
                             superseding.diagnostic, events)
         self.advertise_credit(events)
 
+    def _object_refusal(self, operation_id: int, typed_body: TypedBody | None,
+                        events: list[Event]) -> tuple[RefusalReason, str] | None:
+        """Rule 5: a submit that depends on runtime objects (``_objects`` rule O5)."""
+        dependencies = self.objects.take_dependencies(operation_id)
+        if dependencies.invalidated_by:
+            return (RefusalReason.OBJECT_INVALIDATED,
+                    f"operation {operation_id} referenced object "
+                    f"{dependencies.invalidated_by}, which was released with "
+                    "invalidates-dependents")
+        if dependencies.object_ids:
+            named = ", ".join(str(object_id) for object_id in dependencies.object_ids)
+            return (RefusalReason.OBJECT_INPUT_UNSUPPORTED,
+                    f"operation {operation_id} was bound to runtime object(s) {named} by "
+                    "OBJECT_REF; this server takes no runtime object as operation input "
+                    "(openai-compatible/1 gives objects no meaning for "
+                    "chat.completions.create): submit the request without them")
+        references = typed_body.object_references if typed_body is not None else ()
+        if not references:
+            return None
+        for reference in references:
+            miss = CacheMiss(cache_namespace=reference.cache_namespace,
+                             miss_reason=int(CacheMissReason.NOT_FOUND),
+                             cache_key_hi=reference.cache_key_hi,
+                             cache_key_lo=reference.cache_key_lo)
+            events.append(SendBytes(encode(Packet(miss, session_id=self.session_id))))
+        return (RefusalReason.OBJECT_REFERENCE_UNRESOLVED,
+                f"operation {operation_id} references {len(references)} cached object(s) "
+                "in its object_reference region; this server holds no cache (each was "
+                "answered CACHE_MISS not_found): send the request inline")
+
     def release_held(self, operation_id: int, events: list[Event]) -> None:
-        """A submit that will not run: what was held for it goes (rules 8, 9). Its held
-        deadline is forgotten, and an operation it was to replace is dropped superseded
-        now (the client asked for it to be replaced; no replacement is coming)."""
+        """A submit that will not run: what was held for it goes (rules 5, 8, 9). Its held
+        deadline and object references are forgotten, and an operation it was to replace
+        is dropped superseded now (the client asked for it to be replaced; no
+        replacement is coming)."""
+        self.objects.take_dependencies(operation_id)
         self.pending_deadlines.pop(operation_id, None)
         superseding = self.pending_supersedes.pop(operation_id, None)
         if superseding is not None:
@@ -440,6 +486,16 @@ class ServerSession:
             frame_id, operation_id, retry_after_ms, payload_status=status)
         return [*advice, self._result_packet(frame_id, status, payload, OPENAI_EVENT_FRAME)]
 
+    def send_refusal_drop(self, frame_id: int, operation_id: int, drop_reason: DropReason,
+                          diagnostic: bytes) -> bytes:
+        """A refused submit's RESULT_DROP_REASON on its frame (``SubmitRefused`` whose
+        reason is a drop: object_invalidated); no operation exists, nothing precedes it."""
+        body = diagnostic[:MAX_DIAGNOSTIC]
+        meta = ResultDropReason(operation_id=operation_id, result_sequence=1,
+                                drop_reason=int(drop_reason), source_role=int(Role.SERVER),
+                                flags=int(DropFlag.FINAL), diagnostic_bytes=len(body))
+        return encode(Packet(meta, session_id=self.session_id, frame_id=frame_id, body=body))
+
     def send_drop(self, operation_id: int, drop_reason: DropReason, diagnostic: bytes, *,
                   traced: bool = True) -> list[bytes]:
         """The terminal RESULT_DROP_REASON (after a cancel, a deadline, a supersede, a
@@ -526,7 +582,10 @@ class ServerSession:
 
 def _parse_body(packet: Packet, submit: FrameSubmit) -> tuple[TypedBody | None, str | None]:
     try:
-        return parse_typed_body(packet.body, payload_kind_bitmap=submit.payload_kind_bitmap,
-                                 payload_frame_count=submit.payload_frame_count), None
+        body = parse_typed_body(packet.body, payload_kind_bitmap=submit.payload_kind_bitmap,
+                                payload_frame_count=submit.payload_frame_count)
+        check_object_references(body.object_references, submit_mode=submit.submit_mode,
+                                object_ref_mask=submit.object_ref_mask)
     except TypedBodyError as exc:
         return None, str(exc)
+    return body, None

@@ -56,6 +56,10 @@ class EndCause(enum.StrEnum):
     SERVER_DRAINING = "server_draining"
     RESUBMISSION_DIFFERS = "resubmission_differs"  # not the request it resubmits
     RESULTS_UNAVAILABLE = "results_unavailable"  # resubmitted, but not replayable
+    # A submit that depends on runtime objects (gateway.nnrp._objects rule O5).
+    OBJECT_INPUT_UNSUPPORTED = "object_input_unsupported"  # bound by OBJECT_REF
+    OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"  # object_reference region
+    OBJECT_INVALIDATED = "object_invalidated"  # its reference's object was invalidated
     # Refused before vLLM is called: vLLM's published load is past the configured
     # thresholds (load-aware admission, gateway.upstream._load). The profile's transient
     # code for a scheduler's refusal (nnrp-wire.md section 4).
@@ -185,6 +189,14 @@ END_TABLE: dict[EndCause, EndSpec] = {
                                    recoverable=True),
     C.RESUBMISSION_DIFFERS: _invalid(409),
     C.RESULTS_UNAVAILABLE: _invalid(410),
+    # openai-compatible/1 gives runtime objects no meaning for chat.completions.create,
+    # and the gateway holds no cache: what the request needs cannot be had here.
+    C.OBJECT_INPUT_UNSUPPORTED: _invalid(422),
+    C.OBJECT_REFERENCE_UNRESOLVED: _invalid(404),
+    # The client invalidated what the submit depended on: the drop the spec names for it
+    # (drop_reason object_invalidated), on the submit's frame; no operation, no trace.
+    C.OBJECT_INVALIDATED: EndSpec(Drop(DropReason.OBJECT_INVALIDATED, traced=False),
+                                  Outcome.CANCELLED, "info"),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
                                          "info"),
     C.BACKEND_AUTH_FAILED: _upstream(502, "backend_error", Outcome.UPSTREAM_ERROR, "error"),
