@@ -7,7 +7,8 @@ declared), ``_messages`` (one class per message type), ``_codec`` (header, packe
 the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
 machine reports), ``_server`` (a connection: handshake, sessions, the rule table),
 ``_server_session`` (one session: operations and results), ``_server_controls`` (the
-runtime controls), ``_objects`` (a session's runtime objects), ``_client`` (the client's state machine), ``_errors``.
+runtime controls), ``_objects`` (a session's runtime objects), ``_client`` (the
+client's state machine), ``_errors``.
 """
 
 from ._body import (
@@ -227,11 +228,11 @@ from ._messages import (
 )
 from ._objects import (
     FAULTS as FAULTS,
-    Dependencies as Dependencies,
     ObjectFault as ObjectFault,
     ObjectLimits as ObjectLimits,
     ObjectRefusal as ObjectRefusal,
     ObjectTable as ObjectTable,
+    Released as Released,
 )
 from ._server import (
     MIGRATION_REFUSED as MIGRATION_REFUSED,

@@ -23,22 +23,22 @@ O3. Versions. An object's version is the delta_sequence of its last applied PATC
     one"; any other value must equal it.
 O4. OBJECT_REF names an active object. The region flag (bit 2) says offset and length are
     given: without it both must be 0, with it the region must lie within byte_size.
-    operation_id 0 is the session's own reference (it keeps nothing alive that a release
-    would not end). A non-zero operation_id must be an operation not yet submitted: the
-    reference is held for its submit (bounded: ``max_object_references`` in all), and
-    binds the object to that operation's input. An operation already in flight cannot
-    take new input: refused ``OPERATION_RUNNING``. One that already ended: a normal race,
-    noted (as ``_server_controls`` rule 6).
-O5. What a submit gets (``take_dependencies``): the objects its held references name, or
-    that it was invalidated. This server takes no runtime object as operation input
-    (openai-compatible/1 gives objects no meaning for chat.completions.create), so the
-    session refuses such a submit with a clear error, and drops an invalidated one with
-    ``object_invalidated`` (``_server_session`` rule 5).
+    operation_id 0 is the session's own reference. A non-zero operation_id names an
+    operation in flight (nnrp-py's client sends a reference only for an operation it has
+    submitted, on that operation's frame): the operation now depends on the object.
+    Bounded: ``max_object_references`` references in all. An operation that already
+    ended: a normal race, nothing is recorded (as ``_server_controls`` rule 6); one never
+    submitted: refused ``UNKNOWN_OPERATION``.
+O5. A dependency is a lifetime, not an input: no operation this server runs reads an
+    object (openai-compatible/1 gives objects no meaning for chat.completions.create, and
+    a request's input is its typed body). What it means is O6: an operation whose object
+    is invalidated is dropped. An operation's references end with it (``retire``).
 O6. OBJECT_RELEASE names an active object. Not final (flags bit0 clear): it ends the
     reference of operation_id (0: the session's), which must exist. Final: the object is
     released and every reference to it ends. Flags bit1 (invalidates dependents): each
-    operation whose held reference ended this way is dropped ``object_invalidated`` when
-    its submit comes (remembered, bounded like the references).
+    operation whose reference ended this way is dropped ``object_invalidated``
+    (``Released.invalidated``; the reference adapter's "stop operations whose referenced
+    object is invalidated mid-flight").
 O7. OBJECT_PATCH / OBJECT_DELTA ("send patches or deltas without resending the full
     object"): the object is active and not finished (a delta with flags bit2, final
     delta, finishes it); delta_sequence is greater than the last one applied; the region
@@ -74,10 +74,10 @@ class ObjectFault(enum.Enum):
     BYTE_LIMIT = "byte_limit"
     REFERENCE_LIMIT = "reference_limit"
     UNKNOWN_OBJECT = "unknown_object"
+    UNKNOWN_OPERATION = "unknown_operation"
     VERSION_MISMATCH = "version_mismatch"
     REGION_WITHOUT_FLAG = "region_without_flag"
     REGION_OUT_OF_BOUNDS = "region_out_of_bounds"
-    OPERATION_RUNNING = "operation_running"
     NO_SUCH_REFERENCE = "no_such_reference"
     SEQUENCE_NOT_INCREASING = "sequence_not_increasing"
     OBJECT_FINISHED = "object_finished"
@@ -98,7 +98,7 @@ FAULTS: dict[ObjectFault, ErrorCode] = {
     ObjectFault.VERSION_MISMATCH: ErrorCode.INVALID_STATE,
     ObjectFault.REGION_WITHOUT_FLAG: ErrorCode.MALFORMED_BODY,
     ObjectFault.REGION_OUT_OF_BOUNDS: ErrorCode.MALFORMED_BODY,
-    ObjectFault.OPERATION_RUNNING: ErrorCode.UNSUPPORTED_CAPABILITY,
+    ObjectFault.UNKNOWN_OPERATION: ErrorCode.INVALID_STATE,
     ObjectFault.NO_SUCH_REFERENCE: ErrorCode.INVALID_STATE,
     ObjectFault.SEQUENCE_NOT_INCREASING: ErrorCode.INVALID_STATE,
     ObjectFault.OBJECT_FINISHED: ErrorCode.INVALID_STATE,
@@ -127,15 +127,10 @@ class ObjectLimits:
 
 
 @attrs.frozen
-class Dependencies:
-    """What a submit depends on (O5): the objects its held references name, in the order
-    they were referenced, and the object whose release invalidated it (0: none)."""
+class Released:
+    """An applied OBJECT_RELEASE: the operations it invalidated (O6), to be dropped."""
 
-    object_ids: tuple[int, ...] = ()
-    invalidated_by: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.object_ids or self.invalidated_by)
+    invalidated: tuple[int, ...] = ()
 
 
 @attrs.define
@@ -148,18 +143,15 @@ class _Entry:
 
 
 class ObjectTable:
-    """The runtime objects of one session. Each method returns None when the frame was
-    applied, or the refusal (nothing changed)."""
+    """The runtime objects of one session. Each method returns None (``Released`` for a
+    release) when the frame was applied, or the refusal (nothing changed)."""
 
     def __init__(self, session_id: int, limits: ObjectLimits) -> None:
         self.session_id = session_id
         self.limits = limits
         self._objects: dict[int, _Entry] = {}
         self._declared_bytes = 0
-        #: operation_id (not yet submitted) -> object ids it references, in order (O4).
-        self._held: dict[int, dict[int, None]] = {}
-        #: operation_id (not yet submitted) -> the object whose release invalidated it (O6).
-        self._invalidated: dict[int, int] = {}
+        self._reference_count = 0
 
     # ------------------------------------------------------------------ reading
 
@@ -169,6 +161,10 @@ class ObjectTable:
     @property
     def declared_bytes(self) -> int:
         return self._declared_bytes
+
+    @property
+    def reference_count(self) -> int:
+        return self._reference_count
 
     def version(self, object_id: int) -> int | None:
         """The object's version (O3), or None when it is not active."""
@@ -206,10 +202,10 @@ class ObjectTable:
         self._declared_bytes += request.byte_size
         return None
 
-    def reference(self, request: ObjectRef, *, operation_running: bool,
-                  operation_ended: bool) -> ObjectRefusal | None:
-        """O3, O4. ``operation_running`` / ``operation_ended``: what the session knows of
-        ``request.operation_id`` (both False: not submitted yet)."""
+    def reference(self, request: ObjectRef, *, operation_in_flight: bool,
+                  operation_seen: bool) -> ObjectRefusal | None:
+        """O3, O4. ``operation_in_flight`` / ``operation_seen``: what the session knows of
+        ``request.operation_id``."""
         entry, refusal = self._active(request.object_id)
         if entry is None:
             return refusal
@@ -227,33 +223,31 @@ class ObjectTable:
                                  f"region {request.offset}+{request.length} passes object "
                                  f"{request.object_id}'s {size} bytes")
         operation_id = request.operation_id
-        if operation_id == 0:
-            entry.references.add(0)
-            return None
-        if operation_running:
-            return ObjectRefusal(ObjectFault.OPERATION_RUNNING,
-                                 f"operation {operation_id} is already running: a reference "
-                                 "binds an object to an operation's input, before its submit")
-        if operation_ended:
-            return None  # a normal race: nothing to bind (O4)
-        held = self._held.get(operation_id)
-        if held is None or request.object_id not in held:
-            if self._held_count() >= self.limits.max_object_references:
-                return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
-                                     f"session holds {self.limits.max_object_references} "
-                                     "references for operations not yet submitted (the limit)")
-            self._held.setdefault(operation_id, {})[request.object_id] = None
+        if operation_id and not operation_in_flight:
+            if operation_seen:
+                return None  # ended already: a normal race, nothing to depend (O4)
+            return ObjectRefusal(ObjectFault.UNKNOWN_OPERATION,
+                                 f"operation {operation_id} was never submitted in this "
+                                 "session: reference an operation in flight")
+        if operation_id in entry.references:
+            return None  # an exact repeat holds nothing more
+        if self._reference_count >= self.limits.max_object_references:
+            return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
+                                 f"session holds {self.limits.max_object_references} object "
+                                 "references (the limit)")
         entry.references.add(operation_id)
+        self._reference_count += 1
         return None
 
-    def release(self, request: ObjectRelease) -> ObjectRefusal | None:
+    def release(self, request: ObjectRelease) -> ObjectRefusal | Released:
         """O6."""
         entry, refusal = self._active(request.object_id)
         if entry is None:
+            assert refusal is not None
             return refusal
         object_id = request.object_id
         if request.flags & ObjectReleaseFlag.FINAL_RELEASE:
-            ended = set(entry.references)
+            ended = sorted(entry.references)
             del self._objects[object_id]
             self._declared_bytes -= entry.declaration.byte_size
         else:
@@ -261,19 +255,12 @@ class ObjectTable:
                 return ObjectRefusal(ObjectFault.NO_SUCH_REFERENCE,
                                      f"operation {request.operation_id} holds no reference "
                                      f"to object {object_id}")
-            ended = {request.operation_id}
+            ended = [request.operation_id]
             entry.references.discard(request.operation_id)
-        invalidates = bool(request.flags & ObjectReleaseFlag.INVALIDATES_DEPENDENTS)
-        for operation_id in ended - {0}:
-            held = self._held.get(operation_id)
-            if held is not None:
-                held.pop(object_id, None)
-                if not held:
-                    del self._held[operation_id]
-            if invalidates and (len(self._invalidated) < self.limits.max_object_references
-                                or operation_id in self._invalidated):
-                self._invalidated.setdefault(operation_id, object_id)
-        return None
+        self._reference_count -= len(ended)
+        if not request.flags & ObjectReleaseFlag.INVALIDATES_DEPENDENTS:
+            return Released()
+        return Released(tuple(operation_id for operation_id in ended if operation_id))
 
     def apply_delta(self, request: ObjectPatch | ObjectDelta) -> ObjectRefusal | None:
         """O7."""
@@ -297,25 +284,21 @@ class ObjectTable:
         entry.finished = bool(request.flags & ObjectDeltaFlag.FINAL_DELTA)
         return None
 
-    # ------------------------------------------------------------------ submits (O5), close (O8)
+    # ------------------------------------------------------------------ operations (O5), close (O8)
 
-    def take_dependencies(self, operation_id: int) -> Dependencies:
-        """What the submit of ``operation_id`` depends on; held references become the
-        operation's (they end with it: nothing is held for it any more)."""
-        held = self._held.pop(operation_id, None)
-        invalidated_by = self._invalidated.pop(operation_id, 0)
-        object_ids = tuple(held) if held else ()
-        for object_id in object_ids:
-            entry = self._objects.get(object_id)
-            if entry is not None:
+    def retire(self, operation_id: int) -> None:
+        """The operation ended: its references end with it."""
+        if not self._reference_count:
+            return  # the hot path: most sessions reference nothing
+        for entry in self._objects.values():
+            if operation_id in entry.references:
                 entry.references.discard(operation_id)
-        return Dependencies(object_ids, invalidated_by)
+                self._reference_count -= 1
 
     def clear(self) -> None:
         self._objects.clear()
-        self._held.clear()
-        self._invalidated.clear()
         self._declared_bytes = 0
+        self._reference_count = 0
 
     def _active(self, object_id: int) -> tuple[_Entry | None, ObjectRefusal | None]:
         entry = self._objects.get(object_id)
@@ -323,7 +306,3 @@ class ObjectTable:
             return None, ObjectRefusal(ObjectFault.UNKNOWN_OBJECT,
                                        f"object {object_id} is not declared in this session")
         return entry, None
-
-    def _held_count(self) -> int:
-        return sum(len(held) for held in self._held.values())
-

@@ -56,7 +56,10 @@ Rules (numbered as in ``_server``):
 17. Runtime objects (OBJECT_DECLARE, OBJECT_REF, OBJECT_RELEASE, OBJECT_PATCH,
     OBJECT_DELTA) change the session's object table as ``_objects`` rules O1 to O8 say:
     silently when applied; a refusal is ERROR_RECOVERABLE, session scope, with the code
-    ``_objects.FAULTS`` gives, and changes nothing.
+    ``_objects.FAULTS`` gives, and changes nothing. A release that invalidates
+    dependents cancels each operation in flight that referenced the object: it ends
+    with RESULT_DROP_REASON object_invalidated (rule 7's path, ``CancelSource``
+    OBJECT_INVALIDATED).
 """
 
 from __future__ import annotations
@@ -114,8 +117,14 @@ from ._messages import (
     Supersede,
     TraceContext,
 )
-from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectRefusal
-from ._server_session import OpState, PendingDeadline, ServerOperation, ServerSession
+from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectRefusal, Released
+from ._server_session import (
+    OpState,
+    PendingDeadline,
+    ServerOperation,
+    ServerSession,
+    diagnostic,
+)
 from ._tokens import pack_tokens, parse_tokens
 
 #: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
@@ -488,17 +497,26 @@ def on_object_ref(session: ServerSession, packet: Packet, events: list[Event]) -
     if _not_negotiated(session, packet, events):
         return
     operation_id = request.operation_id
-    running = operation_id in session.operations
-    ended = not running and operation_id in session.seen_operations
     _objects_refused(session, packet, session.objects.reference(
-        request, operation_running=running, operation_ended=ended), events)
+        request, operation_in_flight=operation_id in session.operations,
+        operation_seen=operation_id in session.seen_operations), events)
 
 
 def on_object_release(session: ServerSession, packet: Packet, events: list[Event]) -> None:
     request = packet.message
     assert isinstance(request, ObjectRelease)
-    if not _not_negotiated(session, packet, events):
-        _objects_refused(session, packet, session.objects.release(request), events)
+    if _not_negotiated(session, packet, events):
+        return
+    outcome = session.objects.release(request)
+    if not isinstance(outcome, Released):
+        _objects_refused(session, packet, outcome, events)
+        return
+    for operation_id in outcome.invalidated:  # O6: its object is gone, so is its result
+        operation = session.operations.get(operation_id)
+        if operation is not None:
+            session.cancel(operation, CancelSource.OBJECT_INVALIDATED,
+                           ControlReason.DEPENDENCY_FAILED,
+                           diagnostic(f"object {request.object_id} was invalidated"), events)
 
 
 def on_object_delta(session: ServerSession, packet: Packet, events: list[Event]) -> None:

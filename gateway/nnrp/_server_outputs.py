@@ -76,13 +76,6 @@ class SessionOutputs:
         return self._session(session_id).send_refusal(
             frame_id, operation_id, status, payload, retry_after_ms=retry_after_ms)
 
-    def send_refusal_drop(self, session_id: int, frame_id: int, operation_id: int,
-                          drop_reason: DropReason, diagnostic: bytes) -> list[bytes]:
-        """Answer a refused submit with RESULT_DROP_REASON on its frame (one the spec
-        names a drop for); no operation exists."""
-        return [self._session(session_id).send_refusal_drop(frame_id, operation_id,
-                                                            drop_reason, diagnostic)]
-
     def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
                   diagnostic: bytes, *, traced: bool = True) -> list[bytes]:
         """The terminal RESULT_DROP_REASON (``ServerSession.send_drop``)."""

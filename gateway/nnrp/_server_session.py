@@ -22,13 +22,11 @@ Rules (numbered as in ``_server``, whose table routes every message):
    is that resubmission (``OperationResubmitted``), not a duplicate; on another frame it
    is refused as a duplicate. The resubmission of an operation whose results the server
    no longer holds (``released``: the most recent ``MAX_RELEASED``) is answered on its
-   frame: results_unavailable. A submit that depends on runtime objects is refused before
-   it becomes an operation (``_objects`` rule O5): one bound to objects by OBJECT_REF
-   (``object_input_unsupported``: this server takes no object as input), one whose
-   reference a release invalidated (answered RESULT_DROP_REASON ``object_invalidated``),
-   and one whose body references cached objects (object_reference region): each is
-   answered CACHE_MISS not_found (no cache here), then ``object_reference_unresolved``.
-   What was held for a refused submit goes with it (deadline, supersede, references).
+   frame: results_unavailable. A submit whose body references cached objects (its
+   object_reference region) depends on what this server does not hold (it keeps no
+   cache): each reference is answered CACHE_MISS not_found, then the submit is refused
+   ``object_reference_unresolved`` before it becomes an operation. An operation's runtime
+   object references (OBJECT_REF, ``_objects`` rule O5) end when it ends.
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
@@ -346,20 +344,7 @@ class ServerSession:
 
     def _object_refusal(self, operation_id: int, typed_body: TypedBody | None,
                         events: list[Event]) -> tuple[RefusalReason, str] | None:
-        """Rule 5: a submit that depends on runtime objects (``_objects`` rule O5)."""
-        dependencies = self.objects.take_dependencies(operation_id)
-        if dependencies.invalidated_by:
-            return (RefusalReason.OBJECT_INVALIDATED,
-                    f"operation {operation_id} referenced object "
-                    f"{dependencies.invalidated_by}, which was released with "
-                    "invalidates-dependents")
-        if dependencies.object_ids:
-            named = ", ".join(str(object_id) for object_id in dependencies.object_ids)
-            return (RefusalReason.OBJECT_INPUT_UNSUPPORTED,
-                    f"operation {operation_id} was bound to runtime object(s) {named} by "
-                    "OBJECT_REF; this server takes no runtime object as operation input "
-                    "(openai-compatible/1 gives objects no meaning for "
-                    "chat.completions.create): submit the request without them")
+        """Rule 5: a submit whose body references cached objects."""
         references = typed_body.object_references if typed_body is not None else ()
         if not references:
             return None
@@ -375,11 +360,9 @@ class ServerSession:
                 "answered CACHE_MISS not_found): send the request inline")
 
     def release_held(self, operation_id: int, events: list[Event]) -> None:
-        """A submit that will not run: what was held for it goes (rules 5, 8, 9). Its held
-        deadline and object references are forgotten, and an operation it was to replace
-        is dropped superseded now (the client asked for it to be replaced; no
-        replacement is coming)."""
-        self.objects.take_dependencies(operation_id)
+        """A submit that will not run: what was held for it goes (rules 8, 9). Its held
+        deadline is forgotten, and an operation it was to replace is dropped superseded
+        now (the client asked for it to be replaced; no replacement is coming)."""
         self.pending_deadlines.pop(operation_id, None)
         superseding = self.pending_supersedes.pop(operation_id, None)
         if superseding is not None:
@@ -434,6 +417,7 @@ class ServerSession:
         if next_state is OpState.DONE:
             del self.operations[operation_id]
             del self.by_frame[operation.frame_id]
+            self.objects.retire(operation_id)
         return operation
 
     def operation_state(self, operation_id: int) -> OpState:
@@ -486,16 +470,6 @@ class ServerSession:
             frame_id, operation_id, retry_after_ms, payload_status=status)
         return [*advice, self._result_packet(frame_id, status, payload, OPENAI_EVENT_FRAME)]
 
-    def send_refusal_drop(self, frame_id: int, operation_id: int, drop_reason: DropReason,
-                          diagnostic: bytes) -> bytes:
-        """A refused submit's RESULT_DROP_REASON on its frame (``SubmitRefused`` whose
-        reason is a drop: object_invalidated); no operation exists, nothing precedes it."""
-        body = diagnostic[:MAX_DIAGNOSTIC]
-        meta = ResultDropReason(operation_id=operation_id, result_sequence=1,
-                                drop_reason=int(drop_reason), source_role=int(Role.SERVER),
-                                flags=int(DropFlag.FINAL), diagnostic_bytes=len(body))
-        return encode(Packet(meta, session_id=self.session_id, frame_id=frame_id, body=body))
-
     def send_drop(self, operation_id: int, drop_reason: DropReason, diagnostic: bytes, *,
                   traced: bool = True) -> list[bytes]:
         """The terminal RESULT_DROP_REASON (after a cancel, a deadline, a supersede, a
@@ -529,6 +503,7 @@ class ServerSession:
             self.set_state(operation, OpState.DONE)
         self.operations.clear()
         self.by_frame.clear()
+        self.objects.clear()
         return drops
 
     def _busy(self, frame_id: int, operation_id: int, retry_after_ms: int, *,

@@ -72,7 +72,7 @@ from gateway.nnrp import (
     TraceContextUpdated,
     TransportId,
 )
-from gateway.profile import CANCEL_CAUSES, END_TABLE, Drop, EndCause, compare_resubmission
+from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause, compare_resubmission
 from gateway.transport import PacketTransport, TextMessageError, read_until_closed
 
 from ._journal import ReplayGap
@@ -444,15 +444,8 @@ class Connection:
 
     def _refuse_submit(self, event: SubmitRefused) -> None:
         self.stats.refused_submits += 1
-        spec = END_TABLE[EndCause(event.reason.value)]
-        if isinstance(spec.terminal, Drop):
-            # A refusal the spec names a drop for (object_invalidated): on its frame.
-            self.outbox.put_all(self.protocol.send_refusal_drop(
-                event.session_id, event.frame_id, event.operation_id, spec.terminal.reason,
-                event.message.encode()))
-            return
         status, payload = self.refusal(event)
-        recoverable = spec.recoverable
+        recoverable = END_TABLE[EndCause(event.reason.value)].recoverable
         self.outbox.put_all(self.protocol.send_refusal(
             event.session_id, event.frame_id, event.operation_id, status, payload,
             retry_after_ms=(self.protocol.config.busy_retry_after_ms if recoverable
