@@ -435,3 +435,25 @@ def test_a_submit_with_legacy_descriptors_is_refused_saying_so() -> None:
     body = nnrp.Prelude(typed_descriptor=len(legacy), typed_frame=2).pack() + legacy + b"{}"
     with pytest.raises(nnrp.TypedBodyError, match="preview2 descriptors of 16 bytes"):
         nnrp.parse_typed_body(body, payload_kind_bitmap=0x10, payload_frame_count=1)
+
+
+def test_an_object_exchange_fed_byte_by_byte_answers_the_same_bytes() -> None:
+    """The server's whole input, whole, one byte at a time, and with a next packet's
+    first bytes trailing: the same events and reply bytes each way."""
+    exchange = (negotiate() + declare(7) + submit(5, 1) + ref(7, 5) + delta(7, 1)
+                + ref(9, 0) + release(7, flags=3) + declare(0))
+
+    def run(chunks: list[bytes]) -> tuple[list[Any], list[bytes]]:
+        conn = nnrp.ServerConnection(nnrp.ServerConfig(
+            runtime_tokens=frozenset(OBJECT_TOKENS)))
+        events = [e for chunk in chunks for e in conn.receive_data(chunk)]
+        return ([type(e).__name__ for e in events],
+                [e.data for e in events if isinstance(e, nnrp.SendBytes)])
+
+    start = pk(HELLO) + pk(OPEN)
+    whole = run([start + exchange])
+    assert whole == run([bytes([b]) for b in start + exchange])
+    trailing = start + exchange + declare(8)[:11]
+    assert whole == run([trailing])
+    assert whole[0].count("OperationCancelled") == 1
+    assert whole[0].count("SendBytes") == 5  # hello, open, negotiation, two refusals
