@@ -2,7 +2,7 @@
 
 * nnrp-py's native client drives every object API it has (declare_object,
   reference_object, patch_object, send_object_delta, release_object), after negotiating
-  the object tokens, over TCP, unix and WebSocket: suite cases ``l1.object.lifecycle`` and
+  the object tokens, over TCP, unix, WebSocket and QUIC: suite cases ``l1.object.lifecycle`` and
   ``l1.object.delta``; a release that invalidates dependents drops the streaming
   operation that referenced the object with object_invalidated, and vLLM's request is
   aborted (its socket closed);
@@ -48,7 +48,8 @@ from tests.support.native import (
     poll_until,
     result_metadata,
 )
-from tests.support.stack import Stack, chat, envelope, start_stack
+from tests.support.quic import Pki, start_quic_stack
+from tests.support.stack import Stack, chat, envelope
 from tests.support.waits import until
 
 pytestmark = pytest.mark.interop
@@ -57,9 +58,15 @@ OBJECT_TOKENS = ("object.cost", "object.delta", "object.lifecycle", "object.owne
 
 
 @pytest.fixture
-async def stack(nursery: trio.Nursery, socket_dir: Path) -> Stack:
+async def quic_stack(nursery: trio.Nursery, socket_dir: Path) -> tuple[Stack, Pki]:
     # 25 ms a token: the long stream is still running when the client acts on it.
-    return await start_stack(nursery, socket_dir, replay=ReplayServer(token_interval_ms=25.0))
+    return await start_quic_stack(nursery, socket_dir,
+                                  replay=ReplayServer(token_interval_ms=25.0))
+
+
+@pytest.fixture
+def stack(quic_stack: tuple[Stack, Pki]) -> Stack:
+    return quic_stack[0]
 
 
 def request(name: str, scenario: str, tokens: int = 40) -> bytes:
@@ -84,11 +91,12 @@ def terminal_of(frame_id: int) -> Any:
 # ------------------------------------------------------------------ nnrp-py's native client
 
 
-def lifecycle_and_delta(uri: str) -> dict[str, list[dict[str, Any]]]:
+def lifecycle_and_delta(uri: str, trusted_der: bytes | None
+                        ) -> dict[str, list[dict[str, Any]]]:
     """Declare, patch and delta an object, reference it from a streaming operation and the
     session, release it with invalidation (the operation is dropped), use a second object
     the same way without invalidation (its operation completes), and meet one refusal."""
-    with native_connection("tcp", uri) as connection:
+    with native_connection("tcp", uri, trusted_der=trusted_der) as connection:
         session = open_session(connection)
         negotiate(connection, session)
         granted = poll_until(session, lambda events: any(
@@ -128,11 +136,14 @@ def ending(events: list[dict[str, Any]], frame_id: int) -> tuple[str, int]:
         "drop", end["drop_reason"])
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc", "websocket"])
-async def test_native_client_object_lifecycle_and_delta(stack: Stack, transport: str) -> None:
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "websocket", "quic"])
+async def test_native_client_object_lifecycle_and_delta(quic_stack: tuple[Stack, Pki],
+                                                        transport: str) -> None:
     """Suite cases l1.object.lifecycle and l1.object.delta, driven by nnrp-py's client."""
+    stack, pki = quic_stack
     with trio.fail_after(60):
-        result = await trio.to_thread.run_sync(lifecycle_and_delta, stack.uri(transport))
+        result = await trio.to_thread.run_sync(lifecycle_and_delta, stack.uri(transport),
+                                               pki.der)
     (granted,) = [e for e in result["granted"] if e["kind"] == "CAPABILITY_NEGOTIATION"]
     assert nnrp.parse_tokens(granted["body"], 4) == OBJECT_TOKENS
     assert ending(result["dropped"], 1) == ("drop", int(nnrp.DropReason.OBJECT_INVALIDATED))
