@@ -117,7 +117,7 @@ from ._messages import (
     Supersede,
     TraceContext,
 )
-from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectRefusal, Released
+from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectFault, ObjectRefusal, Released
 from ._server_session import (
     OpState,
     PendingDeadline,
@@ -477,10 +477,9 @@ def _not_negotiated(session: ServerSession, packet: Packet, events: list[Event])
     missing = [token for token in needed if token not in session.tokens]
     if not missing:
         return False
-    events.append(session.refuse(
-        ErrorCode.UNSUPPORTED_CAPABILITY, ErrorScope.SESSION, packet.frame_id,
-        f"{packet.msg_type.name}: not_negotiated: negotiate {', '.join(missing)} first "
-        "(CAPABILITY_NEGOTIATION)"))
+    _objects_refused(session, packet, ObjectRefusal(
+        ObjectFault.NOT_NEGOTIATED,
+        f"negotiate {', '.join(missing)} first (CAPABILITY_NEGOTIATION)"), events)
     return True
 
 

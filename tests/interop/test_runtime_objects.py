@@ -2,8 +2,8 @@
 
 * nnrp-py's native client drives every object API it has (declare_object,
   reference_object, patch_object, send_object_delta, release_object), after negotiating
-  the object tokens, over TCP, unix, WebSocket and QUIC: suite cases ``l1.object.lifecycle`` and
-  ``l1.object.delta``; a release that invalidates dependents drops the streaming
+  the object tokens, over TCP, unix, WebSocket and QUIC: suite cases
+  ``l1.object.lifecycle`` and ``l1.object.delta``; a release that invalidates dependents drops the streaming
   operation that referenced the object with object_invalidated, and vLLM's request is
   aborted (its socket closed);
 * raw frames over a real TCP socket for what that client cannot send: a FRAME_SUBMIT whose

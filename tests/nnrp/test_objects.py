@@ -155,10 +155,15 @@ def test_reserved_bits_and_undefined_values_are_rejected(cls: Any, offset: int, 
 # --------------------------------------------------------------------------- O1
 
 
+def test_every_fault_has_one_code() -> None:
+    assert set(nnrp.FAULTS) == set(nnrp.ObjectFault)
+
+
 def test_object_frames_need_the_negotiated_tokens() -> None:
     conn = connected(tokens=())
     code, text = refused(conn.receive_data(declare(7)))
     assert code == nnrp.ErrorCode.UNSUPPORTED_CAPABILITY and "object.lifecycle" in text
+    assert text.startswith("OBJECT_DECLARE: not_negotiated: ")
     conn.receive_data(negotiate(("object.lifecycle",)))
     assert conn.receive_data(declare(7)) == []
     code, text = refused(conn.receive_data(delta(7, 1)))
