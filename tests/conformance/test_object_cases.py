@@ -56,3 +56,25 @@ def test_every_object_case_of_the_suite_has_its_tests() -> None:
         for test in tests:
             module, function = test.split("::")
             assert callable(getattr(importlib.import_module(module), function)), (case, test)
+
+
+OBJECT_TOKENS = ["object.cost", "object.delta", "object.lifecycle", "object.ownership"]
+
+
+def test_the_object_tokens_are_claimed_where_clients_and_runners_look() -> None:
+    """Negotiation grants them (``runtime_tokens``), the capability document lists them,
+    and the target manifest claims them, schema-valid."""
+    from gateway.profile import runtime_tokens
+    from gateway.profile._capabilities import capability_document
+    from gateway.tools.conformance import schema_errors, target_manifest
+
+    tokens = runtime_tokens(priority_scheduling=False)
+    assert set(OBJECT_TOKENS) <= tokens
+    document = capability_document(adapter="t", models=("m",), tool_calls=False,
+                                   priority_scheduling=False)
+    assert set(OBJECT_TOKENS) <= set(document["nnrp"]["runtime_tokens"])
+    manifest = target_manifest(["tcp://127.0.0.1:7700"], target_name="g",
+                               max_frame_bytes=1 << 24, max_in_flight=64,
+                               runtime_tokens=tokens)
+    assert schema_errors(manifest, "wire-conformance-target.schema.json") == []
+    assert set(OBJECT_TOKENS) <= set(manifest["wire_conformance"]["capabilities"])

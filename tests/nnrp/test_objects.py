@@ -14,7 +14,10 @@ import struct
 from typing import Any
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from nnrp import runtime as reference
+from nnrp.core.messages.data import ObjectReferenceBlock
+from nnrp.core.packet import pack_object_reference_blocks, unpack_object_reference_blocks
 
 from gateway import nnrp
 from gateway.profile import CANCEL_CAUSES, END_TABLE, Drop, EndCause, Push
@@ -462,3 +465,20 @@ def test_an_object_exchange_fed_byte_by_byte_answers_the_same_bytes() -> None:
     assert whole == run([trailing])
     assert whole[0].count("OperationCancelled") == 1
     assert whole[0].count("SendBytes") == 5  # hello, open, negotiation, two refusals
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.lists(st.tuples(st.sampled_from([int(k) for k in nnrp.CacheObjectKind]),
+                                 st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
+                                 st.integers(0, 2**64 - 1)), max_size=4))
+def test_object_reference_blocks_are_nnrp_pys_bytes(
+        blocks: list[tuple[int, int, int, int]]) -> None:
+    """Any region of blocks: ours packs nnrp-py's bytes, and each reads the other's."""
+    ours = [nnrp.ObjectReference(*block) for block in blocks]
+    theirs = [ObjectReferenceBlock(kind, 0, namespace, hi, lo)
+              for kind, namespace, hi, lo in blocks]
+    region = b"".join(block.pack() for block in ours)
+    assert region == pack_object_reference_blocks(theirs)
+    assert nnrp.unpack_object_references(region) == tuple(ours)
+    assert [(b.object_kind, b.cache_namespace, b.cache_key_hi, b.cache_key_lo)
+            for b in unpack_object_reference_blocks(region)] == blocks
