@@ -17,6 +17,7 @@ from ._app import GatewayTyper, UserError, source
 from ._settings import check_host_port, check_http_url, check_output_dir
 
 if TYPE_CHECKING:
+    from gateway.tools.bench.profile import Profile
     from gateway.tools.bench.soak import SoakReport
     from gateway.tools.bench.stats import Figure
 
@@ -280,6 +281,60 @@ def live_command(
     if out is not None:
         _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
     _report("live", results["live"], as_json, None)
+
+
+@bench_app.command("profile")
+def profile_command(
+    out: Annotated[Path, typer.Option(
+        "--out", metavar="DIR", help="Where the flame graphs (NAME.svg), the collapsed "
+                                     "stacks (NAME.collapsed, to diff) and profile.md go.")],
+    quick: Quick = False, as_json: AsJson = False,
+    rate: Annotated[int, typer.Option(min=1, max=1000, metavar="HZ",
+                                      help="py-spy's samples a second.")] = 250,
+) -> None:
+    """Flame graphs of the gateway process (py-spy, the 'profile' extra) under 256 paced
+    streams and under one paced stream, with its CPU per event over the same window and
+    the frames with the most self time."""
+    import trio
+
+    from gateway.tools.bench.profile import ProfilerUnavailable, profile
+
+    check_output_dir(out, "--out")
+    _quiet_logs()
+    profiles: list[Profile] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        profiles.extend(trio.run(lambda: profile(out, quick, progress, rate=rate)))
+        return {}
+
+    try:
+        _with_progress(work, as_json)
+    except ProfilerUnavailable as exc:
+        raise UserError(f"cannot profile the gateway: {exc}", "py-spy", code=1) from None
+    command = ("nnrp-gateway bench profile" + (" --quick" if quick else "")
+               + f" --rate {rate}")
+    document = {"command": command, "machine": _machine(),
+                "profiles": [p.as_dict() for p in profiles]}
+    (out / "profile.json").write_text(json.dumps(document, indent=2) + "\n")
+    text = _profile_markdown(command, profiles)
+    (out / "profile.md").write_text(text)
+    typer.echo(json.dumps(document, indent=2) if as_json else text, nl=False)
+
+
+def _profile_markdown(command: str, profiles: list[Profile]) -> str:
+    from gateway.tools.bench.flame import top_frames_table
+
+    lines = [f"# Where the gateway's CPU goes\n\n`{command}` on {_machine()}\n"]
+    for p in profiles:
+        lines.append(f"\n## {p.load.what}\n\n{p.events} events in {p.wall_seconds:.1f} s; "
+                     f"gateway CPU {p.cpu_seconds:.2f} s ({p.cpu_per_event_us:.1f} us an "
+                     f"event, {p.cpu_seconds / max(p.wall_seconds, 1e-9) * 100:.0f} % of a "
+                     f"core); {p.samples} samples. Graph: [{p.load.name}.svg]"
+                     f"({p.load.name}.svg), stacks: [{p.load.name}.collapsed]"
+                     f"({p.load.name}.collapsed).\n\nFrames with the most self time "
+                     "(self: the frame was running; total: it was on the stack):\n")
+        lines.append(top_frames_table(p.shares))
+    return "\n".join(lines)
 
 
 @bench_app.command("soak")

@@ -290,6 +290,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot create the output directory"),
     ("bench-soak-out", ["bench", "soak", "--out", "{tmp}/a-file/b"], 2,
      "cannot create the output directory"),
+    ("bench-profile-out", ["bench", "profile", "--out", "{tmp}/a-file/b"], 2,
+     "cannot create the output directory"),
     ("bench-live-url", ["bench", "live", "--vllm-url", "nope"], 2, "--vllm-url"),
     ("bench-live-unreachable", ["bench", "live", "--vllm-url", "http://127.0.0.1:{closed}"],
      1, "vLLM did not answer"),
