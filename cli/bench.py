@@ -248,12 +248,20 @@ def live_command(
         metavar="URL", help="An existing gateway in front of that vLLM (default: start one).")
     ] = None,
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
+    streams: Annotated[int | None, typer.Option(
+        min=1, max=1024, metavar="N",
+        help="Also N concurrent streams through the gateway, then direct: the gateway's CPU "
+             "per event against vLLM's API-server CPU per SSE chunk (both on this machine: "
+             "the kernel's per-process clocks), their ratio, events against chunks.")
+    ] = None,
     quick: Quick = False, as_json: AsJson = False, out: Out = None,
 ) -> None:
-    """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
+    """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%);
+    with --streams N, the CPU each side spends per token at N concurrent streams."""
     import httpx
     import trio
 
+    from gateway.tools.bench.live_cost import LiveCostUnavailable, local_port, owners
     from gateway.tools.bench.scenarios import live
     from gateway.tools.client import ClientError
 
@@ -264,22 +272,39 @@ def live_command(
         check_endpoint(endpoint, source(ctx, "endpoint"))
     if out is not None:
         check_output_dir(out, "--out")
+    try:
+        if streams is not None:  # its API server's CPU clock is read here
+            local_port(vllm_url, "vLLM")
+    except LiveCostUnavailable as exc:
+        raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url) from None
     try:  # before a gateway is started in front of it: is anybody there?
         httpx.get(f"{vllm_url.rstrip('/')}/version", timeout=5, trust_env=False)
     except httpx.HTTPError as exc:
         raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
                         code=1) from None
+    if streams is not None:  # before the TTFT rounds: can its API server be found here?
+        try:
+            owners(local_port(vllm_url, "vLLM"), f"vLLM's API server at {vllm_url}")
+        except LiveCostUnavailable as exc:
+            raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url,
+                            code=1) from None
     _quiet_logs()
     try:
         results = _with_progress(
-            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
+            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p, streams)},
+            as_json)
+    except LiveCostUnavailable as exc:
+        raise UserError(f"--streams cannot measure the gateway: {exc}",
+                        endpoint or "the gateway", code=1) from None
     except httpx.HTTPError as exc:
         raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
                         code=1) from None
     except (ClientError, OSError, trio.TooSlowError) as exc:
         raise connection_failure(exc, endpoint or "the gateway bench live started") from None
     if out is not None:
-        _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
+        _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}"
+                   + ("" if streams is None else f" --streams {streams}")
+                   + (" --quick" if quick else ""))
     _report("live", results["live"], as_json, None)
 
 
