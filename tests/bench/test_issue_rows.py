@@ -145,34 +145,42 @@ def test_a_row_whose_figures_the_run_lacks_is_not_reported() -> None:
 
 
 def test_live_cost_figures_carry_the_ratio_row_and_say_why_events_and_chunks_differ() -> None:
-    # 8 streams x 1 request, 16 tokens each: through the gateway 16 text deltas a request;
-    # direct, vLLM sent 18 chunks a request: a role chunk, 16 with text, a finish chunk.
-    gateway = Tally(requests=8, events=Counter({"response.output_text.delta": 128}),
-                    gateway_cpu=0.00512, api_cpu=0.0100)
-    direct = Tally(requests=8, chunks_with_output=128, chunks_without_output=16,
-                   api_cpu=0.0144)
-    figures = {f.name: f for f in cost_figures(8, 16, gateway, direct, [77], 1.0)}
+    # 8 streams: the chunk count found 1 chunk a request without an event (the role
+    # chunk); then 8 x 2 requests of 16 tokens, 16 text deltas each: 17 chunks a request.
+    counted = Tally(requests=8, events=Counter({"response.output_text.delta": 128,
+                                                "response.openai_chunk": 8}),
+                    chunks_with_output=128, chunks_without_output=8)
+    gateway = Tally(requests=16, events=Counter({"response.output_text.delta": 256}),
+                    gateway_cpu=0.01024, api_cpu=0.0272)
+    direct = Tally(requests=16, chunks_with_output=192, chunks_without_output=16,
+                   api_cpu=0.0270)
+    figures = {f.name: f for f in cost_figures(8, 16, counted, gateway, direct, [77], 1.0)}
     per_event = figures["gateway CPU per streamed event, 8 streams, real vLLM"]
     per_chunk = figures["vLLM API-server CPU per SSE chunk, 8 streams, real vLLM"]
-    assert per_event.value == pytest.approx(40.0) and per_chunk.value == pytest.approx(100.0)
+    assert per_event.value == pytest.approx(40.0)
+    assert per_chunk.value == pytest.approx(27_200 / (256 + 16))  # 100 us
+    assert "pid(s) 77" in per_chunk.spread and "256 with text + 1.00 a request" in \
+        per_chunk.spread
     ratio = figures[rows.LIVE_RATIO.name]
     assert (ratio.value, ratio.goal, ratio.goal_met) == (pytest.approx(0.4), 0.5, True)
-    assert "pid(s) 77" in per_chunk.spread
-    same_work = figures["vLLM API-server CPU per request through the gateway, over direct, "
-                        "8 streams, real vLLM"]
-    assert same_work.value == pytest.approx(0.0100 / 0.0144)
     versus = figures["events per SSE chunk, 8 streams, real vLLM"]
-    assert versus.value == pytest.approx(16 / 18)
-    assert "2.0 chunks a stream carry no output" in versus.spread
+    assert versus.value == pytest.approx(16 / 17)
+    assert versus.spread.startswith("16.0 events and 17.0 SSE chunks a request (16 tokens); "
+                                    "1.0 chunks a request carry no text")
+    assert "direct, the same requests came in 13.0 chunks a request" in versus.spread
+    # Direct is a cross-check beside it, against the gateway path's figure.
+    direct_figure = figures["vLLM API-server CPU per SSE chunk, direct, 8 streams, real vLLM"]
+    assert direct_figure.value == pytest.approx(27_000 / 208)
+    assert direct_figure.baseline == pytest.approx(per_chunk.value)
 
 
 def test_events_versus_chunks_names_each_reason_it_sees() -> None:
     same = events_versus_chunks(18.0, 16.0, 18.0, 16.0, 16)
     assert same.endswith("the same count")
-    merged = events_versus_chunks(10.0, 10.0, 12.0, 10.0, 16)
-    assert "2.0 chunks a stream carry no output" in merged
-    assert "vLLM sent 1.60 tokens an output chunk" in merged
-    assert "not text deltas" not in merged and "chunking differed" not in merged
-    extra = events_versus_chunks(17.0, 16.0, 18.0, 15.0, 16)
-    assert "1.0 events a stream are not text deltas" in extra
-    assert "text deltas 16.0 against output chunks 15.0" in extra
+    merged = events_versus_chunks(10.0, 10.0, 11.0, 10.0, 16)
+    assert "1.0 chunks a request carry no text" in merged
+    assert "vLLM sent 1.60 tokens a chunk with text" in merged
+    assert "not text deltas" not in merged and "text deltas 10.0 against" not in merged
+    extra = events_versus_chunks(17.0, 16.0, 16.0, 15.0, 16)
+    assert "1.0 events a request are not text deltas" in extra
+    assert "text deltas 16.0 against chunks with text 15.0 a request" in extra
