@@ -354,11 +354,15 @@ def _profile_markdown(command: str, profiles: list[Profile]) -> str:
         lines.append(f"\n## {p.load.what}\n\n{p.events} events in {p.wall_seconds:.1f} s; "
                      f"gateway CPU {p.cpu_seconds:.2f} s ({p.cpu_per_event_us:.1f} us an "
                      f"event, {p.cpu_seconds / max(p.wall_seconds, 1e-9) * 100:.0f} % of a "
-                     f"core); {p.samples} samples. Graph: [{p.load.name}.svg]"
+                     f"core); {p.events_per_read or 0:.2f} events per upstream read; "
+                     f"{p.samples} samples. Graph: [{p.load.name}.svg]"
                      f"({p.load.name}.svg), stacks: [{p.load.name}.collapsed]"
                      f"({p.load.name}.collapsed).\n\nFrames with the most self time "
                      "(self: the frame was running; total: it was on the stack):\n")
         lines.append(top_frames_table(p.shares))
+        lines.append("Self time by where the code lives:\n\n| unit | self |\n|---|---:|\n"
+                     + "".join(f"| `{key}` | {share * 100:.1f} % |\n"
+                               for key, share in p.areas[:12]))
     return "\n".join(lines)
 
 

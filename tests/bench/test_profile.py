@@ -14,6 +14,8 @@ from cli.main import app
 from gateway.tools.bench.flame import (
     NO_STACK,
     FrameShare,
+    area,
+    area_shares,
     frame_shares,
     parse_collapsed,
     render_svg,
@@ -71,6 +73,18 @@ def test_self_share_is_the_innermost_frame_and_total_counts_a_recursion_once() -
                                   "| `encode (g/_codec.py)` | 50.0 % | 50.0 % |",
                                   "| `wait (trio/_io.py)` | 20.0 % | 20.0 % |"]
     assert frame_shares({}) == []
+
+
+def test_self_time_by_area_names_the_gateways_unit_or_the_package() -> None:
+    assert area("emit (gateway/server/_operation.py)") == "gateway/server"
+    assert area("send_now (gateway/_sockio.py)") == "gateway/_sockio.py"
+    assert area("JSONDecoder.decode (json/decoder.py)") == "json"
+    assert area("<module> (nnrp-gateway)") == "nnrp-gateway"
+    assert area("__init__ (<attrs generated methods x.Y>)") == "<attrs generated methods x.Y>"
+    assert area(NO_STACK) == NO_STACK
+    stacks = {("m (gateway/a/x.py)", "f (gateway/b/y.py)"): 3, ("m (gateway/a/x.py)",): 1,
+              ("g (trio/_run.py)",): 4}
+    assert area_shares(stacks) == [("trio", .5), ("gateway/b", .375), ("gateway/a", .125)]
 
 
 def test_the_flame_graph_draws_each_frame_as_wide_as_its_samples() -> None:

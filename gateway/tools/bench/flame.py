@@ -93,6 +93,30 @@ def frame_shares(stacks: Stacks) -> list[FrameShare]:
                   key=lambda share: (-share.self_samples, -share.total_samples, share.frame))
 
 
+def area(frame: str) -> str:
+    """Where a frame's code lives, coarsely: the gateway's unit (``gateway/upstream``,
+    ``gateway/_sockio.py``), else the top-level package or module (``trio``, ``json``);
+    py-spy names the file in the frame's last parentheses."""
+    if frame == NO_STACK:
+        return frame
+    where = frame.rsplit("(", 1)[-1].rstrip(")") if "(" in frame else frame
+    parts = where.split("/")
+    return "/".join(parts[:2]) if parts[0] == "gateway" and len(parts) > 1 else parts[0]
+
+
+def area_shares(stacks: Stacks) -> list[tuple[str, float]]:
+    """Self time by ``area`` (the innermost frame's), most first: which unit the CPU was
+    in."""
+    total = sum(stacks.values())
+    by_area: dict[str, int] = {}
+    for stack, count in stacks.items():
+        if stack:
+            key = area(stack[-1])
+            by_area[key] = by_area.get(key, 0) + count
+    return sorted(((key, samples / total) for key, samples in by_area.items()),
+                  key=lambda item: (-item[1], item[0]))
+
+
 def top_frames_table(shares: Iterable[FrameShare], count: int = 15) -> str:
     """A Markdown table of the first ``count`` frames: self and total share."""
     lines = ["| frame | self | total |", "|---|---:|---:|"]

@@ -39,7 +39,15 @@ import trio
 
 from ._procs import process_cpu_seconds
 from ._stack import Progress, Stack, fan_out, open_sessions
-from .flame import FrameShare, Stacks, frame_shares, parse_collapsed, render_svg, to_collapsed
+from .flame import (
+    FrameShare,
+    Stacks,
+    area_shares,
+    frame_shares,
+    parse_collapsed,
+    render_svg,
+    to_collapsed,
+)
 from .scenarios import _indexed_gateway_stream
 
 #: Samples a second: the gateway handles thousands of events a second, so a few hundred
@@ -72,7 +80,7 @@ class Load:
 
 #: The loads issue 25 asks for, as ``bench run``'s latency scenario paces them.
 LOADS = (
-    Load("paced-256", 256, 1000, 10_000,
+    Load("paced-256", 256, 300, 10_000,
          "256 streams x 100 events/s (10 ms apart), one event per upstream read"),
     Load("paced-1", 1, 10_000, 1_000, "one stream x 1,000 events/s (1 ms apart)"),
 )
@@ -88,6 +96,12 @@ class Profile:
     cpu_seconds: float
     wall_seconds: float
     shares: list[FrameShare]
+    #: Self time by the unit the innermost frame is in (``flame.area_shares``).
+    areas: list[tuple[str, float]]
+    #: The gateway's events per upstream read over the window (its residence probe): 1
+    #: when each event had a read of its own, more when the backend fell behind and the
+    #: kernel handed the gateway several at once.
+    events_per_read: float | None = None
 
     @property
     def cpu_per_event_us(self) -> float:
@@ -97,7 +111,10 @@ class Profile:
         return {"load": attrs.asdict(self.load), "samples": self.samples,
                 "events": self.events, "cpu_seconds": round(self.cpu_seconds, 3),
                 "wall_seconds": round(self.wall_seconds, 3),
+                "events_per_read": None if self.events_per_read is None
+                else round(self.events_per_read, 2),
                 "cpu_per_event_us": round(self.cpu_per_event_us, 2),
+                "self_by_area": {key: round(share, 4) for key, share in self.areas[:top]},
                 "top_frames": [{"frame": s.frame, "self": round(s.self_share, 4),
                                 "total": round(s.total_share, 4)}
                                for s in self.shares[:top]]}
@@ -140,6 +157,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
             if spy.poll() is not None:  # it could not attach (rule 4)
                 said = spy.stdout.read().decode(errors="replace") if spy.stdout else ""
                 raise ProfilerUnavailable(said.strip() or f"py-spy exited {spy.returncode}")
+            await stack.residence()  # the probe counts from here
             cpu = process_cpu_seconds(stack.gateway_pid)
             start = time.perf_counter()
             await fan_out(load.streams, functools.partial(
@@ -147,6 +165,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                 f"replay:timestamped:{load.events}:{load.interval_us}:p{run}", received))
             wall = time.perf_counter() - start
             cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+            per_read = (await stack.residence()).get("events_per_read")
         finally:
             if spy.poll() is None:
                 spy.send_signal(signal.SIGINT)
@@ -158,7 +177,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                 spy.stdout.close()
     stacks = await trio.to_thread.run_sync(_save, raw, load, out)
     return Profile(load, sum(stacks.values()), len(received), cpu, wall,
-                   frame_shares(stacks))
+                   frame_shares(stacks), area_shares(stacks), per_read)
 
 
 async def profile(out: Path, quick: bool, progress: Progress, *,
@@ -169,8 +188,8 @@ async def profile(out: Path, quick: bool, progress: Progress, *,
     py_spy()  # before any process starts: is it there at all?
     await trio.Path(out).mkdir(parents=True, exist_ok=True)
     profiles = []
-    async with Stack(gateway_args=("--max-sessions-per-connection", "1024"),
-                     residence=False) as stack:
+    # The residence probe is on (one check per read and per event) for events per read.
+    async with Stack(gateway_args=("--max-sessions-per-connection", "1024")) as stack:
         for load in loads:
             load = load.quick() if quick else load
             progress(f"profile: {load.what}, {load.events} events a stream")
