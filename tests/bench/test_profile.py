@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import trio
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -145,3 +146,44 @@ def test_bench_profile_quick_records_a_flame_graph_of_the_gateway(tmp_path: Path
         ET.fromstring((tmp_path / f"{name}.svg").read_text())
     assert "Frames with the most self time" in (tmp_path / "profile.md").read_text()
     assert json.loads((tmp_path / "profile.json").read_text()) == document
+
+
+async def test_py_spy_that_cannot_attach_says_why_in_its_own_words(tmp_path: Path) -> None:
+    import subprocess
+    import tempfile
+
+    from gateway.tools.bench.profile import ProfilerUnavailable, _attached
+
+    with tempfile.TemporaryFile() as said:
+        refused = subprocess.Popen(  # noqa: ASYNC220 - in py-spy's place, as _record starts it
+            ["sh", "-c", "echo 'Error: Operation not permitted (os error 1)'; exit 1"],
+            stdout=said)
+        with trio.fail_after(10), pytest.raises(ProfilerUnavailable,
+                                                match=r"^Error: Operation not permitted"):
+            await _attached(refused, said)
+        refused.wait()
+    with tempfile.TemporaryFile() as said:
+        sampling = subprocess.Popen(  # noqa: ASYNC220 - in py-spy's place
+            ["sh", "-c", "echo 'py-spy> Sampling process 250 times a second.'; sleep 30"],
+            stdout=said)
+        try:
+            with trio.fail_after(10):
+                await _attached(sampling, said)  # returns: it samples
+            assert sampling.poll() is None
+        finally:
+            sampling.kill()
+            sampling.wait()
+
+
+def test_bench_profile_without_py_spy_is_a_clear_error(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = runner.invoke(app, ["bench", "profile", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: cannot profile the gateway: py-spy is not installed (pip install "
+        "'nnrp-vllm-gateway[profile]')")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing started, nothing written

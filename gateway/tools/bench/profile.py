@@ -31,8 +31,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import attrs
 import trio
@@ -53,8 +55,10 @@ from .scenarios import _indexed_gateway_stream
 #: Samples a second: the gateway handles thousands of events a second, so a few hundred
 #: samples a second over ten seconds give a share to within a percent or so.
 DEFAULT_RATE_HZ = 250
-#: Once started, py-spy needs a moment to find the interpreter's state in the gateway.
-ATTACH_SETTLE_S = 0.5
+#: What py-spy says once it has attached and samples (its first line).
+SAMPLING = b"Sampling process"
+#: How long py-spy may take to attach (it reads the interpreter's state from the gateway).
+ATTACH_TIMEOUT_S = 30
 #: How long py-spy may take to write its file after SIGINT.
 WRITE_TIMEOUT_S = 30
 
@@ -143,38 +147,51 @@ def _save(raw: Path, load: Load, out: Path) -> Stacks:
     return stacks
 
 
+async def _attached(spy: subprocess.Popen[bytes], said: IO[bytes]) -> None:
+    """Return once py-spy says it samples; its own words if it exits first (rule 4)."""
+    with trio.move_on_after(ATTACH_TIMEOUT_S):
+        while spy.poll() is None:
+            said.seek(0)
+            if SAMPLING in said.read():
+                return
+            await trio.sleep(0.02)
+    said.seek(0)
+    words = said.read().decode(errors="replace").strip()
+    raise ProfilerUnavailable(words or (f"py-spy exited {spy.returncode}" if spy.returncode
+                                        is not None else "py-spy did not start sampling"))
+
+
 async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
     raw = out / f"{load.name}.raw"
     received: list[float] = []
     run = time.monotonic_ns()
     async with open_sessions(stack.endpoint, load.streams) as sessions:
-        spy = subprocess.Popen(  # noqa: ASYNC220 - started here, awaited below
-            [py_spy(), "record", "--pid", str(stack.gateway_pid), "--rate", str(rate),
-             "--format", "raw", "--nolineno", "--output", str(raw)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            await trio.sleep(ATTACH_SETTLE_S)
-            if spy.poll() is not None:  # it could not attach (rule 4)
-                said = spy.stdout.read().decode(errors="replace") if spy.stdout else ""
-                raise ProfilerUnavailable(said.strip() or f"py-spy exited {spy.returncode}")
-            await stack.residence()  # the probe counts from here
-            cpu = process_cpu_seconds(stack.gateway_pid)
-            start = time.perf_counter()
-            await fan_out(load.streams, functools.partial(
-                _indexed_gateway_stream, sessions,
-                f"replay:timestamped:{load.events}:{load.interval_us}:p{run}", received))
-            wall = time.perf_counter() - start
-            cpu = process_cpu_seconds(stack.gateway_pid) - cpu
-            per_read = (await stack.residence()).get("events_per_read")
-        finally:
-            if spy.poll() is None:
-                spy.send_signal(signal.SIGINT)
+        # Its messages go to a file: a pipe nobody reads while the load runs could fill.
+        with tempfile.TemporaryFile() as said:
+            spy = subprocess.Popen(  # noqa: ASYNC220 - started here, awaited below
+                [py_spy(), "record", "--pid", str(stack.gateway_pid), "--rate", str(rate),
+                 "--format", "raw", "--nolineno", "--output", str(raw)],
+                stdout=said, stderr=subprocess.STDOUT)
             try:
-                await trio.to_thread.run_sync(spy.wait, WRITE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-            if spy.stdout is not None:
-                spy.stdout.close()
+                await _attached(spy, said)
+                await stack.residence()  # the probe counts from here
+                cpu = process_cpu_seconds(stack.gateway_pid)
+                start = time.perf_counter()
+                await fan_out(load.streams, functools.partial(
+                    _indexed_gateway_stream, sessions,
+                    f"replay:timestamped:{load.events}:{load.interval_us}:p{run}", received))
+                wall = time.perf_counter() - start
+                cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+                per_read = (await stack.residence()).get("events_per_read")
+            finally:  # py-spy never outlives the load, cancelled or not (its own timeout)
+                if spy.poll() is None:
+                    spy.send_signal(signal.SIGINT)  # py-spy writes its file and exits
+                with trio.CancelScope(shield=True):
+                    try:
+                        await trio.to_thread.run_sync(spy.wait, WRITE_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+                        await trio.to_thread.run_sync(spy.wait)
     stacks = await trio.to_thread.run_sync(_save, raw, load, out)
     return Profile(load, sum(stacks.values()), len(received), cpu, wall,
                    frame_shares(stacks), area_shares(stacks), per_read)
