@@ -492,8 +492,8 @@ async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
                             owners(local_port(endpoint, "the gateway"), f"the gateway at "
                                                                        f"{endpoint}"))
             cost_body = {**body, "max_tokens": 16 if quick else 64}
-            cpu_figures = await live_cost(vllm_url, endpoint, gateway_pids, cost_body, streams,
-                                   1 if quick else 3, progress)
+            cpu_figures = await live_cost(vllm_url, endpoint, gateway_pids, cost_body,
+                                          streams, 1 if quick else 3, progress)
     ttft_v, ttft_d = percentile([v[0] for v in via], .5), percentile([d[0] for d in direct], .5)
     tpot_v, tpot_d = percentile([v[1] for v in via], .5), percentile([d[1] for d in direct], .5)
     return [Figure("live TTFT p50 through the gateway", ttft_v, "ms", goal=ttft_d * 1.03,
