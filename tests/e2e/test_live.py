@@ -375,3 +375,30 @@ async def test_live_priority_header_is_sent_and_honoured(live_client: Any) -> No
     async for _ in events:
         pass
     assert finished["interactive"] < finished["background"]
+
+
+def test_live_bench_streams_sets_the_gateways_cpu_beside_the_api_servers() -> None:
+    """Issue 25's last row against the real thing: two streams (the tier's vLLM admits
+    three unfinished requests), the API server found as its listening socket's owner."""
+    from urllib.parse import urlsplit
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from gateway.tools.bench import rows
+    from gateway.tools.bench._procs import listening_socket_owners
+
+    assert LIVE_URL is not None
+    result = CliRunner().invoke(app, ["bench", "live", "--vllm-url", LIVE_URL, "--streams",
+                                      "2", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    figures = {f["name"]: f for f in json.loads(result.stdout)["figures"]}
+    ratio = figures[rows.LIVE_RATIO.name]
+    assert ratio["value"] > 0 and ratio["goal"] == 0.5
+    (api_server,) = listening_socket_owners(urlsplit(LIVE_URL).port or 80)
+    per_chunk = figures["vLLM API-server CPU per SSE chunk, 2 streams, real vLLM"]
+    assert f"pid(s) {api_server}," in per_chunk["spread"] and per_chunk["value"] > 0
+    # Every chunk with text is one event; the role and usage chunks make none.
+    versus = figures["events per SSE chunk, 2 streams, real vLLM"]
+    assert 0 < versus["value"] < 1
+    assert "chunks a request carry no text" in versus["spread"]
