@@ -66,6 +66,7 @@ from ._events import (
     OperationCancelled,
     OperationResubmitted,
     OperationSubmitted,
+    OperationSuperseding,
     RefusalReason,
     SendBytes,
     SubmitRefused,
@@ -365,13 +366,16 @@ class ServerSession:
                                          operation.frame_id, source, reason, diagnostic))
 
     def hold(self, operation: ServerOperation, new_operation_id: int,
-             diagnostic: bytes) -> None:
+             diagnostic: bytes, events: list[Event]) -> None:
         """A SUPERSEDE whose replacement has not come: the operation waits for it, at
-        most ``supersede_hold_ms`` (rule 9)."""
+        most ``supersede_hold_ms`` (rule 9). Only its drop can still reach the client,
+        so the adapter is told to stop its work now (``OperationSuperseding``)."""
         self.pending_supersedes[new_operation_id] = PendingSupersede(
             operation.operation_id, diagnostic)
         self.set_state(operation, _OPERATION_TABLE[(operation.state, OpAction.HOLD)])
         operation.held_until = self.clock() + self.config.supersede_hold_ms / 1000
+        events.append(OperationSuperseding(self.session_id, operation.operation_id,
+                                           operation.frame_id))
 
     def _transition(self, operation_id: int, action: OpAction) -> ServerOperation:
         operation = self.operations.get(operation_id)

@@ -161,8 +161,9 @@ def test_supersede_of_an_admitted_replacement_drops_the_old_one_at_once(
 def test_supersede_waits_for_its_replacement_which_is_admitted_at_the_limit(
         server: nnrp.ServerConnection) -> None:
     server.receive_data(submit(1, 1) + submit(2, 2))  # the session's limit is 2
+    # The hold begins: nothing of operation 1 can be delivered, so its work stops now.
     assert server.receive_data(pk(nnrp.Supersede(old_operation_id=1, new_operation_id=3),
-                                  session_id=1)) == []
+                                  session_id=1)) == [nnrp.OperationSuperseding(1, 1, 1)]
     events = server.receive_data(submit(3, 3))
     submitted, cancelled = events
     assert isinstance(submitted, nnrp.OperationSubmitted) and submitted.operation_id == 3
