@@ -99,7 +99,7 @@ class QuicServer:
     @property
     def address(self) -> tuple[str, int]:
         host, _, port = self.uri.removeprefix("quic://").rpartition(":")
-        return host, int(port)
+        return host.strip("[]"), int(port)  # an IPv6 host without its URI brackets
 
     @property
     def stats(self) -> Any:
@@ -115,10 +115,12 @@ class QuicServer:
 
 
 async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
+                            host: str = "127.0.0.1",
                             limits: ConnectionLimits | None = None,
                             **quic: Any) -> QuicServer:
-    """A GatewayServer with one quic:// listener and the scripted handler, in its own
-    cancel scope (``stop()`` ends it without touching the test's nursery)."""
+    """A GatewayServer with one quic:// listener on ``host`` (``[::1]`` for IPv6) and the
+    scripted handler, in its own cancel scope (``stop()`` ends it without touching the
+    test's nursery)."""
     seen = Seen()
 
     async def handler(op: Operation) -> None:
@@ -133,7 +135,7 @@ async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
     async def run(task_status: trio.TaskStatus[list[Any]]) -> None:
         try:
             with scope:
-                await server.serve([f"quic://127.0.0.1:{port}"], task_status=task_status)
+                await server.serve([f"quic://{host}:{port}"], task_status=task_status)
         finally:
             stopped.set()
 
