@@ -212,8 +212,6 @@ class ServerSession:
         self.tokens: frozenset[str] = frozenset()
         self.token_budget: int | None = None
         self.retry_sequence = 0
-        #: Operations SUPERSEDING (the I/O layer's fast path skips the hold check at 0).
-        self.holding = 0
         #: The server drains: submits are refused recoverably (rule 5).
         self.draining = False
         #: Resume was granted: the I/O layer keeps its results for a replay.
@@ -348,12 +346,9 @@ class ServerSession:
     def set_state(self, operation: ServerOperation, state: OpState) -> None:
         """Every transition goes here, so leaving SUPERSEDING releases its hold."""
         if operation.state is OpState.SUPERSEDING and state is not OpState.SUPERSEDING:
-            self.holding -= 1
             for new_id, pending in list(self.pending_supersedes.items()):
                 if pending.old_operation_id == operation.operation_id:
                     del self.pending_supersedes[new_id]
-        elif state is OpState.SUPERSEDING:
-            self.holding += 1
         operation.state = state
 
     def cancel(self, operation: ServerOperation, source: CancelSource, reason: int,
