@@ -53,6 +53,7 @@ from gateway.nnrp import (
     OperationCancelled,
     OperationResubmitted,
     OperationSubmitted,
+    OperationSuperseding,
     PeerClosed,
     PeerError,
     PriorityRequested,
@@ -389,6 +390,10 @@ class Connection:
                 if session is not None:
                     session.cancel(event.operation_id, CANCEL_CAUSES[event.source], CancelInfo(
                         event.source, event.reason, event.diagnostic, trio.current_time()))
+            case OperationSuperseding():
+                operation = self._operation(event.session_id, event.operation_id)
+                if operation is not None:
+                    operation.supersede()
             case DeadlineUpdated():
                 operation = self._operation(event.session_id, event.operation_id)
                 if operation is not None:

@@ -19,7 +19,7 @@ from gateway.tools.client import connect
 from gateway.transport import AlpnPolicy, QuicClientOptions, connect as connect_transport
 from gateway.transport._quic_client import _unacked_bytes
 from gateway.transport.quic import QuicClientTransport, QuicConnectError, client_configuration
-from tests.support.quic import Pki, make_pki, start_quic_server
+from tests.support.quic import Pki, make_pki, needs_ipv6_loopback, start_quic_server
 from tests.support.tls import client_context, make_pki as tls_pki
 from tests.support.waits import until
 
@@ -56,6 +56,25 @@ async def test_our_client_streams_over_quic(nursery: trio.Nursery, pki: Pki) -> 
     assert seen.transport == "quic"
     assert seen.header_trace_id == 0xABC
     assert gateway.stats.connections_total == 1
+
+
+@needs_ipv6_loopback
+async def test_our_client_over_ipv6_through_a_retry(nursery: trio.Nursery, pki: Pki) -> None:
+    """Issue 26: a listener on ::1 with address validation on every connection (a Retry,
+    whose token binds the client's IPv6 address) serves the project's client."""
+    gateway = await start_quic_server(nursery, pki, host="[::1]", retry_threshold=0)
+    assert gateway.uri.startswith("quic://[::1]:")
+    with trio.fail_after(15):
+        async with connect(gateway.uri, quic=trusting(pki)) as client:
+            session = await client.open_session()
+            operation = await session.submit(script(events=3))
+            events = [event async for event in operation.events()]
+            await session.close()
+    assert [type(e).__name__ for e in events] == ["PartialReceived"] * 3 + ["ResultReceived"]
+    assert gateway.stats.retries == 1
+    assert gateway.stats.invalid_tokens == 0
+    (seen,) = gateway.seen.operations
+    assert seen.transport == "quic"
 
 
 async def test_a_large_write_is_paced_by_the_send_buffer(nursery: trio.Nursery,
