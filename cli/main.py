@@ -139,8 +139,8 @@ def serve(
              "given).")] = None,
     quic_alpn: Annotated[QuicAlpn, typer.Option(
         envvar="NNRP_GATEWAY_QUIC_ALPN", rich_help_panel=LISTEN,
-        help="ALPN a quic:// listener accepts: none (nnrp-py's native client offers none), "
-             "nnrp/1 (older SDKs), or any.")] = QuicAlpn.none,
+        help="ALPN a quic:// listener accepts: any (the spec's nnrp/1, or none at all as "
+             "nnrp-py's native client offers), nnrp/1 only, or none only.")] = QuicAlpn.any,
     quic_idle_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_QUIC_IDLE_TIMEOUT", min=1.0, metavar="SECONDS",
         rich_help_panel=LISTEN,

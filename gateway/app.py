@@ -120,8 +120,9 @@ class GatewayConfig:
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
-    #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
-    quic_alpn: str = "none"
+    #: quic:// listeners: "any" (the spec's nnrp/1 or none at all, as nnrp-py's native
+    #: client offers), "nnrp/1" or "none" (AlpnPolicy says why "any" is the default).
+    quic_alpn: str = "any"
     #: A QUIC client silent this long is gone (its sessions detach or end).
     quic_idle_timeout: float = 30.0
     #: Benchmarks only: record each event's residence time, served at /debug/residence.

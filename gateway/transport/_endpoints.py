@@ -53,8 +53,8 @@ class QuicClientOptions:
 
     Args:
         alpn: the ALPN protocols offered; empty offers none, as nnrp-py's native client
-            does and the listener's default policy (``--quic-alpn none``) requires.
-            ``("nnrp/1",)`` for a listener that requires it.
+            does (the listener's default policy, ``--quic-alpn any``, accepts that and
+            ``nnrp/1``). ``("nnrp/1",)`` for a listener that requires it.
         server_name: the name checked against the server's certificate (and sent as
             SNI); default: the URI's host.
         ca_file: PEM trust anchors, before anything ``ssl_context`` holds. aioquic keeps
