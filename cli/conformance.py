@@ -338,3 +338,57 @@ def wire_probe(
         typer.echo(f"error   {error}")
     ok = not errors and all(r["outcome"] == "passed" for r in report["results"])
     raise typer.Exit(0 if ok else EXIT_FAILED)
+
+
+@conformance_app.command("host-route-target")
+def host_route_target(
+    scenario: Annotated[Path, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The host-route scenario, as the suite's case file has it.")],
+    resolved_scenario: Annotated[Path, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The same scenario with each locator resolved to an address to bind.")],
+    output: Annotated[Path, typer.Option(
+        metavar="JSON", help="Where to write the case result (wire-conformance-case-results).")],
+    ready_output: Annotated[Path, typer.Option(
+        metavar="JSON", help="Where to write the ready report once every listener is bound.")],
+    artifacts: Annotated[Path, typer.Option(
+        metavar="DIR", exists=True, file_okay=False,
+        help="The runner's case folder (server.der, server-key.der for TLS routes).")],
+    suite_version: Annotated[str, typer.Option(help="Echoed in the report.")] = "0.1.0",
+    target_name: Annotated[str, typer.Option(help="Echoed in the report.")] = "nnrp-vllm-gateway",
+    vllm_url: Annotated[str, typer.Option(
+        "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
+        help="The vLLM the gateway under test forwards to (the server scenarios only open "
+             "and close sessions).")] = "http://127.0.0.1:8000",
+) -> None:
+    """The suite's host-route target for the server scenarios (the Rust runner's
+    ``wire-run --host-route-target``; installed as ``nnrp-gateway-host-route-target``):
+    the gateway's real listener set binds the scenario's routes, serves, rolls back or
+    closes as the scenario asks, and the case result says what was observed."""
+    import trio
+
+    from gateway.observe import configure_logging
+    from gateway.tools.conformance import host_route_report, load_scenario, run_host_route
+
+    configure_logging(level="error", to_stderr=True)
+    quiet_quic_logs()
+    check_http_url(vllm_url, "--vllm-url")
+    for path, option in ((output, "--output"), (ready_output, "--ready-output")):
+        if path.is_dir():
+            raise UserError(f"{path} is a directory (give a file name)", option)
+        check_output_dir(path.parent, option)
+    documents = []
+    for path, option in ((scenario, "--scenario"), (resolved_scenario, "--resolved-scenario")):
+        try:
+            documents.append(load_scenario(path))
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"not a scenario ({exc})", f"{option} {path}") from None
+    result = trio.run(lambda: run_host_route(documents[0], documents[1], artifacts=artifacts,
+                                             ready_output=ready_output, vllm_url=vllm_url))
+    output.write_text(json.dumps(host_route_report(
+        result, suite_version=suite_version, target_name=target_name), indent=2) + "\n")
+    typer.echo(f"{result['outcome']:<7} {result['id']} ({result['terminal']}): "
+               f"{result['message']}")
+    # The runner reads the outcome from the report; a non-zero exit would say the target
+    # itself broke (nnrp-conformance host_route.rs, wait_for_child).

@@ -487,7 +487,7 @@ def _exit_for_user_error(error: BaseException) -> None:
     """Errors that are the operator's to fix, as ``UserError``: one line, an exit code."""
     from gateway.app import DrainInterrupted
     from gateway.tools.conformance import ManifestError
-    from gateway.transport import ListenError, TlsFileError
+    from gateway.transport import ListenerFailed, ListenError, TlsFileError
     from gateway.upstream import UnsupportedVersion
     from gateway.workers import EXIT_FATAL
 
@@ -497,6 +497,7 @@ def _exit_for_user_error(error: BaseException) -> None:
         (ListenError, EXIT_USAGE, "{}"),
         (TlsFileError, EXIT_USAGE, "{}"),
         (DrainInterrupted, EXIT_FAILED, "{}"),
+        (ListenerFailed, EXIT_FAILED, "{}"),
     )
     for kind, code, template in user_errors:
         found = first_of(error, kind)
@@ -771,6 +772,15 @@ def example_file() -> str:
 
 def main() -> None:
     app()
+
+
+def host_route_target_main() -> None:
+    """``nnrp-gateway-host-route-target``: the suite's runner runs one executable with
+    its own arguments (``wire-run --host-route-target EXE``), so ``conformance
+    host-route-target`` is installed under a name of its own too."""
+    import sys
+
+    app(["conformance", "host-route-target", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

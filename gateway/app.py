@@ -188,7 +188,9 @@ class Gateway:
     def readiness(self) -> list[str]:
         """Why the gateway is not ready (empty when it is)."""
         reasons = []
-        if not self.endpoints or not self.server.accepting:
+        if self.server.listener_failure is not None:
+            reasons.append(str(self.server.listener_failure))
+        elif not self.endpoints or not self.server.accepting:
             reasons.append("listeners are not accepting")
         problem = f": {self.upstream_problem}" if self.upstream_problem else ""
         if self.info is None:
@@ -361,6 +363,11 @@ async def serve_until_signalled(
     re-reads the TLS files, during the drain too. Another SIGTERM or SIGINT during the
     drain raises ``DrainInterrupted`` at once.
 
+    A listener that fails for good has already closed the whole listener set (the
+    server's rule; readiness says so): the gateway then drains as on SIGTERM and raises
+    that ``ListenerFailed``, so the process ends with an error its supervisor sees (a
+    pod restarted, not left alive and unready forever).
+
     The signal receiver opens before anything binds, so a signal that arrives during
     start-up is a drain, never the default handler's abrupt exit.
     """
@@ -389,8 +396,11 @@ async def serve_until_signalled(
             if stop_when is not None:
                 nursery.start_soon(watch, stop_when)
             endpoints = await nursery.start(gateway_app.run)
+            nursery.start_soon(watch, gateway_app.server.listener_set_failed.wait)
             if started is not None:
                 await started(endpoints)
             await stop.wait()
             await gateway_app.drain()
             nursery.cancel_scope.cancel()
+    if gateway_app.server.listener_failure is not None:
+        raise gateway_app.server.listener_failure
