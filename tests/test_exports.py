@@ -107,7 +107,7 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "ManifestError ValidationReport break_listener build_plan check_case "
+        "ManifestError ValidationReport WILDCARD_HOSTS break_listener build_plan check_case "
         "host_route_providers host_route_report host_route_scenarios load_scenario "
         "native_available native_client_options native_openai_submit probe recipes_root "
         "refuses run_host_route run_host_route_case run_plan run_wire_probe "

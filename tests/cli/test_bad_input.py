@@ -80,6 +80,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             busy.close()
 
 
+#: The host-route target's arguments as the runner gives them; a case overrides one
+#: (click takes an option's last value).
+HOST_ROUTE_TARGET = ["conformance", "host-route-target", "--scenario", "{tmp}/not.json",
+                     "--resolved-scenario", "{tmp}/not.json", "--output", "{tmp}/o.json",
+                     "--ready-output", "{tmp}/r.json", "--artifacts", "{tmp}"]
+
 #: (id, argv with placeholders for ``World``, exit status, what stderr must say).
 CASES: list[tuple[str, list[str], int, str]] = [
     # the top command
@@ -153,6 +159,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot create the output directory"),
     ("serve-target-manifest-dir", ["serve", "--target-manifest", "{tmp}", "--print-config"], 2,
      "{tmp} is a directory (give a file name), --target-manifest"),
+    ("serve-tls-server-name", ["serve", "--tls-server-name", "0.0.0.0", "--print-config"], 2,
+     "'0.0.0.0' is a wildcard address, not a name a certificate holds, --tls-server-name"),
     ("serve-workers", ["serve", "--workers", "0", "--print-config"], 2, "--workers"),
     ("serve-load-source", ["serve", "--load-source", "prometheus", "--print-config"], 2,
      "invalid value ('prometheus' is not one of 'metrics', 'load'), --load-source"),
@@ -279,6 +287,18 @@ CASES: list[tuple[str, list[str], int, str]] = [
                              "--endpoint", "ftp://x:1"], 2, "scheme must be"),
     ("wire-probe-out", ["conformance", "wire-probe", "--out", "{tmp}/a-file/w.json",
                         "--endpoint", "{gateway_tcp}"], 2, "cannot create the output directory"),
+    ("host-route-scenario", HOST_ROUTE_TARGET + ["--scenario", "{tmp}/none.json"], 2,
+     "does not exist"),
+    ("host-route-resolved", HOST_ROUTE_TARGET + ["--resolved-scenario", "{tmp}/none.json"], 2,
+     "does not exist"),
+    ("host-route-not-json", HOST_ROUTE_TARGET, 2, "not a scenario"),
+    ("host-route-output", HOST_ROUTE_TARGET + ["--output", "{tmp}/a-file/o.json"], 2,
+     "cannot create the output directory"),
+    ("host-route-ready-output", HOST_ROUTE_TARGET + ["--ready-output", "{tmp}"], 2,
+     "{tmp} is a directory (give a file name), --ready-output"),
+    ("host-route-artifacts", HOST_ROUTE_TARGET + ["--artifacts", "{tmp}/none"], 2,
+     "does not exist"),
+    ("host-route-vllm-url", HOST_ROUTE_TARGET + ["--vllm-url", "nope"], 2, "--vllm-url"),
     # bench
     ("bench-run-scenario", ["bench", "run", "--scenario", "nope"], 2,
      "unknown scenario(s) nope"),

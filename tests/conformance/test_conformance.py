@@ -300,7 +300,7 @@ def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
     context.load_cert_chain(der_pem)
     assert manifest["wire_conformance"]["capabilities"] == [
         "profile.openai-compatible.level1.wire", "control.cancel_abort",
-        "control.trace_context"]
+        "control.trace_context", "host.routes"]  # test_host_routes.py: the server side
     with pytest.raises(ManifestError, match="needs its certificate"):
         target_manifest(["wss://127.0.0.1:1/n"], target_name="g", max_frame_bytes=1,
                         max_in_flight=1)

@@ -4,7 +4,6 @@ project's own recipes, and the wire target manifest."""
 
 from ._host_route import (
     break_listener as break_listener,
-    host_route_providers as host_route_providers,
     host_route_report as host_route_report,
     load_scenario as load_scenario,
     refuses as refuses,
@@ -17,7 +16,9 @@ from ._host_route_runner import (
     validate_route as validate_route,
 )
 from ._manifest import (
+    WILDCARD_HOSTS as WILDCARD_HOSTS,
     ManifestError as ManifestError,
+    host_route_providers as host_route_providers,
     target_manifest as target_manifest,
     write_atomically as write_atomically,
 )

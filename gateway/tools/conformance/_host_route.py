@@ -62,29 +62,14 @@ import trio
 from gateway.app import Gateway, GatewayConfig
 from gateway.transport import ListenError, TlsConfig, parse_endpoint
 
-from ._manifest import SUITE_VERSION, write_atomically
+from ._manifest import PROVIDERS, SECURITY_MODES, SUITE_VERSION, write_atomically
 
 PROTOCOL_VERSION = "nnrp-1-preview4"
-#: The suite's provider ids for the four transports, as nnrp-rs and nnrp-py name them.
-PROVIDERS = {"tcp": "nnrp.transport.tcp.native", "quic": "nnrp.transport.quic.native",
-             "ipc": "nnrp.transport.ipc.native",
-             "websocket": "nnrp.transport.websocket.native"}
-#: Security modes each provider serves (the target manifest's ``host_route_providers``):
-#: tcps is tcp with ``tls_server_auth``, the only form the schema has for it.
-SECURITY_MODES = {"tcp": ["plain", "tls_server_auth"], "quic": ["tls_server_auth"],
-                  "ipc": ["plain"], "websocket": ["plain", "wss"]}
 #: What each step of a server scenario is, and the terminal it ends with (module table).
 SCENARIOS = {"connect_each_listener": "success", "bind_routes": "error",
              "fail_listener": "error"}
 #: Slack on top of the scenario's step timeout the runner allows the whole case.
 RUNNER_SLACK_S = 5.0
-
-
-def host_route_providers() -> list[dict[str, Any]]:
-    """The target manifest's ``host_route_providers``: every transport the gateway binds."""
-    return [{"transport": transport, "provider_id": provider, "installed": True,
-             "platforms": ["native"], "security_modes": SECURITY_MODES[transport]}
-            for transport, provider in PROVIDERS.items()]
 
 
 class ScenarioRefused(Exception):
