@@ -392,3 +392,75 @@ def host_route_target(
                f"{result['message']}")
     # The runner reads the outcome from the report; a non-zero exit would say the target
     # itself broke (nnrp-conformance host_route.rs, wait_for_child).
+
+
+@conformance_app.command("host-routes")
+def host_routes(
+    out: Annotated[Path, typer.Option(
+        metavar="DIR", help="Directory for results.json and each case's files.")],
+    target_manifest: Annotated[Path | None, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The target manifest to select scenarios from, as the runner does (serve "
+             "--target-manifest) [default: the gateway's own claims].")] = None,
+    target: Annotated[str | None, typer.Option(
+        metavar="PATH",
+        help="The host-route target executable [default: nnrp-gateway-host-route-target "
+             "beside this Python].")] = None,
+) -> None:
+    """The suite's server-role host-route scenarios, run as the Rust runner runs them
+    (wire-run --host-route-target) where it cannot run: the target as a process, a
+    session per listener with nnrp-py's native client, the runner's route rules, and the
+    closure probed after an error. Exit 1 unless every selected scenario passed."""
+    import os
+    import shutil
+    import sys
+
+    from gateway.observe import configure_logging
+    from gateway.tools.conformance import (
+        host_route_providers,
+        native_available,
+        run_host_route_case,
+        schema_errors,
+        select_host_routes,
+        target_manifest as build_manifest,
+    )
+
+    configure_logging(level="warning", to_stderr=True)
+    if not native_available():
+        raise UserError("the runner's client is nnrp-py's native client: pip install nnrp-py")
+    executable = target or str(Path(sys.executable).parent / "nnrp-gateway-host-route-target")
+    found = shutil.which(executable)
+    if found is None or not os.access(found, os.X_OK):
+        raise UserError("not an executable", f"--target {executable}")
+    if target_manifest is not None:
+        manifest = _read_json(target_manifest, "target manifest")
+        errors = schema_errors(manifest, "wire-conformance-target.schema.json")
+        if errors:
+            raise UserError(f"not a target manifest ({'; '.join(errors)})",
+                            f"--target-manifest {target_manifest}")
+    else:
+        manifest = build_manifest([], target_name="nnrp-vllm-gateway", max_frame_bytes=1,
+                                  max_in_flight=1)
+    check_output_dir(out, "--out")
+    selected, left_out = select_host_routes(manifest)
+    providers = manifest["wire_conformance"].get("host_route_providers") or \
+        host_route_providers()
+    results = []
+    for scenario in selected:
+        case_root = out / scenario["id"].replace(".", "-")
+        result = run_host_route_case(scenario, [found], case_root, providers,
+                                     target_name=manifest["target_name"])
+        results.append(result)
+        typer.echo(f"{result['outcome']:<7} {result['id']}  ({result.get('message', '')})")
+    for scenario_id in left_out:
+        typer.echo(f"{'n/a':<7} {scenario_id} (not selected by the manifest)")
+    report = {"$schema": "../schemas/wire-conformance-case-results.schema.json",
+              "protocol_version": "nnrp-1-preview4", "suite_version": "0.1.0",
+              "target_name": manifest["target_name"], "results": results}
+    errors = schema_errors(report, "wire-conformance-case-results.schema.json")
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    for error in errors:
+        typer.echo(f"error   {error}")
+    passed = sum(r["outcome"] == "passed" for r in results)
+    typer.echo(f"{passed}/{len(results)} host-route scenarios passed")
+    raise typer.Exit(0 if results and passed == len(results) and not errors else EXIT_FAILED)

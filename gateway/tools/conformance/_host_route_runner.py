@@ -290,7 +290,8 @@ def run_host_route_case(scenario: dict[str, Any], target: list[str], case_root: 
              for name in ("scenario", "resolved-scenario", "target-result", "target-ready")}
     paths["scenario"].write_text(json.dumps(scenario, indent=2))
     paths["resolved-scenario"].write_text(json.dumps(resolved, indent=2))
-    budget = _step_s(scenario) + 5.0  # the runner's wire_timeout
+    # The runner's wire_timeout, given afresh to each phase (ready, connect, exit).
+    budget = _step_s(scenario) + 5.0
     started = time.monotonic()
     observed: list[tuple[str, str]] = []
     problems: list[str] = []
@@ -309,8 +310,8 @@ def run_host_route_case(scenario: dict[str, Any], target: list[str], case_root: 
                     time.sleep(0.02)  # the runner polls for the file every 20 ms
                 if paths["target-ready"].is_file():
                     routes = _ready_routes(paths["target-ready"], scenario)
-                    observed = _connect_each(routes, trusted, started + budget)
-            status = child.wait(timeout=max(0.1, budget - (time.monotonic() - started)))
+                    observed = _connect_each(routes, trusted, time.monotonic() + budget)
+            status = child.wait(timeout=budget)
         except subprocess.TimeoutExpired:
             problems.append("the target exceeded the scenario's time")
             status = None
