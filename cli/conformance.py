@@ -201,8 +201,8 @@ def run(
     out: Annotated[Path, typer.Option(
         metavar="DIR", help="Directory for plan, results and evidence.")],
     client: Annotated[Client | None, typer.Option(
-        help="native (nnrp-py's Rust-backed client; the default when installed and no "
-             "auth token is given) or builtin.")] = None,
+        help="native (nnrp-py's Rust-backed client; the default when installed, no auth "
+             "token is given and a TLS endpoint has --ca-file) or builtin.")] = None,
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
@@ -233,15 +233,18 @@ def run(
         check_http_url(backend_log, source(ctx, "backend_log"))
     trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     check_output_dir(out, "--out")  # last: a refused run leaves no empty directory
+    tls = endpoint.split("://", 1)[0] in ("tcps", "wss", "quic")
+    # The native client cannot present a token, and trusts only --ca-file (no store).
     chosen = (client.value if client is not None
-              else "native" if native_available() and not trust.auth else "builtin")
+              else "native" if native_available() and not trust.auth
+              and (ca_file is not None or not tls) else "builtin")
     if chosen == "native" and not native_available():
         raise UserError("--client native needs nnrp-py (pip install nnrp-py)")
     if chosen == "native" and trust.auth:
         raise UserError("nnrp-py's native client cannot present a session auth token; "
                         "use --client builtin", "--client native")
-    if chosen == "native" and endpoint.startswith("quic://") and ca_file is None:
-        raise UserError("the native client over quic:// needs --ca-file (it trusts one "
+    if chosen == "native" and tls and ca_file is None:
+        raise UserError("the native client over TLS needs --ca-file (it trusts one "
                         "certificate, not the system's store)", endpoint)
     try:
         document = _capabilities(endpoint, capabilities, False, trust)

@@ -428,3 +428,21 @@ def test_conformance_plan_reaches_a_tls_gateway_with_its_ca_file(world: World) -
                                  str(world.cert)])
     assert result.exit_code == 0, result.stderr
     assert "selected" in result.stdout
+
+
+def test_conformance_run_and_wire_probe_reach_tcps_with_the_default_client(world: World
+                                                                           ) -> None:
+    # Issue 26: the default (native) client crashed on tcps (route-unresolved), and the
+    # wire probe ran nothing there.
+    pytest.importorskip("nnrp.client.native")
+    result = runner.invoke(app, ["conformance", "run", "--endpoint", world.gateway_tcps,
+                                 "--ca-file", str(world.cert), "--suite-only",
+                                 "--no-check-without-extensions",
+                                 "--out", str(world.tmp / "run-tcps")])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "passed with the native client" in result.stdout
+    probe = runner.invoke(app, ["conformance", "wire-probe", "--endpoint", world.gateway_tcps,
+                                "--ca-file", str(world.cert),
+                                "--out", str(world.tmp / "wire-tcps.json")])
+    assert probe.exit_code == 0, probe.stdout + probe.stderr
+    assert probe.stdout.count("passed  gateway.wire.tcps.") == 3
