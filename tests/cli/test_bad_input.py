@@ -446,3 +446,16 @@ def test_conformance_run_and_wire_probe_reach_tcps_with_the_default_client(world
                                 "--out", str(world.tmp / "wire-tcps.json")])
     assert probe.exit_code == 0, probe.stdout + probe.stderr
     assert probe.stdout.count("passed  gateway.wire.tcps.") == 3
+
+
+def test_every_conformance_command_that_connects_takes_trust_and_a_token() -> None:
+    """Issue 26: --ca-file and --auth-token on every conformance command that reaches a
+    gateway (validate reads files; host-routes and host-route-target bring their own
+    certificate, the runner's, and no endpoint)."""
+    group = get_command(app).commands["conformance"]  # type: ignore[attr-defined]
+    connecting = {name: {opt for param in command.params for opt in param.opts}
+                  for name, command in group.commands.items()
+                  if any("--endpoint" in param.opts for param in command.params)}
+    assert sorted(connecting) == ["plan", "run", "wire-probe"]
+    for name, options in connecting.items():
+        assert {"--ca-file", "--auth-token", "--auth-token-file"} <= options, name
