@@ -156,3 +156,42 @@ async def test_a_websocket_listener_failure_closes_the_set_too(running: RunningS
     assert server.listener_failure.uri == ws
     for kind in ("tcp", "ipc", "websocket"):
         assert await refuses(running.uri(kind))
+
+
+async def test_a_quic_socket_that_fails_closes_the_set(nursery: trio.Nursery,
+                                                       tmp_path: Path) -> None:
+    """A QUIC listener's socket failing for good (its recvfrom raising what no datagram
+    causes: EBADF; injected, as no real socket can be made to fail so while trio waits on
+    it) ends its listener, and the server closes the whole set as for a stream listener.
+    An ICMP error reported on the socket (ECONNREFUSED) does not."""
+    from gateway.transport import QuicSettings, TlsConfig
+    from tests.support.quic import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+
+    async def handler(op: Any) -> None:
+        raise AssertionError("nothing is served")
+
+    server = GatewayServer(handler, quic=QuicSettings(TlsConfig(pki.cert, pki.key)))
+    endpoints = await nursery.start(server.serve, ["tcp://127.0.0.1:0", "quic://127.0.0.1:0"])
+    tcp, quic = (e.uri for e in endpoints)
+    (listener,) = server.quic_listeners
+    receive = listener._trio_sock.recvfrom
+    failures = [OSError(errno.ECONNREFUSED, "Connection refused"),
+                OSError(errno.EBADF, "Bad file descriptor")]
+
+    async def failing(size: int) -> Any:
+        if failures:
+            raise failures.pop(0)
+        return await receive(size)
+
+    listener._trio_sock.recvfrom = failing  # type: ignore[method-assign]
+    with socket.socket(type=socket.SOCK_DGRAM) as peer:  # wakes the pending receive
+        peer.sendto(b"x", ("127.0.0.1", int(quic.rsplit(":", 1)[1])))
+    with trio.fail_after(10):
+        await server.listener_set_failed.wait()
+    failure = server.listener_failure
+    assert failure is not None and (failure.uri, failure.transport) == (quic, "quic")
+    assert "Bad file descriptor" in str(failure)
+    assert failures == []  # the ICMP error was passed over, the EBADF was not
+    assert await refuses(tcp)
