@@ -53,8 +53,26 @@ lint: $(TEST_STAMP) ## ruff on gateway, cli and tests
 typecheck: $(TEST_STAMP) ## mypy --strict on gateway and cli
 	$(BIN)/mypy --strict gateway cli
 
-unit: $(TEST_STAMP) ## the whole pytest suite
+unit: $(TEST_STAMP) $(BIN)/promtool ## the whole pytest suite
 	$(BIN)/pytest -q
+
+# Prometheus' promtool, for the alert rules' unit tests and the /metrics lint
+# (tests/deploy/test_observability.py): the binary alone, unpacked from Debian's
+# `prometheus` package into the venv (8 s here; it needs only libc), so no Prometheus
+# service is set up and nothing lands outside .venv. apt's lists are fetched first only
+# when there are none and we are root. Where this cannot work (no apt, no lists), the
+# tests that need promtool skip and say why; one on the PATH is used as it is.
+$(BIN)/promtool: | $(RUNTIME_STAMP)
+	@if command -v promtool > /dev/null; then echo "promtool: $$(command -v promtool)"; \
+	elif command -v apt-get > /dev/null && command -v dpkg-deb > /dev/null; then \
+	  dir=$$(mktemp -d) && chmod a+rwx $$dir && \
+	  { ls /var/lib/apt/lists/*_Packages* > /dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
+	    || apt-get update -qq; } && \
+	  (cd $$dir && apt-get download -qq prometheus) && \
+	  dpkg-deb -x $$dir/prometheus_*.deb $$dir/root && \
+	  cp $$dir/root/usr/bin/promtool $@; rm -rf $$dir; \
+	fi; test -x $@ || command -v promtool > /dev/null \
+	  || echo "promtool unavailable: the tests that need it will skip"
 
 conformance: $(TEST_STAMP) ## the suite's and the project's recipes on every transport, both clients
 	BIN=$(BIN) bash .ci/conformance

@@ -17,6 +17,7 @@ from ._app import GatewayTyper, UserError, source
 from ._settings import check_host_port, check_http_url, check_output_dir
 
 if TYPE_CHECKING:
+    from gateway.tools.bench.profile import Profile
     from gateway.tools.bench.soak import SoakReport
     from gateway.tools.bench.stats import Figure
 
@@ -247,12 +248,20 @@ def live_command(
         metavar="URL", help="An existing gateway in front of that vLLM (default: start one).")
     ] = None,
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
+    streams: Annotated[int | None, typer.Option(
+        min=1, max=1024, metavar="N",
+        help="Also N concurrent streams through the gateway, then direct: the gateway's CPU "
+             "per event against vLLM's API-server CPU per SSE chunk (both on this machine: "
+             "the kernel's per-process clocks), their ratio, events against chunks.")
+    ] = None,
     quick: Quick = False, as_json: AsJson = False, out: Out = None,
 ) -> None:
-    """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%)."""
+    """TTFT and time per output token through the gateway vs direct HTTP (goal: within 3%);
+    with --streams N, the CPU each side spends per token at N concurrent streams."""
     import httpx
     import trio
 
+    from gateway.tools.bench.live_cost import LiveCostUnavailable, local_port, owners
     from gateway.tools.bench.scenarios import live
     from gateway.tools.client import ClientError
 
@@ -263,23 +272,98 @@ def live_command(
         check_endpoint(endpoint, source(ctx, "endpoint"))
     if out is not None:
         check_output_dir(out, "--out")
+    try:
+        if streams is not None:  # its API server's CPU clock is read here
+            local_port(vllm_url, "vLLM")
+    except LiveCostUnavailable as exc:
+        raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url) from None
     try:  # before a gateway is started in front of it: is anybody there?
         httpx.get(f"{vllm_url.rstrip('/')}/version", timeout=5, trust_env=False)
     except httpx.HTTPError as exc:
         raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
                         code=1) from None
+    if streams is not None:  # before the TTFT rounds: can its API server be found here?
+        try:
+            owners(local_port(vllm_url, "vLLM"), f"vLLM's API server at {vllm_url}")
+        except LiveCostUnavailable as exc:
+            raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url,
+                            code=1) from None
     _quiet_logs()
     try:
         results = _with_progress(
-            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p)}, as_json)
+            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p, streams)},
+            as_json)
+    except LiveCostUnavailable as exc:
+        raise UserError(f"--streams cannot measure the gateway: {exc}",
+                        endpoint or "the gateway", code=1) from None
     except httpx.HTTPError as exc:
         raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
                         code=1) from None
     except (ClientError, OSError, trio.TooSlowError) as exc:
         raise connection_failure(exc, endpoint or "the gateway bench live started") from None
     if out is not None:
-        _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}")
+        _write_out(out, results, f"nnrp-gateway bench live --vllm-url {vllm_url}"
+                   + ("" if streams is None else f" --streams {streams}")
+                   + (" --quick" if quick else ""))
     _report("live", results["live"], as_json, None)
+
+
+@bench_app.command("profile")
+def profile_command(
+    out: Annotated[Path, typer.Option(
+        "--out", metavar="DIR", help="Where the flame graphs (NAME.svg), the collapsed "
+                                     "stacks (NAME.collapsed, to diff) and profile.md go.")],
+    quick: Quick = False, as_json: AsJson = False,
+    rate: Annotated[int, typer.Option(min=1, max=1000, metavar="HZ",
+                                      help="py-spy's samples a second.")] = 250,
+) -> None:
+    """Flame graphs of the gateway process (py-spy, the 'profile' extra) under 256 paced
+    streams and under one paced stream, with its CPU per event over the same window and
+    the frames with the most self time."""
+    import trio
+
+    from gateway.tools.bench.profile import ProfilerUnavailable, profile
+
+    check_output_dir(out, "--out")
+    _quiet_logs()
+    profiles: list[Profile] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        profiles.extend(trio.run(lambda: profile(out, quick, progress, rate=rate)))
+        return {}
+
+    try:
+        _with_progress(work, as_json)
+    except ProfilerUnavailable as exc:
+        raise UserError(f"cannot profile the gateway: {exc}", "py-spy", code=1) from None
+    command = ("nnrp-gateway bench profile" + (" --quick" if quick else "")
+               + f" --rate {rate}")
+    document = {"command": command, "machine": _machine(),
+                "profiles": [p.as_dict() for p in profiles]}
+    (out / "profile.json").write_text(json.dumps(document, indent=2) + "\n")
+    text = _profile_markdown(command, profiles)
+    (out / "profile.md").write_text(text)
+    typer.echo(json.dumps(document, indent=2) if as_json else text, nl=False)
+
+
+def _profile_markdown(command: str, profiles: list[Profile]) -> str:
+    from gateway.tools.bench.flame import top_frames_table
+
+    lines = [f"# Where the gateway's CPU goes\n\n`{command}` on {_machine()}\n"]
+    for p in profiles:
+        lines.append(f"\n## {p.load.what}\n\n{p.events} events in {p.wall_seconds:.1f} s; "
+                     f"gateway CPU {p.cpu_seconds:.2f} s ({p.cpu_per_event_us:.1f} us an "
+                     f"event, {p.cpu_seconds / max(p.wall_seconds, 1e-9) * 100:.0f} % of a "
+                     f"core); {p.events_per_read or 0:.2f} events per upstream read; "
+                     f"{p.samples} samples. Graph: [{p.load.name}.svg]"
+                     f"({p.load.name}.svg), stacks: [{p.load.name}.collapsed]"
+                     f"({p.load.name}.collapsed).\n\nFrames with the most self time "
+                     "(self: the frame was running; total: it was on the stack):\n")
+        lines.append(top_frames_table(p.shares))
+        lines.append("Self time by where the code lives:\n\n| unit | self |\n|---|---:|\n"
+                     + "".join(f"| `{key}` | {share * 100:.1f} % |\n"
+                               for key, share in p.areas[:12]))
+    return "\n".join(lines)
 
 
 @bench_app.command("soak")

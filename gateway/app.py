@@ -177,6 +177,7 @@ class Gateway:
         self.probed = trio.Event()
         self.draining = False
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
+        self.metrics.attach_readiness(self.readiness)
         if self.server.registry is not None:
             self.metrics.attach_resume(self.server.registry)
         self.metrics.attach_quic(lambda: self.server.quic_listeners)

@@ -60,6 +60,9 @@ PUBLIC: dict[str, str] = {
         "TypedBody TypedBodyError TypedDescriptor TypedFrame VERSION_MAJOR WIRE_FORMAT Window "
         "WireMessage decode_packet encode encode_openai_submit encode_partial_result identity_of "
         "pack_single_frame pack_tokens pack_typed_body parse_tokens parse_typed_body "
+        "FAULTS LegacyDescriptor ObjectDeltaFlag ObjectFault ObjectLimits ObjectRefFlag "
+        "ObjectReference ObjectRefusal ObjectReleaseFlag ObjectTable Released "
+        "check_object_references unpack_legacy_descriptors unpack_object_references "
     ),
     "gateway.profile": (
         "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES "

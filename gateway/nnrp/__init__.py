@@ -7,7 +7,8 @@ declared), ``_messages`` (one class per message type), ``_codec`` (header, packe
 the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
 machine reports), ``_server`` (a connection: handshake, sessions, the rule table),
 ``_server_session`` (one session: operations and results), ``_server_controls`` (the
-runtime controls), ``_client`` (the client's state machine), ``_errors``.
+runtime controls), ``_objects`` (a session's runtime objects), ``_client`` (the
+client's state machine), ``_errors``.
 """
 
 from ._body import (
@@ -16,13 +17,18 @@ from ._body import (
     PRELUDE_LEN as PRELUDE_LEN,
     TOKEN_TEXT_FRAME as TOKEN_TEXT_FRAME,
     FrameShape as FrameShape,
+    LegacyDescriptor as LegacyDescriptor,
+    ObjectReference as ObjectReference,
     Prelude as Prelude,
     TypedBody as TypedBody,
     TypedDescriptor as TypedDescriptor,
     TypedFrame as TypedFrame,
+    check_object_references as check_object_references,
     pack_single_frame as pack_single_frame,
     pack_typed_body as pack_typed_body,
     parse_typed_body as parse_typed_body,
+    unpack_legacy_descriptors as unpack_legacy_descriptors,
+    unpack_object_references as unpack_object_references,
 )
 from ._client import (
     ClientConnection as ClientConnection,
@@ -89,6 +95,9 @@ from ._constants import (
     MemoryLocationHint as MemoryLocationHint,
     MigrateAccept as MigrateAccept,
     MsgType as MsgType,
+    ObjectDeltaFlag as ObjectDeltaFlag,
+    ObjectRefFlag as ObjectRefFlag,
+    ObjectReleaseFlag as ObjectReleaseFlag,
     ObjectReleaseReason as ObjectReleaseReason,
     OwnershipHint as OwnershipHint,
     PartialFlag as PartialFlag,
@@ -216,6 +225,14 @@ from ._messages import (
     TraceContext as TraceContext,
     TransportProbe as TransportProbe,
     TransportProbeAck as TransportProbeAck,
+)
+from ._objects import (
+    FAULTS as FAULTS,
+    ObjectFault as ObjectFault,
+    ObjectLimits as ObjectLimits,
+    ObjectRefusal as ObjectRefusal,
+    ObjectTable as ObjectTable,
+    Released as Released,
 )
 from ._server import (
     MIGRATION_REFUSED as MIGRATION_REFUSED,

@@ -9,6 +9,18 @@ points (offset, length) into the typed-frame region. Offsets ascend and never ov
 and the union of the descriptors' kinds must equal the non-tensor bits of the
 metadata's ``payload_kind_bitmap``.
 
+The object-reference region holds 24-byte cache-backed references (``ObjectReference``:
+object_kind u16, ref_flags u16 = 0, cache_namespace u32, cache_key_hi u64, cache_key_lo
+u64; nnrp-py's ``ObjectReferenceBlock``, suite case ``l0.object_reference.block.golden``).
+FRAME_SUBMIT's ``object_ref_mask`` says which standard slots are referenced, and the
+region must hold exactly those, in slot order (``check_object_references``; nnrp-py's
+``_validate_frame_submit_object_contract``): an inline submit references nothing.
+
+Preview2's 16-byte descriptor (kind u16, profile u16, offset u32, length u32, reserved
+u32) survives only in the suite's legacy L0 vectors and "is never valid on the live
+wire" (the wire digest, section 3): ``LegacyDescriptor`` reads and writes it, and a
+submit whose descriptor region has that shape is refused saying so.
+
 A violation raises ``TypedBodyError``: it fails the one operation, never the
 connection (the reference server hands such a submit to the application, which
 answers ``invalid_submit_body``).
@@ -22,13 +34,24 @@ from typing import NamedTuple
 
 import attrs
 
-from ._constants import DescriptorFlag, PayloadKind, StreamSemantics
+from ._constants import CacheObjectKind, DescriptorFlag, PayloadKind, StreamSemantics, SubmitMode
 from ._errors import TypedBodyError
 
 PRELUDE = struct.Struct("<8I")
 DESCRIPTOR = struct.Struct("<HBBIIHHII")
+OBJECT_REFERENCE = struct.Struct("<HHIQQ")
+LEGACY_DESCRIPTOR = struct.Struct("<HHIII")
 PRELUDE_LEN = PRELUDE.size  # 32
 DESCRIPTOR_LEN = DESCRIPTOR.size  # 24
+OBJECT_REFERENCE_LEN = OBJECT_REFERENCE.size  # 24
+LEGACY_DESCRIPTOR_LEN = LEGACY_DESCRIPTOR.size  # 16
+#: FRAME_SUBMIT object_ref_mask: bit -> the standard slot it references, in slot order.
+REFERENCE_SLOTS = ((1 << 0, int(CacheObjectKind.CAMERA_BLOCK)),
+                   (1 << 1, int(CacheObjectKind.TILE_INDEX_BLOCK)),
+                   (1 << 2, int(CacheObjectKind.TENSOR_SECTION_TABLE)),
+                   (1 << 3, int(CacheObjectKind.PAYLOAD_LAYOUT_TEMPLATE)))
+_SLOT_MASK = sum(bit for bit, _ in REFERENCE_SLOTS)
+_CACHE_OBJECT_KINDS = frozenset(int(k) for k in CacheObjectKind)
 _KIND_BITS = frozenset(int(k) for k in PayloadKind if k and k != PayloadKind.TENSOR)
 
 
@@ -96,6 +119,92 @@ class TypedDescriptor(NamedTuple):
         return cls(profile_id, kind, flags, schema_id, schema_version, semantics, off, length)
 
 
+class ObjectReference(NamedTuple):
+    """A 24-byte cache-backed object reference of the object_reference region."""
+
+    object_kind: int
+    cache_namespace: int
+    cache_key_hi: int
+    cache_key_lo: int
+
+    def pack(self) -> bytes:
+        return OBJECT_REFERENCE.pack(self.object_kind, 0, self.cache_namespace,
+                                     self.cache_key_hi, self.cache_key_lo)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview, offset: int = 0) -> ObjectReference:
+        kind, ref_flags, namespace, key_hi, key_lo = OBJECT_REFERENCE.unpack_from(data, offset)
+        if kind not in _CACHE_OBJECT_KINDS:
+            raise TypedBodyError(f"object reference object_kind {kind} is not defined")
+        if ref_flags:
+            raise TypedBodyError(f"object reference ref_flags {ref_flags:#x} must be 0")
+        return cls(kind, namespace, key_hi, key_lo)
+
+
+def unpack_object_references(region: bytes | memoryview) -> tuple[ObjectReference, ...]:
+    """Every block of an object_reference region."""
+    if len(region) % OBJECT_REFERENCE_LEN:
+        raise TypedBodyError(f"object_reference region of {len(region)} bytes is not a "
+                             f"multiple of {OBJECT_REFERENCE_LEN}")
+    return tuple(ObjectReference.unpack(region, offset)
+                 for offset in range(0, len(region), OBJECT_REFERENCE_LEN))
+
+
+def check_object_references(references: Sequence[ObjectReference], *, submit_mode: int,
+                            object_ref_mask: int) -> None:
+    """FRAME_SUBMIT's mask and its region agree (module docstring)."""
+    if object_ref_mask & ~_SLOT_MASK:
+        raise TypedBodyError(f"object_ref_mask {object_ref_mask:#x} names undefined slots")
+    if submit_mode == SubmitMode.INLINE and (object_ref_mask or references):
+        raise TypedBodyError("an inline submit (submit_mode 0) references no object")
+    expected = [kind for bit, kind in REFERENCE_SLOTS if object_ref_mask & bit]
+    actual = [reference.object_kind for reference in references]
+    if actual != expected:
+        raise TypedBodyError(f"object_reference region holds kinds {actual}, object_ref_mask "
+                             f"{object_ref_mask:#x} names {expected} (one each, in slot order)")
+
+
+class LegacyDescriptor(NamedTuple):
+    """Preview2's 16-byte typed-payload descriptor (legacy L0 vectors only)."""
+
+    payload_kind: int
+    profile_id: int
+    offset: int
+    length: int
+
+    def pack(self) -> bytes:
+        return LEGACY_DESCRIPTOR.pack(self.payload_kind, self.profile_id, self.offset,
+                                      self.length, 0)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview, offset: int = 0) -> LegacyDescriptor:
+        kind, profile_id, frame_offset, length, reserved = LEGACY_DESCRIPTOR.unpack_from(
+            data, offset)
+        if kind not in _KIND_BITS:
+            raise TypedBodyError(f"legacy descriptor payload_kind {kind:#x} is not one "
+                                 "non-tensor kind")
+        if reserved:
+            raise TypedBodyError("legacy descriptor reserved field must be 0")
+        return cls(kind, profile_id, frame_offset, length)
+
+
+def unpack_legacy_descriptors(region: bytes | memoryview) -> tuple[LegacyDescriptor, ...]:
+    """A legacy descriptor table: ascending, non-overlapping frames."""
+    if len(region) % LEGACY_DESCRIPTOR_LEN:
+        raise TypedBodyError(f"legacy descriptor table of {len(region)} bytes is not a "
+                             f"multiple of {LEGACY_DESCRIPTOR_LEN}")
+    descriptors = tuple(LegacyDescriptor.unpack(region, offset)
+                        for offset in range(0, len(region), LEGACY_DESCRIPTOR_LEN))
+    end_of_previous = 0
+    for index, descriptor in enumerate(descriptors):
+        if descriptor.offset < end_of_previous:
+            raise TypedBodyError(f"legacy descriptor {index} offset {descriptor.offset} "
+                                 f"overlaps or goes back (previous frame ends at "
+                                 f"{end_of_previous})")
+        end_of_previous = descriptor.offset + descriptor.length
+    return descriptors
+
+
 class TypedFrame(NamedTuple):
     """One typed payload frame: its descriptor and its bytes."""
 
@@ -104,17 +213,19 @@ class TypedFrame(NamedTuple):
 
 
 class TypedBody(NamedTuple):
-    """A parsed typed body. Object and extension regions are kept raw."""
+    """A parsed typed body. Inline objects and extension regions are kept raw."""
 
     frames: tuple[TypedFrame, ...]
     inline_object: bytes = b""
-    object_reference: bytes = b""
+    object_references: tuple[ObjectReference, ...] = ()
     extension_descriptor: bytes = b""
     extension_payload: bytes = b""
 
 
-def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]]) -> bytes:
-    """Build prelude ‖ descriptors ‖ frame payloads, laying the payloads out back to back.
+def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]], *,
+                    object_references: Sequence[ObjectReference] = ()) -> bytes:
+    """Build prelude ‖ object references ‖ descriptors ‖ frame payloads, laying the
+    payloads out back to back.
 
     The descriptors' ``offset`` and ``length`` are filled in here.
     """
@@ -123,8 +234,11 @@ def pack_typed_body(frames: Sequence[tuple[TypedDescriptor, bytes]]) -> bytes:
     for descriptor, payload in frames:
         descriptors += descriptor._replace(offset=offset, length=len(payload)).pack()
         offset += len(payload)
-    prelude = Prelude(typed_descriptor=len(descriptors), typed_frame=offset)
-    return b"".join((prelude.pack(), bytes(descriptors), *(p for _, p in frames)))
+    references = b"".join(reference.pack() for reference in object_references)
+    prelude = Prelude(object_reference=len(references), typed_descriptor=len(descriptors),
+                      typed_frame=offset)
+    return b"".join((prelude.pack(), references, bytes(descriptors),
+                     *(p for _, p in frames)))
 
 
 class FrameShape(NamedTuple):
@@ -178,6 +292,13 @@ def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_cou
         raise TypedBodyError(
             f"body regions add up to {PRELUDE_LEN + prelude.total()} bytes, body_len is "
             f"{len(body)}")
+    if (payload_frame_count and prelude.typed_descriptor == LEGACY_DESCRIPTOR_LEN
+            * payload_frame_count):
+        raise TypedBodyError(
+            f"typed_descriptor region is {prelude.typed_descriptor} bytes: "
+            f"{payload_frame_count} preview2 descriptors of {LEGACY_DESCRIPTOR_LEN} bytes, "
+            f"which preview4 does not accept on the wire (descriptors are "
+            f"{DESCRIPTOR_LEN} bytes)")
     if prelude.typed_descriptor != DESCRIPTOR_LEN * payload_frame_count:
         raise TypedBodyError(
             f"typed_descriptor region is {prelude.typed_descriptor} bytes, payload_frame_count "
@@ -209,5 +330,5 @@ def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_cou
     if kinds != payload_kind_bitmap & ~int(PayloadKind.TENSOR):
         raise TypedBodyError(f"descriptor kinds {kinds:#x} differ from payload_kind_bitmap "
                              f"{payload_kind_bitmap:#x}")
-    return TypedBody(tuple(frames), bytes(inline), bytes(objref), bytes(ext_desc),
-                     bytes(ext_payload))
+    return TypedBody(tuple(frames), bytes(inline), unpack_object_references(objref),
+                     bytes(ext_desc), bytes(ext_payload))

@@ -325,6 +325,32 @@ class PartialFlag(IntFlag):
     OBJECT_REF = 0x02
 
 
+class ObjectRefFlag(IntFlag):
+    """OBJECT_REF flags (value registries, "Flag Masks")."""
+
+    NONE = 0
+    BORROWED = 0x01
+    MUTABLE = 0x02
+    REGION_PRESENT = 0x04
+
+
+class ObjectReleaseFlag(IntFlag):
+    """OBJECT_RELEASE flags."""
+
+    NONE = 0
+    FINAL_RELEASE = 0x01
+    INVALIDATES_DEPENDENTS = 0x02
+
+
+class ObjectDeltaFlag(IntFlag):
+    """OBJECT_PATCH / OBJECT_DELTA flags."""
+
+    NONE = 0
+    REPLACES_REGION = 0x01
+    COMPRESSED = 0x02
+    FINAL_DELTA = 0x04
+
+
 class PressureFlag(IntFlag):
     """BACKPRESSURE / CREDIT_UPDATE flags: which scope ``scope_id`` names (neither: session)."""
 

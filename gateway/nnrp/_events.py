@@ -23,6 +23,8 @@ class CancelSource(enum.Enum):
     SESSION_CANCEL = "session_cancel"  # CANCEL/ABORT with operation_id 0
     SESSION_CLOSE = "session_close"  # SESSION_CLOSE with in_flight=abort
     SUPERSEDE = "supersede"  # a SUPERSEDE whose replacement has been admitted
+    #: OBJECT_RELEASE with invalidates-dependents, of an object the operation references
+    OBJECT_INVALIDATED = "object_invalidated"
 
 
 class RefusalReason(enum.Enum):
@@ -36,6 +38,9 @@ class RefusalReason(enum.Enum):
     RESUBMISSION_DIFFERS = "resubmission_differs"
     #: ...or what the client may have missed is no longer held.
     RESULTS_UNAVAILABLE = "results_unavailable"
+    #: Its body references cached objects (object_reference region) this server does not
+    #: hold: each is answered CACHE_MISS first.
+    OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"
 
 
 @attrs.frozen

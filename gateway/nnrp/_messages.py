@@ -50,6 +50,9 @@ from ._constants import (
     LossTolerance,
     MemoryLocationHint,
     MsgType,
+    ObjectDeltaFlag,
+    ObjectRefFlag,
+    ObjectReleaseFlag,
     ObjectReleaseReason,
     OwnershipHint,
     PartialFlag,
@@ -926,7 +929,8 @@ class ObjectRef(WireMessage):
     object_version: int = wire("Q")
     offset: int = wire("Q")
     length: int = wire("Q")
-    flags: int = wire("I", mask=0x07)  # borrowed, mutable, region
+    flags: int = wire("I", mask=int(ObjectRefFlag.BORROWED | ObjectRefFlag.MUTABLE
+                                    | ObjectRefFlag.REGION_PRESENT))
     metadata_bytes: int = wire("I")
 
     def expected_body_len(self) -> int | None:
@@ -942,7 +946,8 @@ class ObjectRelease(WireMessage):
     operation_id: int = wire("Q")
     release_reason: int = wire("H", allowed=ObjectReleaseReason)
     source_role: int = wire("B", allowed=Role)
-    flags: int = wire("B", mask=0x03)  # final, invalidates dependents
+    flags: int = wire("B", mask=int(ObjectReleaseFlag.FINAL_RELEASE
+                                    | ObjectReleaseFlag.INVALIDATES_DEPENDENTS))
     diagnostic_bytes: int = wire("I")
     _reserved: ClassVar[Reserved] = reserved("Q")
 
@@ -957,7 +962,8 @@ class _ObjectDelta(WireMessage):
     region_offset: int = wire("Q")
     region_bytes: int = wire("I")
     delta_bytes: int = wire("I")
-    flags: int = wire("I", mask=0x07)  # replaces region, compressed, final
+    flags: int = wire("I", mask=int(ObjectDeltaFlag.REPLACES_REGION
+                                    | ObjectDeltaFlag.COMPRESSED | ObjectDeltaFlag.FINAL_DELTA))
     metadata_bytes: int = wire("I")
 
     def expected_body_len(self) -> int | None:

@@ -8,7 +8,8 @@ session's own state and frames are ``_server_session``, the runtime controls
 
 Rules (the ``_RULES`` table at the bottom has one row per preview4 message type; each
 row names its acceptance scope and its handler, and each handler cites its rule; rules
-5 and 15 are ``_server_session``'s, 6 to 10, 12 to 14 ``_server_controls``'):
+5 and 15 are ``_server_session``'s, 6 to 10, 12 to 14 and 17 ``_server_controls``' (17:
+the runtime objects, whose table is ``_objects``)):
 
 1. Connection start. ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK)
    and CLIENT_HELLO. Anything else before the hello (garbage, a bad magic, a
@@ -512,6 +513,7 @@ class ServerConnection(SessionOutputs):
             session.release_held(replacement, events)  # no replacement can come now
         session.pending_deadlines.clear()
         session.awaiting.clear()  # nothing is resubmitted into a closing session
+        session.objects.clear()  # nothing can reference them any more (rule 17, O8)
         abort = request.in_flight_policy == 1
         if abort:
             for operation in list(session.operations.values()):
@@ -756,6 +758,11 @@ _RULES: dict[MsgType, ConnectionRule | SessionRule] = {
     MsgType.SESSION_PATCH: SessionRule(Scope.SESSION, C.on_session_patch),
     MsgType.CACHE_PUT: SessionRule(Scope.SESSION, C.on_cache_put),
     MsgType.CACHE_REFERENCE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_cache_reference),
+    MsgType.OBJECT_DECLARE: SessionRule(Scope.SESSION, C.on_object_declare),
+    MsgType.OBJECT_REF: SessionRule(Scope.SESSION, C.on_object_ref),
+    MsgType.OBJECT_RELEASE: SessionRule(Scope.SESSION, C.on_object_release),
+    MsgType.OBJECT_PATCH: SessionRule(Scope.SESSION, C.on_object_delta),
+    MsgType.OBJECT_DELTA: SessionRule(Scope.SESSION, C.on_object_delta),
     **{msg_type: ConnectionRule(Scope.CONNECTION, S._on_ignored) for msg_type in controls.IGNORED},
 }
 del S, C

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import attrs
 
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
+from ._objects import ObjectLimits
 
 
 @attrs.frozen
@@ -40,3 +41,5 @@ class ServerConfig:
     #: with SESSION_OPEN_ACK retry_later (limit_reached) and that text as diagnostic (the
     #: gateway's load-aware admission: vLLM is too busy, open the session elsewhere).
     admit_session: Callable[[], str | None] | None = None
+    #: Each session's runtime-object bounds (``_objects`` rules O2, O4, O6).
+    objects: ObjectLimits = attrs.field(factory=ObjectLimits)

@@ -46,13 +46,20 @@ Rules (numbered as in ``_server``):
     every change.
 13. Features this server does not have are refused in their own message's form:
     SESSION_PATCH gets SESSION_PATCH_ACK rejected, CACHE_PUT gets CACHE_ACK rejected,
-    CACHE_REFERENCE gets CACHE_MISS not_found. CACHE_INVALIDATE, OBJECT_*, the client's
+    CACHE_REFERENCE gets CACHE_MISS not_found. CACHE_INVALIDATE, the client's
     PROGRESS, PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER,
     CACHE_MISS, CACHE_ACK, PONG, and messages only a server sends are noted and ignored
     (``FrameIgnored``, with the reason ``IGNORED`` gives; the connection routes them).
 14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
     must name an active operation's frame; a non-zero header.trace_id must equal the
     metadata trace_id.
+17. Runtime objects (OBJECT_DECLARE, OBJECT_REF, OBJECT_RELEASE, OBJECT_PATCH,
+    OBJECT_DELTA) change the session's object table as ``_objects`` rules O1 to O8 say:
+    silently when applied; a refusal is ERROR_RECOVERABLE, session scope, with the code
+    ``_objects.FAULTS`` gives, and changes nothing. A release that invalidates
+    dependents cancels each operation in flight that referenced the object: it ends
+    with RESULT_DROP_REASON object_invalidated (rule 7's path, ``CancelSource``
+    OBJECT_INVALIDATED).
 """
 
 from __future__ import annotations
@@ -98,6 +105,11 @@ from ._messages import (
     DegradeProfile,
     ExecutionHint,
     ExpireAt,
+    ObjectDeclare,
+    ObjectDelta,
+    ObjectPatch,
+    ObjectRef,
+    ObjectRelease,
     PriorityUpdate,
     RouteHint,
     SessionPatch,
@@ -105,7 +117,14 @@ from ._messages import (
     Supersede,
     TraceContext,
 )
-from ._server_session import OpState, PendingDeadline, ServerOperation, ServerSession
+from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectFault, ObjectRefusal, Released
+from ._server_session import (
+    OpState,
+    PendingDeadline,
+    ServerOperation,
+    ServerSession,
+    diagnostic,
+)
 from ._tokens import pack_tokens, parse_tokens
 
 #: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
@@ -114,11 +133,6 @@ IGNORED: dict[MsgType, str] = {
     MsgType.CACHE_INVALIDATE: "this server keeps no cache",
     MsgType.CACHE_ACK: "this server sends no CACHE_PUT",
     MsgType.CACHE_MISS: "this server sends no CACHE_REFERENCE",
-    MsgType.OBJECT_DECLARE: "runtime objects are not served",
-    MsgType.OBJECT_REF: "runtime objects are not served",
-    MsgType.OBJECT_RELEASE: "runtime objects are not served",
-    MsgType.OBJECT_PATCH: "runtime objects are not served",
-    MsgType.OBJECT_DELTA: "runtime objects are not served",
     MsgType.PROGRESS: "the openai-compatible profile has no client-side progress",
     MsgType.PARTIAL_RESULT: "the openai-compatible profile has no client-side results",
     MsgType.RESULT_DROP_REASON: "the openai-compatible profile has no client-side results",
@@ -442,3 +456,70 @@ def on_cache_reference(session: ServerSession, packet: Packet, events: list[Even
                      miss_reason=int(CacheMissReason.NOT_FOUND),
                      cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo)
     events.append(SendBytes(encode(Packet(miss, session_id=session.session_id))))
+
+
+# --------------------------------------------------------------------------- objects (rule 17)
+
+
+def _objects_refused(session: ServerSession, packet: Packet, refusal: ObjectRefusal | None,
+                     events: list[Event]) -> None:
+    if refusal is not None:
+        events.append(session.refuse(
+            refusal.code, ErrorScope.SESSION, packet.frame_id,
+            f"{packet.msg_type.name}: {refusal.fault.value}: {refusal.text}"))
+
+
+def _not_negotiated(session: ServerSession, packet: Packet, events: list[Event]) -> bool:
+    """O1: object frames need ``object.lifecycle``, deltas ``object.delta`` too."""
+    needed = [LIFECYCLE_TOKEN]
+    if packet.msg_type in (MsgType.OBJECT_PATCH, MsgType.OBJECT_DELTA):
+        needed.append(DELTA_TOKEN)
+    missing = [token for token in needed if token not in session.tokens]
+    if not missing:
+        return False
+    _objects_refused(session, packet, ObjectRefusal(
+        ObjectFault.NOT_NEGOTIATED,
+        f"negotiate {', '.join(missing)} first (CAPABILITY_NEGOTIATION)"), events)
+    return True
+
+
+def on_object_declare(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, ObjectDeclare)
+    if not _not_negotiated(session, packet, events):
+        _objects_refused(session, packet, session.objects.declare(request), events)
+
+
+def on_object_ref(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, ObjectRef)
+    if _not_negotiated(session, packet, events):
+        return
+    operation_id = request.operation_id
+    _objects_refused(session, packet, session.objects.reference(
+        request, operation_in_flight=operation_id in session.operations,
+        operation_seen=operation_id in session.seen_operations), events)
+
+
+def on_object_release(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, ObjectRelease)
+    if _not_negotiated(session, packet, events):
+        return
+    outcome = session.objects.release(request)
+    if not isinstance(outcome, Released):
+        _objects_refused(session, packet, outcome, events)
+        return
+    for operation_id in outcome.invalidated:  # O6: its object is gone, so is its result
+        operation = session.operations.get(operation_id)
+        if operation is not None:
+            session.cancel(operation, CancelSource.OBJECT_INVALIDATED,
+                           ControlReason.DEPENDENCY_FAILED,
+                           diagnostic(f"object {request.object_id} was invalidated"), events)
+
+
+def on_object_delta(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, ObjectPatch | ObjectDelta)
+    if not _not_negotiated(session, packet, events):
+        _objects_refused(session, packet, session.objects.apply_delta(request), events)

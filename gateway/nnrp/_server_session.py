@@ -22,7 +22,11 @@ Rules (numbered as in ``_server``, whose table routes every message):
    is that resubmission (``OperationResubmitted``), not a duplicate; on another frame it
    is refused as a duplicate. The resubmission of an operation whose results the server
    no longer holds (``released``: the most recent ``MAX_RELEASED``) is answered on its
-   frame: results_unavailable.
+   frame: results_unavailable. A submit whose body references cached objects (its
+   object_reference region) depends on what this server does not hold (it keeps no
+   cache): each reference is answered CACHE_MISS not_found, then the submit is refused
+   ``object_reference_unresolved`` before it becomes an operation. An operation's runtime
+   object references (OBJECT_REF, ``_objects`` rule O5) end when it ends.
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
@@ -41,11 +45,13 @@ from ._body import (
     OPENAI_EVENT_FRAME,
     FrameShape,
     TypedBody,
+    check_object_references,
     pack_single_frame,
     parse_typed_body,
 )
 from ._codec import Packet, encode, encode_partial_result
 from ._constants import (
+    CacheMissReason,
     ControlReason,
     DropFlag,
     DropReason,
@@ -74,6 +80,7 @@ from ._events import (
 from ._idruns import IdRuns
 from ._messages import (
     Backpressure,
+    CacheMiss,
     CreditUpdate,
     ErrorRecoverable,
     FrameSubmit,
@@ -83,6 +90,7 @@ from ._messages import (
     RetryAfter,
     TraceContext,
 )
+from ._objects import ObjectTable
 
 if TYPE_CHECKING:
     from ._server_config import ServerConfig
@@ -224,6 +232,8 @@ class ServerSession:
         self.awaiting: dict[int, int] = {}
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
+        #: The session's runtime objects (``_objects``; served once negotiated).
+        self.objects = ObjectTable(session_id, config.objects)
 
     @property
     def advertises_credit(self) -> bool:
@@ -290,6 +300,9 @@ class ServerSession:
         elif len(self.operations) >= self.max_in_flight and not replaces_live:
             refusal = (RefusalReason.OPERATION_LIMIT,
                        f"session has {self.max_in_flight} operations in flight (the limit)")
+        typed_body, body_error = (None, None) if refusal else _parse_body(packet, submit)
+        if refusal is None:
+            refusal = self._object_refusal(operation_id, typed_body, events)
         if refusal is not None:
             events.append(SubmitRefused(self.session_id, operation_id, frame_id, *refusal))
             if operation_id not in self.seen_operations:
@@ -305,7 +318,6 @@ class ServerSession:
         self.by_frame[frame_id] = operation_id
         if self.resumable:
             self.replayable[operation_id] = frame_id
-        typed_body, body_error = _parse_body(packet, submit)
         deadline: int | None = None
         drop_reason = 0
         pending = self.pending_deadlines.pop(operation_id, None)
@@ -329,6 +341,23 @@ class ServerSession:
                 self.cancel(old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
                             superseding.diagnostic, events)
         self.advertise_credit(events)
+
+    def _object_refusal(self, operation_id: int, typed_body: TypedBody | None,
+                        events: list[Event]) -> tuple[RefusalReason, str] | None:
+        """Rule 5: a submit whose body references cached objects."""
+        references = typed_body.object_references if typed_body is not None else ()
+        if not references:
+            return None
+        for reference in references:
+            miss = CacheMiss(cache_namespace=reference.cache_namespace,
+                             miss_reason=int(CacheMissReason.NOT_FOUND),
+                             cache_key_hi=reference.cache_key_hi,
+                             cache_key_lo=reference.cache_key_lo)
+            events.append(SendBytes(encode(Packet(miss, session_id=self.session_id))))
+        return (RefusalReason.OBJECT_REFERENCE_UNRESOLVED,
+                f"operation {operation_id} references {len(references)} cached object(s) "
+                "in its object_reference region; this server holds no cache (each was "
+                "answered CACHE_MISS not_found): send the request inline")
 
     def release_held(self, operation_id: int, events: list[Event]) -> None:
         """A submit that will not run: what was held for it goes (rules 8, 9). Its held
@@ -388,6 +417,7 @@ class ServerSession:
         if next_state is OpState.DONE:
             del self.operations[operation_id]
             del self.by_frame[operation.frame_id]
+            self.objects.retire(operation_id)
         return operation
 
     def operation_state(self, operation_id: int) -> OpState:
@@ -473,6 +503,7 @@ class ServerSession:
             self.set_state(operation, OpState.DONE)
         self.operations.clear()
         self.by_frame.clear()
+        self.objects.clear()
         return drops
 
     def _busy(self, frame_id: int, operation_id: int, retry_after_ms: int, *,
@@ -526,7 +557,10 @@ class ServerSession:
 
 def _parse_body(packet: Packet, submit: FrameSubmit) -> tuple[TypedBody | None, str | None]:
     try:
-        return parse_typed_body(packet.body, payload_kind_bitmap=submit.payload_kind_bitmap,
-                                 payload_frame_count=submit.payload_frame_count), None
+        body = parse_typed_body(packet.body, payload_kind_bitmap=submit.payload_kind_bitmap,
+                                payload_frame_count=submit.payload_frame_count)
+        check_object_references(body.object_references, submit_mode=submit.submit_mode,
+                                object_ref_mask=submit.object_ref_mask)
     except TypedBodyError as exc:
         return None, str(exc)
+    return body, None

@@ -188,6 +188,20 @@ class _ResumeCollector(Collector):
                                 value=registry.budget.held)
 
 
+class _ReadinessCollector(Collector):
+    """What ``/readyz`` answers, as a gauge: an alert on "not ready" needs a series (the
+    reasons stay on ``/readyz`` and in the log: free text is no label)."""
+
+    def __init__(self, readiness: Callable[[], Sequence[str]]) -> None:
+        self.readiness = readiness
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(f"{PREFIX}_ready",
+                                "1 when /readyz answers 200 (listeners accepting, vLLM "
+                                "probed and healthy, not draining).",
+                                value=0.0 if self.readiness() else 1.0)
+
+
 class _LoadCollector(Collector):
     """Load-aware admission's view of vLLM (``LoadMonitor``): scrapes, the state the
     decisions rest on, and the last sample, so a failing scrape (admitting all) shows."""
@@ -278,6 +292,10 @@ class GatewayMetrics:
 
     def attach(self, stats: ServerStats, upstream_ready: Callable[[], bool]) -> None:
         self.registry.register(_StatsCollector(stats, upstream_ready))
+
+    def attach_readiness(self, readiness: Callable[[], Sequence[str]]) -> None:
+        """Export readiness (``readiness()``: why not ready, empty when ready)."""
+        self.registry.register(_ReadinessCollector(readiness))
 
     def attach_resume(self, registry: SessionRegistry) -> None:
         """Export what the resumable sessions' registry counts."""

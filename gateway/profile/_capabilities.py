@@ -92,12 +92,16 @@ class CapabilityDocument:
 
 #: The runtime capability tokens this gateway implements (answered in CAPABILITY_NEGOTIATION
 #: and listed in the document). ``control.priority_update`` only when vLLM schedules by
-#: priority; hints, objects and cache references are not served (docs/runtime-controls.md).
+#: priority; hints and cache references are not served. The object tokens are the
+#: session's object table (gateway.nnrp._objects): declared, referenced, released,
+#: patched, each bounded, costs accounted; no operation takes an object as input
+#: (docs/runtime-controls.md, "Runtime objects").
 RUNTIME_TOKENS = frozenset({
     "control.cancel_abort", "control.supersede", "control.deadline_expire",
     "control.progress_partial", "control.credit_backpressure", "control.capability_costs",
     "control.trace_context", "control.result_drop_reason", "control.degrade_profile",
     "control.budget_update", "control.recoverable_error",
+    "object.lifecycle", "object.delta", "object.cost", "object.ownership",
 })
 
 

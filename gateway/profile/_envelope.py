@@ -135,7 +135,7 @@ def check_typed_body(typed_body: TypedBody | None, body_error: str | None) -> by
             "typed frame must be profile 0, STRUCTURED_EVENT, flags 0, schema 0/0, SNAPSHOT; "
             f"got profile {actual[0]}, kind {actual[1]:#x}, flags {actual[2]}, "
             f"schema {actual[3]}/{actual[4]}, semantics {actual[5]}")
-    if typed_body.inline_object or typed_body.object_reference or typed_body.extension_payload:
+    if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
         raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
     return payload
 

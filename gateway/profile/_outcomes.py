@@ -20,7 +20,8 @@ Statuses follow nnrp-wire.md section 4 (completed 200, overload 503, timeout 504
 errors 500; validation errors 4xx). Drops follow the same section: CANCEL/ABORT/
 FRAME_CANCEL -> peer_cancelled; DEADLINE -> deadline_expired; EXPIRE_AT -> superseded (the
 wire case priority-deadline expects code 2, section 7); SUPERSEDE -> superseded; a spent
-token budget -> budget_exceeded; shutdown -> transport_closed. Which control ended an
+token budget -> budget_exceeded; an invalidated object the operation references ->
+object_invalidated; shutdown -> transport_closed. Which control ended an
 operation, and so which cause it is, is ``CANCEL_CAUSES``.
 
 The profile error codes (``response.error``'s ``error.code``) are the error causes'
@@ -56,6 +57,8 @@ class EndCause(enum.StrEnum):
     SERVER_DRAINING = "server_draining"
     RESUBMISSION_DIFFERS = "resubmission_differs"  # not the request it resubmits
     RESULTS_UNAVAILABLE = "results_unavailable"  # resubmitted, but not replayable
+    # Its body references cached objects the gateway does not hold (no cache).
+    OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"
     # Refused before vLLM is called: vLLM's published load is past the configured
     # thresholds (load-aware admission, gateway.upstream._load). The profile's transient
     # code for a scheduler's refusal (nnrp-wire.md section 4).
@@ -76,6 +79,7 @@ class EndCause(enum.StrEnum):
     EXPIRED_AT = "expired_at"  # EXPIRE_AT
     SUPERSEDED = "superseded"  # SUPERSEDE, once the replacement was admitted
     BUDGET_EXCEEDED = "budget_exceeded"  # BUDGET_UPDATE's token budget spent mid-stream
+    OBJECT_INVALIDATED = "object_invalidated"  # an object it references was invalidated
     SHUTDOWN = "shutdown"  # drain timeout, session close timeout
     DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
     RESUME_EXPIRED = "resume_expired"  # detached past its window, or never resubmitted
@@ -185,6 +189,9 @@ END_TABLE: dict[EndCause, EndSpec] = {
                                    recoverable=True),
     C.RESUBMISSION_DIFFERS: _invalid(409),
     C.RESULTS_UNAVAILABLE: _invalid(410),
+    # The gateway holds no cache: what the request's body references cannot be had here
+    # (each reference was answered CACHE_MISS not_found first).
+    C.OBJECT_REFERENCE_UNRESOLVED: _invalid(404),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
                                          "info"),
     C.BACKEND_AUTH_FAILED: _upstream(502, "backend_error", Outcome.UPSTREAM_ERROR, "error"),
@@ -203,6 +210,10 @@ END_TABLE: dict[EndCause, EndSpec] = {
                           Outcome.DEADLINE, "info"),
     C.SUPERSEDED: EndSpec(Drop(DropReason.SUPERSEDED), Outcome.SUPERSEDED, "info"),
     C.BUDGET_EXCEEDED: EndSpec(Drop(DropReason.BUDGET_EXCEEDED), Outcome.BUDGET_EXCEEDED, "info"),
+    # The client invalidated an object the operation depends on (OBJECT_RELEASE with
+    # invalidates-dependents): the drop reason the spec names for it.
+    C.OBJECT_INVALIDATED: EndSpec(Drop(DropReason.OBJECT_INVALIDATED), Outcome.CANCELLED,
+                                  "info"),
     C.SHUTDOWN: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.SHUTDOWN, "info"),
     C.DISCONNECTED: EndSpec(Silent(), Outcome.DISCONNECTED, "info"),
     # Ended for a client that is not there (a detached session, an operation not yet
@@ -225,6 +236,7 @@ CANCEL_CAUSES: dict[CancelSource, EndCause] = {
     CancelSource.SESSION_CANCEL: EndCause.PEER_CANCELLED,
     CancelSource.SESSION_CLOSE: EndCause.PEER_CANCELLED,
     CancelSource.SUPERSEDE: EndCause.SUPERSEDED,
+    CancelSource.OBJECT_INVALIDATED: EndCause.OBJECT_INVALIDATED,
 }
 
 #: The causes a ``response.error`` may carry (RESULT_PUSH with an error status).

@@ -46,7 +46,7 @@ def is_token_request(typed_body: TypedBody | None) -> bool:
 
 def token_prompt(typed_body: TypedBody) -> str:
     """The prompt a token-profile submit carries (module rules)."""
-    if typed_body.inline_object or typed_body.object_reference or typed_body.extension_payload:
+    if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
         raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
     pieces = []
     for descriptor, payload in typed_body.frames:

@@ -7,7 +7,8 @@ the same series from several workers becomes one sample whose value is
   a worker holds (open connections, sessions, operations in flight): the pod's figure
   is the sum of its workers';
 * the **minimum** for ``*_created`` samples (the series exists since the first worker
-  created it) and for ``upstream_ready`` (1 only when every worker sees vLLM healthy);
+  created it), for ``upstream_ready`` (1 only when every worker sees vLLM healthy) and
+  for ``ready`` (1 only when every worker would answer ``/readyz`` with 200);
 * the **maximum** for ``build_info`` (1 per version label, not N), and for load-aware
   admission's view of vLLM (``load_*`` gauges: every worker samples the same vLLM, so
   the pod's figure is one sample's, the oldest age, and a state any worker is in).
@@ -36,6 +37,7 @@ Combine = Callable[[float, float], float]
 #: Family name -> how its samples combine across workers (absent: sum).
 COMBINE: dict[str, Combine] = {
     "nnrp_gateway_upstream_ready": min,
+    "nnrp_gateway_ready": min,
     "nnrp_gateway_build_info": max,
     "nnrp_gateway_load_waiting_requests": max,
     "nnrp_gateway_load_running_requests": max,

@@ -227,3 +227,18 @@ def test_a_cut_stream_operation_is_checked_token_by_token() -> None:
     tally = CutTally()
     assert not check_operation(tally, partials([10]), None, 1, 0)  # no terminal
     assert tally.incomplete == 1
+
+
+@pytest.mark.slow
+def test_bench_run_reports_issue_25s_rows_under_their_names(tmp_path: Path) -> None:
+    from gateway.tools.bench import rows
+
+    result = runner.invoke(app, ["bench", "run", "--quick", "--scenario", "unary", "--json",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    (row,) = document[rows.SECTION]  # the one row a unary run measures
+    (added,) = [f for f in document["unary"] if f["name"] == "non-streaming added latency p50"]
+    assert (row["name"], row["value"], row["goal"]) == (
+        "non-streaming added p50", added["value"], 150)
+    assert "| non-streaming added p50 |" in (tmp_path / "summary.md").read_text()

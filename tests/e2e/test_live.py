@@ -40,17 +40,33 @@ pytestmark = [pytest.mark.live,
 
 
 @pytest.fixture
-async def live_session(nursery: trio.Nursery) -> Any:
+async def live_client(nursery: trio.Nursery) -> Any:
+    """A gateway on the live vLLM (priority scheduling declared), its records, a client."""
     assert LIVE_URL is not None
     gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=LIVE_URL,
                                     probe_interval=0.2,
                                     pipeline=PipelineLimits(priority_scheduling=True,
                                                             overload_retry_after_ms=1500)))
+    records: list[Any] = []
+    observe = gateway.metrics.observe
+
+    def spy(record: Any) -> None:
+        records.append(record)
+        observe(record)
+
+    gateway.metrics.observe = spy  # type: ignore[method-assign]
     endpoints = await nursery.start(gateway.run)
     with trio.fail_after(60):
         await gateway.probed.wait()
     async with connect(endpoints[0].uri) as client:
-        yield gateway, await client.open_session()
+        yield gateway, records, client
+
+
+@pytest.fixture
+async def live_session(live_client: Any) -> Any:
+    """The older checks' view of the same gateway: it and one open session."""
+    gateway, _records, client = live_client
+    return gateway, await client.open_session()
 
 
 async def test_live_stream_usage_and_completed(live_session: Any) -> None:
@@ -197,30 +213,6 @@ async def test_live_token_profile(live_session: Any) -> None:
 
 # --------------------------------------------------------------------------- issue 23
 # These need the vLLM flags named in the module docstring.
-
-
-@pytest.fixture
-async def live_client(nursery: trio.Nursery) -> Any:
-    """A gateway on the live vLLM (priority scheduling declared), its records, a client."""
-    assert LIVE_URL is not None
-    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=LIVE_URL,
-                                    probe_interval=0.2,
-                                    pipeline=PipelineLimits(priority_scheduling=True,
-                                                            overload_retry_after_ms=1500)))
-    records: list[Any] = []
-    observe = gateway.metrics.observe
-
-    def spy(record: Any) -> None:
-        records.append(record)
-        observe(record)
-
-    gateway.metrics.observe = spy  # type: ignore[method-assign]
-    endpoints = await nursery.start(gateway.run)
-    with trio.fail_after(60):
-        await gateway.probed.wait()
-    async with connect(endpoints[0].uri) as client:
-        yield gateway, records, client
-
 
 async def _admission_rejections(http: httpx.AsyncClient) -> float:
     text = (await http.get("/metrics")).text
@@ -383,3 +375,30 @@ async def test_live_priority_header_is_sent_and_honoured(live_client: Any) -> No
     async for _ in events:
         pass
     assert finished["interactive"] < finished["background"]
+
+
+def test_live_bench_streams_sets_the_gateways_cpu_beside_the_api_servers() -> None:
+    """Issue 25's last row against the real thing: two streams (the tier's vLLM admits
+    three unfinished requests), the API server found as its listening socket's owner."""
+    from urllib.parse import urlsplit
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from gateway.tools.bench import rows
+    from gateway.tools.bench._procs import listening_socket_owners
+
+    assert LIVE_URL is not None
+    result = CliRunner().invoke(app, ["bench", "live", "--vllm-url", LIVE_URL, "--streams",
+                                      "2", "--quick", "--json"])
+    assert result.exit_code == 0, result.output
+    figures = {f["name"]: f for f in json.loads(result.stdout)["figures"]}
+    ratio = figures[rows.LIVE_RATIO.name]
+    assert ratio["value"] > 0 and ratio["goal"] == 0.5
+    (api_server,) = listening_socket_owners(urlsplit(LIVE_URL).port or 80)
+    per_chunk = figures["vLLM API-server CPU per SSE chunk, 2 streams, real vLLM"]
+    assert f"pid(s) {api_server}," in per_chunk["spread"] and per_chunk["value"] > 0
+    # Every chunk with text is one event; the role and usage chunks make none.
+    versus = figures["events per SSE chunk, 2 streams, real vLLM"]
+    assert 0 < versus["value"] < 1
+    assert "chunks a request carry no text" in versus["spread"]

@@ -465,7 +465,7 @@ def test_features_not_served_are_refused_in_their_own_form(
 
 
 @pytest.mark.parametrize("message", [
-    nnrp.CacheInvalidate(), nnrp.ObjectDeclare(), nnrp.ObjectRelease(operation_id=1),
+    nnrp.CacheInvalidate(),
     nnrp.Progress(operation_id=1, stage=5), nnrp.ResultDropReason(operation_id=1,
                                                                   drop_reason=3),
     nnrp.ErrorRecoverable(), nnrp.RetryAfter(), nnrp.Pong(), nnrp.ResultHint(),

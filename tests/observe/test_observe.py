@@ -125,6 +125,15 @@ def test_connection_counters_are_exported_at_scrape_time() -> None:
     assert got[("nnrp_gateway_upstream_ready", ())] == 1
 
 
+def test_readiness_is_a_gauge_of_what_readyz_answers() -> None:
+    metrics = GatewayMetrics()
+    reasons = ["vLLM has not answered the probe yet"]
+    metrics.attach_readiness(lambda: reasons)
+    assert metric_samples(metrics.registry)[("nnrp_gateway_ready", ())] == 0
+    reasons.clear()
+    assert metric_samples(metrics.registry)[("nnrp_gateway_ready", ())] == 1
+
+
 def test_quic_listener_counters_are_exported_summed_over_listeners() -> None:
     from gateway.observe._metrics import QUIC_COUNTERS
     from gateway.transport.quic import QuicStats

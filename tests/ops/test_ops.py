@@ -183,6 +183,7 @@ async def test_metrics_after_real_operations(nursery: trio.Nursery) -> None:
     assert samples[("nnrp_gateway_upstream_abort_seconds_count", ())] == 1
     assert samples[("nnrp_gateway_sessions_active", ())] == 1
     assert samples[("nnrp_gateway_upstream_ready", ())] == 1
+    assert samples[("nnrp_gateway_ready", ())] == 1
     assert samples[("nnrp_gateway_build_info", (("version", "0.1.0"),))] == 1
     assert samples[("nnrp_gateway_bytes_total", (("direction", "out"),))] > 0
     assert not any(name.startswith(("vllm:", "http_")) for name, _ in samples)

@@ -20,6 +20,7 @@ def worker_text(requests: int, ready: bool, inflight: int, seconds: list[float],
     counter.labels("ok").inc(requests)
     counter.labels("error").inc(1)
     Gauge("nnrp_gateway_upstream_ready", "Ready.", registry=registry).set(1 if ready else 0)
+    Gauge("nnrp_gateway_ready", "Ready.", registry=registry).set(1 if ready else 0)
     Gauge("nnrp_gateway_inflight_operations", "In flight.", registry=registry).set(inflight)
     Gauge("nnrp_gateway_build_info", "Build.", ["version"],
           registry=registry).labels("1.2.3").set(1)
@@ -50,6 +51,7 @@ def test_series_combine_by_the_table() -> None:
     assert merged[("nnrp_gateway_requests_created", (("outcome", "ok"),))] == 50.0
     assert merged[("nnrp_gateway_inflight_operations", ())] == 3
     assert merged[("nnrp_gateway_upstream_ready", ())] == 0  # one worker does not see vLLM
+    assert merged[("nnrp_gateway_ready", ())] == 0  # so that worker is not ready
     assert merged[("nnrp_gateway_build_info", (("version", "1.2.3"),))] == 1
     bucket = "nnrp_gateway_first_event_seconds_bucket"
     assert [merged[(bucket, (("le", le),))] for le in ("0.01", "0.1", "+Inf")] == [1, 2, 3]
@@ -61,6 +63,7 @@ def test_the_table_names_families_that_exist() -> None:
     # A renamed metric must not silently fall back to "sum".
     metrics = GatewayMetrics()
     metrics.attach(ServerStats(), lambda: True)
+    metrics.attach_readiness(list)
     monitor = LoadMonitor(VllmClient(UpstreamConfig("http://127.0.0.1:9")), LoadPolicy(),
                           clock=lambda: 5.0)
     monitor.sample = LoadSample(4.0, 3, 1, 0.5)

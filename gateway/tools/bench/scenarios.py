@@ -26,11 +26,12 @@ from gateway import nnrp
 from gateway.tools.client import ClientSession, connect
 from gateway.upstream import SSEDecoder
 
-from . import SCENARIO_NAMES
+from . import SCENARIO_NAMES, rows
 from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_seconds
 from ._resume_scenario import resume
 from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
 from ._wake import wake_cost
+from .live_cost import carries_output, live_cost, local_port, owners
 from .stats import Figure, percentile
 
 
@@ -431,8 +432,10 @@ async def scale(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
 
 
 async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
-               progress: Progress) -> list[Figure]:
-    """8. TTFT and time per output token through the gateway vs direct, on a real vLLM."""
+               progress: Progress, streams: int | None = None) -> list[Figure]:
+    """8. TTFT and time per output token through the gateway vs direct, on a real vLLM;
+    with ``streams``, also the gateway's CPU per event against vLLM's API server's CPU per
+    chunk at that many concurrent streams (``live_cost``)."""
     rounds = 3 if quick else 30
     tokens = 32
     progress(f"live: {rounds} requests each path against {vllm_url}")
@@ -444,6 +447,7 @@ async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
 
     via: list[tuple[float, float]] = []
     direct: list[tuple[float, float]] = []
+    cpu_figures: list[Figure] = []
     stack: Stack | None = None
     if endpoint is None:
         stack = Stack(gateway_args=("--allow-untested-vllm",))
@@ -476,30 +480,27 @@ async def live(vllm_url: str, endpoint: str | None, model: str, quick: bool,
                                    json=body) as response:
                 async for raw in response.aiter_raw():
                     for event in decoder.feed(raw):
-                        if not event.is_done and _carries_output(json.loads(event.data)):
+                        if not event.is_done and carries_output(json.loads(event.data)):
                             yield time.perf_counter()
 
         for _ in range(rounds):
             via.append(await measure(via_gateway))
             direct.append(await measure(via_http))
+        if streams is not None:
+            # The gateway bench live started (its workers too), or the one at --endpoint.
+            gateway_pids = (process_tree(stack.gateway_pid) if stack is not None else
+                            owners(local_port(endpoint, "the gateway"), f"the gateway at "
+                                                                       f"{endpoint}"))
+            cost_body = {**body, "max_tokens": 16 if quick else 64}
+            cpu_figures = await live_cost(vllm_url, endpoint, gateway_pids, cost_body,
+                                          streams, 1 if quick else 3, progress)
     ttft_v, ttft_d = percentile([v[0] for v in via], .5), percentile([d[0] for d in direct], .5)
     tpot_v, tpot_d = percentile([v[1] for v in via], .5), percentile([d[1] for d in direct], .5)
     return [Figure("live TTFT p50 through the gateway", ttft_v, "ms", goal=ttft_d * 1.03,
                    baseline=ttft_d, baseline_name="direct HTTP/SSE"),
             Figure("live time per output token p50 through the gateway", tpot_v, "ms",
-                   goal=tpot_d * 1.03, baseline=tpot_d, baseline_name="direct HTTP/SSE")]
-
-
-def _carries_output(chunk: dict[str, Any]) -> bool:
-    """Whether a chunk holds output the gateway turns into an event: the role-only first
-    chunk (content "") does not, so counting it would flatter direct HTTP's TTFT whenever
-    vLLM holds back an incomplete UTF-8 token (seen at 3-5 ms on the live CPU build)."""
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content") \
-                or delta.get("reasoning"):
-            return True
-    return False
+                   goal=tpot_d * 1.03, baseline=tpot_d, baseline_name="direct HTTP/SSE"),
+            *cpu_figures]
 
 
 class _LiveGateway:
@@ -609,4 +610,8 @@ async def run_scenarios(names: list[str], quick: bool, progress: Progress
         args = ("--max-sessions-per-connection", "1024") if name == "scale" else ()
         async with Stack(gateway_args=args) as stack:
             results[name] = await SCENARIOS[name](stack, quick, progress)
+    # Issue 25's rows, under the issue's names, from the figures just measured.
+    issue_rows = rows.run_rows(results)
+    if issue_rows:
+        results[rows.SECTION] = issue_rows
     return results

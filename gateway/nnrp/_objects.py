@@ -1,0 +1,308 @@
+"""One session's runtime objects (preview4 OBJECT_DECLARE .. OBJECT_DELTA, 0x41-0x45): the
+sans-IO table behind ``_server_controls``' object rules.
+
+The layouts are nnrp-doc's "Runtime Object and Cache Metadata" (``_messages``); the flag
+masks and registries its "Value Registries". The spec says what the frames carry, not
+what a server must answer: nnrp-py's native server hands every object frame to the
+application, and no acknowledgement message exists. So success is silent, and a refusal
+is ERROR_RECOVERABLE on the frame (``_server`` rule 3), the code ``FAULTS`` gives; a
+refused frame changes nothing.
+
+Rules (cited as O1..O8):
+
+O1. Negotiation. Object frames are served once the session has negotiated
+    ``object.lifecycle`` (CAPABILITY_NEGOTIATION); OBJECT_PATCH and OBJECT_DELTA also need
+    ``object.delta``. Before that they are refused ``NOT_NEGOTIATED``.
+O2. OBJECT_DECLARE: a non-zero object_id not active in the session, the metadata's
+    session_id the session's own. Bounded: ``max_objects`` active objects and
+    ``max_object_bytes`` of declared ``byte_size`` in all (the session's declared cost).
+    A released id may be declared again: it is a new object. The server keeps none of an
+    object's bytes: nothing it serves could read them (docs/runtime-controls.md).
+O3. Versions. An object's version is the delta_sequence of its last applied PATCH or
+    DELTA, 0 after its declaration. OBJECT_REF's object_version 0 means "the current
+    one"; any other value must equal it.
+O4. OBJECT_REF names an active object. The region flag (bit 2) says offset and length are
+    given: without it both must be 0, with it the region must lie within byte_size.
+    operation_id 0 is the session's own reference. A non-zero operation_id names an
+    operation in flight (nnrp-py's client sends a reference only for an operation it has
+    submitted, on that operation's frame): the operation now depends on the object.
+    Bounded: ``max_object_references`` references in all. An operation that already
+    ended: a normal race, nothing is recorded (as ``_server_controls`` rule 6); one never
+    submitted: refused ``UNKNOWN_OPERATION``.
+O5. A dependency is a lifetime, not an input: no operation this server runs reads an
+    object (openai-compatible/1 gives objects no meaning for chat.completions.create, and
+    a request's input is its typed body). What it means is O6: an operation whose object
+    is invalidated is dropped. An operation's references end with it (``retire``).
+O6. OBJECT_RELEASE names an active object. Not final (flags bit0 clear): it ends the
+    reference of operation_id (0: the session's), which must exist. Final: the object is
+    released and every reference to it ends. Flags bit1 (invalidates dependents): each
+    operation whose reference ended this way is dropped ``object_invalidated``
+    (``Released.invalidated``; the reference adapter's "stop operations whose referenced
+    object is invalidated mid-flight").
+O7. OBJECT_PATCH / OBJECT_DELTA ("send patches or deltas without resending the full
+    object"): the object is active and not finished (a delta with flags bit2, final
+    delta, finishes it); delta_sequence is greater than the last one applied; the region
+    (region_offset, region_bytes) lies within byte_size. Applied, its delta_sequence is
+    the object's version (O3). PATCH and DELTA differ only in how the application reads
+    the bytes (bit0, replaces region): this server reads none.
+O8. The table lives with its session (a resumed session keeps it) and is emptied when the
+    session closes.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from ._constants import ErrorCode, ObjectDeltaFlag, ObjectRefFlag, ObjectReleaseFlag
+from ._messages import ObjectDeclare, ObjectDelta, ObjectPatch, ObjectRef, ObjectRelease
+
+#: The tokens that serve object frames (O1).
+LIFECYCLE_TOKEN = "object.lifecycle"
+DELTA_TOKEN = "object.delta"
+
+
+class ObjectFault(enum.Enum):
+    """Why an object frame was refused."""
+
+    NOT_NEGOTIATED = "not_negotiated"
+    ZERO_OBJECT_ID = "zero_object_id"
+    ALREADY_DECLARED = "already_declared"
+    FOREIGN_SESSION = "foreign_session"
+    OBJECT_LIMIT = "object_limit"
+    BYTE_LIMIT = "byte_limit"
+    REFERENCE_LIMIT = "reference_limit"
+    UNKNOWN_OBJECT = "unknown_object"
+    UNKNOWN_OPERATION = "unknown_operation"
+    VERSION_MISMATCH = "version_mismatch"
+    REGION_WITHOUT_FLAG = "region_without_flag"
+    REGION_OUT_OF_BOUNDS = "region_out_of_bounds"
+    NO_SUCH_REFERENCE = "no_such_reference"
+    SEQUENCE_NOT_INCREASING = "sequence_not_increasing"
+    OBJECT_FINISHED = "object_finished"
+
+
+#: The ERROR_RECOVERABLE code of each refusal: the one place that says it.
+FAULTS: dict[ObjectFault, ErrorCode] = {
+    ObjectFault.NOT_NEGOTIATED: ErrorCode.UNSUPPORTED_CAPABILITY,
+    ObjectFault.ZERO_OBJECT_ID: ErrorCode.MALFORMED_BODY,
+    ObjectFault.ALREADY_DECLARED: ErrorCode.INVALID_STATE,
+    ObjectFault.FOREIGN_SESSION: ErrorCode.INVALID_STATE,
+    ObjectFault.OBJECT_LIMIT: ErrorCode.LIMIT_EXCEEDED,
+    ObjectFault.BYTE_LIMIT: ErrorCode.LIMIT_EXCEEDED,
+    ObjectFault.REFERENCE_LIMIT: ErrorCode.LIMIT_EXCEEDED,
+    # An object the session does not hold is a cache miss (the reference adapter's
+    # RuntimeObjectFailureCode.CACHE_MISS for an undeclared object).
+    ObjectFault.UNKNOWN_OBJECT: ErrorCode.CACHE_MISS,
+    ObjectFault.VERSION_MISMATCH: ErrorCode.INVALID_STATE,
+    ObjectFault.REGION_WITHOUT_FLAG: ErrorCode.MALFORMED_BODY,
+    ObjectFault.REGION_OUT_OF_BOUNDS: ErrorCode.MALFORMED_BODY,
+    ObjectFault.UNKNOWN_OPERATION: ErrorCode.INVALID_STATE,
+    ObjectFault.NO_SUCH_REFERENCE: ErrorCode.INVALID_STATE,
+    ObjectFault.SEQUENCE_NOT_INCREASING: ErrorCode.INVALID_STATE,
+    ObjectFault.OBJECT_FINISHED: ErrorCode.INVALID_STATE,
+}
+
+
+@attrs.frozen
+class ObjectRefusal:
+    """A refused object frame: its fault (``FAULTS`` gives the code) and a diagnostic."""
+
+    fault: ObjectFault
+    text: str
+
+    @property
+    def code(self) -> ErrorCode:
+        return FAULTS[self.fault]
+
+
+@attrs.frozen
+class ObjectLimits:
+    """A session's bounds (O2, O4, O6)."""
+
+    max_objects: int = 256
+    max_object_bytes: int = 1 << 30
+    max_object_references: int = 256
+
+
+@attrs.frozen
+class Released:
+    """An applied OBJECT_RELEASE: the operations it invalidated (O6), to be dropped."""
+
+    invalidated: tuple[int, ...] = ()
+
+
+@attrs.define
+class _Entry:
+    declaration: ObjectDeclare
+    version: int = 0
+    finished: bool = False
+    #: Operation ids holding a reference (0: the session's own).
+    references: set[int] = attrs.field(factory=set)
+
+
+class ObjectTable:
+    """The runtime objects of one session. Each method returns None (``Released`` for a
+    release) when the frame was applied, or the refusal (nothing changed)."""
+
+    def __init__(self, session_id: int, limits: ObjectLimits) -> None:
+        self.session_id = session_id
+        self.limits = limits
+        self._objects: dict[int, _Entry] = {}
+        self._declared_bytes = 0
+        self._reference_count = 0
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    @property
+    def declared_bytes(self) -> int:
+        return self._declared_bytes
+
+    @property
+    def reference_count(self) -> int:
+        return self._reference_count
+
+    def version(self, object_id: int) -> int | None:
+        """The object's version (O3), or None when it is not active."""
+        entry = self._objects.get(object_id)
+        return entry.version if entry is not None else None
+
+    def references(self, object_id: int) -> frozenset[int]:
+        """The operations holding a reference to the object (0: the session)."""
+        entry = self._objects.get(object_id)
+        return frozenset(entry.references) if entry is not None else frozenset()
+
+    # ------------------------------------------------------------------ frames
+
+    def declare(self, request: ObjectDeclare) -> ObjectRefusal | None:
+        """O2."""
+        object_id = request.object_id
+        if object_id == 0:
+            return ObjectRefusal(ObjectFault.ZERO_OBJECT_ID, "object_id must be non-zero")
+        if request.session_id != self.session_id:
+            return ObjectRefusal(ObjectFault.FOREIGN_SESSION,
+                                 f"object {object_id} is declared for session "
+                                 f"{request.session_id}, not this session {self.session_id}")
+        if object_id in self._objects:
+            return ObjectRefusal(ObjectFault.ALREADY_DECLARED,
+                                 f"object {object_id} is already declared and active")
+        limits = self.limits
+        if len(self._objects) >= limits.max_objects:
+            return ObjectRefusal(ObjectFault.OBJECT_LIMIT,
+                                 f"session holds {limits.max_objects} objects (the limit)")
+        if self._declared_bytes + request.byte_size > limits.max_object_bytes:
+            return ObjectRefusal(ObjectFault.BYTE_LIMIT,
+                                 f"object {object_id} of {request.byte_size} bytes would pass "
+                                 f"the session's {limits.max_object_bytes} declared bytes")
+        self._objects[object_id] = _Entry(request)
+        self._declared_bytes += request.byte_size
+        return None
+
+    def reference(self, request: ObjectRef, *, operation_in_flight: bool,
+                  operation_seen: bool) -> ObjectRefusal | None:
+        """O3, O4. ``operation_in_flight`` / ``operation_seen``: what the session knows of
+        ``request.operation_id``."""
+        entry, refusal = self._active(request.object_id)
+        if entry is None:
+            return refusal
+        if request.object_version and request.object_version != entry.version:
+            return ObjectRefusal(ObjectFault.VERSION_MISMATCH,
+                                 f"object {request.object_id} is at version {entry.version}, "
+                                 f"not {request.object_version}")
+        size = entry.declaration.byte_size
+        if not request.flags & ObjectRefFlag.REGION_PRESENT:
+            if request.offset or request.length:
+                return ObjectRefusal(ObjectFault.REGION_WITHOUT_FLAG,
+                                     "offset and length need the region-present flag (bit 2)")
+        elif request.offset > size or request.length > size - request.offset:
+            return ObjectRefusal(ObjectFault.REGION_OUT_OF_BOUNDS,
+                                 f"region {request.offset}+{request.length} passes object "
+                                 f"{request.object_id}'s {size} bytes")
+        operation_id = request.operation_id
+        if operation_id and not operation_in_flight:
+            if operation_seen:
+                return None  # ended already: a normal race, nothing to depend (O4)
+            return ObjectRefusal(ObjectFault.UNKNOWN_OPERATION,
+                                 f"operation {operation_id} was never submitted in this "
+                                 "session: reference an operation in flight")
+        if operation_id in entry.references:
+            return None  # an exact repeat holds nothing more
+        if self._reference_count >= self.limits.max_object_references:
+            return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
+                                 f"session holds {self.limits.max_object_references} object "
+                                 "references (the limit)")
+        entry.references.add(operation_id)
+        self._reference_count += 1
+        return None
+
+    def release(self, request: ObjectRelease) -> ObjectRefusal | Released:
+        """O6."""
+        entry, refusal = self._active(request.object_id)
+        if entry is None:
+            assert refusal is not None
+            return refusal
+        object_id = request.object_id
+        if request.flags & ObjectReleaseFlag.FINAL_RELEASE:
+            ended = sorted(entry.references)
+            del self._objects[object_id]
+            self._declared_bytes -= entry.declaration.byte_size
+        else:
+            if request.operation_id not in entry.references:
+                return ObjectRefusal(ObjectFault.NO_SUCH_REFERENCE,
+                                     f"operation {request.operation_id} holds no reference "
+                                     f"to object {object_id}")
+            ended = [request.operation_id]
+            entry.references.discard(request.operation_id)
+        self._reference_count -= len(ended)
+        if not request.flags & ObjectReleaseFlag.INVALIDATES_DEPENDENTS:
+            return Released()
+        return Released(tuple(operation_id for operation_id in ended if operation_id))
+
+    def apply_delta(self, request: ObjectPatch | ObjectDelta) -> ObjectRefusal | None:
+        """O7."""
+        entry, refusal = self._active(request.object_id)
+        if entry is None:
+            return refusal
+        object_id = request.object_id
+        if entry.finished:
+            return ObjectRefusal(ObjectFault.OBJECT_FINISHED,
+                                 f"object {object_id} had its final delta")
+        if request.delta_sequence <= entry.version:
+            return ObjectRefusal(ObjectFault.SEQUENCE_NOT_INCREASING,
+                                 f"delta_sequence {request.delta_sequence} of object "
+                                 f"{object_id} does not follow {entry.version}")
+        size = entry.declaration.byte_size
+        if request.region_offset > size or request.region_bytes > size - request.region_offset:
+            return ObjectRefusal(ObjectFault.REGION_OUT_OF_BOUNDS,
+                                 f"region {request.region_offset}+{request.region_bytes} "
+                                 f"passes object {object_id}'s {size} bytes")
+        entry.version = request.delta_sequence
+        entry.finished = bool(request.flags & ObjectDeltaFlag.FINAL_DELTA)
+        return None
+
+    # ------------------------------------------------------------------ operations (O5), close (O8)
+
+    def retire(self, operation_id: int) -> None:
+        """The operation ended: its references end with it."""
+        if not self._reference_count:
+            return  # the hot path: most sessions reference nothing
+        for entry in self._objects.values():
+            if operation_id in entry.references:
+                entry.references.discard(operation_id)
+                self._reference_count -= 1
+
+    def clear(self) -> None:
+        self._objects.clear()
+        self._declared_bytes = 0
+        self._reference_count = 0
+
+    def _active(self, object_id: int) -> tuple[_Entry | None, ObjectRefusal | None]:
+        entry = self._objects.get(object_id)
+        if entry is None:
+            return None, ObjectRefusal(ObjectFault.UNKNOWN_OBJECT,
+                                       f"object {object_id} is not declared in this session")
+        return entry, None
