@@ -120,8 +120,9 @@ class GatewayConfig:
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
-    #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
-    quic_alpn: str = "none"
+    #: quic:// listeners: "any" (the spec's nnrp/1 or none at all, as nnrp-py's native
+    #: client offers), "nnrp/1" or "none" (AlpnPolicy says why "any" is the default).
+    quic_alpn: str = "any"
     #: A QUIC client silent this long is gone (its sessions detach or end).
     quic_idle_timeout: float = 30.0
     #: Benchmarks only: record each event's residence time, served at /debug/residence.
@@ -188,7 +189,9 @@ class Gateway:
     def readiness(self) -> list[str]:
         """Why the gateway is not ready (empty when it is)."""
         reasons = []
-        if not self.endpoints or not self.server.accepting:
+        if self.server.listener_failure is not None:
+            reasons.append(str(self.server.listener_failure))
+        elif not self.endpoints or not self.server.accepting:
             reasons.append("listeners are not accepting")
         problem = f": {self.upstream_problem}" if self.upstream_problem else ""
         if self.info is None:
@@ -361,6 +364,11 @@ async def serve_until_signalled(
     re-reads the TLS files, during the drain too. Another SIGTERM or SIGINT during the
     drain raises ``DrainInterrupted`` at once.
 
+    A listener that fails for good has already closed the whole listener set (the
+    server's rule; readiness says so): the gateway then drains as on SIGTERM and raises
+    that ``ListenerFailed``, so the process ends with an error its supervisor sees (a
+    pod restarted, not left alive and unready forever).
+
     The signal receiver opens before anything binds, so a signal that arrives during
     start-up is a drain, never the default handler's abrupt exit.
     """
@@ -389,8 +397,11 @@ async def serve_until_signalled(
             if stop_when is not None:
                 nursery.start_soon(watch, stop_when)
             endpoints = await nursery.start(gateway_app.run)
+            nursery.start_soon(watch, gateway_app.server.listener_set_failed.wait)
             if started is not None:
                 await started(endpoints)
             await stop.wait()
             await gateway_app.drain()
             nursery.cancel_scope.cancel()
+    if gateway_app.server.listener_failure is not None:
+        raise gateway_app.server.listener_failure

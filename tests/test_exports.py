@@ -13,9 +13,10 @@ PUBLIC: dict[str, str] = {
         "ConfigError GatewayError "
     ),
     "gateway.transport": (
-        "AlpnPolicy Endpoint Inherited ListenError NNRP_ALPN PacketTransport QuicClientOptions "
-        "QuicSettings READ_SIZE SharedListener StreamTransport TextMessageError TlsConfig TlsFileError "
-        "WebSocketTransport bind_shared bound_uri connect describe_peer format_host "
+        "ACCEPT_BACKOFF AlpnPolicy Endpoint Inherited ListenError ListenerFailed NNRP_ALPN "
+        "PacketTransport QuicClientOptions QuicSettings READ_SIZE SharedListener "
+        "StreamTransport TextMessageError TlsConfig TlsFileError WebSocketTransport "
+        "accept_failure_is_terminal bind_shared bound_uri connect describe_peer format_host "
         "load_tls open_unix_listener parse_endpoint read_until_closed server_context "
         "tune_tcp "
     ),
@@ -110,10 +111,13 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "ManifestError ValidationReport build_plan check_case native_available "
-        "native_client_options native_openai_submit probe recipes_root run_plan run_wire_probe "
-        "runner_token_submit scenarios_for schema_errors suite_capabilities target_manifest "
-        "validate_results validate_wire_case write_atomically "
+        "ManifestError ValidationReport WILDCARD_HOSTS break_listener build_plan check_case "
+        "host_route_providers host_route_report host_route_scenarios load_scenario "
+        "native_available native_client_options native_openai_submit probe recipes_root "
+        "refuses run_host_route run_host_route_case run_plan run_wire_probe "
+        "runner_token_submit scenarios_for schema_errors select_host_routes "
+        "suite_capabilities target_manifest validate_results validate_route "
+        "validate_wire_case write_atomically "
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.

@@ -504,6 +504,8 @@ class Connection:
                               self.stats)
         self._attach(session, record)
         self.stats.sessions_total += 1
+        by_transport = self.stats.sessions_by_transport
+        by_transport[self.transport.kind] = by_transport.get(self.transport.kind, 0) + 1
         if record is not None and self.registry is not None:
             self.registry.attached(record, self, resumed=False)
 

@@ -16,7 +16,13 @@ import trio
 
 from gateway import nnrp
 from gateway.tools.client import connect
-from gateway.transport import AlpnPolicy, QuicClientOptions, connect as connect_transport
+from gateway.transport import (
+    AlpnPolicy,
+    QuicClientOptions,
+    QuicSettings,
+    TlsConfig,
+    connect as connect_transport,
+)
 from gateway.transport._quic_client import _unacked_bytes
 from gateway.transport.quic import QuicClientTransport, QuicConnectError, client_configuration
 from tests.support.quic import Pki, make_pki, needs_ipv6_loopback, start_quic_server
@@ -122,8 +128,28 @@ async def test_alpn_is_what_the_client_offers(nursery: trio.Nursery, pki: Pki,
             await transport.aclose()
 
 
+async def test_the_default_listener_accepts_the_spec_alpn_and_none(nursery: trio.Nursery,
+                                                                  pki: Pki) -> None:
+    """No ``alpn`` given: the spec's nnrp/1 is selected when offered, and a client that
+    offers none (nnrp-py's native client; test_quic.py drives it against this default)
+    is served too (AlpnPolicy: why ANY is the default)."""
+    gateway = await start_quic_server(nursery, pki)
+    assert QuicSettings(TlsConfig(pki.cert, pki.key)).alpn is AlpnPolicy.ANY
+    for offer, selected in ((("nnrp/1",), "nnrp/1"), ((), None)):
+        with trio.fail_after(10):
+            async with connect(gateway.uri, quic=attrs.evolve(trusting(pki),
+                                                              alpn=offer)) as client:
+                assert isinstance(client.transport, QuicClientTransport)
+                assert client.transport.alpn == selected
+                session = await client.open_session()
+                operation = await session.submit(script(events=1))
+                assert [type(e).__name__ async for e in operation.events()] == \
+                    ["PartialReceived", "ResultReceived"]
+                await session.close()
+
+
 @pytest.mark.parametrize(("policy", "offer"), [
-    (AlpnPolicy.NONE, ("nnrp/1",)),  # the default listener refuses an ALPN offer
+    (AlpnPolicy.NONE, ("nnrp/1",)),  # a no-ALPN-only listener refuses an ALPN offer
     (AlpnPolicy.NNRP, ()),
 ])
 async def test_a_refused_alpn_is_a_connect_error(nursery: trio.Nursery, pki: Pki,
