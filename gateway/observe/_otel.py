@@ -65,9 +65,9 @@ log = structlog.get_logger("gateway.observe.traces")
 SAMPLED_NAME = "nnrp.operation"
 #: Rule 4: one log line per this many seconds at most.
 FAILURE_LOG_INTERVAL = 60.0
-#: The exporters' loggers whose records ``FailureLog`` takes instead of the console.
-EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http",
-                    "opentelemetry.exporter.otlp.proto.grpc")
+#: The exporters' loggers (every OTLP exporter's and their HTTP client's are below it),
+#: whose records ``FailureLog`` takes instead of the console.
+EXPORTER_LOGGERS = ("opentelemetry.exporter",)
 _KINDS = {"server": trace_api.SpanKind.SERVER, "client": trace_api.SpanKind.CLIENT}
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 

@@ -180,6 +180,7 @@ class ChatPipeline:
                     body = await self._unary(op, request.body, request.headers)
             if body is None:
                 raise UpstreamTimeout("total", total)
+            _note_response(op, body)
             await self._complete(op, ev.completed(body))
         except ProfileError as error:
             await self._fail(op, error)
