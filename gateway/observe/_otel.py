@@ -97,11 +97,12 @@ class ExportSettings:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> ExportSettings:
-        protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                    or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+        named = next((name for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                        "OTEL_EXPORTER_OTLP_PROTOCOL") if env.get(name)), None)
+        protocol = (env[named] if named else "http/protobuf").strip()
         if protocol not in ("http/protobuf", "grpc"):
-            raise ConfigError(f"OTLP protocol {protocol!r} is not supported here "
-                              "(http/protobuf or grpc)")
+            raise ConfigError(f"{named}={protocol!r}: the gateway exports traces over "
+                              "http/protobuf or grpc")
         endpoint = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                     or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                     or ("http://localhost:4317" if protocol == "grpc"

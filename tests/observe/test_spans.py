@@ -236,7 +236,7 @@ async def test_the_environment_is_opentelemetrys() -> None:
     assert (settings.protocol, settings.max_queue, settings.batch_size, settings.delay) == (
         "http/protobuf", 10, 512, 0.25)
     assert settings.endpoint == "http://localhost:4318"
-    with pytest.raises(ConfigError, match="http/json"):
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json'"):
         ExportSettings.from_environment({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
     with pytest.raises(ConfigError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
         ExportSettings.from_environment({"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
