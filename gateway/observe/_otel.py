@@ -284,10 +284,7 @@ class OtelTracer:
                      dropped=dropped, exported=exported, max_queue=settings.max_queue,
                      batch_size=settings.batch_size, delay=settings.delay,
                      endpoint=settings.endpoint)
-        for name in EXPORTER_LOGGERS:  # rule 4: their reasons come to FailureLog
-            logger = logging.getLogger(name)
-            logger.addHandler(tracer.failures)
-            logger.propagate = False
+        tracer.take_exporter_logs()
         return tracer
 
     def decide(self, trace: TraceInfo | None) -> GatewaySpan:
@@ -330,10 +327,20 @@ class OtelTracer:
             kind=_KINDS[span.kind], status=status, start_time=span.start_ns,
             end_time=span.end_ns, instrumentation_scope=self.scope)
 
+    def take_exporter_logs(self) -> None:
+        """Rule 4: the exporters' records go to ``FailureLog`` (for their reason), not to
+        the console once per attempt."""
+        for name in EXPORTER_LOGGERS:
+            logger = logging.getLogger(name)
+            logger.addHandler(self.failures)
+            logger.propagate = False
+
     def start(self) -> None:
         self.queue.start()
 
     def close(self, timeout: float) -> None:
         self.queue.close(timeout)
         for name in EXPORTER_LOGGERS:
-            logging.getLogger(name).removeHandler(self.failures)
+            logger = logging.getLogger(name)
+            logger.removeHandler(self.failures)
+            logger.propagate = True

@@ -68,8 +68,8 @@ def _usage(key: str) -> Callable[[ObservationRecord], AttributeValue | None]:
 
 def _field(name: str) -> Callable[[ObservationRecord], AttributeValue | None]:
     def read(record: ObservationRecord) -> AttributeValue | None:
-        value = getattr(record, name)
-        return None if value is None else value
+        value: AttributeValue | None = getattr(record, name)
+        return value
     return read
 
 
@@ -141,7 +141,8 @@ def span_parent(trace: TraceInfo | None) -> tuple[int, int, bool] | None:
     return trace.trace_id, trace.span_id, bool(trace.trace_flags & 1)
 
 
-def _at(record: ObservationRecord, start_ns: int, offset_ms: float | None) -> int:
+def _at(start_ns: int, offset_ms: float | None) -> int:
+    """The wall-clock time of a record's offset (ms after the submit arrived)."""
     return start_ns + round((offset_ms or 0.0) * 1_000_000)
 
 
@@ -149,16 +150,16 @@ def _events(record: ObservationRecord, start_ns: int, end_ns: int) -> tuple[Span
     """Rule 5, in time order."""
     events: list[SpanEvent] = []
     if record.events and record.first_event_ms is not None:
-        events.append(SpanEvent("nnrp.first_token", _at(record, start_ns, record.first_event_ms)))
+        events.append(SpanEvent("nnrp.first_token", _at(start_ns, record.first_event_ms)))
     for offset in record.resume_ms:
-        events.append(SpanEvent("nnrp.resume", _at(record, start_ns, offset)))
+        events.append(SpanEvent("nnrp.resume", _at(start_ns, offset)))
     if record.cancel_ms is not None:
         attributes: dict[str, AttributeValue] = {}
         if record.cancel_source is not None:
             attributes["nnrp.cancel.source"] = record.cancel_source
         if record.cancel_reason is not None:
             attributes["nnrp.cancel.reason"] = record.cancel_reason
-        events.append(SpanEvent("nnrp.cancel", _at(record, start_ns, record.cancel_ms),
+        events.append(SpanEvent("nnrp.cancel", _at(start_ns, record.cancel_ms),
                                 attributes))
     ended = END_EVENTS.get(record.end_cause) if record.end_cause is not None else None
     if ended is not None:
@@ -175,20 +176,21 @@ def build_spans(record: ObservationRecord, *, upstream_span_id: int,
     if span is None or not span.sampled or record.received_unix_ns is None:
         return ()
     start_ns = record.received_unix_ns
-    end_ns = max(start_ns, _at(record, start_ns, record.duration_ms))
+    end_ns = max(start_ns, _at(start_ns, record.duration_ms))
     attributes = {name: value for name, read in ATTRIBUTES.items()
                   if (value := read(record)) is not None}
     if record.upstream_start_ms is not None:
         attributes["server.address"], attributes["server.port"] = server_address, server_port
     operation = attributes.get("gen_ai.operation.name") or "nnrp.operation"
     name = f"{operation} {record.model}" if record.model else str(operation)
-    error = (record.error_code or str(record.outcome)) if record.outcome in ERROR_OUTCOMES \
-        else None
+    error = None
+    if record.outcome in ERROR_OUTCOMES:
+        error = record.error_code or str(record.outcome)
     spans = [SpanData(name, "server", span.trace_id, span.span_id, span.parent_span_id,
                       span.parent_span_id is not None, start_ns, end_ns, attributes,
                       _events(record, start_ns, end_ns), error)]
     if record.upstream_start_ms is not None:
-        upstream_start = _at(record, start_ns, record.upstream_start_ms)
+        upstream_start = _at(start_ns, record.upstream_start_ms)
         upstream_end = max(upstream_start, upstream_start + round(
             (record.upstream_ms or 0.0) * 1_000_000))
         upstream: dict[str, AttributeValue] = {
