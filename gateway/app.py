@@ -155,6 +155,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.tracer: Tracer | None = None
         if config.otel_traces:
+            self.metrics.attach_tracing()
             self.tracer = open_tracer(vllm_url=config.vllm_url,
                                       dropped=self.metrics.spans_dropped,
                                       exported=self.metrics.spans_exported)

@@ -288,18 +288,6 @@ class GatewayMetrics:
             "503 or in-stream), gateway (load-aware admission, operations) or "
             "gateway_session (load-aware admission, session opens); by reason.",
             ["source", "reason"], registry=r)
-        # Tracing (serve --otel-traces): spans lost before the collector had them, by
-        # reason (gateway.observe._otel, rule 3); every reason exported from the start,
-        # so a dashboard or alert has a series before the first loss.
-        self.trace_spans_dropped = Counter(
-            f"{PREFIX}_trace_spans_dropped",
-            "Trace spans dropped: the export queue full (queue_full), a batch the "
-            "collector did not take (export_failed), still queued at shutdown (shutdown).",
-            ["reason"], registry=r)
-        for reason in TRACE_DROP_REASONS:
-            self.trace_spans_dropped.labels(reason)
-        self.trace_spans_exported = Counter(f"{PREFIX}_trace_spans_exported",
-                                            "Trace spans the collector accepted.", registry=r)
         self.build_info = Gauge(f"{PREFIX}_build_info", "Build information.", ["version"],
                                 registry=r)
         self.build_info.labels(gateway.__version__).set(1)
@@ -323,6 +311,22 @@ class GatewayMetrics:
         """Export the QUIC listeners' counters (``listeners()`` is read at every scrape:
         listeners bind after the metrics exist)."""
         self.registry.register(_QuicCollector(listeners))
+
+    def attach_tracing(self) -> None:
+        """Export tracing's counters (``serve --otel-traces`` only: a gateway without
+        tracing has no such series, as the dashboard and the alert rules expect). Every
+        drop reason is there from the start, so an alert has a series before the first
+        loss."""
+        self.trace_spans_dropped = Counter(
+            f"{PREFIX}_trace_spans_dropped",
+            "Trace spans dropped: the export queue full (queue_full), a batch the "
+            "collector did not take (export_failed), still queued at shutdown (shutdown).",
+            ["reason"], registry=self.registry)
+        for reason in TRACE_DROP_REASONS:
+            self.trace_spans_dropped.labels(reason)
+        self.trace_spans_exported = Counter(f"{PREFIX}_trace_spans_exported",
+                                            "Trace spans the collector accepted.",
+                                            registry=self.registry)
 
     def spans_dropped(self, reason: str, count: int) -> None:
         """Tracing lost ``count`` spans (called from the export thread too: prometheus
