@@ -215,8 +215,10 @@ async def test_a_stalled_collector_never_holds_a_stream_and_drops_are_counted(
         nursery: trio.Nursery, socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stalled = threading.Event()
     with OtlpReceiver(hold=stalled) as receiver:
+        # The exporter waits for the held collector longer than the test takes, so the
+        # first batch stays in flight and the queue is all the room there is.
         otel_env(monkeypatch, receiver.endpoint, OTEL_BSP_MAX_QUEUE_SIZE="4",
-                 OTEL_BSP_MAX_EXPORT_BATCH_SIZE="2")
+                 OTEL_BSP_MAX_EXPORT_BATCH_SIZE="2", OTEL_EXPORTER_OTLP_TIMEOUT="60")
         stack = await traced_stack(nursery, socket_dir)
         try:
             async with connect(stack.uri()) as client:
