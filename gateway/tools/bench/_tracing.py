@@ -7,8 +7,10 @@ sent over OTLP/HTTP to a sink on loopback that answers every export at once (a c
 that keeps up; it runs in this process, so its CPU is the load generator's, not the
 gateway's). The figure is the gateway's CPU per streamed event (the kernel's
 per-process clock), off and on, for two shapes: short operations (spans are made once per
-operation, so the cost per event is largest there) and long streams. Every span must reach
-the sink with none dropped, or the figure would flatter tracing.
+operation, so the cost per event is largest there) and long streams. With tracing on, each
+measured window closes once the sink has every span of it (the export thread's encoding
+and sending are counted), and opens once the spans before it are out. Every span must
+reach the sink with none dropped, or the figure would flatter tracing.
 """
 
 from __future__ import annotations
@@ -90,6 +92,16 @@ async def _metric(stack: Stack, name: str) -> float:
                if line.startswith(name))
 
 
+async def _exported(stack: Stack, spans: int) -> None:
+    """Until the gateway has exported ``spans`` spans (none may be dropped meanwhile)."""
+    with trio.fail_after(30):
+        # Another process's counter: nothing here to wait on but a poll.
+        while await _metric(stack, "nnrp_gateway_trace_spans_exported_total") < spans:
+            if await _metric(stack, "nnrp_gateway_trace_spans_dropped_total"):
+                raise RuntimeError("tracing dropped spans: the figure would flatter it")
+            await trio.sleep(0.1)
+
+
 async def tracing(quick: bool, progress: Progress) -> list[Figure]:
     """9. The gateway's CPU per event with tracing off and at 100 % sampling."""
     problem = tracing_problem()
@@ -107,6 +119,10 @@ async def tracing(quick: bool, progress: Progress) -> list[Figure]:
         for traced in (False, True):
             args = ("--metrics", *(("--otel-traces",) if traced else ()))
             async with Stack(gateway_args=args, residence=False, env=env) as stack:
+                # What the sink must have taken so far (two spans an operation): with
+                # tracing on, each window waits for it at both ends, so it holds the
+                # export of its own spans and none of another's.
+                spans = 0
                 for label, sessions, count, events, interval in shapes:
                     progress(f"tracing {'on' if traced else 'off'}: {label}")
                     received = [0]
@@ -119,25 +135,24 @@ async def tracing(quick: bool, progress: Progress) -> list[Figure]:
                                 nursery.start_soon(functools.partial(
                                     _operations, session, f"w{run}-{index}", 1, events,
                                     interval, [0]))
+                        spans += 2 * sessions
+                        if traced:
+                            await _exported(stack, spans)
                         cpu = process_cpu_seconds(stack.gateway_pid)
                         async with trio.open_nursery() as nursery:
                             for index, session in enumerate(opened):
                                 nursery.start_soon(functools.partial(
                                     _operations, session, f"t{run}-{index}", count, events,
                                     interval, received))
+                        spans += 2 * sessions * count
+                        if traced:
+                            await _exported(stack, spans)
                         cpu = process_cpu_seconds(stack.gateway_pid) - cpu
                     operations = sessions * count
                     cpu_per_event[label, traced] = cpu / max(received[0], 1) * 1e6
                     detail[label, traced] = (f"{cpu:.2f} CPU s for {received[0]} events in "
                                              f"{operations} operations")
                 if traced:
-                    # Every span (two an operation) reached the sink: none was dropped.
-                    expected = 2 * sum(s * (c + 1) for _, s, c, _, _ in shapes)
-                    with trio.fail_after(30):
-                        # Another process's counter: nothing here to wait on but a poll.
-                        while await _metric(  # noqa: ASYNC110
-                                stack, "nnrp_gateway_trace_spans_exported_total") < expected:
-                            await trio.sleep(0.1)
                     dropped = await _metric(stack, "nnrp_gateway_trace_spans_dropped_total")
                     if dropped:
                         raise RuntimeError(f"tracing dropped {dropped:.0f} spans: the "
