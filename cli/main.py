@@ -256,6 +256,12 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         envvar="NNRP_GATEWAY_METRICS", rich_help_panel=OBSERVE,
         help="Serve Prometheus /metrics on --admin-listen.")] = False,
+    otel_traces: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_OTEL_TRACES", rich_help_panel=OBSERVE,
+        help="Export OpenTelemetry traces (OTLP; needs the otel extra): one span per "
+             "operation. Where to and how are the standard OTEL_* variables "
+             "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER...).")
+    ] = False,
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST", metavar="PATH", rich_help_panel=OBSERVE,
         help="Write the suite's wire target manifest here once all listeners are bound "
@@ -377,6 +383,8 @@ def serve(
             raise UserError(f"{target_manifest} is a directory (give a file name)",
                             source(ctx, "target_manifest"))
         check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
+    if otel_traces:
+        _check_tracing(ctx)
     load = LoadSettings(admission=load_aware_admission, source=load_source.value,
                         interval=load_interval, max_waiting=load_max_waiting,
                         max_kv_cache_usage=load_max_kv_cache_usage,
@@ -408,7 +416,8 @@ def serve(
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
-        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load)
+        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load,
+        otel_traces=otel_traces)
     if print_config:
         typer.echo(render(ctx, ctx.params), nl=False)
         return
@@ -492,6 +501,20 @@ def _start_logging(level: str, *, metrics: bool, admin_listen: str | None) -> No
     if metrics and admin_listen is None:
         structlog.get_logger("gateway").warning(
             "--metrics has no effect without --admin-listen: no /metrics is served")
+
+
+def _check_tracing(ctx: typer.Context) -> None:
+    """``--otel-traces`` where it cannot work (the extra missing, an OTEL_* setting the
+    gateway cannot use) is the operator's to fix: one line, exit 2."""
+    from gateway.errors import ConfigError
+    from gateway.observe import check_tracing
+
+    from ._settings import source
+
+    try:
+        check_tracing()
+    except ConfigError as exc:
+        raise UserError(str(exc), source(ctx, "otel_traces")) from None
 
 
 def _exit_for_user_error(error: BaseException) -> None:

@@ -30,8 +30,10 @@ from gateway.observe import (
     AdminRoutes,
     AdminServer,
     GatewayMetrics,
+    Tracer,
     build_record,
     metrics_route,
+    open_tracer,
 )
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import Listener, capability_document, runtime_tokens
@@ -129,6 +131,10 @@ class GatewayConfig:
     bench_residence: bool = False
     #: Load-aware admission (off unless ``load.admission``).
     load: LoadSettings = attrs.field(factory=LoadSettings)
+    #: OpenTelemetry traces (the ``otel`` extra), configured by the OTEL_* environment.
+    otel_traces: bool = False
+    #: At shutdown, how long queued spans may take to reach the collector.
+    trace_flush_timeout: float = 2.0
 
 
 class Gateway:
@@ -147,6 +153,12 @@ class Gateway:
         pipeline_limits = attrs.evolve(config.pipeline, unavailable_retry_after_ms=int(
             max(config.probe_interval, 1.0) * 1000))
         self.metrics = GatewayMetrics()
+        self.tracer: Tracer | None = None
+        if config.otel_traces:
+            self.metrics.attach_tracing()
+            self.tracer = open_tracer(vllm_url=config.vllm_url,
+                                      dropped=self.metrics.spans_dropped,
+                                      exported=self.metrics.spans_exported)
         self.load: LoadMonitor | None = None
         if config.load.admission:
             self.load = LoadMonitor(self.client, config.load.policy(),
@@ -156,7 +168,7 @@ class Gateway:
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
                                      pipeline_limits, load=self.load,
                                      admission=self.load is not None,
-                                     on_engine_dead=self.engine_died)
+                                     on_engine_dead=self.engine_died, tracer=self.tracer)
         self.ssl_context = server_context(config.tls) if config.tls else None
         # The runtime tokens negotiation may grant are what this configuration implements.
         server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
@@ -221,10 +233,16 @@ class Gateway:
                 f"retry after {decision.retry_after_ms} ms or elsewhere")
 
     def _observe(self, op: Operation) -> None:
-        """The canonical log line and the metrics, from one record per operation."""
+        """The canonical log line, the metrics and the trace spans, from one record per
+        operation. One that ended before its upstream request was built gets its span
+        decided here."""
+        if self.tracer is not None and op.notes.span is None:
+            op.notes.span = self.tracer.decide(op.trace)
         record = build_record(op)
         self.metrics.observe(record)
         getattr(operation_log, record.log_level)("operation", **record.as_dict())
+        if self.tracer is not None:
+            self.tracer.export(record)
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the certificate files; new handshakes use them."""
@@ -268,6 +286,8 @@ class Gateway:
     async def run(self, *, task_status: trio.TaskStatus[list[BoundEndpoint]]
                   = trio.TASK_STATUS_IGNORED) -> None:
         """Probe vLLM and serve NNRP until cancelled. UnsupportedVersion ends the run."""
+        if self.tracer is not None:
+            self.tracer.start()
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.admin_listen:
@@ -285,6 +305,15 @@ class Gateway:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self.client.aclose()
+            if self.tracer is not None:
+                await self._close_tracer(self.tracer)
+
+    async def _close_tracer(self, tracer: Tracer) -> None:
+        """The spans still queued go to the collector within the flush timeout (the
+        export thread is joined off the event loop); the rest count as dropped."""
+        timeout = self.config.trace_flush_timeout
+        with trio.CancelScope(shield=True), trio.move_on_after(timeout + 1):
+            await trio.to_thread.run_sync(tracer.close, timeout, abandon_on_cancel=True)
 
     async def probe_once(self) -> VllmInfo:
         """Version, binding and models, then health: a dead engine still answers /version."""

@@ -86,16 +86,18 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.pipeline": (
         "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
-        "token_count traceparent "
+        "token_count traceparent upstream_traceparent "
     ),
     "gateway.server": (
-        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer Operation "
+        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
+        "Operation "
         "OperationHandler OperationNotes OperationPort RefusalHandler ResumeSettings ResumeStats "
         "ServerStats Session SessionRegistry TokenAuthenticator "
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
-        "RouteUnavailable build_record configure_logging metrics_route "
+        "RouteUnavailable SpanData SpanEvent Tracer build_record build_spans check_tracing "
+        "configure_logging metrics_route open_tracer tracing_problem "
     ),
     "gateway.tools.client": (
         "ClientError ClientOperation ClientSession MAX_BACKOFF NnrpClient ResumeTicket Trust "

@@ -526,6 +526,7 @@ class Connection:
         session.reattachments += 1
         for operation in session.operations.values():
             operation.reattached += 1
+            operation.reattached_at.append(trio.current_time())
         if resumed:
             session.resumed()
         self._attach(session, record)

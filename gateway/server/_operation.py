@@ -122,6 +122,27 @@ class OperationNotes:
     #: and why (the counter's reason label).
     refusal_source: str | None = None
     refusal_reason: str | None = None
+    #: What vLLM's answer named (the completed body's ``model``, ``id`` and each
+    #: choice's ``finish_reason``): the trace span's GenAI attributes.
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: tuple[str, ...] | None = None
+    #: The gateway's own span, when tracing decided one at dispatch (or later).
+    span: GatewaySpan | None = None
+
+
+@attrs.frozen
+class GatewaySpan:
+    """The ids of the gateway's span for one operation (OpenTelemetry's sizes: a 128-bit
+    trace id, a 64-bit span id), decided once, when the upstream request is built, so
+    the ``traceparent`` vLLM gets and the exported span agree. ``parent_span_id`` is the
+    client's NNRP span when it sent a TRACE_CONTEXT; ``sampled`` is the sampler's word
+    (an unsampled span is never exported)."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    sampled: bool
 
 
 @attrs.frozen
@@ -179,6 +200,9 @@ class Operation:
         self.end_cause: EndCause | None = None
         self.cancel_info: CancelInfo | None = None
         self.received_at = trio.current_time()
+        #: The same moment on the wall clock (a trace span's start; trio's clock has no
+        #: epoch).
+        self.received_unix_ns = time.time_ns()
         self.started_at: float | None = None
         self.first_event_at: float | None = None
         self.last_event_at: float | None = None
@@ -197,6 +221,7 @@ class Operation:
         self.tokens_used = 0
         #: Resumes and migrations it lived through, and the events replayed to the client.
         self.reattached = 0
+        self.reattached_at: list[float] = []
         self.replayed_events = 0
         #: Closes the upstream exchange at once when the operation is cancelled.
         self._abort_upstream: Callable[[], object] | None = None

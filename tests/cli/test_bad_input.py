@@ -411,6 +411,14 @@ def test_a_bare_group_prints_its_help() -> None:
     (["serve", "--print-config"], {"NNRP_GATEWAY_TLS_CERT": "/nonexistent.pem",
                                    "NNRP_GATEWAY_TLS_KEY": "/nonexistent.key"},
      "environment variable NNRP_GATEWAY_TLS_CERT"),
+    # Tracing is configured by OpenTelemetry's own variables: one the gateway cannot use
+    # is named, and so is where tracing was asked for.
+    (["serve", "--print-config"], {"NNRP_GATEWAY_OTEL_TRACES": "1",
+                                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/json': the gateway exports traces over "
+     "http/protobuf or grpc, environment variable NNRP_GATEWAY_OTEL_TRACES"),
+    (["serve", "--otel-traces", "--print-config"], {"OTEL_BSP_MAX_QUEUE_SIZE": "0"},
+     "OTEL_BSP_MAX_QUEUE_SIZE='0' must be at least 1, --otel-traces"),
 ])
 def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str, str],
                                                   says: str) -> None:
