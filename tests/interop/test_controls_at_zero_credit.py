@@ -1,7 +1,7 @@
 """Issue 26 (item 5): "while a client holds the credit window at 0, a CANCEL or DEADLINE
 takes effect about 0.3 s later than without the pause", driven the audit's way: nnrp-py's
-native client against the gateway (replay vLLM behind it; tcp and quic) and, as the
-referee, against nnrp-py's own native server, the same client sequence against both.
+native client against the gateway (replay vLLM behind it; tcp, unix, ws and quic) and,
+as the referee, against nnrp-py's own native server, the same client sequence against both.
 
 The finding (docs/runtime-controls.md, the BACKPRESSURE / CREDIT_UPDATE row): the delay is
 the native client's. A control call on a session waits for a poll of that session running
@@ -35,7 +35,7 @@ import trio
 pytest.importorskip("nnrp.client.native")
 
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeWouldBlockError
+from nnrp.native import NativeInvalidStateError, NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata
 from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
 
@@ -358,10 +358,20 @@ async def on_referee(referee: Referee, driver: Callable[..., Any], hold: str, co
                      name: str) -> tuple[Any, int]:
     """Run ``driver`` against the referee; with the moment its application met the
     control."""
-    referee.reached.clear()
-    with trio.fail_after(60):
-        result = await trio.to_thread.run_sync(functools.partial(
-            driver, referee.uri, None, hold, control, name))
+    for attempt in (1, 2):
+        referee.reached.clear()
+        try:
+            with trio.fail_after(60):
+                result = await trio.to_thread.run_sync(functools.partial(
+                    driver, referee.uri, None, hold, control, name))
+            break
+        except NativeInvalidStateError:
+            # nnrp-py's own pair, now and then (twice in some 500 of this file's
+            # referee sessions; never against the gateway): its client refuses the
+            # submit that follows the CREDIT_UPDATE on a fresh session (detail 105). A
+            # flaw of the referee's, not a fact about the gateway: one more session.
+            if attempt == 2:
+                raise
     return result, referee.reached[CONTROL_KIND[control]]
 
 
@@ -377,7 +387,7 @@ def check_held_run(timeline: Timeline, reached: int, control: str, *, not_before
 
 # ------------------------------------------------------------------ the tests
 
-@pytest.mark.parametrize("transport", ["tcp", "quic"])
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "websocket", "quic"])
 async def test_a_control_at_zero_credit_ends_the_operation_as_promptly_as_on_the_referee(
         quic_stack: tuple[Stack, Pki], referee: Referee, transport: str) -> None:
     """One thread polls and sends (nnrp-py.md's rule), the window held at 0 (a spent
