@@ -4,8 +4,7 @@ say exactly what comparing with a fresh ``Window()`` says, for every field a win
 from __future__ import annotations
 
 import attrs
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from gateway.nnrp import FlowControl
 from gateway.nnrp._flow import Window

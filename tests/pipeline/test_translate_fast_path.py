@@ -11,8 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gateway.pipeline import Translator
 from gateway.pipeline._translate import forces_tool_choice

@@ -12,8 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from gateway.tools.replay import FAMILIES, family_transcripts
 from gateway.upstream import UpstreamMalformed, parse_chunk
