@@ -18,7 +18,9 @@ docs/benchmarks.md):
 2. What it accepts is what the general path accepts, and it builds the same dict, key
    for key and in the same order: ``id`` and ``model`` are non-empty and hold no escape
    or control character (so their bytes are their text), ``created`` and ``index`` are
-   JSON integers >= 0 (no sign, no leading zero), ``object`` is the literal.
+   JSON integers >= 0 (no sign, no leading zero, at most 18 digits: a longer one goes
+   the general way, which refuses one past Python's digit limit), ``object`` is the
+   literal.
 3. The content string is decoded by the json module's own string scanner (the one
    ``json.loads`` uses, strict: a raw control character is refused) and any text that
    could hold a lone surrogate (a ``\\uD8..``-``\\uDF..`` escape) goes the general way,
@@ -56,8 +58,8 @@ _scanstring: Callable[[str, int, bool], tuple[str, int]] = (
 #: the content's JSON text (between its quotes), and whether token_ids is there.
 _PLAIN_TEXT_CHUNK = re.compile(
     r'\{"id":"([^"\\\x00-\x1f]+)","object":"chat\.completion\.chunk",'
-    r'"created":(0|[1-9][0-9]*),"model":"([^"\\\x00-\x1f]+)",'
-    r'"choices":\[\{"index":(0|[1-9][0-9]*),"delta":\{"content":"([^"\\]*(?:\\.[^"\\]*)*)"\},'
+    r'"created":(0|[1-9][0-9]{0,17}),"model":"([^"\\\x00-\x1f]+)",'
+    r'"choices":\[\{"index":(0|[1-9][0-9]{0,17}),"delta":\{"content":"([^"\\]*(?:\\.[^"\\]*)*)"\},'
     r'"logprobs":null,"finish_reason":null(,"token_ids":null)?\}\]\}')
 
 
@@ -100,6 +102,9 @@ def _parse_in_general(data: str) -> dict[str, Any]:
         chunk = json.loads(data)
     except json.JSONDecodeError as exc:
         raise UpstreamMalformed(f"stream chunk is not JSON: {exc.msg} at {exc.pos}") from exc
+    except ValueError as exc:  # an integer past Python's digit limit (int() in json.loads)
+        raise UpstreamMalformed(f"stream chunk holds a number that cannot be read: {exc}"
+                                ) from exc
     if not isinstance(chunk, dict):
         raise UpstreamMalformed("stream chunk is not a JSON object")
     if "\\u" in data and _SURROGATE_ESCAPE.search(data) and _has_lone_surrogate(chunk):

@@ -144,6 +144,7 @@ def test_plain_shapes_take_the_pattern(data: str) -> None:
     (plain().replace('"object":"chat.completion.chunk"', '"object":"x"'), "another object"),
     (plain().replace(",", ", "), "spaces"),
     (plain() + "x", "trailing bytes"),
+    (plain(created="1" * 19), "past 18 digits: the general path reads it"),
 ])
 def test_other_shapes_take_the_general_path(data: str, why: str) -> None:
     assert _plain_text_chunk(data) is None, why
@@ -205,3 +206,13 @@ def test_generated_json_never_fools_the_pattern(value: Any) -> None:
     builds the very same chunk."""
     data = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     assert_same(data)
+
+
+def test_a_number_past_pythons_digit_limit_is_a_malformed_chunk() -> None:
+    # json.loads raises a bare ValueError (not JSONDecodeError) for an integer of more
+    # than sys.get_int_max_str_digits() digits: it must end as backend_error, not as the
+    # gateway's own runtime error.
+    data = plain(created="1" * 5000)
+    assert _plain_text_chunk(data) is None
+    with pytest.raises(UpstreamMalformed, match="number that cannot be read"):
+        parse_chunk(data)
