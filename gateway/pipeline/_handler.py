@@ -326,8 +326,8 @@ class ChatPipeline:
                             for chunk in batch:
                                 if not op.spend_tokens(token_count(chunk)):
                                     await trio.lowlevel.checkpoint()  # budget spent: ends
-                                for event in translator.feed(chunk):
-                                    await op.emit(ev.encode_event(event), flush=False)
+                                for encoded in translator.feed_encoded(chunk):
+                                    await op.emit(encoded, flush=False)
                         finally:
                             op.flush()
         finally:
