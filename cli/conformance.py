@@ -189,6 +189,18 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
     return results
 
 
+def _anchor_is_self_signed_ca(trust: Trust) -> bool:
+    """Whether --ca-file's first certificate is self-signed with CA:TRUE (one a malformed
+    file is left to the TLS layer to name)."""
+    from gateway.tools.conformance import self_signed_ca
+
+    try:
+        anchor = trust.certificate_der()
+        return anchor is not None and self_signed_ca(anchor)
+    except ValueError:
+        return False
+
+
 class Client(StrEnum):
     native = "native"
     builtin = "builtin"
@@ -202,7 +214,9 @@ def run(
         metavar="DIR", help="Directory for plan, results and evidence.")],
     client: Annotated[Client | None, typer.Option(
         help="native (nnrp-py's Rust-backed client; the default when installed, no auth "
-             "token is given and a TLS endpoint has --ca-file) or builtin.")] = None,
+             "token is given and a TLS endpoint has a --ca-file that is not a self-signed "
+             "CA:TRUE certificate, which its rustls refuses as the server's own) or "
+             "builtin.")] = None,
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
@@ -222,7 +236,7 @@ def run(
 
     from gateway.observe import configure_logging
     from gateway.tools.client import ClientError
-    from gateway.tools.conformance import native_available
+    from gateway.tools.conformance import CA_ANCHOR_REFUSED, native_available
 
     configure_logging(level="warning", to_stderr=True)
     quiet_quic_logs()
@@ -234,15 +248,19 @@ def run(
     trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     check_output_dir(out, "--out")  # last: a refused run leaves no empty directory
     tls = endpoint.split("://", 1)[0] in ("tcps", "wss", "quic")
-    # The native client cannot present a token, and trusts only --ca-file (no store).
+    # The native client cannot present a token, trusts only --ca-file (no store), and
+    # refuses a self-signed CA:TRUE certificate as the server's own (CA_ANCHOR_REFUSED).
     chosen = (client.value if client is not None
               else "native" if native_available() and not trust.auth
-              and (ca_file is not None or not tls) else "builtin")
+              and (not tls or (ca_file is not None and not _anchor_is_self_signed_ca(trust)))
+              else "builtin")
     if chosen == "native" and not native_available():
         raise UserError("--client native needs nnrp-py (pip install nnrp-py)")
     if chosen == "native" and trust.auth:
-        raise UserError("nnrp-py's native client cannot present a session auth token; "
-                        "use --client builtin", "--client native")
+        token_option = "auth_token" if auth_token is not None else "auth_token_file"
+        raise UserError("nnrp-py's native client (--client native) cannot present a "
+                        "session auth token (use --client builtin)",
+                        source(ctx, token_option))
     if chosen == "native" and tls and ca_file is None:
         raise UserError("the native client over TLS needs --ca-file (it trusts one "
                         "certificate, not the system's store)", endpoint)
@@ -266,6 +284,9 @@ def run(
                 "passed": len(passed_bare),
                 "same_passes": passed & bare_ids == passed_bare}
     except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        if isinstance(exc, ClientError) and str(exc) == CA_ANCHOR_REFUSED:
+            raise UserError(CA_ANCHOR_REFUSED, f"--ca-file {ca_file}",
+                            code=EXIT_FAILED) from None
         raise connection_failure(exc, endpoint, ca_file=ca_file, auth=trust.auth) from None
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     ok = summary["passed"] == summary["selected"] and summary.get(

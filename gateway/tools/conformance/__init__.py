@@ -23,9 +23,11 @@ from ._manifest import (
     write_atomically as write_atomically,
 )
 from ._native import (
+    CA_ANCHOR_REFUSED as CA_ANCHOR_REFUSED,
     native_available as native_available,
     native_client_options as native_client_options,
     native_openai_submit as native_openai_submit,
+    self_signed_ca as self_signed_ca,
 )
 from ._run import run_plan as run_plan
 from ._suite import (
