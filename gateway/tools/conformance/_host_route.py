@@ -196,10 +196,20 @@ def break_listener(port: int) -> int:
     return broken
 
 
+#: Seconds a QUIC probe waits for its handshake: a listener that stopped accepting drops
+#: a new Initial without a word (its socket may stay open for the sessions it still
+#: serves), so silence for this long is the refusal; on loopback a handshake takes ms.
+QUIC_PROBE_S = 2.0
+
+
 async def refuses(uri: str) -> bool:
     """Whether nothing accepts a connection at a listener any more (stream listeners:
-    the connect is refused; a unix path is refused or gone)."""
+    the connect is refused; a unix path is refused or gone; quic: a real handshake
+    does not complete within ``QUIC_PROBE_S``, as a TCP connect to a UDP port proves
+    nothing)."""
     spec = parse_endpoint(uri)
+    if spec.scheme == "quic":
+        return not await _quic_handshake_completes(spec.host, spec.port)
     try:
         with trio.fail_after(2):
             if spec.scheme == "unix":
@@ -210,6 +220,27 @@ async def refuses(uri: str) -> bool:
         return True
     await stream.aclose()
     return False
+
+
+async def _quic_handshake_completes(host: str, port: int) -> bool:
+    from gateway.transport import QuicClientOptions, connect
+
+    # The question is whether the listener accepts, not whether its certificate is
+    # trusted: the probe checks no certificate and offers no ALPN (which the listener's
+    # default policy accepts), so only a listener that is not accepting fails it.
+    unchecked = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    unchecked.check_hostname = False
+    unchecked.verify_mode = ssl.CERT_NONE
+    failed = False
+    with trio.move_on_after(QUIC_PROBE_S) as waited:
+        try:
+            async with trio.open_nursery() as nursery:
+                transport = await connect(f"quic://{host}:{port}", nursery, unchecked,
+                                          quic=QuicClientOptions(idle_timeout=QUIC_PROBE_S))
+                await transport.aclose()
+        except* OSError:  # QuicConnectError, or an ICMP refusal: the socket is gone
+            failed = True
+    return not failed and not waited.cancelled_caught
 
 
 # --------------------------------------------------------------------------- the scenario
