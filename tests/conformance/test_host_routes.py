@@ -68,20 +68,25 @@ def test_the_manifest_claims_exactly_the_server_role_scenarios(tmp_path: Path) -
                if s["id"] in left_out)
 
 
-@pytest.mark.parametrize(("listen", "given", "expected"), [
-    ("quic://0.0.0.0:7704", None, "localhost"),       # README's example: never 0.0.0.0
-    ("wss://[::]:7703/nnrp", None, "localhost"),
-    ("quic://127.0.0.1:7704", None, "127.0.0.1"),     # the host, since the cert holds it
-    ("quic://localhost:7704", None, "localhost"),
-    ("quic://10.1.2.3:7704", None, "localhost"),      # a host the cert does not hold
-    ("quic://0.0.0.0:7704", "gateway.example", "gateway.example"),
+@pytest.mark.parametrize(("listen", "given", "expected", "endpoint"), [
+    # README's example: never 0.0.0.0, as the name checked nor as the address dialled
+    ("quic://0.0.0.0:7704", None, "localhost", "localhost:7704"),
+    ("wss://[::]:7703/nnrp", None, "localhost", "wss://localhost:7703/nnrp"),
+    # the host, since the cert holds it
+    ("quic://127.0.0.1:7704", None, "127.0.0.1", "127.0.0.1:7704"),
+    ("quic://localhost:7704", None, "localhost", "localhost:7704"),
+    # a host the cert does not hold: dialled as bound, checked by the cert's name
+    ("quic://10.1.2.3:7704", None, "localhost", "10.1.2.3:7704"),
+    ("quic://0.0.0.0:7704", "gateway.example", "gateway.example", "gateway.example:7704"),
+    ("quic://[::]:7704", "::1", "::1", "[::1]:7704"),
 ])
 def test_the_tls_server_name_is_a_name_the_certificate_holds(
-        tmp_path: Path, listen: str, given: str | None, expected: str) -> None:
+        tmp_path: Path, listen: str, given: str | None, expected: str, endpoint: str) -> None:
     claims = manifest(tmp_path, listen, server_name=given)
     assert schema_errors(claims, "wire-conformance-target.schema.json") == []
     (transport,) = claims["wire_conformance"]["transports"]
     assert transport["security"]["server_name"] == expected
+    assert transport["endpoint"] == endpoint
 
 
 def test_a_certificate_without_names_needs_the_option(tmp_path: Path) -> None:
