@@ -113,7 +113,8 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "CA_ANCHOR_REFUSED ManifestError ValidationReport WILDCARD_HOSTS break_listener build_plan check_case "
+        "CA_ANCHOR_REFUSED ManifestError ValidationReport WILDCARD_HOSTS break_listener "
+        "build_plan check_case compile_imported_modules "
         "host_route_providers host_route_report host_route_scenarios load_scenario "
         "native_available native_client_options native_openai_submit probe recipes_root "
         "refuses run_host_route run_host_route_case run_plan run_wire_probe "

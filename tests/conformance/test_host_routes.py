@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from cryptography.x509.oid import NameOID
 from gateway.profile import runtime_tokens
 from gateway.tools.conformance import (
     ManifestError,
+    compile_imported_modules,
     host_route_providers,
     host_route_scenarios,
     run_host_route_case,
@@ -32,6 +34,7 @@ from gateway.tools.conformance import (
     target_manifest,
     validate_route,
 )
+from gateway.tools.conformance._host_route import no_upstream
 from tests.support.quic import make_pki
 
 SERVER_SCENARIOS = ["wire.host-route.server.multi-listener",
@@ -119,6 +122,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     """Each server-role scenario, run once as the runner runs it (the target as a process:
     the executable the runner is given)."""
     pytest.importorskip("nnrp.client.native")
+    import cli.main  # noqa: F401  (what the target imports, for its bytecode)
+
+    compile_imported_modules()  # as `conformance host-routes` does
     root = tmp_path_factory.mktemp("host-routes")
     scenarios = {s["id"]: s for s in host_route_scenarios()}
     return {sid: run_host_route_case(scenarios[sid], TARGET, root / sid.rsplit(".", 1)[1],
@@ -151,7 +157,10 @@ def test_the_evidence_says_what_happened(results: dict[str, dict[str, Any]]) -> 
         ["rolled_back", "failed"]
     failure = results["wire.host-route.server.terminal-listener-failure"]
     assert failure["route_evidence"]["terminal_failure"] == "nnrp.transport.tcp.native"
-    assert "not ready: listener tcp://" in failure["message"]
+    assert failure["message"].startswith("listener tcp://")
+    # The target's gateway has no vLLM (NNRP_GATEWAY_VLLM_URL unset): nothing is said of it.
+    assert failure["message"].endswith("; readiness fails with it")
+    assert "vLLM" not in failure["message"]
     assert [item["state"] for item in failure["route_evidence"]["listeners"]] == \
         ["closed", "failed"]
 
@@ -176,3 +185,13 @@ def test_the_runners_rules_catch_wrong_evidence(results: dict[str, dict[str, Any
     undeclared = [p for p in providers if p["transport"] != "ipc"]
     assert "undeclared provider nnrp.transport.ipc.native" in validate_route(
         scenarios[multi_id], results[multi_id], undeclared)
+
+
+def test_the_targets_default_upstream_reaches_nothing() -> None:
+    """Without NNRP_GATEWAY_VLLM_URL the target's gateway forwards to a loopback port
+    held bound and not listening: every probe is refused, nothing real on :8000 is asked."""
+    with no_upstream() as url:
+        port = int(url.rsplit(":", 1)[1])
+        assert url == f"http://127.0.0.1:{port}" and port != 8000
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)

@@ -10,6 +10,7 @@ from ._host_route import (
     run_host_route as run_host_route,
 )
 from ._host_route_runner import (
+    compile_imported_modules as compile_imported_modules,
     host_route_scenarios as host_route_scenarios,
     run_host_route_case as run_host_route_case,
     select_host_routes as select_host_routes,
