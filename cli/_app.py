@@ -270,14 +270,18 @@ class GatewayCommand(TyperCommand):
             without = [p.opts[0] for p in options if not getattr(p, "envvar", None)]
             which = ("Every option" if not without
                      else f"Every option but {', '.join(without)}")
-            example = with_env[0]
+            usual = [p for p in with_env if p.envvar == _usual_envvar(p)]
             odd = [f"{p.opts[0]}: {p.envvar}" for p in with_env if p.envvar != _usual_envvar(p)]
+            # The example shows the naming rule, so it is one that follows it; where none
+            # does, the odd names are all there is to say.
+            rule = ("" if not usual else
+                    f"NNRP_GATEWAY_ and the option's name in capitals, dashes as underscores "
+                    f"({usual[0].opts[0]}: {usual[0].envvar})"
+                    + (f", except {'; '.join(odd)}" if odd else ""))
             formatter.write_paragraph()
             formatter.write_text(
-                f"{which} can also be set in the environment: NNRP_GATEWAY_ and the "
-                f"option's name in capitals, dashes as underscores ({example.opts[0]}: "
-                f"{example.envvar})" + (f", except {'; '.join(odd)}" if odd else "")
-                + ". A flag on the command line wins over the environment.")
+                f"{which} can also be set in the environment: {rule or '; '.join(odd)}. "
+                "A flag on the command line wins over the environment.")
 
 
 def _usual_envvar(param: Any) -> str:

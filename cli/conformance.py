@@ -189,6 +189,18 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
     return results
 
 
+def _anchor_is_self_signed_ca(trust: Trust) -> bool:
+    """Whether --ca-file's first certificate is self-signed with CA:TRUE (one a malformed
+    file is left to the TLS layer to name)."""
+    from gateway.tools.conformance import self_signed_ca
+
+    try:
+        anchor = trust.certificate_der()
+        return anchor is not None and self_signed_ca(anchor)
+    except ValueError:
+        return False
+
+
 class Client(StrEnum):
     native = "native"
     builtin = "builtin"
@@ -202,7 +214,9 @@ def run(
         metavar="DIR", help="Directory for plan, results and evidence.")],
     client: Annotated[Client | None, typer.Option(
         help="native (nnrp-py's Rust-backed client; the default when installed, no auth "
-             "token is given and a TLS endpoint has --ca-file) or builtin.")] = None,
+             "token is given and a TLS endpoint has a --ca-file that is not a self-signed "
+             "CA:TRUE certificate, which its rustls refuses as the server's own) or "
+             "builtin.")] = None,
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
@@ -222,7 +236,7 @@ def run(
 
     from gateway.observe import configure_logging
     from gateway.tools.client import ClientError
-    from gateway.tools.conformance import native_available
+    from gateway.tools.conformance import CA_ANCHOR_REFUSED, native_available
 
     configure_logging(level="warning", to_stderr=True)
     quiet_quic_logs()
@@ -234,15 +248,19 @@ def run(
     trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     check_output_dir(out, "--out")  # last: a refused run leaves no empty directory
     tls = endpoint.split("://", 1)[0] in ("tcps", "wss", "quic")
-    # The native client cannot present a token, and trusts only --ca-file (no store).
+    # The native client cannot present a token, trusts only --ca-file (no store), and
+    # refuses a self-signed CA:TRUE certificate as the server's own (CA_ANCHOR_REFUSED).
     chosen = (client.value if client is not None
               else "native" if native_available() and not trust.auth
-              and (ca_file is not None or not tls) else "builtin")
+              and (not tls or (ca_file is not None and not _anchor_is_self_signed_ca(trust)))
+              else "builtin")
     if chosen == "native" and not native_available():
         raise UserError("--client native needs nnrp-py (pip install nnrp-py)")
     if chosen == "native" and trust.auth:
-        raise UserError("nnrp-py's native client cannot present a session auth token; "
-                        "use --client builtin", "--client native")
+        token_option = "auth_token" if auth_token is not None else "auth_token_file"
+        raise UserError("nnrp-py's native client (--client native) cannot present a "
+                        "session auth token (use --client builtin)",
+                        source(ctx, token_option))
     if chosen == "native" and tls and ca_file is None:
         raise UserError("the native client over TLS needs --ca-file (it trusts one "
                         "certificate, not the system's store)", endpoint)
@@ -266,6 +284,9 @@ def run(
                 "passed": len(passed_bare),
                 "same_passes": passed & bare_ids == passed_bare}
     except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+        if isinstance(exc, ClientError) and str(exc) == CA_ANCHOR_REFUSED:
+            raise UserError(CA_ANCHOR_REFUSED, f"--ca-file {ca_file}",
+                            code=EXIT_FAILED) from None
         raise connection_failure(exc, endpoint, ca_file=ca_file, auth=trust.auth) from None
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     ok = summary["passed"] == summary["selected"] and summary.get(
@@ -360,10 +381,11 @@ def host_route_target(
         help="The runner's case folder (server.der, server-key.der for TLS routes).")],
     suite_version: Annotated[str, typer.Option(help="Echoed in the report.")] = "0.1.0",
     target_name: Annotated[str, typer.Option(help="Echoed in the report.")] = "nnrp-vllm-gateway",
-    vllm_url: Annotated[str, typer.Option(
+    vllm_url: Annotated[str | None, typer.Option(
         "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
         help="The vLLM the gateway under test forwards to (the server scenarios only open "
-             "and close sessions).")] = "http://127.0.0.1:8000",
+             "and close sessions) [default: none: a loopback port held bound and not "
+             "listening, so no real vLLM is ever probed].")] = None,
 ) -> None:
     """The suite's host-route target for the server scenarios (the Rust runner's
     ``wire-run --host-route-target``; installed as ``nnrp-gateway-host-route-target``):
@@ -376,7 +398,8 @@ def host_route_target(
 
     configure_logging(level="error", to_stderr=True)
     quiet_quic_logs()
-    check_http_url(vllm_url, "--vllm-url")
+    if vllm_url is not None:
+        check_http_url(vllm_url, "--vllm-url")
     for path, option in ((output, "--output"), (ready_output, "--ready-output")):
         if path.is_dir():
             raise UserError(f"{path} is a directory (give a file name)", option)
@@ -420,6 +443,7 @@ def host_routes(
 
     from gateway.observe import configure_logging
     from gateway.tools.conformance import (
+        compile_imported_modules,
         host_route_providers,
         native_available,
         run_host_route_case,
@@ -446,6 +470,9 @@ def host_routes(
                                   max_in_flight=1)
     check_output_dir(out, "--out")
     selected, left_out = select_host_routes(manifest)
+    # This process has imported what the target imports: its bytecode keeps the
+    # target's start inside the runner's budget (compile_imported_modules).
+    compile_imported_modules()
     providers = manifest["wire_conformance"].get("host_route_providers") or \
         host_route_providers()
     results = []

@@ -29,8 +29,9 @@ AuthTokenFile = Annotated[Path | None, typer.Option(
     metavar="PATH", help="Read the session auth token from this file (its first line).")]
 CaFile = Annotated[Path | None, typer.Option(
     "--ca-file", metavar="PEM",
-    help="Trust anchor for tcps://, wss:// and quic:// (the server's certificate or its "
-         "CA) [default: the system's store].")]
+    help="Trust anchor for tcps://, wss:// and quic://: the server's certificate or its "
+         "CA (on quic://, its own certificate only when self-signed) [default: the "
+         "system's store].")]
 
 
 def admin_base_url(explicit: str | None) -> str:

@@ -113,11 +113,12 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "ManifestError ValidationReport WILDCARD_HOSTS break_listener build_plan check_case "
+        "CA_ANCHOR_REFUSED ManifestError ValidationReport WILDCARD_HOSTS break_listener "
+        "build_plan check_case compile_imported_modules "
         "host_route_providers host_route_report host_route_scenarios load_scenario "
         "native_available native_client_options native_openai_submit probe recipes_root "
         "refuses run_host_route run_host_route_case run_plan run_wire_probe "
-        "runner_token_submit scenarios_for schema_errors select_host_routes "
+        "runner_token_submit scenarios_for schema_errors select_host_routes self_signed_ca "
         "suite_capabilities target_manifest validate_results validate_route "
         "validate_wire_case write_atomically "
     ),

@@ -301,7 +301,7 @@ class ServerSession:
                        f"session has {self.max_in_flight} operations in flight (the limit)")
         typed_body, body_error = (None, None) if refusal else _parse_body(packet, submit)
         if refusal is None:
-            refusal = self._object_refusal(operation_id, typed_body, events)
+            refusal = self._object_refusal(operation_id, frame_id, typed_body, events)
         if refusal is not None:
             events.append(SubmitRefused(self.session_id, operation_id, frame_id, *refusal))
             if operation_id not in self.seen_operations:
@@ -341,18 +341,23 @@ class ServerSession:
                             superseding.diagnostic, events)
         self.advertise_credit(events)
 
-    def _object_refusal(self, operation_id: int, typed_body: TypedBody | None,
+    def _object_refusal(self, operation_id: int, frame_id: int, typed_body: TypedBody | None,
                         events: list[Event]) -> tuple[RefusalReason, str] | None:
-        """Rule 5: a submit whose body references cached objects."""
+        """Rule 5: a submit whose body references cached objects. Each CACHE_MISS goes on
+        the submit's frame with the session's profile (CACHE_MISS carries no operation
+        id: the frame is how the client matches it to its submit, as the profile is for
+        a CACHE_REFERENCE's miss)."""
         references = typed_body.object_references if typed_body is not None else ()
         if not references:
             return None
         for reference in references:
             miss = CacheMiss(cache_namespace=reference.cache_namespace,
+                             profile_id=self.profile[0],
                              miss_reason=int(CacheMissReason.NOT_FOUND),
                              cache_key_hi=reference.cache_key_hi,
                              cache_key_lo=reference.cache_key_lo)
-            events.append(SendBytes(encode(Packet(miss, session_id=self.session_id))))
+            events.append(SendBytes(encode(Packet(miss, session_id=self.session_id,
+                                                  frame_id=frame_id))))
         return (RefusalReason.OBJECT_REFERENCE_UNRESOLVED,
                 f"operation {operation_id} references {len(references)} cached object(s) "
                 "in its object_reference region; this server holds no cache (each was "

@@ -10,7 +10,10 @@ given, and treats them as one set:
 2. **Closed together.** A listener that fails for good after its bind (a terminal
    ``accept()`` failure, ``transport.ACCEPT_FAILURES``; a QUIC socket that fails)
    raises ``ListenerFailed``, which cancels the accept nursery: every other listener
-   closes too, at once, rather than the set silently shrinking. ``accepting`` goes
+   stops accepting too, at once, rather than the set silently shrinking. A stream
+   listener closes its socket; a QUIC listener keeps its UDP socket while QUIC
+   connections it serves remain (their datagrams arrive there) and drops every new
+   handshake (``QuicListener.stop_accepting``). ``accepting`` goes
    false and ``listener_failure`` keeps the failure, so readiness fails with the reason
    (``gateway.app.Gateway.readiness``) and ``listener_set_failed`` is set; the
    connections already open are not touched (the process drains them, as on SIGTERM,

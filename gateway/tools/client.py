@@ -66,7 +66,10 @@ OperationEvent = PartialReceived | ResultReceived | DropReceived
 @attrs.frozen
 class Trust:
     """What the tools trust on a TLS endpoint (tcps://, wss://, quic://): the PEM file of
-    ``--ca-file`` (the server's certificate or its CA), or the system's store (None).
+    ``--ca-file``, or the system's store (None). On tcps and wss the file may hold the
+    server's own certificate, a CA-issued one too, or its CA (partial chains are
+    accepted); on quic, aioquic builds its own store with no such flag: its CA, or the
+    server's certificate when that is self-signed.
     One file serves every client: an ``ssl.SSLContext`` for tcps/wss, aioquic's own store
     for quic, DER for nnrp-py's native client. ``auth``: the token the tools' sessions
     present in SESSION_OPEN (``--auth-token``; nnrp-py's native client has no way to)."""
@@ -77,7 +80,12 @@ class Trust:
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.ca_file is None:
             return None
-        return ssl.create_default_context(cafile=str(self.ca_file))
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        # The file given as the trust anchor is trusted as one, even when it is a leaf
+        # its CA issued (OpenSSL otherwise wants a self-signed root at the chain's end:
+        # "unable to get local issuer certificate").
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        return context
 
     def quic(self) -> QuicClientOptions:
         return QuicClientOptions(ca_file=self.ca_file)

@@ -276,7 +276,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "--scripted-endpoint"),
     ("run-native-with-token", ["conformance", "run", "--out", "{tmp}/run", "--endpoint",
                                "{gateway_tcp}", "--client", "native", "--auth-token", "t"], 2,
-     "cannot present a session auth token"),
+     "nnrp-py's native client (--client native) cannot present a session auth token "
+     "(use --client builtin), --auth-token"),
     ("run-out", ["conformance", "run", "--out", "{tmp}/a-file/run", "--endpoint",
                  "{gateway_tcp}"], 2, "cannot create the output directory"),
     ("validate-results-missing", ["conformance", "validate", "--results", "{tmp}/none.json"],
@@ -472,3 +473,25 @@ def test_every_conformance_command_that_connects_takes_trust_and_a_token() -> No
     assert sorted(connecting) == ["plan", "run", "wire-probe"]
     for name, options in connecting.items():
         assert {"--ca-file", "--auth-token", "--auth-token-file"} <= options, name
+
+
+@pytest.mark.parametrize(("given", "env", "source"), [
+    (["--auth-token", "t"], {}, "--auth-token"),
+    (["--auth-token-file", "{token}"], {}, "--auth-token-file"),
+    ([], {"NNRP_GATEWAY_CLIENT_AUTH_TOKEN": "t"},
+     "environment variable NNRP_GATEWAY_CLIENT_AUTH_TOKEN"),
+])
+def test_the_native_client_with_a_token_names_where_the_token_came_from(
+        tmp_path: Path, given: list[str], env: dict[str, str], source: str) -> None:
+    """Issue 26 review: the line ended "…; use --client builtin, --client native" (the
+    option given as the error's place, after the advice)."""
+    pytest.importorskip("nnrp.client.native")
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    result = runner.invoke(app, ["conformance", "run", "--endpoint", "tcp://127.0.0.1:1",
+                                 "--client", "native", "--out", str(tmp_path / "run"),
+                                 *(arg.format(token=token) for arg in given)], env=env)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: nnrp-py's native client (--client native) cannot present a session auth "
+        f"token (use --client builtin), {source}"]

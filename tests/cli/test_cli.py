@@ -154,3 +154,22 @@ def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment(
     out_of_range = runner.invoke(app, ["serve", "--print-config",
                                        "--load-max-kv-cache-usage", "1.5"])
     assert out_of_range.exit_code == 2
+
+
+def _environment_footer(argv: list[str]) -> str:
+    text = " ".join(runner.invoke(app, [*argv, "--help"]).stdout.split())
+    return text[text.index("can also be set in the environment"):]
+
+
+def test_the_help_footer_gives_an_example_that_follows_the_naming_rule() -> None:
+    """Issue 26 review: `conformance run --help`, whose one environment variable is named
+    against the rule, read "(--auth-token: NNRP_GATEWAY_CLIENT_AUTH_TOKEN), except
+    --auth-token: NNRP_GATEWAY_CLIENT_AUTH_TOKEN"."""
+    assert _environment_footer(["conformance", "run"]) == (
+        "can also be set in the environment: --auth-token: NNRP_GATEWAY_CLIENT_AUTH_TOKEN. "
+        "A flag on the command line wins over the environment.")
+    assert _environment_footer(["chat"]) == (
+        "can also be set in the environment: NNRP_GATEWAY_ and the option's name in "
+        "capitals, dashes as underscores (--endpoint: NNRP_GATEWAY_ENDPOINT), except "
+        "--auth-token: NNRP_GATEWAY_CLIENT_AUTH_TOKEN. A flag on the command line wins "
+        "over the environment.")

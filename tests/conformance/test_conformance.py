@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from cryptography.hazmat.primitives import serialization
 
 from gateway import nnrp
 from gateway.profile import EndCause, runtime_tokens
@@ -19,6 +20,7 @@ from gateway.profile._capabilities import capability_document
 from gateway.server import GatewayServer, Operation
 from gateway.tools.client import Trust
 from gateway.tools.conformance import (
+    CA_ANCHOR_REFUSED,
     ManifestError,
     build_plan,
     check_case,
@@ -28,6 +30,7 @@ from gateway.tools.conformance import (
     runner_token_submit,
     scenarios_for,
     schema_errors,
+    self_signed_ca,
     target_manifest,
     validate_results,
     validate_wire_case,
@@ -36,8 +39,9 @@ from gateway.tools.conformance import (
 from gateway.tools.conformance._suite import capability_tokens, suite_recipes
 from gateway.tools.conformance._wire import scenarios
 from gateway.transport import TlsConfig
+from tests.support.quic import make_pki as quic_pki
 from tests.support.stack import Stack, start_stack
-from tests.support.tls import make_pki
+from tests.support.tls import _issue, _write, make_pki
 
 
 def caps(tool_calls: bool = True, extensions: bool = True) -> dict[str, Any]:
@@ -480,3 +484,54 @@ def test_native_client_over_tls_needs_a_ca_file(tmp_path: Path, endpoint: str) -
                                       "--client", "native", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "--ca-file" in result.output
+
+
+@pytest.mark.interop
+@pytest.mark.parametrize("scheme", ["quic", "tcps", "wss"])
+async def test_a_self_signed_ca_certificate_as_the_ca_file(nursery: trio.Nursery,
+                                                           tmp_path: Path, scheme: str) -> None:
+    """Issue 26 review: a self-signed certificate with CA:TRUE (``openssl req -x509``'s
+    default) as the server's own and as --ca-file crashed `conformance run` with the
+    default client (rustls refuses a CA certificate as an end entity: an opaque
+    NativeInternalError). The default is now the builtin client, which passes; the
+    native client, when asked for, fails with one line that says why."""
+    pytest.importorskip("nnrp.client.native")
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    certificate, key = _write(tmp_path, "self", *_issue("self", None, "self", ca=True,
+                                                        server=True))
+    assert self_signed_ca(ssl.PEM_cert_to_DER_cert(certificate.read_text()))
+    stack = await start_stack(nursery, tmp_path, extra_listen=(
+        "quic://127.0.0.1:0", "tcps://127.0.0.1:0", "wss://127.0.0.1:0/nnrp"),
+        tls=TlsConfig(certificate, key))
+    (endpoint,) = [e.uri for e in stack.gateway.endpoints if e.uri.startswith(f"{scheme}:")]
+    argv = ["conformance", "run", "--endpoint", endpoint, "--ca-file", str(certificate),
+            "--suite-only", "--no-check-without-extensions"]
+    with trio.fail_after(120):
+        default = await trio.to_thread.run_sync(
+            CliRunner().invoke, app, [*argv, "--out", str(tmp_path / "default")])
+    assert default.exit_code == 0, default.output
+    assert "passed with the builtin client" in default.stdout
+    with trio.fail_after(60):
+        native = await trio.to_thread.run_sync(
+            CliRunner().invoke, app, [*argv, "--client", "native",
+                                      "--out", str(tmp_path / "native")])
+    assert native.exit_code == 1, native.output
+    assert native.stderr.splitlines() == [f"error: {CA_ANCHOR_REFUSED}, --ca-file {certificate}"]
+
+
+def test_which_certificates_are_self_signed_cas(tmp_path: Path) -> None:
+    """The rule choosing the default client: only a self-signed CA:TRUE certificate."""
+    paths = make_pki(tmp_path)  # a CA (self-signed, CA:TRUE) and leaves it issued (CA:FALSE)
+
+    def der(path: Path) -> bytes:
+        return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+    assert self_signed_ca(der(paths["ca"]))
+    assert not self_signed_ca(der(paths["server"]))
+    leaf, _ = _issue("leaf", None, "leaf", server=True)  # self-signed, CA:FALSE
+    assert not self_signed_ca(leaf.public_bytes(serialization.Encoding.DER))
+    bare = quic_pki(tmp_path / "bare")  # self-signed, no BasicConstraints at all
+    assert not self_signed_ca(bare.der)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from cryptography.x509.oid import NameOID
 from gateway.profile import runtime_tokens
 from gateway.tools.conformance import (
     ManifestError,
+    compile_imported_modules,
     host_route_providers,
     host_route_scenarios,
     run_host_route_case,
@@ -32,6 +34,7 @@ from gateway.tools.conformance import (
     target_manifest,
     validate_route,
 )
+from gateway.tools.conformance._host_route import no_upstream
 from tests.support.quic import make_pki
 
 SERVER_SCENARIOS = ["wire.host-route.server.multi-listener",
@@ -68,20 +71,25 @@ def test_the_manifest_claims_exactly_the_server_role_scenarios(tmp_path: Path) -
                if s["id"] in left_out)
 
 
-@pytest.mark.parametrize(("listen", "given", "expected"), [
-    ("quic://0.0.0.0:7704", None, "localhost"),       # README's example: never 0.0.0.0
-    ("wss://[::]:7703/nnrp", None, "localhost"),
-    ("quic://127.0.0.1:7704", None, "127.0.0.1"),     # the host, since the cert holds it
-    ("quic://localhost:7704", None, "localhost"),
-    ("quic://10.1.2.3:7704", None, "localhost"),      # a host the cert does not hold
-    ("quic://0.0.0.0:7704", "gateway.example", "gateway.example"),
+@pytest.mark.parametrize(("listen", "given", "expected", "endpoint"), [
+    # README's example: never 0.0.0.0, as the name checked nor as the address dialled
+    ("quic://0.0.0.0:7704", None, "localhost", "localhost:7704"),
+    ("wss://[::]:7703/nnrp", None, "localhost", "wss://localhost:7703/nnrp"),
+    # the host, since the cert holds it
+    ("quic://127.0.0.1:7704", None, "127.0.0.1", "127.0.0.1:7704"),
+    ("quic://localhost:7704", None, "localhost", "localhost:7704"),
+    # a host the cert does not hold: dialled as bound, checked by the cert's name
+    ("quic://10.1.2.3:7704", None, "localhost", "10.1.2.3:7704"),
+    ("quic://0.0.0.0:7704", "gateway.example", "gateway.example", "gateway.example:7704"),
+    ("quic://[::]:7704", "::1", "::1", "[::1]:7704"),
 ])
 def test_the_tls_server_name_is_a_name_the_certificate_holds(
-        tmp_path: Path, listen: str, given: str | None, expected: str) -> None:
+        tmp_path: Path, listen: str, given: str | None, expected: str, endpoint: str) -> None:
     claims = manifest(tmp_path, listen, server_name=given)
     assert schema_errors(claims, "wire-conformance-target.schema.json") == []
     (transport,) = claims["wire_conformance"]["transports"]
     assert transport["security"]["server_name"] == expected
+    assert transport["endpoint"] == endpoint
 
 
 def test_a_certificate_without_names_needs_the_option(tmp_path: Path) -> None:
@@ -114,6 +122,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     """Each server-role scenario, run once as the runner runs it (the target as a process:
     the executable the runner is given)."""
     pytest.importorskip("nnrp.client.native")
+    import cli.main  # noqa: F401  (what the target imports, for its bytecode)
+
+    compile_imported_modules()  # as `conformance host-routes` does
     root = tmp_path_factory.mktemp("host-routes")
     scenarios = {s["id"]: s for s in host_route_scenarios()}
     return {sid: run_host_route_case(scenarios[sid], TARGET, root / sid.rsplit(".", 1)[1],
@@ -146,7 +157,10 @@ def test_the_evidence_says_what_happened(results: dict[str, dict[str, Any]]) -> 
         ["rolled_back", "failed"]
     failure = results["wire.host-route.server.terminal-listener-failure"]
     assert failure["route_evidence"]["terminal_failure"] == "nnrp.transport.tcp.native"
-    assert "not ready: listener tcp://" in failure["message"]
+    assert failure["message"].startswith("listener tcp://")
+    # The target's gateway has no vLLM (NNRP_GATEWAY_VLLM_URL unset): nothing is said of it.
+    assert failure["message"].endswith("; readiness fails with it")
+    assert "vLLM" not in failure["message"]
     assert [item["state"] for item in failure["route_evidence"]["listeners"]] == \
         ["closed", "failed"]
 
@@ -171,3 +185,13 @@ def test_the_runners_rules_catch_wrong_evidence(results: dict[str, dict[str, Any
     undeclared = [p for p in providers if p["transport"] != "ipc"]
     assert "undeclared provider nnrp.transport.ipc.native" in validate_route(
         scenarios[multi_id], results[multi_id], undeclared)
+
+
+def test_the_targets_default_upstream_reaches_nothing() -> None:
+    """Without NNRP_GATEWAY_VLLM_URL the target's gateway forwards to a loopback port
+    held bound and not listening: every probe is refused, nothing real on :8000 is asked."""
+    with no_upstream() as url:
+        port = int(url.rsplit(":", 1)[1])
+        assert url == f"http://127.0.0.1:{port}" and port != 8000
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)

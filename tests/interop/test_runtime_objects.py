@@ -212,13 +212,16 @@ async def test_a_submit_referencing_cached_objects_over_the_wire(stack: Stack) -
     await peer.send(nnrp.FrameSubmit(operation_id=11, submit_mode=int(nnrp.SubmitMode.MIXED),
                                      object_ref_mask=0b11, payload_kind_bitmap=0x10,
                                      payload_frame_count=1),
-                    session_id=1, frame_id=1, body=body)
+                    session_id=1, frame_id=5, body=body)
     got = await peer.until(lambda got: any(p.msg_type is nnrp.MsgType.RESULT_PUSH for p in got))
     assert kinds(got) == ["CACHE_MISS", "CACHE_MISS", "RESULT_PUSH"]
     assert [(m.message.cache_key_hi, m.message.cache_key_lo, m.message.miss_reason)
             for m in got[:2]] == [(1, 2, 1), (0x11223344, 0x55667788, 1)]
+    # Each miss names the submit it answers: its frame, and the session's profile.
+    assert [(m.session_id, m.frame_id, m.message.profile_id) for m in got[:2]] == [
+        (1, 5, 2), (1, 5, 2)]
     result = got[2]
-    assert (result.frame_id, result.message.status_code) == (1, 404)
+    assert (result.frame_id, result.message.status_code) == (5, 404)
     typed = nnrp.parse_typed_body(result.body, payload_kind_bitmap=0x10, payload_frame_count=1)
     error = json.loads(typed.frames[0].payload)["error"]
     assert error["code"] == "object_reference_unresolved"
@@ -226,7 +229,7 @@ async def test_a_submit_referencing_cached_objects_over_the_wire(stack: Stack) -
     assert not [r for r in stack.replay.requests if r.method == "POST"]  # vLLM never asked
     # The same request inline, on the next frame, runs.
     await peer.send(nnrp.FrameSubmit(operation_id=11, payload_kind_bitmap=0x10,
-                                     payload_frame_count=1), session_id=1, frame_id=2,
+                                     payload_frame_count=1), session_id=1, frame_id=6,
                     body=nnrp.pack_single_frame(request("inline", "text_stream", 3)))
     got = await peer.until(lambda got: any(p.msg_type is nnrp.MsgType.RESULT_PUSH for p in got))
     assert got[-1].message.status_code == 200

@@ -398,9 +398,11 @@ def test_a_submit_referencing_cached_objects_gets_cache_misses_then_its_refusal(
     body = nnrp.pack_typed_body([FRAME], object_references=[camera, TILE_REF])
     events = conn.receive_data(submit(9, 3, body, submit_mode=1, object_ref_mask=0b11))
     misses = replies(events)
-    assert [(m.session_id, m.message) for m in misses] == [
-        (SESSION, nnrp.CacheMiss(cache_namespace=7, miss_reason=1, cache_key_hi=0x11223344,
-                                 cache_key_lo=key_lo)) for key_lo in (1, 0x55667788)]
+    # On the submit's frame, with the session's profile: how the client matches them.
+    assert [(m.session_id, m.frame_id, m.message) for m in misses] == [
+        (SESSION, 3, nnrp.CacheMiss(cache_namespace=7, profile_id=2, miss_reason=1,
+                                    cache_key_hi=0x11223344, cache_key_lo=key_lo))
+        for key_lo in (1, 0x55667788)]
     assert events.index(of(events, nnrp.SubmitRefused)[0]) == 2  # after the misses
     (refusal,) = of(events, nnrp.SubmitRefused)
     assert refusal.reason is nnrp.RefusalReason.OBJECT_REFERENCE_UNRESOLVED

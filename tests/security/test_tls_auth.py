@@ -14,9 +14,9 @@ from cryptography.x509.oid import NameOID
 
 from gateway.nnrp import ServerConfig
 from gateway.server import TokenAuthenticator
-from gateway.tools.client import ClientError, connect
+from gateway.tools.client import ClientError, Trust, connect
 from gateway.transport import TlsConfig
-from tests.support.stack import chat, envelope, run_operation
+from tests.support.stack import chat, envelope, run_operation, start_stack
 from tests.support.tls import client_context, start, uri
 
 
@@ -120,3 +120,30 @@ def test_authenticator_rules() -> None:
     assert check(b"b" * 32)
     assert not check(b"b" * 31)
     assert not check(b"")
+
+
+@pytest.mark.parametrize("scheme", ["tcps", "wss", "quic"])
+async def test_a_ca_issued_certificate_as_the_ca_file(nursery: trio.Nursery, tmp_path: Path,
+                                                      pki: dict[str, Path], scheme: str
+                                                      ) -> None:
+    """Issue 26 review: --ca-file's help says "the server's certificate or its CA", but the
+    server's own certificate, issued by a CA, failed ("unable to get local issuer
+    certificate"). On tcps and wss the tools' trust now takes it as the anchor it was
+    given (a partial chain); aioquic builds its own store with no such flag, so quic still
+    wants the CA, as the help now says."""
+    stack = await start_stack(nursery, tmp_path, extra_listen=(
+        "quic://127.0.0.1:0", "tcps://127.0.0.1:0", "wss://127.0.0.1:0/nnrp"),
+        tls=TlsConfig(pki["server"], pki["server_key"]))
+    (endpoint,) = [e.uri for e in stack.gateway.endpoints if e.uri.startswith(f"{scheme}:")]
+    leaf = Trust(pki["server"])
+    if scheme == "quic":
+        with trio.fail_after(10), pytest.raises(
+                OSError, match="unable to get local issuer certificate"):
+            async with connect(endpoint, quic=leaf.quic(), handshake_timeout=5):
+                pass
+        return
+    with trio.fail_after(10):
+        async with connect(endpoint, ssl_context=leaf.ssl_context()) as client:
+            session = await client.open_session()
+            outcome = await run_operation(session, envelope(chat(max_tokens=2)))
+    assert outcome.final is not None and outcome.final["type"] == "response.completed"

@@ -6,6 +6,7 @@ listening socket shut down under the server)."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import socket
 from pathlib import Path
@@ -195,3 +196,35 @@ async def test_a_quic_socket_that_fails_closes_the_set(nursery: trio.Nursery,
     assert "Bad file descriptor" in str(failure)
     assert failures == []  # the ICMP error was passed over, the EBADF was not
     assert await refuses(tcp)
+
+
+async def test_a_quic_listener_stops_accepting_when_a_tcp_listener_fails(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Rule 2 for QUIC: its socket stays open while it serves sessions (they go on), but
+    a new handshake is refused once the set failed. ``refuses`` probes QUIC with a real
+    handshake: it sees the listener accept first (a TCP connect to the UDP port would
+    have been refused whatever the listener did)."""
+    from gateway.transport import QuicClientOptions, QuicSettings, TlsConfig
+    from tests.support.quic import make_pki
+    from tests.support.servers import Seen, scripted_handler
+
+    pki = make_pki(tmp_path / "pki")
+    server = GatewayServer(functools.partial(scripted_handler, seen=Seen()),
+                           quic=QuicSettings(TlsConfig(pki.cert, pki.key)))
+    endpoints = await nursery.start(server.serve, ["tcp://127.0.0.1:0", "quic://127.0.0.1:0"])
+    tcp, quic = (e.uri for e in endpoints)
+    (listener,) = server.quic_listeners
+    with trio.fail_after(20):
+        assert not await refuses(quic)
+        async with connect(quic, quic=QuicClientOptions(ca_file=pki.cert)) as client:
+            session = await client.open_session()
+            assert break_listener(int(tcp.rsplit(":", 1)[1])) == 1
+            await server.listener_set_failed.wait()
+            refused_before = listener.endpoint.stats.refused_initials
+            assert await refuses(quic)
+            assert listener.endpoint.stats.refused_initials > refused_before  # it was asked
+            assert await refuses(tcp)
+            operation = await session.submit(script(events=2))  # the session goes on
+            events = [event async for event in operation.events()]
+            assert isinstance(events[-1], nnrp.ResultReceived)
+            await session.close()

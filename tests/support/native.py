@@ -3,6 +3,10 @@
 Rules from nnrp-py.md: the native API is asyncio-only, so each scenario runs in a
 worker thread with its own event loop; poll and send from that one thread; treat
 ``NativeWouldBlockError`` as a timeout; close off the loop.
+
+Found here: nnrp-py's ``next_event()`` polls in 100 ms slices, so a control sent from
+another thread can be up to a slice late while nothing arrives (docs/runtime-controls.md,
+"A control while the window is at 0").
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from ._host_route import (
     run_host_route as run_host_route,
 )
 from ._host_route_runner import (
+    compile_imported_modules as compile_imported_modules,
     host_route_scenarios as host_route_scenarios,
     run_host_route_case as run_host_route_case,
     select_host_routes as select_host_routes,
@@ -23,9 +24,11 @@ from ._manifest import (
     write_atomically as write_atomically,
 )
 from ._native import (
+    CA_ANCHOR_REFUSED as CA_ANCHOR_REFUSED,
     native_available as native_available,
     native_client_options as native_client_options,
     native_openai_submit as native_openai_submit,
+    self_signed_ca as self_signed_ca,
 )
 from ._run import run_plan as run_plan
 from ._suite import (

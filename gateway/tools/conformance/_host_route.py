@@ -173,6 +173,16 @@ def address_taken(uri: str) -> Iterator[str]:
         yield uri.replace(f":{spec.port}", f":{port}", 1)
 
 
+@contextlib.contextmanager
+def no_upstream() -> Iterator[str]:
+    """A vLLM URL that refuses every connection and reaches nothing: a loopback port this
+    process holds bound without listening, for as long as the scenario runs (no other
+    process can listen there meanwhile)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{holder.getsockname()[1]}"
+
+
 def break_listener(port: int) -> int:
     """``terminal_listener_failure``: shut down this process's listening TCP socket on
     ``port`` (shutdown(2) acts on the socket, whoever's descriptor it is through), so its
@@ -196,10 +206,20 @@ def break_listener(port: int) -> int:
     return broken
 
 
+#: Seconds a QUIC probe waits for its handshake: a listener that stopped accepting drops
+#: a new Initial without a word (its socket may stay open for the sessions it still
+#: serves), so silence for this long is the refusal; on loopback a handshake takes ms.
+QUIC_PROBE_S = 2.0
+
+
 async def refuses(uri: str) -> bool:
     """Whether nothing accepts a connection at a listener any more (stream listeners:
-    the connect is refused; a unix path is refused or gone)."""
+    the connect is refused; a unix path is refused or gone; quic: a real handshake
+    does not complete within ``QUIC_PROBE_S``, as a TCP connect to a UDP port proves
+    nothing)."""
     spec = parse_endpoint(uri)
+    if spec.scheme == "quic":
+        return not await _quic_handshake_completes(spec.host, spec.port)
     try:
         with trio.fail_after(2):
             if spec.scheme == "unix":
@@ -210,6 +230,27 @@ async def refuses(uri: str) -> bool:
         return True
     await stream.aclose()
     return False
+
+
+async def _quic_handshake_completes(host: str, port: int) -> bool:
+    from gateway.transport import QuicClientOptions, connect
+
+    # The question is whether the listener accepts, not whether its certificate is
+    # trusted: the probe checks no certificate and offers no ALPN (which the listener's
+    # default policy accepts), so only a listener that is not accepting fails it.
+    unchecked = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    unchecked.check_hostname = False
+    unchecked.verify_mode = ssl.CERT_NONE
+    failed = False
+    with trio.move_on_after(QUIC_PROBE_S) as waited:
+        try:
+            async with trio.open_nursery() as nursery:
+                transport = await connect(f"quic://{host}:{port}", nursery, unchecked,
+                                          quic=QuicClientOptions(idle_timeout=QUIC_PROBE_S))
+                await transport.aclose()
+        except* OSError:  # QuicConnectError, or an ICMP refusal: the socket is gone
+            failed = True
+    return not failed and not waited.cancelled_caught
 
 
 # --------------------------------------------------------------------------- the scenario
@@ -251,8 +292,10 @@ def _result(scenario: dict[str, Any], terminal: str, evidence: dict[str, Any] | 
 
 async def run_host_route(scenario: dict[str, Any], resolved: dict[str, Any], *,
                        artifacts: Path, ready_output: Path,
-                       vllm_url: str = "http://127.0.0.1:8000") -> dict[str, Any]:
-    """Run one server-role scenario against a real ``Gateway``; its case result."""
+                       vllm_url: str | None = None) -> dict[str, Any]:
+    """Run one server-role scenario against a real ``Gateway``; its case result. The
+    scenarios only open and close sessions: without ``vllm_url`` the gateway's upstream
+    is ``no_upstream()``, so nothing real (a vLLM on :8000) is ever probed."""
     try:
         routes = routes_of(scenario, resolved)
         (step,) = {s["action"] for s in scenario["steps"]}
@@ -263,6 +306,8 @@ async def run_host_route(scenario: dict[str, Any], resolved: dict[str, Any], *,
     step_s = max(s.get("timeout_ms", 1000) for s in scenario["steps"]) / 1000
     tls = tls_from_artifacts(artifacts) if any(r.secure for r in routes) else None
     with contextlib.ExitStack() as held:
+        if vllm_url is None:
+            vllm_url = held.enter_context(no_upstream())
         uris = [held.enter_context(address_taken(listener_uri(r)))
                 if "bind_failure" in r.failures else listener_uri(r) for r in routes]
         config = GatewayConfig(listen=tuple(uris), vllm_url=vllm_url, tls=tls,
@@ -386,7 +431,9 @@ async def _failed_listener(scenario: dict[str, Any], routes: list[Route], endpoi
                          logical_set_closed=failure is not None and not still,
                          terminal_failure=routes[target].provider_id if failure else None)
     return _result(scenario, "error", evidence, "; ".join(problems) or None,
-                   f"{failure}; not ready: {'; '.join(readiness)}")
+                   # Readiness's own reasons about the upstream say nothing of the
+                   # listener set (the target's gateway forwards to no real vLLM).
+                   f"{failure}; readiness fails with it")
 
 
 def host_route_report(result: dict[str, Any], *, suite_version: str = SUITE_VERSION,

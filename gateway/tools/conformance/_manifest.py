@@ -24,7 +24,9 @@ itself when self-signed), and the key, which must be PKCS#8 (``BEGIN PRIVATE KEY
 ``server_name`` is a name the certificate holds, never the bind address (a wildcard
 such as ``0.0.0.0`` is no name any certificate check accepts): ``--tls-server-name``
 when given, else the listener's host when the certificate holds it, else the
-certificate's first DNS name, else its first IP address, else its common name.
+certificate's first DNS name, else its first IP address, else its common name. A TLS
+listener bound on a wildcard address is written with that name as its host too (quic's
+``host:port``, wss's URI): the address a runner dials is the one it checks.
 
 Capabilities: the openai-compatible level-1 wire profile, the runtime tokens the server
 implements (``ServerConfig.runtime_tokens``: the list capability negotiation grants and
@@ -68,7 +70,11 @@ _PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z ]+)-----\s+(.+?)\s+-----END \1-----"
 
 
 def host_route_providers() -> list[dict[str, Any]]:
-    """The target manifest's ``host_route_providers``: every transport the gateway binds."""
+    """The target manifest's ``host_route_providers``: every transport the gateway binds,
+    with every security mode it serves, whatever the gateway was started with: tcp's
+    ``tls_server_auth`` and quic are claimed even when ``serve`` has no certificate,
+    since the host-route scenarios run the host-route target (a gateway of its own),
+    which serves the runner's certificate (``server.der``), not the serving one."""
     return [{"transport": transport, "provider_id": provider, "installed": True,
              "platforms": ["native"], "security_modes": SECURITY_MODES[transport]}
             for transport, provider in PROVIDERS.items()]
@@ -111,8 +117,10 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
             if security is None:
                 security = write_security_files(*tls_files, security_dir)
             host = urlsplit(endpoint).hostname or ""
-            entry["security"] = {"server_name": server_name_for(host, tls_files[0],
-                                                                server_name), **security}
+            name_checked = server_name_for(host, tls_files[0], server_name)
+            if host in WILDCARD_HOSTS:
+                entry["endpoint"] = _with_host(locator, host, name_checked)
+            entry["security"] = {"server_name": name_checked, **security}
         transports.append(entry)
     return {"$schema": "../schemas/wire-conformance-target.schema.json",
             "target_name": target_name, "protocol_version": "nnrp-1-preview4",
@@ -124,6 +132,15 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
                                      *(f"extension.{name}" for name in sorted(extensions))],
                                  "limits": {"max_frame_bytes": max_frame_bytes,
                                             "max_in_flight": max_in_flight}}}
+
+
+def _with_host(locator: str, wildcard: str, name: str) -> str:
+    """``locator`` (``host:port`` or a URI) dialling ``name`` instead of the wildcard
+    address it was bound on (module rules: nothing dials or checks ``0.0.0.0``)."""
+    bound = f"[{wildcard}]" if ":" in wildcard else wildcard
+    dialled = f"[{name}]" if ":" in name else name
+    prefix, _, rest = locator.rpartition("://")
+    return (f"{prefix}://" if prefix else "") + rest.replace(f"{bound}:", f"{dialled}:", 1)
 
 
 def certificate_names(cert_file: Path) -> tuple[list[str], list[str], str | None]:

@@ -16,6 +16,37 @@ def native_available() -> bool:
     return True
 
 
+#: rustls (webpki) will not take a CA certificate as the server's end-entity certificate
+#: (CaUsedAsEndEntity): a self-signed certificate with CA:TRUE, which ``openssl req -x509``
+#: makes by default, fails the native client's handshake as an opaque NativeInternalError
+#: (detail_code 106); Python's ssl and aioquic accept it.
+CA_ANCHOR_REFUSED = ("nnrp-py's native client (rustls) refuses a CA certificate as the "
+                     "server's own; use --client builtin or a leaf without CA:TRUE")
+
+
+def self_signed_ca(der: bytes) -> bool:
+    """Whether ``der`` is a self-signed certificate with BasicConstraints CA:TRUE: given as
+    the trust anchor, the native client refuses it when the server presents it as its own
+    (see ``CA_ANCHOR_REFUSED``). A root CA that issued the server's certificate is such a
+    certificate too; the builtin client serves both, so callers choosing a client by
+    default take the builtin one."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    certificate = x509.load_der_x509_certificate(der)
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+    except x509.ExtensionNotFound:
+        return False
+    if not constraints.value.ca or certificate.issuer != certificate.subject:
+        return False
+    try:
+        certificate.verify_directly_issued_by(certificate)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
 def native_client_options(endpoint: str, *, trusted_der: bytes | None = None) -> Any:
     """NativeClientOptions reaching one of our listeners, forced onto its transport.
 

@@ -17,6 +17,7 @@ the serving path).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -29,9 +30,14 @@ import httpx
 import trio
 
 from gateway import nnrp
-from gateway.tools.client import ClientSession, Trust, connect
+from gateway.tools.client import ClientError, ClientSession, Trust, connect
 
-from ._native import native_client_options, native_openai_submit
+from ._native import (
+    CA_ANCHOR_REFUSED,
+    native_client_options,
+    native_openai_submit,
+    self_signed_ca,
+)
 from ._validate import check_case
 
 RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
@@ -162,11 +168,21 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
 
     from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
     from nnrp.core.enums import MessageType
+    from nnrp.native import NativeRuntimeError
     from nnrp.runtime.types import TraceContextMetadata
 
     observations = []
-    options = native_client_options(endpoint, trusted_der=trust.certificate_der())
-    with connect_native_client_connection(options) as connection:
+    anchor = trust.certificate_der()
+    options = native_client_options(endpoint, trusted_der=anchor)
+    with contextlib.ExitStack() as scope:
+        try:
+            connection = scope.enter_context(connect_native_client_connection(options))
+        except NativeRuntimeError as exc:
+            # The handshake's own reason does not cross nnrp-py's FFI (an internal
+            # error, detail_code 106): name the one cause the trust anchor shows.
+            if anchor is not None and self_signed_ca(anchor):
+                raise ClientError(CA_ANCHOR_REFUSED) from exc
+            raise ClientError(f"nnrp-py's native client could not connect ({exc})") from exc
         session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
         for number, request in enumerate(requests, start=1):
             observation = Observation(started=time.time())
