@@ -325,6 +325,8 @@ class Gateway:
                         vllm_version=info.version, binding=info.binding.family)
         self.info = info
         self.metrics.known_models = frozenset(info.models)
+        if self.tracer is not None:  # the span name's model, bounded as the label is
+            self.tracer.known_models = self.metrics.known_models
         self.upstream_healthy = True
         self.upstream_problem = None
         self.probed.set()

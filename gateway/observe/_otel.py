@@ -52,7 +52,7 @@ import gateway
 from gateway.errors import ConfigError
 from gateway.server import GatewaySpan
 
-from ._spans import SCOPE, SpanData, build_spans, span_parent
+from ._spans import SCOPE, SpanData, Upstream, build_spans, span_parent
 
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
@@ -216,13 +216,27 @@ class SpanQueue:
             self._wake.wait(self.delay)
             self._wake.clear()
             stopping = self._stopping
-            while self._queue and not (stopping and self._abandoned):
-                count = min(self.batch_size, len(self._queue))
-                self._export([self._queue.popleft() for _ in range(count)])
+            while not (stopping and self._abandoned):
+                batch = self._take_batch()
+                if not batch:
+                    break
+                self._export(batch)
                 if not stopping and len(self._queue) < self.batch_size:
                     break  # a partial batch waits for the next delay
             if stopping:
                 return
+
+    def _take_batch(self) -> list[ReadableSpan]:
+        """Up to a batch from the queue. ``close`` may empty it from its own thread at any
+        moment (after its join timed out), so a length seen here is no promise: pop until
+        a pop finds it empty, never count first."""
+        batch: list[ReadableSpan] = []
+        while len(batch) < self.batch_size:
+            try:
+                batch.append(self._queue.popleft())
+            except IndexError:
+                break
+        return batch
 
     def _export(self, batch: list[ReadableSpan]) -> None:
         reason = None
@@ -243,11 +257,33 @@ class SpanQueue:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._abandoned = True
-        left = len(self._queue)
-        self._queue.clear()
+        left = 0
+        while True:  # popped one by one: the export thread may still be taking a batch
+            try:
+                self._queue.popleft()
+            except IndexError:
+                break
+            left += 1
         if left:
             self.dropped("shutdown", left)
         self.exporter.shutdown()
+
+    @property
+    def running(self) -> bool:
+        """The export thread is still alive (``close`` gave up waiting on it)."""
+        return self._thread.is_alive()
+
+
+def upstream_of(vllm_url: str) -> Upstream:
+    """vLLM's place for the CLIENT span: never the URL's userinfo, query or fragment
+    (``url.full`` must not carry a secret)."""
+    url = urlsplit(vllm_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    host = url.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if url.port is not None:
+        netloc += f":{url.port}"
+    return Upstream(host, port, f"{url.scheme}://{netloc}{url.path.rstrip('/')}")
 
 
 class OtelTracer:
@@ -261,9 +297,9 @@ class OtelTracer:
         self.ids = provider.id_generator
         self.resource = provider.resource
         self.scope = InstrumentationScope(SCOPE, gateway.__version__)
-        upstream = urlsplit(vllm_url)
-        self.server_address = upstream.hostname or ""
-        self.server_port = upstream.port or (443 if upstream.scheme == "https" else 80)
+        self.upstream = upstream_of(vllm_url)
+        #: The models vLLM serves (``_spans`` rule 5), kept current by the health loop.
+        self.known_models: frozenset[str] = frozenset()
         self.failures = FailureLog(endpoint)
         self.queue = SpanQueue(exporter, max_queue=max_queue, batch_size=batch_size,
                                delay=delay, dropped=dropped, exported=exported,
@@ -290,7 +326,7 @@ class OtelTracer:
     def decide(self, trace: TraceInfo | None) -> GatewaySpan:
         """``_spans`` rules 2 and 3: the client's NNRP span as parent when eligible,
         else a new trace; the sampler decides."""
-        span_id = self.ids.generate_span_id()
+        span_id, upstream_span_id = self.ids.generate_span_id(), self.ids.generate_span_id()
         parent = span_parent(trace)
         if parent is None:
             trace_id, parent_span_id, context = self.ids.generate_trace_id(), None, None
@@ -302,11 +338,10 @@ class OtelTracer:
         result = self.sampler.should_sample(context, trace_id, SAMPLED_NAME,
                                             trace_api.SpanKind.SERVER)
         return GatewaySpan(trace_id, span_id, parent_span_id,
-                           result.decision is Decision.RECORD_AND_SAMPLE)
+                           result.decision is Decision.RECORD_AND_SAMPLE, upstream_span_id)
 
     def export(self, record: ObservationRecord) -> None:
-        spans = build_spans(record, upstream_span_id=self.ids.generate_span_id(),
-                            server_address=self.server_address, server_port=self.server_port)
+        spans = build_spans(record, upstream=self.upstream, known_models=self.known_models)
         if spans:
             self.queue.put([self._readable(span) for span in spans])
 
@@ -340,6 +375,12 @@ class OtelTracer:
 
     def close(self, timeout: float) -> None:
         self.queue.close(timeout)
+        if self.queue.running:
+            # The export thread outlived the timeout and its exporter may still log (the
+            # OTLP exporter's "Shutdown in progress, aborting retry."): restored now, that
+            # record would reach the console raw, a line that is not JSON. ``FailureLog``
+            # keeps taking them; the thread is a daemon and ends with the process.
+            return
         for name in EXPORTER_LOGGERS:
             logger = logging.getLogger(name)
             logger.removeHandler(self.failures)

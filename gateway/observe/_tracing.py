@@ -32,6 +32,9 @@ _NEEDED = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 class Tracer(Protocol):
     """What the pipeline and the gateway ask of tracing (``_otel.OtelTracer``)."""
 
+    #: The models vLLM serves: a span name names one of them, else ``other``.
+    known_models: frozenset[str]
+
     def decide(self, trace: TraceInfo | None) -> GatewaySpan:
         """The gateway's span for one operation: ids and the sampler's word."""
         ...
