@@ -155,10 +155,11 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.tracer: Tracer | None = None
         if config.otel_traces:
-            self.metrics.attach_tracing()
             self.tracer = open_tracer(vllm_url=config.vllm_url,
                                       dropped=self.metrics.spans_dropped,
                                       exported=self.metrics.spans_exported)
+            if self.tracer is not None:  # None: OTEL_SDK_DISABLED=true (said in the log)
+                self.metrics.attach_tracing()
         self.load: LoadMonitor | None = None
         if config.load.admission:
             self.load = LoadMonitor(self.client, config.load.policy(),

@@ -10,7 +10,13 @@ The rules:
    ``OTEL_TRACES_SAMPLER(_ARG)``; the queue's ``OTEL_BSP_MAX_QUEUE_SIZE``,
    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY``. The protocol
    (``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``) is http/protobuf unless it says grpc, which
-   needs opentelemetry-exporter-otlp-proto-grpc; anything else is a ``ConfigError``.
+   needs opentelemetry-exporter-otlp-proto-grpc; anything else is a ``ConfigError``. So
+   is every value the SDK would only warn about and replace with its default (a typo
+   must not trace at a rate nobody chose, or send no key): a sampler it does not know,
+   a ratio sampler's ``OTEL_TRACES_SAMPLER_ARG`` that is not a number in [0, 1], and
+   ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`` entries that are not ``key=value`` (named by
+   position, never shown: a value may be a key). ``OTEL_SDK_DISABLED=true`` is read
+   before this module is imported (``_tracing.tracing_disabled``).
 2. **Spans are built, not recorded live**: ``_spans.build_spans`` turns the observation
    record into ``SpanData``, and this module into the SDK's ``ReadableSpan`` (what every
    exporter takes), so the span cannot disagree with the log line. The ids come from the
@@ -33,6 +39,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +77,51 @@ FAILURE_LOG_INTERVAL = 60.0
 EXPORTER_LOGGERS = ("opentelemetry.exporter",)
 _KINDS = {"server": trace_api.SpanKind.SERVER, "client": trace_api.SpanKind.CLIENT}
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
+
+
+#: ``OTEL_TRACES_SAMPLER``'s values as the SDK reads them (lower-cased, unstripped:
+#: ``opentelemetry.sdk.trace.sampling._get_from_env_or_default``), and those whose
+#: ``OTEL_TRACES_SAMPLER_ARG`` is a ratio.
+KNOWN_SAMPLERS = frozenset({"always_on", "always_off", "parentbased_always_on",
+                            "parentbased_always_off", "traceidratio",
+                            "parentbased_traceidratio"})
+RATIO_SAMPLERS = frozenset({"traceidratio", "parentbased_traceidratio"})
+HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+#: One ``key=value`` of a headers variable, the grammar the OTLP/HTTP exporter accepts
+#: (``opentelemetry.util.re``, its "liberal" form: a value may hold spaces).
+_HEADER_ENTRY = re.compile(
+    r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"  # the key
+    r"[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*")  # = the value
+
+
+def check_sampler(env: Mapping[str, str]) -> None:
+    """Rule 1: a sampler the SDK knows, and a ratio it can use."""
+    raw = env.get("OTEL_TRACES_SAMPLER")
+    if not raw:
+        return
+    if raw.lower() not in KNOWN_SAMPLERS:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER={raw!r} is not a sampler OpenTelemetry's SDK "
+                          f"knows (one of {', '.join(sorted(KNOWN_SAMPLERS))})")
+    argument = env.get("OTEL_TRACES_SAMPLER_ARG", "")
+    if raw.lower() not in RATIO_SAMPLERS or not argument:
+        return  # the SDK's ratio is 1.0 without one, and other samplers take none
+    try:
+        ratio = float(argument)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:  # NaN fails this too
+        raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={argument!r}: {raw} needs a ratio "
+                          "from 0 to 1")
+
+
+def check_headers(env: Mapping[str, str]) -> None:
+    """Rule 1: every entry of the headers variables is ``key=value``; the value is never
+    repeated (it may be a backend's key)."""
+    for name in HEADER_VARIABLES:
+        for position, entry in enumerate(re.split(r"[ \t]*,[ \t]*", env.get(name, "")), 1):
+            if entry and not _HEADER_ENTRY.fullmatch(entry):
+                raise ConfigError(f"{name}: entry {position} is not key=value (a key of "
+                                  "token characters, then =; its text is not shown)")
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -133,6 +185,8 @@ class ExportSettings:
 def check_environment(env: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for an OTEL_* setting the gateway cannot use (before serving:
     the CLI says it as one ``error:`` line)."""
+    check_sampler(env)
+    check_headers(env)
     ExportSettings.from_environment(env).exporter().shutdown()
 
 
@@ -310,6 +364,8 @@ class OtelTracer:
                          exported: Callable[[int], None],
                          env: Mapping[str, str] | None = None) -> OtelTracer:
         env = os.environ if env is None else env
+        check_sampler(env)
+        check_headers(env)
         settings = ExportSettings.from_environment(env)
         resource = Resource.create({})
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):

@@ -5,15 +5,18 @@ OpenTelemetry is an optional extra (``pip install 'nnrp-vllm-gateway[otel]'``): 
 here imports it; ``open_tracer`` imports ``_otel`` (the one module that does) and turns
 a missing package into a ``ConfigError`` that says how to install it. Everything else
 is configured the OpenTelemetry way, by the standard ``OTEL_*`` variables (README,
-"Observability").
+"Observability"), and ``OTEL_SDK_DISABLED=true`` switches it off as it switches off
+every OpenTelemetry SDK (one log line says so).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
+
+import structlog
 
 from gateway.errors import ConfigError
 
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from gateway.server import GatewaySpan
 
     from ._record import ObservationRecord
+
+log = structlog.get_logger("gateway.observe.traces")
 
 #: What to install for tracing, said wherever it is missing.
 INSTALL_HINT = "pip install 'nnrp-vllm-gateway[otel]'"
@@ -53,6 +58,12 @@ class Tracer(Protocol):
         ...
 
 
+def tracing_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_SDK_DISABLED=true`` (case-insensitive, as the SDK reads it): no tracer."""
+    env = os.environ if env is None else env
+    return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def tracing_problem() -> str | None:
     """Why tracing cannot be switched on here (the extra is not installed), or None."""
     missing = [name for name in _NEEDED if not _importable(name)]
@@ -71,7 +82,10 @@ def _importable(name: str) -> bool:
 
 def check_tracing() -> None:
     """Raise ``ConfigError`` when tracing cannot start here: the extra is missing, or an
-    OTEL_* setting cannot be used (checked before serving, so the CLI says it once)."""
+    OTEL_* setting cannot be used (checked before serving, so the CLI says it once).
+    With ``OTEL_SDK_DISABLED=true`` nothing is checked: nothing will be used."""
+    if tracing_disabled():
+        return
     problem = tracing_problem()
     if problem is not None:
         raise ConfigError(problem)
@@ -81,9 +95,13 @@ def check_tracing() -> None:
 
 
 def open_tracer(*, vllm_url: str, dropped: Callable[[str, int], None],
-                exported: Callable[[int], None]) -> Tracer:
+                exported: Callable[[int], None]) -> Tracer | None:
     """The OpenTelemetry tracer, configured from the ``OTEL_*`` environment. ``dropped``
-    counts spans lost (reason, count), ``exported`` those the collector took."""
+    counts spans lost (reason, count), ``exported`` those the collector took. None, said
+    in one log line, when ``OTEL_SDK_DISABLED=true``."""
+    if tracing_disabled():
+        log.info("OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported")
+        return None
     problem = tracing_problem()
     if problem is not None:
         raise ConfigError(problem)

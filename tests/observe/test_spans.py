@@ -22,13 +22,17 @@ from gateway.nnrp import CancelSource, TraceInfo
 from gateway.observe import build_record, build_spans
 from gateway.observe._otel import (
     EXPORTER_LOGGERS,
+    KNOWN_SAMPLERS,
     ExportSettings,
     FailureLog,
     OtelTracer,
     SpanQueue,
+    check_headers,
+    check_sampler,
     upstream_of,
 )
 from gateway.observe._spans import MAX_ATTRIBUTE_CHARS, Upstream
+from gateway.observe._tracing import open_tracer, tracing_disabled
 from gateway.pipeline import traceparent, upstream_traceparent
 from gateway.profile import EndCause
 from gateway.server import CancelInfo, GatewaySpan, Operation
@@ -378,3 +382,31 @@ async def test_exporter_logs_stay_taken_while_the_export_thread_outlives_close()
     for lg in loggers:  # the stuck tracer's handler, left behind on purpose
         lg.removeHandler(traces.failures)
         lg.propagate = True
+
+
+async def test_the_samplers_checked_are_the_ones_the_sdk_knows() -> None:
+    from opentelemetry.sdk.trace import sampling
+
+    assert frozenset(sampling._KNOWN_SAMPLERS) == KNOWN_SAMPLERS
+    check_sampler({"OTEL_TRACES_SAMPLER": "ParentBased_TraceIdRatio",
+                   "OTEL_TRACES_SAMPLER_ARG": "0.25"})  # the SDK lower-cases the name
+    check_sampler({"OTEL_TRACES_SAMPLER": "traceidratio"})  # no ratio: the SDK's 1.0
+    check_sampler({"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "x"})
+    with pytest.raises(ConfigError, match="needs a ratio"):
+        check_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "nan"})
+    check_headers({"OTEL_EXPORTER_OTLP_HEADERS": "a=1, b = two words ,c=",
+                   "OTEL_EXPORTER_OTLP_TRACES_HEADERS": ""})
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TRACES_HEADERS: entry 1"):
+        check_headers({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "=value"})
+
+
+async def test_otel_sdk_disabled_opens_no_tracer_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    with structlog.testing.capture_logs() as logs:
+        assert open_tracer(vllm_url="http://127.0.0.1:1", dropped=lambda reason, n: None,
+                           exported=lambda n: None) is None
+    assert [line["event"] for line in logs] == [
+        "OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported"]
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "false")
+    assert not tracing_disabled()
