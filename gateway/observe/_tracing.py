@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
     from gateway.server import GatewaySpan
 
+    from ._otel import TracingCost
     from ._record import ObservationRecord
 
 log = structlog.get_logger("gateway.observe.traces")
@@ -108,3 +109,15 @@ def open_tracer(*, vllm_url: str, dropped: Callable[[str, int], None],
     from ._otel import OtelTracer
 
     return OtelTracer.from_environment(vllm_url=vllm_url, dropped=dropped, exported=exported)
+
+
+def measure_tracing_cost(record: ObservationRecord, trace: TraceInfo | None, *,
+                         operations: int, vllm_url: str) -> TracingCost:
+    """CPU per operation that tracing adds, in this process (``bench run --scenario
+    tracing``; ``_otel.measure_cost``). Needs the extra, as ``open_tracer`` does."""
+    problem = tracing_problem()
+    if problem is not None:
+        raise ConfigError(problem)
+    from ._otel import measure_cost
+
+    return measure_cost(record, trace, operations=operations, vllm_url=vllm_url)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 
 from gateway.errors import ConfigError
 from gateway.nnrp import CancelSource, TraceInfo
-from gateway.observe import build_record, build_spans
+from gateway.observe import Upstream, build_record, build_spans
 from gateway.observe._otel import (
     EXPORTER_LOGGERS,
     KNOWN_SAMPLERS,
@@ -31,7 +31,7 @@ from gateway.observe._otel import (
     check_sampler,
     upstream_of,
 )
-from gateway.observe._spans import MAX_ATTRIBUTE_CHARS, Upstream
+from gateway.observe._spans import MAX_ATTRIBUTE_CHARS
 from gateway.observe._tracing import open_tracer, tracing_disabled
 from gateway.pipeline import traceparent, upstream_traceparent
 from gateway.profile import EndCause
@@ -410,3 +410,14 @@ async def test_otel_sdk_disabled_opens_no_tracer_and_says_so_once(
         "OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported"]
     monkeypatch.setenv("OTEL_SDK_DISABLED", "false")
     assert not tracing_disabled()
+
+
+async def test_the_in_process_cost_goes_through_the_gateways_own_tracer() -> None:
+    from gateway.observe import measure_tracing_cost
+    from gateway.tools.bench._tracing import operation_record
+
+    cost = measure_tracing_cost(operation_record(), TRACE, operations=50,
+                                vllm_url="http://127.0.0.1:8001")
+    assert (cost.operations, cost.spans) == (50, 100)
+    assert cost.event_loop_us > 0 and cost.export_us > 0
+    assert cost.encoded_bytes > 100 * len("chat.completions.create example-model")
