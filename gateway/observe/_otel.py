@@ -236,8 +236,10 @@ class SpanQueue:
         self.dropped = dropped
         self.exported = exported
         self.failures = failures
-        # Only the trio thread appends and only the export thread pops: the room seen by
-        # ``put`` can only grow before it appends, so the bound holds without a lock.
+        # Only the trio thread appends; the export thread pops, and so does ``close`` (the
+        # rest, from its own thread, maybe while the export thread still takes a batch):
+        # the room seen by ``put`` can only grow before it appends, so the bound holds
+        # without a lock, and every pop is one that may find the queue empty.
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
