@@ -155,10 +155,11 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.tracer: Tracer | None = None
         if config.otel_traces:
-            self.metrics.attach_tracing()
             self.tracer = open_tracer(vllm_url=config.vllm_url,
                                       dropped=self.metrics.spans_dropped,
                                       exported=self.metrics.spans_exported)
+            if self.tracer is not None:  # None: OTEL_SDK_DISABLED=true (said in the log)
+                self.metrics.attach_tracing()
         self.load: LoadMonitor | None = None
         if config.load.admission:
             self.load = LoadMonitor(self.client, config.load.policy(),
@@ -325,6 +326,8 @@ class Gateway:
                         vllm_version=info.version, binding=info.binding.family)
         self.info = info
         self.metrics.known_models = frozenset(info.models)
+        if self.tracer is not None:  # the span name's model, bounded as the label is
+            self.tracer.known_models = self.metrics.known_models
         self.upstream_healthy = True
         self.upstream_problem = None
         self.probed.set()

@@ -96,8 +96,9 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
-        "RouteUnavailable SpanData SpanEvent Tracer build_record build_spans check_tracing "
-        "configure_logging metrics_route open_tracer tracing_problem "
+        "RouteUnavailable SpanData SpanEvent Tracer Upstream build_record build_spans "
+        "check_tracing configure_logging measure_tracing_cost metrics_route open_tracer "
+        "tracing_problem "
     ),
     "gateway.tools.client": (
         "ClientError ClientOperation ClientSession MAX_BACKOFF NnrpClient ResumeTicket Trust "

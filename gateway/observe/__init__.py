@@ -17,11 +17,13 @@ from ._record import (
 from ._spans import (
     SpanData as SpanData,
     SpanEvent as SpanEvent,
+    Upstream as Upstream,
     build_spans as build_spans,
 )
 from ._tracing import (
     Tracer as Tracer,
     check_tracing as check_tracing,
+    measure_tracing_cost as measure_tracing_cost,
     open_tracer as open_tracer,
     tracing_problem as tracing_problem,
 )

@@ -10,7 +10,13 @@ The rules:
    ``OTEL_TRACES_SAMPLER(_ARG)``; the queue's ``OTEL_BSP_MAX_QUEUE_SIZE``,
    ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and ``OTEL_BSP_SCHEDULE_DELAY``. The protocol
    (``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL``) is http/protobuf unless it says grpc, which
-   needs opentelemetry-exporter-otlp-proto-grpc; anything else is a ``ConfigError``.
+   needs opentelemetry-exporter-otlp-proto-grpc; anything else is a ``ConfigError``. So
+   is every value the SDK would only warn about and replace with its default (a typo
+   must not trace at a rate nobody chose, or send no key): a sampler it does not know,
+   a ratio sampler's ``OTEL_TRACES_SAMPLER_ARG`` that is not a number in [0, 1], and
+   ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`` entries that are not ``key=value`` (named by
+   position, never shown: a value may be a key). ``OTEL_SDK_DISABLED=true`` is read
+   before this module is imported (``_tracing.tracing_disabled``).
 2. **Spans are built, not recorded live**: ``_spans.build_spans`` turns the observation
    record into ``SpanData``, and this module into the SDK's ``ReadableSpan`` (what every
    exporter takes), so the span cannot disagree with the log line. The ids come from the
@@ -33,6 +39,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +59,7 @@ import gateway
 from gateway.errors import ConfigError
 from gateway.server import GatewaySpan
 
-from ._spans import SCOPE, SpanData, build_spans, span_parent
+from ._spans import SCOPE, SpanData, Upstream, build_spans, span_parent
 
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
@@ -70,6 +77,51 @@ FAILURE_LOG_INTERVAL = 60.0
 EXPORTER_LOGGERS = ("opentelemetry.exporter",)
 _KINDS = {"server": trace_api.SpanKind.SERVER, "client": trace_api.SpanKind.CLIENT}
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
+
+
+#: ``OTEL_TRACES_SAMPLER``'s values as the SDK reads them (lower-cased, unstripped:
+#: ``opentelemetry.sdk.trace.sampling._get_from_env_or_default``), and those whose
+#: ``OTEL_TRACES_SAMPLER_ARG`` is a ratio.
+KNOWN_SAMPLERS = frozenset({"always_on", "always_off", "parentbased_always_on",
+                            "parentbased_always_off", "traceidratio",
+                            "parentbased_traceidratio"})
+RATIO_SAMPLERS = frozenset({"traceidratio", "parentbased_traceidratio"})
+HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+#: One ``key=value`` of a headers variable, the grammar the OTLP/HTTP exporter accepts
+#: (``opentelemetry.util.re``, its "liberal" form: a value may hold spaces).
+_HEADER_ENTRY = re.compile(
+    r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+"  # the key
+    r"[ \t]*=[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*")  # = the value
+
+
+def check_sampler(env: Mapping[str, str]) -> None:
+    """Rule 1: a sampler the SDK knows, and a ratio it can use."""
+    raw = env.get("OTEL_TRACES_SAMPLER")
+    if not raw:
+        return
+    if raw.lower() not in KNOWN_SAMPLERS:
+        raise ConfigError(f"OTEL_TRACES_SAMPLER={raw!r} is not a sampler OpenTelemetry's SDK "
+                          f"knows (one of {', '.join(sorted(KNOWN_SAMPLERS))})")
+    argument = env.get("OTEL_TRACES_SAMPLER_ARG", "")
+    if raw.lower() not in RATIO_SAMPLERS or not argument:
+        return  # the SDK's ratio is 1.0 without one, and other samplers take none
+    try:
+        ratio = float(argument)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:  # NaN fails this too
+        raise ConfigError(f"OTEL_TRACES_SAMPLER_ARG={argument!r}: {raw} needs a ratio "
+                          "from 0 to 1")
+
+
+def check_headers(env: Mapping[str, str]) -> None:
+    """Rule 1: every entry of the headers variables is ``key=value``; the value is never
+    repeated (it may be a backend's key)."""
+    for name in HEADER_VARIABLES:
+        for position, entry in enumerate(re.split(r"[ \t]*,[ \t]*", env.get(name, "")), 1):
+            if entry and not _HEADER_ENTRY.fullmatch(entry):
+                raise ConfigError(f"{name}: entry {position} is not key=value (a key of "
+                                  "token characters, then =; its text is not shown)")
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -133,6 +185,8 @@ class ExportSettings:
 def check_environment(env: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for an OTEL_* setting the gateway cannot use (before serving:
     the CLI says it as one ``error:`` line)."""
+    check_sampler(env)
+    check_headers(env)
     ExportSettings.from_environment(env).exporter().shutdown()
 
 
@@ -182,8 +236,10 @@ class SpanQueue:
         self.dropped = dropped
         self.exported = exported
         self.failures = failures
-        # Only the trio thread appends and only the export thread pops: the room seen by
-        # ``put`` can only grow before it appends, so the bound holds without a lock.
+        # Only the trio thread appends; the export thread pops, and so does ``close`` (the
+        # rest, from its own thread, maybe while the export thread still takes a batch):
+        # the room seen by ``put`` can only grow before it appends, so the bound holds
+        # without a lock, and every pop is one that may find the queue empty.
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -216,13 +272,27 @@ class SpanQueue:
             self._wake.wait(self.delay)
             self._wake.clear()
             stopping = self._stopping
-            while self._queue and not (stopping and self._abandoned):
-                count = min(self.batch_size, len(self._queue))
-                self._export([self._queue.popleft() for _ in range(count)])
+            while not (stopping and self._abandoned):
+                batch = self._take_batch()
+                if not batch:
+                    break
+                self._export(batch)
                 if not stopping and len(self._queue) < self.batch_size:
                     break  # a partial batch waits for the next delay
             if stopping:
                 return
+
+    def _take_batch(self) -> list[ReadableSpan]:
+        """Up to a batch from the queue. ``close`` may empty it from its own thread at any
+        moment (after its join timed out), so a length seen here is no promise: pop until
+        a pop finds it empty, never count first."""
+        batch: list[ReadableSpan] = []
+        while len(batch) < self.batch_size:
+            try:
+                batch.append(self._queue.popleft())
+            except IndexError:
+                break
+        return batch
 
     def _export(self, batch: list[ReadableSpan]) -> None:
         reason = None
@@ -243,11 +313,33 @@ class SpanQueue:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._abandoned = True
-        left = len(self._queue)
-        self._queue.clear()
+        left = 0
+        while True:  # popped one by one: the export thread may still be taking a batch
+            try:
+                self._queue.popleft()
+            except IndexError:
+                break
+            left += 1
         if left:
             self.dropped("shutdown", left)
         self.exporter.shutdown()
+
+    @property
+    def running(self) -> bool:
+        """The export thread is still alive (``close`` gave up waiting on it)."""
+        return self._thread.is_alive()
+
+
+def upstream_of(vllm_url: str) -> Upstream:
+    """vLLM's place for the CLIENT span: never the URL's userinfo, query or fragment
+    (``url.full`` must not carry a secret)."""
+    url = urlsplit(vllm_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    host = url.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if url.port is not None:
+        netloc += f":{url.port}"
+    return Upstream(host, port, f"{url.scheme}://{netloc}{url.path.rstrip('/')}")
 
 
 class OtelTracer:
@@ -261,9 +353,9 @@ class OtelTracer:
         self.ids = provider.id_generator
         self.resource = provider.resource
         self.scope = InstrumentationScope(SCOPE, gateway.__version__)
-        upstream = urlsplit(vllm_url)
-        self.server_address = upstream.hostname or ""
-        self.server_port = upstream.port or (443 if upstream.scheme == "https" else 80)
+        self.upstream = upstream_of(vllm_url)
+        #: The models vLLM serves (``_spans`` rule 5), kept current by the health loop.
+        self.known_models: frozenset[str] = frozenset()
         self.failures = FailureLog(endpoint)
         self.queue = SpanQueue(exporter, max_queue=max_queue, batch_size=batch_size,
                                delay=delay, dropped=dropped, exported=exported,
@@ -274,6 +366,8 @@ class OtelTracer:
                          exported: Callable[[int], None],
                          env: Mapping[str, str] | None = None) -> OtelTracer:
         env = os.environ if env is None else env
+        check_sampler(env)
+        check_headers(env)
         settings = ExportSettings.from_environment(env)
         resource = Resource.create({})
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
@@ -290,7 +384,7 @@ class OtelTracer:
     def decide(self, trace: TraceInfo | None) -> GatewaySpan:
         """``_spans`` rules 2 and 3: the client's NNRP span as parent when eligible,
         else a new trace; the sampler decides."""
-        span_id = self.ids.generate_span_id()
+        span_id, upstream_span_id = self.ids.generate_span_id(), self.ids.generate_span_id()
         parent = span_parent(trace)
         if parent is None:
             trace_id, parent_span_id, context = self.ids.generate_trace_id(), None, None
@@ -302,11 +396,10 @@ class OtelTracer:
         result = self.sampler.should_sample(context, trace_id, SAMPLED_NAME,
                                             trace_api.SpanKind.SERVER)
         return GatewaySpan(trace_id, span_id, parent_span_id,
-                           result.decision is Decision.RECORD_AND_SAMPLE)
+                           result.decision is Decision.RECORD_AND_SAMPLE, upstream_span_id)
 
     def export(self, record: ObservationRecord) -> None:
-        spans = build_spans(record, upstream_span_id=self.ids.generate_span_id(),
-                            server_address=self.server_address, server_port=self.server_port)
+        spans = build_spans(record, upstream=self.upstream, known_models=self.known_models)
         if spans:
             self.queue.put([self._readable(span) for span in spans])
 
@@ -340,7 +433,85 @@ class OtelTracer:
 
     def close(self, timeout: float) -> None:
         self.queue.close(timeout)
+        if self.queue.running:
+            # The export thread outlived the timeout and its exporter may still log (the
+            # OTLP exporter's "Shutdown in progress, aborting retry."): restored now, that
+            # record would reach the console raw, a line that is not JSON. ``FailureLog``
+            # keeps taking them; the thread is a daemon and ends with the process.
+            return
         for name in EXPORTER_LOGGERS:
             logger = logging.getLogger(name)
             logger.removeHandler(self.failures)
             logger.propagate = True
+
+
+@attrs.frozen
+class TracingCost:
+    """What tracing costs per operation in this process, on each thread's own CPU clock
+    (``measure_cost``): the event loop's share and the export thread's."""
+
+    operations: int
+    #: µs of CPU per operation on the event loop: decide the span (ids, the sampler),
+    #: build both spans from the record, make them ReadableSpans, queue them.
+    event_loop_us: float
+    #: µs of CPU per operation on the export thread: OTLP's protobuf encoding of its
+    #: two spans, as the OTLP/HTTP exporter encodes a batch (sending is not counted).
+    export_us: float
+    spans: int
+    encoded_bytes: int
+
+
+class _EncodingExporter(SpanExporter):
+    """Encodes each batch as the OTLP/HTTP exporter does, sends nothing, and counts the
+    CPU of the thread it runs on (the export thread)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.bytes = 0
+        self.spans = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        start = time.thread_time()
+        self.bytes += len(encode_spans(spans).SerializePartialToString())
+        self.cpu_s += time.thread_time() - start
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def measure_cost(record: ObservationRecord, trace: TraceInfo | None, *, operations: int,
+                 vllm_url: str) -> TracingCost:
+    """``operations`` times what tracing adds to one operation like ``record`` (every one
+    sampled), through the gateway's own tracer and queue: ``time.thread_time`` on this
+    thread around ``decide`` and ``export`` (the record itself is the log line's and the
+    metrics', made with or without tracing, so it is not counted), and on the export
+    thread around the encoding."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    drops: list[int] = []
+    exporter = _EncodingExporter()
+    tracer = OtelTracer(exporter=exporter,
+                        provider=TracerProvider(sampler=ALWAYS_ON, shutdown_on_exit=False),
+                        vllm_url=vllm_url, dropped=lambda reason, n: drops.append(n),
+                        exported=lambda n: None, max_queue=2 * operations, batch_size=512,
+                        delay=3600.0)
+    tracer.known_models = frozenset({record.model or ""})
+    start = time.thread_time()
+    spans = [tracer.decide(trace) for _ in range(operations)]
+    deciding = time.thread_time() - start
+    records = [attrs.evolve(record, span=span) for span in spans]
+    start = time.thread_time()
+    for each in records:
+        tracer.export(each)
+    exporting = time.thread_time() - start
+    tracer.start()  # after the queueing: the export thread's CPU is not this thread's
+    tracer.close(600.0)
+    if drops or exporter.spans != 2 * operations:
+        raise RuntimeError(f"measured {exporter.spans} spans of {2 * operations} "
+                           f"({sum(drops)} dropped)")
+    return TracingCost(operations, (deciding + exporting) / operations * 1e6,
+                       exporter.cpu_s / operations * 1e6, exporter.spans, exporter.bytes)

@@ -5,15 +5,18 @@ OpenTelemetry is an optional extra (``pip install 'nnrp-vllm-gateway[otel]'``): 
 here imports it; ``open_tracer`` imports ``_otel`` (the one module that does) and turns
 a missing package into a ``ConfigError`` that says how to install it. Everything else
 is configured the OpenTelemetry way, by the standard ``OTEL_*`` variables (README,
-"Observability").
+"Observability"), and ``OTEL_SDK_DISABLED=true`` switches it off as it switches off
+every OpenTelemetry SDK (one log line says so).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
+
+import structlog
 
 from gateway.errors import ConfigError
 
@@ -21,7 +24,10 @@ if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
     from gateway.server import GatewaySpan
 
+    from ._otel import TracingCost
     from ._record import ObservationRecord
+
+log = structlog.get_logger("gateway.observe.traces")
 
 #: What to install for tracing, said wherever it is missing.
 INSTALL_HINT = "pip install 'nnrp-vllm-gateway[otel]'"
@@ -31,6 +37,9 @@ _NEEDED = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
 class Tracer(Protocol):
     """What the pipeline and the gateway ask of tracing (``_otel.OtelTracer``)."""
+
+    #: The models vLLM serves: a span name names one of them, else ``other``.
+    known_models: frozenset[str]
 
     def decide(self, trace: TraceInfo | None) -> GatewaySpan:
         """The gateway's span for one operation: ids and the sampler's word."""
@@ -48,6 +57,12 @@ class Tracer(Protocol):
         """Export what is queued for at most ``timeout`` seconds, count the rest dropped,
         and stop (blocking: call it from a worker thread)."""
         ...
+
+
+def tracing_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_SDK_DISABLED=true`` (case-insensitive, as the SDK reads it): no tracer."""
+    env = os.environ if env is None else env
+    return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
 def tracing_problem() -> str | None:
@@ -68,7 +83,10 @@ def _importable(name: str) -> bool:
 
 def check_tracing() -> None:
     """Raise ``ConfigError`` when tracing cannot start here: the extra is missing, or an
-    OTEL_* setting cannot be used (checked before serving, so the CLI says it once)."""
+    OTEL_* setting cannot be used (checked before serving, so the CLI says it once).
+    With ``OTEL_SDK_DISABLED=true`` nothing is checked: nothing will be used."""
+    if tracing_disabled():
+        return
     problem = tracing_problem()
     if problem is not None:
         raise ConfigError(problem)
@@ -78,12 +96,28 @@ def check_tracing() -> None:
 
 
 def open_tracer(*, vllm_url: str, dropped: Callable[[str, int], None],
-                exported: Callable[[int], None]) -> Tracer:
+                exported: Callable[[int], None]) -> Tracer | None:
     """The OpenTelemetry tracer, configured from the ``OTEL_*`` environment. ``dropped``
-    counts spans lost (reason, count), ``exported`` those the collector took."""
+    counts spans lost (reason, count), ``exported`` those the collector took. None, said
+    in one log line, when ``OTEL_SDK_DISABLED=true``."""
+    if tracing_disabled():
+        log.info("OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported")
+        return None
     problem = tracing_problem()
     if problem is not None:
         raise ConfigError(problem)
     from ._otel import OtelTracer
 
     return OtelTracer.from_environment(vllm_url=vllm_url, dropped=dropped, exported=exported)
+
+
+def measure_tracing_cost(record: ObservationRecord, trace: TraceInfo | None, *,
+                         operations: int, vllm_url: str) -> TracingCost:
+    """CPU per operation that tracing adds, in this process (``bench run --scenario
+    tracing``; ``_otel.measure_cost``). Needs the extra, as ``open_tracer`` does."""
+    problem = tracing_problem()
+    if problem is not None:
+        raise ConfigError(problem)
+    from ._otel import measure_cost
+
+    return measure_cost(record, trace, operations=operations, vllm_url=vllm_url)

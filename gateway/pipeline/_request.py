@@ -9,8 +9,9 @@ are counted, never forwarded or logged.
 
 With tracing on (issue 24, ``gateway.observe._spans`` rule 2) the rule above still
 decides first and its bytes are unchanged; only an operation without an eligible client
-context whose own gateway span was sampled sends that span as vLLM's parent:
-``00-{trace_id:032x}-{span_id:016x}-01``.
+context whose own gateway span was sampled sends the gateway's request to vLLM (the
+operation span's CLIENT child, ``GatewaySpan.upstream_span_id``) as vLLM's parent, so
+vLLM's spans sit under that request: ``00-{trace_id:032x}-{upstream_span_id:016x}-01``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ def traceparent(trace: TraceInfo | None) -> str | None:
 
 def upstream_traceparent(trace: TraceInfo | None, span: GatewaySpan | None) -> str | None:
     """The traceparent vLLM gets: the client's NNRP span as always; else the gateway's own
-    span, when it starts the trace and the sampler kept it; else none."""
+    request to vLLM (the CLIENT span), when it starts the trace and the sampler kept it;
+    else none."""
     parent = traceparent(trace)
     if parent is not None or span is None or not span.sampled or span.parent_span_id is not None:
         return parent
-    return f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
+    return f"00-{span.trace_id:032x}-{span.upstream_span_id:016x}-01"
 
 
 @attrs.frozen

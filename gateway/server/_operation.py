@@ -137,12 +137,15 @@ class GatewaySpan:
     trace id, a 64-bit span id), decided once, when the upstream request is built, so
     the ``traceparent`` vLLM gets and the exported span agree. ``parent_span_id`` is the
     client's NNRP span when it sent a TRACE_CONTEXT; ``sampled`` is the sampler's word
-    (an unsampled span is never exported)."""
+    (an unsampled span is never exported). ``upstream_span_id`` is its CLIENT child's,
+    the request to vLLM: decided with it, so that when the gateway starts the trace,
+    vLLM's ``traceparent`` can name that child and vLLM's spans sit under the request."""
 
     trace_id: int
     span_id: int
     parent_span_id: int | None
     sampled: bool
+    upstream_span_id: int
 
 
 @attrs.frozen

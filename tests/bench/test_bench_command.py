@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -258,4 +259,15 @@ def test_bench_run_quick_tracing_reports_cpu_per_event_off_and_on(tmp_path: Path
         assert off["unit"] == on["unit"] == "us"
         assert off["value"] > 0 and on["value"] > 0
         assert on["baseline"] == pytest.approx(off["value"], abs=1e-3)  # a ratio to off
+    # Each shape says its own exports and bytes (its window's), not the run's total: 128
+    # spans for the short operations, 32 for the long streams, so the bytes differ.
+    sent = [int(re.search(r"(\d+) bytes", figures[
+        f"gateway CPU per event, tracing on (100 % sampled), {shape}"]["spread"])[1])
+        for shape in ("short operations (16 events)", "long streams (400 events)")]
+    assert sent[0] > 2 * sent[1] > 0, sent
+    # The in-process figure, per thread: noise from other processes cannot swamp it.
+    for side in ("event loop (decide + build + queue)", "export thread (OTLP encoding)"):
+        figure = figures[f"tracing CPU per operation, {side}"]
+        assert figure["unit"] == "us" and figure["value"] > 0
+        assert "2000 operations, 4000 spans" in figure["spread"]
     assert "tracing on (100 % sampled)" in (tmp_path / "summary.md").read_text()

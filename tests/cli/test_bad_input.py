@@ -420,6 +420,20 @@ def test_a_bare_group_prints_its_help() -> None:
      "http/protobuf or grpc, environment variable NNRP_GATEWAY_OTEL_TRACES"),
     (["serve", "--otel-traces", "--print-config"], {"OTEL_BSP_MAX_QUEUE_SIZE": "0"},
      "OTEL_BSP_MAX_QUEUE_SIZE='0' must be at least 1, --otel-traces"),
+    # Values the SDK would only warn about and replace with its default are refused.
+    (["serve", "--otel-traces", "--print-config"], {"OTEL_TRACES_SAMPLER": "sometimes"},
+     "OTEL_TRACES_SAMPLER='sometimes' is not a sampler OpenTelemetry's SDK knows (one of "
+     "always_off, always_on,"),
+    (["serve", "--otel-traces", "--print-config"],
+     {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "10%"},
+     "OTEL_TRACES_SAMPLER_ARG='10%': parentbased_traceidratio needs a ratio from 0 to 1, "
+     "--otel-traces"),
+    (["serve", "--otel-traces", "--print-config"],
+     {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"},
+     "OTEL_TRACES_SAMPLER_ARG='1.5': traceidratio needs a ratio from 0 to 1"),
+    (["serve", "--otel-traces", "--print-config"],
+     {"OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=fine,Bearer s3cret-token"},
+     "OTEL_EXPORTER_OTLP_HEADERS: entry 2 is not key=value"),
 ])
 def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str, str],
                                                   says: str) -> None:
@@ -427,6 +441,13 @@ def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str
     assert result.exit_code == 2
     (line,) = result.stderr.splitlines()
     assert says in line, line
+    assert "s3cret" not in line  # a header's value may be a key: never repeated
+
+
+def test_otel_sdk_disabled_switches_tracing_off_and_checks_nothing() -> None:
+    result = runner.invoke(app, ["serve", "--otel-traces", "--print-config"],
+                           env={"OTEL_SDK_DISABLED": "TRUE", "OTEL_TRACES_SAMPLER": "sometimes"})
+    assert (result.exit_code, result.stderr) == (0, "")
 
 
 def test_debug_shows_the_traceback_instead() -> None:

@@ -4,6 +4,8 @@ recording exporter in place of the network."""
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -17,15 +19,29 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 
 from gateway.errors import ConfigError
 from gateway.nnrp import CancelSource, TraceInfo
-from gateway.observe import build_record, build_spans
-from gateway.observe._otel import ExportSettings, FailureLog, OtelTracer, SpanQueue
+from gateway.observe import Upstream, build_record, build_spans
+from gateway.observe._otel import (
+    EXPORTER_LOGGERS,
+    KNOWN_SAMPLERS,
+    ExportSettings,
+    FailureLog,
+    OtelTracer,
+    SpanQueue,
+    check_headers,
+    check_sampler,
+    upstream_of,
+)
+from gateway.observe._spans import MAX_ATTRIBUTE_CHARS
+from gateway.observe._tracing import open_tracer, tracing_disabled
 from gateway.pipeline import traceparent, upstream_traceparent
 from gateway.profile import EndCause
 from gateway.server import CancelInfo, GatewaySpan, Operation
 from tests.support.ports import RecordingPort
 
 TRACE = TraceInfo(0xAB, 0xCD, 0, 1, 12)
-SPAN = GatewaySpan(trace_id=0xAB, span_id=0xEF, parent_span_id=0xCD, sampled=True)
+SPAN = GatewaySpan(trace_id=0xAB, span_id=0xEF, parent_span_id=0xCD, sampled=True,
+                   upstream_span_id=0x99)
+UPSTREAM = Upstream("127.0.0.1", 8000, "http://127.0.0.1:8000")
 
 
 def ended(cause: EndCause, *, trace: TraceInfo | None = TRACE,
@@ -44,9 +60,9 @@ def ended(cause: EndCause, *, trace: TraceInfo | None = TRACE,
     return op
 
 
-def spans_of(op: Operation) -> tuple[Any, ...]:
-    return build_spans(build_record(op), upstream_span_id=0x99, server_address="127.0.0.1",
-                       server_port=8000)
+def spans_of(op: Operation, known_models: frozenset[str] = frozenset({"tiny"})
+             ) -> tuple[Any, ...]:
+    return build_spans(build_record(op), upstream=UPSTREAM, known_models=known_models)
 
 
 async def test_a_completed_stream_is_an_operation_span_and_its_upstream_child() -> None:
@@ -58,27 +74,34 @@ async def test_a_completed_stream_is_an_operation_span_and_its_upstream_child() 
                                                            op.received_at + 0.008)
     op.first_event_at, op.events_sent = op.received_at + 0.004, 3
     operation, upstream = spans_of(op)
-    assert (operation.name, operation.kind) == ("chat tiny", "server")
+    assert (operation.name, operation.kind) == ("chat.completions.create tiny", "server")
     assert (operation.trace_id, operation.span_id, operation.parent_span_id) == (0xAB, 0xEF, 0xCD)
     assert operation.remote_parent
     assert (operation.start_ns, operation.end_ns) == (1_000_000_000, 1_010_000_000)
+    # The SERVER span is the protocol's; server.* there would name the gateway itself.
     assert operation.attributes == {
+        "nnrp.transport": "ipc", "nnrp.connection.id": 3, "nnrp.session.id": 2,
+        "nnrp.operation.id": 9, "nnrp.operation.name": "chat.completions.create",
+        "nnrp.request.model": "tiny",
+        "nnrp.request_id": "r1", "nnrp.stream": True, "nnrp.outcome": "ok",
+        "nnrp.end_cause": "completed", "nnrp.events": 3, "nnrp.event_bytes": 0,
+        "nnrp.trace.attribute_bytes": 12}
+    assert [(e.name, e.at_ns) for e in operation.events] == [("nnrp.first_token", 1_004_000_000)]
+    assert operation.error is None
+    # The CLIENT span is GenAI's inference span (the client conventions' kind and name).
+    assert (upstream.name, upstream.kind, upstream.span_id, upstream.parent_span_id) == (
+        "chat tiny", "client", 0x99, 0xEF)
+    assert not upstream.remote_parent
+    assert (upstream.start_ns, upstream.end_ns) == (1_002_000_000, 1_008_000_000)
+    assert upstream.attributes == {
         "gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm",
         "gen_ai.request.model": "tiny", "gen_ai.response.model": "tiny-1",
         "gen_ai.response.id": "chatcmpl-1", "gen_ai.response.finish_reasons": ("stop",),
         "gen_ai.usage.input_tokens": 3, "gen_ai.usage.output_tokens": 5,
-        "nnrp.transport": "ipc", "nnrp.connection.id": 3, "nnrp.session.id": 2,
-        "nnrp.operation.id": 9, "nnrp.operation.name": "chat.completions.create",
-        "nnrp.request_id": "r1", "nnrp.stream": True, "nnrp.outcome": "ok",
-        "nnrp.end_cause": "completed", "nnrp.events": 3, "nnrp.event_bytes": 0,
-        "nnrp.trace.attribute_bytes": 12, "server.address": "127.0.0.1", "server.port": 8000}
-    assert [(e.name, e.at_ns) for e in operation.events] == [("nnrp.first_token", 1_004_000_000)]
-    assert operation.error is None
-    assert (upstream.name, upstream.kind, upstream.span_id, upstream.parent_span_id) == (
-        "POST", "client", 0x99, 0xEF)
-    assert not upstream.remote_parent
-    assert (upstream.start_ns, upstream.end_ns) == (1_002_000_000, 1_008_000_000)
-    assert upstream.attributes["http.response.status_code"] == 200
+        "http.request.method": "POST", "http.response.status_code": 200,
+        "server.address": "127.0.0.1", "server.port": 8000,
+        "url.full": "http://127.0.0.1:8000/v1/chat/completions"}
+    assert upstream.error is None
 
 
 async def test_an_unsampled_or_undecided_span_builds_nothing() -> None:
@@ -88,19 +111,42 @@ async def test_an_unsampled_or_undecided_span_builds_nothing() -> None:
 
 @pytest.mark.parametrize(("cause", "error", "event"), [
     (EndCause.BACKEND_ERROR, "backend_error", None),
+    (EndCause.BACKEND_UNAVAILABLE, "backend_unavailable", None),
+    (EndCause.REQUEST_TIMEOUT, "request_timeout", "nnrp.deadline"),  # the gateway's limit
+    (EndCause.ADAPTER_RUNTIME_ERROR, "adapter_runtime_error", None),
+    (EndCause.BACKEND_OVERLOAD, "backend_overload", None),  # refusals for load
+    (EndCause.SCHEDULER_REJECTED, "scheduler_rejected", None),
+    (EndCause.ADAPTER_OPERATION_LIMIT, "adapter_operation_limit", None),
     (EndCause.INVALID_BODY, None, None),  # the client's mistake: not the server's error
-    (EndCause.DEADLINE_EXPIRED, "deadline", "nnrp.deadline"),
-    (EndCause.EXPIRED_AT, "deadline", "nnrp.deadline"),
+    (EndCause.UNSUPPORTED_MODEL, None, None),  # vLLM's 404 for the client's model
+    (EndCause.INVALID_BACKEND_REQUEST, None, None),  # vLLM's 400 for the client's body
+    (EndCause.SERVER_DRAINING, None, None),  # outcome shed, but a drain, not load
+    (EndCause.SESSION_CLOSING, None, None),
+    (EndCause.DEADLINE_EXPIRED, None, "nnrp.deadline"),  # the client's own time limit
+    (EndCause.EXPIRED_AT, None, "nnrp.deadline"),
     (EndCause.SUPERSEDED, None, "nnrp.supersede"),
     (EndCause.SHUTDOWN, None, None),
 ])
-async def test_the_status_and_end_events_follow_the_outcome(cause: EndCause, error: str | None,
-                                                      event: str | None) -> None:
+async def test_the_status_and_end_events_follow_the_end_cause(cause: EndCause, error: str | None,
+                                                        event: str | None) -> None:
     (operation,) = spans_of(ended(cause))
     assert operation.error == error
+    assert operation.attributes.get("error.type") == error  # set only with ERROR
     assert [e.name for e in operation.events] == ([event] if event else [])
     if event:
         assert operation.events[0].at_ns == operation.end_ns
+
+
+async def test_vllms_4xx_is_an_error_of_the_client_span_only() -> None:
+    op = ended(EndCause.UNSUPPORTED_MODEL, model="nope", operation="chat.completions.create",
+               upstream_status=404)
+    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
+                                                           op.received_at + 0.003)
+    operation, upstream = spans_of(op)
+    assert operation.error is None and "error.type" not in operation.attributes
+    assert upstream.error == "unsupported_model"
+    assert upstream.attributes["error.type"] == "unsupported_model"
+    assert upstream.attributes["http.response.status_code"] == 404
 
 
 async def test_a_cancel_and_a_resume_are_events_at_their_time() -> None:
@@ -131,9 +177,10 @@ async def test_vllm_traceparent_is_todays_with_a_client_context_else_the_gateway
     unsampled_client = TraceInfo(0xAB, 0xCD, 0, 0, 0)
     assert upstream_traceparent(unsampled_client, SPAN) == traceparent(unsampled_client)
     root = GatewaySpan(trace_id=0x0123456789ABCDEF0123456789ABCDEF, span_id=0x42,
-                       parent_span_id=None, sampled=True)
+                       parent_span_id=None, sampled=True, upstream_span_id=0x43)
+    # The gateway's request to vLLM (the CLIENT span) is vLLM's parent, not the operation.
     assert upstream_traceparent(None, root) == (
-        "00-0123456789abcdef0123456789abcdef-0000000000000042-01")
+        "00-0123456789abcdef0123456789abcdef-0000000000000043-01")
     assert upstream_traceparent(None, attrs.evolve(root, sampled=False)) is None
     assert upstream_traceparent(None, None) is None
 
@@ -188,7 +235,7 @@ async def test_export_hands_readable_spans_to_the_exporter_in_batches() -> None:
     op = ended(EndCause.COMPLETED, model="tiny", operation="chat.completions.create")
     traces.export(build_record(op))
     traces.close(5)
-    assert exporter.batches == [["chat tiny"]] and exporter.shut
+    assert exporter.batches == [["chat.completions.create other"]] and exporter.shut
     assert drops == []
 
 
@@ -240,3 +287,137 @@ async def test_the_environment_is_opentelemetrys() -> None:
         ExportSettings.from_environment({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
     with pytest.raises(ConfigError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
         ExportSettings.from_environment({"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
+
+
+async def test_decide_names_the_upstream_span_before_it_exists() -> None:
+    traces = tracer(RecordingExporter(), [])
+    root = traces.decide(None)
+    assert root.upstream_span_id not in (0, root.span_id)
+    op = ended(EndCause.COMPLETED, span=root, model="tiny", operation="chat.completions.create")
+    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
+                                                           op.received_at + 0.003)
+    operation, upstream = spans_of(op)
+    assert (upstream.span_id, upstream.parent_span_id) == (root.upstream_span_id,
+                                                           operation.span_id)
+    assert upstream_traceparent(None, root) == (
+        f"00-{root.trace_id:032x}-{root.upstream_span_id:016x}-01")
+
+
+async def test_a_non_inference_operation_has_no_genai_attributes() -> None:
+    op = ended(EndCause.COMPLETED, operation="gateway.capabilities")
+    (operation,) = spans_of(op)
+    assert operation.name == "gateway.capabilities"
+    assert not [name for name in operation.attributes if name.startswith("gen_ai.")]
+    assert "server.address" not in operation.attributes
+
+
+async def test_a_clients_model_and_operation_strings_are_bounded() -> None:
+    huge = "m" * 5000
+    op = ended(EndCause.COMPLETED, model=huge, operation="chat.completions.create",
+               request_id="r" * 5000, response_model="x" * 900, finish_reasons=("y" * 900,))
+    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
+                                                           op.received_at + 0.003)
+    operation, upstream = spans_of(op)
+    assert (operation.name, upstream.name) == ("chat.completions.create other", "chat other")
+    for span in (operation, upstream):
+        for value in span.attributes.values():
+            for item in value if isinstance(value, tuple) else (value,):
+                assert not isinstance(item, str) or len(item) <= MAX_ATTRIBUTE_CHARS
+    assert upstream.attributes["gen_ai.request.model"] == "m" * MAX_ATTRIBUTE_CHARS
+    # A known model is named; an operation nobody knows is not.
+    assert spans_of(ended(EndCause.COMPLETED, model="tiny", operation="chat.completions.create"
+                          ))[0].name == "chat.completions.create tiny"
+    (unknown,) = spans_of(ended(EndCause.UNSUPPORTED_OPERATION, operation="x" * 300))
+    assert unknown.name == "nnrp.operation"
+
+
+async def test_url_full_never_carries_userinfo_or_a_query() -> None:
+    upstream = upstream_of("https://user:s3cret@vllm.internal/base/?key=s3cret#frag")
+    assert upstream == Upstream("vllm.internal", 443, "https://vllm.internal/base")
+    assert upstream_of("http://[::1]:8001") == Upstream("::1", 8001, "http://[::1]:8001")
+
+
+class EmptiedDeque(collections.deque[Any]):
+    """The queue as ``close`` leaves it when it empties it from its own thread between the
+    export thread's first and second pop (the interleaving made deterministic)."""
+
+    def popleft(self) -> Any:
+        item = super().popleft()
+        self.clear()
+        return item
+
+
+async def test_close_emptying_the_queue_mid_batch_does_not_end_the_export_thread() -> None:
+    exporter, drops, exported = RecordingExporter(), [], []
+    queue = SpanQueue(exporter, max_queue=8, batch_size=4, delay=0.0,
+                      dropped=lambda reason, n: drops.append((reason, n)),
+                      exported=exported.append, failures=FailureLog("x"))
+    queue._queue = EmptiedDeque(ReadableSpan(name=f"s{n}") for n in range(3))
+    queue._stopping = True
+    queue._run()  # raised IndexError (the thread died) when it counted before popping
+    assert exporter.batches == [["s0"]] and exported == [1]
+
+
+async def test_exporter_logs_stay_taken_while_the_export_thread_outlives_close() -> None:
+    exporter, drops = RecordingExporter(), []
+    exporter.gate = threading.Event()
+    traces = tracer(exporter, drops, batch_size=1)
+    traces.take_exporter_logs()
+    traces.start()
+    traces.export(build_record(ended(EndCause.COMPLETED)))
+    loggers = [logging.getLogger(name) for name in EXPORTER_LOGGERS]
+    try:
+        traces.close(0.05)  # the export is stuck past the timeout
+        assert traces.queue.running
+        # Its exporter may still log; the console must not get it raw.
+        assert all(not lg.propagate and traces.failures in lg.handlers for lg in loggers)
+    finally:
+        exporter.gate.set()
+    traces.queue._thread.join(5)
+    ended_tracer = tracer(RecordingExporter(), [])
+    ended_tracer.take_exporter_logs()
+    ended_tracer.start()
+    ended_tracer.close(5)
+    assert all(lg.propagate and ended_tracer.failures not in lg.handlers for lg in loggers)
+    for lg in loggers:  # the stuck tracer's handler, left behind on purpose
+        lg.removeHandler(traces.failures)
+        lg.propagate = True
+
+
+async def test_the_samplers_checked_are_the_ones_the_sdk_knows() -> None:
+    from opentelemetry.sdk.trace import sampling
+
+    assert frozenset(sampling._KNOWN_SAMPLERS) == KNOWN_SAMPLERS
+    check_sampler({"OTEL_TRACES_SAMPLER": "ParentBased_TraceIdRatio",
+                   "OTEL_TRACES_SAMPLER_ARG": "0.25"})  # the SDK lower-cases the name
+    check_sampler({"OTEL_TRACES_SAMPLER": "traceidratio"})  # no ratio: the SDK's 1.0
+    check_sampler({"OTEL_TRACES_SAMPLER": "always_on", "OTEL_TRACES_SAMPLER_ARG": "x"})
+    with pytest.raises(ConfigError, match="needs a ratio"):
+        check_sampler({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "nan"})
+    check_headers({"OTEL_EXPORTER_OTLP_HEADERS": "a=1, b = two words ,c=",
+                   "OTEL_EXPORTER_OTLP_TRACES_HEADERS": ""})
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TRACES_HEADERS: entry 1"):
+        check_headers({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "=value"})
+
+
+async def test_otel_sdk_disabled_opens_no_tracer_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    with structlog.testing.capture_logs() as logs:
+        assert open_tracer(vllm_url="http://127.0.0.1:1", dropped=lambda reason, n: None,
+                           exported=lambda n: None) is None
+    assert [line["event"] for line in logs] == [
+        "OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported"]
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "false")
+    assert not tracing_disabled()
+
+
+async def test_the_in_process_cost_goes_through_the_gateways_own_tracer() -> None:
+    from gateway.observe import measure_tracing_cost
+    from gateway.tools.bench._tracing import operation_record
+
+    cost = measure_tracing_cost(operation_record(), TRACE, operations=50,
+                                vllm_url="http://127.0.0.1:8001")
+    assert (cost.operations, cost.spans) == (50, 100)
+    assert cost.event_loop_us > 0 and cost.export_us > 0
+    assert cost.encoded_bytes > 100 * len("chat.completions.create example-model")
