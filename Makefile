@@ -38,8 +38,15 @@ $(RUNTIME_STAMP): pyproject.toml
 	$(call install,-e .)
 	touch $@
 
+# The tests start a few hundred gateway and CLI processes. Where PYTHONDONTWRITEBYTECODE is
+# set (it is on these machines), each would compile every module it imports from source:
+# `import gateway.app, cli.main` took 2.5 s of CPU uncompiled against 1.1 s compiled. So the
+# test venv is compiled once here (an optimisation: a package file that does not compile
+# fails nothing), and the project's own code before each `make unit`.
 $(TEST_STAMP): $(RUNTIME_STAMP)
 	$(call install,-e '.[test]')
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null \
+	  || echo "compileall: a package file did not compile (it is compiled when imported)"
 	touch $@
 
 demo: $(RUNTIME_STAMP) ## the gateway and a replay vLLM; one chat answer streamed over NNRP
@@ -54,6 +61,7 @@ typecheck: $(TEST_STAMP) ## mypy --strict on gateway and cli
 	$(BIN)/mypy --strict gateway cli
 
 unit: $(TEST_STAMP) $(BIN)/promtool ## the whole pytest suite
+	$(BIN)/python -m compileall -q -j 0 gateway cli tests > /dev/null
 	$(BIN)/pytest -q
 
 # Prometheus' promtool, for the alert rules' unit tests and the /metrics lint
