@@ -41,6 +41,9 @@ from gateway import _sockio
 from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
 
 READ_SIZE = 64 * 1024
+#: The largest single read of a whole body (``LoopbackBody.read_all``): a fixed-length body
+#: up to this size is asked for in one read, so it comes in one when it has arrived.
+WHOLE_READ_MAX = 4 << 20
 #: The response extension holding the body's own iterator: a reader that takes its
 #: chunks from it skips httpx's two generator layers per read (``aiter_raw``); closing
 #: the response still closes it.
@@ -106,7 +109,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         if rest and decoder.done:  # no body, yet bytes came with the head: not reusable
             decoder.feed(rest)
             rest = b""
-        response_body = _Body(self, stream, decoder, head, rest, request,
+        response_body = LoopbackBody(self, stream, decoder, head, rest, request,
                               timeouts.get("read"))
         return httpx.Response(
             head.status, headers=head.headers, stream=response_body,
@@ -187,7 +190,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             await self._discard()
 
 
-class _Body(httpx.AsyncByteStream):
+class BodyTooLarge(Exception):
+    """A body longer than its reader's bound (``LoopbackBody.read_all``)."""
+
+
+class LoopbackBody(httpx.AsyncByteStream):
     def __init__(self, transport: LoopbackTransport, stream: trio.SocketStream,
                  decoder: BodyDecoder, head: ResponseHead, rest: bytes,
                  request: httpx.Request, timeout: float | None) -> None:
@@ -205,7 +212,7 @@ class _Body(httpx.AsyncByteStream):
 
     # A plain iterator, not an async generator: the gateway leaves streams early on
     # purpose, and a suspended generator would be left for trio to finalize.
-    def __aiter__(self) -> _Body:
+    def __aiter__(self) -> LoopbackBody:
         return self
 
     async def __anext__(self) -> bytes:
@@ -228,11 +235,45 @@ class _Body(httpx.AsyncByteStream):
             raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
         raise StopAsyncIteration
 
-    async def _receive(self) -> bytes:
+    async def read_all(self, max_bytes: int) -> bytes:
+        """The whole body, for a reader that wants nothing before its end (a
+        non-streaming answer): a fixed-length body is asked for whole, so one that has
+        arrived comes in one read, and no step is taken per piece. More than
+        ``max_bytes`` raises ``BodyTooLarge``: a Content-Length over it before any body
+        byte is read."""
+        decoder = self._decoder
+        length = decoder.remaining
+        if length is not None and length > max_bytes:
+            raise BodyTooLarge(f"Content-Length {length} exceeds {max_bytes}")
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            if self._rest:
+                data, self._rest = self._rest, b""
+                body = decoder.feed(data)
+                pieces.append(body)
+                size = len(body)
+            while not decoder.done:
+                left = decoder.remaining
+                data = await self._receive(READ_SIZE if left is None
+                                           else min(max(left, 1), WHOLE_READ_MAX))
+                if not data:
+                    decoder.end_of_stream()
+                    break
+                body = decoder.feed(data)
+                pieces.append(body)
+                size += len(body)
+                if size > max_bytes:
+                    raise BodyTooLarge(f"body exceeds {max_bytes} bytes")
+        except ProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # [] is b""
+
+    async def _receive(self, max_bytes: int = READ_SIZE) -> bytes:
         data: bytes = await _timed(
-            _sockio.receive_some(self._stream.socket, READ_SIZE, likely_empty=self._drained),
+            _sockio.receive_some(self._stream.socket, max_bytes, likely_empty=self._drained),
             self._timeout, httpx.ReadTimeout, httpx.ReadError, self._request)
-        self._drained = len(data) < READ_SIZE
+        self._drained = len(data) < max_bytes
         return data
 
     async def aclose(self) -> None:
