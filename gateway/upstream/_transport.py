@@ -25,7 +25,13 @@ What it guarantees, as httpcore did for the gateway:
   ``gateway._sockio``: the streamed-event path has nothing else between the socket and
   the SSE decoder. Unlike ``aiter_raw()`` it neither guards against a second
   iteration nor releases the connection at the body's end: the caller closes the
-  response, which does (``VllmClient._response`` always does).
+  response, which does (``VllmClient._response`` always does). ``read_all`` takes a
+  whole body at once instead (a non-streaming answer): a fixed-length one in one read
+  where it has arrived, bounded before any of it is read.
+* The request's bytes and the response head also go through ``gateway._sockio`` (what
+  the kernel takes at once; the rest through trio's ``send_all`` within the write
+  timeout): per request, no trio socket layers and no pass of the scheduler after the
+  send (docs/benchmarks.md, issue 25, items 4 and 5).
 """
 
 from __future__ import annotations
@@ -98,8 +104,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                                      list(request.headers.raw), body)
             except ValueError as exc:
                 raise httpx.LocalProtocolError(str(exc), request=request) from exc
-            await _timed(stream.send_all(data), timeouts.get("write"), httpx.WriteTimeout,
-                         httpx.WriteError, request)
+            await self._send_request(stream, data, request, timeouts.get("write"))
             head, rest = await self._read_head(stream, request, timeouts.get("read"))
         except BaseException:
             self._busy = False
@@ -139,6 +144,20 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectError(str(exc), request=request) from exc
         return self._stream
 
+    async def _send_request(self, stream: trio.SocketStream, data: bytes,
+                            request: httpx.Request, limit_s: float | None) -> None:
+        """The request's bytes: what the kernel takes at once goes without trio's send
+        layers and the pass they yield (a request fits a loopback socket's buffer),
+        the rest through ``send_all`` within the write timeout. Not a checkpoint by
+        itself when it all fits: the head's read that follows is one."""
+        try:
+            sent = _sockio.send_now(stream.socket, data)
+        except OSError as exc:
+            raise httpx.WriteError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        if sent < len(data):
+            await _timed(stream.send_all(data[sent:]), limit_s, httpx.WriteTimeout,
+                         httpx.WriteError, request)
+
     async def _read_head(self, stream: trio.SocketStream, request: httpx.Request,
                          limit_s: float | None) -> tuple[ResponseHead, bytes]:
         received = bytearray()
@@ -161,8 +180,8 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                                                         request=request)
                     continue
                 return head, bytes(received)
-            data = await _timed(stream.receive_some(READ_SIZE), limit_s, httpx.ReadTimeout,
-                                httpx.ReadError, request)
+            data = await _timed(_sockio.receive_some(stream.socket, READ_SIZE), limit_s,
+                                httpx.ReadTimeout, httpx.ReadError, request)
             if not data:
                 raise httpx.RemoteProtocolError("server disconnected without sending a "
                                                 "response", request=request)
