@@ -304,3 +304,26 @@ async def test_a_connection_lost_mid_body_is_a_broken_answer() -> None:
             with pytest.raises(UpstreamMalformed) as caught:
                 await client.completion({"model": "m"}, {})
     assert caught.value.kind == "connection_lost"
+
+
+async def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the kernel does not take at once goes through send_all, after what it took.
+    from gateway import _sockio
+
+    taken: list[tuple[int, int]] = []
+    original = _sockio.send_now
+
+    def noting(sock: Any, data: bytes) -> int:
+        taken.append((original(sock, data), len(data)))
+        return taken[-1][0]
+
+    monkeypatch.setattr(_sockio, "send_now", noting)
+    body = bytes(range(256)) * (32 << 10)  # 8 MiB: more than a loopback send buffer
+    async with serving([OK]) as (server, client):
+        with trio.fail_after(20):
+            assert await post(client, body) == (200, b"hello")
+    ((sent, size),) = taken
+    assert sent < size  # the rest went through send_all
+    assert server.requests[0].endswith(body)
+    assert b"content-length: %d" % len(body) in server.requests[0].lower()
