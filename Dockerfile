@@ -8,8 +8,10 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY cli ./cli
 COPY recipes ./recipes
+# The otel extra too: traces are switched on by the chart's values (or
+# NNRP_GATEWAY_OTEL_TRACES), not by a different image; nothing imports it while they are off.
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir .
+    && /opt/venv/bin/pip install --no-cache-dir ".[otel]"
 
 FROM python:3.12.8-slim-bookworm
 LABEL org.opencontainers.image.title="nnrp-vllm-gateway" \

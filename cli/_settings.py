@@ -187,7 +187,7 @@ _SECRET_EXAMPLES: dict[str, object] = {"upstream_api_key": "sk-...",
 _UNSET_EXAMPLES: dict[str, object] = {
     "admin_listen": "0.0.0.0:9090", "total_timeout": 600.0,
     "tls_cert": "/etc/nnrp-gateway/tls/tls.crt", "tls_key": "/etc/nnrp-gateway/tls/tls.key",
-    "tls_client_ca": "/etc/nnrp-gateway/tls/client-ca.crt",
+    "tls_client_ca": "/etc/nnrp-gateway/tls/client-ca.crt", "tls_server_name": "gateway.example",
     "auth_token_file": "/etc/nnrp-gateway/tokens", "target_manifest": "/tmp/manifest.json",
     "load_max_waiting": 8.0, "load_max_kv_cache_usage": 0.9}
 

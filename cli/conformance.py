@@ -201,8 +201,8 @@ def run(
     out: Annotated[Path, typer.Option(
         metavar="DIR", help="Directory for plan, results and evidence.")],
     client: Annotated[Client | None, typer.Option(
-        help="native (nnrp-py's Rust-backed client; the default when installed and no "
-             "auth token is given) or builtin.")] = None,
+        help="native (nnrp-py's Rust-backed client; the default when installed, no auth "
+             "token is given and a TLS endpoint has --ca-file) or builtin.")] = None,
     capabilities: Capabilities = None,
     backend_log: BackendLog = None,
     suite_only: NoProject = False,
@@ -233,15 +233,18 @@ def run(
         check_http_url(backend_log, source(ctx, "backend_log"))
     trust = _trust(ca_file, auth_token, auth_token_file, ctx)
     check_output_dir(out, "--out")  # last: a refused run leaves no empty directory
+    tls = endpoint.split("://", 1)[0] in ("tcps", "wss", "quic")
+    # The native client cannot present a token, and trusts only --ca-file (no store).
     chosen = (client.value if client is not None
-              else "native" if native_available() and not trust.auth else "builtin")
+              else "native" if native_available() and not trust.auth
+              and (ca_file is not None or not tls) else "builtin")
     if chosen == "native" and not native_available():
         raise UserError("--client native needs nnrp-py (pip install nnrp-py)")
     if chosen == "native" and trust.auth:
         raise UserError("nnrp-py's native client cannot present a session auth token; "
                         "use --client builtin", "--client native")
-    if chosen == "native" and endpoint.startswith("quic://") and ca_file is None:
-        raise UserError("the native client over quic:// needs --ca-file (it trusts one "
+    if chosen == "native" and tls and ca_file is None:
+        raise UserError("the native client over TLS needs --ca-file (it trusts one "
                         "certificate, not the system's store)", endpoint)
     try:
         document = _capabilities(endpoint, capabilities, False, trust)
@@ -338,3 +341,129 @@ def wire_probe(
         typer.echo(f"error   {error}")
     ok = not errors and all(r["outcome"] == "passed" for r in report["results"])
     raise typer.Exit(0 if ok else EXIT_FAILED)
+
+
+@conformance_app.command("host-route-target")
+def host_route_target(
+    scenario: Annotated[Path, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The host-route scenario, as the suite's case file has it.")],
+    resolved_scenario: Annotated[Path, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The same scenario with each locator resolved to an address to bind.")],
+    output: Annotated[Path, typer.Option(
+        metavar="JSON", help="Where to write the case result (wire-conformance-case-results).")],
+    ready_output: Annotated[Path, typer.Option(
+        metavar="JSON", help="Where to write the ready report once every listener is bound.")],
+    artifacts: Annotated[Path, typer.Option(
+        metavar="DIR", exists=True, file_okay=False,
+        help="The runner's case folder (server.der, server-key.der for TLS routes).")],
+    suite_version: Annotated[str, typer.Option(help="Echoed in the report.")] = "0.1.0",
+    target_name: Annotated[str, typer.Option(help="Echoed in the report.")] = "nnrp-vllm-gateway",
+    vllm_url: Annotated[str, typer.Option(
+        "--vllm-url", envvar="NNRP_GATEWAY_VLLM_URL", metavar="URL",
+        help="The vLLM the gateway under test forwards to (the server scenarios only open "
+             "and close sessions).")] = "http://127.0.0.1:8000",
+) -> None:
+    """The suite's host-route target for the server scenarios (the Rust runner's
+    ``wire-run --host-route-target``; installed as ``nnrp-gateway-host-route-target``):
+    the gateway's real listener set binds the scenario's routes, serves, rolls back or
+    closes as the scenario asks, and the case result says what was observed."""
+    import trio
+
+    from gateway.observe import configure_logging
+    from gateway.tools.conformance import host_route_report, load_scenario, run_host_route
+
+    configure_logging(level="error", to_stderr=True)
+    quiet_quic_logs()
+    check_http_url(vllm_url, "--vllm-url")
+    for path, option in ((output, "--output"), (ready_output, "--ready-output")):
+        if path.is_dir():
+            raise UserError(f"{path} is a directory (give a file name)", option)
+        check_output_dir(path.parent, option)
+    documents = []
+    for path, option in ((scenario, "--scenario"), (resolved_scenario, "--resolved-scenario")):
+        try:
+            documents.append(load_scenario(path))
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"not a scenario ({exc})", f"{option} {path}") from None
+    result = trio.run(lambda: run_host_route(documents[0], documents[1], artifacts=artifacts,
+                                             ready_output=ready_output, vllm_url=vllm_url))
+    output.write_text(json.dumps(host_route_report(
+        result, suite_version=suite_version, target_name=target_name), indent=2) + "\n")
+    typer.echo(f"{result['outcome']:<7} {result['id']} ({result['terminal']}): "
+               f"{result['message']}")
+    # The runner reads the outcome from the report; a non-zero exit would say the target
+    # itself broke (nnrp-conformance host_route.rs, wait_for_child).
+
+
+@conformance_app.command("host-routes")
+def host_routes(
+    out: Annotated[Path, typer.Option(
+        metavar="DIR", help="Directory for results.json and each case's files.")],
+    target_manifest: Annotated[Path | None, typer.Option(
+        metavar="JSON", exists=True, dir_okay=False,
+        help="The target manifest to select scenarios from, as the runner does (serve "
+             "--target-manifest) [default: the gateway's own claims].")] = None,
+    target: Annotated[str | None, typer.Option(
+        metavar="PATH",
+        help="The host-route target executable [default: nnrp-gateway-host-route-target "
+             "beside this Python].")] = None,
+) -> None:
+    """The suite's server-role host-route scenarios, run as the Rust runner runs them
+    (wire-run --host-route-target) where it cannot run: the target as a process, a
+    session per listener with nnrp-py's native client, the runner's route rules, and the
+    closure probed after an error. Exit 1 unless every selected scenario passed."""
+    import os
+    import shutil
+    import sys
+
+    from gateway.observe import configure_logging
+    from gateway.tools.conformance import (
+        host_route_providers,
+        native_available,
+        run_host_route_case,
+        schema_errors,
+        select_host_routes,
+        target_manifest as build_manifest,
+    )
+
+    configure_logging(level="warning", to_stderr=True)
+    if not native_available():
+        raise UserError("the runner's client is nnrp-py's native client: pip install nnrp-py")
+    executable = target or str(Path(sys.executable).parent / "nnrp-gateway-host-route-target")
+    found = shutil.which(executable)
+    if found is None or not os.access(found, os.X_OK):
+        raise UserError("not an executable", f"--target {executable}")
+    if target_manifest is not None:
+        manifest = _read_json(target_manifest, "target manifest")
+        errors = schema_errors(manifest, "wire-conformance-target.schema.json")
+        if errors:
+            raise UserError(f"not a target manifest ({'; '.join(errors)})",
+                            f"--target-manifest {target_manifest}")
+    else:
+        manifest = build_manifest([], target_name="nnrp-vllm-gateway", max_frame_bytes=1,
+                                  max_in_flight=1)
+    check_output_dir(out, "--out")
+    selected, left_out = select_host_routes(manifest)
+    providers = manifest["wire_conformance"].get("host_route_providers") or \
+        host_route_providers()
+    results = []
+    for scenario in selected:
+        case_root = out / scenario["id"].replace(".", "-")
+        result = run_host_route_case(scenario, [found], case_root, providers,
+                                     target_name=manifest["target_name"])
+        results.append(result)
+        typer.echo(f"{result['outcome']:<7} {result['id']}  ({result.get('message', '')})")
+    for scenario_id in left_out:
+        typer.echo(f"{'n/a':<7} {scenario_id} (not selected by the manifest)")
+    report = {"$schema": "../schemas/wire-conformance-case-results.schema.json",
+              "protocol_version": "nnrp-1-preview4", "suite_version": "0.1.0",
+              "target_name": manifest["target_name"], "results": results}
+    errors = schema_errors(report, "wire-conformance-case-results.schema.json")
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    for error in errors:
+        typer.echo(f"error   {error}")
+    passed = sum(r["outcome"] == "passed" for r in results)
+    typer.echo(f"{passed}/{len(results)} host-route scenarios passed")
+    raise typer.Exit(0 if results and passed == len(results) and not errors else EXIT_FAILED)

@@ -139,8 +139,8 @@ def serve(
              "given).")] = None,
     quic_alpn: Annotated[QuicAlpn, typer.Option(
         envvar="NNRP_GATEWAY_QUIC_ALPN", rich_help_panel=LISTEN,
-        help="ALPN a quic:// listener accepts: none (nnrp-py's native client offers none), "
-             "nnrp/1 (older SDKs), or any.")] = QuicAlpn.none,
+        help="ALPN a quic:// listener accepts: any (the spec's nnrp/1, or none at all as "
+             "nnrp-py's native client offers), nnrp/1 only, or none only.")] = QuicAlpn.any,
     quic_idle_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_QUIC_IDLE_TIMEOUT", min=1.0, metavar="SECONDS",
         rich_help_panel=LISTEN,
@@ -234,6 +234,11 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TLS_KEY", metavar="PEM", rich_help_panel=SECURITY,
         help="Private key of --tls-cert (unencrypted).")] = None,
+    tls_server_name: Annotated[str | None, typer.Option(
+        envvar="NNRP_GATEWAY_TLS_SERVER_NAME", metavar="NAME", rich_help_panel=SECURITY,
+        help="The name clients check --tls-cert against, as the target manifest gives it "
+             "(default: the listener's host if the certificate holds it, else the "
+             "certificate's first name; never a wildcard address).")] = None,
     tls_client_ca: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TLS_CLIENT_CA", metavar="PEM", rich_help_panel=SECURITY,
         help="Require client certificates signed by this CA (mutual TLS).")] = None,
@@ -251,6 +256,12 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         envvar="NNRP_GATEWAY_METRICS", rich_help_panel=OBSERVE,
         help="Serve Prometheus /metrics on --admin-listen.")] = False,
+    otel_traces: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_OTEL_TRACES", rich_help_panel=OBSERVE,
+        help="Export OpenTelemetry traces (OTLP; needs the otel extra): one span per "
+             "operation. Where to and how are the standard OTEL_* variables "
+             "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER...).")
+    ] = False,
     target_manifest: Annotated[Path | None, typer.Option(
         envvar="NNRP_GATEWAY_TARGET_MANIFEST", metavar="PATH", rich_help_panel=OBSERVE,
         help="Write the suite's wire target manifest here once all listeners are bound "
@@ -362,11 +373,18 @@ def serve(
 
     authenticate, tls = _check_serve(ctx, listen, vllm_url, admin_listen, auth_token,
                                      auth_token_file, tls_cert, tls_key, tls_client_ca)
+    from gateway.tools.conformance import WILDCARD_HOSTS
+
+    if tls_server_name is not None and tls_server_name.strip() in WILDCARD_HOSTS:
+        raise UserError(f"{tls_server_name!r} is a wildcard address, not a name a "
+                        "certificate holds", source(ctx, "tls_server_name"))
     if target_manifest is not None:
         if target_manifest.is_dir():
             raise UserError(f"{target_manifest} is a directory (give a file name)",
                             source(ctx, "target_manifest"))
         check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
+    if otel_traces:
+        _check_tracing(ctx)
     load = LoadSettings(admission=load_aware_admission, source=load_source.value,
                         interval=load_interval, max_waiting=load_max_waiting,
                         max_kv_cache_usage=load_max_kv_cache_usage,
@@ -398,16 +416,18 @@ def serve(
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,
-        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load)
+        quic_idle_timeout=quic_idle_timeout, bench_residence=bench_residence, load=load,
+        otel_traces=otel_traces)
     if print_config:
         typer.echo(render(ctx, ctx.params), nl=False)
         return
     _start_logging(log_level.value, metrics=metrics, admin_listen=admin_listen)
     try:
         if workers == 1:
-            trio.run(_serve, config, target_manifest)
+            trio.run(_serve, config, target_manifest, tls_server_name)
             return
-        status = trio.run(_supervise, config, workers, target_manifest, log_level.value)
+        status = trio.run(_supervise, config, workers, target_manifest, log_level.value,
+                          tls_server_name)
     except BaseException as error:  # alone (a supervisor binds before its nursery
         _exit_for_user_error(error)  # opens) or in trio's exception groups
         raise
@@ -483,11 +503,25 @@ def _start_logging(level: str, *, metrics: bool, admin_listen: str | None) -> No
             "--metrics has no effect without --admin-listen: no /metrics is served")
 
 
+def _check_tracing(ctx: typer.Context) -> None:
+    """``--otel-traces`` where it cannot work (the extra missing, an OTEL_* setting the
+    gateway cannot use) is the operator's to fix: one line, exit 2."""
+    from gateway.errors import ConfigError
+    from gateway.observe import check_tracing
+
+    from ._settings import source
+
+    try:
+        check_tracing()
+    except ConfigError as exc:
+        raise UserError(str(exc), source(ctx, "otel_traces")) from None
+
+
 def _exit_for_user_error(error: BaseException) -> None:
     """Errors that are the operator's to fix, as ``UserError``: one line, an exit code."""
     from gateway.app import DrainInterrupted
     from gateway.tools.conformance import ManifestError
-    from gateway.transport import ListenError, TlsFileError
+    from gateway.transport import ListenerFailed, ListenError, TlsFileError
     from gateway.upstream import UnsupportedVersion
     from gateway.workers import EXIT_FATAL
 
@@ -497,6 +531,7 @@ def _exit_for_user_error(error: BaseException) -> None:
         (ListenError, EXIT_USAGE, "{}"),
         (TlsFileError, EXIT_USAGE, "{}"),
         (DrainInterrupted, EXIT_FAILED, "{}"),
+        (ListenerFailed, EXIT_FAILED, "{}"),
     )
     for kind, code, template in user_errors:
         found = first_of(error, kind)
@@ -504,33 +539,34 @@ def _exit_for_user_error(error: BaseException) -> None:
             raise UserError(template.format(found), code=code) from None
 
 
-async def _serve(config: GatewayConfig, manifest_path: Path | None) -> None:
+async def _serve(config: GatewayConfig, manifest_path: Path | None,
+                 server_name: str | None) -> None:
     from gateway.app import Gateway, serve_until_signalled
 
     gateway_app = Gateway(config)
 
     async def started(endpoints: list[BoundEndpoint]) -> None:
         await _announce(config, [e.uri for e in endpoints], manifest_path,
-                        gateway_app.server.config.runtime_tokens)
+                        gateway_app.server.config.runtime_tokens, server_name)
 
     await serve_until_signalled(gateway_app, started)
 
 
 async def _supervise(config: GatewayConfig, workers: int, manifest_path: Path | None,
-                     log_level: str) -> int:
+                     log_level: str, server_name: str | None) -> int:
     from gateway.profile import runtime_tokens
     from gateway.workers import Supervisor
 
     tokens = runtime_tokens(priority_scheduling=config.pipeline.priority_scheduling)
 
     async def announce(uris: list[str]) -> None:
-        await _announce(config, uris, manifest_path, tokens)
+        await _announce(config, uris, manifest_path, tokens, server_name)
 
     return await Supervisor(config, workers, log_level=log_level, announce=announce).run()
 
 
 async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path | None,
-                    runtime_tokens: Collection[str]) -> None:
+                    runtime_tokens: Collection[str], server_name: str | None = None) -> None:
     """Say where NNRP is served (a log event: JSON lines on a pipe, like every other
     line), and write the target manifest if asked."""
     import structlog
@@ -550,11 +586,13 @@ async def _announce(config: GatewayConfig, uris: list[str], manifest_path: Path 
         max_in_flight=config.server.max_in_flight, runtime_tokens=runtime_tokens,
         extensions=[extension.name for extension in EXTENSIONS],
         tls_files=(tls.cert_file, tls.key_file) if tls else None,
-        security_dir=manifest_path.parent / f"{manifest_path.stem}-tls")
+        security_dir=manifest_path.parent / f"{manifest_path.stem}-tls",
+        server_name=server_name)
     await trio.to_thread.run_sync(write_atomically, manifest_path, manifest)
     log.info("target manifest written", path=str(manifest_path),
-             left_out=[uri for uri in uris if uri.startswith("tcps://")],
-             why_left_out="the wire suite has no TLS over plain TCP")
+             as_tcp_provider=[uri for uri in uris if uri.startswith("tcps://")],
+             why="the schema's transports have no TLS over TCP: a tcps listener is the tcp "
+                 "host-route provider's tls_server_auth mode")
 
 
 def replay_server(
@@ -771,6 +809,15 @@ def example_file() -> str:
 
 def main() -> None:
     app()
+
+
+def host_route_target_main() -> None:
+    """``nnrp-gateway-host-route-target``: the suite's runner runs one executable with
+    its own arguments (``wire-run --host-route-target EXE``), so ``conformance
+    host-route-target`` is installed under a name of its own too."""
+    import sys
+
+    app(["conformance", "host-route-target", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

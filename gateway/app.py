@@ -30,8 +30,10 @@ from gateway.observe import (
     AdminRoutes,
     AdminServer,
     GatewayMetrics,
+    Tracer,
     build_record,
     metrics_route,
+    open_tracer,
 )
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
 from gateway.profile import Listener, capability_document, runtime_tokens
@@ -120,14 +122,19 @@ class GatewayConfig:
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
-    #: quic:// listeners: "none" (no ALPN offered; nnrp-py's native client), "nnrp/1", "any".
-    quic_alpn: str = "none"
+    #: quic:// listeners: "any" (the spec's nnrp/1 or none at all, as nnrp-py's native
+    #: client offers), "nnrp/1" or "none" (AlpnPolicy says why "any" is the default).
+    quic_alpn: str = "any"
     #: A QUIC client silent this long is gone (its sessions detach or end).
     quic_idle_timeout: float = 30.0
     #: Benchmarks only: record each event's residence time, served at /debug/residence.
     bench_residence: bool = False
     #: Load-aware admission (off unless ``load.admission``).
     load: LoadSettings = attrs.field(factory=LoadSettings)
+    #: OpenTelemetry traces (the ``otel`` extra), configured by the OTEL_* environment.
+    otel_traces: bool = False
+    #: At shutdown, how long queued spans may take to reach the collector.
+    trace_flush_timeout: float = 2.0
 
 
 class Gateway:
@@ -146,6 +153,12 @@ class Gateway:
         pipeline_limits = attrs.evolve(config.pipeline, unavailable_retry_after_ms=int(
             max(config.probe_interval, 1.0) * 1000))
         self.metrics = GatewayMetrics()
+        self.tracer: Tracer | None = None
+        if config.otel_traces:
+            self.metrics.attach_tracing()
+            self.tracer = open_tracer(vllm_url=config.vllm_url,
+                                      dropped=self.metrics.spans_dropped,
+                                      exported=self.metrics.spans_exported)
         self.load: LoadMonitor | None = None
         if config.load.admission:
             self.load = LoadMonitor(self.client, config.load.policy(),
@@ -155,7 +168,7 @@ class Gateway:
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
                                      pipeline_limits, load=self.load,
                                      admission=self.load is not None,
-                                     on_engine_dead=self.engine_died)
+                                     on_engine_dead=self.engine_died, tracer=self.tracer)
         self.ssl_context = server_context(config.tls) if config.tls else None
         # The runtime tokens negotiation may grant are what this configuration implements.
         server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
@@ -188,7 +201,9 @@ class Gateway:
     def readiness(self) -> list[str]:
         """Why the gateway is not ready (empty when it is)."""
         reasons = []
-        if not self.endpoints or not self.server.accepting:
+        if self.server.listener_failure is not None:
+            reasons.append(str(self.server.listener_failure))
+        elif not self.endpoints or not self.server.accepting:
             reasons.append("listeners are not accepting")
         problem = f": {self.upstream_problem}" if self.upstream_problem else ""
         if self.info is None:
@@ -218,10 +233,16 @@ class Gateway:
                 f"retry after {decision.retry_after_ms} ms or elsewhere")
 
     def _observe(self, op: Operation) -> None:
-        """The canonical log line and the metrics, from one record per operation."""
+        """The canonical log line, the metrics and the trace spans, from one record per
+        operation. One that ended before its upstream request was built gets its span
+        decided here."""
+        if self.tracer is not None and op.notes.span is None:
+            op.notes.span = self.tracer.decide(op.trace)
         record = build_record(op)
         self.metrics.observe(record)
         getattr(operation_log, record.log_level)("operation", **record.as_dict())
+        if self.tracer is not None:
+            self.tracer.export(record)
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the certificate files; new handshakes use them."""
@@ -265,6 +286,8 @@ class Gateway:
     async def run(self, *, task_status: trio.TaskStatus[list[BoundEndpoint]]
                   = trio.TASK_STATUS_IGNORED) -> None:
         """Probe vLLM and serve NNRP until cancelled. UnsupportedVersion ends the run."""
+        if self.tracer is not None:
+            self.tracer.start()
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.admin_listen:
@@ -282,6 +305,15 @@ class Gateway:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self.client.aclose()
+            if self.tracer is not None:
+                await self._close_tracer(self.tracer)
+
+    async def _close_tracer(self, tracer: Tracer) -> None:
+        """The spans still queued go to the collector within the flush timeout (the
+        export thread is joined off the event loop); the rest count as dropped."""
+        timeout = self.config.trace_flush_timeout
+        with trio.CancelScope(shield=True), trio.move_on_after(timeout + 1):
+            await trio.to_thread.run_sync(tracer.close, timeout, abandon_on_cancel=True)
 
     async def probe_once(self) -> VllmInfo:
         """Version, binding and models, then health: a dead engine still answers /version."""
@@ -361,6 +393,11 @@ async def serve_until_signalled(
     re-reads the TLS files, during the drain too. Another SIGTERM or SIGINT during the
     drain raises ``DrainInterrupted`` at once.
 
+    A listener that fails for good has already closed the whole listener set (the
+    server's rule; readiness says so): the gateway then drains as on SIGTERM and raises
+    that ``ListenerFailed``, so the process ends with an error its supervisor sees (a
+    pod restarted, not left alive and unready forever).
+
     The signal receiver opens before anything binds, so a signal that arrives during
     start-up is a drain, never the default handler's abrupt exit.
     """
@@ -389,8 +426,11 @@ async def serve_until_signalled(
             if stop_when is not None:
                 nursery.start_soon(watch, stop_when)
             endpoints = await nursery.start(gateway_app.run)
+            nursery.start_soon(watch, gateway_app.server.listener_set_failed.wait)
             if started is not None:
                 await started(endpoints)
             await stop.wait()
             await gateway_app.drain()
             nursery.cancel_scope.cancel()
+    if gateway_app.server.listener_failure is not None:
+        raise gateway_app.server.listener_failure

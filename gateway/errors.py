@@ -21,6 +21,8 @@
     │   │                          a bind that failed (named)
     │   └── TlsFileError           gateway.transport: a certificate, key or CA file that
     │                              cannot serve (its ``role`` says which)
+    ├── ListenerFailed           gateway.transport: a bound listener failed for good; the
+    │                            whole listener set is closed
     └── DrainInterrupted         gateway.app: a second SIGTERM/SIGINT during the drain
 
 This is the only drawing (``tests/test_errors.py`` holds it to the classes): a module

@@ -13,9 +13,10 @@ PUBLIC: dict[str, str] = {
         "ConfigError GatewayError "
     ),
     "gateway.transport": (
-        "AlpnPolicy Endpoint Inherited ListenError NNRP_ALPN PacketTransport QuicClientOptions "
-        "QuicSettings READ_SIZE SharedListener StreamTransport TextMessageError TlsConfig TlsFileError "
-        "WebSocketTransport bind_shared bound_uri connect describe_peer format_host "
+        "ACCEPT_BACKOFF AlpnPolicy Endpoint Inherited ListenError ListenerFailed NNRP_ALPN "
+        "PacketTransport QuicClientOptions QuicSettings READ_SIZE SharedListener "
+        "StreamTransport TextMessageError TlsConfig TlsFileError WebSocketTransport "
+        "accept_failure_is_terminal bind_shared bound_uri connect describe_peer format_host "
         "load_tls open_unix_listener parse_endpoint read_until_closed server_context "
         "tune_tcp "
     ),
@@ -39,7 +40,8 @@ PUBLIC: dict[str, str] = {
         "KNOWN_TOKENS LocalProtocolError LossTolerance MAGIC MESSAGE_CLASSES MIGRATION_REFUSED "
         "MemoryLocationHint Message MigrateAccept MsgType OPENAI_EVENT_FRAME ObjectDeclare "
         "ObjectDelta ObjectPatch ObjectRef ObjectRelease ObjectReleaseReason OpState "
-        "OperationCancelled OperationResubmitted OperationSubmitted OtherReceived OwnershipHint "
+        "OperationCancelled OperationResubmitted OperationSubmitted OperationSuperseding "
+        "OtherReceived OwnershipHint "
         "PAYLOAD_KIND_MASK PRELUDE_LEN PROTOCOL_MAX_PACKET Packet PartialFlag PartialReceived "
         "PartialResult PatchAckStatus PatchRejectReason PayloadKind PeerClosed PeerError Ping "
         "Pong Prelude PressureFlag PressureLevel PressureReason PriorityClass PriorityRequested "
@@ -85,16 +87,18 @@ PUBLIC: dict[str, str] = {
     ),
     "gateway.pipeline": (
         "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
-        "token_count traceparent "
+        "token_count traceparent upstream_traceparent "
     ),
     "gateway.server": (
-        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer Operation "
+        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
+        "Operation "
         "OperationHandler OperationNotes OperationPort RefusalHandler ResumeSettings ResumeStats "
         "ServerStats Session SessionRegistry TokenAuthenticator "
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
-        "RouteUnavailable build_record configure_logging metrics_route "
+        "RouteUnavailable SpanData SpanEvent Tracer build_record build_spans check_tracing "
+        "configure_logging metrics_route open_tracer tracing_problem "
     ),
     "gateway.tools.client": (
         "ClientError ClientOperation ClientSession MAX_BACKOFF NnrpClient ResumeTicket Trust "
@@ -110,10 +114,13 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "ManifestError ValidationReport build_plan check_case native_available "
-        "native_client_options native_openai_submit probe recipes_root run_plan run_wire_probe "
-        "runner_token_submit scenarios_for schema_errors suite_capabilities target_manifest "
-        "validate_results validate_wire_case write_atomically "
+        "ManifestError ValidationReport WILDCARD_HOSTS break_listener build_plan check_case "
+        "host_route_providers host_route_report host_route_scenarios load_scenario "
+        "native_available native_client_options native_openai_submit probe recipes_root "
+        "refuses run_host_route run_host_route_case run_plan run_wire_probe "
+        "runner_token_submit scenarios_for schema_errors select_host_routes "
+        "suite_capabilities target_manifest validate_results validate_route "
+        "validate_wire_case write_atomically "
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.

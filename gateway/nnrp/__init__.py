@@ -152,6 +152,7 @@ from ._events import (
     OperationCancelled as OperationCancelled,
     OperationResubmitted as OperationResubmitted,
     OperationSubmitted as OperationSubmitted,
+    OperationSuperseding as OperationSuperseding,
     PeerClosed as PeerClosed,
     PeerError as PeerError,
     PriorityRequested as PriorityRequested,

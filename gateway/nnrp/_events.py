@@ -176,6 +176,18 @@ class OperationCancelled:
 
 
 @attrs.frozen
+class OperationSuperseding:
+    """A SUPERSEDE whose replacement has not arrived (``_server_controls`` rule 9): the
+    client counts the operation superseded already, so nothing of it can be delivered
+    but its drop, which waits for the replacement (an ``OperationCancelled`` then) or
+    for ``supersede_hold_ms``. The adapter stops the operation's work now."""
+
+    session_id: int
+    operation_id: int
+    frame_id: int
+
+
+@attrs.frozen
 class DeadlineUpdated:
     session_id: int
     operation_id: int
@@ -276,7 +288,7 @@ Event = (
     SendBytes | HandshakeCompleted | SessionOpened | SessionResumed | SessionMigrated
     | HandedOff
     | SessionOpenRefused | OperationSubmitted | OperationResubmitted | SubmitRefused
-    | OperationCancelled | DeadlineUpdated | TraceContextUpdated | PriorityRequested
-    | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
+    | OperationCancelled | OperationSuperseding | DeadlineUpdated | TraceContextUpdated
+    | PriorityRequested | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
     | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed
 )

@@ -70,7 +70,13 @@ class FlowControl:
     @property
     def active(self) -> bool:
         """Whether any client has limited anything (the fast path skips all this)."""
-        return bool(self.sessions or self.operations) or self.connection != Window()
+        if self.sessions or self.operations:
+            return True
+        # Field by field rather than ``!= Window()``: asked once per event, and a fresh
+        # Window to compare with showed in the profile (issue 25).
+        connection = self.connection
+        return (connection.credits is not None or connection.paused
+                or connection.not_before != 0.0 or connection.epoch != 0)
 
     def _window(self, scope: int, session_id: int, operation_id: int) -> Window:
         if scope == FlowScope.CONNECTION:

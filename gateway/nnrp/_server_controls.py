@@ -27,9 +27,11 @@ Rules (numbered as in ``_server``):
    only its drop may follow) until the replacement arrives (it is admitted even at the
    in-flight limit: the old one makes room), is refused, the session closes, or
    ``supersede_hold_ms`` passes (``ServerSession.supersede_hold_left``); then it is
-   cancelled. One replacement per supersede: a second naming the same replacement, or a
-   SUPERSEDE of an operation already waiting, is refused. The old operation ends with
-   drop reason superseded.
+   cancelled. Nothing of a SUPERSEDING operation can be delivered, so the hold begins
+   with ``OperationSuperseding``: the adapter stops its work (and its upstream) at once
+   and keeps only the operation's place until its drop. One replacement per supersede:
+   a second naming the same replacement, or a SUPERSEDE of an operation already
+   waiting, is refused. The old operation ends with drop reason superseded.
 10. PRIORITY_UPDATE and BUDGET_UPDATE are handed to the adapter, which knows whether the
     operation was dispatched (``PriorityRequested``, ``BudgetRequested``); a refusal is
     ``ServerConnection.refuse_control``. A budget with no token budget is refused here
@@ -291,7 +293,7 @@ def on_supersede(session: ServerSession, packet: Packet, events: list[Event]) ->
     # The client counts the old operation superseded already: nothing more of it may
     # reach the client but its drop (rule 15). It waits for its replacement, at most
     # supersede_hold_ms.
-    session.hold(old, new_id, packet.body)
+    session.hold(old, new_id, packet.body, events)
 
 
 # --------------------------------------------------------------------------- adapter's (rule 10)

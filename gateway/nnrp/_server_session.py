@@ -72,6 +72,7 @@ from ._events import (
     OperationCancelled,
     OperationResubmitted,
     OperationSubmitted,
+    OperationSuperseding,
     RefusalReason,
     SendBytes,
     SubmitRefused,
@@ -219,8 +220,6 @@ class ServerSession:
         self.tokens: frozenset[str] = frozenset()
         self.token_budget: int | None = None
         self.retry_sequence = 0
-        #: Operations SUPERSEDING (the I/O layer's fast path skips the hold check at 0).
-        self.holding = 0
         #: The server drains: submits are refused recoverably (rule 5).
         self.draining = False
         #: Resume was granted: the I/O layer keeps its results for a replay.
@@ -376,12 +375,9 @@ class ServerSession:
     def set_state(self, operation: ServerOperation, state: OpState) -> None:
         """Every transition goes here, so leaving SUPERSEDING releases its hold."""
         if operation.state is OpState.SUPERSEDING and state is not OpState.SUPERSEDING:
-            self.holding -= 1
             for new_id, pending in list(self.pending_supersedes.items()):
                 if pending.old_operation_id == operation.operation_id:
                     del self.pending_supersedes[new_id]
-        elif state is OpState.SUPERSEDING:
-            self.holding += 1
         operation.state = state
 
     def cancel(self, operation: ServerOperation, source: CancelSource, reason: int,
@@ -394,13 +390,16 @@ class ServerSession:
                                          operation.frame_id, source, reason, diagnostic))
 
     def hold(self, operation: ServerOperation, new_operation_id: int,
-             diagnostic: bytes) -> None:
+             diagnostic: bytes, events: list[Event]) -> None:
         """A SUPERSEDE whose replacement has not come: the operation waits for it, at
-        most ``supersede_hold_ms`` (rule 9)."""
+        most ``supersede_hold_ms`` (rule 9). Only its drop can still reach the client,
+        so the adapter is told to stop its work now (``OperationSuperseding``)."""
         self.pending_supersedes[new_operation_id] = PendingSupersede(
             operation.operation_id, diagnostic)
         self.set_state(operation, _OPERATION_TABLE[(operation.state, OpAction.HOLD)])
         operation.held_until = self.clock() + self.config.supersede_hold_ms / 1000
+        events.append(OperationSuperseding(self.session_id, operation.operation_id,
+                                           operation.frame_id))
 
     def _transition(self, operation_id: int, action: OpAction) -> ServerOperation:
         operation = self.operations.get(operation_id)

@@ -1,5 +1,6 @@
 """Observability: one observation record per operation feeds the NNRP diagnostics event,
-the canonical log line and the Prometheus metrics; plus the admin HTTP listener."""
+the canonical log line, the Prometheus metrics and (``serve --otel-traces``) the
+OpenTelemetry spans; plus the admin HTTP listener."""
 
 from ._admin import (
     AdminRoutes as AdminRoutes,
@@ -12,4 +13,15 @@ from ._metrics import GatewayMetrics as GatewayMetrics
 from ._record import (
     ObservationRecord as ObservationRecord,
     build_record as build_record,
+)
+from ._spans import (
+    SpanData as SpanData,
+    SpanEvent as SpanEvent,
+    build_spans as build_spans,
+)
+from ._tracing import (
+    Tracer as Tracer,
+    check_tracing as check_tracing,
+    open_tracer as open_tracer,
+    tracing_problem as tracing_problem,
 )

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from ._record import ObservationRecord
 
 PREFIX = "nnrp_gateway"
+#: Why a trace span was dropped (the ``reason`` label; gateway.observe._otel, rule 3).
+TRACE_DROP_REASONS = ("queue_full", "export_failed", "shutdown")
 #: vLLM-like buckets (its TTFT histogram starts near 1 ms and reaches minutes).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
@@ -309,6 +311,30 @@ class GatewayMetrics:
         """Export the QUIC listeners' counters (``listeners()`` is read at every scrape:
         listeners bind after the metrics exist)."""
         self.registry.register(_QuicCollector(listeners))
+
+    def attach_tracing(self) -> None:
+        """Export tracing's counters (``serve --otel-traces`` only: a gateway without
+        tracing has no such series, as the dashboard and the alert rules expect). Every
+        drop reason is there from the start, so an alert has a series before the first
+        loss."""
+        self.trace_spans_dropped = Counter(
+            f"{PREFIX}_trace_spans_dropped",
+            "Trace spans dropped: the export queue full (queue_full), a batch the "
+            "collector did not take (export_failed), still queued at shutdown (shutdown).",
+            ["reason"], registry=self.registry)
+        for reason in TRACE_DROP_REASONS:
+            self.trace_spans_dropped.labels(reason)
+        self.trace_spans_exported = Counter(f"{PREFIX}_trace_spans_exported",
+                                            "Trace spans the collector accepted.",
+                                            registry=self.registry)
+
+    def spans_dropped(self, reason: str, count: int) -> None:
+        """Tracing lost ``count`` spans (called from the export thread too: prometheus
+        client's counters take their own lock)."""
+        self.trace_spans_dropped.labels(reason).inc(count)
+
+    def spans_exported(self, count: int) -> None:
+        self.trace_spans_exported.inc(count)
 
     def _model(self, name: str | None) -> str:
         if not name:

@@ -2,7 +2,8 @@
 
     Operation + its OperationNotes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
                                                          ├─▶ canonical JSON log line
-                                                         └─▶ Prometheus metrics
+                                                         ├─▶ Prometheus metrics
+                                                         └─▶ OpenTelemetry spans (_spans)
 
 ``build_record`` is the only place a record is made: once when the operation has ended
 (the log line and the metrics), and, when the client asked for diagnostics, once more
@@ -10,6 +11,14 @@ just before the terminal, for the ``response.diagnostics`` event (the same build
 cause it is about to end with), so the three outputs cannot disagree.
 
 Never in it: trace attribute bodies (only their byte count), API keys, message content.
+
+Trace ids are written the OpenTelemetry way (32 and 16 lowercase hex digits), so log lines
+join traces: ``trace_id`` is the NNRP trace id zero-extended (as for ``traceparent``), or
+the gateway's own trace when it started one; ``span_id`` is the gateway's span when one is
+exported (``parent_span_id`` then names the client's NNRP span), else the client's span.
+The fields marked ``SPAN_ONLY`` feed the span alone (wall-clock start, offsets of what
+becomes a span event, vLLM's response names): the log line and diagnostics stay as they
+were.
 """
 
 from __future__ import annotations
@@ -19,9 +28,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway.profile import END_TABLE, EndCause, Outcome
+from gateway.server import GatewaySpan
 
 if TYPE_CHECKING:
     from gateway.server import Operation
+
+#: attrs metadata of a field the span reads and the log line does not.
+SPAN_ONLY = {"span_only": True}
 
 
 @attrs.frozen
@@ -53,6 +66,7 @@ class ObservationRecord:
     trace_id: str | None
     span_id: str | None
     trace_attribute_bytes: int
+    parent_span_id: str | None = None
     #: Stage transitions (the PROGRESS stages), ms after the submit arrived.
     stages: dict[str, float] | None = None
     priority_updates: int | None = None
@@ -75,6 +89,16 @@ class ObservationRecord:
     refusal_reason: str | None = None
     #: Why it ended; decides the log level and the metrics (not part of the log line).
     end_cause: EndCause | None = attrs.field(default=None, repr=False)
+    #: The span's alone (``SPAN_ONLY``): the submit's arrival on the wall clock, and ms
+    #: after it when vLLM was called, when a cancel arrived, when its session resumed.
+    received_unix_ns: int | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    upstream_start_ms: float | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    cancel_ms: float | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    resume_ms: tuple[float, ...] = attrs.field(default=(), metadata=SPAN_ONLY)
+    response_model: str | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    response_id: str | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    finish_reasons: tuple[str, ...] | None = attrs.field(default=None, metadata=SPAN_ONLY)
+    span: GatewaySpan | None = attrs.field(default=None, metadata=SPAN_ONLY)
 
     @property
     def log_level(self) -> str:
@@ -86,7 +110,11 @@ class ObservationRecord:
 
     def as_dict(self) -> dict[str, Any]:
         return {key: value for key, value in attrs.asdict(
-            self, filter=lambda a, _: a.name != "end_cause").items() if value is not None}
+            self, filter=_logged).items() if value is not None}
+
+
+def _logged(field: attrs.Attribute[Any], _value: object) -> bool:
+    return field.name != "end_cause" and not field.metadata.get("span_only")
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -112,6 +140,7 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
     spec = END_TABLE[cause] if cause is not None else None
     trace = op.trace
     cancel = op.cancel_info
+    span = notes.span if notes.span is not None and notes.span.sampled else None
     aborted = (spec is not None and spec.ended_from_outside
                and notes.upstream_started is not None)
     error_code = (str(cause) if spec is not None and cause is not EndCause.COMPLETED
@@ -135,8 +164,11 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         cancel_source=cancel.source.value if cancel else (
             str(cause) if spec is not None and spec.ended_from_outside else None),
         cancel_reason=cancel.reason if cancel else None,
-        trace_id=f"{trace.trace_id:016x}" if trace else None,
-        span_id=f"{trace.span_id:016x}" if trace else None,
+        trace_id=(f"{span.trace_id:032x}" if span else
+                  f"{trace.trace_id:032x}" if trace else None),
+        span_id=f"{span.span_id:016x}" if span else f"{trace.span_id:016x}" if trace else None,
+        parent_span_id=(f"{span.parent_span_id:016x}"
+                        if span and span.parent_span_id is not None else None),
         trace_attribute_bytes=trace.attribute_bytes if trace else 0,
         stages={stage.name.lower(): round((at - op.received_at) * 1000, 3)
                 for stage, at in op.stages} or None,
@@ -150,4 +182,10 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         backend_mean_itl_ms=_backend_ms(notes.backend_metrics, "mean_itl_ms"),
         backend_tokens_per_second=_backend_ms(notes.backend_metrics, "tokens_per_second"),
         refusal_source=notes.refusal_source, refusal_reason=notes.refusal_reason,
-        end_cause=cause)
+        end_cause=cause,
+        received_unix_ns=op.received_unix_ns,
+        upstream_start_ms=_ms(op.received_at, notes.upstream_started),
+        cancel_ms=_ms(op.received_at, cancel.at) if cancel else None,
+        resume_ms=tuple(_ms(op.received_at, at) or 0.0 for at in op.reattached_at),
+        response_model=notes.response_model, response_id=notes.response_id,
+        finish_reasons=notes.finish_reasons, span=span)

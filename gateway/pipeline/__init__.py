@@ -9,5 +9,6 @@ from ._request import (
     UpstreamRequest as UpstreamRequest,
     build_request as build_request,
     traceparent as traceparent,
+    upstream_traceparent as upstream_traceparent,
 )
 from ._translate import Translator as Translator, token_count as token_count

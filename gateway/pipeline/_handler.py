@@ -49,7 +49,7 @@ import structlog
 import trio
 
 from gateway.nnrp import TOKEN_TEXT_FRAME, Stage
-from gateway.observe import build_record
+from gateway.observe import Tracer, build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
@@ -82,7 +82,7 @@ from gateway.upstream import (
     to_profile_error,
 )
 
-from ._request import UpstreamRequest, build_request, traceparent
+from ._request import UpstreamRequest, build_request, upstream_traceparent
 from ._translate import Translator, forces_tool_choice, token_count
 
 if TYPE_CHECKING:
@@ -116,7 +116,8 @@ class ChatPipeline:
                  capabilities: Callable[[], dict[str, Any]],
                  limits: PipelineLimits | None = None, *,
                  load: LoadMonitor | None = None, admission: bool = False,
-                 on_engine_dead: Callable[[], None] | None = None) -> None:
+                 on_engine_dead: Callable[[], None] | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.client = client
         self.info = info
         self.capabilities = capabilities
@@ -126,6 +127,9 @@ class ChatPipeline:
         self.load = load
         self.admission = admission and load is not None
         self.on_engine_dead = on_engine_dead
+        #: Tracing (issue 24): the gateway's span is decided here, with the upstream
+        #: request, so the traceparent vLLM gets and the exported span agree.
+        self.tracer = tracer
 
     async def __call__(self, op: Operation) -> None:
         notes = op.notes
@@ -150,9 +154,11 @@ class ChatPipeline:
                                    "vLLM is not ready (start-up probe has not succeeded)",
                                    retry_after_ms=self.limits.unavailable_retry_after_ms)
             self._admit(op)
+            self._decide_span(op)
             request = build_request(envelope, session_id=op.session_id,
                                     operation_id=op.operation_id,
-                                    connection_id=op.connection_id, trace=op.trace)
+                                    connection_id=op.connection_id, trace=op.trace,
+                                    span=notes.span)
             self._apply_controls(op, request.body, request.headers, info)
             notes.request_id, notes.stream = request.request_id, request.stream
             notes.traceparent = request.headers.get("traceparent")  # frozen at dispatch
@@ -170,13 +176,16 @@ class ChatPipeline:
                         info.binding, usage_requested=request.usage_requested,
                         include_openai_chunk=envelope.policy.include_openai_chunk,
                         forced_tool_choice=forces_tool_choice(request.body))
-                    completed = ev.encode_event(ev.completed(
-                        await self._stream(op, request, translator)))
+                    body = await self._stream(op, request, translator)
+                    _note_response(op, body)
+                    completed = ev.encode_event(ev.completed(body))
                 else:
                     # vLLM's body as vLLM sent it: decoded once to be checked and read
-                    # (usage, metrics), never encoded again (issue 25 item 5).
-                    completed = ev.completed_text(
-                        (await self._unary(op, request.body, request.headers)).text)
+                    # (usage, metrics, the span's names), never encoded again (issue 25
+                    # item 5).
+                    answer = await self._unary(op, request.body, request.headers)
+                    _note_response(op, answer.body)
+                    completed = ev.completed_text(answer.text)
             if completed is None:
                 raise UpstreamTimeout("total", total)
             await self._complete(op, completed)
@@ -192,6 +201,11 @@ class ChatPipeline:
             if not op.is_terminal:
                 await self._fail(op, ProfileError(
                     EndCause.ADAPTER_RUNTIME_ERROR, f"the gateway failed: {type(exc).__name__}"))
+
+    def _decide_span(self, op: Operation) -> None:
+        """The gateway's span for this operation, once (``gateway.observe._spans`` rule 3)."""
+        if self.tracer is not None and op.notes.span is None:
+            op.notes.span = self.tracer.decide(op.trace)
 
     def _admit(self, op: Operation) -> None:
         """Load-aware admission (``gateway.upstream._load``'s table): refused before
@@ -279,11 +293,13 @@ class ChatPipeline:
         request_id = f"nnrp-{op.connection_id}-{op.session_id}-{op.operation_id}"
         headers = {"x-request-id": request_id}
         self._apply_controls(op, body, headers, info)
-        parent = traceparent(op.trace)
+        self._decide_span(op)
+        parent = upstream_traceparent(op.trace, notes.span)
         if parent is not None:
             headers["traceparent"] = parent
         notes.request_id, notes.stream, notes.traceparent = request_id, False, parent
         answer = (await self._unary(op, body, headers, path=TEXT_COMPLETION_PATH)).body
+        _note_response(op, answer)
         text = "".join(choice.get("text") or "" for choice in answer["choices"]
                        if isinstance(choice, dict))
         await op.close(EndCause.COMPLETED, text.encode("utf-8"), frame=TOKEN_TEXT_FRAME)
@@ -317,8 +333,8 @@ class ChatPipeline:
                             for chunk in batch:
                                 if not op.spend_tokens(token_count(chunk)):
                                     await trio.lowlevel.checkpoint()  # budget spent: ends
-                                for event in translator.feed(chunk):
-                                    await op.emit(ev.encode_event(event), flush=False)
+                                for encoded in translator.feed_encoded(chunk):
+                                    await op.emit(encoded, flush=False)
                         finally:
                             op.flush()
         finally:
@@ -379,6 +395,20 @@ class ChatPipeline:
         record = build_record(op, cause).as_dict()
         record["selected_model"] = record.pop("model", None)
         await op.emit(ev.encode_event(ev.diagnostics({**record, **(op.notes.backend or {})})))
+
+
+def _note_response(op: Operation, body: dict[str, Any]) -> None:
+    """What vLLM's answer names, for the trace span's GenAI attributes: the model, the
+    response id, each choice's finish reason (never its content)."""
+    notes = op.notes
+    model, response_id = body.get("model"), body.get("id")
+    notes.response_model = model if isinstance(model, str) else None
+    notes.response_id = response_id if isinstance(response_id, str) else None
+    choices = body.get("choices")
+    reasons = tuple(choice["finish_reason"] for choice in choices or ()
+                    if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str)
+                    ) if isinstance(choices, list) else ()
+    notes.finish_reasons = reasons or None
 
 
 def profile_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:

@@ -6,6 +6,11 @@ non-zero trace_id and span_id; it becomes exactly one header
 trace id zero-extended to W3C's 128 bits, only the sampled bit kept), frozen when the
 request is dispatched. It is never copied into the OpenAI body, and attribute bodies
 are counted, never forwarded or logged.
+
+With tracing on (issue 24, ``gateway.observe._spans`` rule 2) the rule above still
+decides first and its bytes are unchanged; only an operation without an eligible client
+context whose own gateway span was sampled sends that span as vLLM's parent:
+``00-{trace_id:032x}-{span_id:016x}-01``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from gateway.upstream import RequestFieldError, is_streaming, usage_requested
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
     from gateway.profile import Envelope
+    from gateway.server import GatewaySpan
 
 
 def traceparent(trace: TraceInfo | None) -> str | None:
@@ -27,6 +33,15 @@ def traceparent(trace: TraceInfo | None) -> str | None:
     if trace is None or not trace.eligible:
         return None
     return f"00-{0:016x}{trace.trace_id:016x}-{trace.span_id:016x}-{trace.trace_flags & 1:02x}"
+
+
+def upstream_traceparent(trace: TraceInfo | None, span: GatewaySpan | None) -> str | None:
+    """The traceparent vLLM gets: the client's NNRP span as always; else the gateway's own
+    span, when it starts the trace and the sampler kept it; else none."""
+    parent = traceparent(trace)
+    if parent is not None or span is None or not span.sampled or span.parent_span_id is not None:
+        return parent
+    return f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
 
 
 @attrs.frozen
@@ -39,7 +54,8 @@ class UpstreamRequest:
 
 
 def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
-                  connection_id: int, trace: TraceInfo | None) -> UpstreamRequest:
+                  connection_id: int, trace: TraceInfo | None,
+                  span: GatewaySpan | None = None) -> UpstreamRequest:
     """The body exactly as sent, plus ``stream_options.include_usage`` for streams (usage is
     always recorded; the usage *event* is only for clients that asked). ``stream`` and
     ``stream_options`` are read as vLLM reads them (``upstream._request_fields``); a value
@@ -56,7 +72,7 @@ def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
         body["stream_options"] = merged
     request_id = envelope.request_id or f"nnrp-{connection_id}-{session_id}-{operation_id}"
     headers = {"x-request-id": request_id}
-    parent = traceparent(trace)
+    parent = upstream_traceparent(trace, span)
     if parent is not None:
         headers["traceparent"] = parent
     return UpstreamRequest(body, headers, request_id, stream, usage)

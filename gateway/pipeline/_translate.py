@@ -26,6 +26,13 @@ Events, per choice (kept apart by ``index``, so ``n > 1`` works):
 6. ``include_openai_chunk``: every event carries its chunk, and a chunk that produced no
    event is conveyed as ``response.openai_chunk`` (extension ``vllm.openai_chunk``).
 
+``feed_encoded`` is ``feed`` with each event encoded (``events.encode_event``), the same
+bytes; it takes a shorter way for the plain text delta (one choice already seen, a
+``content`` string and nothing else, null logprobs, finish_reason and token_ids, no
+``include_openai_chunk``), whose only effect on the state is the text kept for the
+completed body. ``tests/pipeline/test_translate_fast_path.py`` proves it against
+``feed`` over every recorded transcript and hypothesis-generated chunks (issue 25).
+
 The completed body (``completed_body``) is the ``chat.completion`` vLLM would have sent
 for the same request without streaming, field by field; the binding's ``ResponseShape``
 names the fields a stream never carries (null then):
@@ -54,6 +61,11 @@ _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
 _CHOICE_OWN = frozenset({"index", "delta", "logprobs", "finish_reason", "stop_reason",
                          "token_ids"})
 _DELTA_OWN = frozenset({"role", "content", "reasoning", "reasoning_content", "tool_calls"})
+#: The plain text delta's keys (``feed_encoded``): vLLM 0.18-0.33 send token_ids null.
+_PLAIN_CHUNK_KEYS = frozenset({"id", "object", "created", "model", "choices"})
+_PLAIN_CHOICE_KEYS = (frozenset({"index", "delta", "logprobs", "finish_reason", "token_ids"}),
+                      frozenset({"index", "delta", "logprobs", "finish_reason"}))
+_CONTENT_ONLY = frozenset({"content"})
 
 
 @attrs.define
@@ -170,6 +182,29 @@ class Translator:
             if not events:
                 events.append(ev.openai_chunk(chunk))
         return events
+
+    def feed_encoded(self, chunk: dict[str, Any]) -> list[bytes]:
+        """``feed``, each event encoded: the same state and the same bytes (module
+        docstring), the plain text delta without building its event."""
+        if chunk.keys() == _PLAIN_CHUNK_KEYS and not self.include_openai_chunk:
+            choices = chunk["choices"]
+            if len(choices) == 1:
+                data = choices[0]
+                delta = data["delta"]
+                choice = self.choices.get(data["index"])
+                if (choice is not None and data.keys() in _PLAIN_CHOICE_KEYS
+                        and type(delta) is dict and delta.keys() == _CONTENT_ONLY
+                        and data["logprobs"] is None and data["finish_reason"] is None
+                        and data.get("token_ids") is None
+                        and type(content := delta["content"]) is str):
+                    self.chunks += 1
+                    if choice.content is None:
+                        choice.content = []
+                    if not content:
+                        return []
+                    choice.content.append(content)
+                    return [ev.encode_text_delta(choice.index, content)]
+        return [ev.encode_event(event) for event in self.feed(chunk)]
 
     def _choice(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         index = data["index"]

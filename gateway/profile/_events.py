@@ -24,9 +24,14 @@ def encode_event(event: dict[str, Any]) -> bytes:
     path that produces the same bytes as the general encoder."""
     if (event.keys() == _TEXT_DELTA_KEYS and event["type"] == "response.output_text.delta"
             and type(event["index"]) is int and type(event["delta"]) is str):
-        return (f'{{"delta":{_string(event["delta"])},"index":{event["index"]},'
-                f'"type":"response.output_text.delta"}}').encode()
+        return encode_text_delta(event["index"], event["delta"])
     return _encoder.encode(event).encode("utf-8")
+
+
+def encode_text_delta(index: int, delta: str) -> bytes:
+    """``encode_event(text_delta(index, delta))``, without building the event first."""
+    return (f'{{"delta":{_string(delta)},"index":{index},'
+            '"type":"response.output_text.delta"}').encode()
 
 
 def text_delta(index: int, delta: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from ._connection import (
 )
 from ._operation import (
     CancelInfo as CancelInfo,
+    GatewaySpan as GatewaySpan,
     Operation as Operation,
     OperationHandler as OperationHandler,
     OperationNotes as OperationNotes,

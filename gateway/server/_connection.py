@@ -53,6 +53,7 @@ from gateway.nnrp import (
     OperationCancelled,
     OperationResubmitted,
     OperationSubmitted,
+    OperationSuperseding,
     PeerClosed,
     PeerError,
     PriorityRequested,
@@ -398,6 +399,10 @@ class Connection:
                 if session is not None:
                     session.cancel(event.operation_id, CANCEL_CAUSES[event.source], CancelInfo(
                         event.source, event.reason, event.diagnostic, trio.current_time()))
+            case OperationSuperseding():
+                operation = self._operation(event.session_id, event.operation_id)
+                if operation is not None:
+                    operation.supersede()
             case DeadlineUpdated():
                 operation = self._operation(event.session_id, event.operation_id)
                 if operation is not None:
@@ -508,6 +513,8 @@ class Connection:
                               self.stats)
         self._attach(session, record)
         self.stats.sessions_total += 1
+        by_transport = self.stats.sessions_by_transport
+        by_transport[self.transport.kind] = by_transport.get(self.transport.kind, 0) + 1
         if record is not None and self.registry is not None:
             self.registry.attached(record, self, resumed=False)
 
@@ -528,6 +535,7 @@ class Connection:
         session.reattachments += 1
         for operation in session.operations.values():
             operation.reattached += 1
+            operation.reattached_at.append(trio.current_time())
         if resumed:
             session.resumed()
         self._attach(session, record)

@@ -21,6 +21,12 @@ stream; PROGRESS stages are recorded for the observation record and sent when th
 client asked for them (negotiated ``control.progress_partial``, or the envelope's
 ``nnrp.progress``).
 
+A SUPERSEDE whose replacement has not arrived (``supersede``) ends the operation's work at
+once, as a cancel does (its scope cancelled, its upstream closed: vLLM stops generating
+what nobody can receive); ``run`` then keeps only what the rule needs, the operation's
+place, until the replacement comes or the hold is over, and sends the superseded drop
+(nnrp._server_controls rule 9).
+
 Error handling: once a cancel has arrived, ``emit`` and ``close`` raise ``trio.Cancelled``
 through the cancelled scope (a cancelled operation sends nothing more); after the
 terminal they raise ``LocalProtocolError``.
@@ -61,8 +67,7 @@ class OperationPort(Protocol):
         ...
 
     async def credit(self) -> None:
-        """Wait until the client's windows let one more PARTIAL_RESULT through, or until a
-        superseded operation's wait for its replacement is over."""
+        """Wait until the client's windows let one more PARTIAL_RESULT through."""
         ...
 
     def send_partial(self, body: bytes, *, defer: bool = False) -> None:
@@ -89,8 +94,9 @@ class OperationPort(Protocol):
         """Whether the session negotiated a runtime capability token."""
         ...
 
-    def superseding(self) -> bool:
-        """Whether a SUPERSEDE of this operation waits for its replacement."""
+    def supersede_hold_left(self) -> float | None:
+        """Seconds a SUPERSEDE of this operation still waits for its replacement (0 or
+        less: the wait is over); None when no SUPERSEDE waits."""
         ...
 
 
@@ -116,6 +122,27 @@ class OperationNotes:
     #: and why (the counter's reason label).
     refusal_source: str | None = None
     refusal_reason: str | None = None
+    #: What vLLM's answer named (the completed body's ``model``, ``id`` and each
+    #: choice's ``finish_reason``): the trace span's GenAI attributes.
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: tuple[str, ...] | None = None
+    #: The gateway's own span, when tracing decided one at dispatch (or later).
+    span: GatewaySpan | None = None
+
+
+@attrs.frozen
+class GatewaySpan:
+    """The ids of the gateway's span for one operation (OpenTelemetry's sizes: a 128-bit
+    trace id, a 64-bit span id), decided once, when the upstream request is built, so
+    the ``traceparent`` vLLM gets and the exported span agree. ``parent_span_id`` is the
+    client's NNRP span when it sent a TRACE_CONTEXT; ``sampled`` is the sampler's word
+    (an unsampled span is never exported)."""
+
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    sampled: bool
 
 
 @attrs.frozen
@@ -173,6 +200,9 @@ class Operation:
         self.end_cause: EndCause | None = None
         self.cancel_info: CancelInfo | None = None
         self.received_at = trio.current_time()
+        #: The same moment on the wall clock (a trace span's start; trio's clock has no
+        #: epoch).
+        self.received_unix_ns = time.time_ns()
         self.started_at: float | None = None
         self.first_event_at: float | None = None
         self.last_event_at: float | None = None
@@ -191,9 +221,14 @@ class Operation:
         self.tokens_used = 0
         #: Resumes and migrations it lived through, and the events replayed to the client.
         self.reattached = 0
+        self.reattached_at: list[float] = []
         self.replayed_events = 0
         #: Closes the upstream exchange at once when the operation is cancelled.
         self._abort_upstream: Callable[[], object] | None = None
+        #: A SUPERSEDE waits for its replacement: the work has stopped (``supersede``).
+        self.superseded = False
+        #: Set by ``cancel``: ends the wait for a replacement (``_await_replacement``).
+        self._cancelled = trio.Event()
         #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.
         self.stages: list[tuple[Stage, float]] = []
         self._progress = port.negotiated("control.progress_partial")
@@ -220,8 +255,10 @@ class Operation:
                               operation_id=self.operation_id)
         if self.is_terminal:
             return
+        if self.end_cause is None and self._port.supersede_hold_left() is not None:
+            await self._await_replacement()
         cause = self.end_cause
-        if cause is None and self._port.superseding():
+        if cause is None and self._port.supersede_hold_left() is not None:
             cause = EndCause.SUPERSEDED  # the only end the client may still see (rule 9)
         if cause is None:
             if self.cancel_scope.cancelled_caught:
@@ -238,10 +275,34 @@ class Operation:
         if self.end_cause is None and not self.is_terminal:
             self.end_cause = cause
             self.cancel_info = info
+        self._cancelled.set()
+        self._stop_work()
+
+    def supersede(self) -> None:
+        """A SUPERSEDE waits for this operation's replacement (nnrp._server_controls rule
+        9). The client counts it superseded already and nothing more of it can be
+        delivered, so its work stops now, upstream included; ``run`` sends the
+        superseded drop once the replacement comes (``cancel``) or the hold is over."""
+        if self.end_cause is None and not self.is_terminal:
+            self.superseded = True
+            self._stop_work()
+
+    def _stop_work(self) -> None:
         self.cancel_scope.cancel()
         abort, self._abort_upstream = self._abort_upstream, None
         if abort is not None:
             abort()  # vLLM learns now, not when this operation's task next runs
+
+    async def _await_replacement(self) -> None:
+        """What the supersede rule still needs of a stopped operation: its place, until
+        the replacement arrives (or is refused, or the session closes: a ``cancel`` each),
+        a drain or a lost connection ends it (``cancel``), or the hold is over. The
+        drop must not come first: the replacement is admitted before the old operation
+        is dropped (rule 9)."""
+        left = self._port.supersede_hold_left()
+        if left is not None and left > 0:
+            with trio.move_on_after(left):
+                await self._cancelled.wait()
 
     @contextlib.contextmanager
     def aborts_upstream(self, abort: Callable[[], object]) -> Iterator[None]:
@@ -337,7 +398,7 @@ class Operation:
             self._send_progress(stage)
 
     def _send_progress(self, stage: Stage) -> None:
-        if self.end_cause in _CONTROL_ENDED or self.is_terminal:
+        if self.end_cause in _CONTROL_ENDED or self.superseded or self.is_terminal:
             return
         with contextlib.suppress(LocalProtocolError):  # cancelled meanwhile: not sent
             self._port.send_progress(stage)
@@ -363,8 +424,15 @@ class Operation:
 
     async def _sendable(self) -> None:
         await self._port.room()
-        if self.end_cause is not None:
+        self._stop_if_superseded()
+        if self.end_cause is not None or self.superseded:
             await trio.lowlevel.checkpoint()  # raises Cancelled: the cancel is ours
+
+    def _stop_if_superseded(self) -> None:
+        """A SUPERSEDE waiting for its replacement that has not reached us yet (``supersede``
+        is called as the connection reads it; a port may know first): stop now."""
+        if not self.superseded and self._port.supersede_hold_left() is not None:
+            self.supersede()
 
     async def emit(self, body: bytes, *, flush: bool = True) -> None:
         """Send one non-terminal event (a PARTIAL_RESULT), waiting out backpressure and
@@ -377,10 +445,8 @@ class Operation:
         """
         await self._sendable()
         await self._port.credit()
-        if self._port.superseding():
-            # Its replacement never came within the hold (rule 9): dropped superseded.
-            self.cancel(EndCause.SUPERSEDED)
-        if self.end_cause is not None:
+        self._stop_if_superseded()  # it may have come while we waited for credit
+        if self.end_cause is not None or self.superseded:
             await trio.lowlevel.checkpoint()
         if not self.events_sent:
             self.stage(Stage.PRODUCING_PARTIAL)
@@ -410,13 +476,9 @@ class Operation:
         if not isinstance(terminal, Push):
             raise LocalProtocolError(f"{cause} is not a handler's terminal")
         # Yield once even when the outbox has room: a cancel, supersede or deadline the
-        # reader has already applied must win over a terminal not yet on the wire.
+        # reader has already applied must win over a terminal not yet on the wire (the
+        # only end a superseded operation may still see is its drop).
         await trio.lowlevel.checkpoint()
-        if self._port.superseding():
-            # The client counts this operation superseded; its replacement is not here
-            # yet, but the only end it may still see is the superseded drop.
-            self.cancel(EndCause.SUPERSEDED)
-            await trio.lowlevel.checkpoint()
         await self._sendable()
         self.stage(Stage.COMPLETED if cause is EndCause.COMPLETED else Stage.FAILED)
         retry = (retry_after_ms or DEFAULT_RETRY_AFTER_MS) if spec.recoverable else None

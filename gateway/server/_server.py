@@ -1,4 +1,22 @@
-"""The NNRP server: listeners, admission, connections, graceful shutdown."""
+"""The NNRP server: listeners, admission, connections, graceful shutdown.
+
+The listener set. ``GatewayServer.serve`` is the one owner of every listener it is
+given, and treats them as one set:
+
+1. **Bound atomically.** Listeners bind one after another, inside one accept nursery. A
+   bind that fails (``ListenError``) cancels that nursery: every listener already bound
+   closes (its socket, and a unix socket's file) before the error leaves ``serve``.
+   Nothing is served unless everything is.
+2. **Closed together.** A listener that fails for good after its bind (a terminal
+   ``accept()`` failure, ``transport.ACCEPT_FAILURES``; a QUIC socket that fails)
+   raises ``ListenerFailed``, which cancels the accept nursery: every other listener
+   closes too, at once, rather than the set silently shrinking. ``accepting`` goes
+   false and ``listener_failure`` keeps the failure, so readiness fails with the reason
+   (``gateway.app.Gateway.readiness``) and ``listener_set_failed`` is set; the
+   connections already open are not touched (the process drains them, as on SIGTERM,
+   and exits with the failure: ``gateway.app.serve_until_signalled``).
+3. **Stopped together.** ``shutdown`` cancels the same accept scope.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +33,13 @@ import trio_websocket
 
 from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
 from gateway.transport import (
+    ACCEPT_BACKOFF,
     Endpoint,
+    ListenerFailed,
     ListenError,
     StreamTransport,
     WebSocketTransport,
+    accept_failure_is_terminal,
     bound_uri,
     describe_peer,
     open_unix_listener,
@@ -104,35 +125,59 @@ class GatewayServer:
         self._connection_nursery: trio.Nursery | None = None
         self._unix_paths: list[str] = []
         self.accepting = False
+        #: The listener failure that closed the whole set (module rule 2), if any.
+        self.listener_failure: ListenerFailed | None = None
+        self.listener_set_failed = trio.Event()
 
     async def serve(self, uris: list[str], *,
                     task_status: trio.TaskStatus[list[BoundEndpoint]] = trio.TASK_STATUS_IGNORED
                     ) -> None:
-        """Bind every listener, report the endpoints, and serve until cancelled or shut down."""
+        """Bind every listener (all or none: module rule 1), report the endpoints, and
+        serve until cancelled or shut down. A listener failing for good afterwards closes
+        the whole set (rule 2); the connections already open go on until they end."""
         specs = [(uri, parse_endpoint(uri)) for uri in uris]
+        started = False
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
                 if self.registry is not None:
                     await connections.start(self.registry.run)
-                with self._accept_scope:
-                    async with trio.open_nursery() as accept:
-                        if self.registry is not None and self.registry.settings.relays:
-                            await accept.start(self._serve_relays)
-                        # Accepting before the first listener starts: a worker's listener
-                        # may already hold connections in its backlog (the supervisor bound
-                        # it), and the first of them is accepted as the listener starts.
-                        self.accepting = True
-                        for uri, spec in specs:
-                            endpoint = await accept.start(self._listen, uri, spec)
-                            self.endpoints.append(endpoint)
-                        task_status.started(list(self.endpoints))
+                try:
+                    with self._accept_scope:
+                        async with trio.open_nursery() as accept:
+                            if self.registry is not None and self.registry.settings.relays:
+                                await accept.start(self._serve_relays)
+                            # Accepting before the first listener starts: a worker's
+                            # listener may already hold connections in its backlog (the
+                            # supervisor bound it), and the first of them is accepted as
+                            # the listener starts.
+                            self.accepting = True
+                            for uri, spec in specs:
+                                endpoint = await accept.start(self._listen, uri, spec)
+                                self.endpoints.append(endpoint)
+                            started = True
+                            task_status.started(list(self.endpoints))
+                except* ListenerFailed as failures:
+                    if not started:
+                        raise  # during the binds: rule 1, the set never served
+                    self._listener_set_failed(failures)
                 self.accepting = False  # the listeners are gone; the sessions drain
         finally:
             self.accepting = False
             for path in self._unix_paths:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+
+    def _listener_set_failed(self, failures: BaseExceptionGroup[ListenerFailed]) -> None:
+        """Module rule 2: the accept nursery is over, so every listener is closed."""
+        failure = _first_leaf(failures)
+        assert isinstance(failure, ListenerFailed)
+        self.accepting = False
+        self.listener_failure = failure
+        log.error("listener failed; the whole listener set is closed",
+                  endpoint=failure.uri, transport=failure.transport,
+                  error=str(failure.error), connections_open=len(self.connections))
+        self.listener_set_failed.set()
 
     async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
         """Stop accepting, drain in-flight operations, drop what is left, and leave each
@@ -169,7 +214,8 @@ class GatewayServer:
         task_status.started(endpoint)
         async with trio.open_nursery() as nursery:
             for listener in listeners:
-                nursery.start_soon(self._accept_loop, listener, spec.transport, spec.tls)
+                nursery.start_soon(self._accept_loop, endpoint.uri, listener,
+                                   spec.transport, spec.tls)
 
     async def _stream_listeners(self, spec: Endpoint, inherited: Inherited | None
                                 ) -> list[trio.SocketListener]:
@@ -183,15 +229,17 @@ class GatewayServer:
             return [listener]
         return await trio.open_tcp_listeners(spec.port, host=spec.host)
 
-    async def _accept_loop(self, listener: trio.SocketListener, transport: str,
+    async def _accept_loop(self, uri: str, listener: trio.SocketListener, transport: str,
                            tls: bool = False) -> None:
         async with listener:
             while True:
                 try:
                     stream = await listener.accept()
-                except OSError as exc:  # EMFILE and friends: back off, keep serving
-                    log.warning("accept failed", error=str(exc))
-                    await trio.sleep(0.1)
+                except (OSError, trio.ClosedResourceError) as exc:
+                    if accept_failure_is_terminal(exc):  # transport.ACCEPT_FAILURES
+                        raise ListenerFailed(uri, transport, exc) from exc
+                    log.warning("accept failed; backing off", endpoint=uri, error=str(exc))
+                    await trio.sleep(ACCEPT_BACKOFF)
                     continue
                 tune_tcp(stream)
                 assert self._connection_nursery is not None
@@ -233,7 +281,13 @@ class GatewayServer:
         endpoint = BoundEndpoint(spec, bound_uri(spec, sockname), spec.host, sockname[1])
         log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
         task_status.started(endpoint)
-        await server.run()
+        try:
+            # trio.serve_listeners under it backs off on ACCEPT_FAILURES' errors itself
+            # and raises any other: terminal (module rule 2).
+            await server.run()
+        except* (OSError, trio.ClosedResourceError) as failures:
+            error = _first_leaf(failures)
+            raise ListenerFailed(endpoint.uri, spec.transport, error) from error
 
     async def _listen_quic(self, spec: Endpoint, inherited: Inherited | None,
                            task_status: trio.TaskStatus[BoundEndpoint]) -> None:
@@ -253,14 +307,27 @@ class GatewayServer:
             raise ListenError.cannot_bind(f"quic://{spec.host}:{spec.port}", exc) from exc
         self.quic_listeners.append(listener)
         assert self._connection_nursery is not None
-        self._connection_nursery.start_soon(listener.run, self._serve_connection)
+        failed: list[OSError] = []
+        socket_failed = trio.Event()
+
+        async def run_datagrams() -> None:
+            try:
+                await listener.run(self._serve_connection)
+            except* OSError as failures:  # its socket failed for good (module rule 2)
+                error = _first_leaf(failures)
+                assert isinstance(error, OSError)
+                failed.append(error)
+                socket_failed.set()
+
+        self._connection_nursery.start_soon(run_datagrams)
         endpoint = BoundEndpoint(spec, bound_uri(spec, (listener.host, listener.port)),
                                  listener.host, listener.port)
         log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport,
                  alpn=self.quic.alpn.value)
         task_status.started(endpoint)
         try:
-            await trio.sleep_forever()
+            await socket_failed.wait()
+            raise ListenerFailed(endpoint.uri, spec.transport, failed[0]) from failed[0]
         finally:
             listener.stop_accepting()
 
@@ -347,3 +414,11 @@ class GatewayServer:
                 finally:
                     self._refusals_lingering -= 1
         await transport.aclose()
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception of a (possibly nested) group that is not a group."""
+    found: BaseException = group
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found

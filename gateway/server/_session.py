@@ -258,14 +258,10 @@ class _Port:
         if link is None or not session.live(self.operation_id):
             return  # nobody to hold back for: the journal's bound applies (``room``)
         protocol = link.protocol
-        if not protocol.flow.active and not session.protocol.holding:  # the fast path
+        if not protocol.flow.active:  # the fast path
             return
         while True:
-            # Held for a replacement (nnrp._server_controls rule 9): until it comes (the
-            # old operation is then cancelled, which ends this wait) or the hold is over.
-            held = session.protocol.supersede_hold_left(self.operation_id)
-            wait = held if held is not None else protocol.flow_wait(self.session_id,
-                                                                  self.operation_id)
+            wait = protocol.flow_wait(self.session_id, self.operation_id)
             if wait is not None and wait <= 0:
                 return
             # Held by the client: we stop reading upstream, so vLLM's socket fills and
@@ -361,5 +357,5 @@ class _Port:
     def negotiated(self, token: str) -> bool:
         return token in self._session.protocol.tokens
 
-    def superseding(self) -> bool:
-        return self._session.protocol.supersede_hold_left(self.operation_id) is not None
+    def supersede_hold_left(self) -> float | None:
+        return self._session.protocol.supersede_hold_left(self.operation_id)

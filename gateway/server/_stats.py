@@ -15,6 +15,9 @@ class ServerStats:
     sessions_active: int = 0
     sessions_total: int = 0
     sessions_refused: int = 0
+    #: Sessions opened, by the transport kind of their connection (tcp, ipc, websocket,
+    #: quic): which listener of the set served them.
+    sessions_by_transport: dict[str, int] = attrs.field(factory=dict)
     refused_submits: int = 0
     ignored_frames: int = 0
     inflight: int = 0

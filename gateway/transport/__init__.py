@@ -25,6 +25,7 @@ from ._carriers import (
 from ._client import connect as connect
 from ._endpoints import (
     Endpoint as Endpoint,
+    ListenerFailed as ListenerFailed,
     ListenError as ListenError,
     QuicClientOptions as QuicClientOptions,
     bound_uri as bound_uri,
@@ -32,8 +33,10 @@ from ._endpoints import (
     parse_endpoint as parse_endpoint,
 )
 from ._listeners import (
+    ACCEPT_BACKOFF as ACCEPT_BACKOFF,
     Inherited as Inherited,
     SharedListener as SharedListener,
+    accept_failure_is_terminal as accept_failure_is_terminal,
     bind_shared as bind_shared,
     open_unix_listener as open_unix_listener,
 )

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError
 
 
 class ListenError(ConfigError):
@@ -25,6 +25,20 @@ class ListenError(ConfigError):
         """A bind that failed, naming the listener (the OS's message names nothing)."""
         what = (error.strerror or str(error) or type(error).__name__)
         return cls(f"cannot listen on {uri}: {what[:1].lower()}{what[1:]}")
+
+
+class ListenerFailed(GatewayError):
+    """A bound listener failed for good (its socket broke after bind): the server closes
+    its whole listener set rather than serve on fewer listeners than configured
+    (``gateway.server.GatewayServer``; ``_listeners.ACCEPT_FAILURES`` says which failure
+    is terminal). ``uri`` names the listener, ``transport`` its kind."""
+
+    def __init__(self, uri: str, transport: str, error: BaseException) -> None:
+        what = (getattr(error, "strerror", None) or str(error) or type(error).__name__)
+        super().__init__(f"listener {uri} failed: {what}; the whole listener set is closed")
+        self.uri = uri
+        self.transport = transport
+        self.error = error
 
 
 @attrs.frozen
@@ -53,8 +67,8 @@ class QuicClientOptions:
 
     Args:
         alpn: the ALPN protocols offered; empty offers none, as nnrp-py's native client
-            does and the listener's default policy (``--quic-alpn none``) requires.
-            ``("nnrp/1",)`` for a listener that requires it.
+            does (the listener's default policy, ``--quic-alpn any``, accepts that and
+            ``nnrp/1``). ``("nnrp/1",)`` for a listener that requires it.
         server_name: the name checked against the server's certificate (and sent as
             SNI); default: the URI's host.
         ca_file: PEM trust anchors, before anything ``ssl_context`` holds. aioquic keeps

@@ -21,11 +21,22 @@ join the group holding it). When a worker exits, its TCP sockets are closed at o
 still running, and the restarted worker gets fresh sockets in the group (``renew``).
 Its QUIC socket is kept, since the hash must not change under established flows. Port 0
 is resolved once, by the first bind: every worker serves the same URI.
+
+What a failed ``accept()`` means (``ACCEPT_FAILURES``, used by every stream listener of
+``gateway.server``): running out of descriptors, buffers or memory is the machine's
+state, which passes, so the listener backs off and accepts again (as ``trio``'s own
+``serve_listeners`` does); trio's ``SocketListener`` already retries what a client's
+aborted connection reports (ECONNABORTED, EPROTO, ...). Anything else (EBADF, ENOTSOCK,
+EINVAL: a socket closed, replaced or shut down under the listener) will fail the same
+way forever: it is **terminal**, and the server closes the whole listener set
+(``ListenerFailed``) instead of spinning on it or serving on fewer listeners than it was
+configured with.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import stat
@@ -35,6 +46,24 @@ import attrs
 import trio
 
 from ._endpoints import Endpoint, ListenError, bound_uri, parse_endpoint
+
+#: accept() failures after which the listener backs off and accepts again (module rules);
+#: every other failure is terminal.
+ACCEPT_FAILURES: dict[int, str] = {
+    errno.EMFILE: "back off: this process is out of descriptors",
+    errno.ENFILE: "back off: the system is out of descriptors",
+    errno.ENOBUFS: "back off: the kernel is out of socket buffers",
+    errno.ENOMEM: "back off: the kernel is out of memory",
+}
+#: How long a listener waits after a passing accept() failure.
+ACCEPT_BACKOFF = 0.1
+
+
+def accept_failure_is_terminal(error: BaseException) -> bool:
+    """Whether a failed ``accept()`` will fail forever (``ACCEPT_FAILURES``)."""
+    if isinstance(error, trio.ClosedResourceError):
+        return True  # closed under the listener: nothing to accept from any more
+    return not (isinstance(error, OSError) and error.errno in ACCEPT_FAILURES)
 
 
 @attrs.frozen

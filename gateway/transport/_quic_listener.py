@@ -11,6 +11,7 @@ waiting on a connection.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import socket
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,7 @@ from aioquic.quic.packet import (
     QuicErrorCode,
 )
 
-from ._listeners import UDP_RECEIVE_BUFFER
+from ._listeners import ACCEPT_FAILURES, UDP_RECEIVE_BUFFER
 from ._quic_endpoint import (
     QuicEndpoint,
     QuicPeer,
@@ -38,6 +39,14 @@ if TYPE_CHECKING:
     from ._quic_settings import QuicSettings
 
 log = structlog.get_logger("gateway.transport")
+
+#: recvfrom() failures that are about one datagram, not the socket: an ICMP error the
+#: kernel reports for an earlier send, and the passing shortages of ``ACCEPT_FAILURES``.
+#: Any other failure (EBADF, ENOTSOCK: the socket is gone) is terminal: ``run`` raises it
+#: and the server closes its whole listener set (gateway.server, "The listener set").
+PASSING_RECEIVE_FAILURES = frozenset({
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH,
+    errno.EHOSTDOWN, errno.ENETDOWN, errno.EMSGSIZE, *ACCEPT_FAILURES})
 
 
 class _Session:
@@ -194,7 +203,9 @@ class QuicListener:
                     while True:
                         try:
                             data, addr = await self._trio_sock.recvfrom(MAX_DATAGRAM)
-                        except OSError:  # e.g. ICMP errors reported on the socket
+                        except OSError as exc:
+                            if exc.errno not in PASSING_RECEIVE_FAILURES:
+                                raise  # the socket failed for good
                             continue
                         self._datagram(data, addr, nursery, handler)
         finally:

@@ -23,9 +23,15 @@ MAX_DATAGRAM = 65535
 class AlpnPolicy(Enum):
     """Which ALPN offers a ClientHello may carry.
 
-    * ``NONE`` (default): the client offers no ALPN at all (nnrp-py's native client).
-    * ``NNRP``: the client must offer ``nnrp/1`` (older SDKs); it is selected.
-    * ``ANY``: either; ``nnrp/1`` is selected when offered.
+    * ``ANY`` (default): either of the two below; ``nnrp/1`` is selected when offered.
+    * ``NONE``: the client offers no ALPN at all (nnrp-py's native client).
+    * ``NNRP``: the client must offer ``nnrp/1`` (the spec's ALPN, nnrp-wire.md section
+      1; older SDKs); it is selected.
+
+    Why ``ANY`` is the default: the spec names ``nnrp/1``, and nnrp-py's native client
+    (quinn + rustls, the suite's reference peer) offers no ALPN at all. A server that
+    picks one of them refuses the other's every handshake; accepting both refuses no
+    NNRP client and still refuses a client that offers only something else (``h3``).
 
     Any other offer (``h3`` alone, say) ends the handshake with no_application_protocol.
     """
@@ -76,7 +82,7 @@ class QuicSettings:
     """
 
     tls: TlsConfig
-    alpn: AlpnPolicy = AlpnPolicy.NONE
+    alpn: AlpnPolicy = AlpnPolicy.ANY
     idle_timeout: float = 30.0
     handshake_timeout: float = 10.0
     max_connections: int = 1024

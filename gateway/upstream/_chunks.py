@@ -6,12 +6,37 @@ list. ``{"error": {...}}`` is vLLM's in-stream error event (vllm-http.md section
 Text must be Unicode: JSON may escape a lone surrogate (``"\\ud800"``), which no UTF-8
 frame can carry. A violation raises ``UpstreamMalformed`` naming what was wrong, so the
 operation ends with ``backend_error`` instead of forwarding garbage.
+
+The plain text delta (most chunks of a stream) is read by one pattern rather than by
+``json.loads`` and the checks, under these rules (issue 25, measured in
+docs/benchmarks.md):
+
+1. The pattern (``_PLAIN_TEXT_CHUNK``) matches only vLLM's exact compact bytes of a
+   one-choice content chunk with null logprobs, finish_reason and token_ids; any other
+   byte (a space, another key, another order, a value of another shape) and the chunk
+   goes the general way. A miss costs one failed match, nothing else.
+2. What it accepts is what the general path accepts, and it builds the same dict, key
+   for key and in the same order: ``id`` and ``model`` are non-empty and hold no escape
+   or control character (so their bytes are their text), ``created`` and ``index`` are
+   JSON integers >= 0 (no sign, no leading zero, at most 18 digits: a longer one goes
+   the general way, which refuses one past Python's digit limit), ``object`` is the
+   literal.
+3. The content string is decoded by the json module's own string scanner (the one
+   ``json.loads`` uses, strict: a raw control character is refused) and any text that
+   could hold a lone surrogate (a ``\\uD8..``-``\\uDF..`` escape) goes the general way,
+   which checks it. A scanner refusal goes the general way too, which words the error.
+
+``tests/upstream/test_chunk_fast_path.py`` holds the differential proof: every chunk
+of every recorded transcript and hypothesis-generated chunks give the same dict or the
+same error either way.
 """
 
 from __future__ import annotations
 
 import json
+import json.decoder
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ._errors import UpstreamMalformed
@@ -23,13 +48,63 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # in decoded text (a pair decodes to one)
 
+#: The string scanner json.loads itself uses (C where built), for rule 3 below: the
+#: same decoding and the same refusals. Not in typeshed's stub, hence the annotation.
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = (
+    json.decoder.scanstring)  # type: ignore[attr-defined]
+
+
+#: Rule 1: vLLM's plain text delta, byte for byte; groups: id, created, model, index,
+#: the content's JSON text (between its quotes), and whether token_ids is there.
+_PLAIN_TEXT_CHUNK = re.compile(
+    r'\{"id":"([^"\\\x00-\x1f]+)","object":"chat\.completion\.chunk",'
+    r'"created":(0|[1-9][0-9]{0,17}),"model":"([^"\\\x00-\x1f]+)",'
+    r'"choices":\[\{"index":(0|[1-9][0-9]{0,17}),"delta":\{"content":"([^"\\]*(?:\\.[^"\\]*)*)"\},'
+    r'"logprobs":null,"finish_reason":null(,"token_ids":null)?\}\]\}')
+
+
+def _plain_text_chunk(data: str) -> dict[str, Any] | None:
+    """Rules 1-3: the plain text delta's dict, or None for the general path."""
+    match = _PLAIN_TEXT_CHUNK.fullmatch(data)
+    if match is None:
+        return None
+    chunk_id, created, model, index, text, token_ids = match.groups()
+    if "\\" in text:
+        if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+            return None  # rule 3: the general path checks for a lone surrogate
+        try:
+            text = _scanstring(text + '"', 0, True)[0]
+        except ValueError:
+            return None  # rule 3: the general path says what is wrong
+    elif _CONTROL.search(text):
+        return None  # a raw control character: not JSON (rule 3)
+    choice: dict[str, Any] = {"index": int(index), "delta": {"content": text},
+                              "logprobs": None, "finish_reason": None}
+    if token_ids:
+        choice["token_ids"] = None
+    return {"id": chunk_id, "object": "chat.completion.chunk", "created": int(created),
+            "model": model, "choices": [choice]}
+
+
+#: JSON text may not hold a raw control character (RFC 8259 section 7).
+_CONTROL = re.compile("[\x00-\x1f]")
+
 
 def parse_chunk(data: str) -> dict[str, Any]:
     """JSON-decode one SSE ``data`` payload and check it (or raise)."""
+    plain = _plain_text_chunk(data)
+    return plain if plain is not None else _parse_in_general(data)
+
+
+def _parse_in_general(data: str) -> dict[str, Any]:
+    """Any chunk: ``json.loads`` and every check."""
     try:
         chunk = json.loads(data)
     except json.JSONDecodeError as exc:
         raise UpstreamMalformed(f"stream chunk is not JSON: {exc.msg} at {exc.pos}") from exc
+    except ValueError as exc:  # an integer past Python's digit limit (int() in json.loads)
+        raise UpstreamMalformed(f"stream chunk holds a number that cannot be read: {exc}"
+                                ) from exc
     if not isinstance(chunk, dict):
         raise UpstreamMalformed("stream chunk is not a JSON object")
     if "\\u" in data and _SURROGATE_ESCAPE.search(data) and _has_lone_surrogate(chunk):

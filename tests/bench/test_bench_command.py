@@ -242,3 +242,20 @@ def test_bench_run_reports_issue_25s_rows_under_their_names(tmp_path: Path) -> N
     assert (row["name"], row["value"], row["goal"]) == (
         "non-streaming added p50", added["value"], 150)
     assert "| non-streaming added p50 |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_run_quick_tracing_reports_cpu_per_event_off_and_on(tmp_path: Path) -> None:
+    # Issue 24: the same load with tracing off and at 100 % sampling, side by side; the
+    # scenario itself fails if a span was dropped (the figure would flatter tracing).
+    result = runner.invoke(app, ["bench", "run", "--quick", "--scenario", "tracing", "--json",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    figures = {f["name"]: f for f in json.loads(result.stdout)["tracing"]}
+    for shape in ("short operations (16 events)", "long streams (400 events)"):
+        off = figures[f"gateway CPU per event, tracing off, {shape}"]
+        on = figures[f"gateway CPU per event, tracing on (100 % sampled), {shape}"]
+        assert off["unit"] == on["unit"] == "us"
+        assert off["value"] > 0 and on["value"] > 0
+        assert on["baseline"] == pytest.approx(off["value"], abs=1e-3)  # a ratio to off
+    assert "tracing on (100 % sampled)" in (tmp_path / "summary.md").read_text()

@@ -80,6 +80,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             busy.close()
 
 
+#: The host-route target's arguments as the runner gives them; a case overrides one
+#: (click takes an option's last value).
+HOST_ROUTE_TARGET = ["conformance", "host-route-target", "--scenario", "{tmp}/not.json",
+                     "--resolved-scenario", "{tmp}/not.json", "--output", "{tmp}/o.json",
+                     "--ready-output", "{tmp}/r.json", "--artifacts", "{tmp}"]
+
 #: (id, argv with placeholders for ``World``, exit status, what stderr must say).
 CASES: list[tuple[str, list[str], int, str]] = [
     # the top command
@@ -153,6 +159,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot create the output directory"),
     ("serve-target-manifest-dir", ["serve", "--target-manifest", "{tmp}", "--print-config"], 2,
      "{tmp} is a directory (give a file name), --target-manifest"),
+    ("serve-tls-server-name", ["serve", "--tls-server-name", "0.0.0.0", "--print-config"], 2,
+     "'0.0.0.0' is a wildcard address, not a name a certificate holds, --tls-server-name"),
     ("serve-workers", ["serve", "--workers", "0", "--print-config"], 2, "--workers"),
     ("serve-load-source", ["serve", "--load-source", "prometheus", "--print-config"], 2,
      "invalid value ('prometheus' is not one of 'metrics', 'load'), --load-source"),
@@ -279,6 +287,28 @@ CASES: list[tuple[str, list[str], int, str]] = [
                              "--endpoint", "ftp://x:1"], 2, "scheme must be"),
     ("wire-probe-out", ["conformance", "wire-probe", "--out", "{tmp}/a-file/w.json",
                         "--endpoint", "{gateway_tcp}"], 2, "cannot create the output directory"),
+    ("host-route-scenario", [*HOST_ROUTE_TARGET, "--scenario", "{tmp}/none.json"], 2,
+     "does not exist"),
+    ("host-route-resolved", [*HOST_ROUTE_TARGET, "--resolved-scenario", "{tmp}/none.json"], 2,
+     "does not exist"),
+    ("host-route-not-json", HOST_ROUTE_TARGET, 2, "not a scenario"),
+    ("host-route-output", [*HOST_ROUTE_TARGET, "--output", "{tmp}/a-file/o.json"], 2,
+     "cannot create the output directory"),
+    ("host-route-ready-output", [*HOST_ROUTE_TARGET, "--ready-output", "{tmp}"], 2,
+     "{tmp} is a directory (give a file name), --ready-output"),
+    ("host-route-artifacts", [*HOST_ROUTE_TARGET, "--artifacts", "{tmp}/none"], 2,
+     "does not exist"),
+    ("host-routes-out", ["conformance", "host-routes", "--out", "{tmp}/a-file/h"], 2,
+     "cannot create the output directory"),
+    ("host-routes-manifest-missing", ["conformance", "host-routes", "--out", "{tmp}/h",
+                                      "--target-manifest", "{tmp}/none.json"], 2,
+     "does not exist"),
+    ("host-routes-manifest-not-json", ["conformance", "host-routes", "--out", "{tmp}/h",
+                                       "--target-manifest", "{tmp}/not.json"], 2,
+     "the target manifest is not JSON"),
+    ("host-routes-target", ["conformance", "host-routes", "--out", "{tmp}/h", "--target",
+                            "{tmp}/not.json"], 2, "not an executable, --target {tmp}/not.json"),
+    ("host-route-vllm-url", [*HOST_ROUTE_TARGET, "--vllm-url", "nope"], 2, "--vllm-url"),
     # bench
     ("bench-run-scenario", ["bench", "run", "--scenario", "nope"], 2,
      "unknown scenario(s) nope"),
@@ -381,6 +411,14 @@ def test_a_bare_group_prints_its_help() -> None:
     (["serve", "--print-config"], {"NNRP_GATEWAY_TLS_CERT": "/nonexistent.pem",
                                    "NNRP_GATEWAY_TLS_KEY": "/nonexistent.key"},
      "environment variable NNRP_GATEWAY_TLS_CERT"),
+    # Tracing is configured by OpenTelemetry's own variables: one the gateway cannot use
+    # is named, and so is where tracing was asked for.
+    (["serve", "--print-config"], {"NNRP_GATEWAY_OTEL_TRACES": "1",
+                                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='http/json': the gateway exports traces over "
+     "http/protobuf or grpc, environment variable NNRP_GATEWAY_OTEL_TRACES"),
+    (["serve", "--otel-traces", "--print-config"], {"OTEL_BSP_MAX_QUEUE_SIZE": "0"},
+     "OTEL_BSP_MAX_QUEUE_SIZE='0' must be at least 1, --otel-traces"),
 ])
 def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str, str],
                                                   says: str) -> None:
@@ -403,3 +441,34 @@ def test_conformance_plan_reaches_a_tls_gateway_with_its_ca_file(world: World) -
                                  str(world.cert)])
     assert result.exit_code == 0, result.stderr
     assert "selected" in result.stdout
+
+
+def test_conformance_run_and_wire_probe_reach_tcps_with_the_default_client(world: World
+                                                                           ) -> None:
+    # Issue 26: the default (native) client crashed on tcps (route-unresolved), and the
+    # wire probe ran nothing there.
+    pytest.importorskip("nnrp.client.native")
+    result = runner.invoke(app, ["conformance", "run", "--endpoint", world.gateway_tcps,
+                                 "--ca-file", str(world.cert), "--suite-only",
+                                 "--no-check-without-extensions",
+                                 "--out", str(world.tmp / "run-tcps")])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "passed with the native client" in result.stdout
+    probe = runner.invoke(app, ["conformance", "wire-probe", "--endpoint", world.gateway_tcps,
+                                "--ca-file", str(world.cert),
+                                "--out", str(world.tmp / "wire-tcps.json")])
+    assert probe.exit_code == 0, probe.stdout + probe.stderr
+    assert probe.stdout.count("passed  gateway.wire.tcps.") == 3
+
+
+def test_every_conformance_command_that_connects_takes_trust_and_a_token() -> None:
+    """Issue 26: --ca-file and --auth-token on every conformance command that reaches a
+    gateway (validate reads files; host-routes and host-route-target bring their own
+    certificate, the runner's, and no endpoint)."""
+    group = get_command(app).commands["conformance"]  # type: ignore[attr-defined]
+    connecting = {name: {opt for param in command.params for opt in param.opts}
+                  for name, command in group.commands.items()
+                  if any("--endpoint" in param.opts for param in command.params)}
+    assert sorted(connecting) == ["plan", "run", "wire-probe"]
+    for name, options in connecting.items():
+        assert {"--ca-file", "--auth-token", "--auth-token-file"} <= options, name

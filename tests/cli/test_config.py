@@ -42,7 +42,7 @@ def test_the_example_file_has_every_key() -> None:
 def test_print_config_round_trips(tmp_path: Path) -> None:
     printed = print_config(
         "--listen", "tcp://0.0.0.0:7700", "--listen", "unix:///run/nnrp.sock",
-        "--vllm-url", "https://vllm.internal:8443", "--quic-alpn", "any", "--metrics",
+        "--vllm-url", "https://vllm.internal:8443", "--quic-alpn", "nnrp/1", "--metrics",
         "--admin-listen", "0.0.0.0:9090", "--total-timeout", "600", "--log-level", "debug",
         "--resume-window", "0", "--workers", "3", "--tool-calls")
     written = tmp_path / "gateway.toml"
@@ -51,7 +51,7 @@ def test_print_config_round_trips(tmp_path: Path) -> None:
     settings = tomllib.loads(printed)
     assert settings["listen"] == ["tcp://0.0.0.0:7700", "unix:///run/nnrp.sock"]
     assert (settings["quic_alpn"], settings["total_timeout"], settings["workers"]) == (
-        "any", 600.0, 3)
+        "nnrp/1", 600.0, 3)  # not the default (any), so the file must carry it
 
 
 def test_secrets_are_said_to_be_set_and_never_printed(tmp_path: Path) -> None:

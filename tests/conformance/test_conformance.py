@@ -243,7 +243,10 @@ def test_scenarios_per_transport() -> None:
     assert sorted(ids["ipc"]) == ["wire.control.cancel-abort.ipc-client",
                                   "wire.profile.openai-compatible.level1.ipc"]
     assert ids["ws"] == ids["wss"] == ["wire.profile.openai-compatible.level1.websocket"]
-    assert scenarios_for("tcps://h:1") == []  # no TLS-over-TCP transport in the suite
+    # No TLS-over-TCP transport in the suite: the TCP cases under the project's ids.
+    assert sorted(s["id"] for s in scenarios_for("tcps://h:1")) == [
+        "gateway.wire.tcps.cancel-abort", "gateway.wire.tcps.deadline-before-submit",
+        "gateway.wire.tcps.openai-compatible.level1"]
     # QUIC: the TCP cases under the project's ids, never a suite id (module docstring).
     quic = {s["id"]: s for s in scenarios_for("quic://h:1")}
     assert sorted(quic) == ["gateway.wire.quic.cancel-abort",
@@ -300,7 +303,7 @@ def test_manifest_for_tls_listeners(tmp_path: Path) -> None:
     context.load_cert_chain(der_pem)
     assert manifest["wire_conformance"]["capabilities"] == [
         "profile.openai-compatible.level1.wire", "control.cancel_abort",
-        "control.trace_context"]
+        "control.trace_context", "host.routes"]  # test_host_routes.py: the server side
     with pytest.raises(ManifestError, match="needs its certificate"):
         target_manifest(["wss://127.0.0.1:1/n"], target_name="g", max_frame_bytes=1,
                         max_in_flight=1)
@@ -393,25 +396,56 @@ async def test_wire_probe_over_quic(nursery: trio.Nursery, tmp_path: Path) -> No
 
 @pytest.mark.interop
 @pytest.mark.parametrize("client", ["native", "builtin"])
-async def test_run_plan_over_quic(nursery: trio.Nursery, tmp_path: Path, client: str) -> None:
-    """The suite's recipes over quic:// with nnrp-py's native client (FORCE_QUIC, trusting
-    the CA's DER) and with the project's client."""
+@pytest.mark.parametrize("scheme", ["quic", "tcps", "wss"])
+async def test_run_plan_over_tls(nursery: trio.Nursery, tmp_path: Path, client: str,
+                                 scheme: str) -> None:
+    """The suite's recipes over every TLS listener with nnrp-py's native client (forced
+    onto the transport under nnrps://, trusting the CA's DER; issue 26: it crashed on
+    tcps and wss with route-unresolved and security-unsatisfied) and with the project's
+    client."""
     if client == "native":
         pytest.importorskip("nnrp.client.native")
     paths = make_pki(tmp_path)
     # The cancel recipe asks for a long answer, which the replay streams until the
     # client leaves (choose_scenario): its CANCEL lands mid-stream at any speed.
-    stack = await start_stack(nursery, tmp_path, extra_listen=("quic://127.0.0.1:0",),
-                              tls=TlsConfig(paths["server"], paths["server_key"]))
+    stack = await start_stack(nursery, tmp_path, extra_listen=(
+        "quic://127.0.0.1:0", "tcps://127.0.0.1:0", "wss://127.0.0.1:0/nnrp"),
+        tls=TlsConfig(paths["server"], paths["server_key"]))
+    (endpoint,) = [e.uri for e in stack.gateway.endpoints if e.uri.startswith(f"{scheme}:")]
     plan, _ = build_plan(caps(), include_project=False)
     with trio.fail_after(120):
-        results = await run_plan(plan, stack.uri("quic"), client=client,
-                                 trust=Trust(paths["ca"]))
+        results = await run_plan(plan, endpoint, client=client, trust=Trust(paths["ca"]))
     failed = [(r["id"], r.get("message")) for r in results["results"]
               if r["outcome"] != "passed"]
     assert results["results"] and not failed
-    assert {r["diagnostics"]["endpoint"] for r in results["results"]} == {stack.uri("quic")}
-    assert stack.gateway.server.quic_listeners[0].stats.connections_total >= 1
+    assert {r["diagnostics"]["endpoint"] for r in results["results"]} == {endpoint}
+    if scheme == "quic":
+        assert stack.gateway.server.quic_listeners[0].stats.connections_total >= 1
+
+
+async def test_wire_probe_over_tcps(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Issue 26: the probe ran nothing on tcps (results: [], which the schema refuses);
+    the TCP cases run there under the project's ids, over TLS checked with --ca-file."""
+    paths = make_pki(tmp_path)
+    stack = await start_stack(nursery, tmp_path, extra_listen=("tcps://127.0.0.1:0",),
+                              tls=TlsConfig(paths["server"], paths["server_key"]))
+    hold_the_cancelled_completion(stack)
+    (endpoint,) = [e.uri for e in stack.gateway.endpoints if e.uri.startswith("tcps:")]
+    with trio.fail_after(60):
+        report = await run_wire_probe([endpoint], target_name="g", trust=Trust(paths["ca"]))
+    assert schema_errors(report, "wire-conformance-case-results.schema.json") == []
+    outcomes = {r["id"]: (r["outcome"], r["message"]) for r in report["results"]}
+    assert sorted(outcomes) == ["gateway.wire.tcps.cancel-abort",
+                                "gateway.wire.tcps.deadline-before-submit",
+                                "gateway.wire.tcps.openai-compatible.level1"]
+    assert all(outcome == "passed" for outcome, _ in outcomes.values()), outcomes
+    assert all("run over tcps" in message for _, message in outcomes.values())
+    with trio.fail_after(60):
+        untrusted = await run_wire_probe([endpoint], target_name="g")  # the system store
+    assert {r["outcome"] for r in untrusted["results"]} == {"failed"}
+    assert all("CERTIFICATE_VERIFY_FAILED" in r["message"] for r in untrusted["results"])
+    with pytest.raises(ValueError, match="unknown listener scheme 'http'"):
+        await run_wire_probe(["tcp://127.0.0.1:1", "http://127.0.0.1:1"], target_name="g")
 
 
 async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -434,13 +468,15 @@ async def test_wire_probe_from_another_process(nursery: trio.Nursery, tmp_path: 
     assert len(report["results"]) == 15
 
 
-def test_native_client_over_quic_needs_a_ca_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("endpoint", ["quic://127.0.0.1:1", "tcps://127.0.0.1:1",
+                                      "wss://127.0.0.1:1/nnrp"])
+def test_native_client_over_tls_needs_a_ca_file(tmp_path: Path, endpoint: str) -> None:
     pytest.importorskip("nnrp.client.native")
     from typer.testing import CliRunner
 
     from cli.main import app
 
-    result = CliRunner().invoke(app, ["conformance", "run", "--endpoint", "quic://127.0.0.1:1",
+    result = CliRunner().invoke(app, ["conformance", "run", "--endpoint", endpoint,
                                       "--client", "native", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "--ca-file" in result.output

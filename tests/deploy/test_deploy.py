@@ -451,3 +451,44 @@ def test_load_aware_admission_values_become_serve_flags(
     load = served_config(monkeypatch, [a for a in args if a != "--admin-listen"
                                        and not a.startswith("0.0.0.0:")]).load
     assert (load.admission, load.max_waiting, load.refuse_sessions) == (True, 8.0, True)
+
+
+def test_tracing_values_become_the_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: the chart's tracing values are serve's switch and OpenTelemetry's own
+    variables, which the gateway's tracer reads as the chart means them; off by default."""
+    default, _ = _gateway(render(None))
+    names = {entry["name"] for entry in default["env"]}
+    assert not {name for name in names if name.startswith(("OTEL_", "NNRP_GATEWAY_OTEL"))}
+    gateway, _ = _gateway(render(CHART / "ci" / "tracing-values.yaml"))
+    env = gateway["env"]
+    order = [entry["name"] for entry in env]
+    # Kubernetes expands $(VAR) only from entries listed before it.
+    assert order.index("POD_NAME") < order.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert order.index("POD_NAMESPACE") < order.index("OTEL_RESOURCE_ATTRIBUTES")
+    by_name = {entry["name"]: entry for entry in env}
+    assert by_name["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "tracing-backend", "key": "headers"}
+    _, serve_envvars = cli_options("serve")
+    assert "NNRP_GATEWAY_OTEL_TRACES" in serve_envvars
+    pod = {"POD_NAME": "test-gw-0", "POD_NAMESPACE": "ml"}
+    for name, entry in by_name.items():
+        if "value" in entry:
+            value = re.sub(r"\$\((\w+)\)", lambda m: pod[m.group(1)], entry["value"])
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=from-the-secret")
+    assert served_config(monkeypatch, ["--vllm-url", "http://127.0.0.1:8000"]).otel_traces
+    pytest.importorskip("opentelemetry.sdk")
+    from gateway.observe._otel import OtelTracer
+
+    tracer = OtelTracer.from_environment(vllm_url="http://127.0.0.1:8000",
+                                         dropped=lambda reason, count: None,
+                                         exported=lambda count: None)
+    try:
+        attributes = tracer.resource.attributes
+        assert attributes["service.name"] == "test-nnrp-vllm-gateway"
+        assert (attributes["k8s.namespace.name"], attributes["k8s.pod.name"]) == (
+            "ml", "test-gw-0")
+        assert tracer.failures.endpoint == "http://otel-collector.observability:4318"
+        assert "TraceIdRatioBased{0.1}" in tracer.sampler.get_description()
+    finally:
+        tracer.queue.exporter.shutdown()

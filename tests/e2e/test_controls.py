@@ -1,5 +1,6 @@
 """Runtime controls through the whole stack, where timing matters: a supersede whose
-replacement never comes, and one whose replacement does."""
+replacement never comes (its upstream closed as the hold begins, its drop at the hold's
+end), and one whose replacement does."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import trio
 from gateway import nnrp
 from gateway.nnrp import ServerConfig
 from gateway.pipeline import PipelineLimits
+from gateway.profile import EndCause
 from gateway.tools.client import connect
-from tests.support.stack import chat, envelope, start_stack
+from tests.support.stack import chat, envelope, live_operations, records_of, start_stack
 
 
 def supersede(session_id: int, old: int, new: int) -> bytes:
@@ -46,6 +48,51 @@ async def test_a_replacement_that_never_comes(nursery: trio.Nursery, tmp_path: P
     with trio.fail_after(5):
         await stack.replay.wait_until(lambda: stack.replay.disconnects)
     assert stack.replay.disconnects[0].request_id == "replay:long_stream:held"
+
+
+async def test_a_held_supersede_closes_the_upstream_at_once(nursery: trio.Nursery,
+                                                             tmp_path: Path) -> None:
+    """Issue 26: while a SUPERSEDE waits for its replacement (the default 5 s hold),
+    nothing of the old operation can reach the client, so vLLM must not go on generating
+    it: the upstream is closed as the hold begins. The replay vLLM sees the disconnect
+    while the gateway still holds the operation (no terminal yet, on either side); the
+    superseded drop comes only when the hold is over."""
+    hold_s = ServerConfig().supersede_hold_ms / 1000
+    stack = await start_stack(nursery, tmp_path, pipeline=PipelineLimits(first_chunk_timeout=5))
+    records = records_of(stack)
+    request_id = "replay:long_stream:held-upstream"
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        operation = await session.submit(envelope(chat(stream=True), request_id=request_id),
+                                         operation_id=1)
+        events: list[Any] = []
+        with trio.fail_after(10):
+            async for event in operation.events():
+                events.append(event)
+                if len(events) == 3:
+                    break
+        (held,) = live_operations(stack.gateway)
+        superseded_at = trio.current_time()
+        await client.send(supersede(session.session_id, 1, 99))
+        with trio.fail_after(hold_s * 4):  # bounds the wait; the order below is the test
+            await stack.replay.wait_until(lambda: any(
+                d.request_id == request_id for d in stack.replay.disconnects))
+        # vLLM was told while the operation still waits for its replacement.
+        assert held.end_cause is None and not held.is_terminal
+        assert held.superseded
+        assert operation.terminal is None
+        with trio.fail_after(hold_s * 4):
+            async for event in operation.events():
+                events.append(event)
+        ended = trio.current_time()
+    drop = events[-1]
+    assert isinstance(drop, nnrp.DropReceived)
+    assert (drop.drop_reason, drop.diagnostic) == (nnrp.DropReason.SUPERSEDED, b"superseded")
+    # The drop still waited for the whole hold (the replacement might have come).
+    assert ended - superseded_at >= hold_s
+    (record,) = [r for r in records if r.operation_id == 1]
+    assert record.end_cause is EndCause.SUPERSEDED
+    assert record.upstream_aborted
 
 
 async def test_a_replacement_that_comes(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ reaches the replay vLLM's socket; resume delivers everything, in order."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import trio
 
 from gateway import nnrp
@@ -118,3 +120,44 @@ async def test_credit_window_sends_exactly_the_grant(stack: Stack,
     partials = received.partials
     assert [p.sequence for p in partials] == list(range(1, len(partials) + 1))
     assert isinstance(received[-1][1], nnrp.ResultReceived)
+
+
+@pytest.mark.parametrize("window", ["session", "operation", "paused"])
+@pytest.mark.parametrize("control", ["cancel", "deadline"])
+async def test_a_cancel_or_deadline_ends_an_operation_held_at_zero_credit(
+        stack: Stack, session: ClientSession, window: str, control: str) -> None:
+    """Issue 26: while the client holds the window at 0, a CANCEL or an expired DEADLINE
+    ends the operation as it would unpaused: its drop comes, and vLLM's request is
+    aborted, without any further credit (the wait on credit is the operation's own
+    cancel scope, which both end)."""
+    request_id = f"replay:long_stream:zero-{window}-{control}"
+    granted = 4
+    if window == "session":
+        await session.credit(granted)
+    operation = await session.submit(envelope(chat(stream=True), request_id=request_id))
+    if window == "operation":
+        await session.credit(granted, operation_id=operation.operation_id)
+    received = Received()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(received.consume, operation)
+        with trio.fail_after(10):
+            await received.until(lambda: len(received.partials) >= granted)
+        if window == "paused":
+            await session.backpressure(nnrp.PressureLevel.PAUSED)
+        client = session.client
+        if control == "cancel":
+            await operation.cancel()
+        else:  # already passed when it arrives: it applies at once
+            await client.send(client.sans_io.deadline(
+                session.session_id, operation.operation_id, int(time.time() * 1000)))
+        # No credit is granted from here on: only the control can end it.
+        with trio.fail_after(10):
+            await received.until(lambda: received.ended)
+            await stack.replay.wait_until(lambda: any(
+                d.request_id == request_id for d in stack.replay.disconnects))
+    ended = received[-1][1]
+    assert isinstance(ended, nnrp.DropReceived)
+    assert ended.drop_reason == (nnrp.DropReason.PEER_CANCELLED if control == "cancel"
+                                 else nnrp.DropReason.DEADLINE_EXPIRED)
+    if window != "paused":  # (a pause lands after whatever was already on its way)
+        assert len(received.partials) == granted

@@ -3,6 +3,9 @@
 cancel, drain, the transport label of logs and metrics, and which carrier the native
 client's default policy picks when the gateway offers both TCP and QUIC.
 
+IPv6: a quic:// listener on ::1 serves the project's client; nnrp-py's native client
+cannot reach it (its limitation, pinned by a strict xfail that names it).
+
 The runtime controls over QUIC (DEADLINE, EXPIRE_AT, SUPERSEDE, BUDGET_UPDATE, every
 cancel form...) are tests/interop/test_runtime_controls.py, parametrized by transport.
 """
@@ -26,14 +29,21 @@ from nnrp.client.native import (
     connect_native_client_connection,
 )
 from nnrp.core.messages import TransportPolicy
-from nnrp.native import NativeTransportClientSecurity
+from nnrp.native import NativeInternalError, NativeTransportClientSecurity
 
 from gateway import nnrp
 from gateway.pipeline import PipelineLimits
 from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
+from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.native import native_connection, open_session, openai_submit, poll_until
-from tests.support.quic import Pki, aioquic_client, start_quic_stack
+from tests.support.quic import (
+    Pki,
+    aioquic_client,
+    make_pki,
+    needs_ipv6_loopback,
+    start_quic_stack,
+)
 from tests.support.scenarios import CHAT_SCENARIOS, request_for
 from tests.support.stack import (
     Stack,
@@ -42,6 +52,7 @@ from tests.support.stack import (
     metric_samples,
     records_of,
     run_operation,
+    start_stack,
 )
 from tests.support.waits import until
 
@@ -318,7 +329,77 @@ async def test_the_capability_document_lists_every_listener_quic_included(
     with trio.fail_after(30):
         document = await trio.to_thread.run_sync(scenario)
     listeners = document["body"]["nnrp"]["listeners"]
-    assert {"transport": "quic", "uri": stack.uri("quic"), "alpn": "none"} in listeners
+    # The default ALPN policy (AlpnPolicy: the spec's nnrp/1 or none at all).
+    assert {"transport": "quic", "uri": stack.uri("quic"), "alpn": "any"} in listeners
     assert {"transport": "tcp", "uri": stack.uri("tcp")} in listeners
     assert {listener["transport"] for listener in listeners} == {"tcp", "ipc", "websocket",
                                                                  "quic"}
+
+
+@pytest.fixture
+async def ipv6_quic_stack(nursery: trio.Nursery, tmp_path: Path) -> tuple[Stack, Pki]:
+    """The whole stack with its quic:// listener on ::1 (the certificate names ::1)."""
+    pki = make_pki(tmp_path / "pki")
+    stack = await start_stack(nursery, tmp_path, extra_listen=("quic://[::1]:0",),
+                              tls=TlsConfig(pki.cert, pki.key))
+    return stack, pki
+
+
+@needs_ipv6_loopback
+async def test_quic_on_ipv6_loopback_serves_our_client(
+        ipv6_quic_stack: tuple[Stack, Pki]) -> None:
+    """Issue 26: the quic:// listener binds ::1 and serves the project's own client over
+    IPv6: a streamed request and a cancel, each seen by the gateway as a QUIC operation
+    from ::1."""
+    stack, pki = ipv6_quic_stack
+    uri = stack.uri("quic")
+    assert uri.startswith("quic://[::1]:")
+    (listener,) = stack.gateway.server.quic_listeners
+    records = records_of(stack)
+    with trio.fail_after(30):
+        async with connect(uri, quic=QuicClientOptions(ca_file=pki.cert)) as client:
+            session = await client.open_session()
+            outcome = await run_operation(session, envelope(
+                chat(stream=True, max_tokens=5), request_id="replay:text_stream:ipv6"))
+            held = await session.submit(envelope(chat(stream=True), request_id=(
+                "replay:long_stream:ipv6")))
+            async for event in held.events():
+                if isinstance(event, nnrp.PartialReceived):
+                    await held.cancel()
+            await stack.replay.wait_until(lambda: any(
+                d.request_id == "replay:long_stream:ipv6" for d in stack.replay.disconnects))
+    assert outcome.status == 200 and outcome.partials
+    assert isinstance(held.terminal, nnrp.DropReceived)
+    assert held.terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
+    assert listener.stats.datagrams_in > 0
+    assert [r.transport for r in records] == ["quic", "quic"]
+
+
+@needs_ipv6_loopback
+@pytest.mark.xfail(strict=True, raises=pytest.RaisesGroup(  # pytest-trio's nursery wraps it
+    pytest.RaisesExc(NativeInternalError, match="detail_code=106"), flatten_subgroups=True),
+    reason=(
+    "nnrp-py 1.0.0rc4.post20: its native QUIC client binds its UDP socket to 0.0.0.0:0 "
+    "(IPv4 only, seen with strace) whatever the server's address, so quinn refuses an "
+    "IPv6 server before sending a datagram ('invalid remote address'; detail_code 106). "
+    "The gateway's listener is not at fault: it serves our client over ::1 (above)."))
+async def test_native_client_over_quic_on_ipv6_loopback(
+        ipv6_quic_stack: tuple[Stack, Pki]) -> None:
+    stack, pki = ipv6_quic_stack
+    (listener,) = stack.gateway.server.quic_listeners
+
+    def scenario() -> list[dict[str, Any]]:
+        with native_connection("quic", stack.uri("quic"), trusted_der=pki.der) as connection:
+            session = open_session(connection)
+            session.submit_operation(openai_submit(1, 1, envelope(chat(max_tokens=3))))
+            events = frames(poll_until(session, terminal(1), timeout=15), 1)
+            session.close()
+        return events
+
+    try:
+        with trio.fail_after(30):
+            events = await trio.to_thread.run_sync(scenario)
+    except NativeInternalError:
+        assert listener.stats.datagrams_in == 0  # it never reached the listener
+        raise
+    assert events[-1]["kind"] == "RESULT_PUSH" and events[-1]["status"] == 200

@@ -42,6 +42,7 @@ from gateway.tools.replay import ReplayServer
 from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.cut import DatagramCutProxy, StreamCutProxy
 from tests.support.native import describe, openai_submit
+from tests.support.otlp import OtlpReceiver
 from tests.support.quic import Pki, make_pki
 from tests.support.stack import Stack, chat, envelope, records_of, run_operation, start_stack
 from tests.support.waits import until
@@ -389,3 +390,42 @@ async def test_a_submit_the_drop_catches_is_resubmitted_once_not_lost(
     assert events[-1].meta.status_code == 200
     assert (client.recoveries, client.repeats) == (1, 0)
     assert len([r for r in path.stack.replay.requests if r.method == "POST"]) == 2
+
+
+async def test_a_resume_is_an_event_of_the_operations_trace_span(
+        nursery: trio.Nursery, socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 24: the span is built from the same record as the log line, so the resume it
+    # counts is an event at the time the session was attached again.
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+        path = await route(nursery, socket_dir, "tcp", otel_traces=True)
+        hold = path.stack.replay.hold(lambda request: request.method == "POST", after=30)
+        nursery.start_soon(release_when_resumed, path.registry, hold)
+        with trio.fail_after(30):
+            async with connect(path.via, resume=True, **path.ours()) as client:
+                session = await client.open_session(resume=True)
+                operation = await session.submit(envelope(chat(stream=True, max_tokens=60),
+                                                          request_id="otel-resume"))
+                events = 0
+                async for _ in operation.events():
+                    events += 1
+                    if events == 20:
+                        path.cut()
+                await session.close()
+
+        def span() -> Any:
+            return next((s for s in receiver.taken()
+                         if s.attributes.get("nnrp.request_id") == "otel-resume"), None)
+
+        with trio.fail_after(10):
+            await until(span)
+    exported = span()
+    assert exported.attributes["nnrp.resumed"] == 1
+    assert exported.attributes["nnrp.outcome"] == "ok"
+    names = [name for name, _ in exported.events]
+    assert names == ["nnrp.first_token", "nnrp.resume"]
+    first, resumed = exported.span.events
+    assert exported.span.start_time_unix_nano <= first.time_unix_nano < resumed.time_unix_nano
+    assert resumed.time_unix_nano <= exported.span.end_time_unix_nano

@@ -31,6 +31,7 @@ import trio
 from gateway.nnrp import ResultReceived
 from gateway.tools.client import ClientError, connect
 from gateway.transport import QuicClientOptions
+from tests.support.otlp import OtlpReceiver
 from tests.support.processes import ReplayThread, free_port, served_endpoints
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
@@ -553,3 +554,37 @@ def test_a_resume_the_kernel_gives_to_the_other_worker_is_relayed_to_the_holder(
         assert metrics["nnrp_gateway_resume_relayed_total"] == 1
         assert metrics["nnrp_gateway_resume_resumed_total"] == 1
         assert len([r for r in replay.server.requests if r.method == "POST"]) == 1
+
+
+def test_every_worker_exports_its_own_spans_and_the_pod_counts_them(
+        tmp_path: Path, replay: ReplayThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 24: each worker process has its own tracer and export thread (the supervisor
+    # none); the OTEL_* environment reaches them through the supervisor.
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        with served_workers(tmp_path, replay.url, "tcp://127.0.0.1:0",
+                            extra=("--otel-traces",)) as served:
+
+            async def one_stream_per_worker() -> None:
+                for pid in served.pids:
+                    async with contextlib.AsyncExitStack() as stack:
+                        client = await connect_to(stack, served.uris["tcp"], pid, served.pids)
+                        session = await client.open_session()
+                        outcome = await run_operation(session, envelope(chat(
+                            stream=True, max_tokens=4)))
+                        assert outcome.status == 200
+
+            trio.run(one_stream_per_worker)
+            wait_for(lambda: len(served.operations()) == 2, what="two operation records")
+            wait_for(lambda: len([s for s in receiver.taken()
+                                  if s.attributes.get("nnrp.operation.id")]) == 2,
+                     what="two operation spans")
+            spans = {s.span_id: s for s in receiver.taken() if s.attributes.get("nnrp.operation.id")}
+            # Each worker's log line names the span that worker exported.
+            assert sorted(spans) == sorted(line["span_id"] for line in served.operations())
+            assert sorted(line["worker"] for line in served.operations()) == [0, 1]
+            wait_for(lambda: served.metrics().get("nnrp_gateway_trace_spans_exported_total")
+                     == 4, what="four spans counted across the workers")
+            metrics = served.metrics()
+            assert metrics['nnrp_gateway_trace_spans_dropped_total{reason="queue_full"}'] == 0

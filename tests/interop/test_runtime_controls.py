@@ -27,7 +27,6 @@ import asyncio
 import functools
 import json
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -432,8 +431,11 @@ class _Running:
     expires: tuple[int, int] | None = None
 
 
-def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) -> None:
-    """nnrp-py's native server, one session at a time, with an application that streams
+def run_referee(listening: Callable[[str], None], stop: threading.Event, log: list[str],
+                options: Any = None) -> None:
+    """nnrp-py's native server (``options``, by default ``native_server_options()``),
+    calling ``listening(endpoint)`` once it is bound and listening; one session at a
+    time, with an application that streams
     ``max_tokens`` partials 25 ms apart (for a ``replay:long_stream:`` request, two and
     then nothing until a control ends it, as the replay vLLM behind the gateway is held)
     and ends cancelled, superseded or expired
@@ -441,8 +443,10 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
     runtime itself enforces none of these)."""
 
     async def serve() -> None:
-        with listen_native_server(native_server_options()) as server:
-            ready.put(server.bound_provider_endpoints["tcp"].uri)
+        with listen_native_server(options or native_server_options()) as server:
+            # listen_native_server returns with the socket bound and listening (nnrp-py's
+            # _listen: the FFI's listen call, then the bound endpoint read back).
+            listening(server.bound_provider_endpoints["tcp"].uri)
             while not stop.is_set():
                 try:
                     session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
@@ -517,18 +521,61 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, log: list[str]) 
     asyncio.run(serve())
 
 
+#: Bounds the referee's start (loading nnrp-py's four native libraries, on a loaded host);
+#: the wait itself is for the listener, or for the error that kept it from listening.
+REFEREE_START_LIMIT = 120
+
+
+async def serve_referee(stop: threading.Event, log: list[str], options: Any = None, *,
+                        task_status: trio.TaskStatus[str]) -> None:
+    """Run the referee in a thread; started (its ``tcp://`` endpoint) once it listens.
+    A referee that fails to start raises its own error here at once, and a cancelled
+    start stops the thread (``stop``) instead of leaving it serving."""
+
+    def listening(endpoint: str) -> None:
+        trio.from_thread.run_sync(task_status.started, "tcp://" + endpoint.split("://", 1)[1])
+
+    try:
+        await trio.to_thread.run_sync(run_referee, listening, stop, log, options,
+                                      abandon_on_cancel=True)
+    finally:
+        stop.set()
+
+
 @pytest.fixture
 async def referee() -> Any:
-    ready: queue.Queue[str] = queue.Queue()
     stop = threading.Event()
     log: list[str] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.to_thread.run_sync, run_referee, ready, stop, log)
-        endpoint = await trio.to_thread.run_sync(ready.get, True, 30)
+        with trio.fail_after(REFEREE_START_LIMIT):
+            uri = await nursery.start(serve_referee, stop, log)
         try:
-            yield "tcp://" + endpoint.split("://", 1)[1], log
+            yield uri, log
         finally:
             stop.set()
+
+
+async def test_a_referee_that_cannot_listen_says_why_at_once() -> None:
+    """The referee's start waits for its listener or its failure, not for a time: a port
+    already taken fails the start with nnrp-py's own listen error, not a timeout."""
+    from nnrp.core.messages import TransportPolicy
+    from nnrp.native import NativeRuntimeError
+    from nnrp.server.native import NativeServerBootstrapOptions, NativeServerProviderRoute
+
+    with trio.socket.socket() as taken:
+        await taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        options = NativeServerBootstrapOptions(
+            f"nnrp://127.0.0.1:{port}",
+            provider_routes={"tcp": NativeServerProviderRoute(f"tcp://127.0.0.1:{port}")},
+            transport_policy=TransportPolicy.FORCE_TCP)
+        # (The old fixture waited 30 s on a queue here and raised queue.Empty.)
+        with pytest.RaisesGroup(NativeRuntimeError, allow_unwrapped=True,
+                                flatten_subgroups=True):
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(REFEREE_START_LIMIT):
+                    await nursery.start(serve_referee, threading.Event(), [], options)
 
 
 async def test_each_client_api_against_the_referee(referee: Any, nursery: trio.Nursery,

@@ -161,8 +161,9 @@ def test_supersede_of_an_admitted_replacement_drops_the_old_one_at_once(
 def test_supersede_waits_for_its_replacement_which_is_admitted_at_the_limit(
         server: nnrp.ServerConnection) -> None:
     server.receive_data(submit(1, 1) + submit(2, 2))  # the session's limit is 2
+    # The hold begins: nothing of operation 1 can be delivered, so its work stops now.
     assert server.receive_data(pk(nnrp.Supersede(old_operation_id=1, new_operation_id=3),
-                                  session_id=1)) == []
+                                  session_id=1)) == [nnrp.OperationSuperseding(1, 1, 1)]
     events = server.receive_data(submit(3, 3))
     submitted, cancelled = events
     assert isinstance(submitted, nnrp.OperationSubmitted) and submitted.operation_id == 3
@@ -180,7 +181,7 @@ def test_supersede_abort_now_and_a_held_operation_may_only_drop(
     assert cancelled.operation_id == 1
     server.receive_data(submit(2, 2))
     server.receive_data(pk(nnrp.Supersede(old_operation_id=2, new_operation_id=3), session_id=1))
-    assert server.superseding(1, 2) and server.session(1).holding == 1
+    assert server.superseding(1, 2) and len(server.session(1).pending_supersedes) == 1
     # The client counts it superseded: no partial, progress or result may follow (rule 15).
     for send in (lambda: server.send_partial(1, 2, b"x"),
                  lambda: server.send_progress(1, 2, nnrp.Stage.EXECUTING),
@@ -188,7 +189,7 @@ def test_supersede_abort_now_and_a_held_operation_may_only_drop(
         with pytest.raises(nnrp.LocalProtocolError, match="superseding"):
             send()
     server.send_drop(1, 2, nnrp.DropReason.SUPERSEDED, b"")  # its hold ran out, say
-    assert server.session(1).holding == 0
+    assert server.session(1).pending_supersedes == {}
     assert of(server.receive_data(submit(3, 3)), nnrp.OperationCancelled) == []
 
 
@@ -231,7 +232,7 @@ def test_a_replacement_that_cannot_come_drops_the_old_one_now(why: str) -> None:
         1, nnrp.CancelSource.SUPERSEDE, b"new")
     session = conn.session(1)
     assert session is not None
-    assert session.holding == 0
+    assert session.pending_supersedes == {}
 
 
 def test_a_refused_submit_leaves_no_held_deadline_behind() -> None:

@@ -51,8 +51,10 @@ async def test_a_completed_operation_records_ids_timings_and_usage() -> None:
     assert record.duration_ms == pytest.approx(10.0)
     assert record.upstream_ms == 500.0
     assert not record.upstream_aborted
+    # OpenTelemetry's format (logs join traces): the NNRP id zero-extended to 128 bits.
     assert (record.trace_id, record.span_id, record.trace_attribute_bytes) == (
-        "00000000000000ab", "00000000000000cd", 12)
+        f"{0xAB:032x}", "00000000000000cd", 12)
+    assert record.parent_span_id is None
     assert record.log_level == "info"
     line = record.as_dict()
     assert "end_cause" not in line and "cancel_source" not in line  # Nones and the key

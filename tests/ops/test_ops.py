@@ -212,7 +212,7 @@ async def test_canonical_log_line_and_no_secrets(nursery: trio.Nursery) -> None:
     assert line["request_id"] == "log-1"
     assert line["events"] == 2
     assert line["trace_attribute_bytes"] == len(b"user=alice")
-    assert line["trace_id"] == f"{5:016x}"
+    assert line["trace_id"] == f"{5:032x}"  # OpenTelemetry's format: logs join traces
     dump = json.dumps(logs, default=str)
     assert "sk-very-secret" not in dump
     assert "alice" not in dump

@@ -1,11 +1,13 @@
 """Secrets never leave: the upstream API key, session tokens, resume tokens and trace
-attribute bodies are absent from logs, diagnostics events, error messages and
---print-config."""
+attribute bodies are absent from logs, diagnostics events, error messages, --print-config
+and every exported trace span (a real OTLP receiver takes them: no attribute, event,
+status or resource value may carry a secret, nor the prompt's or the completion's text)."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.tools.client import ClientError, connect
+from tests.support.otlp import OtlpReceiver
 from tests.support.processes import free_port, wait_ready
 from tests.support.stack import chat, envelope, run_operation
 
@@ -23,9 +26,16 @@ API_KEY = "sk-upstream-SECRET-1f2e"
 TOKEN = "tok-session-SECRET-9a8b"
 ATTRIBUTE = b"customer=SECRET-attribute-77"
 SECRETS = ("SECRET-1f2e", "SECRET-9a8b", "SECRET-attribute")
+#: Content: the prompt's text (and, found at run time, the completion's).
+PROMPT = "PROMPT-TEXT-4d5e"
 
 
 def test_no_secret_in_any_output(tmp_path: Path) -> None:
+    with OtlpReceiver() as receiver:
+        _scan(tmp_path, receiver)
+
+
+def _scan(tmp_path: Path, receiver: OtlpReceiver) -> None:
     exe = str(Path(sys.executable).parent / "nnrp-gateway")
     vllm, nnrp_port, admin = free_port(), free_port(), free_port()
     replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm}",
@@ -34,9 +44,13 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
     gateway = subprocess.Popen(
         [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
          f"http://127.0.0.1:{vllm}", "--admin-listen", f"127.0.0.1:{admin}", "--metrics",
-         "--upstream-api-key", API_KEY, "--auth-token", TOKEN, "--log-level", "debug"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--upstream-api-key", API_KEY, "--auth-token", TOKEN, "--log-level", "debug",
+         "--otel-traces"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+             "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": "always_on"})
     outputs: list[str] = []
+    completions: list[str] = []
     resume_tokens: list[bytes] = []
     try:
         wait_ready(f"http://127.0.0.1:{admin}")
@@ -49,12 +63,16 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
                     outputs.append(str(exc))
                 session = await client.open_session(auth=TOKEN.encode())
                 await session.trace_context(trace_id=1, span_id=2, attributes=ATTRIBUTE)
-                for body in (chat(stream=True, max_tokens=2), chat("no-such-model"),
-                             chat(temperature=-1)):
+                prompt = {"messages": [{"role": "user", "content": PROMPT}]}
+                for body in (chat(stream=True, max_tokens=2, **prompt), chat("no-such-model"),
+                             chat(temperature=-1), chat(max_tokens=4, **prompt)):
                     outcome = await run_operation(session, envelope(
                         body, nnrp_policy={"diagnostics": True}))
                     outputs.append(json.dumps(outcome.partials))
                     outputs.append(json.dumps(outcome.final))
+                    if outcome.final and outcome.final["type"] == "response.completed":
+                        completions.extend(choice["message"]["content"] for choice
+                                           in outcome.final["body"]["choices"])
                 # A resumable session, dropped and resumed: its tokens are secrets too.
                 async with connect(f"tcp://127.0.0.1:{nnrp_port}") as first:
                     resumable = await first.open_session(auth=TOKEN.encode(), resume=True)
@@ -78,10 +96,18 @@ def test_no_secret_in_any_output(tmp_path: Path) -> None:
 
         trio.run(drive)
     finally:
-        gateway.terminate()
+        gateway.terminate()  # the drain sends what is still queued before it exits
         outputs.append(gateway.communicate(timeout=20)[0])
         replay.kill()
         replay.wait()
+    spans = receiver.taken()
+    assert len([s for s in spans if s.attributes.get("nnrp.operation.id")]) == 4, spans
+    exported = "\n".join(span.as_text() for span in spans)
+    outputs.append(exported)
+    assert [text for text in completions if len(text) >= 8]  # something to look for
+    for text in (PROMPT, *completions):
+        if len(text) >= 8:  # a token or two may be a common word; the whole text may not
+            assert text not in exported, text
     printed = CliRunner().invoke(app, ["serve", "--upstream-api-key", API_KEY,
                                        "--auth-token", TOKEN, "--print-config"])
     outputs.append(printed.output)

@@ -543,7 +543,10 @@ def test_cli_quic_alpn_option() -> None:
     result = runner.invoke(app, ["serve", "--print-config", "--quic-alpn", "nnrp/1"])
     assert result.exit_code == 0, result.output
     assert tomllib.loads(result.output)["quic_alpn"] == "nnrp/1"
+    # The default is any (AlpnPolicy: the spec's nnrp/1 and nnrp-py's no-ALPN client).
+    assert tomllib.loads(runner.invoke(app, ["serve", "--print-config"]).output)[
+        "quic_alpn"] == "any"
     result = runner.invoke(app, ["serve", "--print-config"],
-                           env={"NNRP_GATEWAY_QUIC_ALPN": "any"})
-    assert tomllib.loads(result.output)["quic_alpn"] == "any"
+                           env={"NNRP_GATEWAY_QUIC_ALPN": "none"})
+    assert tomllib.loads(result.output)["quic_alpn"] == "none"
     assert runner.invoke(app, ["serve", "--print-config", "--quic-alpn", "h3"]).exit_code == 2

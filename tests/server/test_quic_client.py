@@ -16,10 +16,16 @@ import trio
 
 from gateway import nnrp
 from gateway.tools.client import connect
-from gateway.transport import AlpnPolicy, QuicClientOptions, connect as connect_transport
+from gateway.transport import (
+    AlpnPolicy,
+    QuicClientOptions,
+    QuicSettings,
+    TlsConfig,
+    connect as connect_transport,
+)
 from gateway.transport._quic_client import _unacked_bytes
 from gateway.transport.quic import QuicClientTransport, QuicConnectError, client_configuration
-from tests.support.quic import Pki, make_pki, start_quic_server
+from tests.support.quic import Pki, make_pki, needs_ipv6_loopback, start_quic_server
 from tests.support.tls import client_context, make_pki as tls_pki
 from tests.support.waits import until
 
@@ -56,6 +62,25 @@ async def test_our_client_streams_over_quic(nursery: trio.Nursery, pki: Pki) -> 
     assert seen.transport == "quic"
     assert seen.header_trace_id == 0xABC
     assert gateway.stats.connections_total == 1
+
+
+@needs_ipv6_loopback
+async def test_our_client_over_ipv6_through_a_retry(nursery: trio.Nursery, pki: Pki) -> None:
+    """Issue 26: a listener on ::1 with address validation on every connection (a Retry,
+    whose token binds the client's IPv6 address) serves the project's client."""
+    gateway = await start_quic_server(nursery, pki, host="[::1]", retry_threshold=0)
+    assert gateway.uri.startswith("quic://[::1]:")
+    with trio.fail_after(15):
+        async with connect(gateway.uri, quic=trusting(pki)) as client:
+            session = await client.open_session()
+            operation = await session.submit(script(events=3))
+            events = [event async for event in operation.events()]
+            await session.close()
+    assert [type(e).__name__ for e in events] == ["PartialReceived"] * 3 + ["ResultReceived"]
+    assert gateway.stats.retries == 1
+    assert gateway.stats.invalid_tokens == 0
+    (seen,) = gateway.seen.operations
+    assert seen.transport == "quic"
 
 
 async def test_a_large_write_is_paced_by_the_send_buffer(nursery: trio.Nursery,
@@ -103,8 +128,28 @@ async def test_alpn_is_what_the_client_offers(nursery: trio.Nursery, pki: Pki,
             await transport.aclose()
 
 
+async def test_the_default_listener_accepts_the_spec_alpn_and_none(nursery: trio.Nursery,
+                                                                  pki: Pki) -> None:
+    """No ``alpn`` given: the spec's nnrp/1 is selected when offered, and a client that
+    offers none (nnrp-py's native client; test_quic.py drives it against this default)
+    is served too (AlpnPolicy: why ANY is the default)."""
+    gateway = await start_quic_server(nursery, pki)
+    assert QuicSettings(TlsConfig(pki.cert, pki.key)).alpn is AlpnPolicy.ANY
+    for offer, selected in ((("nnrp/1",), "nnrp/1"), ((), None)):
+        with trio.fail_after(10):
+            async with connect(gateway.uri, quic=attrs.evolve(trusting(pki),
+                                                              alpn=offer)) as client:
+                assert isinstance(client.transport, QuicClientTransport)
+                assert client.transport.alpn == selected
+                session = await client.open_session()
+                operation = await session.submit(script(events=1))
+                assert [type(e).__name__ async for e in operation.events()] == \
+                    ["PartialReceived", "ResultReceived"]
+                await session.close()
+
+
 @pytest.mark.parametrize(("policy", "offer"), [
-    (AlpnPolicy.NONE, ("nnrp/1",)),  # the default listener refuses an ALPN offer
+    (AlpnPolicy.NONE, ("nnrp/1",)),  # a no-ALPN-only listener refuses an ALPN offer
     (AlpnPolicy.NNRP, ()),
 ])
 async def test_a_refused_alpn_is_a_connect_error(nursery: trio.Nursery, pki: Pki,

@@ -489,6 +489,46 @@ async def test_a_superseded_operation_can_only_end_superseded() -> None:
         assert nnrp.Stage.DROPPED not in port.progress
 
 
+@pytest.mark.parametrize("then", ["replacement", "hold_over"])
+async def test_a_held_supersede_stops_the_work_at_once_and_drops_only_when_the_rule_says(
+        then: str, autojump_clock: trio.testing.MockClock) -> None:
+    """Issue 26: the hold begins (``supersede``): the handler is cancelled and the
+    upstream closed at once, but the drop waits for the replacement (its cancel carries
+    the client's words) or for the hold to be over."""
+    port = RecordingPort()
+    op = operation(port)
+    aborted: list[bool] = []
+    stopped = trio.Event()
+
+    async def streaming(op: Operation) -> None:
+        with op.aborts_upstream(lambda: aborted.append(True)):
+            try:
+                await trio.sleep_forever()
+            finally:
+                stopped.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(op.run, streaming)
+        await trio.testing.wait_all_tasks_blocked()
+        held_at = trio.current_time()
+        port.superseded, port.hold_left = True, 5.0  # the protocol's state
+        op.supersede()
+        assert aborted == [True]  # synchronously, as a cancel does
+        await stopped.wait()
+        assert port.sent == [] and not op.is_terminal  # it waits for what the rule needs
+        if then == "replacement":
+            op.cancel(EndCause.SUPERSEDED, CancelInfo(nnrp.CancelSource.SUPERSEDE, 2,
+                                                      b"newer", 0.0))
+    waited = trio.current_time() - held_at
+    if then == "replacement":
+        assert waited < 5.0
+        assert port.sent == [("drop", nnrp.DropReason.SUPERSEDED, b"newer")]
+    else:
+        assert waited >= 5.0
+        assert port.sent == [("drop", nnrp.DropReason.SUPERSEDED, b"superseded")]
+    assert op.end_cause is EndCause.SUPERSEDED
+
+
 async def _forever(_: Operation) -> None:
     await trio.sleep_forever()
 

@@ -21,7 +21,8 @@ def served_config(monkeypatch: pytest.MonkeyPatch, args: list[str],
     configuration is the one the real command would serve (one process)."""
     seen: list[GatewayConfig] = []
 
-    async def capture(config: GatewayConfig, manifest: Path | None) -> None:
+    async def capture(config: GatewayConfig, manifest: Path | None,
+                      server_name: str | None) -> None:
         seen.append(config)
 
     monkeypatch.setattr(cli.main, "_serve", capture)

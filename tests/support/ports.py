@@ -19,6 +19,8 @@ class RecordingPort:
     tokens: frozenset[str] = frozenset()
     progress: list[Stage] = attrs.field(factory=list)
     superseded: bool = False  # a SUPERSEDE of the operation waits for its replacement
+    #: How long that SUPERSEDE still waits (None with ``superseded``: over at once).
+    hold_left: float | None = None
     frames: list[FrameShape] = attrs.field(factory=list)  # each result's frame shape
     #: Partials per write: each undeferred partial is one, a flush writes the deferred.
     writes: list[int] = attrs.field(factory=list)
@@ -60,5 +62,7 @@ class RecordingPort:
     def negotiated(self, token: str) -> bool:
         return token in self.tokens
 
-    def superseding(self) -> bool:
-        return self.superseded
+    def supersede_hold_left(self) -> float | None:
+        if not self.superseded:
+            return None
+        return 0.0 if self.hold_left is None else self.hold_left

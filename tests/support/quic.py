@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
@@ -40,6 +41,23 @@ from tests.support.servers import Seen, scripted_handler
 from tests.support.stack import Stack, start_stack
 
 
+def has_ipv6_loopback() -> bool:
+    """Whether a UDP socket can bind ::1 here (containers often have no IPv6 at all)."""
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+#: For tests that listen on ::1.
+needs_ipv6_loopback = pytest.mark.skipif(not has_ipv6_loopback(),
+                                         reason="this machine has no IPv6 loopback (::1)")
+
+
 @attrs.frozen
 class Pki:
     cert: Path
@@ -48,7 +66,7 @@ class Pki:
 
 
 def make_pki(folder: Path, name: str = "server") -> Pki:
-    """A self-signed ECDSA certificate for localhost and 127.0.0.1."""
+    """A self-signed ECDSA certificate for localhost, 127.0.0.1 and ::1."""
     folder.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name}.localhost")])
@@ -58,7 +76,8 @@ def make_pki(folder: Path, name: str = "server") -> Pki:
             .not_valid_before(now - datetime.timedelta(minutes=1))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                x509.IPAddress(ipaddress.ip_address("::1"))]),
                 critical=False)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = folder / f"{name}.pem", folder / f"{name}.key"
@@ -80,7 +99,7 @@ class QuicServer:
     @property
     def address(self) -> tuple[str, int]:
         host, _, port = self.uri.removeprefix("quic://").rpartition(":")
-        return host, int(port)
+        return host.strip("[]"), int(port)  # an IPv6 host without its URI brackets
 
     @property
     def stats(self) -> Any:
@@ -96,10 +115,12 @@ class QuicServer:
 
 
 async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
+                            host: str = "127.0.0.1",
                             limits: ConnectionLimits | None = None,
                             **quic: Any) -> QuicServer:
-    """A GatewayServer with one quic:// listener and the scripted handler, in its own
-    cancel scope (``stop()`` ends it without touching the test's nursery)."""
+    """A GatewayServer with one quic:// listener on ``host`` (``[::1]`` for IPv6) and the
+    scripted handler, in its own cancel scope (``stop()`` ends it without touching the
+    test's nursery)."""
     seen = Seen()
 
     async def handler(op: Operation) -> None:
@@ -114,7 +135,7 @@ async def start_quic_server(nursery: trio.Nursery, pki: Pki, *, port: int = 0,
     async def run(task_status: trio.TaskStatus[list[Any]]) -> None:
         try:
             with scope:
-                await server.serve([f"quic://127.0.0.1:{port}"], task_status=task_status)
+                await server.serve([f"quic://{host}:{port}"], task_status=task_status)
         finally:
             stopped.set()
 

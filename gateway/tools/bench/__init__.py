@@ -7,4 +7,4 @@ without loading the benchmarks); the benchmarks are in ``codec``, ``wire``,
 
 #: The scenarios of ``bench run``, in the order they run.
 SCENARIO_NAMES = ("latency", "cost", "throughput", "unary", "cancellation", "pause", "scale",
-                  "workers", "resume")
+                  "workers", "resume", "tracing")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -35,8 +36,11 @@ class Stack:
     and a null relay to the backend (``relay``), as processes, on free loopback ports."""
 
     def __init__(self, *, speed: float = 1.0, gateway_args: tuple[str, ...] = (),
-                 log_dir: Path | None = None, residence: bool = True) -> None:
+                 log_dir: Path | None = None, residence: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.speed = speed
+        #: More environment for the gateway process (the OTEL_* variables of tracing).
+        self.env = env
         self.gateway_args = (*gateway_args, "--bench-residence") if residence else gateway_args
         #: Where the processes' output goes (gateway.log, replay.log); discarded if None.
         self.log_dir = log_dir
@@ -88,7 +92,8 @@ class Stack:
         self.processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
             [self.exe, "serve", "--listen", self.endpoint, "--vllm-url", self.vllm_url,
              "--admin-listen", f"127.0.0.1:{self.admin_port}", "--log-level", "warning",
-             *self.gateway_args], stdout=log, stderr=log))
+             *self.gateway_args], stdout=log, stderr=log,
+            env={**os.environ, **self.env} if self.env else None))
         await self._wait(f"{self.admin_url}/readyz")
         self.startup_seconds = time.perf_counter() - start
 

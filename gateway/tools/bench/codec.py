@@ -80,20 +80,29 @@ _SSE_CHUNK = (b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk","cre
               b'"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n')
 
 
+_SSE_ROLE_CHUNK = (b'data: {"id":"chatcmpl-abc","object":"chat.completion.chunk",'
+                   b'"created":1796034842,"model":"example-model","choices":[{"index":0,'
+                   b'"delta":{"role":"assistant","content":""},"logprobs":null,'
+                   b'"finish_reason":null}],"prompt_token_ids":null}\n\n')
+
+
 def _pipeline_event() -> Callable[[], object]:
     """The gateway's CPU per streamed token: one vLLM SSE chunk in, one PARTIAL_RESULT out
     (the reference adapter's in-process figure is 4.3 us, with no wire on either side)."""
-    from gateway.pipeline import Translator
-    from gateway.profile import events
+    from gateway.pipeline import Translator, token_count
     from gateway.upstream import BINDINGS, SSEDecoder, parse_chunk
 
     decoder = SSEDecoder()
     translator = Translator(BINDINGS[-1], usage_requested=False)
+    translator.feed(parse_chunk(_SSE_ROLE_CHUNK[6:-2].decode()))  # the stream's first chunk
 
     def one() -> object:
+        # As ChatPipeline._stream does it per chunk (the token budget's count included).
         for sse in decoder.feed(_SSE_CHUNK):
-            for event in translator.feed(parse_chunk(sse.data)):
-                nnrp.encode_partial_result(1, 1, 1, 5, events.encode_event(event))
+            chunk = parse_chunk(sse.data)
+            token_count(chunk)
+            for body in translator.feed_encoded(chunk):
+                nnrp.encode_partial_result(1, 1, 1, 5, body)
         return None
 
     return one

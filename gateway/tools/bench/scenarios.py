@@ -30,6 +30,7 @@ from . import SCENARIO_NAMES, rows
 from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_seconds
 from ._resume_scenario import resume
 from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
+from ._tracing import tracing
 from ._wake import wake_cost
 from .live_cost import carries_output, live_cost, local_port, owners
 from .stats import Figure, percentile
@@ -596,7 +597,8 @@ SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = {
     "latency": latency, "cost": cost, "throughput": throughput, "unary": unary,
     "cancellation": cancellation, "pause": pause, "scale": scale}
 #: Scenarios that start their own stacks (one per configuration they compare).
-STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers, "resume": resume}
+STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers, "resume": resume,
+                                                      "tracing": tracing}
 assert set(SCENARIOS) | set(STAGED) == set(SCENARIO_NAMES)
 
 

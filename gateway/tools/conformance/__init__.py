@@ -1,8 +1,24 @@
 """Conformance: the suite-owned openai-compatible/1 recipes over the wire, the wire
-scenarios, the project's own recipes, and the wire target manifest."""
+scenarios, the host-route server scenarios (the target and the runner's side), the
+project's own recipes, and the wire target manifest."""
 
+from ._host_route import (
+    break_listener as break_listener,
+    host_route_report as host_route_report,
+    load_scenario as load_scenario,
+    refuses as refuses,
+    run_host_route as run_host_route,
+)
+from ._host_route_runner import (
+    host_route_scenarios as host_route_scenarios,
+    run_host_route_case as run_host_route_case,
+    select_host_routes as select_host_routes,
+    validate_route as validate_route,
+)
 from ._manifest import (
+    WILDCARD_HOSTS as WILDCARD_HOSTS,
     ManifestError as ManifestError,
+    host_route_providers as host_route_providers,
     target_manifest as target_manifest,
     write_atomically as write_atomically,
 )

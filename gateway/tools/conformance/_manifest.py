@@ -9,17 +9,29 @@ Rules from the schema, per listener scheme:
 | ws      | websocket          | false | ``ws://...``        | none                    |
 | wss     | websocket          | true  | ``wss://...``       | DER files (below)       |
 | quic    | quic               | true  | ``host:port``       | DER files (below)       |
-| tcps    | (not listed)       |       |                     | the schema has no TLS tcp |
+| tcps    | (host-route provider tcp, security mode ``tls_server_auth``)                 |
+
+The schema's ``transports`` hold tcp with ``tls: false`` only; TLS over TCP has one form
+there, the tcp provider of ``host_route_providers`` with the ``tls_server_auth`` mode,
+which is where a tcps listener is listed (and which the host-route scenarios run:
+``_host_route``).
 
 The security block names DER files: the runner trusts ``trusted_certificate_der_path`` and
 checks ``server_name``. They are written next to the manifest from the serving PEM files:
 the leaf certificate, the last certificate of the chain as the trust anchor (the leaf
 itself when self-signed), and the key, which must be PKCS#8 (``BEGIN PRIVATE KEY``).
 
+``server_name`` is a name the certificate holds, never the bind address (a wildcard
+such as ``0.0.0.0`` is no name any certificate check accepts): ``--tls-server-name``
+when given, else the listener's host when the certificate holds it, else the
+certificate's first DNS name, else its first IP address, else its common name.
+
 Capabilities: the openai-compatible level-1 wire profile, the runtime tokens the server
 implements (``ServerConfig.runtime_tokens``: the list capability negotiation grants and
-``gateway.capabilities`` publishes), and ``extension.<name>`` for each declared profile
-extension of the capability document (all non-critical: clients may ignore them).
+``gateway.capabilities`` publishes), ``host.routes`` with the four providers the gateway
+binds (``host_route_providers``: the server-role scenarios ``_host_route`` runs), and
+``extension.<name>`` for each declared profile extension of the capability document
+(all non-critical: clients may ignore them).
 """
 
 from __future__ import annotations
@@ -37,11 +49,29 @@ from urllib.parse import urlsplit
 
 SUITE_VERSION = "0.1.0"
 LEVEL1_WIRE = "profile.openai-compatible.level1.wire"
+HOST_ROUTES = "host.routes"
+#: The suite's provider ids for the four transports, as nnrp-rs and nnrp-py name them.
+PROVIDERS = {"tcp": "nnrp.transport.tcp.native", "quic": "nnrp.transport.quic.native",
+             "ipc": "nnrp.transport.ipc.native",
+             "websocket": "nnrp.transport.websocket.native"}
+#: Security modes each provider serves (the target manifest's ``host_route_providers``):
+#: tcps is tcp with ``tls_server_auth``, the only form the schema has for it.
+SECURITY_MODES = {"tcp": ["plain", "tls_server_auth"], "quic": ["tls_server_auth"],
+                  "ipc": ["plain"], "websocket": ["plain", "wss"]}
+#: Bind addresses that name no host: never a server name.
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
 
 #: Listener scheme -> the suite's transport name (and whether it is TLS).
 _TRANSPORTS = {"tcp": ("tcp", False), "unix": ("ipc", False), "ws": ("websocket", False),
                "wss": ("websocket", True), "quic": ("quic", True), "tcps": ("tcp", True)}
 _PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z ]+)-----\s+(.+?)\s+-----END \1-----", re.S)
+
+
+def host_route_providers() -> list[dict[str, Any]]:
+    """The target manifest's ``host_route_providers``: every transport the gateway binds."""
+    return [{"transport": transport, "provider_id": provider, "installed": True,
+             "platforms": ["native"], "security_modes": SECURITY_MODES[transport]}
+            for transport, provider in PROVIDERS.items()]
 
 
 class ManifestError(ValueError):
@@ -60,10 +90,11 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
                     max_in_flight: int, runtime_tokens: Iterable[str] = (),
                     extensions: Iterable[str] = (),
                     tls_files: tuple[Path, Path] | None = None,
-                    security_dir: Path | None = None) -> dict[str, Any]:
+                    security_dir: Path | None = None,
+                    server_name: str | None = None) -> dict[str, Any]:
     """The manifest for bound listeners. TLS listeners need ``tls_files`` (the serving
     certificate chain and key, PEM) and ``security_dir`` (where the DER copies go);
-    ``tcps`` listeners are left out (see the table above)."""
+    ``server_name`` overrides the name read from the certificate (module rules)."""
     transports = []
     security: dict[str, str] | None = None
     for endpoint in endpoints:
@@ -71,7 +102,7 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
         name = transport_of(endpoint)
         tls = _TRANSPORTS[scheme][1]
         if scheme == "tcps":
-            continue
+            continue  # the tcp provider's tls_server_auth (module table)
         locator = endpoint.split("://", 1)[1] if scheme in ("tcp", "quic") else endpoint
         entry: dict[str, Any] = {"name": name, "endpoint": locator, "tls": tls}
         if tls:
@@ -79,18 +110,56 @@ def target_manifest(endpoints: Iterable[str], *, target_name: str, max_frame_byt
                 raise ManifestError(f"{endpoint} is TLS: the manifest needs its certificate")
             if security is None:
                 security = write_security_files(*tls_files, security_dir)
-            host = urlsplit(endpoint).hostname or "localhost"
-            entry["security"] = {"server_name": host, **security}
+            host = urlsplit(endpoint).hostname or ""
+            entry["security"] = {"server_name": server_name_for(host, tls_files[0],
+                                                                server_name), **security}
         transports.append(entry)
     return {"$schema": "../schemas/wire-conformance-target.schema.json",
             "target_name": target_name, "protocol_version": "nnrp-1-preview4",
             "suite_version": SUITE_VERSION,
             "wire_conformance": {"modes": ["suite_as_client"], "transports": transports,
+                                 "host_route_providers": host_route_providers(),
                                  "capabilities": [
-                                     LEVEL1_WIRE, *sorted(set(runtime_tokens)),
+                                     LEVEL1_WIRE, *sorted(set(runtime_tokens)), HOST_ROUTES,
                                      *(f"extension.{name}" for name in sorted(extensions))],
                                  "limits": {"max_frame_bytes": max_frame_bytes,
                                             "max_in_flight": max_in_flight}}}
+
+
+def certificate_names(cert_file: Path) -> tuple[list[str], list[str], str | None]:
+    """The leaf certificate's DNS names, IP addresses and common name."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    blocks = _pem_blocks(cert_file.read_bytes(), "CERTIFICATE", whole=True)
+    if not blocks:
+        raise ManifestError(f"{cert_file} holds no PEM certificate")
+    leaf = x509.load_pem_x509_certificate(blocks[0])
+    try:
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns, ips = names.get_values_for_type(x509.DNSName), [
+            str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
+    except x509.ExtensionNotFound:
+        dns, ips = [], []
+    common = leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return dns, ips, str(common[0].value) if common else None
+
+
+def server_name_for(host: str, cert_file: Path, given: str | None = None) -> str:
+    """The name a runner checks the certificate against (module rules)."""
+    if given is not None:
+        if given in WILDCARD_HOSTS:
+            raise ManifestError(f"--tls-server-name {given!r} is a wildcard address, not a "
+                                "name a certificate holds")
+        return given
+    dns, ips, common = certificate_names(cert_file)
+    if host not in WILDCARD_HOSTS and (host in dns or host in ips):
+        return host
+    for name in (*dns, *ips, common):
+        if name and name not in WILDCARD_HOSTS and "*" not in name:
+            return name
+    raise ManifestError(f"{cert_file} names no host a client could check (no DNS name, IP "
+                        "address or common name); give --tls-server-name")
 
 
 def write_security_files(cert_file: Path, key_file: Path, directory: Path) -> dict[str, str]:

@@ -17,37 +17,46 @@ def native_available() -> bool:
 
 
 def native_client_options(endpoint: str, *, trusted_der: bytes | None = None) -> Any:
-    """NativeClientOptions reaching one of our ``tcp://``, ``unix://``, ``ws://`` or
-    ``quic://`` listeners, forced onto that transport.
+    """NativeClientOptions reaching one of our listeners, forced onto its transport.
 
-    QUIC is always TLS: the native client (rustls) trusts exactly ``trusted_der`` (the
-    server's certificate or its CA, DER) and checks the endpoint's host as the server name
-    (an IP address is checked against the certificate's IP entries).
+    TLS (``tcps://``, ``wss://``, ``quic://``): the native client (rustls) trusts exactly
+    ``trusted_der`` (the server's certificate or its CA, DER), never the system's store,
+    and checks the endpoint's host as the server name (an IP address against the
+    certificate's IP entries). Its TLS routes need the secure application endpoint
+    ``nnrps://``: a route with security under ``nnrp://``, or none under ``nnrps://``,
+    is refused (``security-unsatisfied``), and a ``tcps://`` provider endpoint is not
+    one it resolves (``route-unresolved``): TLS over TCP is its tcp provider with
+    security, at ``tcp://host:port``.
     """
     from nnrp.client.native import NativeClientOptions, NativeClientProviderRoute
     from nnrp.core.messages import TransportPolicy
 
-    if endpoint.startswith("quic://"):
+    scheme, rest = endpoint.split("://", 1)
+    transport, policy = {
+        "tcp": ("tcp", TransportPolicy.FORCE_TCP), "tcps": ("tcp", TransportPolicy.FORCE_TCP),
+        "quic": ("quic", TransportPolicy.FORCE_QUIC),
+        "unix": ("ipc", TransportPolicy.FORCE_IPC),
+        "ws": ("websocket", TransportPolicy.FORCE_WEBSOCKET),
+        "wss": ("websocket", TransportPolicy.FORCE_WEBSOCKET)}[scheme]
+    if scheme in ("tcps", "wss", "quic"):
         from nnrp.native import NativeTransportClientSecurity
 
         if trusted_der is None:
-            raise ValueError(f"{endpoint}: the native QUIC client needs the server's trust "
-                             "anchor (--ca-file)")
-        address = endpoint.removeprefix("quic://")
-        host = urlsplit(endpoint).hostname or "localhost"
-        return NativeClientOptions(f"nnrp://{address}", provider_routes={
-            "quic": NativeClientProviderRoute(
-                provider_endpoint=endpoint,
-                security=NativeTransportClientSecurity(server_name=host,
-                                                       trusted_certificate_der=trusted_der))},
-            transport_policy=TransportPolicy.FORCE_QUIC)
-    if endpoint.startswith("tcp://"):
-        return NativeClientOptions("nnrp://" + endpoint.removeprefix("tcp://"),
-                                   transport_policy=TransportPolicy.FORCE_TCP)
-    name = "ipc" if endpoint.startswith("unix://") else "websocket"
-    policy = TransportPolicy.FORCE_IPC if name == "ipc" else TransportPolicy.FORCE_WEBSOCKET
+            raise ValueError(f"{endpoint}: the native client over TLS needs the server's "
+                             "trust anchor (--ca-file)")
+        security = NativeTransportClientSecurity(
+            server_name=urlsplit(endpoint).hostname or "localhost",
+            trusted_certificate_der=trusted_der)
+        provider_endpoint = f"tcp://{rest}" if scheme == "tcps" else endpoint
+        return NativeClientOptions("nnrps://gateway.local", provider_routes={
+            transport: NativeClientProviderRoute(provider_endpoint=provider_endpoint,
+                                                 security=security)},
+            transport_policy=policy)
+    if scheme == "tcp":
+        return NativeClientOptions(f"nnrp://{rest}", transport_policy=policy)
     return NativeClientOptions("nnrp://gateway.local", provider_routes={
-        name: NativeClientProviderRoute(provider_endpoint=endpoint)}, transport_policy=policy)
+        transport: NativeClientProviderRoute(provider_endpoint=endpoint)},
+        transport_policy=policy)
 
 
 def native_openai_submit(operation_id: int, frame_id: int, payload: bytes, *,

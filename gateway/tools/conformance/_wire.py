@@ -35,10 +35,13 @@ and its two QUIC scenarios are not the gateway's to claim:
   ``--vllm-priority-scheduling``.
 
 So over QUIC the probe runs the TCP scenarios' executors and expectations unchanged
-(``QUIC_VARIANTS``) and reports them under the project's own ids (``gateway.wire.quic.*``),
+(``VARIANTS``) and reports them under the project's own ids (``gateway.wire.quic.*``),
 never under a suite id: they show that everything the TCP cases prove holds on QUIC, not
-that a suite QUIC case passed. QUIC (and tcps, wss) endpoints are trusted through
-``Trust`` (``--ca-file``).
+that a suite QUIC case passed. TLS over TCP (``tcps://``) is the same: the suite's
+scenarios have no TLS tcp transport (its target schema holds tcp with ``tls: false``
+only), so the TCP cases run over tcps under ``gateway.wire.tcps.*``. wss is the suite's
+websocket transport with ``tls: true``: its websocket scenario runs there under its own
+id. QUIC, tcps and wss endpoints are trusted through ``Trust`` (``--ca-file``).
 
 Each scenario ends with SESSION_CLOSE, whose answer must be the very next frame.
 
@@ -78,13 +81,16 @@ CASE_SLACK_MS = 5000
 HANDSHAKE_TIMEOUT_MS = 5000
 
 
-#: The project's QUIC runs of suite scenarios that exist for TCP only (module docstring):
-#: the same executor and expectations, reported under the project's id.
-QUIC_VARIANTS = {
-    "gateway.wire.quic.openai-compatible.level1": "wire.profile.openai-compatible.level1",
-    "gateway.wire.quic.cancel-abort": "wire.control.cancel-abort.client",
-    "gateway.wire.quic.deadline-before-submit": "wire.control.deadline-before-submit.client",
-}
+#: The project's runs of suite scenarios that exist for plain TCP only, by the listener
+#: scheme they run over (module docstring): the same executor and expectations, reported
+#: under the project's id.
+_TCP_CASES = {"openai-compatible.level1": "wire.profile.openai-compatible.level1",
+              "cancel-abort": "wire.control.cancel-abort.client",
+              "deadline-before-submit": "wire.control.deadline-before-submit.client"}
+VARIANTS = {scheme: {f"gateway.wire.{scheme}.{name}": original
+                     for name, original in _TCP_CASES.items()}
+            for scheme in ("quic", "tcps")}
+QUIC_VARIANTS = VARIANTS["quic"]
 
 
 def scenarios() -> dict[str, dict[str, Any]]:
@@ -95,9 +101,11 @@ def scenarios() -> dict[str, dict[str, Any]]:
     for name in CASE_FILES:
         for scenario in load_json(path / name)["scenarios"]:
             found[scenario["id"]] = scenario
-    for variant, original in QUIC_VARIANTS.items():
-        found[variant] = {**found[original], "id": variant, "transport": "quic",
-                          "adapted_from": original}
+    for scheme, variants in VARIANTS.items():
+        for variant, original in variants.items():
+            found[variant] = {**found[original], "id": variant,
+                              "transport": transport_of(f"{scheme}://"),
+                              "scheme": scheme, "adapted_from": original}
     return found
 
 
@@ -327,7 +335,8 @@ EXECUTORS: dict[str, Executor] = {
     "wire.control.cancel-abort.ipc-client": cancel_abort,
     "wire.control.deadline-before-submit.client": deadline_before_submit,
 }
-EXECUTORS.update({variant: EXECUTORS[original] for variant, original in QUIC_VARIANTS.items()})
+EXECUTORS.update({variant: EXECUTORS[original] for variants in VARIANTS.values()
+                  for variant, original in variants.items()})
 
 
 # --------------------------------------------------------------------------- validation
@@ -370,12 +379,13 @@ def validate_wire_case(scenario: dict[str, Any], terminal: str,
 
 def scenarios_for(endpoint: str) -> list[dict[str, Any]]:
     """The scenarios the probe runs against ``endpoint``: the suite-as-client cases of its
-    transport that have an executor (for quic://, the project's QUIC variants)."""
-    if endpoint.startswith("tcps://"):
-        return []  # the suite has no TLS-over-TCP transport (see _manifest)
+    transport that have an executor (for quic:// and tcps://, the project's variants)."""
+    scheme = endpoint.split("://", 1)[0]
+    if scheme in VARIANTS:
+        return [s for s in scenarios().values() if s.get("scheme") == scheme]
     transport = transport_of(endpoint)
     return [s for s in scenarios().values() if s["mode"] == "suite_as_client"
-            and s["transport"] == transport and s["id"] in EXECUTORS]
+            and s["transport"] == transport and "scheme" not in s and s["id"] in EXECUTORS]
 
 
 async def probe(endpoint: str, scenario_id: str | None = None, *,
@@ -407,8 +417,9 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
                             f"{step_timeout_ms + CASE_SLACK_MS} ms")
         except CaseFailed as failure:
             problems.append(str(failure))
-        except (nnrp.ProtocolError, OSError) as exc:
-            problems.append(f"{type(exc).__name__}: {exc}")
+        except (nnrp.ProtocolError, OSError, trio.BrokenResourceError) as exc:
+            # A failed TLS handshake is a BrokenResourceError whose cause says why.
+            problems.append(f"{type(exc).__name__}: {exc.__cause__ or exc}")
         finally:
             nursery.cancel_scope.cancel()
         if exchange is not None:
@@ -421,15 +432,20 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
     if problems:
         result["message"] = "; ".join(dict.fromkeys(problems))
     elif "adapted_from" in scenario:
-        result["message"] = (f"not a suite scenario: {scenario['adapted_from']} (the suite "
-                             f"has it for {scenarios()[scenario['adapted_from']]['transport']}"
-                             f" only) run over {scenario['transport']} by the gateway's probe")
+        original = scenarios()[scenario["adapted_from"]]
+        result["message"] = (f"not a suite scenario: {original['id']} (the suite has it "
+                             f"for plain {original['transport']} only) run over "
+                             f"{scenario['scheme']} by the gateway's probe")
     return result
 
 
 async def run_wire_probe(endpoints: list[str], *, target_name: str,
                          trust: Trust | None = None) -> dict[str, Any]:
-    """Every scenario with an executor, on every endpoint's transport."""
+    """Every scenario with an executor, on every endpoint's transport (every endpoint
+    has some: an endpoint probed by nothing would pass by saying nothing)."""
+    for endpoint in endpoints:
+        if not scenarios_for(endpoint):
+            raise ValueError(f"no wire scenario runs on {endpoint}")
     results = [await probe(endpoint, scenario["id"], trust=trust)
                for endpoint in endpoints for scenario in scenarios_for(endpoint)]
     return {"$schema": "../schemas/wire-conformance-case-results.schema.json",

@@ -137,6 +137,41 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
           name: {{ .Values.gateway.upstreamApiKeySecret }}
           key: api-key
     {{- end }}
+    {{- with .Values.gateway.tracing }}
+    {{- if .enabled }}
+    - name: NNRP_GATEWAY_OTEL_TRACES
+      value: "1"
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    - name: OTEL_SERVICE_NAME
+      value: {{ include "nnrp-vllm-gateway.fullname" $ | quote }}
+    - name: OTEL_RESOURCE_ATTRIBUTES
+      value: "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME)"
+    {{- with .endpoint }}
+    - name: OTEL_EXPORTER_OTLP_ENDPOINT
+      value: {{ . | quote }}
+    {{- end }}
+    - name: OTEL_TRACES_SAMPLER
+      value: {{ .sampler | quote }}
+    {{- with .samplerArg }}
+    - name: OTEL_TRACES_SAMPLER_ARG
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with .headersSecret }}
+    - name: OTEL_EXPORTER_OTLP_HEADERS
+      valueFrom:
+        secretKeyRef:
+          name: {{ . }}
+          key: headers
+    {{- end }}
+    {{- end }}
+    {{- end }}
     {{- with .Values.gateway.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
