@@ -73,8 +73,9 @@ PUBLIC: dict[str, str] = {
         "is_token_request parse_envelope runtime_tokens token_prompt "
     ),
     "gateway.upstream": (
-        "BINDINGS Binding CHAT_PATH ChunkStream ENGINE_DEAD_MESSAGE LoadDecision LoadError "
-        "LoadMonitor LoadPolicy LoadSample LoadSource LoadState PRIORITY_HEADER RefusalReason "
+        "BINDINGS Binding CHAT_PATH ChunkStream Completion ENGINE_DEAD_MESSAGE LoadDecision "
+        "LoadError LoadMonitor LoadPolicy LoadSample LoadSource LoadState PRIORITY_HEADER "
+        "RefusalReason "
         "RefuseReason RequestFieldError ResponseShape SSEDecoder "
         "SSEError SSEEvent SUPPORTED_BAND TEXT_COMPLETION_PATH UnsupportedVersion "
         "UpstreamConfig UpstreamError UpstreamMalformed UpstreamOverloaded UpstreamStatus "

@@ -66,6 +66,7 @@ from gateway.upstream import (
     CHAT_PATH,
     PRIORITY_HEADER,
     TEXT_COMPLETION_PATH,
+    Completion,
     LoadMonitor,
     RequestFieldError,
     UpstreamError,
@@ -145,7 +146,7 @@ class ChatPipeline:
                 op.enable_progress()
             op.stage(Stage.PREPROCESSING)
             if envelope.operation == CAPABILITIES_OPERATION:
-                await self._complete(op, ev.completed(self.capabilities()))
+                await self._complete(op, ev.encode_event(ev.completed(self.capabilities())))
                 return
             info = self.info()
             if info is None:
@@ -168,7 +169,7 @@ class ChatPipeline:
                                                    session_id=op.session_id,
                                                    operation_id=op.operation_id)
             total = self._total_timeout(envelope.policy.timeout_ms)
-            body: dict[str, Any] | None = None
+            completed: bytes | None = None
             with trio.move_on_after(total):
                 if request.stream:
                     translator = Translator(
@@ -176,12 +177,18 @@ class ChatPipeline:
                         include_openai_chunk=envelope.policy.include_openai_chunk,
                         forced_tool_choice=forces_tool_choice(request.body))
                     body = await self._stream(op, request, translator)
+                    _note_response(op, body)
+                    completed = ev.encode_event(ev.completed(body))
                 else:
-                    body = await self._unary(op, request.body, request.headers)
-            if body is None:
+                    # vLLM's body as vLLM sent it: decoded once to be checked and read
+                    # (usage, metrics, the span's names), never encoded again (issue 25
+                    # item 5).
+                    answer = await self._unary(op, request.body, request.headers)
+                    _note_response(op, answer.body)
+                    completed = ev.completed_text(answer.text)
+            if completed is None:
                 raise UpstreamTimeout("total", total)
-            _note_response(op, body)
-            await self._complete(op, ev.completed(body))
+            await self._complete(op, completed)
         except ProfileError as error:
             await self._fail(op, error)
         except UpstreamError as error:
@@ -291,7 +298,7 @@ class ChatPipeline:
         if parent is not None:
             headers["traceparent"] = parent
         notes.request_id, notes.stream, notes.traceparent = request_id, False, parent
-        answer = await self._unary(op, body, headers, path=TEXT_COMPLETION_PATH)
+        answer = (await self._unary(op, body, headers, path=TEXT_COMPLETION_PATH)).body
         _note_response(op, answer)
         text = "".join(choice.get("text") or "" for choice in answer["choices"]
                        if isinstance(choice, dict))
@@ -341,13 +348,13 @@ class ChatPipeline:
         return translator.completed_body()
 
     async def _unary(self, op: Operation, body: dict[str, Any], headers: dict[str, str], *,
-                     path: str = CHAT_PATH) -> dict[str, Any]:
+                     path: str = CHAT_PATH) -> Completion:
         """A non-streaming exchange (chat, or the token profile's text completion):
-        vLLM's checked body, as vLLM sent it."""
+        vLLM's checked answer, its bytes as vLLM sent them and their decoded value."""
         notes = op.notes
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
-        answer: dict[str, Any] | None = None
+        answer: Completion | None = None
         try:
             # vLLM answers a non-streaming request only when it has finished: the
             # first-chunk clock bounds the whole exchange.
@@ -358,18 +365,19 @@ class ChatPipeline:
         if answer is None:
             raise UpstreamTimeout("first_chunk", self.limits.first_chunk_timeout)
         notes.upstream_status = 200
-        usage = answer.get("usage")
+        usage = answer.body.get("usage")
         notes.usage = usage if isinstance(usage, dict) else None
-        metrics = answer.get("metrics")  # 0.32+, --enable-per-request-metrics
+        metrics = answer.body.get("metrics")  # 0.32+, --enable-per-request-metrics
         notes.backend_metrics = metrics if isinstance(metrics, dict) else None
         op.stage(Stage.FINALIZING)
         return answer
 
     # ------------------------------------------------------------------ terminals
 
-    async def _complete(self, op: Operation, event: dict[str, Any]) -> None:
+    async def _complete(self, op: Operation, completed: bytes) -> None:
+        """The encoded ``response.completed`` event as the terminal."""
         await self._diagnostics(op, EndCause.COMPLETED)
-        await op.close(EndCause.COMPLETED, ev.encode_event(event))
+        await op.close(EndCause.COMPLETED, completed)
 
     async def _fail(self, op: Operation, error: ProfileError) -> None:
         backend_status = error.diagnostics.get("backend_status")

@@ -85,6 +85,22 @@ def completed(body: dict[str, Any]) -> dict[str, Any]:
     return {"type": "response.completed", "body": body}
 
 
+#: JSON's whitespace (RFC 8259 section 2), which may surround a JSON text.
+_JSON_WHITESPACE = b" \t\r\n"
+
+
+def completed_text(body_json: bytes) -> bytes:
+    """The encoded ``response.completed`` of a non-streaming answer, its body vLLM's
+    JSON text as vLLM sent it: the profile changes none of a completion's fields
+    (reference-adapter.md section 6: "vLLM's response for non-streaming"), so the body
+    is passed through rather than decoded and encoded again. The event's own keys are
+    compact and sorted as every event's; inside the body the order and spacing are
+    vLLM's (it renders compact JSON: Starlette's JSONResponse). ``body_json`` must be
+    a checked JSON object (``gateway.upstream.parse_completion``: strict UTF-8, no lone
+    surrogate)."""
+    return b'{"body":' + body_json.strip(_JSON_WHITESPACE) + b',"type":"response.completed"}'
+
+
 def diagnostics(record: dict[str, Any]) -> dict[str, Any]:
     """Declared non-critical extension ``vllm.diagnostics``; unknown fields are ignorable."""
     return {"type": "response.diagnostics", "diagnostics": record}

@@ -63,6 +63,10 @@ class Link(Protocol):
         """Operations in flight on the connection, over all its sessions."""
         ...
 
+    def count_operations(self, change: int) -> None:
+        """An attached session's operations came (+) or went (-)."""
+        ...
+
 
 class Session:
     def __init__(self, protocol: ServerSession, nursery: trio.Nursery,
@@ -99,9 +103,12 @@ class Session:
 
     def attach(self, link: Link) -> None:
         self.link = link
+        link.count_operations(len(self.operations))
         self.changed()
 
     def detach(self) -> None:
+        if self.link is not None:
+            self.link.count_operations(-len(self.operations))
         self.link = None
         self.changed()
 
@@ -161,6 +168,8 @@ class Session:
 
     def start(self, operation: Operation, payload: bytes = b"") -> None:
         self.operations[operation.operation_id] = operation
+        if self.link is not None:
+            self.link.count_operations(1)
         if self.journal is not None:
             self.journal.start(operation.operation_id, operation.frame_id, payload)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
@@ -172,6 +181,8 @@ class Session:
             await operation.run(self._handler)
         finally:
             del self.operations[operation.operation_id]
+            if self.link is not None:
+                self.link.count_operations(-1)
             self.muted.discard(operation.operation_id)
             self._stats.inflight -= 1
             if not self.operations:

@@ -15,6 +15,7 @@ from ._chunks import (
 from ._client import (
     CHAT_PATH as CHAT_PATH,
     TEXT_COMPLETION_PATH as TEXT_COMPLETION_PATH,
+    Completion as Completion,
     UpstreamConfig as UpstreamConfig,
     VllmClient as VllmClient,
     VllmInfo as VllmInfo,

@@ -48,7 +48,7 @@ from ._errors import (
 from ._slots import ConnectionSlots
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
-from ._transport import BODY_EXTENSION, LoopbackTransport
+from ._transport import BODY_EXTENSION, BodyTooLarge, LoopbackBody, LoopbackTransport
 from ._versions import Binding, select_binding
 
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
@@ -78,6 +78,16 @@ class UpstreamConfig:
     #: How long a request waits for one of the ``pool_size`` upstream connections before
     #: it is refused as overload (recoverable) instead of queueing on.
     queue_timeout: float = 10.0
+
+
+@attrs.frozen
+class Completion:
+    """A checked non-streaming answer: its JSON text exactly as vLLM sent it (strict
+    UTF-8, no lone surrogate: what reaches the client, ``profile.events.completed_text``)
+    and the same decoded (what the gateway reads of it: usage, metrics, text)."""
+
+    text: bytes
+    body: dict[str, Any]
 
 
 @attrs.frozen
@@ -249,17 +259,16 @@ class VllmClient:
                 await raw.read_trailer()
 
     async def completion(self, body: dict[str, Any], headers: dict[str, str], *,
-                         path: str = CHAT_PATH) -> dict[str, Any]:
-        """POST a non-streaming completion; the checked body: ``chat.completion`` from
+                         path: str = CHAT_PATH) -> Completion:
+        """POST a non-streaming completion; the checked answer: ``chat.completion`` from
         /v1/chat/completions, ``text_completion`` from /v1/completions. vLLM answers only
-        when it has finished: the caller's scope bounds the wait."""
+        when it has finished: the caller's scope bounds the wait. The body is read
+        whole (one read where it has arrived: ``_transport``), checked as one piece
+        (``parse_completion``), and kept as the bytes vLLM sent beside its decoded value."""
         async with self._response(body, headers, math.inf, math.inf, path) as response:
-            data = bytearray()
-            async for raw in BodyChunks(response, self._pulse):
-                data += raw
-                if len(data) > MAX_JSON_BODY:
-                    raise UpstreamMalformed("completion body exceeds 64 MiB")
-            return parse_completion(bytes(data), _KINDS[path])
+            data = await _read_whole(response, MAX_JSON_BODY)
+            self._pulse.last = trio.current_time()
+            return Completion(data, parse_completion(data, _KINDS[path]))
 
     @asynccontextmanager
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
@@ -418,6 +427,29 @@ class BodyChunks:
             raise UpstreamMalformed(
                 f"vLLM connection broke mid-response: {type(exc).__name__}",
                 kind="connection_lost") from exc
+
+
+async def _read_whole(response: httpx.Response, max_bytes: int) -> bytes:
+    """A 200 answer's whole body, at most ``max_bytes``: in one piece from the loopback
+    transport (``LoopbackBody.read_all``), else gathered from httpx's chunks."""
+    whole: LoopbackBody | None = response.extensions.get(BODY_EXTENSION)
+    try:
+        if whole is not None:
+            return await whole.read_all(max_bytes)
+        pieces, size = [], 0
+        async for chunk in response.aiter_raw():
+            pieces.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise BodyTooLarge(f"body exceeds {max_bytes} bytes")
+        return b"".join(pieces)
+    except BodyTooLarge as exc:
+        raise UpstreamMalformed(f"completion body exceeds {max_bytes >> 20} MiB") from exc
+    except httpx.TransportError as exc:
+        # A reset mid-body: the answer is broken, not merely unavailable (as a stream's).
+        raise UpstreamMalformed(
+            f"vLLM connection broke mid-response: {type(exc).__name__}",
+            kind="connection_lost") from exc
 
 
 async def _read_bounded(response: httpx.Response) -> bytes:

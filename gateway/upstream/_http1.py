@@ -170,6 +170,11 @@ class BodyDecoder:
                                 "body")
 
     @property
+    def remaining(self) -> int | None:
+        """A fixed-length body's bytes still to come; None for any other framing."""
+        return self._left if self.framing == "length" else None
+
+    @property
     def reusable(self) -> bool:
         """R4, as far as the body goes."""
         return self.done and self.extra == 0 and self.framing != "close"

@@ -25,7 +25,13 @@ What it guarantees, as httpcore did for the gateway:
   ``gateway._sockio``: the streamed-event path has nothing else between the socket and
   the SSE decoder. Unlike ``aiter_raw()`` it neither guards against a second
   iteration nor releases the connection at the body's end: the caller closes the
-  response, which does (``VllmClient._response`` always does).
+  response, which does (``VllmClient._response`` always does). ``read_all`` takes a
+  whole body at once instead (a non-streaming answer): a fixed-length one in one read
+  where it has arrived, bounded before any of it is read.
+* The request's bytes and the response head also go through ``gateway._sockio`` (what
+  the kernel takes at once; the rest through trio's ``send_all`` within the write
+  timeout): per request, no trio socket layers and no pass of the scheduler after the
+  send (docs/benchmarks.md, issue 25, items 4 and 5).
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from gateway import _sockio
 from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
 
 READ_SIZE = 64 * 1024
+#: The largest single read of a whole body (``LoopbackBody.read_all``): a fixed-length body
+#: up to this size is asked for in one read, so it comes in one when it has arrived.
+WHOLE_READ_MAX = 4 << 20
 #: The response extension holding the body's own iterator: a reader that takes its
 #: chunks from it skips httpx's two generator layers per read (``aiter_raw``); closing
 #: the response still closes it.
@@ -95,8 +104,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                                      list(request.headers.raw), body)
             except ValueError as exc:
                 raise httpx.LocalProtocolError(str(exc), request=request) from exc
-            await _timed(stream.send_all(data), timeouts.get("write"), httpx.WriteTimeout,
-                         httpx.WriteError, request)
+            await self._send_request(stream, data, request, timeouts.get("write"))
             head, rest = await self._read_head(stream, request, timeouts.get("read"))
         except BaseException:
             self._busy = False
@@ -106,7 +114,7 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         if rest and decoder.done:  # no body, yet bytes came with the head: not reusable
             decoder.feed(rest)
             rest = b""
-        response_body = _Body(self, stream, decoder, head, rest, request,
+        response_body = LoopbackBody(self, stream, decoder, head, rest, request,
                               timeouts.get("read"))
         return httpx.Response(
             head.status, headers=head.headers, stream=response_body,
@@ -136,6 +144,20 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectError(str(exc), request=request) from exc
         return self._stream
 
+    async def _send_request(self, stream: trio.SocketStream, data: bytes,
+                            request: httpx.Request, limit_s: float | None) -> None:
+        """The request's bytes: what the kernel takes at once goes without trio's send
+        layers and the pass they yield (a request fits a loopback socket's buffer),
+        the rest through ``send_all`` within the write timeout. Not a checkpoint by
+        itself when it all fits: the head's read that follows is one."""
+        try:
+            sent = _sockio.send_now(stream.socket, data)
+        except OSError as exc:
+            raise httpx.WriteError(f"{type(exc).__name__}: {exc}", request=request) from exc
+        if sent < len(data):
+            await _timed(stream.send_all(data[sent:]), limit_s, httpx.WriteTimeout,
+                         httpx.WriteError, request)
+
     async def _read_head(self, stream: trio.SocketStream, request: httpx.Request,
                          limit_s: float | None) -> tuple[ResponseHead, bytes]:
         received = bytearray()
@@ -158,8 +180,8 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                                                         request=request)
                     continue
                 return head, bytes(received)
-            data = await _timed(stream.receive_some(READ_SIZE), limit_s, httpx.ReadTimeout,
-                                httpx.ReadError, request)
+            data = await _timed(_sockio.receive_some(stream.socket, READ_SIZE), limit_s,
+                                httpx.ReadTimeout, httpx.ReadError, request)
             if not data:
                 raise httpx.RemoteProtocolError("server disconnected without sending a "
                                                 "response", request=request)
@@ -187,7 +209,11 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             await self._discard()
 
 
-class _Body(httpx.AsyncByteStream):
+class BodyTooLarge(Exception):
+    """A body longer than its reader's bound (``LoopbackBody.read_all``)."""
+
+
+class LoopbackBody(httpx.AsyncByteStream):
     def __init__(self, transport: LoopbackTransport, stream: trio.SocketStream,
                  decoder: BodyDecoder, head: ResponseHead, rest: bytes,
                  request: httpx.Request, timeout: float | None) -> None:
@@ -205,7 +231,7 @@ class _Body(httpx.AsyncByteStream):
 
     # A plain iterator, not an async generator: the gateway leaves streams early on
     # purpose, and a suspended generator would be left for trio to finalize.
-    def __aiter__(self) -> _Body:
+    def __aiter__(self) -> LoopbackBody:
         return self
 
     async def __anext__(self) -> bytes:
@@ -228,11 +254,45 @@ class _Body(httpx.AsyncByteStream):
             raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
         raise StopAsyncIteration
 
-    async def _receive(self) -> bytes:
+    async def read_all(self, max_bytes: int) -> bytes:
+        """The whole body, for a reader that wants nothing before its end (a
+        non-streaming answer): a fixed-length body is asked for whole, so one that has
+        arrived comes in one read, and no step is taken per piece. More than
+        ``max_bytes`` raises ``BodyTooLarge``: a Content-Length over it before any body
+        byte is read."""
+        decoder = self._decoder
+        length = decoder.remaining
+        if length is not None and length > max_bytes:
+            raise BodyTooLarge(f"Content-Length {length} exceeds {max_bytes}")
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            if self._rest:
+                data, self._rest = self._rest, b""
+                body = decoder.feed(data)
+                pieces.append(body)
+                size = len(body)
+            while not decoder.done:
+                left = decoder.remaining
+                data = await self._receive(READ_SIZE if left is None
+                                           else min(max(left, 1), WHOLE_READ_MAX))
+                if not data:
+                    decoder.end_of_stream()
+                    break
+                body = decoder.feed(data)
+                pieces.append(body)
+                size += len(body)
+                if size > max_bytes:
+                    raise BodyTooLarge(f"body exceeds {max_bytes} bytes")
+        except ProtocolError as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # [] is b""
+
+    async def _receive(self, max_bytes: int = READ_SIZE) -> bytes:
         data: bytes = await _timed(
-            _sockio.receive_some(self._stream.socket, READ_SIZE, likely_empty=self._drained),
+            _sockio.receive_some(self._stream.socket, max_bytes, likely_empty=self._drained),
             self._timeout, httpx.ReadTimeout, httpx.ReadError, self._request)
-        self._drained = len(data) < READ_SIZE
+        self._drained = len(data) < max_bytes
         return data
 
     async def aclose(self) -> None:

@@ -62,6 +62,25 @@ async def test_prompt_logprobs_and_every_vllm_field_of_a_plain_answer(stack: Sta
     assert body["prompt_logprobs"][1]  # one entry per prompt token after the first
 
 
+async def test_a_plain_answer_reaches_the_client_in_vllms_own_bytes(stack: Stack,
+                                                                  session: Any) -> None:
+    """Not decoded and encoded again (issue 25 item 5): the body inside the terminal is in
+    vLLM's key order (``id`` first; the gateway's encoder sorts keys), equal to vLLM's."""
+    from gateway import nnrp
+
+    name = "nonstream_pair_logprobs_n2"
+    operation = await session.submit(envelope(TRANSCRIPTS[name].request_body,
+                                              request_id=scenario_id(name)))
+    terminal = [event async for event in operation.events()][-1]
+    assert isinstance(terminal, nnrp.ResultReceived)
+    assert terminal.typed_body is not None
+    payload = terminal.typed_body.frames[0].payload
+    assert payload.startswith(b'{"body":{"id":"')
+    assert payload.endswith(b'},"type":"response.completed"}')
+    final = json.loads(payload)
+    assert without_ids(final["body"]) == without_ids(recorded_body(name, stack))
+
+
 @pytest.mark.parametrize("name", ["stream_lax_true_string", "stream_lax_int_1",
                                   "stream_lax_yes"])
 async def test_lax_stream_values_stream(stack: Stack, session: Any, name: str) -> None:

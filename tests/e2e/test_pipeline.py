@@ -72,8 +72,10 @@ async def test_random_rechunking_gives_identical_events(nursery: trio.Nursery,
     plain = await start_stack(nursery, socket_dir)
     rechunked = await start_stack(nursery, _subdir(socket_dir, seed),
                                   replay=ReplayServer(speed=50.0, rechunk_seed=seed))
+    # Non-streaming bodies too: split over many reads, they are read whole all the same.
     for name in ("stream_tool_call_parallel", "stream_usage", "stream_n2_interleaved",
-                 "stream_logprobs", "stream_reasoning"):
+                 "stream_logprobs", "stream_reasoning", "nonstream_length",
+                 "nonstream_tool_call", "nonstream_reasoning"):
         results = []
         for target in (plain, rechunked):
             async with connect(target.uri()) as client:

@@ -504,6 +504,45 @@ async def test_each_lone_operation_in_turn_writes_directly(
         assert connection.operations == 0
 
 
+def in_flight(connection: Any) -> int:
+    """What ``Connection.operations`` counts, summed the slow way."""
+    return sum(len(session.operations) for session in connection.sessions.values())
+
+
+async def test_the_count_of_operations_follows_sessions_and_their_operations(
+        nursery: trio.Nursery, socket_dir: Any) -> None:
+    # The direct-write policy reads the count on every flush: it is kept as operations
+    # start and end and as sessions attach and detach, and must equal the sum over the
+    # sessions attached, through several sessions, an end, a detach and a resume.
+    from gateway.server import ResumeSettings
+
+    running = await start_server(nursery, socket_dir, resume=ResumeSettings(window=30))
+    with trio.fail_after(10):
+        async with connect(running.uri()) as client:
+            first, second, idle = [await client.open_session(resume=True) for _ in range(3)]
+            hung = [await first.submit(script(hang=True)) for _ in range(2)]
+            await second.submit(script(hang=True))
+            await until(lambda: len(running.seen.operations) == 3)
+            (connection,) = running.server.connections
+            assert idle.session_id in connection.sessions
+            assert connection.operations == in_flight(connection) == 3
+            await client.send(client.sans_io.cancel(first.session_id, hung[0].operation_id))
+            await collect(hung[0])
+            await until(lambda: in_flight(connection) == 2)
+            assert connection.operations == 2
+            ticket = second.ticket
+            assert ticket is not None
+        # The connection is gone: its sessions detached, their operations still run.
+        await until(lambda: connection.closed.is_set())
+        assert connection.operations == in_flight(connection) == 0
+        async with connect(running.uri()) as client:
+            await client.resume_session(ticket)
+            await until(lambda: len(running.server.connections) == 1)
+            (again,) = running.server.connections
+            await until(lambda: second.session_id in again.sessions)
+            assert again.operations == in_flight(again) == 1
+
+
 async def test_a_reader_that_never_reads_is_cut_off_by_the_write_timeout(
         nursery: trio.Nursery, socket_dir: Any, raw_connect: RawConnect) -> None:
     # The writer writes what the kernel takes at once, then waits under the timeout.

@@ -112,7 +112,7 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth(nursery: trio.Nurse
         await _read_to_done(client, "replay:timestamped:2:0:credentials")
         answer = await client.completion({**BODY, "stream": False},
                                          {"x-request-id": "unary"})
-        assert answer["object"] == "chat.completion"
+        assert answer.body["object"] == "chat.completion"
     finally:
         with trio.CancelScope(shield=True):
             await client.aclose()

@@ -199,3 +199,131 @@ async def test_refused_and_silent_servers() -> None:
             await post(client)
         assert await post(client) == (200, b"hello")
         assert server.connections == 2
+
+
+# --------------------------------------------------------------------------- whole bodies
+
+ANSWER = (b'{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":'
+          b'[{"index":0,"message":{"role":"assistant","content":"h\xc3\xa9\\u000b"}}]}')
+
+
+@asynccontextmanager
+async def vllm_client(replies: list[Reply]) -> AsyncIterator[tuple[Server, Any]]:
+    """The gateway's client (its request slots are LoopbackTransports) before ``Server``."""
+    from gateway.upstream import UpstreamConfig, VllmClient
+
+    server = Server(replies)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(
+            trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
+        server.port = listeners[0].socket.getsockname()[1]
+        client = VllmClient(UpstreamConfig(f"http://127.0.0.1:{server.port}"))
+        try:
+            yield server, client
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def in_pieces(head: bytes, body: bytes, pieces: int) -> Callable[[trio.SocketStream], Any]:
+    """A reply whose head and body arrive in separate writes, the body cut in ``pieces``."""
+    async def reply(stream: trio.SocketStream) -> None:
+        await stream.send_all(head)
+        step = -(-len(body) // pieces)
+        for start in range(0, len(body), step):
+            await trio.sleep(0.01)
+            await stream.send_all(body[start:start + step])
+        await stream.receive_some(1)  # the client closes, or reuses: either is fine here
+    return reply
+
+
+def chunked(body: bytes, pieces: int) -> bytes:
+    step = -(-len(body) // pieces)
+    return b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + step]), body[i:i + step])
+                    for i in range(0, len(body), step)) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+async def test_a_whole_body_is_the_bytes_vllm_sent_however_it_arrives(pieces: int) -> None:
+    length_head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(ANSWER)
+    chunked_head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    with trio.fail_after(10):
+        for head, body in ((length_head, ANSWER), (chunked_head, chunked(ANSWER, pieces))):
+            async with vllm_client([head + body, in_pieces(head, body, pieces)]) as (
+                    server, client):
+                for _ in range(2):  # in one write, then in pieces after the head
+                    answer = await client.completion({"model": "m"}, {})
+                    assert answer.text == ANSWER
+                    assert answer.body["choices"][0]["message"]["content"] == "hé\x0b"
+                assert server.connections == 1  # read to its exact end: reused
+
+
+async def test_a_content_length_past_the_bound_is_refused_before_any_body_byte() -> None:
+    from gateway.upstream import UpstreamMalformed
+
+    async def promise(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (65 << 20))
+        await trio.sleep_forever()  # not a byte of it: the refusal must not wait for one
+
+    with trio.fail_after(5):
+        async with vllm_client([promise]) as (_, client):
+            with pytest.raises(UpstreamMalformed, match="exceeds 64 MiB"):
+                await client.completion({"model": "m"}, {})
+
+
+async def test_a_chunked_body_growing_past_the_bound_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.upstream import UpstreamMalformed, _client
+
+    monkeypatch.setattr(_client, "MAX_JSON_BODY", 1 << 20)
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    endless = b"%x\r\n%s\r\n" % (64 << 10, b" " * (64 << 10))
+
+    async def flood(stream: trio.SocketStream) -> None:
+        await stream.send_all(head)
+        for _ in range(100):  # 6.4 MiB, never an end
+            await stream.send_all(endless)
+
+    with trio.fail_after(10):
+        async with vllm_client([flood]) as (_, client):
+            with pytest.raises(UpstreamMalformed, match="exceeds 1 MiB"):
+                await client.completion({"model": "m"}, {})
+
+
+async def test_a_connection_lost_mid_body_is_a_broken_answer() -> None:
+    from gateway.upstream import UpstreamMalformed
+
+    async def reset(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n{\"id\"")
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                 b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+    with trio.fail_after(5):
+        async with vllm_client([reset]) as (_, client):
+            with pytest.raises(UpstreamMalformed) as caught:
+                await client.completion({"model": "m"}, {})
+    assert caught.value.kind == "connection_lost"
+
+
+async def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the kernel does not take at once goes through send_all, after what it took.
+    from gateway import _sockio
+
+    taken: list[tuple[int, int]] = []
+    original = _sockio.send_now
+
+    def noting(sock: Any, data: bytes) -> int:
+        taken.append((original(sock, data), len(data)))
+        return taken[-1][0]
+
+    monkeypatch.setattr(_sockio, "send_now", noting)
+    body = bytes(range(256)) * (32 << 10)  # 8 MiB: more than a loopback send buffer
+    async with serving([OK]) as (server, client):
+        with trio.fail_after(20):
+            assert await post(client, body) == (200, b"hello")
+    ((sent, size),) = taken
+    assert sent < size  # the rest went through send_all
+    assert server.requests[0].endswith(body)
+    assert b"content-length: %d" % len(body) in server.requests[0].lower()
