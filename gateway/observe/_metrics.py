@@ -262,8 +262,8 @@ class GatewayMetrics:
         self.events = Counter(f"{PREFIX}_events", "Profile events sent.", ["model_name"],
                               registry=r)
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors",
-                                       "Operations ended by a vLLM failure, by error code.",
-                                       ["kind"], registry=r)
+                                       "Operations ended by a vLLM failure, by model and "
+                                       "error code.", ["model_name", "kind"], registry=r)
         self.cancellations = Counter(f"{PREFIX}_cancellations",
                                      "Operations ended early, by what ended them.", ["kind"],
                                      registry=r)
@@ -351,7 +351,7 @@ class GatewayMetrics:
         if record.events:
             self.events.labels(model).inc(record.events)
         if record.upstream_error:  # END_TABLE says which end causes are vLLM's
-            self.upstream_errors.labels(record.error_code or "unknown").inc()
+            self.upstream_errors.labels(model, record.error_code or "unknown").inc()
         if record.cancel_source is not None:
             self.cancellations.labels(record.cancel_source).inc()
         if record.upstream_abort_ms is not None:

@@ -50,6 +50,27 @@ RATE = "$__rate_interval"
 OTEL_SPANS_DROPPED = "nnrp_gateway_trace_spans_dropped_total"
 #: Every metric a query here names that a gateway exports only with an extra installed.
 FROM_EXTRAS = frozenset({OTEL_SPANS_DROPPED})
+#: vLLM's failure kinds (``nnrp_gateway_upstream_errors_total{kind}``) that are no failure
+#: of a model's serving: its answers to client mistakes (an unknown model: 404; a request
+#: it rejects: 400) and its load refusals (503: the refusal ratio's). The error ratio
+#: leaves them out, here and in the chart's NnrpGatewayErrorRatioHigh.
+NOT_FAILURES = ("unsupported_model", "invalid_backend_request", "backend_overload")
+#: The ``model_name`` values of no served model (gateway/observe/_metrics.py: a name the
+#: probe did not list is ``other``; no name, ``none``): no model's error ratio.
+UNSERVED_MODELS = ("other", "none")
+
+
+def error_ratio(selector: str, window: str, by: str) -> str:
+    """The share of a served model's operations ended by a failure: vLLM's (less
+    ``NOT_FAILURES``) or the gateway's internal error; the one definition the dashboard
+    and the alert rule share (the test holds the chart's rule to this text)."""
+    served = f'model_name!~"{"|".join(UNSERVED_MODELS)}"'
+    failed = (f"rate(nnrp_gateway_upstream_errors_total{{{selector}, "
+              f'kind!~"{"|".join(NOT_FAILURES)}", {served}}}[{window}]) '
+              f"or rate(nnrp_gateway_requests_total{{{selector}, "
+              f'outcome="internal_error", {served}}}[{window}])')
+    return (f"sum by ({by}) ({failed}) / sum by ({by}) "
+            f"(rate(nnrp_gateway_requests_total{{{selector}, {served}}}[{window}]))")
 
 
 @attrs.frozen
@@ -92,12 +113,12 @@ ROWS: tuple[Row, ...] = (
                      f"[{RATE}]))", "{{outcome}}"),),
               unit="ops"),
         Panel("Error and refusal ratio",
-              "Share of operations ended by a vLLM or gateway failure (upstream_error, "
-              "internal_error), and share refused for load (overload refusals of "
-              "operations by vLLM or load-aware admission).",
-              (Query(f"sum(rate(nnrp_gateway_requests_total{{{GW_MODEL}, "
-                     f'outcome=~"upstream_error|internal_error"}}[{RATE}])) / '
-                     f"sum(rate(nnrp_gateway_requests_total{{{GW_MODEL}}}[{RATE}]))", "errors"),
+              "Share of a served model's operations ended by a failure: vLLM's (less its "
+              "answers to client mistakes, unsupported_model and invalid_backend_request, "
+              "and its load refusals) or the gateway's internal error, as "
+              "NnrpGatewayErrorRatioHigh counts it; and the share refused for load "
+              "(overload refusals of operations by vLLM or load-aware admission).",
+              (Query(error_ratio(GW_MODEL, RATE, "model_name"), "errors {{model_name}}"),
                Query(f"sum(rate(nnrp_gateway_overload_refusals_total{{{GW}, "
                      f'source=~"vllm|gateway"}}[{RATE}])) / '
                      f"sum(rate(nnrp_gateway_requests_total{{{GW}}}[{RATE}]))", "refused")),

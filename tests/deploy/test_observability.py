@@ -385,7 +385,9 @@ ALERT_CASES: dict[str, tuple[tuple[list[dict[str, str]], int, dict[str, str]],
                                                        'transport="tcp"'), "0+90x30"),
           _series("nnrp_gateway_requests_total", _with('model_name="m", '
                                                        'outcome="upstream_error", '
-                                                       'transport="tcp"'), "0+10x30")],
+                                                       'transport="tcp"'), "0+10x30"),
+          _series("nnrp_gateway_upstream_errors_total",
+                  _with('model_name="m", kind="backend_error"'), "0+10x30")],
          20, {"namespace": NAMESPACE, "job": JOB, "model_name": "m"}),
         # 2 % failing, and cancelled operations are no failure.
         ([_series("nnrp_gateway_requests_total", _with('model_name="m", outcome="ok", '
@@ -438,6 +440,48 @@ ALERT_CASES: dict[str, tuple[tuple[list[dict[str, str]], int, dict[str, str]],
         ([_series("nnrp_gateway_worker_restarts_total", POD, "0 1x40")], 40)),
 }
 
+#: More cases for some alerts: (alert, series, minute, labels of the firing alert, or
+#: None for a quiet case).
+MORE_CASES: list[tuple[str, list[dict[str, str]], int, dict[str, str] | None]] = [
+    # Not scraped at all: no series of the gateway's, only Prometheus' own `up`.
+    ("NnrpGatewayNotReady", [_series("up", POD, "0x10")], 6, TARGET),
+    # Not ready for three minutes so far (a blip, or a restart): under `for` (5m).
+    ("NnrpGatewayNotReady", [_series("nnrp_gateway_ready", POD, "1 1 0 0 0 0 1 1 1 1 1"),
+                             _series("nnrp_gateway_upstream_ready", POD, "1x10"),
+                             _series("up", POD, "1x10")], 5, None),
+    # 0.1 op/s asking for a model vLLM does not serve beside 100 op/s served: the
+    # client's mistake (unsupported_model, model_name "other"), no failure of anyone's.
+    ("NnrpGatewayErrorRatioHigh",
+     [_series("nnrp_gateway_requests_total", _with('model_name="m", outcome="ok", '
+                                                   'transport="tcp"'), "0+6000x30"),
+      _series("nnrp_gateway_requests_total", _with('model_name="other", '
+                                                   'outcome="upstream_error", '
+                                                   'transport="tcp"'), "0+6x30"),
+      _series("nnrp_gateway_upstream_errors_total",
+              _with('model_name="other", kind="unsupported_model"'), "0+6x30")], 20, None),
+    # A served model's requests vLLM rejects (400) or refuses for load (503, the refusal
+    # ratio's alert): 20 % of its operations, none a failure.
+    ("NnrpGatewayErrorRatioHigh",
+     [_series("nnrp_gateway_requests_total", _with('model_name="m", outcome="ok", '
+                                                   'transport="tcp"'), "0+80x30"),
+      _series("nnrp_gateway_requests_total", _with('model_name="m", '
+                                                   'outcome="upstream_error", '
+                                                   'transport="tcp"'), "0+20x30"),
+      _series("nnrp_gateway_upstream_errors_total",
+              _with('model_name="m", kind="invalid_backend_request"'), "0+10x30"),
+      _series("nnrp_gateway_upstream_errors_total",
+              _with('model_name="m", kind="backend_overload"'), "0+10x30")], 20, None),
+]
+
+
+def _unit_test(alert: str, series: list[dict[str, str]], minute: int,
+               labels: dict[str, str] | None, severity: str) -> dict[str, Any]:
+    expected = [] if labels is None else [{"exp_labels": {**labels, "severity": severity}}]
+    return {"name": f"{alert} {'stays quiet' if labels is None else 'fires'}",
+            "interval": "1m", "input_series": series,
+            "alert_rule_test": [{"eval_time": f"{minute}m", "alertname": alert,
+                                 "exp_alerts": expected}]}
+
 
 def _unit_tests() -> dict[str, Any]:
     rules = alert_rules()
@@ -452,6 +496,9 @@ def _unit_tests() -> dict[str, Any]:
                       "input_series": quiet_series,
                       "alert_rule_test": [{"eval_time": f"{quiet_minute}m", "alertname": alert,
                                            "exp_alerts": []}]})
+    for alert, series, minute, labels in MORE_CASES:
+        tests.append(_unit_test(alert, series, minute, labels,
+                                rules[alert]["labels"]["severity"]))
     return {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 
@@ -470,6 +517,20 @@ def test_promtool_fires_every_alert_and_keeps_each_quiet(tmp_path: Path) -> None
     done = _promtool("test", "rules", "tests.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_the_error_ratio_alert_is_the_dashboards() -> None:
+    """One definition of a failure: the rule's expression is the builder's, and what it
+    leaves out are vLLM's failure kinds indeed (the outcome table's upstream causes)."""
+    from gateway.profile import END_TABLE, EndCause
+
+    expr = alert_rules()["NnrpGatewayErrorRatioHigh"]["expr"]
+    built = dashboard.error_ratio(GW, "5m", "namespace, job, model_name")
+    assert re.sub(r"\s+", "", expr) == re.sub(r"\s+", "", f"{built} > 0.05")
+    for kind in dashboard.NOT_FAILURES:
+        assert END_TABLE[EndCause(kind)].upstream_error, kind
+    assert dashboard.error_ratio(dashboard.GW_MODEL, dashboard.RATE,
+                                 "model_name") in dashboard.queries()
 
 
 @needs_promtool
