@@ -56,7 +56,8 @@ def render(values: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def rules_document() -> dict[str, Any]:
     """The PrometheusRule's spec as the chart renders it with its defaults turned on."""
-    (rule,) = render({"prometheusRule": {"enabled": True}})["PrometheusRule"]
+    (rule,) = render({"prometheusRule": {"enabled": True},
+                      "serviceMonitor": {"enabled": True}})["PrometheusRule"]
     return dict(rule["spec"])
 
 
@@ -290,7 +291,7 @@ def test_the_chart_ships_the_dashboard_only_when_asked() -> None:
 
 
 def test_the_chart_renders_the_rules_with_their_values() -> None:
-    (rule,) = render({"prometheusRule": {
+    (rule,) = render({"serviceMonitor": {"enabled": True}, "prometheusRule": {
         "enabled": True, "additionalLabels": {"release": "prometheus"},
         "ttftP99Seconds": 4.5, "sustainedFor": "3m"}})["PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
@@ -304,6 +305,18 @@ def test_the_chart_renders_the_rules_with_their_values() -> None:
             assert f'namespace="{NAMESPACE}"' in selector and f'job="{JOB}"' in selector
 
 
+def test_the_rules_need_the_metrics_scraped() -> None:
+    """Alert rules over series nobody scrapes never fire: the chart refuses them, saying
+    what to set; metrics served and scraped another way will do."""
+    from tests.deploy.test_deploy import helm
+
+    chart = helm.Chart.load(str(CHART))
+    with pytest.raises(helm.HelmError, match="serviceMonitor.enabled=true"):
+        chart.render({"prometheusRule": {"enabled": True}}, name="x")
+    assert render({"prometheusRule": {"enabled": True}, "gateway": {"metrics": True}}
+                  )["PrometheusRule"]
+
+
 def test_the_schema_refuses_bad_alert_values() -> None:
     from tests.deploy.test_deploy import helm
 
@@ -311,7 +324,8 @@ def test_the_schema_refuses_bad_alert_values() -> None:
     for bad in ({"sustainedFor": "ten minutes"}, {"notReadyFor": "5"}, {"errorRatio": 2},
                 {"ttftP99Seconds": 0}, {"maxWorkerRestarts": -1}, {"unknown": 1}):
         with pytest.raises(helm.HelmError):
-            chart.render({"prometheusRule": {"enabled": True, **bad}}, name="x")
+            chart.render({"prometheusRule": {"enabled": True, **bad},
+                          "serviceMonitor": {"enabled": True}}, name="x")
     with pytest.raises(helm.HelmError):
         chart.render({"dashboards": {"enabled": "yes"}}, name="x")
 
