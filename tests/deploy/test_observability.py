@@ -8,12 +8,13 @@ gateway's real /metrics text."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,40 @@ BIN = Path(sys.executable).parent
 EXE = str(BIN / "nnrp-gateway")
 #: The one `make unit` unpacks into the venv, else one on the PATH.
 PROMTOOL = str(BIN / "promtool") if (BIN / "promtool").exists() else shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is not installed: `make unit` unpacks it from "
-    "Debian's prometheus package where apt is (or: apt-get install "
-    "--no-install-recommends prometheus)")
+PROMTOOL_MISSING = ("promtool is not installed: `make unit` unpacks it from Debian's "
+                    "prometheus package where apt is (or: apt-get install "
+                    "--no-install-recommends prometheus)")
+#: Set (to 1) where a missing promtool must fail its tests rather than skip them (CI:
+#: .ci/run), so an install that failed quietly cannot leave the rules unchecked.
+REQUIRE_PROMTOOL = "NNRP_REQUIRE_PROMTOOL"
+
+
+def promtool_verdict(promtool: str | None, environ: Mapping[str, str]) -> str:
+    """What a test that needs promtool does: run, skip (none here) or fail (none, and
+    ``REQUIRE_PROMTOOL`` set)."""
+    if promtool is not None:
+        return "run"
+    return "fail" if environ.get(REQUIRE_PROMTOOL, "") not in ("", "0") else "skip"
+
+
+@pytest.fixture
+def promtool_present() -> None:
+    verdict = promtool_verdict(PROMTOOL, os.environ)
+    if verdict == "skip":
+        pytest.skip(PROMTOOL_MISSING)
+    if verdict == "fail":
+        pytest.fail(f"{PROMTOOL_MISSING}; {REQUIRE_PROMTOOL} is set, so this fails rather "
+                    "than skips", pytrace=False)
+
+
+needs_promtool = pytest.mark.usefixtures("promtool_present")
+
+
+def test_a_missing_promtool_skips_unless_required() -> None:
+    assert promtool_verdict("/usr/bin/promtool", {REQUIRE_PROMTOOL: "1"}) == "run"
+    assert promtool_verdict(None, {}) == "skip"
+    assert promtool_verdict(None, {REQUIRE_PROMTOOL: "0"}) == "skip"
+    assert promtool_verdict(None, {REQUIRE_PROMTOOL: "1"}) == "fail"
 
 #: Series Prometheus makes itself for every target it scrapes (not exported by anyone).
 PROMETHEUS_OWN = frozenset({"up"})
@@ -311,7 +342,7 @@ def test_the_rules_need_the_metrics_scraped() -> None:
     from tests.deploy.test_deploy import helm
 
     chart = helm.Chart.load(str(CHART))
-    with pytest.raises(helm.HelmError, match="serviceMonitor.enabled=true"):
+    with pytest.raises(helm.HelmError, match=re.escape("serviceMonitor.enabled=true")):
         chart.render({"prometheusRule": {"enabled": True}}, name="x")
     assert render({"prometheusRule": {"enabled": True}, "gateway": {"metrics": True}}
                   )["PrometheusRule"]
