@@ -190,6 +190,7 @@ class Gateway:
         self.draining = False
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
         self.metrics.attach_readiness(self.readiness)
+        self.metrics.attach_pool(self.client)
         if self.server.registry is not None:
             self.metrics.attach_resume(self.server.registry)
         self.metrics.attach_quic(lambda: self.server.quic_listeners)

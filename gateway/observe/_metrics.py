@@ -31,7 +31,7 @@ import gateway
 if TYPE_CHECKING:
     from gateway.server import ServerStats, SessionRegistry
     from gateway.transport.quic import QuicListener
-    from gateway.upstream import LoadMonitor
+    from gateway.upstream import LoadMonitor, VllmClient
 
     from ._record import ObservationRecord
 
@@ -244,6 +244,36 @@ class _LoadCollector(Collector):
                 yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
 
 
+#: The upstream pool's gauges: ``PoolFigures`` field -> (family, help). Each counts what
+#: one process holds, so a ``--workers`` pod's figure is the sum (gateway/workers/_merge.py).
+POOL_GAUGES: dict[str, tuple[str, str]] = {
+    "size": ("upstream_pool_size", "Upstream request slots: requests that may hold a "
+             "connection to vLLM at once (--upstream-pool-size)."),
+    "in_use": ("upstream_pool_in_use", "Upstream request slots held by a request now."),
+    "idle": ("upstream_pool_idle", "Upstream connections kept open for reuse."),
+    "waiting": ("upstream_pool_waiting", "Requests waiting for an upstream slot (every "
+                "one busy)."),
+}
+
+
+class _PoolCollector(Collector):
+    """The upstream request slots (``VllmClient.pool_figures``): a full pool is where
+    backend_overload with no 503 from vLLM comes from."""
+
+    def __init__(self, client: VllmClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.client.pool_figures()
+        for field, (name, documentation) in POOL_GAUGES.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation,
+                                    value=getattr(figures, field))
+        yield CounterMetricFamily(f"{PREFIX}_upstream_pool_wait_timeouts",
+                                  "Requests that waited --upstream-queue-timeout for an "
+                                  "upstream slot and were refused (backend_overload).",
+                                  value=figures.wait_timeouts)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -302,6 +332,10 @@ class GatewayMetrics:
     def attach_resume(self, registry: SessionRegistry) -> None:
         """Export what the resumable sessions' registry counts."""
         self.registry.register(_ResumeCollector(registry))
+
+    def attach_pool(self, client: VllmClient) -> None:
+        """Export the upstream request slots' gauges and wait timeouts."""
+        self.registry.register(_PoolCollector(client))
 
     def attach_load(self, monitor: LoadMonitor) -> None:
         """Export load-aware admission's scrapes and sample."""

@@ -206,6 +206,18 @@ ROWS: tuple[Row, ...] = (
                Query(f"sum by (kind) (rate(nnrp_gateway_upstream_errors_total{{{GW}}}"
                      f"[{RATE}]))", "{{kind}}")),
               unit="short"),
+        Panel("Upstream pool",
+              "The gateway's connections to vLLM (--upstream-pool-size per process, summed "
+              "over workers): held by a request, idle and open, requests waiting for one; "
+              "per second, requests that waited --upstream-queue-timeout and were refused "
+              "(backend_overload without vLLM refusing).",
+              (Query(f"sum(nnrp_gateway_upstream_pool_size{{{GW}}})", "size"),
+               Query(f"sum(nnrp_gateway_upstream_pool_in_use{{{GW}}})", "in use"),
+               Query(f"sum(nnrp_gateway_upstream_pool_idle{{{GW}}})", "idle"),
+               Query(f"sum(nnrp_gateway_upstream_pool_waiting{{{GW}}})", "waiting"),
+               Query(f"sum(rate(nnrp_gateway_upstream_pool_wait_timeouts_total{{{GW}}}"
+                     f"[{RATE}]))", "wait timeouts per second")),
+              unit="short"),
         Panel("Load sampling",
               "Load-aware admission's scrapes of vLLM by result, and the state its "
               "decisions rest on (stale and scrape_failing admit everything).",

@@ -90,6 +90,19 @@ class VllmInfo:
     models: tuple[str, ...]
 
 
+@attrs.frozen
+class PoolFigures:
+    """The upstream request slots at one moment (``_slots.ConnectionSlots``): how many
+    there are, held, idle with an open connection, requests waiting for one, and
+    checkouts that gave up waiting (``--upstream-queue-timeout``: backend_overload)."""
+
+    size: int
+    in_use: int
+    idle: int
+    waiting: int
+    wait_timeouts: int
+
+
 class VllmClient:
     """Loopback HTTP/1.1 client for vLLM's OpenAI server."""
 
@@ -154,6 +167,12 @@ class VllmClient:
     def slots_idle(self) -> int:
         """Upstream connections kept open for reuse."""
         return self._slots.idle
+
+    def pool_figures(self) -> PoolFigures:
+        """The request slots now (the metrics' upstream pool)."""
+        slots = self._slots
+        return PoolFigures(size=slots.size, in_use=slots.in_use, idle=slots.idle,
+                           waiting=slots.waiting, wait_timeouts=slots.wait_timeouts)
 
     async def prune_idle(self) -> int:
         """Close upstream connections idle long enough that vLLM may close them first
