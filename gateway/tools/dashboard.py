@@ -14,10 +14,12 @@ Rules:
   against vLLM, how loaded, who is refused, what resumes, QUIC, workers and traces); a panel per
   figure. Layout (ids, grid positions) is computed, never written by hand.
 * **Selectors**: the gateway's series are picked by ``$namespace`` and ``$job`` (the
-  ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace`` and
-  ``model_name``, the label both export (the gateway reuses vLLM's label name so the two
-  join: gateway/observe/_metrics.py). vLLM is scraped under its own job, so no job filter
-  applies to it.
+  ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace``, the job
+  the chart's ServiceMonitor gives vLLM's /metrics as the gateway passes it through
+  (``/metrics/vllm``: the Service's name and ``VLLM_JOB_SUFFIX``; in the pod vLLM binds
+  loopback, so that is the only way Prometheus reaches it) and ``model_name``, the label
+  both export (the gateway reuses vLLM's label name so the two join:
+  gateway/observe/_metrics.py).
 * **Rates** use Grafana's ``$__rate_interval`` (at least four scrape intervals), so a
   panel never shows a gap from a window shorter than two scrapes.
 * The datasource is a template variable: the Grafana sidecar loads the file as is, in
@@ -42,8 +44,11 @@ SCHEMA_VERSION = 39
 GW = 'namespace=~"$namespace", job=~"$job"'
 #: The gateway's series for the chosen models.
 GW_MODEL = f'{GW}, model_name=~"$model_name"'
-#: vLLM's series for the chosen models (its own job: no job filter).
-VLLM = 'namespace=~"$namespace", model_name=~"$model_name"'
+#: The chart's job for vLLM's /metrics (the ServiceMonitor's second endpoint): the
+#: gateway's job, this appended.
+VLLM_JOB_SUFFIX = "-vllm"
+#: vLLM's series for the chosen models, scraped beside the chosen gateways.
+VLLM = f'namespace=~"$namespace", job=~"${{job}}{VLLM_JOB_SUFFIX}", model_name=~"$model_name"'
 RATE = "$__rate_interval"
 #: Exported only by a gateway with the ``otel`` extra and tracing on (issue 24, item 1):
 #: a scrape of any other gateway lacks it, so the test of the queries' names is told.

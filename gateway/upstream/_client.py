@@ -208,6 +208,27 @@ class VllmClient:
             raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
         return response.content.decode("utf-8", "replace")
 
+    async def get_bounded(self, path: str, *, max_bytes: int) -> bytes:
+        """GET ``path`` on the probe pool, read as it comes and refused past ``max_bytes``
+        (a body is never held whole before its size is known). Raises UpstreamTimeout
+        when vLLM is silent past the probe timeout, UpstreamUnavailable when it does not
+        answer, UpstreamStatus for a status but 200, UpstreamError past the bound."""
+        data = bytearray()
+        try:
+            async with self._probe_client.stream("GET", path) as response:
+                if response.status_code != 200:
+                    raise UpstreamStatus(response.status_code,
+                                         await _read_bounded(response))
+                async for chunk in response.aiter_raw():
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("probe", self.config.probe_timeout) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return bytes(data)
+
     async def health(self) -> bool:
         """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""
         return await self.health_check() is True

@@ -144,10 +144,11 @@ def exported_names(text: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def gateway_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The /metrics text of a real ``serve --workers 2`` (the supervisor's, merged over
     its workers) with every part that exports series turned on (QUIC, resumable sessions,
-    load-aware admission), against the replay vLLM, after one streamed operation."""
+    load-aware admission), against the replay vLLM, after one streamed operation; and its
+    /metrics/vllm (vLLM's, passed through), what the chart's second endpoint scrapes."""
     folder = tmp_path_factory.mktemp("observed")
     pki = make_pki(folder / "pki")
     admin = f"http://127.0.0.1:{free_port()}"
@@ -184,7 +185,9 @@ def gateway_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     f"{admin}/metrics").text
 
             wait_for(counted, what="the operation in /metrics")
-            yield httpx.get(f"{admin}/metrics").text
+            vllm = httpx.get(f"{admin}/metrics/vllm")
+            assert vllm.status_code == 200, vllm.text
+            yield {"gateway": httpx.get(f"{admin}/metrics").text, "vllm": vllm.text}
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -194,8 +197,17 @@ def gateway_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 process.wait()
 
 
-def vllm_names() -> set[str]:
-    return exported_names(VLLM_METRICS.read_text())
+@pytest.fixture(scope="module")
+def gateway_metrics(scrapes: dict[str, str]) -> str:
+    return scrapes["gateway"]
+
+
+@pytest.fixture(scope="module")
+def vllm_names(scrapes: dict[str, str]) -> set[str]:
+    """vLLM's names as Prometheus scrapes them in the chart: through the gateway."""
+    names = exported_names(scrapes["vllm"])
+    assert names == exported_names(VLLM_METRICS.read_text())  # the recorded vLLM's, whole
+    return names
 
 
 def test_the_scrape_is_the_whole_gateway(gateway_metrics: str) -> None:
@@ -213,11 +225,12 @@ def test_the_scrape_is_the_whole_gateway(gateway_metrics: str) -> None:
     assert not any(name.startswith("vllm:") for name in names)
 
 
-def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str) -> None:
+def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str,
+                                                      vllm_names: set[str]) -> None:
     exported = exported_names(gateway_metrics)
     # What only an extra exports is named as such, and is no name of the plain gateway's.
     assert not dashboard.FROM_EXTRAS & exported
-    known = exported | vllm_names() | dashboard.FROM_EXTRAS
+    known = exported | vllm_names | dashboard.FROM_EXTRAS
     named = {name for expr in dashboard.queries() for name in metric_names(expr)}
     assert named - known == set()
     # Both sides of the join are on the dashboard.
@@ -226,8 +239,9 @@ def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str) -> N
             "vllm:time_to_first_token_seconds_bucket"} <= named
 
 
-def test_alerts_name_only_exported_metrics(gateway_metrics: str) -> None:
-    known = exported_names(gateway_metrics) | vllm_names() | PROMETHEUS_OWN | (
+def test_alerts_name_only_exported_metrics(gateway_metrics: str,
+                                           vllm_names: set[str]) -> None:
+    known = exported_names(gateway_metrics) | vllm_names | PROMETHEUS_OWN | (
         dashboard.FROM_EXTRAS)
     named = {name for rule in alert_rules().values() for name in metric_names(rule["expr"])}
     assert named - known == set()
@@ -349,6 +363,23 @@ def test_the_chart_ships_the_dashboard_only_when_asked() -> None:
     assert json.loads(text) == dashboard.dashboard()
 
 
+def test_the_chart_scrapes_vllm_through_the_gateway() -> None:
+    """vLLM binds the pod's loopback: the ServiceMonitor's second endpoint scrapes its
+    /metrics through the gateway under a job of its own, the one the dashboard's vLLM
+    queries select."""
+    (monitor,) = render({"serviceMonitor": {"enabled": True}})["ServiceMonitor"]
+    gateway, vllm = monitor["spec"]["endpoints"]
+    assert (gateway["port"], gateway["path"]) == ("admin", "/metrics")
+    assert "relabelings" not in gateway  # the gateway's job: the Service's name
+    assert (vllm["port"], vllm["path"]) == ("admin", "/metrics/vllm")
+    assert vllm["interval"] == gateway["interval"]
+    assert vllm["relabelings"] == [{"targetLabel": "job",
+                                    "replacement": JOB + dashboard.VLLM_JOB_SUFFIX}]
+    vllm_job = f'job=~"${{job}}{dashboard.VLLM_JOB_SUFFIX}"'
+    for expr in dashboard.queries():
+        assert expr.count(vllm_job) == len(re.findall(r"vllm:\w+\{", expr)), expr
+
+
 def test_the_chart_renders_the_rules_with_their_values() -> None:
     (rule,) = render({"serviceMonitor": {"enabled": True}, "prometheusRule": {
         "enabled": True, "additionalLabels": {"release": "prometheus"},
@@ -410,7 +441,8 @@ def test_promtool_checks_the_rules(tmp_path: Path) -> None:
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     """Each panel query, as Grafana sends it once its variables are filled in, made a
     recording rule for Prometheus' own parser."""
-    filled = {"$__rate_interval": "5m", "$namespace": ".*", "$job": ".*", "$model_name": ".*"}
+    filled = {"$__rate_interval": "5m", "$namespace": ".*", "${job}": ".*", "$job": ".*",
+              "$model_name": ".*"}
     rules = []
     for number, expr in enumerate(dashboard.queries()):
         for variable, value in filled.items():
