@@ -2,8 +2,9 @@
 
 The chart ships the JSON this module writes (``DASHBOARD_FILE``); a test checks the
 committed file is what ``render()`` returns, as for ``deploy/gateway.example.toml``, and
-that every metric a query names is one a real gateway's ``/metrics`` exports or one vLLM's
-recorded ``/metrics`` body has. Regenerate it after editing ``ROWS``::
+that every metric a query names is one a real gateway's ``/metrics`` exports (tracing on,
+so the otel extra's series are there too) or one vLLM's ``/metrics`` has, as the gateway
+passes it through. Regenerate it after editing ``ROWS``::
 
     .venv/bin/python -m gateway.tools.dashboard \
         > helm/nnrp-vllm-gateway/dashboards/nnrp-gateway.json
@@ -50,11 +51,6 @@ VLLM_JOB_SUFFIX = "-vllm"
 #: vLLM's series for the chosen models, scraped beside the chosen gateways.
 VLLM = f'namespace=~"$namespace", job=~"${{job}}{VLLM_JOB_SUFFIX}", model_name=~"$model_name"'
 RATE = "$__rate_interval"
-#: Exported only by a gateway with the ``otel`` extra and tracing on (issue 24, item 1):
-#: a scrape of any other gateway lacks it, so the test of the queries' names is told.
-OTEL_SPANS_DROPPED = "nnrp_gateway_trace_spans_dropped_total"
-#: Every metric a query here names that a gateway exports only with an extra installed.
-FROM_EXTRAS = frozenset({OTEL_SPANS_DROPPED})
 #: vLLM's failure kinds (``nnrp_gateway_upstream_errors_total{kind}``) that are no failure
 #: of a model's serving: its answers to client mistakes (an unknown model: 404; a request
 #: it rejects: 400) and its load refusals (503: the refusal ratio's). The error ratio
@@ -317,7 +313,8 @@ ROWS: tuple[Row, ...] = (
         Panel("Trace spans dropped, by reason",
               "Spans the OpenTelemetry exporter dropped rather than block the event path "
               "(the otel extra, with tracing on; empty otherwise).",
-              (Query(f"sum by (reason) (rate({OTEL_SPANS_DROPPED}{{{GW}}}[{RATE}]))",
+              (Query(f"sum by (reason) (rate(nnrp_gateway_trace_spans_dropped_total{{{GW}}}"
+                     f"[{RATE}]))",
                      "{{reason}}"),),
               unit="ops"),
     )),

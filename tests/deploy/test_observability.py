@@ -1,9 +1,10 @@
 """Issue 24, the dashboard and the alert rules: the committed dashboard is what its builder
 writes; the chart ships it (grafana_dashboard: "1") and the PrometheusRule only when asked;
 every metric a dashboard query or an alert names is one a real gateway's /metrics exports
-(or vLLM's, from its recorded /metrics body); Prometheus' own promtool checks the rules'
-and the dashboard's PromQL, runs a firing and a quiet case of every alert, and lints the
-gateway's real /metrics text."""
+(tracing on: no name is exempt) or vLLM's, as that gateway's /metrics/vllm passes it
+through; Prometheus' own promtool checks the rules' and the dashboard's PromQL, runs a
+firing and a quiet case of every alert (more where a near miss needs saying), and lints
+the gateway's real /metrics text."""
 
 from __future__ import annotations
 
@@ -147,20 +148,25 @@ def exported_names(text: str) -> set[str]:
 def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The /metrics text of a real ``serve --workers 2`` (the supervisor's, merged over
     its workers) with every part that exports series turned on (QUIC, resumable sessions,
-    load-aware admission), against the replay vLLM, after one streamed operation; and its
+    load-aware admission, traces: the otel extra is in the test extra, its collector a
+    closed port), against the replay vLLM, after one streamed operation; and its
     /metrics/vllm (vLLM's, passed through), what the chart's second endpoint scrapes."""
     folder = tmp_path_factory.mktemp("observed")
     pki = make_pki(folder / "pki")
     admin = f"http://127.0.0.1:{free_port()}"
     log = folder / "gateway.log"
+    # Spans export to nowhere (refused at once): the counters are there, drops counted.
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
     with ReplayThread(speed=50.0) as replay, log.open("wb") as sink:
         process = subprocess.Popen(
             [EXE, "serve", "--workers", "2", "--vllm-url", replay.url,
              "--listen", "tcp://127.0.0.1:0", "--listen", "quic://127.0.0.1:0",
              "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
              "--resume-window", "30", "--load-aware-admission", "--load-max-waiting", "100",
-             "--admin-listen", admin.removeprefix("http://"), "--metrics",
-             "--drain-timeout", "5"], stdout=sink, stderr=subprocess.STDOUT)
+             "--admin-listen", admin.removeprefix("http://"), "--metrics", "--otel-traces",
+             "--drain-timeout", "5"], stdout=sink, stderr=subprocess.STDOUT,
+            env={**os.environ, **otel})
         try:
             wait_for(lambda: len(served_endpoints(log.read_text())) == 2
                      or process.poll() is not None, what="the announcement")
@@ -218,7 +224,9 @@ def test_the_scrape_is_the_whole_gateway(gateway_metrics: str) -> None:
                  "nnrp_gateway_ready", "nnrp_gateway_upstream_ready",
                  "nnrp_gateway_worker_restarts_total", "nnrp_gateway_workers_running",
                  "nnrp_gateway_quic_dropped_datagrams_total", "nnrp_gateway_resume_sessions",
-                 "nnrp_gateway_load_state", "nnrp_gateway_upstream_pool_in_use",
+                 "nnrp_gateway_load_state", "nnrp_gateway_trace_spans_dropped_total",
+                 "nnrp_gateway_trace_spans_exported_total",
+                 "nnrp_gateway_upstream_pool_in_use",
                  "nnrp_gateway_upstream_pool_waiting", "nnrp_gateway_upstream_pool_size",
                  "nnrp_gateway_upstream_pool_wait_timeouts_total"):
         assert name in names, name
@@ -227,10 +235,7 @@ def test_the_scrape_is_the_whole_gateway(gateway_metrics: str) -> None:
 
 def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str,
                                                       vllm_names: set[str]) -> None:
-    exported = exported_names(gateway_metrics)
-    # What only an extra exports is named as such, and is no name of the plain gateway's.
-    assert not dashboard.FROM_EXTRAS & exported
-    known = exported | vllm_names | dashboard.FROM_EXTRAS
+    known = exported_names(gateway_metrics) | vllm_names
     named = {name for expr in dashboard.queries() for name in metric_names(expr)}
     assert named - known == set()
     # Both sides of the join are on the dashboard.
@@ -241,8 +246,7 @@ def test_dashboard_queries_name_only_exported_metrics(gateway_metrics: str,
 
 def test_alerts_name_only_exported_metrics(gateway_metrics: str,
                                            vllm_names: set[str]) -> None:
-    known = exported_names(gateway_metrics) | vllm_names | PROMETHEUS_OWN | (
-        dashboard.FROM_EXTRAS)
+    known = exported_names(gateway_metrics) | vllm_names | PROMETHEUS_OWN
     named = {name for rule in alert_rules().values() for name in metric_names(rule["expr"])}
     assert named - known == set()
 
