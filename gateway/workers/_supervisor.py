@@ -32,7 +32,8 @@ signals, restarts it, and stops it. The rules:
   ``nnrp_gateway_workers_running`` and ``nnrp_gateway_worker_restarts_total``;
   ``/readyz`` ready when at least one worker serves, every serving worker is ready and
   the supervisor is not draining (a worker away for a restart costs capacity, not
-  service: its TCP share moves to the others); ``/capabilities`` from a serving worker;
+  service: its TCP share moves to the others); ``/capabilities`` and ``/metrics/vllm``
+  (vLLM's own, its 502 or 504 as the worker gave it) from a serving worker;
   ``/debug/residence`` per worker. A worker that does not answer within
   ``ADMIN_TIMEOUT`` (below the chart's probe timeout: a saturated worker answers late)
   is reported so.
