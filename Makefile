@@ -68,15 +68,20 @@ unit: $(TEST_STAMP) $(BIN)/promtool ## the whole pytest suite
 # (tests/deploy/test_observability.py): the binary alone, unpacked from Debian's
 # `prometheus` package into the venv (8 s here; it needs only libc), so no Prometheus
 # service is set up and nothing lands outside .venv. apt's lists are fetched first only
-# when there are none and we are root. Where this cannot work (no apt, no lists), the
-# tests that need promtool skip and say why; one on the PATH is used as it is.
+# when there are none and we are root; as root, a download that fails (stale lists name
+# a version the mirror no longer has: 404) fetches the lists and tries once more. Where
+# this cannot work (no apt, no lists), the tests that need promtool skip and say why,
+# except where NNRP_REQUIRE_PROMTOOL=1 (CI: .ci/run) makes them fail; one on the PATH is
+# used as it is.
 $(BIN)/promtool: | $(RUNTIME_STAMP)
 	@if command -v promtool > /dev/null; then echo "promtool: $$(command -v promtool)"; \
 	elif command -v apt-get > /dev/null && command -v dpkg-deb > /dev/null; then \
 	  dir=$$(mktemp -d) && chmod a+rwx $$dir && \
 	  { ls /var/lib/apt/lists/*_Packages* > /dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
 	    || apt-get update -qq; } && \
-	  (cd $$dir && apt-get download -qq prometheus) && \
+	  { (cd $$dir && apt-get download -qq prometheus) \
+	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	         && (cd $$dir && apt-get download -qq prometheus); }; } && \
 	  dpkg-deb -x $$dir/prometheus_*.deb $$dir/root && \
 	  cp $$dir/root/usr/bin/promtool $@; rm -rf $$dir; \
 	fi; test -x $@ || command -v promtool > /dev/null \

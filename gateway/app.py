@@ -30,6 +30,7 @@ from gateway.observe import (
     AdminRoutes,
     AdminServer,
     GatewayMetrics,
+    RouteUnavailable,
     Tracer,
     build_record,
     metrics_route,
@@ -59,12 +60,19 @@ from gateway.upstream import (
     UnsupportedVersion,
     UpstreamConfig,
     UpstreamError,
+    UpstreamTimeout,
     VllmClient,
     VllmInfo,
 )
 
 log = structlog.get_logger("gateway")
 operation_log = structlog.get_logger("gateway.operation")
+
+#: ``/metrics/vllm``'s bounds: under the admin listener's 10 s per connection and a
+#: ``--workers`` supervisor's 8 s wait for a worker (the supervisor asks a worker), and
+#: far above vLLM's text (tens of KiB; more per LoRA adapter and engine).
+VLLM_METRICS_TIMEOUT = 5.0
+VLLM_METRICS_MAX_BYTES = 16 << 20
 
 
 @attrs.frozen
@@ -191,13 +199,30 @@ class Gateway:
         self.draining = False
         self.metrics.attach(self.server.stats, lambda: self.upstream_healthy)
         self.metrics.attach_readiness(self.readiness)
+        self.metrics.attach_pool(self.client)
         if self.server.registry is not None:
             self.metrics.attach_resume(self.server.registry)
         self.metrics.attach_quic(lambda: self.server.quic_listeners)
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
             metrics_route(self.metrics.registry) if config.metrics else None,
+            vllm_metrics=self.vllm_metrics if config.metrics else None,
             residence=residence.enable().take if config.bench_residence else None))
+
+    async def vllm_metrics(self) -> bytes:
+        """vLLM's /metrics for ``/metrics/vllm``, within ``VLLM_METRICS_TIMEOUT`` and
+        ``VLLM_METRICS_MAX_BYTES``; a failure is the admin listener's 502 or 504."""
+        where = f"vLLM's /metrics ({self.config.vllm_url})"
+        with trio.move_on_after(VLLM_METRICS_TIMEOUT):
+            try:
+                return await self.client.get_bounded("/metrics",
+                                                     max_bytes=VLLM_METRICS_MAX_BYTES)
+            except UpstreamTimeout as exc:
+                raise RouteUnavailable(f"{where} did not answer: {exc}", status=504) from exc
+            except UpstreamError as exc:
+                raise RouteUnavailable(f"{where} failed: {exc}", status=502) from exc
+        raise RouteUnavailable(f"{where} did not answer within {VLLM_METRICS_TIMEOUT:g} s",
+                               status=504)
 
     def readiness(self) -> list[str]:
         """Why the gateway is not ready (empty when it is)."""

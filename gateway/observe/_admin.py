@@ -6,6 +6,11 @@
 * ``/readyz``: 200 when every NNRP listener is bound, vLLM is probed and healthy, and the
   gateway is not draining; otherwise 503 with the reasons as JSON.
 * ``/metrics``: Prometheus text, only when metrics are enabled.
+* ``/metrics/vllm``: vLLM's own ``/metrics``, passed through as it is (only when metrics
+  are enabled): in the chart vLLM binds loopback inside the pod, so Prometheus reaches it
+  only here (a ServiceMonitor endpoint of its own job). Bounded in time and size by the
+  route's owner; 502 when vLLM fails or answers otherwise than 200, 504 when it is silent,
+  each with one line saying so.
 * ``/capabilities``: the capability document.
 * ``/debug/residence``: only under ``serve --bench-residence`` (a benchmark): the residence
   times recorded since the last read of it (``gateway.residence``), which starts anew.
@@ -32,6 +37,8 @@ from gateway.transport import ListenError, open_unix_listener
 
 log = structlog.get_logger("gateway.admin")
 MAX_REQUEST = 16 * 1024
+#: The content type of Prometheus' text exposition format, as vLLM serves it.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 T = TypeVar("T")
 Route = Callable[[], T | Awaitable[T]]
 
@@ -41,11 +48,17 @@ class AdminRoutes:
     readiness: Route[list[str]]  # empty list = ready; else the reasons
     capabilities: Route[dict[str, Any]]
     metrics: Route[bytes] | None = None  # Prometheus text; None: /metrics is off
+    vllm_metrics: Route[bytes] | None = None  # vLLM's /metrics; None: /metrics/vllm is off
     residence: Route[dict[str, Any]] | None = None  # None: /debug/residence is off
 
 
 class RouteUnavailable(Exception):
-    """A route cannot answer now (503, with the message as the reason)."""
+    """A route cannot answer now: 503, or ``status`` (502: what it passes on failed; 504:
+    what it passes on did not answer in time), with the message as the reason."""
+
+    def __init__(self, message: str, *, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def metrics_route(registry: CollectorRegistry) -> Route[bytes]:
@@ -107,7 +120,7 @@ class AdminServer:
         try:
             return await self.respond(method, path)
         except RouteUnavailable as exc:
-            return 503, "application/json", json.dumps({"error": str(exc)}).encode()
+            return exc.status, "application/json", json.dumps({"error": str(exc)}).encode()
         except Exception:
             log.exception("admin route failed", path=path)
             return 500, "application/json", b'{"error":"internal error"}'
@@ -124,6 +137,10 @@ class AdminServer:
             return (200 if not reasons else 503), "application/json", body
         if path == "/metrics" and self.routes.metrics is not None:
             return 200, CONTENT_TYPE_LATEST, await _answer(self.routes.metrics)
+        if path == "/metrics/vllm" and self.routes.vllm_metrics is not None:
+            # vLLM's text as vLLM wrote it: Prometheus' text format (asked for without
+            # OpenMetrics in Accept).
+            return 200, PROMETHEUS_TEXT, await _answer(self.routes.vllm_metrics)
         if path == "/capabilities":
             document = await _answer(self.routes.capabilities)
             return 200, "application/json", json.dumps(document).encode()

@@ -31,7 +31,7 @@ import gateway
 if TYPE_CHECKING:
     from gateway.server import ServerStats, SessionRegistry
     from gateway.transport.quic import QuicListener
-    from gateway.upstream import LoadMonitor
+    from gateway.upstream import LoadMonitor, VllmClient
 
     from ._record import ObservationRecord
 
@@ -244,6 +244,36 @@ class _LoadCollector(Collector):
                 yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
 
 
+#: The upstream pool's gauges: ``PoolFigures`` field -> (family, help). Each counts what
+#: one process holds, so a ``--workers`` pod's figure is the sum (gateway/workers/_merge.py).
+POOL_GAUGES: dict[str, tuple[str, str]] = {
+    "size": ("upstream_pool_size", "Upstream request slots: requests that may hold a "
+             "connection to vLLM at once (--upstream-pool-size)."),
+    "in_use": ("upstream_pool_in_use", "Upstream request slots held by a request now."),
+    "idle": ("upstream_pool_idle", "Upstream connections kept open for reuse."),
+    "waiting": ("upstream_pool_waiting", "Requests waiting for an upstream slot (every "
+                "one busy)."),
+}
+
+
+class _PoolCollector(Collector):
+    """The upstream request slots (``VllmClient.pool_figures``): a full pool is where
+    backend_overload with no 503 from vLLM comes from."""
+
+    def __init__(self, client: VllmClient) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.client.pool_figures()
+        for field, (name, documentation) in POOL_GAUGES.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation,
+                                    value=getattr(figures, field))
+        yield CounterMetricFamily(f"{PREFIX}_upstream_pool_wait_timeouts",
+                                  "Requests that waited --upstream-queue-timeout for an "
+                                  "upstream slot and were refused (backend_overload).",
+                                  value=figures.wait_timeouts)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -262,8 +292,8 @@ class GatewayMetrics:
         self.events = Counter(f"{PREFIX}_events", "Profile events sent.", ["model_name"],
                               registry=r)
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors",
-                                       "Operations ended by a vLLM failure, by error code.",
-                                       ["kind"], registry=r)
+                                       "Operations ended by a vLLM failure, by model and "
+                                       "error code.", ["model_name", "kind"], registry=r)
         self.cancellations = Counter(f"{PREFIX}_cancellations",
                                      "Operations ended early, by what ended them.", ["kind"],
                                      registry=r)
@@ -302,6 +332,10 @@ class GatewayMetrics:
     def attach_resume(self, registry: SessionRegistry) -> None:
         """Export what the resumable sessions' registry counts."""
         self.registry.register(_ResumeCollector(registry))
+
+    def attach_pool(self, client: VllmClient) -> None:
+        """Export the upstream request slots' gauges and wait timeouts."""
+        self.registry.register(_PoolCollector(client))
 
     def attach_load(self, monitor: LoadMonitor) -> None:
         """Export load-aware admission's scrapes and sample."""
@@ -351,7 +385,7 @@ class GatewayMetrics:
         if record.events:
             self.events.labels(model).inc(record.events)
         if record.upstream_error:  # END_TABLE says which end causes are vLLM's
-            self.upstream_errors.labels(record.error_code or "unknown").inc()
+            self.upstream_errors.labels(model, record.error_code or "unknown").inc()
         if record.cancel_source is not None:
             self.cancellations.labels(record.cancel_source).inc()
         if record.upstream_abort_ms is not None:

@@ -2,8 +2,9 @@
 
 The chart ships the JSON this module writes (``DASHBOARD_FILE``); a test checks the
 committed file is what ``render()`` returns, as for ``deploy/gateway.example.toml``, and
-that every metric a query names is one a real gateway's ``/metrics`` exports or one vLLM's
-recorded ``/metrics`` body has. Regenerate it after editing ``ROWS``::
+that every metric a query names is one a real gateway's ``/metrics`` exports (tracing on,
+so the otel extra's series are there too) or one vLLM's ``/metrics`` has, as the gateway
+passes it through. Regenerate it after editing ``ROWS``::
 
     .venv/bin/python -m gateway.tools.dashboard \
         > helm/nnrp-vllm-gateway/dashboards/nnrp-gateway.json
@@ -14,10 +15,12 @@ Rules:
   against vLLM, how loaded, who is refused, what resumes, QUIC, workers and traces); a panel per
   figure. Layout (ids, grid positions) is computed, never written by hand.
 * **Selectors**: the gateway's series are picked by ``$namespace`` and ``$job`` (the
-  ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace`` and
-  ``model_name``, the label both export (the gateway reuses vLLM's label name so the two
-  join: gateway/observe/_metrics.py). vLLM is scraped under its own job, so no job filter
-  applies to it.
+  ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace``, the job
+  the chart's ServiceMonitor gives vLLM's /metrics as the gateway passes it through
+  (``/metrics/vllm``: the Service's name and ``VLLM_JOB_SUFFIX``; in the pod vLLM binds
+  loopback, so that is the only way Prometheus reaches it) and ``model_name``, the label
+  both export (the gateway reuses vLLM's label name so the two join:
+  gateway/observe/_metrics.py).
 * **Rates** use Grafana's ``$__rate_interval`` (at least four scrape intervals), so a
   panel never shows a gap from a window shorter than two scrapes.
 * The datasource is a template variable: the Grafana sidecar loads the file as is, in
@@ -42,14 +45,33 @@ SCHEMA_VERSION = 39
 GW = 'namespace=~"$namespace", job=~"$job"'
 #: The gateway's series for the chosen models.
 GW_MODEL = f'{GW}, model_name=~"$model_name"'
-#: vLLM's series for the chosen models (its own job: no job filter).
-VLLM = 'namespace=~"$namespace", model_name=~"$model_name"'
+#: The chart's job for vLLM's /metrics (the ServiceMonitor's second endpoint): the
+#: gateway's job, this appended.
+VLLM_JOB_SUFFIX = "-vllm"
+#: vLLM's series for the chosen models, scraped beside the chosen gateways.
+VLLM = f'namespace=~"$namespace", job=~"${{job}}{VLLM_JOB_SUFFIX}", model_name=~"$model_name"'
 RATE = "$__rate_interval"
-#: Exported only by a gateway with the ``otel`` extra and tracing on (issue 24, item 1):
-#: a scrape of any other gateway lacks it, so the test of the queries' names is told.
-OTEL_SPANS_DROPPED = "nnrp_gateway_trace_spans_dropped_total"
-#: Every metric a query here names that a gateway exports only with an extra installed.
-FROM_EXTRAS = frozenset({OTEL_SPANS_DROPPED})
+#: vLLM's failure kinds (``nnrp_gateway_upstream_errors_total{kind}``) that are no failure
+#: of a model's serving: its answers to client mistakes (an unknown model: 404; a request
+#: it rejects: 400) and its load refusals (503: the refusal ratio's). The error ratio
+#: leaves them out, here and in the chart's NnrpGatewayErrorRatioHigh.
+NOT_FAILURES = ("unsupported_model", "invalid_backend_request", "backend_overload")
+#: The ``model_name`` values of no served model (gateway/observe/_metrics.py: a name the
+#: probe did not list is ``other``; no name, ``none``): no model's error ratio.
+UNSERVED_MODELS = ("other", "none")
+
+
+def error_ratio(selector: str, window: str, by: str) -> str:
+    """The share of a served model's operations ended by a failure: vLLM's (less
+    ``NOT_FAILURES``) or the gateway's internal error; the one definition the dashboard
+    and the alert rule share (the test holds the chart's rule to this text)."""
+    served = f'model_name!~"{"|".join(UNSERVED_MODELS)}"'
+    failed = (f"rate(nnrp_gateway_upstream_errors_total{{{selector}, "
+              f'kind!~"{"|".join(NOT_FAILURES)}", {served}}}[{window}]) '
+              f"or rate(nnrp_gateway_requests_total{{{selector}, "
+              f'outcome="internal_error", {served}}}[{window}])')
+    return (f"sum by ({by}) ({failed}) / sum by ({by}) "
+            f"(rate(nnrp_gateway_requests_total{{{selector}, {served}}}[{window}]))")
 
 
 @attrs.frozen
@@ -92,12 +114,12 @@ ROWS: tuple[Row, ...] = (
                      f"[{RATE}]))", "{{outcome}}"),),
               unit="ops"),
         Panel("Error and refusal ratio",
-              "Share of operations ended by a vLLM or gateway failure (upstream_error, "
-              "internal_error), and share refused for load (overload refusals of "
-              "operations by vLLM or load-aware admission).",
-              (Query(f"sum(rate(nnrp_gateway_requests_total{{{GW_MODEL}, "
-                     f'outcome=~"upstream_error|internal_error"}}[{RATE}])) / '
-                     f"sum(rate(nnrp_gateway_requests_total{{{GW_MODEL}}}[{RATE}]))", "errors"),
+              "Share of a served model's operations ended by a failure: vLLM's (less its "
+              "answers to client mistakes, unsupported_model and invalid_backend_request, "
+              "and its load refusals) or the gateway's internal error, as "
+              "NnrpGatewayErrorRatioHigh counts it; and the share refused for load "
+              "(overload refusals of operations by vLLM or load-aware admission).",
+              (Query(error_ratio(GW_MODEL, RATE, "model_name"), "errors {{model_name}}"),
                Query(f"sum(rate(nnrp_gateway_overload_refusals_total{{{GW}, "
                      f'source=~"vllm|gateway"}}[{RATE}])) / '
                      f"sum(rate(nnrp_gateway_requests_total{{{GW}}}[{RATE}]))", "refused")),
@@ -184,6 +206,18 @@ ROWS: tuple[Row, ...] = (
                Query(f"min(nnrp_gateway_ready{{{GW}}})", "gateway ready"),
                Query(f"sum by (kind) (rate(nnrp_gateway_upstream_errors_total{{{GW}}}"
                      f"[{RATE}]))", "{{kind}}")),
+              unit="short"),
+        Panel("Upstream pool",
+              "The gateway's connections to vLLM (--upstream-pool-size per process, summed "
+              "over workers): held by a request, idle and open, requests waiting for one; "
+              "per second, requests that waited --upstream-queue-timeout and were refused "
+              "(backend_overload without vLLM refusing).",
+              (Query(f"sum(nnrp_gateway_upstream_pool_size{{{GW}}})", "size"),
+               Query(f"sum(nnrp_gateway_upstream_pool_in_use{{{GW}}})", "in use"),
+               Query(f"sum(nnrp_gateway_upstream_pool_idle{{{GW}}})", "idle"),
+               Query(f"sum(nnrp_gateway_upstream_pool_waiting{{{GW}}})", "waiting"),
+               Query(f"sum(rate(nnrp_gateway_upstream_pool_wait_timeouts_total{{{GW}}}"
+                     f"[{RATE}]))", "wait timeouts per second")),
               unit="short"),
         Panel("Load sampling",
               "Load-aware admission's scrapes of vLLM by result, and the state its "
@@ -279,7 +313,8 @@ ROWS: tuple[Row, ...] = (
         Panel("Trace spans dropped, by reason",
               "Spans the OpenTelemetry exporter dropped rather than block the event path "
               "(the otel extra, with tracing on; empty otherwise).",
-              (Query(f"sum by (reason) (rate({OTEL_SPANS_DROPPED}{{{GW}}}[{RATE}]))",
+              (Query(f"sum by (reason) (rate(nnrp_gateway_trace_spans_dropped_total{{{GW}}}"
+                     f"[{RATE}]))",
                      "{{reason}}"),),
               unit="ops"),
     )),

@@ -100,6 +100,19 @@ class VllmInfo:
     models: tuple[str, ...]
 
 
+@attrs.frozen
+class PoolFigures:
+    """The upstream request slots at one moment (``_slots.ConnectionSlots``): how many
+    there are, held, idle with an open connection, requests waiting for one, and
+    checkouts that gave up waiting (``--upstream-queue-timeout``: backend_overload)."""
+
+    size: int
+    in_use: int
+    idle: int
+    waiting: int
+    wait_timeouts: int
+
+
 class VllmClient:
     """Loopback HTTP/1.1 client for vLLM's OpenAI server."""
 
@@ -165,6 +178,12 @@ class VllmClient:
         """Upstream connections kept open for reuse."""
         return self._slots.idle
 
+    def pool_figures(self) -> PoolFigures:
+        """The request slots now (the metrics' upstream pool)."""
+        slots = self._slots
+        return PoolFigures(size=slots.size, in_use=slots.in_use, idle=slots.idle,
+                           waiting=slots.waiting, wait_timeouts=slots.wait_timeouts)
+
     async def prune_idle(self) -> int:
         """Close upstream connections idle long enough that vLLM may close them first
         (``_slots.ConnectionSlots.prune``); how many were closed."""
@@ -198,6 +217,27 @@ class VllmClient:
         if len(response.content) > max_bytes:
             raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
         return response.content.decode("utf-8", "replace")
+
+    async def get_bounded(self, path: str, *, max_bytes: int) -> bytes:
+        """GET ``path`` on the probe pool, read as it comes and refused past ``max_bytes``
+        (a body is never held whole before its size is known). Raises UpstreamTimeout
+        when vLLM is silent past the probe timeout, UpstreamUnavailable when it does not
+        answer, UpstreamStatus for a status but 200, UpstreamError past the bound."""
+        data = bytearray()
+        try:
+            async with self._probe_client.stream("GET", path) as response:
+                if response.status_code != 200:
+                    raise UpstreamStatus(response.status_code,
+                                         await _read_bounded(response))
+                async for chunk in response.aiter_raw():
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("probe", self.config.probe_timeout) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return bytes(data)
 
     async def health(self) -> bool:
         """vLLM's /health: 200 when the engine is alive, 503 once it is dead."""

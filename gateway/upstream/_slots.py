@@ -48,10 +48,22 @@ class ConnectionSlots(Generic[ClientT]):
         #: Idle clients and when each was last put back, oldest first.
         self._free: list[tuple[float, ClientT]] = []
         self._clients: set[ClientT] = set()  # every open one, idle or not
+        #: Checkouts that gave up: no slot came free within their ``wait``.
+        self.wait_timeouts = 0
+
+    @property
+    def size(self) -> int:
+        """Requests that may hold a connection at once (``--upstream-pool-size``)."""
+        return int(self._limiter.total_tokens)
 
     @property
     def in_use(self) -> int:
         return int(self._limiter.borrowed_tokens)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot now (every one busy)."""
+        return self._limiter.statistics().tasks_waiting
 
     @property
     def idle(self) -> int:
@@ -68,6 +80,7 @@ class ConnectionSlots(Generic[ClientT]):
             with trio.move_on_after(wait) as waiting:
                 await self._limiter.acquire()
             if waiting.cancelled_caught:
+                self.wait_timeouts += 1
                 raise UpstreamOverloaded(f"all {int(self._limiter.total_tokens)} upstream "
                                          f"connections busy for {wait:g} s") from None
         try:

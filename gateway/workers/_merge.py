@@ -4,8 +4,8 @@ Rules (one table, ``COMBINE``): a series is identified by its sample name and la
 the same series from several workers becomes one sample whose value is
 
 * the **sum** by default: every counter and histogram, and the gauges that count what
-  a worker holds (open connections, sessions, operations in flight): the pod's figure
-  is the sum of its workers';
+  a worker holds (open connections, sessions, operations in flight, its upstream pool's
+  slots: size, in use, idle, waiting): the pod's figure is the sum of its workers';
 * the **minimum** for ``*_created`` samples (the series exists since the first worker
   created it), for ``upstream_ready`` (1 only when every worker sees vLLM healthy) and
   for ``ready`` (1 only when every worker would answer ``/readyz`` with 200);

@@ -32,7 +32,8 @@ signals, restarts it, and stops it. The rules:
   ``nnrp_gateway_workers_running`` and ``nnrp_gateway_worker_restarts_total``;
   ``/readyz`` ready when at least one worker serves, every serving worker is ready and
   the supervisor is not draining (a worker away for a restart costs capacity, not
-  service: its TCP share moves to the others); ``/capabilities`` from a serving worker;
+  service: its TCP share moves to the others); ``/capabilities`` and ``/metrics/vllm``
+  (vLLM's own, its 502 or 504 as the worker gave it) from a serving worker;
   ``/debug/residence`` per worker. A worker that does not answer within
   ``ADMIN_TIMEOUT`` (below the chart's probe timeout: a saturated worker answers late)
   is reported so.
@@ -143,6 +144,7 @@ class Supervisor:
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
             self.metrics if config.metrics else None,
+            vllm_metrics=self.vllm_metrics if config.metrics else None,
             residence=self.residence if config.bench_residence else None))
 
     @property
@@ -422,6 +424,24 @@ class Supervisor:
             if answer is not None and answer.status_code == 200:
                 self._pod_metrics.update(slot.index, answer.text)
         return self._pod_metrics.exposition(self._registry)
+
+    async def vllm_metrics(self) -> bytes:
+        """vLLM's /metrics through one worker (every worker reaches the same vLLM); its
+        502 or 504 passed on as it is."""
+        for slot in self._serving():
+            assert slot.http is not None
+            try:
+                answer = await slot.http.get("/metrics/vllm")
+            except httpx.HTTPError:
+                continue  # try the next worker
+            if answer.status_code == 200:
+                return answer.content
+            try:
+                reason = str(answer.json()["error"])
+            except (ValueError, KeyError, TypeError):
+                reason = answer.text[:200]
+            raise RouteUnavailable(reason, status=answer.status_code)
+        raise RouteUnavailable("no worker is serving")
 
     async def residence(self) -> dict[str, Any]:
         per_worker = [{"worker": slot.index, **json.loads(answer.content)}

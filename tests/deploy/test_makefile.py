@@ -99,3 +99,54 @@ def test_make_alone_lists_every_target(project: Path) -> None:
     documented = re.findall(r"^([a-z][a-z-]*):.*## ", text, re.M)
     assert listed == documented
     assert not (project / ".venv").exists()
+
+
+def _fake_tools(bin_dir: Path, log: Path) -> None:
+    """A root shell whose apt has stale lists: ``apt-get download`` fails (the 404 of a
+    version the mirror dropped) until ``apt-get update`` has run; dpkg-deb unpacks a
+    promtool. Nothing else is on the PATH but the few tools the recipe uses."""
+    bin_dir.mkdir()
+    for tool in ("mktemp", "chmod", "cp", "rm", "mkdir", "touch", "cat"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (bin_dir / tool).symlink_to(found)
+    scripts = {
+        "id": 'echo 0',
+        "ls": 'exit 0',  # the lists are there (stale)
+        "apt-get": f'echo "apt-get $*" >> {log}\n'
+                   f'case "$1" in update) touch {log}.updated ;;\n'
+                   f'  download) [ -e {log}.updated ] || exit 100\n'
+                   '    touch prometheus_2.0_amd64.deb ;; esac',
+        "dpkg-deb": 'mkdir -p "$3/usr/bin" && printf "#!/bin/sh\\n" > "$3/usr/bin/promtool"'
+                    ' && chmod +x "$3/usr/bin/promtool"',
+    }
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+
+
+def test_promtool_is_fetched_again_after_a_stale_download(project: Path) -> None:
+    """As root, a failed download refreshes apt's lists and tries once more, so stale
+    lists do not leave the promtool tests to skip."""
+    assert MAKE is not None
+    stamp(project, RUNTIME, 2_000_000)
+    (project / ".venv" / "bin").mkdir()
+    log = project / "apt.log"
+    _fake_tools(project / "fakebin", log)
+    done = subprocess.run([MAKE, "--no-print-directory", ".venv/bin/promtool"], cwd=project,
+                          capture_output=True, text=True, check=False,
+                          env={"PATH": str(project / "fakebin"), "HOME": str(project)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert log.read_text().splitlines() == ["apt-get download -qq prometheus",
+                                            "apt-get update -qq",
+                                            "apt-get download -qq prometheus"]
+    assert os.access(project / ".venv" / "bin" / "promtool", os.X_OK)
+
+
+def test_ci_requires_promtool() -> None:
+    """CI's entry point makes the promtool tests fail rather than skip
+    (tests/deploy/test_observability.py::promtool_verdict)."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "export NNRP_REQUIRE_PROMTOOL=1" in lines
+    assert lines.index("export NNRP_REQUIRE_PROMTOOL=1") < lines.index("make test")

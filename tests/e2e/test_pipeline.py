@@ -481,6 +481,12 @@ async def test_a_full_upstream_pool_is_recoverable_overload(nursery: trio.Nurser
         events = long.events()
         await events.__anext__()  # it holds the only upstream connection now
         outcome = await run_operation(session, envelope(chat(stream=True)))
+        # The pool as /metrics shows it (issue 24's pool panel): full, one gave up.
+        sample = stack.gateway.metrics.registry.get_sample_value
+        assert sample("nnrp_gateway_upstream_pool_size") == 1
+        assert sample("nnrp_gateway_upstream_pool_in_use") == 1
+        assert sample("nnrp_gateway_upstream_pool_waiting") == 0
+        assert sample("nnrp_gateway_upstream_pool_wait_timeouts_total") == 1
         await long.cancel()
     assert outcome.status == 503
     assert outcome.final["error"]["code"] == "backend_overload"

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import respx
 import trio
+import trio.testing
 
 from gateway.profile import EndCause
 from gateway.upstream import (
@@ -96,15 +97,24 @@ async def test_busy_slots_refuse_after_the_queue_wait(autojump_clock: object) ->
             held.set()
             await release.wait()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(holder)
-        await held.wait()
+    async def gives_up() -> None:
         with pytest.raises(UpstreamOverloaded, match="all 1 upstream connections busy"):
             async with slots.checkout(wait=2.0):
                 pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(holder)
+        await held.wait()
+        nursery.start_soon(gives_up)
+        await trio.testing.wait_all_tasks_blocked()
+        # What the metrics' pool gauges read (gateway/observe/_metrics.py, POOL_GAUGES).
+        assert (slots.size, slots.in_use, slots.waiting, slots.wait_timeouts) == (1, 1, 1, 0)
+        await trio.sleep(2.5)
+        assert (slots.waiting, slots.wait_timeouts) == (0, 1)
         release.set()
     async with slots.checkout(wait=0.0):  # free again: no wait needed
         assert slots.in_use == 1
+    assert slots.wait_timeouts == 1
     await slots.aclose()
 
 

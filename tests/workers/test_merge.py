@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -9,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.observe import GatewayMetrics
 from gateway.server import ServerStats
 from gateway.upstream import LoadMonitor, LoadPolicy, LoadSample, UpstreamConfig, VllmClient
+from gateway.upstream._client import PoolFigures
 from gateway.workers import COMBINE
 from gateway.workers._merge import merged_exposition
 
@@ -57,6 +60,29 @@ def test_series_combine_by_the_table() -> None:
     assert [merged[(bucket, (("le", le),))] for le in ("0.01", "0.1", "+Inf")] == [1, 2, 3]
     assert merged[("nnrp_gateway_first_event_seconds_count", ())] == 3
     assert merged[("nnrp_gateway_first_event_seconds_sum", ())] == pytest.approx(0.555)
+
+
+def test_the_upstream_pool_is_the_sum_of_the_workers() -> None:
+    """Each worker has its own slots: the pod's pool is the workers' together."""
+
+    class Pool:  # a worker's client, as far as the pool's collector reads it
+        def __init__(self, figures: PoolFigures) -> None:
+            self.figures = figures
+
+        def pool_figures(self) -> PoolFigures:
+            return self.figures
+
+    texts = []
+    for figures in (PoolFigures(size=8, in_use=3, idle=5, waiting=0, wait_timeouts=1),
+                    PoolFigures(size=8, in_use=8, idle=0, waiting=2, wait_timeouts=5)):
+        metrics = GatewayMetrics()
+        metrics.attach_pool(cast(VllmClient, Pool(figures)))
+        texts.append(generate_latest(metrics.registry).decode())
+    merged = samples(merged_exposition(texts))
+    assert {name.removeprefix("nnrp_gateway_upstream_pool_"): value
+            for (name, _), value in merged.items()
+            if name.startswith("nnrp_gateway_upstream_pool_")} == {
+        "size": 16, "in_use": 11, "idle": 5, "waiting": 2, "wait_timeouts_total": 6}
 
 
 def test_the_table_names_families_that_exist() -> None:
