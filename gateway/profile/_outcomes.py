@@ -7,7 +7,7 @@ that says what that cause means on the wire and in the books (architecture.md ru
   type), a RESULT_DROP_REASON with a drop reason, or nothing at all (the peer is gone);
 * the **outcome**: the bounded ``outcome`` label of metrics and the canonical log line;
 * the **log level** of that log line;
-* whether the cause counts as an **upstream error** (``upstream_errors_total{kind}``);
+* whether the cause counts as an **upstream error** (``upstream_errors_total{model_name, kind}``);
 * whether it is **recoverable**: the client may try again later (or elsewhere), so the
   terminal is preceded by ERROR_RECOVERABLE and RETRY_AFTER with a retry time.
 

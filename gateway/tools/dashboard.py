@@ -51,10 +51,10 @@ VLLM_JOB_SUFFIX = "-vllm"
 #: vLLM's series for the chosen models, scraped beside the chosen gateways.
 VLLM = f'namespace=~"$namespace", job=~"${{job}}{VLLM_JOB_SUFFIX}", model_name=~"$model_name"'
 RATE = "$__rate_interval"
-#: vLLM's failure kinds (``nnrp_gateway_upstream_errors_total{kind}``) that are no failure
-#: of a model's serving: its answers to client mistakes (an unknown model: 404; a request
-#: it rejects: 400) and its load refusals (503: the refusal ratio's). The error ratio
-#: leaves them out, here and in the chart's NnrpGatewayErrorRatioHigh.
+#: vLLM's failure kinds (``nnrp_gateway_upstream_errors_total{model_name, kind}``) that
+#: are no failure of a model's serving: its answers to client mistakes (an unknown model:
+#: 404; a request it rejects: 400) and its load refusals (503: the refusal ratio's). The
+#: error ratio leaves them out, here and in the chart's NnrpGatewayErrorRatioHigh.
 NOT_FAILURES = ("unsupported_model", "invalid_backend_request", "backend_overload")
 #: The ``model_name`` values of no served model (gateway/observe/_metrics.py: a name the
 #: probe did not list is ``other``; no name, ``none``): no model's error ratio.
