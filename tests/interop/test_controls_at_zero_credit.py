@@ -37,18 +37,18 @@ pytest.importorskip("nnrp.client.native")
 from nnrp.core.enums import MessageType
 from nnrp.native import NativeInvalidStateError, NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata
-from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
 
 from gateway import nnrp
 from gateway.tools.replay import ReplayServer
-from tests.interop.test_runtime_controls import REFEREE_START_LIMIT
 from tests.support.native import (
+    REFEREE_START_LIMIT,
     describe,
     native_connection,
-    native_server_options,
     open_session,
     openai_submit,
     poll_once,
+    serve_native_sessions,
+    start_referee,
 )
 from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import Stack, chat, envelope
@@ -233,16 +233,6 @@ def run_flow_referee(listening: Callable[[str], None], stop: threading.Event,
     native runtime enforces neither), and ends a cancelled or expired operation with its
     drop. ``reached``: when the application met each control (monotonic ns)."""
 
-    async def serve() -> None:
-        with listen_native_server(native_server_options()) as server:
-            listening(server.bound_provider_endpoints["tcp"].uri)
-            while not stop.is_set():
-                try:
-                    session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
-                except NativeWouldBlockError:
-                    continue
-                await serve_session(session)
-
     async def serve_session(session: Any) -> None:
         operations: dict[int, Any] = {}
         sent: dict[int, int] = {}
@@ -291,21 +281,14 @@ def run_flow_referee(listening: Callable[[str], None], stop: threading.Event,
                     operation_id, sent[operation_id], 0, sent[operation_id], len(body), 0),
                     body)
 
-    asyncio.run(serve())
+    serve_native_sessions(serve_session, listening, stop)
 
 
 async def serve_flow_referee(stop: threading.Event, reached: dict[str, int], *,
                              task_status: trio.TaskStatus[str]) -> None:
-    """The referee in a thread; started (its ``tcp://`` endpoint) once it listens."""
-
-    def listening(endpoint: str) -> None:
-        trio.from_thread.run_sync(task_status.started, "tcp://" + endpoint.split("://", 1)[1])
-
-    try:
-        await trio.to_thread.run_sync(run_flow_referee, listening, stop, reached,
-                                      abandon_on_cancel=True)
-    finally:
-        stop.set()
+    """The referee in a thread (``start_referee``); started with its ``tcp://`` endpoint."""
+    await start_referee(functools.partial(run_flow_referee, stop=stop, reached=reached),
+                        stop, task_status=task_status)
 
 
 @attrs.define

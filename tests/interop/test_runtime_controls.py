@@ -42,22 +42,20 @@ pytest.importorskip("nnrp.client.native")
 from nnrp.core.enums import MessageType
 from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
-from nnrp.server.native import (
-    NativeServerAcceptOptions,
-    listen_native_server,
-)
 
 from gateway import nnrp
 from gateway.pipeline import PipelineLimits
 from gateway.tools.replay import ReplayServer
 from tests.support.native import (
+    REFEREE_START_LIMIT,
     native_connection,
-    native_server_options,
     open_session,
     openai_submit,
     poll_once,
     poll_until,
     result_metadata,
+    serve_native_sessions,
+    start_referee,
 )
 from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import (
@@ -442,18 +440,6 @@ def run_referee(listening: Callable[[str], None], stop: threading.Event, log: li
     operations with RESULT_DROP_REASON the way the reference adapter does (the native
     runtime itself enforces none of these)."""
 
-    async def serve() -> None:
-        with listen_native_server(options or native_server_options()) as server:
-            # listen_native_server returns with the socket bound and listening (nnrp-py's
-            # _listen: the FFI's listen call, then the bound endpoint read back).
-            listening(server.bound_provider_endpoints["tcp"].uri)
-            while not stop.is_set():
-                try:
-                    session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
-                except NativeWouldBlockError:
-                    continue
-                await serve_session(session)
-
     async def serve_session(session: Any) -> None:
         active: dict[int, _Running] = {}
 
@@ -518,28 +504,14 @@ def run_referee(listening: Callable[[str], None], stop: threading.Event, log: li
                         nnrp.pack_single_frame(b'{"type":"response.completed"}'))
                     del active[op_id]
 
-    asyncio.run(serve())
-
-
-#: Bounds the referee's start (loading nnrp-py's four native libraries, on a loaded host);
-#: the wait itself is for the listener, or for the error that kept it from listening.
-REFEREE_START_LIMIT = 120
+    serve_native_sessions(serve_session, listening, stop, options)
 
 
 async def serve_referee(stop: threading.Event, log: list[str], options: Any = None, *,
                         task_status: trio.TaskStatus[str]) -> None:
-    """Run the referee in a thread; started (its ``tcp://`` endpoint) once it listens.
-    A referee that fails to start raises its own error here at once, and a cancelled
-    start stops the thread (``stop``) instead of leaving it serving."""
-
-    def listening(endpoint: str) -> None:
-        trio.from_thread.run_sync(task_status.started, "tcp://" + endpoint.split("://", 1)[1])
-
-    try:
-        await trio.to_thread.run_sync(run_referee, listening, stop, log, options,
-                                      abandon_on_cancel=True)
-    finally:
-        stop.set()
+    """The referee in a thread (``start_referee``); started with its ``tcp://`` endpoint."""
+    await start_referee(functools.partial(run_referee, stop=stop, log=log, options=options),
+                        stop, task_status=task_status)
 
 
 @pytest.fixture

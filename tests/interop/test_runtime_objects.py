@@ -17,9 +17,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,18 @@ from nnrp.runtime.types import (
     ObjectReferenceMetadata,
     ObjectReleaseMetadata,
 )
-from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
 
 from gateway import nnrp
 from gateway.tools.replay import ReplayServer
 from tests.support.native import (
+    REFEREE_START_LIMIT,
     native_connection,
-    native_server_options,
     open_session,
     openai_submit,
     poll_until,
     result_metadata,
+    serve_native_sessions,
+    start_referee,
 )
 from tests.support.quic import Pki, start_quic_stack
 from tests.support.stack import Stack, chat, envelope
@@ -259,19 +261,10 @@ async def test_refused_object_frames_over_the_wire(stack: Stack) -> None:
 # ------------------------------------------------------------------ the referee
 
 
-def run_referee(ready: queue.Queue[str], stop: threading.Event, seen: list[str]) -> None:
+def run_referee(listening: Callable[[str], None], stop: threading.Event,
+                seen: list[str]) -> None:
     """nnrp-py's native server: an application that notes every runtime frame it is
     handed and answers each submit with one completed event."""
-
-    async def serve() -> None:
-        with listen_native_server(native_server_options()) as server:
-            ready.put(server.bound_provider_endpoints["tcp"].uri)
-            while not stop.is_set():
-                try:
-                    session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
-                except NativeWouldBlockError:
-                    continue
-                await serve_session(session)
 
     async def serve_session(session: Any) -> None:
         while not stop.is_set():
@@ -288,19 +281,19 @@ def run_referee(ready: queue.Queue[str], stop: threading.Event, seen: list[str])
                     await asyncio.to_thread(session.close)
                     return
 
-    asyncio.run(serve())
+    serve_native_sessions(serve_session, listening, stop)
 
 
 @pytest.fixture
 async def referee() -> Any:
-    ready: queue.Queue[str] = queue.Queue()
     stop = threading.Event()
     seen: list[str] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.to_thread.run_sync, run_referee, ready, stop, seen)
-        endpoint = await trio.to_thread.run_sync(ready.get, True, 30)
+        with trio.fail_after(REFEREE_START_LIMIT):
+            uri = await nursery.start(start_referee, functools.partial(
+                run_referee, stop=stop, seen=seen), stop)
         try:
-            yield "tcp://" + endpoint.split("://", 1)[1], seen
+            yield uri, seen
         finally:
             stop.set()
 

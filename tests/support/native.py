@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import trio
 from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
 from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
+from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import TraceContextMetadata
+from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
 
 from gateway import nnrp as ours
 from gateway.tools.conformance import native_client_options, native_openai_submit
@@ -107,6 +111,47 @@ def native_server_options() -> Any:
         "nnrp://127.0.0.1:0",
         provider_routes={"tcp": NativeServerProviderRoute("tcp://127.0.0.1:0")},
         transport_policy=TransportPolicy.FORCE_TCP)
+
+
+#: Bounds a referee's start (loading nnrp-py's four native libraries, on a loaded host);
+#: the wait itself is for the listener, or for the error that kept it from listening.
+REFEREE_START_LIMIT = 120
+
+
+def serve_native_sessions(serve_session: Callable[[Any], Awaitable[None]],
+                          listening: Callable[[str], None], stop: threading.Event,
+                          options: Any = None) -> None:
+    """nnrp-py's native server, in this thread's own event loop: ``listening`` is told its
+    endpoint once it listens (``listen_native_server`` returns with the socket bound and
+    listening: the FFI's listen call, then the bound endpoint read back); then each
+    session it accepts is served by ``serve_session``, one at a time, until ``stop``."""
+
+    async def serve() -> None:
+        with listen_native_server(options or native_server_options()) as server:
+            listening(server.bound_provider_endpoints["tcp"].uri)
+            while not stop.is_set():
+                try:
+                    session = await server.accept(NativeServerAcceptOptions(timeout_ms=200))
+                except NativeWouldBlockError:
+                    continue
+                await serve_session(session)
+
+    asyncio.run(serve())
+
+
+async def start_referee(run: Callable[[Callable[[str], None]], None], stop: threading.Event,
+                        *, task_status: trio.TaskStatus[str]) -> None:
+    """Run a referee, ``run(listening)``, in a thread; started (its ``tcp://`` endpoint)
+    once it listens. A referee that fails to start raises its own error here at once,
+    and a cancelled start stops the thread (``stop``) instead of leaving it serving."""
+
+    def listening(endpoint: str) -> None:
+        trio.from_thread.run_sync(task_status.started, "tcp://" + endpoint.split("://", 1)[1])
+
+    try:
+        await trio.to_thread.run_sync(run, listening, abandon_on_cancel=True)
+    finally:
+        stop.set()
 
 
 def result_metadata() -> Any:
