@@ -210,22 +210,14 @@ async def _in_subprocess(target: Any, *args: Any) -> Any:
 def _throwaway_certificate(folder: Path) -> TlsConfig:
     """A self-signed ECDSA certificate for 127.0.0.1, valid for a day: the QUIC listener's,
     and the one thing its clients trust."""
-    from cryptography import x509  # comes with aioquic
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench.localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(key, hashes.SHA256()))
+    from .._selfsigned import self_signed
+
+    certificate, key = self_signed(
+        "bench.localhost", [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+        datetime.timedelta(days=1))
     cert, key_file = folder / "cert.pem", folder / "key.pem"
     cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,

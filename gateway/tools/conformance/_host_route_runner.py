@@ -100,21 +100,12 @@ def make_certificate(case_root: Path) -> bytes:
     """A self-signed certificate for ``localhost`` (the runner's
     ``self_signed_localhost``): ``server.der`` and ``server-key.der``; returns the DER."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.hazmat.primitives import serialization
 
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
-                       critical=False)
-        .sign(key, hashes.SHA256()))
+    from .._selfsigned import self_signed
+
+    certificate, key = self_signed("localhost", [x509.DNSName("localhost")],
+                                   datetime.timedelta(hours=1))
     der = certificate.public_bytes(serialization.Encoding.DER)
     (case_root / "server.der").write_bytes(der)
     (case_root / "server-key.der").write_bytes(key.private_bytes(
