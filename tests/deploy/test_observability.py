@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -28,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.tools import dashboard
 from gateway.tools.client import connect
 from tests.deploy.test_deploy import render_values
-from tests.support.processes import ReplayThread, free_port, served_endpoints
+from tests.support.processes import ReplayThread, free_port, served_endpoints, stop_gateway
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation
 from tests.support.waits import wait_for
@@ -195,12 +194,7 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             assert vllm.status_code == 200, vllm.text
             yield {"gateway": httpx.get(f"{admin}/metrics").text, "vllm": vllm.text}
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_gateway(process)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from gateway.nnrp import ResultReceived
 from gateway.tools.client import ClientError, connect
 from gateway.transport import QuicClientOptions
 from tests.support.otlp import OtlpReceiver
-from tests.support.processes import ReplayThread, free_port, served_endpoints
+from tests.support.processes import ReplayThread, free_port, served_endpoints, stop_gateway
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation, stream_through_signal
 from tests.support.waits import wait_for
@@ -98,12 +98,7 @@ def served_workers(tmp_path: Path, vllm_url: str, *listen: str, workers: int = 2
         yield served
     finally:
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_gateway(process)
 
 
 @contextmanager

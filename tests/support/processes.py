@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,6 +20,17 @@ from gateway.tools.replay import ReplayServer
 from tests.support.waits import wait_for
 
 T = TypeVar("T")
+
+
+def stop_gateway(process: subprocess.Popen[str] | subprocess.Popen[bytes],
+                 timeout: float = 20.0) -> None:
+    """SIGTERM (the gateway drains and exits); killed if it has not exited in ``timeout``."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def free_port() -> int:
