@@ -14,6 +14,7 @@ delivered bytes is not a miss: a vLLM busy streaming is alive.
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -67,6 +68,8 @@ from gateway.upstream import (
 
 log = structlog.get_logger("gateway")
 operation_log = structlog.get_logger("gateway.operation")
+#: The standard library's level numbers by structlog's method names ("info": 20).
+_LEVELS = {name.lower(): number for name, number in logging.getLevelNamesMapping().items()}
 
 #: ``/metrics/vllm``'s bounds: under the admin listener's 10 s per connection and a
 #: ``--workers`` supervisor's 8 s wait for a worker (the supervisor asks a worker), and
@@ -266,7 +269,12 @@ class Gateway:
             op.notes.span = self.tracer.decide(op.trace)
         record = build_record(op)
         self.metrics.observe(record)
-        getattr(operation_log, record.log_level)("operation", **record.as_dict())
+        # One bound logger per line (the proxy binds on every call): asked whether the
+        # line is kept before the record is turned into its fields, which costs about
+        # as much as the rest of this method (issue 25: a filtered line costs nothing).
+        logger = operation_log.bind()
+        if logger.is_enabled_for(_LEVELS[record.log_level]):
+            getattr(logger, record.log_level)("operation", **record.as_dict())
         if self.tracer is not None:
             self.tracer.export(record)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import json
 import signal
 import socket
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gateway.app import Gateway, GatewayConfig
+from gateway.observe import ObservationRecord
 from gateway.tools.client import ClientError, connect
 from gateway.tools.replay import ReplayServer
 from tests.support.processes import ReplayThread, free_port, wait_ready
@@ -216,6 +218,39 @@ async def test_canonical_log_line_and_no_secrets(nursery: trio.Nursery) -> None:
     dump = json.dumps(logs, default=str)
     assert "sk-very-secret" not in dump
     assert "alice" not in dump
+
+
+async def test_the_operation_line_follows_the_log_level(
+        nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At --log-level warning a completed operation's info line is dropped before its
+    record is turned into fields (issue 25: a filtered line costs nothing); a failure's
+    warning line is still written, whole."""
+    gateway, _replay, _url = await start(nursery)
+    await gateway.probed.wait()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    built: list[str] = []
+    as_dict = ObservationRecord.as_dict
+
+    def counted(record: ObservationRecord) -> dict[str, Any]:
+        built.append(record.outcome)
+        return as_dict(record)
+
+    monkeypatch.setattr(ObservationRecord, "as_dict", counted)
+    with structlog.testing.capture_logs() as logs:
+        async with connect(gateway.endpoints[0].uri) as client:
+            session = await client.open_session()
+            await run_operation(session, envelope(chat(stream=True, max_tokens=2),
+                                                  request_id="quiet-1"))
+            await run_operation(session, envelope(chat(stream=True),
+                                                  request_id="replay:error_503_retryable"))
+            # An operation is observed in the same step that takes it out of the count.
+            with trio.fail_after(5):
+                await until(lambda: gateway.server.stats.inflight == 0)
+    lines = [line for line in logs if line["event"] == "operation"]
+    assert [(line["request_id"], line["log_level"]) for line in lines] == [
+        ("replay:error_503_retryable", "warning")]
+    assert lines[0]["outcome"] == "upstream_error"
+    assert built == ["upstream_error"]
 
 
 def test_config_precedence_and_masking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
