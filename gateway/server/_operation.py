@@ -62,6 +62,11 @@ log = structlog.get_logger("gateway.server")
 class OperationPort(Protocol):
     """The wire, as one operation may use it (bound to its session and operation ids)."""
 
+    def ready(self) -> bool:
+        """Whether one more PARTIAL_RESULT may go now: ``room`` and ``credit`` would not
+        wait, and no SUPERSEDE of the operation waits for its replacement."""
+        ...
+
     async def room(self) -> None:
         """Wait until the connection can take more output (backpressure)."""
         ...
@@ -445,12 +450,17 @@ class Operation:
         tight loop leave together, in the writer's next write. ``flush=False`` leaves it
         for this task's next ``flush()``, which may write it at once itself, with the
         other events of the same upstream read (every wait here flushes first).
+
+        When nothing holds it (``OperationPort.ready``, the common case) it goes out
+        without a wait or a checkpoint, as it would through the waits, which return at
+        once then: the handler's upstream read is its checkpoint.
         """
-        await self._sendable()
-        await self._port.credit()
-        self._stop_if_superseded()  # it may have come while we waited for credit
-        if self.end_cause is not None or self.superseded:
-            await trio.lowlevel.checkpoint()
+        if self.end_cause is not None or self.superseded or not self._port.ready():
+            await self._sendable()
+            await self._port.credit()
+            self._stop_if_superseded()  # it may have come while we waited for credit
+            if self.end_cause is not None or self.superseded:
+                await trio.lowlevel.checkpoint()
         if not self.events_sent:
             self.stage(Stage.PRODUCING_PARTIAL)
         self._port.send_partial(body, defer=not flush)

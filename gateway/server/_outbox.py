@@ -86,6 +86,11 @@ class Outbox:
         """The writer has stopped: nothing put from now on reaches the peer."""
         return self._closed
 
+    @property
+    def has_room(self) -> bool:
+        """Open and under its high-water mark: ``wait_for_room`` would not wait."""
+        return self._has_room.is_set() and not self._closed
+
     def put(self, packet: bytes, *, read_at: int | None = None, defer: bool = False) -> None:
         """Queue a packet for the writer (synchronous: order equals call order). Never
         blocks. ``defer`` does not wake the writer: the caller owes a ``flush()``, which

@@ -228,6 +228,17 @@ class _Port:
         self.session_id = session.session_id
         self.operation_id = operation_id
 
+    def ready(self) -> bool:
+        """Whether a PARTIAL_RESULT may go now with nothing to wait for: attached and
+        live, room in the connection's buffer, no flow window set by the client, no
+        SUPERSEDE waiting. What ``room`` and ``credit`` would return at once for, asked
+        without their coroutines (issue 25: the common case, once per event)."""
+        session = self._session
+        link = session.link
+        return (link is not None and link.outbox.has_room
+                and session.live(self.operation_id) and not link.protocol.flow.active
+                and session.protocol.supersede_hold_left(self.operation_id) is None)
+
     async def room(self) -> None:
         session = self._session
         while True:

@@ -3,6 +3,7 @@ drain, and endpoint URIs. (The whole server over real sockets is test_server.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -202,8 +203,9 @@ def operation(port: RecordingPort, operation_id: int = 1, **kw: Any) -> Operatio
                      deadline_drop_reason=kw.pop("deadline_drop_reason", 0))
 
 
-async def test_a_handler_that_completes_sends_one_result() -> None:
-    port = RecordingPort()
+@pytest.mark.parametrize("fast", [False, True])
+async def test_a_handler_that_completes_sends_one_result(fast: bool) -> None:
+    port = RecordingPort(fast=fast)
     op = operation(port)
 
     async def handler(op: Operation) -> None:
@@ -213,6 +215,33 @@ async def test_a_handler_that_completes_sends_one_result() -> None:
     await op.run(handler)
     assert port.sent == [("partial", b"e1"), ("result", 200, b"done")]
     assert (op.end_cause, op.outcome, op.events_sent) == (EndCause.COMPLETED, Outcome.OK, 1)
+    assert port.waits == (1 if fast else 2)  # a ready port: the emit does not wait
+
+
+async def test_a_ready_port_never_lets_an_event_past_a_cancel_or_a_supersede() -> None:
+    """Issue 25's fast emit (``OperationPort.ready``) skips the waits, not the rules: an
+    event emitted after the reader applied a cancel or a SUPERSEDE is never sent, and
+    the operation ends as it would have through the waits."""
+    for how in ("cancel", "supersede"):
+        port = RecordingPort(fast=True)
+        op = operation(port)
+
+        async def handler(op: Operation, how: str = how, port: RecordingPort = port
+                          ) -> None:
+            await op.emit(b"e1")
+            await op.emit(b"e2")
+            if how == "cancel":
+                op.cancel(EndCause.PEER_CANCELLED)  # as the reader applies it
+            else:
+                port.superseded = True  # the port knows first (the hold is over)
+            await op.emit(b"never")
+
+        await op.run(handler)
+        assert port.waits == 1, how  # only the emit after the cancel or supersede waited
+        drop = ((DropReason.PEER_CANCELLED, b"peer_cancelled") if how == "cancel"
+                else (DropReason.SUPERSEDED, b"superseded"))
+        assert port.sent == [("partial", b"e1"), ("partial", b"e2"), ("drop", *drop)], how
+        assert op.events_sent == 2, how
 
 
 async def test_an_error_cause_gets_the_status_the_table_gives() -> None:
@@ -471,8 +500,8 @@ async def test_a_superseded_operation_can_only_end_superseded() -> None:
     """While a SUPERSEDE waits for its replacement (the port says so), nothing of the
     operation may reach the client but the superseded drop: not a partial once the hold
     is over, not its own terminal, not a deadline's drop reason."""
-    for how in ("emit", "close", "deadline"):
-        port = RecordingPort(superseded=True)
+    for how, fast in itertools.product(("emit", "close", "deadline"), (False, True)):
+        port = RecordingPort(superseded=True, fast=fast)
         op = operation(port, deadline_unix_ms=1 if how == "deadline" else None)
 
         async def handler(op: Operation, how: str = how) -> None:

@@ -25,8 +25,17 @@ class RecordingPort:
     #: Partials per write: each undeferred partial is one, a flush writes the deferred.
     writes: list[int] = attrs.field(factory=list)
     deferred: int = 0
+    #: Whether ``ready`` may say yes (as a real port does with room, no window and no
+    #: SUPERSEDE waiting); off, every emit takes the waits and checkpoints in them.
+    fast: bool = False
+    #: How many times an emit or a close waited for room (the slow way).
+    waits: int = 0
+
+    def ready(self) -> bool:
+        return self.fast and self.blocked is None and self.supersede_hold_left() is None
 
     async def room(self) -> None:
+        self.waits += 1
         if self.blocked is not None:
             await self.blocked.wait()
         await trio.lowlevel.checkpoint()
