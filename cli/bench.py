@@ -316,20 +316,31 @@ def profile_command(
     quick: Quick = False, as_json: AsJson = False,
     rate: Annotated[int, typer.Option(min=1, max=1000, metavar="HZ",
                                       help="py-spy's samples a second.")] = 250,
+    load_names: Annotated[list[str] | None, typer.Option(
+        "--load", metavar="NAME",
+        help="Loads to profile (default all): paced-256, paced-1, coalesced-256, "
+             "requests-16, unary-1. [repeatable]")] = None,
 ) -> None:
     """Flame graphs of the gateway process (py-spy, the 'profile' extra) under 256 paced
-    streams and under one paced stream, with its CPU per event over the same window and
-    the frames with the most self time."""
+    streams, one paced stream, 256 coalesced streams, short streamed requests and
+    non-streaming requests, with its CPU per event (or per request) over the same window
+    and the frames with the most self time."""
     import trio
 
-    from gateway.tools.bench.profile import ProfilerUnavailable, profile
+    from gateway.tools.bench.profile import LOADS_BY_NAME, ProfilerUnavailable, profile
 
     check_output_dir(out, "--out")
+    unknown = sorted(set(load_names or ()) - set(LOADS_BY_NAME))
+    if unknown:
+        raise UserError(f"unknown load(s) {', '.join(unknown)} (one of "
+                        f"{', '.join(LOADS_BY_NAME)})", "--load")
+    loads = tuple(LOADS_BY_NAME[name] for name in dict.fromkeys(load_names or LOADS_BY_NAME))
     _quiet_logs()
     profiles: list[Profile] = []
 
     def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
-        profiles.extend(trio.run(lambda: profile(out, quick, progress, rate=rate)))
+        profiles.extend(trio.run(lambda: profile(out, quick, progress, rate=rate,
+                                                 loads=loads)))
         return {}
 
     try:
@@ -337,7 +348,8 @@ def profile_command(
     except ProfilerUnavailable as exc:
         raise UserError(f"cannot profile the gateway: {exc}", "py-spy", code=1) from None
     command = ("nnrp-gateway bench profile" + (" --quick" if quick else "")
-               + f" --rate {rate}")
+               + f" --rate {rate}" + "".join(f" --load {load.name}" for load in loads
+                                             if load_names))
     document = {"command": command, "machine": _machine(),
                 "profiles": [p.as_dict() for p in profiles]}
     (out / "profile.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -351,9 +363,12 @@ def _profile_markdown(command: str, profiles: list[Profile]) -> str:
 
     lines = [f"# Where the gateway's CPU goes\n\n`{command}` on {_machine()}\n"]
     for p in profiles:
-        lines.append(f"\n## {p.load.what}\n\n{p.events} events in {p.wall_seconds:.1f} s; "
-                     f"gateway CPU {p.cpu_seconds:.2f} s ({p.cpu_per_event_us:.1f} us an "
-                     f"event, {p.cpu_seconds / max(p.wall_seconds, 1e-9) * 100:.0f} % of a "
+        each = (f"{p.cpu_per_request_us:.1f} us a request" if p.load.per_request
+                else f"{p.cpu_per_event_us:.1f} us an event")
+        done = f" ({p.requests} requests)" if p.load.per_request else ""
+        lines.append(f"\n## {p.load.what}\n\n{p.events} events{done} in "
+                     f"{p.wall_seconds:.1f} s; gateway CPU {p.cpu_seconds:.2f} s ({each}, "
+                     f"{p.cpu_seconds / max(p.wall_seconds, 1e-9) * 100:.0f} % of a "
                      f"core); {p.events_per_read or 0:.2f} events per upstream read; "
                      f"{p.samples} samples. Graph: [{p.load.name}.svg]"
                      f"({p.load.name}.svg), stacks: [{p.load.name}.collapsed]"

@@ -133,10 +133,13 @@ def test_bench_profile_quick_records_a_flame_graph_of_the_gateway(tmp_path: Path
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert [p["load"]["name"] for p in document["profiles"]] == ["paced-256", "paced-1"]
+    assert [p["load"]["name"] for p in document["profiles"]] == [
+        "paced-256", "paced-1", "coalesced-256", "requests-16", "unary-1"]
     for profile in document["profiles"]:
-        name = profile["load"]["name"]
-        assert profile["events"] == profile["load"]["streams"] * profile["load"]["events"]
+        name, load = profile["load"]["name"], profile["load"]
+        # Every request got every event (a non-streaming answer counts as its one event).
+        assert profile["requests"] == load["streams"] * load["requests"], name
+        assert profile["events"] == profile["requests"] * load["events"], name
         assert profile["samples"] > 0 and profile["cpu_per_event_us"] > 0
         stacks = parse_collapsed((tmp_path / f"{name}.collapsed").read_text())
         assert sum(stacks.values()) == profile["samples"]
@@ -144,7 +147,9 @@ def test_bench_profile_quick_records_a_flame_graph_of_the_gateway(tmp_path: Path
         frames = {frame for stack in stacks for frame in stack}
         assert any("gateway/pipeline/" in frame for frame in frames), sorted(frames)[:20]
         ET.fromstring((tmp_path / f"{name}.svg").read_text())
-    assert "Frames with the most self time" in (tmp_path / "profile.md").read_text()
+    text = (tmp_path / "profile.md").read_text()
+    assert "Frames with the most self time" in text
+    assert " us a request" in text and " us an event" in text
     assert json.loads((tmp_path / "profile.json").read_text()) == document
 
 

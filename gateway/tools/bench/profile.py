@@ -34,13 +34,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import attrs
 import trio
 
+from gateway import nnrp
+
 from ._procs import process_cpu_seconds
-from ._stack import Progress, Stack, fan_out, open_sessions
+from ._stack import Progress, Stack, envelope, fan_out, open_sessions
 from .flame import (
     FrameShare,
     Stacks,
@@ -50,7 +52,10 @@ from .flame import (
     render_svg,
     to_collapsed,
 )
-from .scenarios import _indexed_gateway_stream
+from .scenarios import _gateway_stream
+
+if TYPE_CHECKING:
+    from gateway.tools.client import ClientSession
 
 #: Samples a second: the gateway handles thousands of events a second, so a few hundred
 #: samples a second over ten seconds give a share to within a percent or so.
@@ -69,25 +74,48 @@ class ProfilerUnavailable(Exception):
 
 @attrs.frozen
 class Load:
-    """One profiled load: ``streams`` concurrent streams of ``events`` events each, the
-    backend writing one every ``interval_us`` (one event per upstream read)."""
+    """One profiled load: ``streams`` concurrent streams, each ``requests`` requests one
+    after the other of ``events`` events each, the backend writing one every
+    ``interval_us`` (one event per upstream read; 0: as fast as it can, many a read).
+    ``stream`` False: non-streaming requests (one answer each, ``events`` is 1)."""
 
     name: str
     streams: int
     events: int
     interval_us: int
     what: str
+    requests: int = 1
+    stream: bool = True
 
     def quick(self) -> Load:
+        if self.requests > 1:
+            return attrs.evolve(self, requests=max(20, self.requests // 10))
         return attrs.evolve(self, events=max(50, self.events // 10))
 
+    @property
+    def per_request(self) -> bool:
+        """Whether the figure to read is the CPU a request (short requests), not an event."""
+        return self.requests > 1
 
-#: The loads issue 25 asks for, as ``bench run``'s latency scenario paces them.
+
+#: The loads issue 25 asks for (paced as ``bench run``'s latency scenario paces them),
+#: then one per row of its table the paced ones do not explain: the coalesced shape of
+#: the cost scenario, and the fixed cost of a request (streamed and not) that the
+#: non-streaming row and ``bench live``'s short streams pay.
 LOADS = (
     Load("paced-256", 256, 300, 10_000,
          "256 streams x 100 events/s (10 ms apart), one event per upstream read"),
     Load("paced-1", 1, 10_000, 1_000, "one stream x 1,000 events/s (1 ms apart)"),
+    Load("coalesced-256", 256, 200, 0,
+         "256 streams x 200 events from an instant backend, many events per upstream read"),
+    Load("requests-16", 16, 1, 0,
+         "16 streams x 100 streamed requests of one event each, one after the other",
+         requests=100),
+    Load("unary-1", 1, 1, 0, "one stream x 1,000 non-streaming requests, one after the other",
+         requests=1000, stream=False),
 )
+#: The loads by name (``bench profile --load``).
+LOADS_BY_NAME = {load.name: load for load in LOADS}
 
 
 @attrs.frozen
@@ -106,10 +134,16 @@ class Profile:
     #: when each event had a read of its own, more when the backend fell behind and the
     #: kernel handed the gateway several at once.
     events_per_read: float | None = None
+    #: Requests that ended with their answer (every event, or the non-streaming answer).
+    requests: int = 0
 
     @property
     def cpu_per_event_us(self) -> float:
         return self.cpu_seconds / max(self.events, 1) * 1e6
+
+    @property
+    def cpu_per_request_us(self) -> float:
+        return self.cpu_seconds / max(self.requests, 1) * 1e6
 
     def as_dict(self, top: int = 30) -> dict[str, object]:
         return {"load": attrs.asdict(self.load), "samples": self.samples,
@@ -117,7 +151,9 @@ class Profile:
                 "wall_seconds": round(self.wall_seconds, 3),
                 "events_per_read": None if self.events_per_read is None
                 else round(self.events_per_read, 2),
+                "requests": self.requests,
                 "cpu_per_event_us": round(self.cpu_per_event_us, 2),
+                "cpu_per_request_us": round(self.cpu_per_request_us, 2),
                 "self_by_area": {key: round(share, 4) for key, share in self.areas[:top]},
                 "top_frames": [{"frame": s.frame, "self": round(s.self_share, 4),
                                 "total": round(s.total_share, 4)}
@@ -161,10 +197,33 @@ async def _attached(spy: subprocess.Popen[bytes], said: IO[bytes]) -> None:
                                         is not None else "py-spy did not start sampling"))
 
 
+async def _requests(sessions: list[ClientSession], load: Load, prefix: str,
+                    received: list[float], done: list[int], index: int) -> None:
+    """One stream of the load: its requests one after the other. A streamed request's
+    events are counted in ``received``; a request is counted in ``done`` when it got
+    every event (or its non-streaming answer)."""
+    session = sessions[index]
+    for number in range(load.requests):
+        request_id = f"{prefix}-{index}-{number}"
+        if load.stream:
+            if await _gateway_stream(session, request_id, received) == load.events:
+                done.append(1)
+            continue
+        # Not a replay:... id: the replay answers vLLM's recorded non-streaming body.
+        operation = await session.submit(envelope(request_id, stream=False))
+        async for event in operation.events():
+            if isinstance(event, nnrp.ResultReceived) and event.meta.status_code == 200:
+                received.append(0.0)
+                done.append(1)
+
+
 async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
     raw = out / f"{load.name}.raw"
     received: list[float] = []
+    done: list[int] = []
     run = time.monotonic_ns()
+    prefix = (f"replay:timestamped:{load.events}:{load.interval_us}:p{run}" if load.stream
+              else f"unary-p{run}")
     async with open_sessions(stack.endpoint, load.streams) as sessions:
         # Its messages go to a file: a pipe nobody reads while the load runs could fill.
         with tempfile.TemporaryFile() as said:
@@ -178,8 +237,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                 cpu = process_cpu_seconds(stack.gateway_pid)
                 start = time.perf_counter()
                 await fan_out(load.streams, functools.partial(
-                    _indexed_gateway_stream, sessions,
-                    f"replay:timestamped:{load.events}:{load.interval_us}:p{run}", received))
+                    _requests, sessions, load, prefix, received, done))
                 wall = time.perf_counter() - start
                 cpu = process_cpu_seconds(stack.gateway_pid) - cpu
                 per_read = (await stack.residence()).get("events_per_read")
@@ -194,7 +252,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                         await trio.to_thread.run_sync(spy.wait)
     stacks = await trio.to_thread.run_sync(_save, raw, load, out)
     return Profile(load, sum(stacks.values()), len(received), cpu, wall,
-                   frame_shares(stacks), area_shares(stacks), per_read)
+                   frame_shares(stacks), area_shares(stacks), per_read, len(done))
 
 
 async def profile(out: Path, quick: bool, progress: Progress, *,
@@ -209,7 +267,7 @@ async def profile(out: Path, quick: bool, progress: Progress, *,
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024")) as stack:
         for load in loads:
             load = load.quick() if quick else load
-            progress(f"profile: {load.what}, {load.events} events a stream")
+            progress(f"profile: {load.what}")
             profiles.append(await _record(stack, load, out, rate))
     return profiles
 
@@ -236,5 +294,5 @@ def can_attach() -> str | None:
     return None
 
 
-__all__ = ["LOADS", "Load", "Profile", "ProfilerUnavailable", "can_attach", "profile",
-           "py_spy"]
+__all__ = ["LOADS", "LOADS_BY_NAME", "Load", "Profile", "ProfilerUnavailable", "can_attach",
+           "profile", "py_spy"]
