@@ -329,11 +329,11 @@ def profile_command(
 
     from gateway.tools.bench.profile import LOADS_BY_NAME, ProfilerUnavailable, profile
 
-    check_output_dir(out, "--out")
     unknown = sorted(set(load_names or ()) - set(LOADS_BY_NAME))
     if unknown:
         raise UserError(f"unknown load(s) {', '.join(unknown)} (one of "
                         f"{', '.join(LOADS_BY_NAME)})", "--load")
+    check_output_dir(out, "--out")
     loads = tuple(LOADS_BY_NAME[name] for name in dict.fromkeys(load_names or LOADS_BY_NAME))
     _quiet_logs()
     profiles: list[Profile] = []

@@ -323,6 +323,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot create the output directory"),
     ("bench-profile-out", ["bench", "profile", "--out", "{tmp}/a-file/b"], 2,
      "cannot create the output directory"),
+    ("bench-profile-load", ["bench", "profile", "--out", "{tmp}/p", "--load", "nope"], 2,
+     "--load"),
     ("bench-live-url", ["bench", "live", "--vllm-url", "nope"], 2, "--vllm-url"),
     ("bench-live-streams-remote", ["bench", "live", "--vllm-url", "http://192.0.2.1:8000",
                                    "--streams", "8"], 2,
