@@ -184,11 +184,10 @@ async def live_cost(vllm_url: str, endpoint: str, gateway_pids: list[int], body:
     counted, gateway, direct = Tally(), Tally(), Tally()
     async with contextlib.AsyncExitStack() as exits:
         sessions = await exits.enter_async_context(open_sessions(endpoint, streams))
-        # Idle connections expire well before vLLM's keep-alive timeout (uvicorn's, 5 s by
-        # default: VLLM_HTTP_TIMEOUT_KEEP_ALIVE): the
-        # direct phase comes after a gateway phase of many seconds, and a connection vLLM
-        # closed meanwhile would be reused and fail ("Server disconnected without sending
-        # a response", seen at 64 streams).
+        # Idle connections expire well before vLLM's keep-alive timeout (uvicorn's, 5 s
+        # by default: VLLM_HTTP_TIMEOUT_KEEP_ALIVE): the direct phase comes after a
+        # gateway phase of many seconds, and a connection vLLM closed meanwhile would be
+        # reused and fail ("Server disconnected without sending a response", 64 streams).
         http = await exits.enter_async_context(httpx.AsyncClient(
             trust_env=False, timeout=None,
             limits=httpx.Limits(max_connections=streams, keepalive_expiry=DIRECT_KEEPALIVE_S)))
