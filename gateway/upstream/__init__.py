@@ -8,6 +8,7 @@ unix socket), and in ``gateway.tools`` whatever tool talks HTTP (tests/test_laye
 
 from ._admission import LoadMonitor as LoadMonitor
 from ._chunks import (
+    ChunkParser as ChunkParser,
     check_chunk as check_chunk,
     parse_chunk as parse_chunk,
     parse_completion as parse_completion,

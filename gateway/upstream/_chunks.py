@@ -26,6 +26,16 @@ docs/benchmarks.md):
    could hold a lone surrogate (a ``\\uD8..``-``\\uDF..`` escape) goes the general way,
    which checks it. A scanner refusal goes the general way too, which words the error.
 
+4. Within one stream (``ChunkParser``), every plain text delta has the same bytes around
+   its content: vLLM repeats the chunk's id, created and model, and the choice's index
+   and null fields. Once the pattern has matched a chunk, the bytes before its content
+   (the head, ``{"id":...,"delta":{"content":"``) and after it (one of two tails) are
+   kept, and a later chunk that begins with that head, ends with that tail and holds
+   neither a quote, a backslash nor a control character in between is the same shape
+   with that text as its content: exactly what the pattern would match, with the same
+   groups (each group of the head ends at a delimiter it cannot contain, so the head
+   parses one way only). Anything else goes to the pattern, which keeps the new head.
+
 ``tests/upstream/test_chunk_fast_path.py`` holds the differential proof: every chunk
 of every recorded transcript and hypothesis-generated chunks give the same dict or the
 same error either way.
@@ -66,8 +76,10 @@ _PLAIN_TEXT_CHUNK = re.compile(
 def _plain_text_chunk(data: str) -> dict[str, Any] | None:
     """Rules 1-3: the plain text delta's dict, or None for the general path."""
     match = _PLAIN_TEXT_CHUNK.fullmatch(data)
-    if match is None:
-        return None
+    return None if match is None else _plain_from_match(match)
+
+
+def _plain_from_match(match: re.Match[str]) -> dict[str, Any] | None:
     chunk_id, created, model, index, text, token_ids = match.groups()
     if "\\" in text:
         if "\\u" in text and _SURROGATE_ESCAPE.search(text):
@@ -94,6 +106,55 @@ def parse_chunk(data: str) -> dict[str, Any]:
     """JSON-decode one SSE ``data`` payload and check it (or raise)."""
     plain = _plain_text_chunk(data)
     return plain if plain is not None else _parse_in_general(data)
+
+
+#: The two ways a plain text delta ends after its content (rule 1: ``token_ids`` or not).
+_TAIL = '"},"logprobs":null,"finish_reason":null}]}'
+_TAIL_WITH_IDS = '"},"logprobs":null,"finish_reason":null,"token_ids":null}]}'
+#: What the content of a chunk read by its kept head may not hold (rule 4): a quote or a
+#: backslash (the text would not be its own JSON) or a raw control character (not JSON).
+_NOT_BARE = re.compile(r'["\\\x00-\x1f]')
+
+
+class ChunkParser:
+    """``parse_chunk`` for the chunks of one stream, in order: the same answer for every
+    input, with the plain text delta's head and tail kept from the last one the pattern
+    read (rule 4), so most chunks cost two comparisons and one search."""
+
+    __slots__ = ("_fields", "_head", "_ids", "_tail")
+
+    def __init__(self) -> None:
+        self._head: str | None = None
+        self._tail = _TAIL
+        #: The kept chunk's id, created, model and index, as the dict holds them.
+        self._fields: tuple[str, int, str, int] = ("", 0, "", 0)
+        self._ids = False
+
+    def __call__(self, data: str) -> dict[str, Any]:
+        head, tail = self._head, self._tail
+        # (Long enough for both: a head and a tail that overlap are no chunk.)
+        if (head is not None and len(data) >= len(head) + len(tail)
+                and data.startswith(head) and data.endswith(tail)):
+            text = data[len(head):len(data) - len(tail)]
+            if not _NOT_BARE.search(text):
+                chunk_id, created, model, index = self._fields
+                choice: dict[str, Any] = {"index": index, "delta": {"content": text},
+                                          "logprobs": None, "finish_reason": None}
+                if self._ids:
+                    choice["token_ids"] = None
+                return {"id": chunk_id, "object": "chat.completion.chunk",
+                        "created": created, "model": model, "choices": [choice]}
+        match = _PLAIN_TEXT_CHUNK.fullmatch(data)
+        plain = None if match is None else _plain_from_match(match)
+        if plain is None:
+            return _parse_in_general(data)
+        assert match is not None
+        self._head = data[:match.start(5)]
+        self._ids = match.group(6) is not None
+        self._tail = _TAIL_WITH_IDS if self._ids else _TAIL
+        self._fields = (plain["id"], plain["created"], plain["model"],
+                        plain["choices"][0]["index"])
+        return plain
 
 
 def _parse_in_general(data: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ import trio
 
 from gateway import residence
 
-from ._chunks import parse_chunk
+from ._chunks import ChunkParser
 from ._errors import UpstreamMalformed, UpstreamTimeout
 from ._sse import SSEDecoder, SSEError
 
@@ -78,6 +78,7 @@ class ChunkStream:
         self._first_chunk_timeout = first_chunk_timeout
         self._idle_timeout = idle_timeout
         self._decoder = SSEDecoder(max_event=max_event)
+        self._parse = ChunkParser()  # this stream's chunks (their shared head: rule 4)
         self._first_chunk_deadline = first_chunk_deadline
         #: The pending read's deadline (trio clock); inf while nothing is being read.
         self._read_deadline = math.inf
@@ -182,7 +183,7 @@ class ChunkStream:
                     self.done = True
                     break
                 try:
-                    batch.append(parse_chunk(event.data))
+                    batch.append(self._parse(event.data))
                 except UpstreamMalformed as exc:
                     fault = exc
                     break

@@ -1,9 +1,11 @@
-"""The plain text delta's pattern (``_chunks`` rules 1-3) against the general path.
+"""The plain text delta's pattern (``_chunks`` rules 1-4) against the general path.
 
 The general path (``json.loads`` and the checks) is the referee: for every input, the
 fast path either declines (None) or builds exactly what the general path returns, and
 ``parse_chunk`` answers every input as the general path does, the same dict (types and
-key order too) or the same error.
+key order too) or the same error; and a stream's ``ChunkParser``, which keeps the head
+of the last chunk the pattern read (rule 4), answers each chunk of a stream as
+``parse_chunk`` does alone.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from gateway.tools.replay import FAMILIES, family_transcripts
-from gateway.upstream import UpstreamMalformed, parse_chunk
+from gateway.upstream import ChunkParser, UpstreamMalformed, parse_chunk
 from gateway.upstream._chunks import _parse_in_general, _plain_text_chunk
 
 
@@ -216,3 +218,96 @@ def test_a_number_past_pythons_digit_limit_is_a_malformed_chunk() -> None:
     assert _plain_text_chunk(data) is None
     with pytest.raises(UpstreamMalformed, match="number that cannot be read"):
         parse_chunk(data)
+
+
+# --------------------------------------------------------------------------- rule 4
+
+
+def stream_answers(payloads: list[str]) -> list[tuple[str, Any]]:
+    """One ``ChunkParser``'s answers to a stream's payloads, in order, as ``answer``
+    gives them (a refusal does not end the parser: the next chunk is read as ever)."""
+    parser = ChunkParser()
+    answers: list[tuple[str, Any]] = []
+    for data in payloads:
+        try:
+            answers.append(("chunk", typed(parser(data))))
+        except UpstreamMalformed as exc:
+            answers.append(("error", (str(exc), exc.kind)))
+    return answers
+
+
+def recorded_streams() -> list[list[str]]:
+    """Every streamed transcript's SSE data payloads, in order, as each family plays it."""
+    streams = []
+    for family in FAMILIES:
+        for transcript in family_transcripts(family).values():
+            if not transcript.streaming:
+                continue
+            payloads = []
+            for block in transcript.body.split(b"\n\n"):
+                if block.startswith(b"data: ") and block != b"data: [DONE]":
+                    try:
+                        payloads.append(block[6:].decode("utf-8"))
+                    except UnicodeDecodeError:
+                        continue
+            streams.append(payloads)
+    return streams
+
+
+def test_every_recorded_stream_reads_the_same_with_its_head_kept() -> None:
+    streams = recorded_streams()
+    assert len(streams) >= 40
+    kept = 0
+    for payloads in streams:
+        assert stream_answers(payloads) == [answer(data) for data in payloads], payloads[:2]
+        kept += sum(map(is_plain, payloads[1:]))
+    assert kept >= 200  # the kept head is what most text chunks take
+
+
+def test_the_kept_head_is_what_most_chunks_of_a_stream_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first plain text delta, the next ones of the stream skip the pattern."""
+    from gateway.upstream import _chunks
+
+    matched: list[str] = []
+    pattern = _chunks._PLAIN_TEXT_CHUNK
+
+    class Counting:
+        def fullmatch(self, data: str) -> Any:
+            matched.append(data)
+            return pattern.fullmatch(data)
+
+    monkeypatch.setattr(_chunks, "_PLAIN_TEXT_CHUNK", Counting())
+    parser = ChunkParser()
+    chunks = [plain(f'"{word}"') for word in ("a", "quick", "brown", "fox")]
+    for data in chunks:
+        assert typed(parser(data)) == typed(general(data))
+    assert matched == chunks[:1]
+    # An escape, a new id, the other tail: the pattern reads it, and keeps the new head.
+    for data in (plain('"a\\nb"'), plain('"x"', id="other"), plain('"y"', id="other"),
+                 plain('"z"', id="other", tail="")):
+        assert typed(parser(data)) == typed(general(data))
+    assert matched == [*chunks[:1], plain('"a\\nb"'), plain('"x"', id="other"),
+                       plain('"z"', id="other", tail="")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(texts, st.integers(0, 2), st.sampled_from(["c1", "c2"]),
+                          st.sampled_from(["0", "1"]), st.booleans(),
+                          st.sampled_from(["", "shape"])), min_size=1, max_size=12))
+@example([("hi", 0, "c1", "0", True, ""), ('"},"logprobs":null,"finish_reason":null,'
+                                            '"token_ids":null}]}', 2, "c1", "0", True, "")])
+@example([("hi", 0, "c1", "0", True, ""), ("", 2, "c1", "0", True, "shape")])
+def test_generated_streams_read_the_same_with_the_head_kept(
+        chunks: list[tuple[str, int, str, str, bool, str]]) -> None:
+    """Chunks of one stream (mostly one head, with texts that are anything, raw or
+    escaped, other ids and indexes, both tails, and other shapes between): one parser
+    answers each as ``parse_chunk`` does alone."""
+    payloads = []
+    for text, how, chunk_id, index, token_ids, shape in chunks:
+        data = plain(escape(text, how), id=chunk_id, index=index,
+                     tail=',"token_ids":null' if token_ids else "")
+        if shape:  # a chunk of another shape with the same head: a finish
+            data = data.replace(',"finish_reason":null', ',"finish_reason":"stop"')
+        payloads.append(data)
+    assert stream_answers(payloads) == [answer(data) for data in payloads]

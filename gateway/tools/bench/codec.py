@@ -90,9 +90,10 @@ def _pipeline_event() -> Callable[[], object]:
     """The gateway's CPU per streamed token: one vLLM SSE chunk in, one PARTIAL_RESULT out
     (the reference adapter's in-process figure is 4.3 us, with no wire on either side)."""
     from gateway.pipeline import Translator, token_count
-    from gateway.upstream import BINDINGS, SSEDecoder, parse_chunk
+    from gateway.upstream import BINDINGS, ChunkParser, SSEDecoder
 
     decoder = SSEDecoder()
+    parse_chunk = ChunkParser()  # one stream's: its chunks share a head (issue 25)
     translator = Translator(BINDINGS[-1], usage_requested=False)
     translator.feed(parse_chunk(_SSE_ROLE_CHUNK[6:-2].decode()))  # the stream's first chunk
 
