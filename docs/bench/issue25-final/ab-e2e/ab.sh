@@ -1,4 +1,5 @@
 #!/bin/bash
+# What ran (paths as they were): base = main at beb7fb1 (PYTHONPATH to its worktree), new = main with the fast emit and the filtered log line; perreq.py measures the gateway CPU per short request.
 # A/B: base (beb7fb1) vs main HEAD, alternating; cost + throughput + per-request.
 out=/work/scratch/ab; mkdir -p $out
 for i in 1 2 3; do
