@@ -348,8 +348,9 @@ def profile_command(
     except ProfilerUnavailable as exc:
         raise UserError(f"cannot profile the gateway: {exc}", "py-spy", code=1) from None
     command = ("nnrp-gateway bench profile" + (" --quick" if quick else "")
-               + f" --rate {rate}" + "".join(f" --load {load.name}" for load in loads
-                                             if load_names))
+               + f" --rate {rate}")
+    if load_names:
+        command += "".join(f" --load {load.name}" for load in loads)
     document = {"command": command, "machine": _machine(),
                 "profiles": [p.as_dict() for p in profiles]}
     (out / "profile.json").write_text(json.dumps(document, indent=2) + "\n")

@@ -73,7 +73,7 @@ PUBLIC: dict[str, str] = {
         "is_token_request parse_envelope runtime_tokens token_prompt "
     ),
     "gateway.upstream": (
-        "BINDINGS Binding CHAT_PATH ChunkStream Completion ENGINE_DEAD_MESSAGE LoadDecision "
+        "BINDINGS Binding CHAT_PATH ChunkParser ChunkStream Completion ENGINE_DEAD_MESSAGE LoadDecision "
         "LoadError LoadMonitor LoadPolicy LoadSample LoadSource LoadState PRIORITY_HEADER "
         "RefusalReason "
         "RefuseReason RequestFieldError ResponseShape SSEDecoder "

@@ -64,7 +64,9 @@ class OperationPort(Protocol):
 
     def ready(self) -> bool:
         """Whether one more PARTIAL_RESULT may go now: ``room`` and ``credit`` would not
-        wait, and no SUPERSEDE of the operation waits for its replacement."""
+        wait, and no SUPERSEDE of the operation waits for its replacement. It must err
+        towards False: a True while a wait would block lets an event past backpressure
+        or the client's window (``emit`` then skips the waits)."""
         ...
 
     async def room(self) -> None:

@@ -88,7 +88,8 @@ class Outbox:
 
     @property
     def has_room(self) -> bool:
-        """Open and under its high-water mark: ``wait_for_room`` would not wait."""
+        """Open and taking packets: ``wait_for_room`` would not wait (after the queue
+        passed its high-water mark, not until it is back under the low-water mark)."""
         return self._has_room.is_set() and not self._closed
 
     def put(self, packet: bytes, *, read_at: int | None = None, defer: bool = False) -> None:

@@ -119,7 +119,8 @@ _NOT_BARE = re.compile(r'["\\\x00-\x1f]')
 class ChunkParser:
     """``parse_chunk`` for the chunks of one stream, in order: the same answer for every
     input, with the plain text delta's head and tail kept from the last one the pattern
-    read (rule 4), so most chunks cost two comparisons and one search."""
+    read (rule 4), so most chunks cost two comparisons and one search. What it keeps is a
+    cache: its answer depends on its input alone, as ``parse_chunk``'s does."""
 
     __slots__ = ("_fields", "_head", "_ids", "_tail")
 

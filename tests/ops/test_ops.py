@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-import logging
 import json
+import logging
 import signal
 import socket
 import subprocess

@@ -3,7 +3,6 @@ drain, and endpoint URIs. (The whole server over real sockets is test_server.py.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
@@ -220,8 +219,9 @@ async def test_a_handler_that_completes_sends_one_result(fast: bool) -> None:
 
 async def test_a_ready_port_never_lets_an_event_past_a_cancel_or_a_supersede() -> None:
     """Issue 25's fast emit (``OperationPort.ready``) skips the waits, not the rules: an
-    event emitted after the reader applied a cancel or a SUPERSEDE is never sent, and
-    the operation ends as it would have through the waits."""
+    event emitted after the reader applied a cancel (the operation's own guard), or once
+    the port knows of a SUPERSEDE (the port's say), is never sent, and the operation ends
+    as it would have through the waits."""
     for how in ("cancel", "supersede"):
         port = RecordingPort(fast=True)
         op = operation(port)
@@ -500,8 +500,8 @@ async def test_a_superseded_operation_can_only_end_superseded() -> None:
     """While a SUPERSEDE waits for its replacement (the port says so), nothing of the
     operation may reach the client but the superseded drop: not a partial once the hold
     is over, not its own terminal, not a deadline's drop reason."""
-    for how, fast in itertools.product(("emit", "close", "deadline"), (False, True)):
-        port = RecordingPort(superseded=True, fast=fast)
+    for how in ("emit", "close", "deadline"):
+        port = RecordingPort(superseded=True)
         op = operation(port, deadline_unix_ms=1 if how == "deadline" else None)
 
         async def handler(op: Operation, how: str = how) -> None:
@@ -574,3 +574,83 @@ async def test_a_controls_own_words_become_the_drops_diagnostic() -> None:
         nnrp.DropReason.SUPERSEDED))
     await op.run(_forever)
     assert expired.sent == [("drop", nnrp.DropReason.SUPERSEDED, b"")]  # EXPIRE_AT: none
+
+
+# --------------------------------------------------------------------------- the real port
+
+
+class _Link:
+    """What a session needs of its connection, around a real ServerConnection."""
+
+    def __init__(self, protocol: nnrp.ServerConnection, outbox: Outbox) -> None:
+        self.protocol = protocol
+        self.outbox = outbox
+        self.flow_changed = trio.Event()
+        self.operations = 1
+
+    def count_operations(self, change: int) -> None:
+        pass
+
+
+async def test_the_real_port_is_ready_only_when_no_wait_would_block() -> None:
+    """``_Port.ready`` (issue 25's fast emit) says yes only attached and live, with room in
+    the outbox, no flow window and no SUPERSEDE waiting: each state that makes ``room`` or
+    ``credit`` wait, or the supersede rule apply, makes it say no."""
+    from tests.nnrp.test_runtime_controls import connected, submit
+    from tests.support.wire import pk
+
+    async def port_in(state: str) -> bool:
+        protocol = connected(max_in_flight=8)
+        protocol.receive_data(submit(1, 1) + submit(2, 2))
+        outbox = Outbox(high_water=100, low_water=10)
+        async with trio.open_nursery() as nursery:
+            server_session = protocol.session(1)
+            assert server_session is not None
+            session = Session(server_session, nursery, _never, None, ServerStats())
+            session.attach(_Link(protocol, outbox))
+            port = session.port(1)
+            if state == "detached":
+                session.detach()
+            elif state == "held":
+                session.held = {1}
+            elif state == "muted":
+                session.muted.add(1)
+            elif state == "outbox closed":
+                outbox.close()
+            elif state == "over high water":
+                outbox.put(b"x" * 200)
+            elif state.startswith("back under high water"):
+                outbox.put(b"x" * 60)
+                outbox.put(b"y" * 60)  # 120 queued: over the high-water mark (100)
+                batch = await outbox.take()
+                outbox.put(b"z" * 30)
+                outbox.written(batch)  # 30 queued: under 100, over the low-water mark (10)
+                if state.endswith("then under low water"):
+                    outbox.written(await outbox.take())
+            elif state == "credit window":
+                protocol.receive_data(pk(nnrp.CreditUpdate(scope_id=1, credit_window=5),
+                                         session_id=1))
+            elif state == "paused":
+                protocol.receive_data(pk(nnrp.Backpressure(scope_id=1, level=3),
+                                         session_id=1))
+            elif state == "supersede waits":
+                protocol.receive_data(pk(nnrp.Supersede(old_operation_id=1,
+                                                        new_operation_id=3), session_id=1))
+            elif state == "another operation superseded":
+                protocol.receive_data(pk(nnrp.Supersede(old_operation_id=2,
+                                                        new_operation_id=3), session_id=1))
+            ready = port.ready()
+            nursery.cancel_scope.cancel()
+        return ready
+
+    assert await port_in("attached")
+    assert await port_in("another operation superseded")
+    assert await port_in("back under high water, then under low water")
+    for state in ("detached", "held", "muted", "outbox closed", "over high water",
+                  "back under high water, not yet under low water", "credit window",
+                  "paused", "supersede waits"):
+        assert not await port_in(state), state
+
+
+async def _never(op: Operation) -> None:
+    raise AssertionError("no operation runs here")

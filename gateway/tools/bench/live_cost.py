@@ -188,6 +188,7 @@ async def live_cost(vllm_url: str, endpoint: str, gateway_pids: list[int], body:
         # by default: VLLM_HTTP_TIMEOUT_KEEP_ALIVE): the direct phase comes after a
         # gateway phase of many seconds, and a connection vLLM closed meanwhile would be
         # reused and fail ("Server disconnected without sending a response", 64 streams).
+        # A vLLM started with a keep-alive under DIRECT_KEEPALIVE_S would bring it back.
         http = await exits.enter_async_context(httpx.AsyncClient(
             trust_env=False, timeout=None,
             limits=httpx.Limits(max_connections=streams, keepalive_expiry=DIRECT_KEEPALIVE_S)))

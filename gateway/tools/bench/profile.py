@@ -109,9 +109,9 @@ LOADS = (
     Load("coalesced-256", 256, 200, 0,
          "256 streams x 200 events from an instant backend, many events per upstream read"),
     Load("requests-16", 16, 1, 0,
-         "16 streams x 100 streamed requests of one event each, one after the other",
+         "16 streams of streamed requests of one event each, one after the other",
          requests=100),
-    Load("unary-1", 1, 1, 0, "one stream x 1,000 non-streaming requests, one after the other",
+    Load("unary-1", 1, 1, 0, "one stream of non-streaming requests, one after the other",
          requests=1000, stream=False),
 )
 #: The loads by name (``bench profile --load``).
@@ -267,7 +267,9 @@ async def profile(out: Path, quick: bool, progress: Progress, *,
     async with Stack(gateway_args=("--max-sessions-per-connection", "1024")) as stack:
         for load in loads:
             load = load.quick() if quick else load
-            progress(f"profile: {load.what}")
+            progress(f"profile: {load.what}, " + (f"{load.requests} requests a stream"
+                                                  if load.per_request
+                                                  else f"{load.events} events a stream"))
             profiles.append(await _record(stack, load, out, rate))
     return profiles
 
