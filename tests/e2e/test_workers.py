@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -472,7 +473,20 @@ def test_sighup_while_workers_start_is_not_fatal(tmp_path: Path,
         assert process.poll() is None, log.read_text()
         uri = next(uri for uri in served_endpoints(log.read_text())
                    if uri.startswith("tcp://"))
-        assert trio.run(stream_once, uri).status == 200
+        # A worker serves once it listens, and says "not ready" (503, with a retry time)
+        # until its own probe of vLLM has succeeded: retried as a client would, it
+        # streams.
+        answers = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            answer = trio.run(stream_once, uri)
+            answers.append(answer.status)
+            if answer.status == 200:
+                break
+            assert answer.status == 503, answer
+            assert "not ready" in answer.final["error"]["message"], answer.final
+            time.sleep(0.1)
+        assert answers[-1] == 200, answers
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0

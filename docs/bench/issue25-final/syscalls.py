@@ -2,7 +2,8 @@
 
 Issue 25, the one-stream row: the system calls the gateway makes per event against
 those of the null relay (``bench relay``, a bare trio byte relay: the row's baseline),
-one paced stream each (2,000 events 1 ms apart, the cost scenario's one-stream shape),
+one paced stream each (2,000 events 1 ms apart, the cost scenario's one-stream shape, or
+at the pace given in microseconds),
 counted by ``strace -c -f`` attached to that process only while its stream runs."""
 import functools
 import subprocess
@@ -15,7 +16,10 @@ sys.path.insert(0, ".")
 from gateway.tools.bench._stack import Stack, open_sessions  # noqa: E402
 from gateway.tools.bench.scenarios import _direct_fan_out, _indexed_gateway_stream  # noqa: E402
 
-EVENTS, INTERVAL_US = 2000, 1000
+EVENTS = 2000
+#: The pace: 1 ms (the cost scenario's one stream) or, as the first argument, another
+#: (10000: the latency scenario's, which issue 25's first row is measured at).
+INTERVAL_US = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 
 
 async def traced(pid: int, job) -> tuple[str, int]:
@@ -51,7 +55,7 @@ async def main() -> None:
         for name, pid, job in (("gateway", stack.gateway_pid, via_gateway),
                                ("null relay", relay_pid, via_relay)):
             text, count = await traced(pid, job)
-            print(f"== {name}: {count} events; strace -c -f -p {name}")
+            print(f"== {name}: {count} events {INTERVAL_US} us apart; strace -c -f -p {name}")
             calls = 0
             for line in text.splitlines():
                 parts = line.split()
