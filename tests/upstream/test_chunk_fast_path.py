@@ -254,12 +254,10 @@ def recorded_streams() -> list[list[str]]:
     return streams
 
 
-def test_every_recorded_stream_reads_the_same_with_its_head_kept(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def pattern_matches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, every chunk the pattern is asked to match, in order."""
     from gateway.upstream import _chunks
 
-    streams = recorded_streams()
-    assert len(streams) >= 40
     matched: list[str] = []
     pattern = _chunks._PLAIN_TEXT_CHUNK
 
@@ -268,12 +266,19 @@ def test_every_recorded_stream_reads_the_same_with_its_head_kept(
             matched.append(data)
             return pattern.fullmatch(data)
 
+    monkeypatch.setattr(_chunks, "_PLAIN_TEXT_CHUNK", Counting())
+    return matched
+
+
+def test_every_recorded_stream_reads_the_same_with_its_head_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    streams = recorded_streams()
+    assert len(streams) >= 40
+    expected = [[answer(data) for data in payloads] for payloads in streams]
+    matched = pattern_matches(monkeypatch)  # counted from here: the parsers' own asks
     plain_chunks = may_keep = 0
-    for payloads in streams:
-        expected = [answer(data) for data in payloads]
-        monkeypatch.setattr(_chunks, "_PLAIN_TEXT_CHUNK", Counting())
-        assert stream_answers(payloads) == expected, payloads[:2]
-        monkeypatch.setattr(_chunks, "_PLAIN_TEXT_CHUNK", pattern)
+    for payloads, answers in zip(streams, expected, strict=True):
+        assert stream_answers(payloads) == answers, payloads[:2]
         plain_chunks += sum(map(is_plain, payloads))
         may_keep += head_repeats(payloads)
     # Every plain text delta that could take the kept head took it: the pattern saw the
@@ -301,17 +306,7 @@ def head_repeats(payloads: list[str]) -> int:
 def test_the_kept_head_is_what_most_chunks_of_a_stream_take(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first plain text delta, the next ones of the stream skip the pattern."""
-    from gateway.upstream import _chunks
-
-    matched: list[str] = []
-    pattern = _chunks._PLAIN_TEXT_CHUNK
-
-    class Counting:
-        def fullmatch(self, data: str) -> Any:
-            matched.append(data)
-            return pattern.fullmatch(data)
-
-    monkeypatch.setattr(_chunks, "_PLAIN_TEXT_CHUNK", Counting())
+    matched = pattern_matches(monkeypatch)
     parser = ChunkParser()
     chunks = [plain(f'"{word}"') for word in ("a", "quick", "brown", "fox")]
     for data in chunks:
