@@ -35,7 +35,7 @@ import trio
 pytest.importorskip("nnrp.client.native")
 
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeInvalidStateError, NativeWouldBlockError
+from nnrp.native import NativeInvalidStateError
 from nnrp.runtime.types import PartialResultMetadata, PressureMetadata, ResultDropReasonMetadata
 
 from gateway import nnrp
@@ -44,6 +44,7 @@ from tests.support.native import (
     REFEREE_START_LIMIT,
     describe,
     native_connection,
+    next_event,
     open_session,
     openai_submit,
     poll_once,
@@ -245,10 +246,7 @@ def run_flow_referee(listening: Callable[[str], None], stop: threading.Event,
                 operation_id, sent[operation_id] + 1, reason, 3, 0, 0), b"")
 
         while not stop.is_set():
-            try:
-                event = await session.next_event(timeout=0.005)
-            except NativeWouldBlockError:
-                event = None
+            event = await next_event(session, 0.005)
             if event is not None and (operation := event.as_submit()) is not None:
                 operations[operation.operation_id] = operation
                 sent[operation.operation_id] = 0

@@ -18,7 +18,6 @@ import trio
 pytest.importorskip("nnrp.server.native")
 
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
 from nnrp.server.native import (
     NativeServerAcceptOptions,
@@ -27,7 +26,7 @@ from nnrp.server.native import (
 
 from gateway import nnrp
 from gateway.tools.client import connect
-from tests.support.native import native_server_options, result_metadata
+from tests.support.native import native_server_options, next_event, result_metadata
 
 pytestmark = pytest.mark.interop
 
@@ -42,10 +41,7 @@ def run_native_server(ready: queue.Queue[str], stop: threading.Event,
             session = await server.accept(NativeServerAcceptOptions(timeout_ms=10_000))
             active: dict[int, tuple[Any, int, int]] = {}  # op -> (operation, sent, total)
             while not stop.is_set():
-                try:
-                    event = await session.next_event(timeout=0.01)
-                except NativeWouldBlockError:
-                    event = None
+                event = await next_event(session, 0.01)
                 if event is not None and (operation := event.as_submit()) is not None:
                     body = bytes(operation.submit.tail.body)
                     typed = nnrp.parse_typed_body(body, payload_kind_bitmap=0x10,

@@ -40,7 +40,6 @@ import trio
 pytest.importorskip("nnrp.client.native")
 
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import PartialResultMetadata, ResultDropReasonMetadata
 
 from gateway import nnrp
@@ -49,6 +48,7 @@ from gateway.tools.replay import ReplayServer
 from tests.support.native import (
     REFEREE_START_LIMIT,
     native_connection,
+    next_event,
     open_session,
     openai_submit,
     poll_once,
@@ -451,10 +451,7 @@ def run_referee(listening: Callable[[str], None], stop: threading.Event, log: li
                     diagnostic)
 
         while not stop.is_set():
-            try:
-                event = await session.next_event(timeout=0.005)
-            except NativeWouldBlockError:
-                event = None
+            event = await next_event(session, 0.005)
             if event is not None and (operation := event.as_submit()) is not None:
                 typed = nnrp.parse_typed_body(bytes(operation.submit.tail.body),
                                               payload_kind_bitmap=0x10, payload_frame_count=1)

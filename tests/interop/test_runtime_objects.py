@@ -30,7 +30,6 @@ import trio
 pytest.importorskip("nnrp.client.native")
 
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeWouldBlockError
 from nnrp.runtime.types import (
     ObjectDeltaMetadata,
     ObjectDescriptorMetadata,
@@ -43,6 +42,7 @@ from gateway.tools.replay import ReplayServer
 from tests.support.native import (
     REFEREE_START_LIMIT,
     native_connection,
+    next_event,
     open_session,
     openai_submit,
     poll_until,
@@ -268,9 +268,8 @@ def run_referee(listening: Callable[[str], None], stop: threading.Event,
 
     async def serve_session(session: Any) -> None:
         while not stop.is_set():
-            try:
-                event = await session.next_event(timeout=0.005)
-            except NativeWouldBlockError:
+            event = await next_event(session, 0.005)
+            if event is None:
                 continue
             if (operation := event.as_submit()) is not None:
                 await operation.send_result(

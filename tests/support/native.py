@@ -118,6 +118,16 @@ def native_server_options() -> Any:
 REFEREE_START_LIMIT = 120
 
 
+async def next_event(session: Any, poll_s: float) -> Any | None:
+    """A referee session's next event, or None when nothing came within one poll of
+    ``poll_s`` seconds (nnrp-py says so with ``NativeWouldBlockError``). Its own event
+    loop's call (asyncio, in the referee's thread), not a deadline of ours."""
+    try:
+        return await session.next_event(timeout=poll_s)
+    except NativeWouldBlockError:
+        return None
+
+
 def serve_native_sessions(serve_session: Callable[[Any], Awaitable[None]],
                           listening: Callable[[str], None], stop: threading.Event,
                           options: Any = None) -> None:
