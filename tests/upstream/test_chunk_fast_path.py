@@ -57,6 +57,16 @@ def assert_same(data: str) -> bool:
     return True
 
 
+def assert_same_answer(data: str) -> None:
+    """``parse_chunk`` answers as the general path does: its chunk, or an error."""
+    reference = general(data)
+    kind, value = answer(data)
+    if isinstance(reference, dict):
+        assert (kind, value) == ("chunk", typed(reference))
+    else:
+        assert kind == "error"
+
+
 def recorded_payloads() -> list[str]:
     """Every SSE data payload of every transcript, as each family plays it."""
     payloads = set()
@@ -150,12 +160,7 @@ def test_plain_shapes_take_the_pattern(data: str) -> None:
 ])
 def test_other_shapes_take_the_general_path(data: str, why: str) -> None:
     assert _plain_text_chunk(data) is None, why
-    reference = general(data)
-    kind, value = answer(data)
-    if isinstance(reference, dict):
-        assert (kind, value) == ("chunk", typed(reference))
-    else:
-        assert kind == "error"
+    assert_same_answer(data)
 
 
 #: Text that a token may be: any code point, surrogates included (as escapes below).
@@ -186,12 +191,7 @@ def test_generated_chunks_read_the_same_either_way(
                  created=str(created), index=str(index),
                  tail=',"token_ids":null' if token_ids else "")
     assert_same(data)
-    reference = general(data)
-    kind, value = answer(data)
-    if isinstance(reference, dict):
-        assert (kind, value) == ("chunk", typed(reference))
-    else:
-        assert kind == "error"
+    assert_same_answer(data)
 
 
 @settings(max_examples=300, deadline=None)
