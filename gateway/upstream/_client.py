@@ -204,19 +204,9 @@ class VllmClient:
             raise UpstreamError(f"GET {path}: not JSON") from exc
 
     async def get_text(self, path: str, *, max_bytes: int = 16 << 20) -> str:
-        """GET ``path`` on the probe pool (its bounded timeouts): the body as text. A
-        scrape of vLLM's /metrics or /load (``_admission``)."""
-        try:
-            response = await self._probe_client.get(path)
-        except httpx.TimeoutException as exc:
-            raise UpstreamUnavailable(f"GET {path} timed out") from exc
-        except httpx.TransportError as exc:
-            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise UpstreamStatus(response.status_code, response.content[:MAX_ERROR_BODY])
-        if len(response.content) > max_bytes:
-            raise UpstreamError(f"GET {path}: more than {max_bytes} bytes")
-        return response.content.decode("utf-8", "replace")
+        """``get_bounded``'s body as text: a scrape of vLLM's /metrics or /load
+        (``_admission``)."""
+        return (await self.get_bounded(path, max_bytes=max_bytes)).decode("utf-8", "replace")
 
     async def get_bounded(self, path: str, *, max_bytes: int) -> bytes:
         """GET ``path`` on the probe pool, read as it comes and refused past ``max_bytes``
