@@ -103,5 +103,9 @@ async def test_the_body_is_bounded(nursery: trio.Nursery) -> None:
         assert len(await client.get_bounded("/metrics", max_bytes=1 << 20)) > 1000
         with pytest.raises(UpstreamError, match="more than 1000 bytes"):
             await client.get_bounded("/metrics", max_bytes=1000)
+        # The load scrape's text read keeps the same bound (it reads through it).
+        assert "vllm:" in await client.get_text("/metrics", max_bytes=1 << 20)
+        with pytest.raises(UpstreamError, match="more than 1000 bytes"):
+            await client.get_text("/metrics", max_bytes=1000)
     finally:
         await client.aclose()
