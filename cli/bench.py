@@ -414,6 +414,10 @@ def soak_command(
              "detach and must all be gone once it has passed.")] = 5.0,
     seed: Annotated[int, typer.Option(
         metavar="N", help="With --cut-every: where and when the cuts fall.")] = 21,
+    cut_latency_ms: Annotated[float, typer.Option(
+        min=0.0, metavar="MS",
+        help="With --cut-every: the round trip each client's path adds (a WAN: half each "
+             "way, in order).")] = 0.0,
 ) -> None:
     """N concurrent streams for T seconds: errors, RSS and open files over time; exit 1 on
     any error, unaccounted operation, or RSS growth above --max-rss-growth after warm-up.
@@ -438,7 +442,8 @@ def soak_command(
                                             log_dir=out / "logs" if out else None,
                                             client_nice=client_nice,
                                             progress=progress, cut_every=cut_every,
-                                            resume_window=resume_window, seed=seed)))
+                                            resume_window=resume_window, seed=seed,
+                                            cut_latency_ms=cut_latency_ms)))
         return {}
 
     _with_progress(work, as_json)
@@ -489,7 +494,8 @@ def soak_command(
 def _echo_resume(report: SoakReport) -> None:
     tally = report.resume
     assert tally is not None
-    typer.echo(f"  resume: {tally.cuts} cuts (one every {report.cut_every:g} s on average), "
+    typer.echo(f"  resume: {tally.cuts} cuts (one every {report.cut_every:g} s on average, "
+               f"{report.cut_latency_ms:g} ms round trip), "
                f"{tally.resumes} resumes ({tally.unexpected_reconnects} unexplained) in "
                f"{tally.attempts} attempts; {tally.whole}/{tally.operations} operations whole: "
                f"{tally.lost} events lost, {tally.duplicated} duplicated, {tally.reordered} "

@@ -172,6 +172,11 @@ def serve(
         rich_help_panel=VLLM,
         help="Wait for a free vLLM connection before the request is refused as overload "
              "(recoverable, with a retry time).")] = 10.0,
+    upstream_detached_share: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_UPSTREAM_DETACHED_SHARE", min=0.0, max=1.0, metavar="SHARE",
+        rich_help_panel=VLLM,
+        help="Share of the vLLM connections detached sessions keep while a request "
+             "waits for one.")] = 0.5,
     upstream_connect_timeout: Annotated[float, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_CONNECT_TIMEOUT", min=0.1, metavar="SECONDS",
         rich_help_panel=VLLM, help="Connecting to vLLM.")] = 2.0,
@@ -306,6 +311,20 @@ def serve(
         rich_help_panel=RESUME,
         help="Result bytes all resumable sessions of a worker keep together.")
     ] = 256 << 20,
+    resume_max_sessions_per_client: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_MAX_SESSIONS_PER_CLIENT", min=1, metavar="N",
+        rich_help_panel=RESUME,
+        help="Resumable sessions per client (auth token, else TLS certificate, else "
+             "address).")] = 64,
+    resume_client_bytes: Annotated[int, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_CLIENT_BYTES", min=64 * 1024, metavar="BYTES",
+        rich_help_panel=RESUME,
+        help="Result bytes one client's resumable sessions keep together.")] = 64 << 20,
+    resume_probe_timeout: Annotated[float, typer.Option(
+        envvar="NNRP_GATEWAY_RESUME_PROBE_TIMEOUT", min=0.1, metavar="SECONDS",
+        rich_help_panel=RESUME,
+        help="A connection still holding a session being resumed is closed when silent "
+             "this long after a ping.")] = 2.0,
     # ---- vLLM's load and refusals (issue 23)
     overload_retry_after_ms: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_OVERLOAD_RETRY_AFTER_MS", min=1, metavar="MS",
@@ -397,8 +416,11 @@ def serve(
         drain_timeout=drain_timeout, drain_close_grace=drain_close_grace,
         max_connections=max_connections,
         resume=ResumeSettings(window=resume_window, max_sessions=resume_max_sessions,
+                              max_sessions_per_client=resume_max_sessions_per_client,
                               session_bytes=resume_session_bytes,
-                              total_bytes=resume_max_bytes),
+                              client_bytes=resume_client_bytes,
+                              total_bytes=resume_max_bytes,
+                              probe_timeout=resume_probe_timeout),
         server=ServerConfig(max_packet=max_frame_bytes,
                             max_sessions=max_sessions_per_connection,
                             max_in_flight=max_operations_per_session,
@@ -413,6 +435,7 @@ def serve(
                                 overload_retry_after_ms=overload_retry_after_ms),
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,
+        upstream_detached_share=upstream_detached_share,
         health_interval=health_interval,
         health_failure_threshold=health_failure_threshold, admin_listen=admin_listen,
         metrics=metrics, tls=tls, quic_alpn=quic_alpn.value,

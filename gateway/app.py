@@ -38,13 +38,19 @@ from gateway.observe import (
     open_tracer,
 )
 from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
-from gateway.profile import Listener, capability_document, runtime_tokens
+from gateway.profile import (
+    EnvelopeResubmission,
+    Listener,
+    capability_document,
+    runtime_tokens,
+)
 from gateway.server import (
     BoundEndpoint,
     ConnectionLimits,
     GatewayServer,
     Operation,
     ResumeSettings,
+    TokenAuthenticator,
 )
 from gateway.transport import (
     AlpnPolicy,
@@ -130,6 +136,9 @@ class GatewayConfig:
     #: A request waits this long for one of the pool's connections, then is refused as
     #: overload (recoverable, with a retry time) rather than queue on.
     upstream_queue_timeout: float = 10.0
+    #: The share of the pool operations of detached sessions may keep while a request
+    #: waits (gateway/upstream/_slots.py rule 2).
+    upstream_detached_share: float = 0.5
     admin_listen: str | None = None  # "host:port"; off unless given
     metrics: bool = False
     tls: TlsConfig | None = None
@@ -155,7 +164,8 @@ class Gateway:
         self.config = config
         self.client = VllmClient(UpstreamConfig(
             config.vllm_url, config.upstream_api_key, config.upstream_connect_timeout,
-            config.upstream_pool_size, queue_timeout=config.upstream_queue_timeout))
+            config.upstream_pool_size, queue_timeout=config.upstream_queue_timeout,
+            detached_share=config.upstream_detached_share))
         self.info: VllmInfo | None = None
         self.upstream_healthy = False
         #: Why the last probe or health check of vLLM failed (readiness says it).
@@ -182,9 +192,11 @@ class Gateway:
                                      admission=self.load is not None,
                                      on_engine_dead=self.engine_died, tracer=self.tracer)
         self.ssl_context = server_context(config.tls) if config.tls else None
-        # The runtime tokens negotiation may grant are what this configuration implements.
+        # The runtime tokens negotiation may grant are what this configuration implements;
+        # a resubmission after a resume is compared as the profile reads an envelope.
         server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
-            priority_scheduling=config.pipeline.priority_scheduling))
+            priority_scheduling=config.pipeline.priority_scheduling),
+            resubmission=EnvelopeResubmission())
         if self.load is not None and config.load.refuse_sessions:
             server_config = attrs.evolve(server_config, admit_session=self._admit_session)
         self.server = GatewayServer(self.pipeline, config=server_config,
@@ -277,6 +289,18 @@ class Gateway:
             getattr(logger, record.log_level)("operation", **record.as_dict())
         if self.tracer is not None:
             self.tracer.export(record)
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the certificate files and the auth token file."""
+        self.reload_tls()
+        authenticate = self.config.server.authenticate
+        if isinstance(authenticate, TokenAuthenticator):
+            problem = authenticate.reload()
+            if problem is not None:
+                log.error("auth token reload failed; keeping the previous tokens",
+                          error=problem)
+            else:
+                log.info("auth tokens reloaded")
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the certificate files; new handshakes use them."""
@@ -426,8 +450,8 @@ async def serve_until_signalled(
         started: Callable[[list[BoundEndpoint]], Awaitable[None]] | None = None,
         stop_when: Callable[[], Awaitable[None]] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (or ``stop_when`` returns), then drain; SIGHUP
-    re-reads the TLS files, during the drain too. Another SIGTERM or SIGINT during the
-    drain raises ``DrainInterrupted`` at once.
+    re-reads the TLS files and the auth token file, during the drain too. Another
+    SIGTERM or SIGINT during the drain raises ``DrainInterrupted`` at once.
 
     A listener that fails for good has already closed the whole listener set (the
     server's rule; readiness says so): the gateway then drains as on SIGTERM and raises
@@ -442,7 +466,7 @@ async def serve_until_signalled(
     async def watch_signals(signals: AsyncIterator[int]) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
-                gateway_app.reload_tls()
+                gateway_app.reload()
             elif stop.is_set():
                 log.warning("second signal during the drain; exiting now",
                             signal=signal.Signals(signum).name,

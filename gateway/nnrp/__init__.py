@@ -7,8 +7,10 @@ declared), ``_messages`` (one class per message type), ``_codec`` (header, packe
 the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
 machine reports), ``_server`` (a connection: handshake, sessions, the rule table),
 ``_server_session`` (one session: operations and results), ``_server_controls`` (the
-runtime controls), ``_objects`` (a session's runtime objects), ``_client`` (the
-client's state machine), ``_errors``.
+runtime controls), ``_objects`` (a session's runtime objects), ``_resumption`` (the
+process's resumable sessions: tokens, windows, caps), ``_journal`` (what a resumable
+session keeps for a replay), ``_session_ids``, ``_client`` (the client's state machine),
+``_errors``.
 """
 
 from ._body import (
@@ -52,6 +54,8 @@ from ._codec import (
     encode as encode,
     encode_openai_submit as encode_openai_submit,
     encode_partial_result as encode_partial_result,
+    message_type as message_type,
+    split_packets as split_packets,
 )
 from ._constants import (
     DEFAULT_MAX_PACKET as DEFAULT_MAX_PACKET,
@@ -139,6 +143,7 @@ from ._errors import (
     TypedBodyError as TypedBodyError,
 )
 from ._events import (
+    AbandonCause as AbandonCause,
     BudgetRequested as BudgetRequested,
     CancelSource as CancelSource,
     CapabilitiesNegotiated as CapabilitiesNegotiated,
@@ -149,8 +154,10 @@ from ._events import (
     FrameIgnored as FrameIgnored,
     HandedOff as HandedOff,
     HandshakeCompleted as HandshakeCompleted,
+    HolderProbed as HolderProbed,
+    OperationAbandoned as OperationAbandoned,
     OperationCancelled as OperationCancelled,
-    OperationResubmitted as OperationResubmitted,
+    OperationResumed as OperationResumed,
     OperationSubmitted as OperationSubmitted,
     OperationSuperseding as OperationSuperseding,
     PeerClosed as PeerClosed,
@@ -163,11 +170,21 @@ from ._events import (
     SessionOpened as SessionOpened,
     SessionOpenRefused as SessionOpenRefused,
     SessionResumed as SessionResumed,
+    SessionTaken as SessionTaken,
     SubmitRefused as SubmitRefused,
     TraceContextUpdated as TraceContextUpdated,
     TraceInfo as TraceInfo,
 )
 from ._flow import FlowControl as FlowControl, Window as Window
+from ._journal import (
+    PACKET_COST as PACKET_COST,
+    RECORD_COST as RECORD_COST,
+    Budget as Budget,
+    Journal as Journal,
+    Replay as Replay,
+    ReplayGap as ReplayGap,
+    Wakeable as Wakeable,
+)
 from ._layout import (
     FieldSpec as FieldSpec,
     WireMessage as WireMessage,
@@ -235,23 +252,38 @@ from ._objects import (
     ObjectTable as ObjectTable,
     Released as Released,
 )
+from ._resumption import (
+    Binding as Binding,
+    Expiry as Expiry,
+    ExpiryKind as ExpiryKind,
+    Lookup as Lookup,
+    NotGranted as NotGranted,
+    PeerCredentials as PeerCredentials,
+    Phase as Phase,
+    ResumeGrant as ResumeGrant,
+    ResumePolicy as ResumePolicy,
+    ResumeRecord as ResumeRecord,
+    ResumeStats as ResumeStats,
+    SessionBook as SessionBook,
+)
 from ._server import (
     MIGRATION_REFUSED as MIGRATION_REFUSED,
     ConnState as ConnState,
     ServerConnection as ServerConnection,
+    SessionsLost as SessionsLost,
 )
-from ._server_config import ServerConfig as ServerConfig
-from ._server_recovery import (
-    ResumeGrant as ResumeGrant,
-    ResumeRefused as ResumeRefused,
-    SessionStore as SessionStore,
-    identity_of as identity_of,
+from ._server_config import (
+    ResubmissionRead as ResubmissionRead,
+    ResubmissionRule as ResubmissionRule,
+    SameBytes as SameBytes,
+    ServerConfig as ServerConfig,
 )
 from ._server_session import (
     OpState as OpState,
     ServerSession as ServerSession,
     SessionState as SessionState,
 )
+from ._session_ids import SessionIds as SessionIds
 from ._tokens import (
     KNOWN_TOKENS as KNOWN_TOKENS,
     pack_tokens as pack_tokens,

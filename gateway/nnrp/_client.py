@@ -2,7 +2,9 @@
 
 Rules:
 
-1. ``hello()`` first; nothing else is sent before SERVER_HELLO_ACK arrives.
+1. ``hello()`` first; nothing else is sent before SERVER_HELLO_ACK arrives, but SESSION_OPEN
+   (a client resuming on a new connection sends the hello and its resumes in one write:
+   the server answers them in order).
 2. ``open_session()`` may be called many times; each SESSION_OPEN is answered in order
    (the server assigns the id, so acks are matched to requests first-in first-out).
 3. ``submit()`` registers (operation_id, frame_id); both must be fresh in the session.
@@ -179,6 +181,9 @@ class _ClientSession:
     closing: bool = False
     #: The highest operation id submitted: SESSION_CLOSE's last_operation_id.
     last_operation_id: int = 0
+    #: Frames whose terminal the client holds already (a migrated session: what the
+    #: server sends again of them is a repeat).
+    ended_frames: frozenset[int] = frozenset()
 
 
 class ClientConnection:
@@ -224,7 +229,8 @@ class ClientConnection:
     def _open(self, requested_session_id: int, token: bytes, auth: bytes, profile_id: int,
               schema_id: int, schema_version: int, max_in_flight: int, *, resume: bool
               ) -> bytes:
-        self._require_ready()
+        if self.state is not ClientState.AWAIT_HELLO_ACK:  # rule 1: pipelined after it
+            self._require_ready()
         self._opening += 1
         meta = SessionOpen(requested_session_id=requested_session_id, profile_id=profile_id,
                            priority_class=1, schema_id=schema_id, schema_version=schema_version,
@@ -244,10 +250,13 @@ class ClientConnection:
         return encode(Packet(meta, session_id=session_id, body=token))
 
     def adopt_session(self, session_id: int,
-                      operations: dict[int, tuple[int, int]]) -> None:
+                      operations: dict[int, tuple[int, int]], *,
+                      ended_frames: frozenset[int] = frozenset()) -> None:
         """A session migrated here, with its operations in flight (operation id ->
-        (frame id, sequence held)): their results continue, repeats allowed."""
+        (frame id, sequence held)): their results continue, repeats allowed; what comes
+        again for ``ended_frames`` (their terminal is held) is a repeat too."""
         session = self._sessions.setdefault(session_id, _ClientSession(session_id))
+        session.ended_frames = ended_frames
         for operation_id, (frame_id, sequence) in operations.items():
             operation = _ClientOp(operation_id, frame_id, sequence, repeats=True)
             session.by_frame[frame_id] = operation
@@ -412,6 +421,17 @@ class ClientConnection:
         if isinstance(message, SessionCloseAck):
             self._sessions.pop(packet.session_id, None)
             return SessionCloseAcked(packet.session_id, message)
+        if isinstance(message, PartialResult | ResultPush | ResultDropReason):
+            session = self._sessions.get(packet.session_id)
+            if (session is not None and packet.frame_id in session.ended_frames
+                    and packet.frame_id not in session.by_frame):
+                sequence = (message.result_sequence
+                            if isinstance(message, PartialResult | ResultDropReason) else 0)
+                operation_id = (message.operation_id
+                                if isinstance(message, PartialResult | ResultDropReason)
+                                else 0)
+                return RepeatReceived(packet.session_id, operation_id, packet.frame_id,
+                                      sequence)
         if isinstance(message, PartialResult):
             operation = self._operation_for(packet, message.operation_id)
             if operation.repeats and message.result_sequence <= operation.sequence:

@@ -78,6 +78,33 @@ class Header:
                    trace_id, version, wire_format)
 
 
+#: meta_len and body_len in the header (offset 12): a packet's size without decoding it.
+_LENGTHS = struct.Struct("<II")
+#: Where msg_type sits in the header.
+_MSG_TYPE_OFFSET = 6
+
+
+def split_packets(buffer: bytearray) -> list[bytes]:
+    """The whole packets at the start of ``buffer`` (removed from it); a partial one
+    stays. Framing only, for a relay that passes packets on without reading them (the
+    process that receives them checks every one); a header announcing more than
+    ``PROTOCOL_MAX_PACKET`` is never whole and stays."""
+    packets = []
+    while len(buffer) >= HEADER_LEN:
+        meta_len, body_len = _LENGTHS.unpack_from(buffer, 12)
+        size = HEADER_LEN + meta_len + body_len
+        if size > PROTOCOL_MAX_PACKET or len(buffer) < size:
+            break
+        packets.append(bytes(buffer[:size]))
+        del buffer[:size]
+    return packets
+
+
+def message_type(packet: bytes | bytearray | memoryview) -> int:
+    """The msg_type of an encoded packet (at least its header), without decoding it."""
+    return packet[_MSG_TYPE_OFFSET]
+
+
 class Packet(NamedTuple):
     """One NNRP packet: a typed message plus the header fields the sender chooses.
 

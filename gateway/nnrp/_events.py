@@ -34,10 +34,13 @@ class RefusalReason(enum.Enum):
     OPERATION_LIMIT = "adapter_operation_limit"
     SESSION_CLOSING = "session_closing"
     DRAINING = "server_draining"
-    #: After a resume (I/O layer): the resubmission is not the request it resubmits...
+    #: After a resume: the resubmission is not the request it resubmits...
     RESUBMISSION_DIFFERS = "resubmission_differs"
-    #: ...or what the client may have missed is no longer held.
+    #: ...or what the client may have missed is no longer held...
     RESULTS_UNAVAILABLE = "results_unavailable"
+    #: ...or the position it declares is none (malformed, or past the last result): the
+    #: operation still waits for a resubmission that can be served.
+    INVALID_NNRP_POLICY = "invalid_nnrp_policy"
     #: Its body references cached objects (object_reference region) this server does not
     #: hold: each is answered CACHE_MISS first.
     OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"
@@ -79,6 +82,8 @@ class SessionOpened:
     max_in_flight: int
     #: Resume was granted (a token went out with the ACK).
     resumable: bool = False
+    #: Resume was asked for and not granted: why (``_resumption.NotGranted``'s value).
+    not_granted: str | None = None
 
 
 @attrs.frozen
@@ -101,6 +106,10 @@ class SessionMigrated:
     session_id: int
     last_result_frame_id: int
     resume_from_frame_id: int
+    #: What is held of those frames, to send now (packets in order), and how many of
+    #: them are PARTIAL_RESULTs.
+    replay: tuple[bytes, ...] = ()
+    replayed_events: int = 0
 
 
 @attrs.frozen
@@ -111,6 +120,8 @@ class HandedOff:
     instead when that process cannot be reached (it restarted, its sessions with it)."""
 
     session_id: int
+    #: The worker that issued the token (``_resumption`` R11).
+    worker: int
     refusal: bytes
 
 
@@ -119,6 +130,32 @@ class SessionOpenRefused:
     session_id: int
     error_code: int
     message: str
+    #: A resume (a token was presented): counted and logged apart (rate-limited).
+    resume: bool = False
+
+
+@attrs.frozen
+class HolderProbed:
+    """A resume named a session still attached to ``holder`` (another connection, as the
+    sans-IO layer knows it): that connection must show it is alive (``_resumption``
+    R8). The I/O layer sends it ``ping`` and closes it if nothing arrives on it within
+    ``timeout`` seconds."""
+
+    session_id: int
+    holder: object
+    ping: bytes
+    timeout: float
+
+
+@attrs.frozen
+class SessionTaken:
+    """A SESSION_MIGRATE took the session from ``previous`` (another connection) to this
+    one (``_resumption`` R9): the I/O layer moves its operations here and writes
+    ``notice`` to the old connection (a non-fatal ERROR naming the session)."""
+
+    session_id: int
+    previous: object
+    notice: bytes
 
 
 @attrs.frozen
@@ -142,16 +179,36 @@ class OperationSubmitted:
 
 
 @attrs.frozen
-class OperationResubmitted:
-    """After a resume, the client submitted again an operation whose results the server
-    holds, on its original frame (rule 5): the I/O layer checks the payload is the same,
-    then replays what the client may have missed and goes on live."""
+class OperationResumed:
+    """After a resume, the client resubmitted an operation whose results the server holds,
+    on its original frame, asking for the same request (``_server_session`` rule 5b):
+    ``replay`` (packets in order) goes out now, then the operation goes on live.
+    ``running``: it has not ended yet (the I/O layer wakes it)."""
 
     session_id: int
     operation_id: int
-    frame_id: int
-    typed_body: TypedBody | None
-    body_error: str | None
+    replay: tuple[bytes, ...]
+    replayed_events: int
+    after: int | None
+    running: bool
+
+
+class AbandonCause(enum.Enum):
+    """Why an operation of a resumed session ends unseen (rule 5b)."""
+
+    RESUBMISSION_REFUSED = "resubmission_refused"  # another request, or a gap
+    NOT_RESUBMITTED = "not_resubmitted"  # its resubmissions' window passed
+    SESSION_CLOSED = "session_closed"  # SESSION_CLOSE before its resubmission
+
+
+@attrs.frozen
+class OperationAbandoned:
+    """Nothing more of a running operation reaches the client: the I/O layer ends it
+    (its upstream aborted). Its frames are muted already."""
+
+    session_id: int
+    operation_id: int
+    cause: AbandonCause
 
 
 @attrs.frozen
@@ -286,8 +343,9 @@ class ConnectionFailed:
 
 Event = (
     SendBytes | HandshakeCompleted | SessionOpened | SessionResumed | SessionMigrated
-    | HandedOff
-    | SessionOpenRefused | OperationSubmitted | OperationResubmitted | SubmitRefused
+    | HandedOff | HolderProbed | SessionTaken
+    | SessionOpenRefused | OperationSubmitted | OperationResumed | OperationAbandoned
+    | SubmitRefused
     | OperationCancelled | OperationSuperseding | DeadlineUpdated | TraceContextUpdated
     | PriorityRequested | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
     | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed

@@ -896,6 +896,12 @@ class SessionMigrateAck(WireMessage):
     grace_window_ms: int = wire("I")
     server_migrate_ts_us: int = wire("Q")
 
+    def expected_body_len(self) -> int | None:
+        # As SESSION_MIGRATE's body is the migration token, an accepted migration's
+        # ACK may carry the session's next one (this gateway rotates it:
+        # gateway/nnrp/_resumption.py R9); the layout has no length field for it.
+        return None
+
 
 @message(MsgType.OBJECT_DECLARE)
 @attrs.frozen

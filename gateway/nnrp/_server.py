@@ -28,37 +28,77 @@ the runtime objects, whose table is ``_objects``)):
    it as an event, whereas a session-scoped ERROR (0x06) wedges that client's session
    (research: docs/runtime-controls.md). A frame naming a session that is not open is
    answered with a non-fatal ERROR carrying session_id 0 and ``related_session_id``.
-4. Sessions: SESSION_OPEN gets SESSION_OPEN_ACK with the requested id when free, else
-   the lowest free id from 1. Refusals (profile, schema, resume, limit, auth) are an ACK
-   with status rejected, an error code and a UTF-8 diagnostic. While the server drains,
-   the status is retry_later (``start_draining``).
+4. Sessions: SESSION_OPEN gets SESSION_OPEN_ACK with the requested id when no session of
+   the process holds it, else the next free one (``SessionIds``: ids are unique per
+   process, so the sessions of several lost connections can be resumed on one).
+   Refusals (profile, schema, resume, limit, auth) are an ACK with status rejected, an
+   error code and a UTF-8 diagnostic. While the server drains, a new session is
+   retry_later (``start_draining``). Resumable sessions are the ``SessionBook``'s
+   (``_resumption``, rules R1-R12); this connection asks it and moves nothing itself.
    a. Resume granted: a SESSION_OPEN with ``allow_resume`` gets ``resume_enabled``, a
-      token (the ACK's body) and the window, when the ``SessionStore`` grants them;
-      otherwise the session opens without resume (session_flags_ack may only confirm or
+      token (the ACK's body) and the window when the book grants them (R1); otherwise
+      the session opens without resume (session_flags_ack may only confirm or
       downgrade what was asked: preview3 section 7.1B).
-   b. Resume: a SESSION_OPEN whose body starts with a token (``resume_token_bytes``)
-      needs ``allow_resume`` and the session's id (session-recovery.md). The store gives
-      back the detached session that token opens, and its next token (tokens rotate:
-      a token is good once); the ACK says resumed. Anything wrong (unknown, expired,
-      used, another identity's token, an id already open here) is rejected with
-      ``resume_rejected``, the same answer whatever it was; a session still attached to
-      a connection the server has not yet seen die is retry_later (only the holder of
-      its current token learns that). While the server drains, retry_later.
-   c. SESSION_MIGRATE for a session open on this connection is the reference runtime's
-      exchange: acknowledged, nothing moves. For a session not open here it moves the
-      session to this connection (preview2 section 10.4: "establish a new connection on
-      the candidate path and send SESSION_MIGRATE"), taking it from the connection it
-      was on, if any. Its body is the migration token, the session's current resume
-      token; old and new transport must differ and the new one must be this
-      connection's (nnrp-core's rule). The ACK's resume_from_frame_id is past every
-      frame the session has used and not behind last_result_frame_id: the client
-      resubmits nothing, and the results of frames after last_result_frame_id are
-      replayed (``SessionMigrated``). A refusal is a non-zero accept_code
-      (``MigrateAccept``).
-   d. A token of a session another process of the gateway holds (``--workers``): if
-      the resume or migration is the first session message of the connection, nothing
-      is answered, the connection is ``HANDED_OFF`` (``HandedOff``) and reads nothing
-      more; the I/O layer relays it whole to that process. Otherwise it is refused.
+   b. Resume: a SESSION_OPEN whose body starts with a token (``resume_token_bytes``),
+      checked in this order; a refusal spends nothing (R5), and every "rejected" answer
+      to a token is the same, so nothing says whether a session exists:
+
+      | the resume                                    | answer                           |
+      |-----------------------------------------------|----------------------------------|
+      | without ``allow_resume``, or for session 0    | rejected, resume_rejected        |
+      | on a connection past its refusals' rate (4e)  | retry_later                      |
+      | with resume off, or for an id open here       | rejected, resume_rejected        |
+      | with a token of another worker (R11)          | handed off (4d), or rejected     |
+      | no session for this id, token, binding (R3)   | rejected, resume_rejected        |
+      | another profile or schema than the session's  | rejected, profile_unsupported or |
+      |   (nnrp-py's server's answer)                 |   schema_unsupported             |
+      | the session is attached to a connection       | retry_later; that one is probed  |
+      |                                               |   (R8, rule 18)                  |
+      | this connection holds ``max_sessions``        | rejected, limit_reached          |
+      | otherwise                                     | resumed, the next token (R4, R7) |
+
+   c. SESSION_MIGRATE (preview2 section 10.4: "establish a new connection on the
+      candidate path and send SESSION_MIGRATE"; its body is the session's current token):
+
+      | the migration                                     | accept_code                 |
+      |---------------------------------------------------|-----------------------------|
+      | of a session open here, with no token             | accepted, nothing moves (the|
+      |                                                   |   reference runtime's way)  |
+      | of a session open here, with a token              | refused (an id open here)   |
+      | old and new transport the same, nothing to move   | same_transport (nnrp-core)  |
+      | on a connection past its refusals' rate (4e)      | refused                     |
+      | naming another transport than this connection's   | transport_mismatch          |
+      | resume off, no token, session 0, connection full  | refused                     |
+      | with a token of another worker (R11)              | handed off (4d), or refused |
+      | no session for this id, token and binding (R3);   | refused                     |
+      |   with session auth on, the session's identity is |                             |
+      |   not one this connection authenticated with      |                             |
+      | otherwise                                         | accepted: the session moves |
+      |                                                   |   here from wherever (R9)   |
+
+      Accepted, the ACK's resume_from_frame_id is past every frame the session has used
+      and not behind last_result_frame_id: the client resubmits nothing, and the
+      results of frames after last_result_frame_id are sent again (``SessionMigrated``).
+      A moved session's ACK carries its next token as its body (R4, R9), and the
+      connection it left is told (``SessionTaken``: a non-fatal ERROR naming it). Two
+      connections of the same carrier kind may move a session between them (a client
+      that reconnected over the same transport): only a migration of nothing is the
+      same transport.
+   d. A token another process of the gateway issued (``--workers``, R11): when the resume
+      or migration is the first session message of a connection that was not itself
+      handed over, nothing is answered, the connection is ``HANDED_OFF``
+      (``HandedOff``) and reads nothing more; the I/O layer relays it whole to that
+      process. Otherwise it is refused. So a connection is relayed at most once.
+   e. Resumes and migrations whose token opens nothing here are rate-limited per
+      connection (a guesser's cost): a token bucket of ``refusal_burst``, refilled at
+      ``refusals_per_second``; past it every resume is answered retry_later (a
+      migration: refused) without a lookup. Refusals of a token that does open a
+      session (another profile, a live holder, a full connection) spend nothing.
+   f. A resumed or migrated session's new token is confirmed by the first packet the
+      client sends on this connection after the ACK that names the session (a
+      resubmission, any control), or by a PING (a client pings once it has read what
+      came before): until then, the token it used still opens the session (R4). A
+      client may pipeline several resumes: one's request does not confirm another's.
 11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
     over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go. Their
     flags (or FLOW_UPDATE's scope) pick connection, session or operation; an operation
@@ -67,8 +107,16 @@ the runtime objects, whose table is ``_objects``)):
 13. Features this server does not have are refused in their own message's form, or
     noted and ignored (``_server_controls`` rule 13, and its ``IGNORED`` table).
 16. PING is answered with PONG at once. SESSION_CLOSE moves the session to ``CLOSING``:
-    no new submits; the adapter drains (or aborts) and then calls
-    ``send_session_close_ack``. CLOSE and a fatal ERROR from the peer end the connection.
+    no new submits; what still awaits its resubmission ends unseen; the adapter drains
+    (or aborts) and then calls ``send_session_close_ack``. CLOSE and a fatal ERROR from
+    the peer end the connection.
+18. Liveness: a connection is alive while bytes arrive on it. ``start_probe`` sends a
+    PING (when a resume names a session attached here: R8); if nothing at all has
+    arrived by the time the I/O layer asks ``probe_failed`` (``probe_timeout`` later),
+    the connection is dead: the I/O layer closes it, and ``connection_lost`` detaches its
+    resumable sessions. Any bytes answer it, a PONG or not (nnrp-py's native client may
+    not answer PING: its silence costs it only when someone holding its session's token
+    asks for the session).
 """
 
 from __future__ import annotations
@@ -99,6 +147,7 @@ from ._constants import (
 )
 from ._errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from ._events import (
+    AbandonCause,
     CancelSource,
     ConnectionFailed,
     Event,
@@ -106,6 +155,8 @@ from ._events import (
     FrameIgnored,
     HandedOff,
     HandshakeCompleted,
+    HolderProbed,
+    OperationAbandoned,
     PeerClosed,
     PeerError,
     SendBytes,
@@ -114,6 +165,7 @@ from ._events import (
     SessionOpened,
     SessionOpenRefused,
     SessionResumed,
+    SessionTaken,
 )
 from ._flow import FlowControl
 from ._messages import (
@@ -122,6 +174,7 @@ from ._messages import (
     CreditUpdate,
     Error,
     FlowUpdate,
+    Ping,
     Pong,
     ServerHelloAck,
     SessionClose,
@@ -133,14 +186,23 @@ from ._messages import (
     TransportProbe,
     TransportProbeAck,
 )
+from ._resumption import (
+    Binding,
+    Lookup,
+    NotGranted,
+    PeerCredentials,
+    ResumeGrant,
+    ResumeRecord,
+    SessionBook,
+)
 from ._server_config import ServerConfig
 from ._server_outputs import SessionOutputs
-from ._server_recovery import ResumeGrant, ResumeRefused, SessionStore, identity_of
 from ._server_session import (
     ServerSession,
     SessionState,
     diagnostic,
 )
+from ._session_ids import SessionIds
 
 
 class ConnState(enum.Enum):
@@ -154,25 +216,43 @@ class ConnState(enum.Enum):
 MIGRATION_REFUSED = int(MigrateAccept.REFUSED)
 
 
+@attrs.frozen
+class SessionsLost:
+    """What a connection's end did to its sessions (``connection_lost``): the resumable
+    ones that now wait for their client, and the ones that ended with it."""
+
+    detached: tuple[int, ...]
+    ended: tuple[int, ...]
+
+
 class ServerConnection(SessionOutputs):
     """Sans-IO server role for one transport connection (many sessions).
 
-    ``clock`` (seconds, monotonic) times the client's retry-after windows and supersede
-    holds; tests pass their own. ``store`` keeps resumable sessions between connections
-    (None: resume and migrate are refused). ``transport_id`` is the carrier this
-    connection arrived on (a migration must name it)."""
+    ``clock`` (seconds, monotonic) times the client's retry-after windows, supersede
+    holds, the liveness probe and the resume refusals' rate; tests pass their own.
+    ``book`` keeps the process's resumable sessions (None: resume and migrate are
+    refused); ``ids`` the process's session ids (the book's, when there is one; None:
+    this connection's own). ``peer``: what the carrier says about the client (rule 4b's
+    binding). ``transport_id``: the carrier this connection arrived on (a migration must
+    name it). ``relayed``: another worker handed this connection over (rule 4d)."""
 
     def __init__(self, config: ServerConfig | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time, *,
-                 store: SessionStore | None = None,
-                 transport_id: TransportId | None = None) -> None:
+                 book: SessionBook | None = None,
+                 ids: SessionIds | None = None,
+                 peer: PeerCredentials | None = None,
+                 transport_id: TransportId | None = None,
+                 relayed: bool = False) -> None:
         self.config = config or ServerConfig()
         self.state = ConnState.AWAIT_HELLO
         self.draining = False
         self.flow = FlowControl(clock)
-        self.store = store
+        self.book = book
+        self.ids = book.ids if book is not None else ids if ids is not None else SessionIds()
+        self.peer = peer or PeerCredentials()
         self.transport_id = transport_id
+        self.relayed = relayed
         self._clock = clock
         self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
         self._decoder = Decoder(self.config.max_packet)
@@ -181,6 +261,16 @@ class ServerConnection(SessionOutputs):
         #: on): what a SESSION_MIGRATE, which carries none, is checked against (rule 4c).
         self._identities: set[bytes] = set()
         self.hello: ClientHello | None = None
+        #: A session message (open, resume, migrate) was handled: no hand-off now (4d).
+        self._session_messages = 0
+        #: Resumed or migrated here, their new token not yet shown to have arrived (4f).
+        self._unconfirmed: list[ResumeRecord] = []
+        #: Rule 4e: refused resumes and migrations this connection may still make now.
+        self._refusal_allowance = float(book.policy.refusal_burst) if book else 0.0
+        self._refusal_checked = clock()
+        #: Rule 18: when something last arrived, and when the probe went (None: none).
+        self.last_received = clock()
+        self.probe_sent_at: float | None = None
 
     @property
     def is_closed(self) -> bool:
@@ -189,24 +279,82 @@ class ServerConnection(SessionOutputs):
     def session(self, session_id: int) -> ServerSession | None:
         return self._sessions.get(session_id)
 
+    @property
+    def sessions(self) -> tuple[ServerSession, ...]:
+        return tuple(self._sessions.values())
+
     def start_draining(self) -> None:
         """Refuse new sessions (retry_later) and new submits (recoverable, with a retry
-        time): the gateway is shutting down and clients should go elsewhere (rule 4, 5)."""
+        time): the gateway is shutting down and clients should go elsewhere (rule 4, 5).
+        Resumes of the process's sessions are still answered (``_resumption`` R12)."""
         self.draining = True
         for session in self._sessions.values():
             session.draining = True
 
     def detach(self, session_id: int) -> ServerSession | None:
-        """Let a session go (its connection ended without SESSION_CLOSE, or a migration
-        takes it elsewhere): its operations stay as they are, its flow windows go."""
+        """Let a session go (a migration takes it elsewhere, or its connection ended):
+        its operations stay as they are, its flow windows go."""
         session = self._sessions.pop(session_id, None)
         if session is not None:
             self.flow.forget_session(session_id)
+            session.connection = None
+            self._unconfirmed = [r for r in self._unconfirmed if r.session is not session]
         return session
 
     def _attach(self, session: ServerSession) -> None:
         session.draining = self.draining
+        session.connection = self
         self._sessions[session.session_id] = session
+
+    def _end_session(self, session: ServerSession) -> None:
+        """The session is over (closed, or lost with a connection that failed): its id,
+        and its record if it was resumable, go."""
+        record = self.book.record_of(session.session_id) if self.book is not None else None
+        if record is not None and record.session is session:
+            assert self.book is not None
+            self.book.end(record)
+        else:
+            self.ids.release(session.session_id)
+        session.connection = None
+
+    def connection_lost(self) -> SessionsLost:
+        """The carrier ended without a fatal error (EOF, reset, idle cut, a probe that
+        went unanswered): each resumable session that is open detaches and waits for
+        its client (``_resumption`` R6); every other session ends."""
+        detached: list[int] = []
+        ended: list[int] = []
+        for session_id in list(self._sessions):
+            session = self._sessions[session_id]
+            record = self.book.record_of(session_id) if self.book is not None else None
+            self.detach(session_id)
+            if (record is not None and self.book is not None and record.session is session
+                    and session.state is SessionState.OPEN and self.book.detach(record)):
+                detached.append(session_id)
+            else:
+                self._end_session(session)
+                ended.append(session_id)
+        if self.state is ConnState.READY:
+            self.state = ConnState.CLOSED
+        return SessionsLost(tuple(detached), tuple(ended))
+
+    # ------------------------------------------------------------------ liveness (rule 18)
+
+    def start_probe(self) -> bytes | None:
+        """A PING to prove this connection alive (``_resumption`` R8); None when one is
+        out already."""
+        if self.probe_sent_at is not None or self.state is not ConnState.READY:
+            return None
+        self.probe_sent_at = self._clock()
+        return encode(Packet(Ping()))
+
+    def probe_failed(self) -> bool:
+        """Whether the probe went unanswered: nothing at all arrived since it was sent.
+        Asked when its time is up; a probe that was answered is over."""
+        sent = self.probe_sent_at
+        if sent is None:
+            return False
+        self.probe_sent_at = None
+        return self.last_received <= sent
 
     # ------------------------------------------------------------------ inputs
 
@@ -214,6 +362,7 @@ class ServerConnection(SessionOutputs):
         """Bytes from a stream transport (TCP, unix socket, a QUIC stream)."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
+        self.last_received = self._clock()
         try:
             packets = self._decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -230,6 +379,7 @@ class ServerConnection(SessionOutputs):
         """One WebSocket binary message: exactly one packet."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
+        self.last_received = self._clock()
         try:
             packet = decode_packet(data, self.config.max_packet)
         except RemoteProtocolError as exc:
@@ -243,6 +393,8 @@ class ServerConnection(SessionOutputs):
     def _handle_all(self, packets: list[Packet]) -> list[Event]:
         events: list[Event] = []
         for packet in packets:
+            if self._unconfirmed:
+                self._confirm(packet)  # rule 4f: a packet after the ACK
             try:
                 self._dispatch(packet, events)
             except RemoteProtocolError as exc:
@@ -250,6 +402,20 @@ class ServerConnection(SessionOutputs):
             if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
                 break
         return events
+
+    def _confirm(self, packet: Packet) -> None:
+        """Rule 4f."""
+        assert self.book is not None
+        pinged = packet.msg_type is MsgType.PING
+        waiting = []
+        for record in self._unconfirmed:
+            if record.confirm_on is not self:
+                continue
+            if pinged or packet.session_id == record.session.session_id:
+                self.book.confirm(record)
+            else:
+                waiting.append(record)
+        self._unconfirmed = waiting
 
     def _dispatch(self, packet: Packet, events: list[Event]) -> None:
         msg_type = packet.msg_type
@@ -286,13 +452,16 @@ class ServerConnection(SessionOutputs):
     def _fail(self, error: ProtocolError) -> ConnectionFailed:
         """Rules 1 and 2: silent before the handshake; after it, every operation still in
         flight (of every session) ends with RESULT_DROP_REASON transport_closed, then the
-        fatal ERROR, then the close."""
+        fatal ERROR, then the close. The sessions end with the connection."""
         replies: list[bytes] = []
         if self.state is ConnState.READY:
             for session in self._sessions.values():
                 replies.extend(session.drops_on_failure())
             replies.append(self._error_packet(error.code, str(error), fatal=True))
         self.state = ConnState.CLOSED
+        for session in self._sessions.values():
+            self.flow.forget_session(session.session_id)
+            self._end_session(session)
         self._sessions.clear()
         return ConnectionFailed(error, tuple(replies))
 
@@ -344,22 +513,25 @@ class ServerConnection(SessionOutputs):
         token = packet.body[:request.resume_token_bytes]
         auth = packet.body[request.resume_token_bytes:
                            request.resume_token_bytes + request.auth_bytes]
+        first = self._session_messages == 0
+        self._session_messages += 1
         refusal = self._session_refusal(request, auth, resuming=bool(token))
         if refusal is None and token:
-            self._resume(request, token, auth, events)
+            self._resume(request, bytes(token), bytes(auth), first, events)
             return
-        session_id = self._pick_session_id(request.requested_session_id)
-        if refusal is None and session_id is None:
-            refusal = (SessionError.LIMIT_REACHED, "no free session id")
         busy = None
         if refusal is None and self.config.admit_session is not None:
             busy = self.config.admit_session()  # the gateway's load-aware admission
             if busy is not None:
                 refusal = (SessionError.LIMIT_REACHED, busy)
+        session_id = self.ids.take(request.requested_session_id) if refusal is None else None
+        if refusal is None and session_id is None:
+            refusal = (SessionError.LIMIT_REACHED, "no free session id")
         if refusal is not None:
             code, text = refusal
             retry = (self.draining or busy is not None) and code is SessionError.LIMIT_REACHED
-            self._refuse_open(request, code, text, events, retry_later=retry)
+            self._refuse_open(request, code, text, events, retry_later=retry,
+                              resume=bool(token))
             return
         assert session_id is not None
         max_in_flight = min(request.max_in_flight or self.config.max_in_flight,
@@ -369,60 +541,121 @@ class ServerConnection(SessionOutputs):
                                 profile=_profile_of(request), clock=self._clock,
                                 wall_clock=self._wall_clock)
         self._authenticated(auth)
-        grant = None
-        if request.session_flags & SessionFlag.ALLOW_RESUME and self.store is not None:
-            grant = self.store.grant(session, identity_of(auth))  # rule 4a
-        session.resumable = grant is not None
+        grant: ResumeGrant | NotGranted | None = None
+        if request.session_flags & SessionFlag.ALLOW_RESUME and self.book is not None:
+            binding = Binding.of(bytes(auth), self.peer)
+            grant = self.book.grant(session, binding, self._client_of(binding), self)  # 4a
+        granted = grant if isinstance(grant, ResumeGrant) else None
         self._attach(session)
         events.append(SendBytes(self._open_ack(session, request, SessionOpenStatus.OPENED,
-                                               grant)))
+                                               granted)))
         events.append(SessionOpened(session_id, request, max_in_flight,
-                                    resumable=grant is not None))
+                                    resumable=granted is not None,
+                                    not_granted=grant.value if isinstance(
+                                        grant, NotGranted) else None))
 
-    def _resume(self, request: SessionOpen, token: bytes, auth: bytes,
+    def _client_of(self, binding: Binding) -> bytes:
+        """Who a session belongs to, for the per-client caps (``_resumption`` R2)."""
+        if self.config.authenticate is not None:
+            return b"auth:" + binding.auth
+        if binding.certificate:
+            return b"certificate:" + binding.certificate
+        return b"address:" + self.peer.address.encode("utf-8", "replace")
+
+    def _resume(self, request: SessionOpen, token: bytes, auth: bytes, first: bool,
                 events: list[Event]) -> None:
-        """Rule 4b."""
+        """Rule 4b, in its table's order; a refusal spends nothing (``_resumption`` R5)."""
         session_id = request.requested_session_id
         rejected = (SessionError.RESUME_REJECTED,
                     "resume rejected: no session can be resumed with this token")
-        gone = (SessionError.RESUME_REJECTED,
-                "resume rejected: the gateway process that held the session is gone")
         if not request.session_flags & SessionFlag.ALLOW_RESUME or not session_id:
-            self._refuse_open(request, *rejected, events)
+            self._refuse_resume(request, *rejected, events)
             return
-        if self.draining:
+        if not self._refusals_left():
             self._refuse_open(request, SessionError.RESUME_REJECTED,
-                              "the server is draining; open a session elsewhere", events,
-                              retry_later=True)
+                              "too many refused resumes on this connection; retry shortly",
+                              events, retry_later=True, resume=True)
             return
-        if self.store is None or session_id in self._sessions:
-            self._refuse_open(request, *rejected, events)
+        book = self.book
+        if book is None or session_id in self._sessions:
+            self._refuse_resume(request, *rejected, events)
             return
-        claimed = self.store.resume(session_id, token, identity_of(auth))
-        if not isinstance(claimed, ResumeRefused) and claimed[0].profile != _profile_of(
-                request):
-            # Incompatible with the profile or schema it was opened with: rejected alike
-            # (preview3 section 11.2). Its token was spent: it stays detached until its
-            # window passes, as after any refusal a client cannot take back.
-            claimed = ResumeRefused.REJECTED
-        if claimed is ResumeRefused.ELSEWHERE and not self._sessions:
-            self._hand_off(session_id, self._open_refusal(request, *gone), events)  # rule 4d
-            return
-        if isinstance(claimed, ResumeRefused):
-            if claimed is ResumeRefused.RETRY_LATER:
-                self._refuse_open(request, SessionError.RESUME_REJECTED,
-                                  "the session is still attached to its previous "
-                                  "connection; retry shortly", events, retry_later=True)
+        binding = Binding.of(auth, self.peer)
+        found = book.find(session_id, token, binding)
+        if found is Lookup.ELSEWHERE:
+            if first and not self.relayed:
+                gone = (SessionError.RESUME_REJECTED,
+                        "resume rejected: the gateway process that held the session is gone")
+                self._hand_off(session_id, book.worker_of(token),
+                               self._open_refusal(request, *gone), events)  # rule 4d
             else:
-                self._refuse_open(request, *rejected, events)
+                self._refuse_resume(request, *rejected, events)
             return
-        session, grant = claimed
-        session.resumed()
+        if isinstance(found, Lookup):
+            self._refuse_resume(request, *rejected, events)
+            return
+        record = found
+        profile = _profile_of(request)
+        if record.session.profile != profile:
+            # Preview3 section 11.2: a resume asks for what the session is. Refused as a
+            # profile the session does not have, as nnrp-py's server does; the token
+            # stays good for a resume that asks the session's own.
+            code = (SessionError.PROFILE_UNSUPPORTED
+                    if record.session.profile[0] != profile[0]
+                    else SessionError.SCHEMA_UNSUPPORTED)
+            self._refuse_open(request, code, "resume rejected: the session was opened with "
+                              "another profile or schema", events, resume=True)
+            return
+        if record.holder is not None:
+            # R8: its connection may be dead without our knowing; it must show otherwise.
+            holder = record.holder
+            ping = holder.start_probe() if holder is not self else None
+            if ping is not None:
+                book.stats.probes_total += 1
+                events.append(HolderProbed(session_id, holder, ping,
+                                           book.policy.probe_timeout))
+            self._refuse_open(request, SessionError.RESUME_REJECTED,
+                              "the session is still attached to its previous connection, "
+                              "which is being checked; retry shortly", events,
+                              retry_later=True, resume=True)
+            return
+        if len(self._sessions) >= self.config.max_sessions:
+            self._refuse_open(request, SessionError.LIMIT_REACHED,
+                              f"connection already has {self.config.max_sessions} sessions "
+                              "(the limit)", events, resume=True)
+            return
+        grant = book.resume(record, token, self, binding)
+        session = record.session
         self._authenticated(auth)
         self._attach(session)
+        self._unconfirmed.append(record)
         events.append(SendBytes(self._open_ack(session, request, SessionOpenStatus.RESUMED,
                                                grant)))
         events.append(SessionResumed(session_id, request))
+
+    def _refuse_resume(self, request: SessionOpen, code: SessionError, text: str,
+                       events: list[Event]) -> None:
+        """A token that opens nothing here: counted against this connection (4e)."""
+        self._spend_refusal()
+        self._refuse_open(request, code, text, events, resume=True)
+
+    def _refusals_left(self) -> bool:
+        """Rule 4e: a token bucket over this connection's refused resumes and migrations."""
+        if self.book is None:
+            return True
+        policy = self.book.policy
+        now = self._clock()
+        self._refusal_allowance = min(
+            float(policy.refusal_burst),
+            self._refusal_allowance + (now - self._refusal_checked) * policy.refusals_per_second)
+        self._refusal_checked = now
+        if self._refusal_allowance >= 1:
+            return True
+        self.book.stats.rate_limited_total += 1
+        return False
+
+    def _spend_refusal(self) -> None:
+        self._refusal_allowance = max(0.0, self._refusal_allowance - 1)
 
     def _open_ack(self, session: ServerSession, request: SessionOpen,
                   status: SessionOpenStatus, grant: ResumeGrant | None) -> bytes:
@@ -446,13 +679,15 @@ class ServerConnection(SessionOutputs):
 
     def _authenticated(self, auth: bytes) -> None:
         if self.config.authenticate is not None:
-            self._identities.add(identity_of(auth))
+            self._identities.add(bytes(auth))
 
     def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
-                     events: list[Event], *, retry_later: bool = False) -> None:
+                     events: list[Event], *, retry_later: bool = False,
+                     resume: bool = False) -> None:
         events.append(SendBytes(self._open_refusal(request, code, text,
                                                    retry_later=retry_later)))
-        events.append(SessionOpenRefused(request.requested_session_id, int(code), text))
+        events.append(SessionOpenRefused(request.requested_session_id, int(code), text,
+                                         resume=resume))
 
     def _open_refusal(self, request: SessionOpen, code: SessionError, text: str, *,
                       retry_later: bool = False) -> bytes:
@@ -474,9 +709,9 @@ class ServerConnection(SessionOutputs):
         config = self.config
         if config.authenticate is not None and not config.authenticate(auth):
             return SessionError.AUTH_FAILED, "authentication failed"
-        if self.draining and not resuming:  # a resume says it itself (rule 4b)
+        if self.draining and not resuming:  # a resume is still answered (R12)
             return SessionError.LIMIT_REACHED, "the server is draining; open the session elsewhere"
-        if len(self._sessions) >= config.max_sessions:
+        if len(self._sessions) >= config.max_sessions and not resuming:
             return SessionError.LIMIT_REACHED, (
                 f"connection already has {config.max_sessions} sessions (the limit)")
         if request.profile_id not in config.session_profiles:
@@ -486,14 +721,6 @@ class ServerConnection(SessionOutputs):
             return SessionError.SCHEMA_UNSUPPORTED, (
                 f"schema {request.schema_id:#x} v{request.schema_version} is not served")
         return None
-
-    def _pick_session_id(self, requested: int) -> int | None:
-        if requested and requested not in self._sessions:
-            return requested
-        candidate = 1
-        while candidate in self._sessions:
-            candidate += 1
-        return candidate if candidate <= 0xFFFFFFFF else None
 
     def _on_session_close(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
@@ -512,7 +739,12 @@ class ServerConnection(SessionOutputs):
         for replacement in list(session.pending_supersedes):
             session.release_held(replacement, events)  # no replacement can come now
         session.pending_deadlines.clear()
-        session.awaiting.clear()  # nothing is resubmitted into a closing session
+        # Nothing is resubmitted into a closing session: what still waits for its
+        # resubmission ends unseen (its frames must not reach a client that holds no
+        # such operation).
+        for operation_id in session.abandon_awaiting():
+            events.append(OperationAbandoned(session.session_id, operation_id,
+                                             AbandonCause.SESSION_CLOSED))
         session.objects.clear()  # nothing can reference them any more (rule 17, O8)
         abort = request.in_flight_policy == 1
         if abort:
@@ -522,63 +754,107 @@ class ServerConnection(SessionOutputs):
         events.append(SessionCloseRequested(session.session_id, abort, request.drain_timeout_ms))
 
     def _on_session_migrate(self, packet: Packet, events: list[Event]) -> None:
-        """Rule 4c."""
+        """Rule 4c, in its table's order."""
         request = packet.message
         assert isinstance(request, SessionMigrate)
+        first = self._session_messages == 0
+        self._session_messages += 1
         session_id = packet.session_id
-        session = self._sessions.get(session_id)
-        moves = session is None
-        refusal = self._migrate_refusal(request, packet, moves)
-        if refusal is None and moves:
-            assert self.store is not None
-            taken = self.store.migrate(
-                session_id, bytes(packet.body),
-                self._identities if self.config.authenticate is not None else None)
-            if taken is ResumeRefused.ELSEWHERE and not self._sessions:
+        token = bytes(packet.body)
+        here = session_id in self._sessions
+        refusal = self._migrate_refusal(request, packet, here)
+        if refusal is None and here:
+            session = self._sessions[session_id]
+            cursor = max(request.last_result_frame_id, session.max_frame_id + 1)
+            self._migrate_ack(session_id, MigrateAccept.ACCEPTED, cursor, events)
+            return
+        book = self.book
+        if refusal is None:
+            assert book is not None
+            found = book.find(session_id, token, None)
+            binding = (book.admitted(found, self._bindings())
+                       if isinstance(found, ResumeRecord) else None)
+            if binding is None and isinstance(found, ResumeRecord):
+                found = Lookup.REJECTED
+            if found is Lookup.ELSEWHERE and first and not self.relayed:
                 refused = SessionMigrateAck(
                     accept_code=int(MigrateAccept.REFUSED),
                     resume_from_frame_id=request.last_result_frame_id,
                     server_migrate_ts_us=int(self._wall_clock() * 1e6))
-                self._hand_off(session_id, encode(Packet(refused, session_id=session_id)),
-                               events)  # rule 4d
+                self._hand_off(session_id, book.worker_of(token),
+                               encode(Packet(refused, session_id=session_id)), events)  # 4d
                 return
-            session = taken if isinstance(taken, ServerSession) else None
-            if session is None:
+            if isinstance(found, Lookup):
+                self._spend_refusal()
                 refusal = MigrateAccept.REFUSED
-        now_us = int(self._wall_clock() * 1e6)
-        if refusal is not None or session is None:
-            ack = SessionMigrateAck(accept_code=int(refusal or MigrateAccept.REFUSED),
-                                    resume_from_frame_id=request.last_result_frame_id,
-                                    server_migrate_ts_us=now_us)
-            events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
-            return
-        if moves:
-            self._attach(session)
+            elif found.session.state is not SessionState.OPEN:
+                refusal = MigrateAccept.REFUSED
+            else:
+                assert binding is not None
+                self._migrate_here(found, token, binding, request, events)
+                return
+        self._migrate_ack(session_id, refusal or MigrateAccept.REFUSED,
+                          request.last_result_frame_id, events)
+
+    def _bindings(self) -> list[Binding]:
+        """What a migration may present (it carries no credentials): with session auth
+        on, every identity this connection authenticated with, on its carrier (rule 4c);
+        otherwise the carrier alone."""
+        if self.config.authenticate is None:
+            return [Binding.of(b"", self.peer)]
+        return [Binding.of(identity, self.peer) for identity in self._identities]
+
+    def _migrate_here(self, record: ResumeRecord, token: bytes, binding: Binding,
+                      request: SessionMigrate, events: list[Event]) -> None:
+        """R9: the session moves here, the connection it leaves is told, the token
+        rotates (the ACK's body), and what it holds of frames after the client's last is
+        sent again (``SessionMigrated``)."""
+        assert self.book is not None
+        session = record.session
+        session_id = session.session_id
+        session.stop_awaiting()  # a migration resubmits nothing: everything goes on live
+        grant, previous = self.book.migrate(record, token, self, binding)
+        self._attach(session)
+        self._unconfirmed.append(record)
         cursor = max(request.last_result_frame_id, session.max_frame_id + 1)
-        ack = SessionMigrateAck(accept_code=int(MigrateAccept.ACCEPTED),
-                                resume_from_frame_id=cursor, server_migrate_ts_us=now_us)
-        events.append(SendBytes(encode(Packet(ack, session_id=session_id))))
-        if moves:
-            events.append(SessionMigrated(session_id, request.last_result_frame_id, cursor))
+        self._migrate_ack(session_id, MigrateAccept.ACCEPTED, cursor, events,
+                          token=grant.token)
+        if previous is not None and previous is not self:
+            notice = self._error_packet(
+                ErrorCode.INVALID_STATE,
+                f"session {session_id} moved to another connection (SESSION_MIGRATE)",
+                fatal=False, scope=ErrorScope.SESSION, related_session_id=session_id)
+            events.append(SessionTaken(session_id, previous, notice))
+        replay = session.replay_after_frame(request.last_result_frame_id)
+        events.append(SessionMigrated(session_id, request.last_result_frame_id, cursor,
+                                      replay.packets, replay.partials))
 
-    def _hand_off(self, session_id: int, refusal: bytes, events: list[Event]) -> None:
+    def _migrate_ack(self, session_id: int, accept: MigrateAccept, cursor: int,
+                     events: list[Event], *, token: bytes = b"") -> None:
+        ack = SessionMigrateAck(accept_code=int(accept), resume_from_frame_id=cursor,
+                                server_migrate_ts_us=int(self._wall_clock() * 1e6))
+        events.append(SendBytes(encode(Packet(ack, session_id=session_id, body=token))))
+
+    def _hand_off(self, session_id: int, worker: int | None, refusal: bytes,
+                  events: list[Event]) -> None:
         self.state = ConnState.HANDED_OFF
-        events.append(HandedOff(session_id, refusal))
+        assert worker is not None
+        events.append(HandedOff(session_id, worker, refusal))
 
-    def _migrate_refusal(self, request: SessionMigrate, packet: Packet, moves: bool
+    def _migrate_refusal(self, request: SessionMigrate, packet: Packet, here: bool
                          ) -> MigrateAccept | None:
-        if request.old_transport_id == request.new_transport_id:
+        if not here and not self._refusals_left():
+            return MigrateAccept.REFUSED
+        if request.old_transport_id == request.new_transport_id and (here or not packet.body):
             return MigrateAccept.SAME_TRANSPORT
-        if not moves:
+        if here:
             # The session's own connection: the reference runtime's exchange, no token,
-            # nothing moves. A token here names a session of another connection whose id
-            # this one uses too: it cannot come (an id already open here, as for a resume).
+            # nothing moves. With a token it would move a session onto the connection that
+            # holds it: nothing to move, refused as a resume of an id open here is.
             return MigrateAccept.REFUSED if packet.body else None
-        if self.draining:
-            return MigrateAccept.DRAINING
         if self.transport_id is not None and request.new_transport_id != self.transport_id:
             return MigrateAccept.TRANSPORT_MISMATCH
-        if (self.store is None or not packet.body or not packet.session_id
+        if (self.book is None or not packet.body or not packet.session_id
                 or len(self._sessions) >= self.config.max_sessions):
             return MigrateAccept.REFUSED
         return None
@@ -666,6 +942,7 @@ class ServerConnection(SessionOutputs):
                 f"session {session_id} still has {len(session.operations)} operations in flight")
         del self._sessions[session_id]
         self.flow.forget_session(session_id)
+        self._end_session(session)
         ack = SessionCloseAck(status=CloseAckStatus.CLOSED,
                               last_operation_id=session.last_operation_id)
         return encode(Packet(ack, session_id=session_id))

@@ -3,12 +3,45 @@ connection of a server)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
 from ._objects import ObjectLimits
+
+
+@attrs.frozen
+class ResubmissionRead:
+    """A resubmission as the profile reads it: the key of the request it asks for (the
+    same as ``ResubmissionRule.key`` of the original when it is the same request), the
+    position it declares (the last result the client holds), or why that position is
+    none (a malformed value: the client is told, naming the field)."""
+
+    key: bytes = attrs.field(repr=False)
+    position: int | None = None
+    problem: str | None = None
+
+
+class ResubmissionRule(Protocol):
+    """How a profile tells a resubmission from another request (``_journal`` rule J3):
+    a key of the request without what may differ in a resubmission (the position)."""
+
+    def key(self, payload: bytes) -> bytes: ...
+
+    def read(self, payload: bytes) -> ResubmissionRead: ...
+
+
+class SameBytes:
+    """Without a profile: a resubmission is the same bytes, and declares no position."""
+
+    def key(self, payload: bytes) -> bytes:
+        return hashlib.sha256(payload).digest()
+
+    def read(self, payload: bytes) -> ResubmissionRead:
+        return ResubmissionRead(self.key(payload))
 
 
 @attrs.frozen
@@ -43,3 +76,5 @@ class ServerConfig:
     admit_session: Callable[[], str | None] | None = None
     #: Each session's runtime-object bounds (``_objects`` rules O2, O4, O6).
     objects: ObjectLimits = attrs.field(factory=ObjectLimits)
+    #: How a resubmission after a resume is compared with its request (the profile's).
+    resubmission: ResubmissionRule = attrs.field(factory=SameBytes)

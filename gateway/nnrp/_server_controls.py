@@ -14,7 +14,8 @@ Rules (numbered as in ``_server``):
    (same type, operation and control_sequence) is ignored.
 7. Cancellation: FRAME_CANCEL names its operation by header.frame_id; CANCEL and ABORT by
    operation_id, 0 meaning every operation of the session. After a cancel only
-   RESULT_DROP_REASON may end the operation.
+   RESULT_DROP_REASON may end the operation. One that awaits its resubmission after a
+   resume stops waiting (``_server_session`` rule 5b): the client gets its terminal.
 8. Deadlines: DEADLINE / EXPIRE_AT for an active operation tighten its deadline; for one
    not yet submitted they are held (bounded; a later one replaces it; dropped when its
    time passes, when its submit is refused, or at SESSION_CLOSE) and applied when its
@@ -187,6 +188,11 @@ def control_target(session: ServerSession, packet: Packet, operation_id: int,
 
 
 def on_frame_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    awaited = next((operation_id for operation_id, frame_id in session.awaiting.items()
+                    if frame_id == packet.frame_id), None)
+    if awaited is not None and session.end_awaiting(awaited, events) and (
+            awaited not in session.operations):
+        return  # it had ended: its held terminal went out again (_server_session rule 5b)
     operation_id = session.by_frame.get(packet.frame_id)
     if operation_id is None:
         if packet.frame_id not in session.seen_frames:
@@ -202,10 +208,15 @@ def on_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> No
     request = packet.message
     assert isinstance(request, Cancel | Abort)
     if request.operation_id == 0:
+        for awaited in list(session.awaiting):
+            session.end_awaiting(awaited, events)
         for each in list(session.operations.values()):
             session.cancel(each, CancelSource.SESSION_CANCEL, request.reason, packet.body,
                            events)
         return
+    if session.end_awaiting(request.operation_id, events) and (
+            request.operation_id not in session.operations):
+        return  # it had ended: its held terminal went out again (_server_session rule 5b)
     operation = control_target(session, packet, request.operation_id, events,
                                request.control_sequence)
     if operation is None:

@@ -1,7 +1,8 @@
-"""What a connection sends for the operations of the sessions attached to it: the way
-in for the I/O layer and the sans-IO tests, each a ``ServerSession`` output counted
-against the client's flow windows, which belong to the connection (``_server`` rule
-11). A mixin of ``ServerConnection``, which holds ``_sessions`` and ``flow``."""
+"""What a connection sends for the operations of the sessions attached to it, by
+session id: each is the ``ServerSession`` output the I/O layer's port calls itself (one
+output API: the session keeps its journal, spends the connection's flow windows and
+says what goes on the wire now). A mixin of ``ServerConnection``, which holds
+``_sessions`` and ``flow``."""
 
 from __future__ import annotations
 
@@ -48,27 +49,23 @@ class SessionOutputs:
         to wait, or None until the client changes a window (``FlowChanged``)."""
         return self.flow.wait(session_id, operation_id)
 
-    def send_partial(self, session_id: int, operation_id: int, body: bytes) -> bytes:
-        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...), counted
-        against the client's windows."""
-        packet = self._session(session_id).send_partial(operation_id, body)
-        if self.flow.active:
-            self.flow.spend(session_id, operation_id)
-        return packet
+    def send_partial(self, session_id: int, operation_id: int, body: bytes) -> bytes | None:
+        """``ServerSession.send_partial``: one PARTIAL_RESULT with the next result_sequence
+        (1, 2, 3, ...), counted against the client's windows; None when it reaches no
+        client now (``_server_session`` rule 5a)."""
+        return self._session(session_id).send_partial(operation_id, body)
 
-    def send_progress(self, session_id: int, operation_id: int, stage: Stage) -> bytes:
+    def send_progress(self, session_id: int, operation_id: int, stage: Stage) -> bytes | None:
         """PROGRESS for an operation still running (never after a cancel: rule 15)."""
         return self._session(session_id).send_progress(operation_id, stage)
 
     def send_result(self, session_id: int, operation_id: int, status: int, payload: bytes, *,
                     retry_after_ms: int | None = None,
                     frame: FrameShape = OPENAI_EVENT_FRAME) -> list[bytes]:
-        """The terminal RESULT_PUSH (``ServerSession.send_result``)."""
-        session = self._session(session_id)
-        packets = session.send_result(operation_id, status, payload,
-                                      retry_after_ms=retry_after_ms, frame=frame)
-        self.flow.forget_operation(session_id, operation_id)
-        return packets + session.credit_packets()
+        """The terminal RESULT_PUSH and the session's credit (``ServerSession.send_result``)."""
+        return self._session(session_id).send_result(operation_id, status, payload,
+                                                     retry_after_ms=retry_after_ms,
+                                                     frame=frame)
 
     def send_refusal(self, session_id: int, frame_id: int, operation_id: int, status: int,
                      payload: bytes, *, retry_after_ms: int | None = None) -> list[bytes]:
@@ -78,11 +75,10 @@ class SessionOutputs:
 
     def send_drop(self, session_id: int, operation_id: int, drop_reason: DropReason,
                   diagnostic: bytes, *, traced: bool = True) -> list[bytes]:
-        """The terminal RESULT_DROP_REASON (``ServerSession.send_drop``)."""
-        session = self._session(session_id)
-        packets = session.send_drop(operation_id, drop_reason, diagnostic, traced=traced)
-        self.flow.forget_operation(session_id, operation_id)
-        return packets + session.credit_packets()
+        """The terminal RESULT_DROP_REASON and the session's credit
+        (``ServerSession.send_drop``)."""
+        return self._session(session_id).send_drop(operation_id, drop_reason, diagnostic,
+                                                   traced=traced)
 
     def refuse_control(self, session_id: int, frame_id: int, code: ErrorCode, text: str
                        ) -> bytes:

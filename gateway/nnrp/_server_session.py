@@ -15,18 +15,40 @@ Rules (numbered as in ``_server``, whose table routes every message):
    draining server *refuse the submit* on its frame (the adapter answers it); a reused
    frame_id cannot be answered on its frame and gets ERROR_RECOVERABLE. A typed body
    that does not parse still becomes an operation (the profile answers
-   ``invalid_submit_body``). After a resume, the operations whose results the server
-   still holds wait for the client to resubmit them (``awaiting``; session-recovery.md:
-   nnrp-py's client takes results for an operation of a resumed session only once it
-   has resubmitted it). A FRAME_SUBMIT naming such an operation *and its original frame*
-   is that resubmission (``OperationResubmitted``), not a duplicate; on another frame it
-   is refused as a duplicate. The resubmission of an operation whose results the server
-   no longer holds (``released``: the most recent ``MAX_RELEASED``) is answered on its
-   frame: results_unavailable. A submit whose body references cached objects (its
+   ``invalid_submit_body``). A submit whose body references cached objects (its
    object_reference region) depends on what this server does not hold (it keeps no
    cache): each reference is answered CACHE_MISS not_found, then the submit is refused
    ``object_reference_unresolved`` before it becomes an operation. An operation's runtime
    object references (OBJECT_REF, ``_objects`` rule O5) end when it ends.
+
+   a. Delivery. A session is attached to one connection or none (``connection``). An
+      operation's frames go to the client only while the session is attached and the
+      operation is not ``quiet``: awaiting its resubmission after a resume, or muted
+      (its frame had its terminal another way, or it was abandoned). Every frame of a
+      resumable session's operations goes to its journal (``_journal``) either way;
+      the outputs below return what goes on the wire now, and nothing when nothing does.
+   b. After a resume (``resumed``), every operation the journal holds waits for the
+      client to resubmit it (``awaiting``; session-recovery.md: nnrp-py's client takes
+      results for an operation of a resumed session only once it has resubmitted it). A
+      FRAME_SUBMIT naming such an operation *and its original frame* is its
+      resubmission, checked in this order (``_on_resubmission``):
+
+      | the resubmission                               | answer                | then         |
+      |------------------------------------------------|-----------------------|--------------|
+      | a position that is no integer >= 0             | 400 invalid_nnrp_policy | still awaits |
+      | another request (its key differs: J3)          | 409 resubmission_differs | abandoned |
+      | a position past the last result produced       | 400 invalid_nnrp_policy | still awaits |
+      | a position before the earliest result held     | 410 results_unavailable | abandoned  |
+      | otherwise                                      | the replay (J2), then live |          |
+
+      On another frame it is refused as a duplicate. An operation abandoned ends unseen
+      (``OperationAbandoned``: its upstream is aborted). The resubmission of an operation
+      whose results are no longer held (``released``: the most recent ``MAX_RELEASED``)
+      is answered results_unavailable. A CANCEL of an operation still awaiting its
+      resubmission ends its wait: a running one is cancelled and its drop goes out; an
+      ended one gets its held terminal again. Either way its terminal is then the
+      client's, and a resubmission of it reuses an ended frame (ERROR_RECOVERABLE).
+      A migration resubmits nothing: what awaited goes on live (``stop_awaiting``).
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
@@ -35,9 +57,10 @@ Rules (numbered as in ``_server``, whose table routes every message):
 from __future__ import annotations
 
 import enum
+import hmac
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -67,10 +90,12 @@ from ._constants import (
 )
 from ._errors import LocalProtocolError, TypedBodyError
 from ._events import (
+    AbandonCause,
     CancelSource,
     Event,
+    OperationAbandoned,
     OperationCancelled,
-    OperationResubmitted,
+    OperationResumed,
     OperationSubmitted,
     OperationSuperseding,
     RefusalReason,
@@ -79,6 +104,7 @@ from ._events import (
     TraceInfo,
 )
 from ._idruns import IdRuns
+from ._journal import Journal, Replay, ReplayGap
 from ._messages import (
     Backpressure,
     CacheMiss,
@@ -94,7 +120,15 @@ from ._messages import (
 from ._objects import ObjectTable
 
 if TYPE_CHECKING:
+    from ._flow import FlowControl
     from ._server_config import ServerConfig
+
+
+class Carrier(Protocol):
+    """The connection a session is attached to, as the session sees it (``_server``'s
+    ``ServerConnection``): the client's flow windows, which its outputs spend."""
+
+    flow: FlowControl
 
 #: Longest diagnostic we write (ASCII/UTF-8 text for a human).
 MAX_DIAGNOSTIC = 1024
@@ -154,6 +188,8 @@ class ServerOperation:
     controls: set[tuple[int, int]] = attrs.field(factory=set)
     #: While SUPERSEDING: until when (``clock``) it waits for its replacement.
     held_until: float = 0.0
+    #: Its frames reach no client now: awaiting its resubmission, or muted (rule 5a).
+    quiet: bool = False
 
 
 @attrs.frozen
@@ -185,9 +221,9 @@ def recoverable_error(code: ErrorCode, scope: ErrorScope, session_id: int, frame
 
 
 class ServerSession:
-    """One session's protocol state. The connection that holds it sets ``draining``; the
-    I/O layer that keeps its results tells it which operations it can still replay
-    (``release_results``).
+    """One session's protocol state. The connection that holds it attaches it
+    (``connection``) and sets ``draining``; a resumable one (``journal``) is granted by
+    the ``SessionBook`` and keeps its results (rule 5a).
 
     ``clock`` (seconds, monotonic) times supersede holds; ``wall_clock`` is Unix time,
     for DEADLINE / EXPIRE_AT."""
@@ -222,13 +258,16 @@ class ServerSession:
         self.retry_sequence = 0
         #: The server drains: submits are refused recoverably (rule 5).
         self.draining = False
-        #: Resume was granted: the I/O layer keeps its results for a replay.
+        #: Resume was granted: its journal keeps its results for a replay (rule 5a).
         self.resumable = resumable
-        #: operation id -> frame id, for every operation whose results may still be
-        #: replayed (a superset: the I/O layer releases what it no longer holds).
-        self.replayable: dict[int, int] = {}
-        #: After a resume: the replayable operations the client has not resubmitted yet.
+        self.journal: Journal | None = None
+        #: The connection it is attached to (rule 5a); None while detached.
+        self.connection: Carrier | None = None
+        #: After a resume: the operations held that the client has not resubmitted yet
+        #: (operation id -> frame id; rule 5b).
         self.awaiting: dict[int, int] = {}
+        #: Running operations whose frames never reach the client again (rule 5a).
+        self.muted: set[int] = set()
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
         #: The session's runtime objects (``_objects``; served once negotiated).
@@ -238,22 +277,180 @@ class ServerSession:
     def advertises_credit(self) -> bool:
         return "control.credit_backpressure" in self.tokens
 
-    # ------------------------------------------------------------------ resume (rule 5)
+    # ------------------------------------------------------------------ delivery (rule 5a, 5b)
 
-    def resumed(self) -> None:
-        """The session is back on a connection after a resume: every operation whose
-        results are held waits for its resubmission."""
-        self.awaiting = dict(self.replayable)
+    def delivers(self, operation_id: int) -> bool:
+        """Whether the operation's frames go to the client now (rule 5a)."""
+        operation = self.operations.get(operation_id)
+        return (self.connection is not None and operation is not None
+                and not operation.quiet)
 
-    def release_results(self, operation_id: int) -> None:
-        """The I/O layer holds no more results of this operation: it cannot be replayed,
-        and a resubmission of it is a duplicate again."""
-        frame_id = self.replayable.pop(operation_id, None)
+    def resumed(self) -> bool:
+        """Attached again after a resume (rule 5b): every operation the journal holds
+        waits for its resubmission. Whether any does."""
+        journal = self.journal
+        if journal is None:
+            return False
+        self.awaiting = {operation_id: record.frame_id
+                         for operation_id, record in journal.records.items()
+                         if operation_id not in self.muted}
+        for operation_id in self.awaiting:
+            journal.records[operation_id].pinned = True
+            operation = self.operations.get(operation_id)
+            if operation is not None:
+                operation.quiet = True
+        return bool(self.awaiting)
+
+    def stop_awaiting(self) -> None:
+        """A migration (``_server`` rule 4c): the client resubmits nothing, so what
+        awaited its resubmission goes on live (its held results are sent again)."""
+        journal = self.journal
+        for operation_id in list(self.awaiting):
+            del self.awaiting[operation_id]
+            if journal is not None and operation_id in journal.records:
+                journal.records[operation_id].pinned = operation_id in self.muted
+            operation = self.operations.get(operation_id)
+            if operation is not None and operation_id not in self.muted:
+                operation.quiet = False
+
+    def abandon(self, operation_id: int) -> bool:
+        """Nothing more of the operation reaches the client, and nothing of it is held;
+        whether it still runs (then the I/O layer ends it)."""
         self.awaiting.pop(operation_id, None)
-        if frame_id is not None:
+        operation = self.operations.get(operation_id)
+        if operation is not None:
+            operation.quiet = True
+            self.muted.add(operation_id)
+        if self.journal is not None:
+            self.journal.forget(operation_id)
+            self._collect_released()
+        return operation is not None
+
+    def abandon_awaiting(self) -> tuple[int, ...]:
+        """Every operation still awaiting its resubmission ends unseen (its window
+        passed, or the session closes); the running ones, for the I/O layer to end."""
+        return tuple(operation_id for operation_id in list(self.awaiting)
+                     if self.abandon(operation_id))
+
+    def mute(self, operation_id: int) -> None:
+        """Its frame had its terminal another way (a refused resubmission, a failed
+        connection's drop): nothing more of it goes out."""
+        operation = self.operations.get(operation_id)
+        if operation is not None:
+            operation.quiet = True
+            self.muted.add(operation_id)
+            if self.journal is not None and operation_id in self.journal.records:
+                self.journal.records[operation_id].pinned = True
+
+    def _collect_released(self) -> None:
+        """The journal let these go: a resubmission of one is results_unavailable."""
+        journal = self.journal
+        if journal is None or not journal.released:
+            return
+        for operation_id in journal.released:
+            frame_id = self.awaiting.pop(operation_id, None)
+            if frame_id is None:
+                operation = self.operations.get(operation_id)
+                frame_id = operation.frame_id if operation is not None else 0
             self.released[operation_id] = frame_id
             if len(self.released) > MAX_RELEASED:
                 del self.released[next(iter(self.released))]
+        journal.released.clear()
+
+    def _on_resubmission(self, packet: Packet, submit: FrameSubmit,
+                         events: list[Event]) -> None:
+        """Rule 5b, in its table's order."""
+        operation_id, frame_id = submit.operation_id, packet.frame_id
+        journal = self.journal
+        record = journal.records.get(operation_id) if journal is not None else None
+        if journal is None or record is None:
+            self.awaiting.pop(operation_id, None)
+            self._refuse_resubmission(operation_id, frame_id, RefusalReason.RESULTS_UNAVAILABLE,
+                                      "the results of this operation are no longer held",
+                                      events)
+            return
+        typed_body, body_error = _parse_body(packet, submit)
+        payload = request_bytes(typed_body)
+        read = self.config.resubmission.read(payload)
+        if read.problem is not None:
+            self._refuse_resubmission(operation_id, frame_id,
+                                      RefusalReason.INVALID_NNRP_POLICY, read.problem, events)
+            return
+        if body_error is not None or not hmac.compare_digest(read.key, journal.key_of(record)):
+            self._refuse_resubmission(operation_id, frame_id,
+                                      RefusalReason.RESUBMISSION_DIFFERS,
+                                      "the resubmission is not the request it resubmits",
+                                      events, abandon=True)
+            return
+        if read.position is not None:
+            problem = journal.position_problem(operation_id, read.position)
+            if problem is not None:
+                self._refuse_resubmission(operation_id, frame_id,
+                                          RefusalReason.INVALID_NNRP_POLICY, problem, events)
+                return
+        try:
+            replay = journal.replay(operation_id, read.position)
+        except ReplayGap as gap:
+            self._refuse_resubmission(operation_id, frame_id,
+                                      RefusalReason.RESULTS_UNAVAILABLE,
+                                      f"{gap}; submit it anew", events, abandon=True)
+            return
+        del self.awaiting[operation_id]
+        record.pinned = False
+        operation = self.operations.get(operation_id)
+        if operation is not None:
+            operation.quiet = False
+        events.append(OperationResumed(self.session_id, operation_id, replay.packets,
+                                       replay.partials, read.position, operation is not None))
+
+    def _refuse_resubmission(self, operation_id: int, frame_id: int, reason: RefusalReason,
+                             message: str, events: list[Event], *, abandon: bool = False
+                             ) -> None:
+        events.append(SubmitRefused(self.session_id, operation_id, frame_id, reason, message))
+        if abandon and self.abandon(operation_id):
+            events.append(OperationAbandoned(self.session_id, operation_id,
+                                             AbandonCause.RESUBMISSION_REFUSED))
+
+    def replay_after_frame(self, last_result_frame_id: int) -> Replay:
+        """A migration (``_server`` rule 4c): what the journal holds of the operations on
+        frames after the client's last, in frame order, of those that reach the client
+        now (not awaiting, not muted). The client gave no position and drops repeats by
+        sequence; what was trimmed while attached went out long before."""
+        journal = self.journal
+        if journal is None:
+            return Replay((), 0)
+        packets: list[bytes] = []
+        partials = 0
+        for record in sorted(journal.records.values(), key=lambda r: r.frame_id):
+            if (record.frame_id <= last_result_frame_id or record.operation_id in self.awaiting
+                    or record.operation_id in self.muted):
+                continue
+            replay = journal.replay(record.operation_id)
+            packets += replay.packets
+            partials += replay.partials
+        return Replay(tuple(packets), partials)
+
+    def end_awaiting(self, operation_id: int, events: list[Event]) -> bool:
+        """A CANCEL of an operation awaiting its resubmission (rule 5b): its wait ends. A
+        running one goes on live (its drop is on its way: the caller cancels it); an
+        ended one's held terminal goes out again. False: it awaits nothing."""
+        if operation_id not in self.awaiting:
+            return False
+        del self.awaiting[operation_id]
+        journal = self.journal
+        operation = self.operations.get(operation_id)
+        if operation is not None:
+            operation.quiet = False
+            if journal is not None and operation_id in journal.records:
+                journal.records[operation_id].pinned = False
+            return True
+        if journal is not None and operation_id in journal.records:
+            for data in journal.terminal(operation_id).packets:
+                events.append(SendBytes(data))
+            journal.forget(operation_id)
+            self._collect_released()
+            self.released.pop(operation_id, None)  # its terminal is delivered: nothing more
+        return True
 
     # ------------------------------------------------------------------ submit (rule 5)
 
@@ -263,10 +460,7 @@ class ServerSession:
         frame_id, operation_id = packet.frame_id, submit.operation_id
         awaited = self.awaiting.get(operation_id)
         if awaited is not None and awaited == frame_id:
-            del self.awaiting[operation_id]
-            typed_body, body_error = _parse_body(packet, submit)
-            events.append(OperationResubmitted(self.session_id, operation_id, frame_id,
-                                               typed_body, body_error))
+            self._on_resubmission(packet, submit, events)
             return
         if self.released.get(operation_id) == frame_id:
             del self.released[operation_id]
@@ -315,8 +509,8 @@ class ServerSession:
                                     trace_flags=trace.trace_flags if trace else 0)
         self.operations[operation_id] = operation
         self.by_frame[frame_id] = operation_id
-        if self.resumable:
-            self.replayable[operation_id] = frame_id
+        if self.journal is not None:
+            self.journal.start(operation_id, frame_id, request_bytes(typed_body))
         deadline: int | None = None
         drop_reason = 0
         pending = self.pending_deadlines.pop(operation_id, None)
@@ -422,6 +616,7 @@ class ServerSession:
             del self.operations[operation_id]
             del self.by_frame[operation.frame_id]
             self.objects.retire(operation_id)
+            self.muted.discard(operation_id)
         return operation
 
     def operation_state(self, operation_id: int) -> OpState:
@@ -439,20 +634,39 @@ class ServerSession:
 
     # ------------------------------------------------------------------ outputs (rule 15)
 
-    def send_partial(self, operation_id: int, body: bytes) -> bytes:
-        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...)."""
+    def send_partial(self, operation_id: int, body: bytes) -> bytes | None:
+        """One PARTIAL_RESULT with the next result_sequence (1, 2, 3, ...), kept in the
+        journal and counted against the client's windows; the packet to write now, or
+        None when it reaches no client now (rule 5a). Once per event: kept lean."""
         operation = self._transition(operation_id, OpAction.PARTIAL)
-        operation.sequence += 1
-        return encode_partial_result(self.session_id, operation.frame_id, operation_id,
-                                     operation.sequence, body)
+        sequence = operation.sequence = operation.sequence + 1
+        packet = encode_partial_result(self.session_id, operation.frame_id, operation_id,
+                                       sequence, body)
+        journal = self.journal
+        connection = self.connection
+        if journal is not None:
+            journal.add(operation_id, packet, sequence)
+            if connection is not None and journal.over_budget():
+                journal.trim()
+                self._collect_released()
+        if connection is None or operation.quiet:
+            return None
+        flow = connection.flow
+        if flow.active:
+            flow.spend(self.session_id, operation_id)
+        return packet
 
-    def send_progress(self, operation_id: int, stage: Stage) -> bytes:
-        """PROGRESS for an operation still running (never after a cancel: rule 15)."""
+    def send_progress(self, operation_id: int, stage: Stage) -> bytes | None:
+        """PROGRESS for an operation still running (never after a cancel: rule 15); the
+        packet to write now, or None (rule 5a)."""
         operation = self._transition(operation_id, OpAction.PROGRESS)
         operation.progress_sequence += 1
         message = Progress(operation_id=operation_id,
                            progress_sequence=operation.progress_sequence, stage=int(stage))
-        return encode(Packet(message, session_id=self.session_id, frame_id=operation.frame_id))
+        packet = encode(Packet(message, session_id=self.session_id, frame_id=operation.frame_id))
+        if self.journal is not None:
+            self.journal.add(operation_id, packet)
+        return packet if self.connection is not None and not operation.quiet else None
 
     def send_result(self, operation_id: int, status: int, payload: bytes, *,
                     retry_after_ms: int | None = None,
@@ -460,12 +674,26 @@ class ServerSession:
         """The terminal RESULT_PUSH: a typed body with one frame of ``payload`` (by default
         the openai-compatible JSON event). With ``retry_after_ms`` (a recoverable
         failure) ERROR_RECOVERABLE and RETRY_AFTER go first, saying when to try again.
-        Packets in order (one WebSocket message each); the session's credit, which
-        changes as the operation ends, is the caller's to add (``credit_packets``)."""
+        The packets to write now, in order (one WebSocket message each), with the
+        session's credit, which changes as the operation ends; none when the operation
+        reaches no client now (rule 5a). The journal keeps the terminal either way."""
         operation = self._transition(operation_id, OpAction.RESULT)
         advice = [] if retry_after_ms is None else self._busy(
             operation.frame_id, operation_id, retry_after_ms, payload_status=status)
-        return [*advice, self._result_packet(operation.frame_id, status, payload, frame)]
+        return self._terminal(operation, [
+            *advice, self._result_packet(operation.frame_id, status, payload, frame)])
+
+    def _terminal(self, operation: ServerOperation, packets: list[bytes]) -> list[bytes]:
+        """Rule 15's terminal, kept (rule 5a), and what goes out now."""
+        if self.journal is not None:
+            self.journal.end(operation.operation_id, packets)
+        connection = self.connection
+        if connection is None:
+            return []
+        connection.flow.forget_operation(self.session_id, operation.operation_id)
+        if operation.quiet:
+            return []
+        return packets + self.credit_packets()
 
     def send_refusal(self, frame_id: int, operation_id: int, status: int, payload: bytes, *,
                      retry_after_ms: int | None = None) -> list[bytes]:
@@ -478,7 +706,8 @@ class ServerSession:
                   traced: bool = True) -> list[bytes]:
         """The terminal RESULT_DROP_REASON (after a cancel, a deadline, a supersede, a
         budget or a shutdown); ``traced``: preceded by TRACE_CONTEXT with header.frame_id 0
-        naming the operation's trace (rule 15; the reference adapter's terminal trace)."""
+        naming the operation's trace (rule 15; the reference adapter's terminal trace).
+        What goes out now, as ``send_result``."""
         operation = self._transition(operation_id, OpAction.DROP)
         trace_id = operation.trace_id or operation_id
         trace = TraceContext(trace_id=trace_id, span_id=operation.frame_id,
@@ -492,7 +721,7 @@ class ServerSession:
                    if traced else [])
         packets.append(encode(Packet(meta, session_id=self.session_id,
                                      frame_id=operation.frame_id, body=diagnostic)))
-        return packets
+        return self._terminal(operation, packets)
 
     def drops_on_failure(self) -> list[bytes]:
         """RESULT_DROP_REASON transport_closed for every operation in flight, untraced:
@@ -557,6 +786,13 @@ class ServerSession:
                ) -> SendBytes:
         """ERROR_RECOVERABLE about this session (rule 3)."""
         return recoverable_error(code, scope, self.session_id, frame_id, text)
+
+
+def request_bytes(body: TypedBody | None) -> bytes:
+    """The request a submit carries: its frames' payloads (one frame: the same object)."""
+    if body is None:
+        return b""
+    return b"".join(frame.payload for frame in body.frames)
 
 
 def _parse_body(packet: Packet, submit: FrameSubmit) -> tuple[TypedBody | None, str | None]:

@@ -166,7 +166,16 @@ RESUME_COUNTERS: dict[str, tuple[str, str]] = {
                               "resume or migration."),
     "replayed_bytes_total": ("resume_replayed_bytes", "Bytes of the frames sent again "
                              "after a resume or migration."),
+    "probes_total": ("resume_probes", "Connections asked to show they are alive because "
+                     "a resume named a session attached to them."),
+    "probe_failures_total": ("resume_probe_failures", "Connections closed because they "
+                             "stayed silent when probed (their sessions detached)."),
+    "rate_limited_total": ("resume_rate_limited", "Resumes and migrations answered "
+                           "retry_later without a lookup: their connection refused too "
+                           "many lately."),
 }
+#: ``ResumeStats`` fields exported as one labelled family each, not as counters above.
+RESUME_LABELLED = frozenset({"not_granted"})
 
 
 class _ResumeCollector(Collector):
@@ -185,6 +194,13 @@ class _ResumeCollector(Collector):
         sessions.add_metric(["attached"], registry.sessions - detached)
         sessions.add_metric(["detached"], detached)
         yield sessions
+        not_granted = CounterMetricFamily(
+            f"{PREFIX}_resume_not_granted", "Sessions that asked for resume and opened "
+            "without it, by reason (off, draining, process_cap, client_cap).",
+            labels=["reason"])
+        for reason in ("off", "draining", "process_cap", "client_cap"):
+            not_granted.add_metric([reason], registry.stats.not_granted.get(reason, 0))
+        yield not_granted
         yield GaugeMetricFamily(f"{PREFIX}_resume_held_bytes",
                                 "Result bytes resumable sessions keep for a replay.",
                                 value=registry.budget.held)
@@ -272,6 +288,10 @@ class _PoolCollector(Collector):
                                   "Requests that waited --upstream-queue-timeout for an "
                                   "upstream slot and were refused (backend_overload).",
                                   value=figures.wait_timeouts)
+        yield CounterMetricFamily(f"{PREFIX}_upstream_pool_given_way",
+                                  "Operations of detached sessions that gave their upstream "
+                                  "slot to a waiting live request (they ended).",
+                                  value=figures.given_way)
 
 
 class GatewayMetrics:

@@ -69,6 +69,7 @@ from gateway.upstream import (
     Completion,
     LoadMonitor,
     RequestFieldError,
+    Standing,
     UpstreamError,
     UpstreamOverloaded,
     UpstreamStatus,
@@ -318,11 +319,13 @@ class ChatPipeline:
         limits, notes = self.limits, op.notes
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
+        op.on_pause = self.client.make_room
         try:
             async with self.client.chunks(request.body, request.headers,
                                           first_chunk=limits.first_chunk_timeout,
                                           idle=limits.idle_timeout,
-                                          max_event=limits.max_event_bytes) as stream:
+                                          max_event=limits.max_event_bytes,
+                                          holder=SlotHolding(op)) as stream:
                 notes.upstream_status = 200
                 with op.aborts_upstream(stream.abort):
                     async for batch in stream:
@@ -359,7 +362,8 @@ class ChatPipeline:
             # vLLM answers a non-streaming request only when it has finished: the
             # first-chunk clock bounds the whole exchange.
             with trio.move_on_after(self.limits.first_chunk_timeout):
-                answer = await self.client.completion(body, headers, path=path)
+                answer = await self.client.completion(body, headers, path=path,
+                                                      holder=SlotHolding(op))
         finally:
             notes.upstream_closed = trio.current_time()
         if answer is None:
@@ -416,3 +420,23 @@ def profile_refusal(refusal: SubmitRefused) -> tuple[int, bytes]:
     refusal reasons are end causes; END_TABLE gives their status)."""
     error = ProfileError(EndCause(refusal.reason.value), refusal.message)
     return error.status, ev.encode_event(ev.error_event(error))
+
+
+class SlotHolding:
+    """An operation as the upstream slots see it (``upstream._slots`` rule 2): it gives
+    its slot up first when its client is away, and at once when it is paused at its
+    journal's bound; giving way ends it (``resume_preempted``)."""
+
+    __slots__ = ("_operation",)
+
+    def __init__(self, operation: Operation) -> None:
+        self._operation = operation
+
+    def standing(self) -> Standing:
+        operation = self._operation
+        if not operation.unattended:
+            return Standing.LIVE
+        return Standing.PAUSED if operation.held_at_bound else Standing.DETACHED
+
+    def give_way(self) -> None:
+        self._operation.cancel(EndCause.RESUME_PREEMPTED)

@@ -15,10 +15,9 @@ from ._envelope import (
     KNOWN_OPERATIONS as KNOWN_OPERATIONS,
     SCHEMA_VERSION as SCHEMA_VERSION,
     Envelope as Envelope,
+    EnvelopeResubmission as EnvelopeResubmission,
     NnrpPolicy as NnrpPolicy,
-    Resubmission as Resubmission,
     check_typed_body as check_typed_body,
-    compare_resubmission as compare_resubmission,
     parse_envelope as parse_envelope,
 )
 from ._errors import ProfileError as ProfileError

@@ -15,6 +15,7 @@ is not a boolean. Every refusal names the field (``nnrp.timeout_ms must be ...``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from gateway.nnrp import PayloadKind, StreamSemantics, TypedBody
+from gateway.nnrp import PayloadKind, ResubmissionRead, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
 
@@ -207,40 +208,42 @@ def _policy_problem(error: cattrs.ClassValidationError) -> str:
     return "nnrp policy is invalid"
 
 
-@attrs.frozen
-class Resubmission:
-    """How a resubmitted envelope relates to the original (issue 21): ``same`` request
-    (the same JSON, apart from ``nnrp.resume_after_sequence``), and the position it
-    declares, if any."""
+class EnvelopeResubmission:
+    """How a resubmission after a resume is told from another request (the sans-IO
+    ``ResubmissionRule``; gateway/nnrp/_journal.py J3): the key of an envelope is the
+    SHA-256 of its JSON with its keys in one order and without
+    ``nnrp.resume_after_sequence``, the one field a resubmission may add or change (it
+    says where to continue); a payload that is not a JSON object is keyed by its bytes.
+    Only the key of a request is kept, never the request."""
 
-    same: bool
-    resume_after: int | None = None
+    def key(self, payload: bytes) -> bytes:
+        return self._read(payload)[0]
 
+    def read(self, payload: bytes) -> ResubmissionRead:
+        key, position, problem = self._read(payload)
+        return ResubmissionRead(key, position, problem)
 
-def compare_resubmission(original: bytes, resubmitted: bytes) -> Resubmission:
-    """Whether ``resubmitted`` asks for what ``original`` asked. Payloads that are not
-    JSON objects must be byte for byte equal; a position that is not an integer >= 0 is
-    no position (the resubmission is then not the same request)."""
-    if original == resubmitted:
-        return Resubmission(True)
-    before, after = _document(original), _document(resubmitted)
-    if before is None or after is None:
-        return Resubmission(False)
-    position = None
-    for document in (before, after):
+    def _read(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
+        document = _document(payload)
+        if document is None:
+            return b"raw:" + hashlib.sha256(payload).digest(), None, None
+        position: int | None = None
+        problem = None
         policy = document.get("nnrp")
-        if isinstance(policy, dict):
-            value = policy.pop(RESUME_POSITION, None)
-            if document is after:
-                position = value
+        if isinstance(policy, dict) and RESUME_POSITION in policy:
+            value = policy.pop(RESUME_POSITION)
             if not policy:
                 del document["nnrp"]
-    if position is not None and (type(position) is not int or position < 0):
-        return Resubmission(False)
-    try:
-        return Resubmission(_canonical(before) == _canonical(after), position)
-    except (ValueError, RecursionError):  # nested past what can be written back
-        return Resubmission(False)
+            if type(value) is int and value >= 0:
+                position = value
+            else:
+                problem = (f"nnrp.{RESUME_POSITION} must be "
+                           f"{_POLICY_RULES[RESUME_POSITION]}, not {json.dumps(value)[:40]}")
+        try:
+            canonical = _canonical(document).encode("utf-8", "surrogatepass")
+        except (ValueError, RecursionError):  # nested past what can be written back
+            return b"raw:" + hashlib.sha256(payload).digest(), position, problem
+        return b"json:" + hashlib.sha256(canonical).digest(), position, problem
 
 
 def _canonical(document: dict[str, Any]) -> str:

@@ -84,6 +84,9 @@ class EndCause(enum.StrEnum):
     DISCONNECTED = "disconnected"  # the connection is gone: nobody to tell
     RESUME_EXPIRED = "resume_expired"  # detached past its window, or never resubmitted
     RESUME_ABANDONED = "resume_abandoned"  # its resubmission was refused (different, gap)
+    #: Its client was away and a live request needed its upstream slot (upstream/_slots.py
+    #: rule 2): what it produced is held, then this drop.
+    RESUME_PREEMPTED = "resume_preempted"
     PROTOCOL_FAILURE = "protocol_failure"  # the peer broke the protocol on its connection
     NO_TERMINAL = "no_terminal"  # the handler returned without one (a bug)
 
@@ -220,6 +223,9 @@ END_TABLE: dict[EndCause, EndSpec] = {
     # resubmitted): as if it had cancelled (vLLM aborts); the drop reaches no one.
     C.RESUME_EXPIRED: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.CANCELLED, "info"),
     C.RESUME_ABANDONED: EndSpec(Drop(DropReason.TRANSPORT_CLOSED), Outcome.CANCELLED, "info"),
+    # A detached operation gave its upstream slot to a live request: the spec's drop for
+    # results a receiver did not take in time. Its client, back, holds the results so far.
+    C.RESUME_PREEMPTED: EndSpec(Drop(DropReason.BACKPRESSURE), Outcome.SHED, "info"),
     # The sans-IO server writes these drops itself, ahead of its fatal ERROR (its rule 2):
     # by the time the operation ends its protocol state is gone.
     C.PROTOCOL_FAILURE: EndSpec(Drop(DropReason.TRANSPORT_CLOSED, traced=False,

@@ -18,7 +18,6 @@ from ._operation import (
 )
 from ._resume import (
     ResumeSettings as ResumeSettings,
-    ResumeStats as ResumeStats,
     SessionRegistry as SessionRegistry,
 )
 from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer

@@ -3,7 +3,9 @@ SESSION_OPEN auth bytes (nnrp-wire.md section 3), refused with session error aut
 
 The comparison is constant-time and always walks every configured token, so neither the
 match position nor a near-miss is visible in timing. Tokens never reach logs, metrics or
-error text.
+error text. SIGHUP re-reads the token file (``reload``): a revoked token opens no new
+session and resumes none (a resume is authenticated like an open); a file that cannot be
+read, or would leave no token at all, keeps the tokens there were.
 """
 
 from __future__ import annotations
@@ -13,19 +15,35 @@ from pathlib import Path
 
 
 class TokenAuthenticator:
-    def __init__(self, tokens: list[bytes]) -> None:
+    def __init__(self, tokens: list[bytes], *, fixed: list[bytes] | None = None,
+                 token_file: Path | None = None) -> None:
         if not tokens or any(not token for token in tokens):
             raise ValueError("auth tokens must be non-empty")
         self._tokens = list(tokens)
+        #: The tokens given inline, and the file the others come from (``reload``).
+        self._fixed = list(fixed) if fixed is not None else list(tokens)
+        self._file = token_file
 
     @classmethod
     def from_sources(cls, tokens: list[str], token_file: Path | None) -> TokenAuthenticator | None:
         """None when no token is configured (authentication off)."""
-        collected = [token.encode() for token in tokens if token]
-        if token_file is not None:
-            collected += [line.strip().encode() for line in token_file.read_text().splitlines()
-                          if line.strip() and not line.startswith("#")]
-        return cls(collected) if collected else None
+        fixed = [token.encode() for token in tokens if token]
+        collected = fixed + (_read(token_file) if token_file is not None else [])
+        return cls(collected, fixed=fixed, token_file=token_file) if collected else None
+
+    def reload(self) -> str | None:
+        """SIGHUP: the token file again. None when done; why not otherwise (the tokens
+        there were stay)."""
+        if self._file is None:
+            return None
+        try:
+            tokens = self._fixed + _read(self._file)
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"{self._file}: {exc}"
+        if not tokens:
+            return f"{self._file} holds no token (authentication would be off)"
+        self._tokens = tokens
+        return None
 
     def __call__(self, supplied: bytes) -> bool:
         matched = False
@@ -35,3 +53,8 @@ class TokenAuthenticator:
 
     def __repr__(self) -> str:
         return f"TokenAuthenticator({len(self._tokens)} token(s))"
+
+
+def _read(token_file: Path) -> list[bytes]:
+    return [line.strip().encode() for line in token_file.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]

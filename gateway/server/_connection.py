@@ -20,10 +20,12 @@ no exception leaves ``Connection.run`` (``Cancelled`` excepted).
 
 The connection owns the sans-IO protocol state and the outbox; sessions own their
 operations; each operation reaches the wire only through its session's port. A resumable
-session outlives the connection: when it ends without SESSION_CLOSE the session detaches
-(``gateway.server._resume``, rule 3) instead of ending, and a resume or a migration
-attaches it to another connection (``_adopt``), which replays what its client may have
-missed (``_resubmitted``, ``_migrated``).
+session outlives the connection: every decision about it is the sans-IO layer's
+(gateway/nnrp/_resumption.py, gateway/nnrp/_server.py rule 4), and this module carries
+out the events it returns: a session that detached (``_leave``), one resumed or
+migrated here (``_adopt``), replays to write (``OperationResumed``, ``SessionMigrated``),
+operations that end unseen (``OperationAbandoned``), a session another connection took
+(``take_session``), and a liveness probe (``probe``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import structlog
 import trio
 
 from gateway.nnrp import (
+    AbandonCause,
     BudgetRequested,
     CapabilitiesNegotiated,
     ConnectionFailed,
@@ -48,35 +51,39 @@ from gateway.nnrp import (
     FrameIgnored,
     HandedOff,
     HandshakeCompleted,
+    HolderProbed,
     LocalProtocolError,
-    MsgType,
+    OperationAbandoned,
     OperationCancelled,
-    OperationResubmitted,
+    OperationResumed,
     OperationSubmitted,
     OperationSuperseding,
     PeerClosed,
     PeerError,
     PriorityRequested,
-    RefusalReason,
     RemoteProtocolError,
     SendBytes,
     ServerConfig,
     ServerConnection,
     SessionCloseRequested,
     SessionError,
+    SessionIds,
     SessionMigrated,
     SessionOpened,
     SessionOpenRefused,
     SessionResumed,
-    SessionState,
+    SessionTaken,
     SubmitRefused,
     TraceContextUpdated,
-    TransportId,
 )
-from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause, compare_resubmission
-from gateway.transport import PacketTransport, TextMessageError, read_until_closed
+from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
+from gateway.transport import (
+    TRANSPORT_IDS,
+    PacketTransport,
+    TextMessageError,
+    read_until_closed,
+)
 
-from ._journal import ReplayGap
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
 from ._relay import relay
@@ -84,7 +91,7 @@ from ._session import Observer, Session
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
-    from ._resume import Record, SessionRegistry
+    from ._resume import SessionRegistry
 
 log = structlog.get_logger("gateway.server")
 #: After a fatal ERROR, how long the connection waits for its client to close it.
@@ -93,9 +100,6 @@ FAILURE_LINGER = 1.0
 #: a hello, a resume, a resubmission or a few.
 MAX_PREAMBLE = 256 << 10
 _connection_ids = itertools.count(1)
-#: The SESSION_MIGRATE transport id of each carrier kind (nnrp-wire.md section 1).
-TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
-                 "websocket": TransportId.WEBSOCKET}
 
 
 @attrs.frozen
@@ -125,7 +129,8 @@ class Connection:
                  config: ServerConfig, limits: ConnectionLimits, *,
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  stats: ServerStats | None = None,
-                 registry: SessionRegistry | None = None) -> None:
+                 registry: SessionRegistry | None = None, ids: SessionIds | None = None,
+                 relayed: bool = False) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
@@ -133,34 +138,36 @@ class Connection:
         self.observer = observer
         self.limits = limits
         self.registry = registry
-        #: Claims resumable sessions for this connection (None: resume is refused).
-        self._store = registry.store(self) if registry is not None else None
         #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
-        self.protocol = ServerConnection(config, store=self._store,
-                                         transport_id=TRANSPORT_IDS.get(transport.kind))
+        self.protocol = ServerConnection(
+            config, book=registry.book if registry is not None else None, ids=ids,
+            transport_id=TRANSPORT_IDS.get(transport.kind), relayed=relayed)
+        self._credentials_known = False
         self.outbox = Outbox(limits.outbox_high_water, send_now=transport.send_now,
                              on_written=self._count_written)
         #: The sessions attached here, each owning its running operations.
         self.sessions: dict[int, Session] = {}
         #: Operations in flight of the sessions whose link is this connection.
         self._operations = 0
-        #: The registry's record of each resumable session attached here.
-        self._records: dict[int, Record] = {}
         self.stats = stats or ServerStats()
         self.closed = trio.Event()
         #: Set (and replaced) whenever the client changes a flow window.
         self.flow_changed = trio.Event()
+        #: Set (and replaced) when a session is attached here (a drain waits for it).
+        self._session_attached = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
         self._failed = False
         #: Every byte received until a session opens (a resume naming another worker's
         #: session is relayed there from the first byte: ``_relay``); None after, and
-        #: from the start where there is no other worker to relay to.
+        #: from the start where there is no other worker to relay to, or when this
+        #: connection was itself relayed here (never twice: ``_relay`` rule 1).
         self._preamble: bytearray | None = (
-            bytearray() if registry is not None and registry.settings.relays else None)
-        #: The worker's relay socket this connection was handed to (``HandedOff``), and
-        #: the answer it gets instead when that worker cannot be reached.
-        self._handed_to: str | None = None
+            bytearray() if registry is not None and registry.settings.relays and not relayed
+            else None)
+        #: The worker this connection was handed to (``HandedOff``), and the answer it
+        #: gets instead when that worker cannot be reached.
+        self._handed_to: int | None = None
         self._hand_off_refusal = b""
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
@@ -182,6 +189,8 @@ class Connection:
 
     async def run(self) -> None:
         """Serve until the peer leaves, a fatal error, or cancellation. Never raises."""
+        if self.registry is not None:
+            self.registry.register(self.protocol, self)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -202,85 +211,112 @@ class Connection:
         finally:
             self.outbox.close()
             self._leave()
+            if self.registry is not None:
+                self.registry.unregister(self.protocol)
             with trio.CancelScope(shield=True):
                 await self.transport.aclose()
             self.closed.set()
 
     def _leave(self) -> None:
-        """The connection is over: each session that never sent SESSION_CLOSE detaches
-        (a resumable one, while the server keeps it: ``_resume`` rule 3) or ends."""
-        for session_id, session in list(self.sessions.items()):
-            record = self._records.pop(session_id, None)
-            self.sessions.pop(session_id)
+        """The connection is over: each resumable session that never sent SESSION_CLOSE
+        detaches and waits for its client (the book decides: ``connection_lost``); every
+        other session ends, its operations with it."""
+        lost = self.protocol.connection_lost()
+        for session_id in lost.detached:
+            session = self.sessions.pop(session_id)
             self.stats.sessions_active -= 1
-            keep = (record is not None and not self._failed
-                    and session.protocol.state is SessionState.OPEN
-                    and self.registry is not None and self.registry.detach(record))
-            if keep:
-                self.protocol.detach(session_id)
-                session.detach()
-                self.log.info("session detached; it waits for its client to resume",
-                              session_id=session_id, operations=len(session.operations))
-                continue
-            session.cancel_all(EndCause.PROTOCOL_FAILURE if self._failed
-                               else EndCause.DISCONNECTED)
-            if record is not None and self.registry is not None:
-                self.registry.end(record)
+            session.detach()
+            if self.registry is not None:
+                self.registry.detached_now()
+            self.log.info("session detached; it waits for its client to resume",
+                          session_id=session_id, operations=len(session.operations))
+        cause = EndCause.PROTOCOL_FAILURE if self._failed else EndCause.DISCONNECTED
+        for session_id, session in list(self.sessions.items()):
+            del self.sessions[session_id]  # ended (lost.ended, or with the failure)
+            self.stats.sessions_active -= 1
+            session.detach()
+            session.cancel_all(cause)
+            if session.resumable and self.registry is not None:
+                self.registry.ended(session)
         self._flow_changed()  # an operation held by the client's window looks again
 
-    async def _relay(self, path: str, preamble: bytes) -> None:
+    async def _relay(self, worker: int, preamble: bytes) -> None:
         assert self.registry is not None
+        path = self.registry.settings.relays[worker]
         self.registry.stats.relayed_total += 1
-        self.log.info("resume relayed to the worker holding the session", worker_socket=path)
+        self.log.info("resume relayed to the worker holding the session", worker=worker)
         try:
             holder = await trio.open_unix_socket(path)
         except OSError as exc:
             # That worker is gone (restarted), its sessions with it: the client is told
             # so, as for any token that opens nothing, and can open a new session.
             self.log.warning("the worker holding the session cannot be reached",
-                             worker_socket=path, error=str(exc))
+                             worker=worker, error=str(exc))
             with trio.move_on_after(self.limits.write_timeout):
                 await self.transport.send([self._hand_off_refusal])
             return
         await relay(self.transport, holder, preamble)
 
-    def can_hand_off(self) -> bool:
-        """Nothing but the handshake has happened here: the connection can go whole."""
-        return self._preamble is not None and not self.sessions
-
-    def release_session(self, session_id: int) -> None:
-        """A migration takes the session to another connection (``_resume`` rule 6):
-        it leaves this one as it is, operations and all."""
+    def take_session(self, session_id: int, notice: bytes) -> None:
+        """A migration took the session to another connection (``_resumption`` R9): it
+        leaves this one, operations and all, and the client here is told."""
         session = self.sessions.pop(session_id, None)
-        self._records.pop(session_id, None)
         if session is not None:
-            self.protocol.detach(session_id)
             session.detach()
             self.stats.sessions_active -= 1
             self._flow_changed()  # its operations held by our windows look again
             self.log.info("session migrated away", session_id=session_id)
+        self.outbox.put(notice)
 
-    async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
-        """Graceful end, for ``drain_timeout`` at most:
+    def probe(self, ping: bytes, timeout: float) -> None:
+        """A resume named a session attached here (``_resumption`` R8): show we are alive.
+        Nothing at all from the client within ``timeout`` closes the connection, which
+        detaches its resumable sessions."""
+        if self._nursery is None:
+            return
+        self.outbox.put(ping)
+        self._nursery.start_soon(self._probe_watchdog, trio.current_time() + timeout)
 
-        1. new sessions and submits are refused, recoverably ("try elsewhere");
-        2. every session drains: operations finish, those still running when the time is
-           up end with their drop;
+    async def _probe_watchdog(self, deadline: float) -> None:
+        await trio.sleep_until(deadline)
+        if self.protocol.probe_failed():
+            if self.registry is not None:
+                self.registry.stats.probe_failures_total += 1
+            self.log.info("silent while its session was asked for elsewhere; closing",
+                          peer=self.transport.peer)
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+
+    async def shutdown(self, deadline: float, close_grace: float = 5.0) -> None:
+        """Graceful end, by ``deadline`` at the latest:
+
+        1. new sessions and submits are refused, recoverably ("try elsewhere"); resumes
+           of this process's sessions are still answered (``_resumption`` R12);
+        2. every session drains: operations finish, those still running at the deadline
+           end with their drop;
         3. the output is flushed;
         4. the connection is left for the client to close, for ``close_grace`` (within
-           the drain time), and only then closed. NNRP has no GOAWAY: a client that has
+           the deadline), and only then closed. NNRP has no GOAWAY: a client that has
            not yet read its last frames when the server closes may lose them (nnrp-py's
            native client raises on the end of stream before handing over what it holds).
+           A session resumed here meanwhile drains in turn (steps 2 to 4 again).
         """
-        deadline = trio.current_time() + drain_timeout
         self.protocol.start_draining()
-        async with trio.open_nursery() as nursery:
-            for session in list(self.sessions.values()):
-                nursery.start_soon(session.drain, drain_timeout)
-        with trio.move_on_at(deadline):
-            await self.outbox.wait_flushed()
-        with trio.move_on_at(min(deadline, trio.current_time() + close_grace)):
-            await self.closed.wait()
+        while True:
+            attached = self._session_attached
+            async with trio.open_nursery() as nursery:
+                for session in list(self.sessions.values()):
+                    nursery.start_soon(session.drain,
+                                       max(0.0, deadline - trio.current_time()))
+            with trio.move_on_at(deadline):
+                await self.outbox.wait_flushed()
+            with trio.move_on_at(min(deadline, trio.current_time() + close_grace)):
+                async with trio.open_nursery() as waits:
+                    waits.start_soon(_first, self.closed, waits.cancel_scope)
+                    waits.start_soon(_first, attached, waits.cancel_scope)
+            if (self.closed.is_set() or not attached.is_set()
+                    or trio.current_time() >= deadline):
+                break
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -322,6 +358,10 @@ class Connection:
                 return
             if data is None:
                 return
+            if not self._credentials_known:
+                # The carrier knows its client once bytes came (a TLS handshake is done).
+                protocol.peer = self.transport.credentials()
+                self._credentials_known = True
             self._last_receive = trio.current_time()
             self.stats.bytes_in += len(data)
             preamble = self._preamble
@@ -338,8 +378,7 @@ class Connection:
                 if isinstance(event, PeerClosed):
                     return
                 if isinstance(event, HandedOff):
-                    assert self._store is not None
-                    self._handed_to = self._store.handed_to
+                    self._handed_to = event.worker
                     self._hand_off_refusal = event.refusal
                     return
                 self._handle(event)
@@ -362,12 +401,11 @@ class Connection:
 
     async def _fail(self, failure: ConnectionFailed) -> None:
         """A fatal protocol violation: every operation ends now (the protocol wrote their
-        drops, its state is gone), then the replies are flushed before the close."""
+        drops and ended the sessions: nothing more of them goes out), then the replies
+        are flushed before the close."""
         self.stats.protocol_errors += 1
         self._failed = True
         for session in self.sessions.values():
-            # The protocol wrote their drops (rule 2); nothing of them may follow.
-            session.muted.update(session.operations)
             session.cancel_all(EndCause.PROTOCOL_FAILURE)
         self.log.info("protocol violation; closing connection", error=str(failure.error),
                       code=failure.error.code.name, replied=bool(failure.replies))
@@ -392,8 +430,12 @@ class Connection:
                 self.outbox.put(data)
             case OperationSubmitted():
                 self._start_operation(event)
-            case OperationResubmitted():
-                self._resubmitted(event)
+            case OperationResumed():
+                self._operation_resumed(event)
+            case OperationAbandoned():
+                session = self.sessions.get(event.session_id)
+                if session is not None:
+                    session.cancel(event.operation_id, ABANDON_CAUSES[event.cause])
             case OperationCancelled():
                 session = self.sessions.get(event.session_id)
                 if session is not None:
@@ -439,6 +481,16 @@ class Connection:
                 self._adopt(event.session_id, resumed=True)
             case SessionMigrated():
                 self._migrated(event)
+            case SessionTaken():
+                previous = (self.registry.connection_of(event.previous)
+                            if self.registry is not None else None)
+                if previous is not None:
+                    previous.take_session(event.session_id, event.notice)
+            case HolderProbed():
+                holder = (self.registry.connection_of(event.holder)
+                          if self.registry is not None else None)
+                if holder is not None:
+                    holder.probe(event.ping, event.timeout)
             case SessionOpenRefused():
                 self._session_refused(event)
             case PeerError():
@@ -502,159 +554,125 @@ class Connection:
         assert self._nursery is not None
         protocol = self.protocol.session(event.session_id)
         assert protocol is not None
-        record = None
-        if event.resumable and self._store is not None and self.registry is not None:
-            record = self._store.claimed.pop(event.session_id)
-            session = Session(protocol, self.registry.nursery, self.handler, self.observer,
-                              self.stats, journal=self.registry.journal())
-            record.session = session
+        registry = self.registry
+        if event.resumable and registry is not None:
+            record = registry.book.record_of(event.session_id)
+            assert record is not None
+            session = Session(protocol, registry.nursery, self.handler, self.observer,
+                              self.stats, client=record.client)
+            registry.adopt(session)
         else:
             session = Session(protocol, self._nursery, self.handler, self.observer,
                               self.stats)
-        self._attach(session, record)
+            if event.not_granted is not None:
+                self.log.info("session opened without resume", session_id=event.session_id,
+                              reason=event.not_granted)
+        self._attach(session)
         self.stats.sessions_total += 1
         by_transport = self.stats.sessions_by_transport
         by_transport[self.transport.kind] = by_transport.get(self.transport.kind, 0) + 1
-        if record is not None and self.registry is not None:
-            self.registry.attached(record, self, resumed=False)
 
-    def _attach(self, session: Session, record: Record | None) -> None:
+    def _attach(self, session: Session) -> None:
         self.sessions[session.session_id] = session
-        if record is not None:
-            self._records[session.session_id] = record
         session.attach(self)
         self.stats.sessions_active += 1
+        self._session_attached.set()
+        self._session_attached = trio.Event()
 
     def _adopt(self, session_id: int, *, resumed: bool) -> Session:
-        """A resumed or migrated session is attached here (``_resume`` rules 4, 6)."""
-        assert self._store is not None
+        """A resumed or migrated session is attached here (``_resumption`` R7, R9)."""
         assert self.registry is not None
-        record = self._store.claimed.pop(session_id)
-        session = record.session
-        assert session is not None
+        session = self.registry.by_id[session_id]
         session.reattachments += 1
         for operation in session.operations.values():
             operation.reattached += 1
             operation.reattached_at.append(trio.current_time())
-        if resumed:
-            session.resumed()
-        self._attach(session, record)
-        self.registry.attached(record, self, resumed=resumed)
+        self._attach(session)
+        self.registry.resumed()
         self.log.info("session resumed" if resumed else "session migrated here",
                       session_id=session_id, operations=len(session.operations),
-                      awaiting=len(session.held))
+                      awaiting=len(session.protocol.awaiting))
         return session
 
     def _migrated(self, event: SessionMigrated) -> None:
-        """The results of frames after the client's last are replayed, then go on live
-        (rule 4c of gateway.nnrp._server)."""
-        assert self.registry is not None
+        """What is held of frames after the client's last goes out, then the session goes
+        on live (rule 4c of gateway.nnrp._server)."""
         session = self._adopt(event.session_id, resumed=False)
-        self.registry.stats.migrated_total += 1
-        journal = session.journal
-        if journal is None:
-            return
-        for record in sorted(journal.records.values(), key=lambda r: r.frame_id):
-            if (record.frame_id > event.last_result_frame_id and record.entries
-                    and session.live(record.operation_id)):  # not held, not muted
-                self._send_again(session, record.operation_id,
-                                 journal.kept(record.operation_id), None)
+        if event.replay:
+            self._replayed(session, None, event.replay, event.replayed_events, None)
         session.changed()
 
-    def _resubmitted(self, event: OperationResubmitted) -> None:
-        """After a resume the client submitted an operation again: the same request gets
-        what it may have missed, then goes on live; anything else is refused on its
-        frame, and the operation it named ends (its results reach no one)."""
+    def _operation_resumed(self, event: OperationResumed) -> None:
+        """A resubmission was accepted (``_server_session`` rule 5b): its replay goes out,
+        then the operation goes on live."""
         session = self.sessions.get(event.session_id)
-        journal = session.journal if session is not None else None
-        record = journal.records.get(event.operation_id) if journal is not None else None
-        if session is None or record is None:
-            self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
-                                      "the results of this operation are no longer held")
+        if session is None:
             return
-        payload = b"".join(frame.payload for frame in event.typed_body.frames) if (
-            event.typed_body is not None) else b""
-        check = compare_resubmission(record.payload, payload)
-        if not check.same:
-            self._abandon(session, event.operation_id)
-            self._refuse_resubmission(event, RefusalReason.RESUBMISSION_DIFFERS,
-                                      "the resubmission is not the request it resubmits")
-            return
-        try:
-            self._replay(session, event.operation_id, check.resume_after)
-        except ReplayGap as gap:
-            self._abandon(session, event.operation_id)
-            self._refuse_resubmission(event, RefusalReason.RESULTS_UNAVAILABLE,
-                                      f"{gap}; submit it anew")
-            return
-        session.resubmitted(event.operation_id)
+        self._replayed(session, event.operation_id, event.replay, event.replayed_events,
+                       event.after)
+        session.changed()
 
-    def _replay(self, session: Session, operation_id: int, after: int | None) -> None:
-        assert session.journal is not None
-        self._send_again(session, operation_id, session.journal.replay(operation_id, after),
-                         after)
-
-    def _send_again(self, session: Session, operation_id: int, packets: list[bytes],
-                    after: int | None) -> None:
+    def _replayed(self, session: Session, operation_id: int | None,
+                  packets: tuple[bytes, ...], events: int, after: int | None) -> None:
         assert self.registry is not None
-        self.outbox.put_all(packets)
-        partials = sum(1 for packet in packets if packet[6] == MsgType.PARTIAL_RESULT)
-        operation = session.operations.get(operation_id)
+        self.outbox.put_all(list(packets))
+        operation = (session.operations.get(operation_id) if operation_id is not None
+                     else None)
         if operation is not None:
-            operation.replayed_events += partials
+            operation.replayed_events += events
         stats = self.registry.stats
-        stats.replayed_events_total += partials
+        stats.replayed_events_total += events
         stats.replayed_bytes_total += sum(map(len, packets))
         self.log.info("results replayed", session_id=session.session_id,
-                      operation_id=operation_id, events=partials, after=after,
+                      operation_id=operation_id, events=events, after=after,
                       running=operation is not None)
-
-    def _abandon(self, session: Session, operation_id: int) -> None:
-        """Its resubmission was refused: nothing more of it may reach the client (the
-        refusal is the frame's terminal), and it ends."""
-        session.abandon(operation_id, EndCause.RESUME_ABANDONED)
-
-    def _refuse_resubmission(self, event: OperationResubmitted, reason: RefusalReason,
-                             message: str) -> None:
-        self._refuse_submit(SubmitRefused(event.session_id, event.operation_id,
-                                          event.frame_id, reason, message))
 
     def _session_refused(self, event: SessionOpenRefused) -> None:
         self.stats.sessions_refused += 1
         if event.error_code == SessionError.AUTH_FAILED:
             self.stats.auth_failures += 1
             self.log.warning("session authentication failed", peer=self.transport.peer)
+        elif event.resume and self.registry is not None:
+            self.registry.refusals.refused(error_code=event.error_code, reason=event.message,
+                                           peer=self.transport.peer)
         else:
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
 
     def _start_operation(self, event: OperationSubmitted) -> None:
         session = self.sessions[event.session_id]
-        typed = event.typed_body
         session.start(Operation(
             session.port(event.operation_id),
             connection_id=self.connection_id, transport=self.transport.kind,
             session_id=event.session_id, operation_id=event.operation_id,
-            frame_id=event.frame_id, typed_body=typed, body_error=event.body_error,
+            frame_id=event.frame_id, typed_body=event.typed_body, body_error=event.body_error,
             header_trace_id=event.header_trace_id, trace=event.trace,
             deadline_unix_ms=event.deadline_unix_ms,
             deadline_drop_reason=event.deadline_drop_reason,
-            priority_class=event.priority_class, token_budget=event.token_budget),
-            payload=b"".join(frame.payload for frame in typed.frames) if typed else b"")
+            priority_class=event.priority_class, token_budget=event.token_budget))
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
         session = self.sessions[event.session_id]
-        # What the client never resubmitted after a resume it does not know of: it ends
-        # unseen (its frames must not reach a client that holds no such operation).
-        session.abandon_held(EndCause.RESUME_ABANDONED)
         timeout = (event.drain_timeout_ms / 1000 if event.drain_timeout_ms
                    else self.limits.default_drain_timeout)
         await session.drain(timeout)
         if self.sessions.pop(event.session_id, None) is not None:
             self.stats.sessions_active -= 1
-        record = self._records.pop(event.session_id, None)
-        if record is not None and self.registry is not None:
-            self.registry.end(record)
+            session.detach()
         try:
             self.outbox.put(self.protocol.send_session_close_ack(event.session_id))
         except LocalProtocolError as exc:  # the connection failed while the session drained
             self.log.info("session close ack not sent", error=str(exc))
+        if session.resumable and self.registry is not None:
+            self.registry.ended(session)
+
+
+async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
+    """Wait for ``event``, then end the wait of whoever else shares ``scope``."""
+    await event.wait()
+    scope.cancel()
+
+
+#: How an operation abandoned after a resume ends (the outcome table's causes).
+ABANDON_CAUSES = {AbandonCause.RESUBMISSION_REFUSED: EndCause.RESUME_ABANDONED,
+                  AbandonCause.SESSION_CLOSED: EndCause.RESUME_ABANDONED,
+                  AbandonCause.NOT_RESUBMITTED: EndCause.RESUME_EXPIRED}

@@ -106,6 +106,16 @@ class OperationPort(Protocol):
         less: the wait is over); None when no SUPERSEDE waits."""
         ...
 
+    def detached(self) -> bool:
+        """Whether its results reach no client now (its session detached, or it awaits
+        its resubmission after a resume)."""
+        ...
+
+    def paused(self) -> bool:
+        """Whether, reaching no client, it must wait for its session's journal to make
+        room before it may produce more."""
+        ...
+
 
 @attrs.define
 class OperationNotes:
@@ -239,6 +249,9 @@ class Operation:
         self.superseded = False
         #: Set by ``cancel``: ends the wait for a replacement (``_await_replacement``).
         self._cancelled = trio.Event()
+        #: Called when it starts to wait for its journal's room while nobody reads it (the
+        #: handler's upstream slot may then serve a live request: upstream/_slots.py).
+        self.on_pause: Callable[[], object] | None = None
         #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.
         self.stages: list[tuple[Stage, float]] = []
         self._progress = port.negotiated("control.progress_partial")
@@ -432,7 +445,19 @@ class Operation:
         """The outcome label of how it ended (None while it runs)."""
         return END_TABLE[self.end_cause].outcome if self.end_cause is not None else None
 
+    @property
+    def unattended(self) -> bool:
+        """Nobody reads its results now (``OperationPort.detached``)."""
+        return self._port.detached()
+
+    @property
+    def held_at_bound(self) -> bool:
+        """Nobody reads it and it waits for its journal's room (``OperationPort.paused``)."""
+        return self._port.paused()
+
     async def _sendable(self) -> None:
+        if self.on_pause is not None and self._port.paused():
+            self.on_pause()
         await self._port.room()
         self._stop_if_superseded()
         if self.end_cause is not None or self.superseded:

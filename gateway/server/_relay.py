@@ -2,15 +2,20 @@
 both ways, so a session resumes on the worker that holds it whichever worker the kernel
 gave the new connection to.
 
-Rules (gateway/nnrp/_server.py rule 4d; README, "Resumable sessions"):
+Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11; README,
+"Resumable sessions"):
 
 1. A worker relays a connection only when its first session message is a resume or a
    migration naming another worker's session (the token's first byte is the worker
-   that issued it): nothing of the connection has state here but the handshake.
-2. To the holder: a fixed ``HEADER`` (the carrier's kind and the client's address, for
-   its logs and metrics), then the client's bytes from its CLIENT_HELLO on (probes
-   before it were answered here already). The holder's connection is an ordinary one
-   and answers the hello; its SERVER_HELLO_ACK is dropped (the client has ours).
+   that issued it): nothing of the connection has state here but the handshake. A
+   connection that was itself relayed here is never relayed again: the holder answers
+   a token naming another worker as one that opens nothing (no relay loop).
+2. To the holder: a fixed ``HEADER`` (the carrier's kind, the client's address, and what
+   its carrier said of it: encrypted or not, its TLS certificate's digest, so the
+   session's binding is checked there as here), then the client's bytes from its
+   CLIENT_HELLO on (probes before it were answered here already). The holder's
+   connection is an ordinary one, marked relayed, and answers the hello; its
+   SERVER_HELLO_ACK is dropped (the client has ours).
 3. Everything else goes through as it comes: on a message carrier (WebSocket) one packet
    per message each way. Either side's end is the other's, and so is a client breaking
    its carrier's rules (a WebSocket text message). The relay costs one more hop on
@@ -26,28 +31,18 @@ import struct
 
 import trio
 
-from gateway.nnrp import HEADER_LEN, PROTOCOL_MAX_PACKET, MsgType
-from gateway.transport import PacketTransport, StreamTransport, TextMessageError
+from gateway.nnrp import MsgType, PeerCredentials, message_type, split_packets
+from gateway.transport import (
+    PacketTransport,
+    StreamTransport,
+    TextMessageError,
+    peer_address,
+)
 
-#: magic, carrier kind, client address: fixed size, so the holder reads exactly it.
-HEADER = struct.Struct("!8s16s64s")
-MAGIC = b"NNRPRLY1"
-#: meta_len and body_len in an NNRP header (nnrp-wire.md section 2).
-_LENGTHS = struct.Struct("<II")
-
-
-def split_packets(buffer: bytearray) -> list[bytes]:
-    """The whole packets at the start of ``buffer`` (removed from it); a partial one
-    stays. Framing only: the holder has checked every packet it sent."""
-    packets = []
-    while len(buffer) >= HEADER_LEN:
-        meta_len, body_len = _LENGTHS.unpack_from(buffer, 12)
-        size = HEADER_LEN + meta_len + body_len
-        if size > PROTOCOL_MAX_PACKET or len(buffer) < size:  # too big: never whole
-            break
-        packets.append(bytes(buffer[:size]))
-        del buffer[:size]
-    return packets
+#: magic, carrier kind, client address, encrypted, certificate digest: fixed size, so
+#: the holder reads exactly it.
+HEADER = struct.Struct("!8s16s64s?32s")
+MAGIC = b"NNRPRLY2"
 
 
 def without_probes(preamble: bytes) -> bytes:
@@ -57,7 +52,7 @@ def without_probes(preamble: bytes) -> bytes:
     packets = split_packets(buffer)
     seen_hello = False
     for packet in packets:
-        seen_hello = seen_hello or packet[6] == MsgType.CLIENT_HELLO
+        seen_hello = seen_hello or message_type(packet) == MsgType.CLIENT_HELLO
         if seen_hello:
             kept += packet
     return bytes(kept + buffer)
@@ -68,8 +63,10 @@ async def relay(transport: PacketTransport, holder: trio.SocketStream, preamble:
     """Relay the client's connection to the worker at the other end of ``holder`` until
     either side ends (rules 2, 3)."""
     async with holder:
+        credentials = transport.credentials()
         header = HEADER.pack(MAGIC, transport.kind.encode()[:16],
-                             transport.peer.encode("ascii", "replace")[:64])
+                             transport.peer.encode("ascii", "replace")[:64],
+                             credentials.secure, credentials.certificate[:32])
         await holder.send_all(header + without_probes(preamble))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_to_holder, transport, holder, nursery.cancel_scope)
@@ -97,7 +94,7 @@ async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
                 packets = split_packets(buffer)
                 if not packets:
                     continue
-                if packets[0][6] != MsgType.SERVER_HELLO_ACK:
+                if message_type(packets[0]) != MsgType.SERVER_HELLO_ACK:
                     return  # not a gateway answering: nothing of it reaches the client
                 greeted = True
                 out = packets[1:]
@@ -114,9 +111,23 @@ async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
         done.cancel()
 
 
-async def relayed(stream: trio.SocketStream) -> StreamTransport | None:
+class RelayedTransport(StreamTransport):
+    """A connection another worker relays here (rule 2): the client's carrier kind,
+    address and credentials, as that worker saw them."""
+
+    def __init__(self, stream: trio.SocketStream, kind: str, peer: str,
+                 credentials: PeerCredentials) -> None:
+        super().__init__(stream, kind, peer)
+        self._credentials = credentials
+
+    def credentials(self) -> PeerCredentials:
+        return self._credentials
+
+
+async def relayed(stream: trio.SocketStream) -> RelayedTransport | None:
     """The holder's side: read the header of a relayed connection (rule 2) and make it
-    a transport that reports the client's carrier and address; None if it is none."""
+    a transport that reports the client's carrier, address and credentials; None if it
+    is none."""
     header = bytearray()
     with trio.move_on_after(5):
         while len(header) < HEADER.size:
@@ -126,8 +137,11 @@ async def relayed(stream: trio.SocketStream) -> StreamTransport | None:
             header += data
     if len(header) < HEADER.size:
         return None
-    magic, kind, peer = HEADER.unpack(bytes(header))
+    magic, kind, peer, secure, certificate = HEADER.unpack(bytes(header))
     if magic != MAGIC:
         return None
-    return StreamTransport(stream, kind.rstrip(b"\0").decode(),
-                           peer.rstrip(b"\0").decode("ascii", "replace"))
+    address = peer.rstrip(b"\0").decode("ascii", "replace")
+    # A digest is 32 bytes; all zero stands for none.
+    credentials = PeerCredentials(peer_address(address), bool(secure),
+                                  certificate if any(certificate) else b"")
+    return RelayedTransport(stream, kind.rstrip(b"\0").decode(), address, credentials)

@@ -18,7 +18,11 @@ given, and treats them as one set:
    (``gateway.app.Gateway.readiness``) and ``listener_set_failed`` is set; the
    connections already open are not touched (the process drains them, as on SIGTERM,
    and exits with the failure: ``gateway.app.serve_until_signalled``).
-3. **Stopped together.** ``shutdown`` cancels the same accept scope.
+3. **Stopped together.** ``shutdown`` cancels the same accept scope: at once, or, while
+   a resumable session waits detached for its client, once none does or the drain time
+   is over. Until then new connections are taken in the drain's terms (new sessions
+   retry_later, resumes answered: gateway/nnrp/_resumption.py R12), so a client that
+   lost its connection collects what finished while it was away.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import structlog
 import trio
 import trio_websocket
 
-from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection
+from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection, SessionIds
 from gateway.transport import (
     ACCEPT_BACKOFF,
     Endpoint,
@@ -121,9 +125,14 @@ class GatewayServer:
         self.endpoints: list[BoundEndpoint] = []
         self.connections: set[Connection] = set()
         self.stats = ServerStats()
+        #: Every session id of the process (unique across its connections).
+        self.ids = SessionIds()
         #: Resumable sessions, between their connections (None: resume is off).
-        self.registry = (SessionRegistry(resume) if resume is not None and resume.enabled
-                         else None)
+        self.registry = (SessionRegistry(resume, ids=self.ids)
+                         if resume is not None and resume.enabled else None)
+        #: Set by ``shutdown``: connections taken from now on start drained.
+        self._drain_deadline: float | None = None
+        self._close_grace = 5.0
         self._accept_scope = trio.CancelScope()
         self._connection_nursery: trio.Nursery | None = None
         self._unix_paths: list[str] = []
@@ -183,15 +192,25 @@ class GatewayServer:
         self.listener_set_failed.set()
 
     async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
-        """Stop accepting, drain in-flight operations, drop what is left, and leave each
-        connection for its client to close (``Connection.shutdown``)."""
-        self.accepting = False
-        self._accept_scope.cancel()
+        """Drain in-flight operations for ``drain_timeout``, drop what is left, and leave
+        each connection for its client to close (``Connection.shutdown``). Accepting
+        stops at once, or once no resumable session waits detached (module rule 3)."""
+        deadline = trio.current_time() + drain_timeout
+        self._drain_deadline, self._close_grace = deadline, close_grace
+        registry = self.registry
+        if registry is not None:
+            registry.start_draining(deadline)
         async with trio.open_nursery() as nursery:
-            if self.registry is not None:
-                nursery.start_soon(self.registry.drain, drain_timeout)
             for connection in list(self.connections):
-                nursery.start_soon(connection.shutdown, drain_timeout, close_grace)
+                nursery.start_soon(connection.shutdown, deadline, close_grace)
+            if registry is not None and registry.detached and self.accepting:
+                log.info("draining; resumes are still taken", detached=registry.detached)
+                with trio.move_on_at(deadline):
+                    await registry.wait_no_detached()
+            self.accepting = False
+            self._accept_scope.cancel()
+        if registry is not None:
+            await registry.finish()
 
     # ------------------------------------------------------------------ listeners
 
@@ -355,7 +374,7 @@ class GatewayServer:
             if transport is None:
                 await trio.aclose_forcefully(stream)
                 return
-            await self._serve_connection(transport)
+            await self._serve_connection(transport, relayed=True)
 
         async with listener:
             while True:
@@ -377,7 +396,8 @@ class GatewayServer:
 
     # ------------------------------------------------------------------ connections
 
-    async def _serve_connection(self, transport: PacketTransport) -> None:
+    async def _serve_connection(self, transport: PacketTransport, *, relayed: bool = False
+                                ) -> None:
         if not self.accepting:
             self.stats.connections_refused += 1
             await self._refuse(transport, "the gateway is shutting down; retry later")
@@ -388,7 +408,12 @@ class GatewayServer:
             return
         connection = Connection(transport, self.handler, self.config, self.limits,
                                 refusal=self.refusal, observer=self.observer, stats=self.stats,
-                                registry=self.registry)
+                                registry=self.registry, ids=self.ids, relayed=relayed)
+        if self._drain_deadline is not None:  # module rule 3: taken in the drain's terms
+            connection.protocol.start_draining()
+            assert self._connection_nursery is not None
+            self._connection_nursery.start_soon(connection.shutdown, self._drain_deadline,
+                                                self._close_grace)
         self.connections.add(connection)
         self.stats.connections_active += 1
         self.stats.connections_total += 1

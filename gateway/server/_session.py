@@ -7,14 +7,14 @@ lets operations finish for a grace period, ends the rest with ``cause``, and ret
 every operation task has ended.
 
 A session is attached to at most one connection (``link``), which carries its frames.
-A resumable session (``journal`` set) may lose its connection and keep running: its
-operations then write only to the journal, and a resume or a migration attaches it to a
-new connection (``attach``). After a resume, an operation's frames reach the client
-again only once the client has resubmitted it (``resubmitted``): what the client may
-have missed is replayed first, then it goes on live.
+A resumable session may lose its connection and keep running, and a resume or a
+migration attaches it to a new connection (``attach``). Where each frame goes (the
+wire, the journal, both) is the sans-IO session's decision (``ServerSession``'s
+outputs, gateway/nnrp/_server_session.py rule 5a): this module only waits (for room,
+for the client's window, for the journal's bound) and writes what it is given.
 
 Each operation reaches the wire only through its ``_Port``, bound to (session,
-operation): the port asks the session where its frames go now.
+operation).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from gateway.profile import EndCause
 from ._operation import CancelInfo, Operation, OperationHandler
 
 if TYPE_CHECKING:
-    from ._journal import Journal
     from ._outbox import Outbox
     from ._stats import ServerStats
 
@@ -71,14 +70,15 @@ class Link(Protocol):
 class Session:
     def __init__(self, protocol: ServerSession, nursery: trio.Nursery,
                  handler: OperationHandler, observer: Observer | None, stats: ServerStats,
-                 *, journal: Journal | None = None) -> None:
+                 *, client: bytes | None = None) -> None:
         self.protocol = protocol
         self.session_id = protocol.session_id
         self._nursery = nursery
         self._handler = handler
         self._observer = observer
         self._stats = stats
-        self.journal = journal
+        #: Resumable: the client it counts against (``_resumption`` R2).
+        self.client = client
         self.operations: dict[int, Operation] = {}
         #: The connection carrying the session's frames; None while detached.
         self.link: Link | None = None
@@ -88,16 +88,10 @@ class Session:
         self._changed = trio.Event()
         #: How many times it was resumed or migrated (for the observation records).
         self.reattachments = 0
-        #: After a resume: the operations whose frames wait for the client to resubmit
-        #: them (only a resubmission takes one out: ``resubmitted``).
-        self.held: set[int] = set()
-        #: Operations whose frames never reach the client again (their resubmission was
-        #: refused on their frame, which has had its terminal; or never came).
-        self.muted: set[int] = set()
 
     @property
     def resumable(self) -> bool:
-        return self.journal is not None
+        return self.protocol.journal is not None
 
     # ------------------------------------------------------------------ attachment
 
@@ -114,64 +108,22 @@ class Session:
 
     def changed(self) -> None:
         """Where frames go changed (attached, detached, an operation resubmitted, room
-        made in the journal): operations waiting on it look again."""
+        made in a journal's bound): operations waiting on it look again."""
         self._changed.set()
         self._changed = trio.Event()
 
     async def wait_changed(self) -> None:
         await self._changed.wait()
 
-    def live(self, operation_id: int) -> bool:
-        """Whether the operation's frames go to the client now: attached, not waiting for
-        its resubmission after a resume, not muted."""
-        return (self.link is not None and operation_id not in self.held
-                and operation_id not in self.muted)
-
-    def resumed(self) -> None:
-        """Attached again after a resume: what is held waits for its resubmission."""
-        self.held = set(self.protocol.awaiting)
-
-    def resubmitted(self, operation_id: int) -> None:
-        """The client resubmitted it: it goes on live (what it missed is replayed first)."""
-        self.held.discard(operation_id)
-        self.changed()
-
-    def abandon(self, operation_id: int, cause: EndCause) -> None:
-        """Nothing more of the operation reaches the client (its frame has had, or will
-        never have, a terminal the client knows of); it ends, and its journal goes."""
-        self.held.discard(operation_id)
-        self.muted.add(operation_id)
-        self.cancel(operation_id, cause)
-        if self.journal is not None:
-            self.journal.forget(operation_id)
-            self.release_journal()
-
-    def abandon_held(self, cause: EndCause) -> None:
-        """Every operation still waiting for its resubmission ends unseen (the window
-        passed, or the session closes)."""
-        for operation_id in list(self.held):
-            self.abandon(operation_id, cause)
-
-    def release_journal(self) -> None:
-        """Tell the protocol state which operations the journal no longer holds."""
-        journal = self.journal
-        if journal is not None and journal.released:
-            for operation_id in journal.released:
-                self.protocol.release_results(operation_id)
-            journal.released.clear()
-            self.changed()  # room was made: detached operations may go on
-
     # ------------------------------------------------------------------ operations
 
     def port(self, operation_id: int) -> _Port:
         return _Port(self, operation_id)
 
-    def start(self, operation: Operation, payload: bytes = b"") -> None:
+    def start(self, operation: Operation) -> None:
         self.operations[operation.operation_id] = operation
         if self.link is not None:
             self.link.count_operations(1)
-        if self.journal is not None:
-            self.journal.start(operation.operation_id, operation.frame_id, payload)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._nursery.start_soon(self._run, operation)
 
@@ -183,7 +135,6 @@ class Session:
             del self.operations[operation.operation_id]
             if self.link is not None:
                 self.link.count_operations(-1)
-            self.muted.discard(operation.operation_id)
             self._stats.inflight -= 1
             if not self.operations:
                 self._idle.set()
@@ -217,9 +168,9 @@ class Session:
 
 
 class _Port:
-    """The wire as one operation sees it: bound to (session, operation), it sends through
-    whatever connection the session is attached to now, and into the session's journal
-    when it is resumable."""
+    """The wire as one operation sees it: bound to (session, operation), it writes what
+    the sans-IO session's outputs return to whatever connection the session is attached
+    to now (nothing, while its frames reach no client: the journal has them)."""
 
     __slots__ = ("_session", "operation_id", "session_id")
 
@@ -230,26 +181,43 @@ class _Port:
 
     def ready(self) -> bool:
         """Whether a PARTIAL_RESULT may go now with nothing to wait for: attached and
-        live, room in the connection's buffer, no flow window set by the client, no
+        delivered, room in the connection's buffer, no flow window set by the client, no
         SUPERSEDE waiting. What ``room`` and ``credit`` would return at once for, asked
         without their coroutines (issue 25: the common case, once per event)."""
         session = self._session
         link = session.link
+        protocol = session.protocol
         return (link is not None and link.outbox.has_room
-                and session.live(self.operation_id) and not link.protocol.flow.active
-                and session.protocol.supersede_hold_left(self.operation_id) is None)
+                and protocol.delivers(self.operation_id) and not link.protocol.flow.active
+                and protocol.supersede_hold_left(self.operation_id) is None)
+
+    def paused(self) -> bool:
+        """Whether it waits for its journal's bound while its frames reach no client
+        (a detached operation at its bound: it gives up its upstream slot first when a
+        live request needs one)."""
+        session = self._session
+        journal = session.protocol.journal
+        return (journal is not None and not session.protocol.delivers(self.operation_id)
+                and journal.over_budget())
+
+    def detached(self) -> bool:
+        """Whether its frames reach no client now (detached, or awaiting resubmission)."""
+        return not self._session.protocol.delivers(self.operation_id)
 
     async def room(self) -> None:
         session = self._session
+        protocol = session.protocol
         while True:
             link = session.link
-            journal = session.journal
-            if link is None or not session.live(self.operation_id):
-                # Detached (or held for a resubmission): only the journal's bound
-                # applies, and waiting for room here stops the upstream read.
+            journal = protocol.journal
+            if link is None or not protocol.delivers(self.operation_id):
+                # Its frames reach no client: only the journal's bounds apply, and
+                # waiting for room here stops the upstream read (``_journal`` J4).
                 if journal is None or not journal.over_budget():
                     return
-                journal.shared.waiting.add(session)  # room another session makes wakes it
+                for budget in journal.budgets:
+                    if budget.over:  # room another session makes there wakes it
+                        budget.waiting.add(session)
                 await session.wait_changed()
                 continue
             outbox = link.outbox
@@ -266,7 +234,7 @@ class _Port:
     async def credit(self) -> None:
         session = self._session
         link = session.link
-        if link is None or not session.live(self.operation_id):
+        if link is None or not session.protocol.delivers(self.operation_id):
             return  # nobody to hold back for: the journal's bound applies (``room``)
         protocol = link.protocol
         if not protocol.flow.active:  # the fast path
@@ -285,40 +253,15 @@ class _Port:
             if session.link is not link:
                 return  # moved or detached meanwhile
 
-    def _deliver(self, packets: list[bytes], *, defer: bool = True) -> None:
-        link = self._session.link
-        if link is not None and self._session.live(self.operation_id):
-            link.outbox.put_all(packets, defer=defer)
-
-    def _keep(self, packets: list[bytes], *, sequence: int = 0, terminal: bool = False
-              ) -> None:
-        session = self._session
-        journal = session.journal
-        if journal is not None:
-            # What the client cannot have seen is never trimmed (only looked up when
-            # there is something to trim: this runs per event).
-            held_back = (session.held | session.muted if journal.over_budget()
-                         else frozenset())
-            journal.add(self.operation_id, packets, sequence=sequence, terminal=terminal,
-                        attached=session.link is not None, held_back=held_back)
-            if journal.released:
-                session.release_journal()
-
     def send_partial(self, body: bytes, *, defer: bool = False) -> None:
         session = self._session
+        packet = session.protocol.send_partial(self.operation_id, body)
         link = session.link
-        if link is not None and session.live(self.operation_id):
-            # Through the connection: it counts the partial against the client's windows.
-            packet = link.protocol.send_partial(self.session_id, self.operation_id, body)
+        if packet is not None and link is not None:
             if residence.PROBE is None:
                 link.outbox.put(packet, defer=defer)
             else:  # a benchmark: the packet carries when its upstream bytes were read
                 link.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
-        else:
-            packet = session.protocol.send_partial(self.operation_id, body)
-        if session.journal is not None:
-            self._keep([packet], sequence=session.protocol.operations[
-                self.operation_id].sequence)
 
     def flush(self) -> None:
         link = self._session.link
@@ -331,39 +274,31 @@ class _Port:
         link.outbox.flush(direct=link.operations == 1)
 
     def send_progress(self, stage: Stage) -> None:
-        packet = self._session.protocol.send_progress(self.operation_id, stage)
-        self._keep([packet])
-        self._deliver([packet], defer=False)
+        session = self._session
+        packet = session.protocol.send_progress(self.operation_id, stage)
+        link = session.link
+        if packet is not None and link is not None:
+            link.outbox.put(packet)
 
     def send_result(self, status: int, payload: bytes, retry_after_ms: int | None,
                     frame: FrameShape = OPENAI_EVENT_FRAME) -> None:
         session = self._session
         packets = session.protocol.send_result(self.operation_id, status, payload,
                                                retry_after_ms=retry_after_ms, frame=frame)
-        self._end(packets)
+        link = session.link
+        if packets and link is not None:
+            link.outbox.put_all(packets, defer=True)
         self.flush()
 
     def send_drop(self, reason: DropReason, diagnostic: bytes, traced: bool) -> None:
         session = self._session
         packets = session.protocol.send_drop(self.operation_id, reason, diagnostic,
                                              traced=traced)
-        self._end(packets)
         link = session.link
         if link is not None:
+            if packets:
+                link.outbox.put_all(packets, defer=True)
             link.outbox.flush(direct=False)
-
-    def _end(self, packets: list[bytes]) -> None:
-        """The terminal's packets: kept, and sent with the session's credit now
-        (nnrp._server_controls rule 12), which the journal does not keep: it is the
-        session's state, not a result."""
-        session = self._session
-        self._keep(packets, terminal=True)
-        link = session.link
-        if link is not None:
-            link.protocol.flow.forget_operation(self.session_id, self.operation_id)
-            if session.live(self.operation_id):
-                link.outbox.put_all([*packets, *session.protocol.credit_packets()],
-                                    defer=True)
 
     def negotiated(self, token: str) -> bool:
         return token in self._session.protocol.tokens

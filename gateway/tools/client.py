@@ -11,12 +11,32 @@
 then arrives as ``DropReceived`` (peer_cancelled).
 
 Resume (README, "Resumable sessions"): ``connect(uri, resume=True)`` opens sessions
-that may outlive their connection. When the connection drops, the client reconnects by
-itself (backing off, within the session's resume window), resumes each session with its
-ticket, and resubmits every operation still in flight with ``nnrp.resume_after_sequence``
-(the last result it holds), so ``events()`` goes on as if nothing happened: nothing is
-missed, nothing arrives twice. ``resume_session`` and ``migrate_session`` are the same
-steps by hand.
+that may outlive their connection. When the connection drops, the client recovers by
+itself, so ``events()`` goes on as if nothing happened: nothing is missed, nothing
+arrives twice. Recovery rules:
+
+1. It keeps trying for the sessions' resume window (or ``recovery_limit``): a refused or
+   reset connection, a timeout, a connection that drops during the hello or the resume,
+   a server that is full or draining: each is one failed attempt, never the end. Each
+   attempt is bounded (``attempt_timeout``), so a path that swallows packets costs one
+   attempt, not the window. Between attempts it backs off from 50 ms, doubling up to 2 s
+   while the server cannot be reached or asks to retry later; an attempt that reached
+   the server and was cut (a flapping path) is retried at once.
+2. On a new connection the hello and every session's resume go in one write (one round
+   trip for all of them); each operation still in flight is then resubmitted with
+   ``nnrp.resume_after_sequence`` (the last result held), once its session's answer has
+   come (a resubmission is the proof the new token arrived: rule 5).
+3. A resume answered retry_later (the server has not seen the old connection die: a
+   half-open path, a balancer still acknowledging) is followed at once by SESSION_MIGRATE
+   on the same connection, which takes the session from wherever it is; the results
+   held of its operations come again, and repeats are dropped by sequence.
+4. Only the server's word that a session cannot be resumed (``resume_rejected``, or a
+   profile or schema it does not have) ends that session: its operations fail with why.
+5. A ticket is replaced only by the answer that carries the next token; a token whose
+   answer was lost still opens the session (the server keeps it until the next one is
+   used: gateway/nnrp/_resumption.py R4), so a lost answer costs one attempt.
+
+``resume_session`` and ``migrate_session`` are the same steps by hand.
 """
 
 from __future__ import annotations
@@ -25,6 +45,7 @@ import contextlib
 import itertools
 import json
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,6 +64,7 @@ from gateway.nnrp import (
     HelloAcked,
     OtherReceived,
     PartialReceived,
+    Pong,
     PressureLevel,
     ProtocolError,
     RepeatReceived,
@@ -55,6 +77,7 @@ from gateway.nnrp import (
     SessionOpenStatus,
 )
 from gateway.transport import (
+    TRANSPORT_IDS,
     PacketTransport,
     QuicClientOptions,
     connect as connect_transport,
@@ -105,11 +128,19 @@ class Trust:
 class ClientError(Exception):
     """The server refused something (a session, a submit) or the connection broke.
     ``retry_later``: the server said to try again (a draining server, a session whose
-    old connection it has not yet seen die)."""
+    old connection it has not yet seen die), or the connection broke (try again on a new
+    one)."""
 
     def __init__(self, message: str, *, retry_later: bool = False) -> None:
         super().__init__(message)
         self.retry_later = retry_later
+
+
+class ConnectionLost(ClientError):
+    """The connection ended under a request: not an answer, so worth another attempt."""
+
+    def __init__(self, message: str = "server closed the connection") -> None:
+        super().__init__(message, retry_later=True)
 
 
 @attrs.frozen
@@ -227,8 +258,12 @@ class ClientSession:
         #: Set while the session is resumable (rotated on every resume).
         self.ticket = ticket
         self._auth = auth
-        #: How many times the session was resumed on a new connection.
+        #: How many times the session was resumed (or migrated) on a new connection.
         self.resumes = 0
+        self.migrations = 0
+        #: Frames of the most recent operations that ended (their terminal is held): what
+        #: a migration sends again of them is a repeat (``ClientConnection.adopt_session``).
+        self.ended_frames: deque[int] = deque(maxlen=MAX_ENDED_FRAMES)
 
     async def submit(self, payload: bytes, *, operation_id: int | None = None,
                      frame_id: int | None = None, trace_id: int = 0) -> ClientOperation:
@@ -310,20 +345,24 @@ class ClientSession:
 
 #: Opens a new transport to the same endpoint (reconnecting after a drop).
 Reconnect = Callable[[], Awaitable[PacketTransport]]
-#: The longest pause between two reconnection attempts.
+#: The pause after the first failed recovery attempt, doubling up to ``MAX_BACKOFF``.
+MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
+#: Ended operations' frames a session remembers (module rule 3's repeats).
+MAX_ENDED_FRAMES = 1024
 
 
 class NnrpClient:
     def __init__(self, transport: PacketTransport, *,
                  reconnect: Reconnect | None = None,
-                 recovery_limit: float | None = None) -> None:
+                 recovery_limit: float | None = None,
+                 attempt_timeout: float = 10.0) -> None:
         self.transport = transport
         self.sans_io = ClientConnection()
         self.sessions: dict[int, ClientSession] = {}
         self._hello = trio.Event()
         self._session_answers = trio.open_memory_channel[SessionOpenAnswered](64)
-        self._migrate_answers = trio.open_memory_channel[SessionMigrateAck](16)
+        self._migrate_answers = trio.open_memory_channel[tuple[SessionMigrateAck, bytes]](16)
         self._send_lock = trio.Lock()
         self.errors: list[ErrorReceived] = []
         self.failure: Exception | None = None
@@ -333,6 +372,10 @@ class NnrpClient:
         #: The longest a recovery keeps trying, when shorter than the sessions' window (a
         #: person at a terminal does not wait the server's two minutes).
         self._recovery_limit = recovery_limit
+        #: The longest one recovery attempt may take (module rule 1).
+        self._attempt_timeout = attempt_timeout
+        #: Waiting for a PONG (``ping``), oldest first.
+        self._pongs: deque[trio.Event] = deque()
         #: Cleared while a dropped connection is being recovered: senders wait for it.
         self._connected = trio.Event()
         self._connected.set()
@@ -345,6 +388,8 @@ class NnrpClient:
         #: Results the server sent again that were held already (dropped here: after a
         #: resume that declared what it held, a server should send none).
         self.repeats = 0
+        #: The last recovery attempt reached the server (its hello was answered).
+        self._attempt_reached = False
 
     async def send(self, data: bytes) -> None:
         await self._connected.wait()
@@ -401,14 +446,22 @@ class NnrpClient:
         self.sessions[answer.session_id] = session
         return session
 
+    async def ping(self) -> None:
+        """PING, and wait for its PONG: everything sent before it has been read."""
+        pong = trio.Event()
+        self._pongs.append(pong)
+        await self.send(self.sans_io.ping())
+        await pong.wait()
+
     async def migrate_session(self, session: ClientSession, *, old_transport_id: int,
                               new_transport_id: int, last_result_frame_id: int = 0
                               ) -> SessionMigrateAck:
         """Move ``session`` (of another connection of this client's) here with
-        SESSION_MIGRATE; on acceptance its operations continue on this connection. The
-        server sends again what it holds of frames after ``last_result_frame_id``: the
-        session is taken here before asking, so nothing that comes with the answer, or
-        still comes on the old connection, is lost (repeats are dropped)."""
+        SESSION_MIGRATE; on acceptance its operations continue on this connection, and its
+        ticket is the one the answer carries. The server sends again what it holds of
+        frames after ``last_result_frame_id``: the session is taken here before asking,
+        so nothing that comes with the answer, or still comes on the old connection, is
+        lost (repeats are dropped)."""
         assert session.ticket is not None, "only a resumable session carries a token"
         if session.session_id in self.sessions:
             # The server refuses it too (gateway/nnrp/_server.py rule 4c); asking would
@@ -417,19 +470,20 @@ class NnrpClient:
                               "connection; a session with that id cannot migrate here")
         old = session.client
         old.sessions.pop(session.session_id, None)
-        self.sans_io.adopt_session(session.session_id, {
-            op.operation_id: (op.frame_id, op.sequence) for op in session.operations.values()})
+        _adopt(self.sans_io, session)
         session.client = self
         self.sessions[session.session_id] = session
         await self.send(self.sans_io.migrate_session(
             session.session_id, session.ticket.token, old_transport_id=old_transport_id,
             new_transport_id=new_transport_id, last_result_frame_id=last_result_frame_id))
-        ack = await self._migrate_answers[1].receive()
+        ack, token = await self._migrate_answers[1].receive()
         if ack.accept_code != 0:  # it stays where it was
             self.sessions.pop(session.session_id, None)
             self.sans_io.forget_session(session.session_id)
             session.client = old
             old.sessions[session.session_id] = session
+        elif token:
+            session.ticket = attrs.evolve(session.ticket, token=token)
         return ack
 
     async def _reader(self) -> None:
@@ -459,11 +513,13 @@ class NnrpClient:
             _end_session(session, error)
         self._hello.set()
         self._connected.set()
+        while self._pongs:
+            self._pongs.popleft().set()
 
     async def _recover(self) -> bool:
         """The connection dropped: reconnect and resume every resumable session, within
-        the longest resume window, backing off between attempts. False: nothing to
-        resume, or no way back (every session that could not be resumed fails)."""
+        the longest resume window (module rules 1-5). False: nothing to resume, or no way
+        back (every session that could not be resumed fails)."""
         resumable = [s for s in self.sessions.values() if s.ticket is not None]
         if self._reconnect is None or not resumable or not self._hello.is_set():
             return False
@@ -471,43 +527,50 @@ class NnrpClient:
         for session in [s for s in self.sessions.values() if s.ticket is None]:
             self._drop_session(session, lost)
         self._connected = trio.Event()
+        lost_kind = self.transport.kind
         window = max(s.ticket.window_ms for s in resumable if s.ticket) / 1000
         limited = self._recovery_limit is not None and self._recovery_limit < window
         if self._recovery_limit is not None:
             window = min(window, self._recovery_limit)
         deadline = trio.current_time() + window
-        backoff = 0.05
+        backoff = MIN_BACKOFF
+        self._recovery_ended = ""
         while trio.current_time() < deadline:
             self.recovery_attempts += 1
+            self._attempt_reached = False
+            retry_later = False
             try:
-                if await self._resume_all(deadline):
-                    self.recoveries += 1
-                    self._connected.set()
-                    return True
+                with trio.move_on_at(min(deadline, trio.current_time()
+                                         + self._attempt_timeout)):
+                    if await self._resume_all(lost_kind):
+                        self.recoveries += 1
+                        self._connected.set()
+                        return True
+                self._recovery_ended = "an attempt timed out"
             except (ClientError, ProtocolError, trio.BrokenResourceError, OSError,
                     trio.TooSlowError) as error:
-                if isinstance(error, ClientError) and not error.retry_later:
-                    self._recovery_ended = f"refused: {error}"
-                    return False
+                self._recovery_ended = str(error)  # rule 1: one attempt failed
+                retry_later = isinstance(error, ClientError) and error.retry_later and not (
+                    isinstance(error, ConnectionLost))
+            if not any(s.ticket is not None for s in self.sessions.values()):
+                return False  # rule 4: the server said no to every one of them
+            if self._attempt_reached and not retry_later:
+                backoff = MIN_BACKOFF  # rule 1: the path works, it was cut: at once
             await trio.sleep(min(backoff, max(0.0, deadline - trio.current_time())))
             backoff = min(backoff * 2, MAX_BACKOFF)
         self._recovery_ended = (f"gave up after {window:g} s" if limited
-                                else f"their window of {window:g} s passed")
+                                else f"their window of {window:g} s passed") + (
+            f" (last: {self._recovery_ended})" if self._recovery_ended else "")
         return False
 
-    async def _resume_all(self, deadline: float) -> bool:
-        """One attempt: a new connection, the hello, then each session resumed and its
-        operations resubmitted; then the new connection is this client's. Sessions the
-        server refuses for good are failed here. False: ``deadline`` came first (a server
-        that takes the connection and never answers must not hold the recovery past the
-        window); the hand-over itself is not cut short."""
+    async def _resume_all(self, lost_kind: str) -> bool:
+        """One attempt: a new connection, the hello, then each session resumed (or
+        migrated) and its operations resubmitted; then the new connection is this
+        client's. Sessions the server refuses for good are failed here. Raises on a
+        failed attempt (a refusal to retry later included)."""
         assert self._reconnect is not None
-        attempt: tuple[PacketTransport, ClientConnection, list[ClientEvent]] | None = None
-        with trio.move_on_at(deadline):
-            attempt = await self._resume_on(await self._reconnect())
-        if attempt is None:
-            return False
-        transport, sans_io, pending = attempt
+        transport, sans_io, pending = await self._resume_on(await self._reconnect(),
+                                                            lost_kind)
         old, self.transport, self.sans_io = self.transport, transport, sans_io
         with trio.CancelScope(shield=True):
             await old.aclose()
@@ -515,38 +578,84 @@ class NnrpClient:
             await self._route(event)
         return True
 
-    async def _resume_on(self, transport: PacketTransport
+    async def _resume_on(self, transport: PacketTransport, lost_kind: str
                          ) -> tuple[PacketTransport, ClientConnection, list[ClientEvent]]:
         """The exchange of one attempt on ``transport`` (closed if it fails), and what
         arrived with the answers."""
         sans_io = ClientConnection()
         pending: list[ClientEvent] = []
         try:
-            await transport.send([sans_io.hello()])
+            sessions = [s for s in self.sessions.values() if s.ticket is not None]
+            # Rule 2: the hello and every resume in one write; the answers come in order.
+            await transport.send([sans_io.hello(), *(sans_io.resume_session(
+                session.session_id, session.ticket.token, auth=session._auth)
+                for session in sessions if session.ticket is not None)])
             await _until(transport, sans_io, pending, HelloAcked)
-            for session in [s for s in self.sessions.values() if s.ticket is not None]:
+            self._attempt_reached = True
+            sent = False
+            for session in sessions:
                 assert session.ticket is not None
-                await transport.send([sans_io.resume_session(
-                    session.session_id, session.ticket.token, auth=session._auth)])
                 answer = await _until(transport, sans_io, pending, SessionOpenAnswered)
                 assert isinstance(answer, SessionOpenAnswered)
-                if answer.ack.status == SessionOpenStatus.RETRY_LATER:
-                    raise ClientError("the server asks to retry the resume", retry_later=True)
-                if not answer.opened:
+                if answer.opened:
+                    session.ticket = ResumeTicket.of(answer)
+                    session.resumes += 1
+                    packets = session.resubmissions(sans_io)
+                    if packets:
+                        await transport.send(packets)
+                        sent = True
+                elif answer.ack.status == SessionOpenStatus.RETRY_LATER:
+                    # Rule 3: its old connection still looks alive to the server.
+                    await self._take_over(transport, sans_io, pending, session, lost_kind)
+                    sent = True
+                else:  # rule 4: the server's word
                     self._drop_session(session, ClientError(
                         "the session could not be resumed: "
                         + answer.diagnostic.decode(errors="replace")))
-                    continue
-                session.ticket = ResumeTicket.of(answer)
-                session.resumes += 1
-                packets = session.resubmissions(sans_io)
-                if packets:
-                    await transport.send(packets)
+            if not sent and any(s.ticket is not None for s in self.sessions.values()):
+                # Rule 5: a packet after the answers shows the server the new tokens came.
+                await transport.send([sans_io.ping()])
         except BaseException:
             with trio.CancelScope(shield=True):
                 await transport.aclose()
             raise
         return transport, sans_io, pending
+
+    async def _take_over(self, transport: PacketTransport, sans_io: ClientConnection,
+                         pending: list[ClientEvent], session: ClientSession,
+                         lost_kind: str) -> None:
+        """Rule 3: SESSION_MIGRATE on this connection. Its operations continue here: what
+        the server holds of them comes again (repeats dropped), and those that never
+        produced a result are submitted again (the server may never have had them; one
+        it had answers that its frame is used, and goes on)."""
+        assert session.ticket is not None
+        _adopt(sans_io, session)
+        await transport.send([sans_io.migrate_session(
+            session.session_id, session.ticket.token,
+            old_transport_id=TRANSPORT_IDS[lost_kind],
+            new_transport_id=TRANSPORT_IDS[transport.kind])])
+        answer = await _until(transport, sans_io, pending, OtherReceived,
+                              lambda event: isinstance(event, OtherReceived) and isinstance(
+                                  event.packet.message, SessionMigrateAck))
+        assert isinstance(answer, OtherReceived)
+        ack = answer.packet.message
+        assert isinstance(ack, SessionMigrateAck)
+        if ack.accept_code != 0:
+            sans_io.forget_session(session.session_id)
+            raise ClientError(f"the session is still held elsewhere (migration refused, "
+                              f"code {ack.accept_code})", retry_later=True)
+        if answer.packet.body:
+            session.ticket = attrs.evolve(session.ticket, token=bytes(answer.packet.body))
+        session.migrations += 1
+        unseen = [operation for operation in session.operations.values()
+                  if operation.sequence == 0 and operation.payload is not None]
+        if unseen:
+            await transport.send([sans_io.submit(
+                session.session_id, operation.operation_id, operation.frame_id,
+                operation.payload, after_sequence=0)
+                for operation in unseen if operation.payload is not None])
+        for operation in unseen:
+            operation._submitted_on = sans_io
 
     def _drop_session(self, session: ClientSession, error: ClientError) -> None:
         _end_session(session, error)
@@ -571,6 +680,7 @@ class NnrpClient:
             await operation._send.send(event)
             if not isinstance(event, PartialReceived):
                 del session.operations[event.frame_id]
+                session.ended_frames.append(event.frame_id)
         elif isinstance(event, SessionCloseAcked):
             if event.session_id in self.sessions:
                 self.sessions.pop(event.session_id).closed.set()
@@ -582,7 +692,9 @@ class NnrpClient:
             self.others.append(event)
             packet = event.packet if isinstance(event, OtherReceived) else None
             if packet is not None and isinstance(packet.message, SessionMigrateAck):
-                await self._migrate_answers[0].send(packet.message)
+                await self._migrate_answers[0].send((packet.message, bytes(packet.body)))
+            if packet is not None and isinstance(packet.message, Pong) and self._pongs:
+                self._pongs.popleft().set()
             if packet is not None and isinstance(packet.message, RetryAfter):
                 owner = self.sessions.get(packet.session_id)
                 waiting = owner.operations.get(packet.frame_id) if owner else None
@@ -598,12 +710,14 @@ def _check_opened(answer: SessionOpenAnswered) -> None:
 
 
 async def _until(transport: PacketTransport, sans_io: ClientConnection,
-                 pending: list[ClientEvent], kind: type[ClientEvent]) -> ClientEvent:
-    """Read ``transport`` until an event of ``kind``; what came with it waits in
-    ``pending`` (results of resubmitted operations may share its read)."""
+                 pending: list[ClientEvent], kind: type[ClientEvent],
+                 wanted: Callable[[ClientEvent], bool] | None = None) -> ClientEvent:
+    """Read ``transport`` until an event of ``kind`` (that ``wanted`` takes, if given);
+    what came with it waits in ``pending`` (results of resubmitted operations may share
+    its read)."""
     while True:
         for index, event in enumerate(pending):
-            if isinstance(event, kind):
+            if isinstance(event, kind) and (wanted is None or wanted(event)):
                 return pending.pop(index)
         for event in pending:
             if isinstance(event, ErrorReceived) and event.error.is_fatal:
@@ -616,9 +730,17 @@ async def _receive(transport: PacketTransport, sans_io: ClientConnection
     """The events of the next read (ClientError when the server has closed)."""
     data = await transport.receive()
     if data is None:
-        raise ClientError("server closed the connection")
+        raise ConnectionLost()
     return (sans_io.receive_message(data) if transport.message_based
             else sans_io.receive_data(data))
+
+
+def _adopt(sans_io: ClientConnection, session: ClientSession) -> None:
+    """``session``'s operations in flight, and its recently ended frames, known to the
+    connection ``sans_io`` speaks for (a migration: what comes again is a repeat)."""
+    sans_io.adopt_session(session.session_id, {
+        op.operation_id: (op.frame_id, op.sequence) for op in session.operations.values()},
+        ended_frames=frozenset(session.ended_frames))
 
 
 def _end_session(session: ClientSession, error: ClientError) -> None:

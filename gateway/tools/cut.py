@@ -4,7 +4,10 @@ balancer that forgot the flow sends). New connections through the proxy work as 
 
 ``StreamCutProxy(record=True)`` also decodes what it relays, so a test can compare the
 frames two servers send where their client library does not show them (a refused
-SESSION_OPEN_ACK's fields, say).
+SESSION_OPEN_ACK's fields, say). ``delay`` holds every byte that long in each direction
+(a WAN's round trip, in order, without slowing the rate). ``cut(half_open=True)`` resets
+only the client's side: the server's side stays open and silent, as behind a balancer
+that still acknowledges a path that is gone.
 
 The resume benchmarks (``bench run --scenario resume``, ``bench soak --cut-every``) put one
 in front of each client; the end-to-end resume tests use the same one
@@ -14,6 +17,7 @@ in front of each client; the end-to-end resume tests use the same one
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 from collections.abc import Callable
@@ -44,10 +48,15 @@ class StreamCutProxy:
     being recorded (its error in ``record_errors``) and is still relayed.
     """
 
-    def __init__(self, target: tuple[str, int] | str, *, record: bool = False) -> None:
+    def __init__(self, target: tuple[str, int] | str, *, record: bool = False,
+                 delay: float = 0.0) -> None:
         self.target = target
+        self.delay = delay
         self.uri = ""
         self._pairs: list[tuple[trio.SocketStream, trio.SocketStream]] = []
+        #: Server sides left open by half-open cuts (closed with the proxy).
+        self._silent: list[trio.SocketStream] = []
+        self._scopes: dict[int, trio.CancelScope] = {}
         self.connections = 0
         self.cuts = 0
         self.record = record
@@ -82,14 +91,20 @@ class StreamCutProxy:
         self._pairs.append(pair)
         try:
             async with trio.open_nursery() as nursery:
+                self._scopes[id(pair)] = nursery.cancel_scope
                 nursery.start_soon(self._pump, client, server, nursery.cancel_scope,
-                                   self._recorder(self.connections, upstream=True))
+                                   self._recorder(self.connections, upstream=True),
+                                   self.delay)
                 nursery.start_soon(self._pump, server, client, nursery.cancel_scope,
-                                   self._recorder(self.connections, upstream=False))
+                                   self._recorder(self.connections, upstream=False),
+                                   self.delay)
         finally:
+            self._scopes.pop(id(pair), None)
             with contextlib.suppress(ValueError):
                 self._pairs.remove(pair)
             for stream in pair:
+                if any(stream is silent for silent in self._silent):
+                    continue
                 with contextlib.suppress(OSError, trio.ClosedResourceError):
                     stream.socket.close()
 
@@ -112,22 +127,57 @@ class StreamCutProxy:
 
     @staticmethod
     async def _pump(source: trio.SocketStream, sink: trio.SocketStream,
-                    scope: trio.CancelScope, record: Callable[[bytes], None]) -> None:
+                    scope: trio.CancelScope, record: Callable[[bytes], None],
+                    delay: float = 0.0) -> None:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            while data := await source.receive_some(65536):
-                record(data)  # before it goes on: the packet is recorded before its answer
-                await sink.send_all(data)
-            await sink.send_eof()
+            if delay <= 0:
+                while data := await source.receive_some(65536):
+                    record(data)  # before it goes on: recorded before its answer
+                    await sink.send_all(data)
+                await sink.send_eof()
+                return
+            # The path's latency: each read leaves ``delay`` after it arrived, in order.
+            send, receive = trio.open_memory_channel[tuple[float, bytes]](math.inf)
+            async with trio.open_nursery() as nursery:
+
+                async def deliver() -> None:
+                    async for at, data in receive:
+                        await trio.sleep_until(at)
+                        if not data:
+                            await sink.send_eof()
+                            return
+                        await sink.send_all(data)
+
+                nursery.start_soon(deliver)
+                while data := await source.receive_some(65536):
+                    record(data)
+                    send.send_nowait((trio.current_time() + delay, data))
+                send.send_nowait((trio.current_time() + delay, b""))
             return
         scope.cancel()
 
-    def cut(self) -> None:
-        """Reset every connection through the proxy, both ways, now."""
+    def cut(self, *, half_open: bool = False) -> None:
+        """Reset every connection through the proxy, both ways, now; ``half_open``: only
+        the client's side, the server's staying open and silent (it reads nothing more
+        and hears nothing), until the proxy closes."""
         self.cuts += 1
         for pair in list(self._pairs):
-            for stream in pair:
+            client, server = pair
+            if half_open:
+                self._silent.append(server)
+                scope = self._scopes.get(id(pair))
+                if scope is not None:
+                    scope.cancel()
+            for stream in (client,) if half_open else pair:
                 with contextlib.suppress(OSError):
                     if stream.socket.family != socket.AF_UNIX:
                         stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
                     stream.socket.close()
         self._pairs.clear()
+
+    def close_silent(self) -> None:
+        """Close the server sides half-open cuts left (the balancer forgets them)."""
+        silent, self._silent = self._silent, []
+        for stream in silent:
+            with contextlib.suppress(OSError):
+                stream.socket.close()

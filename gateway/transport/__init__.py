@@ -14,12 +14,15 @@ Layout (the server's NNRP engine, ``gateway.server``, sits on top of it):
 
 from ._carriers import (
     READ_SIZE as READ_SIZE,
+    TRANSPORT_IDS as TRANSPORT_IDS,
     PacketTransport as PacketTransport,
     StreamTransport as StreamTransport,
     TextMessageError as TextMessageError,
     WebSocketTransport as WebSocketTransport,
     describe_peer as describe_peer,
+    peer_address as peer_address,
     read_until_closed as read_until_closed,
+    stream_credentials as stream_credentials,
     tune_tcp as tune_tcp,
 )
 from ._client import connect as connect

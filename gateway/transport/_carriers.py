@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -21,9 +22,13 @@ import trio
 import trio_websocket
 
 from gateway import _sockio
+from gateway.nnrp import PeerCredentials, TransportId
 
 #: Bytes asked for per read: large enough that a burst of submits is one syscall.
 READ_SIZE = 64 * 1024
+#: The SESSION_MIGRATE transport id of each carrier kind (nnrp-wire.md section 1).
+TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
+                 "websocket": TransportId.WEBSOCKET}
 
 
 class TextMessageError(Exception):
@@ -49,6 +54,34 @@ class PacketTransport(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+    def credentials(self) -> PeerCredentials:
+        """What the carrier says about the client (a resume token is bound to it:
+        gateway/nnrp/_resumption.py R3); complete once the client's first bytes came."""
+        ...
+
+
+def peer_address(peer: str) -> str:
+    """The host of a ``host:port`` peer (an IPv6 host keeps its colons); a unix peer as
+    it is."""
+    host, colon, port = peer.rpartition(":")
+    return host.strip("[]") if colon and port.isdigit() else peer
+
+
+def stream_credentials(stream: trio.abc.Stream | None, peer: str, *,
+                       secure: bool = False) -> PeerCredentials:
+    """A stream's: encrypted when it is TLS, with the SHA-256 of the client's certificate
+    when it presented one (mutual TLS)."""
+    certificate = b""
+    if isinstance(stream, trio.SSLStream):
+        secure = True
+        try:
+            der = stream.getpeercert(binary_form=True)
+        except (ValueError, trio.BrokenResourceError):  # the handshake is not done
+            der = None
+        if der:
+            certificate = hashlib.sha256(der).digest()
+    return PeerCredentials(peer_address(peer), secure, certificate)
 
 
 async def read_until_closed(transport: PacketTransport) -> None:
@@ -98,6 +131,9 @@ class StreamTransport:
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
 
+    def credentials(self) -> PeerCredentials:
+        return stream_credentials(self.stream, self.peer)
+
 
 class WebSocketTransport:
     """One packet per binary WebSocket message."""
@@ -136,6 +172,13 @@ class WebSocketTransport:
             await self.connection.aclose()
         if self._stream is not None:
             await trio.aclose_forcefully(self._stream)
+
+    def credentials(self) -> PeerCredentials:
+        # trio-websocket keeps the stream under a server connection (a trio.SSLStream on
+        # wss://) without a public name for it; the TLS binding test covers this read.
+        stream = self._stream or getattr(self.connection, "_stream", None)
+        return stream_credentials(stream if isinstance(stream, trio.abc.Stream) else None,
+                                  self.peer)
 
 
 #: Unacknowledged data older than this ends a TCP connection (``tune_tcp``).

@@ -57,6 +57,9 @@ from aioquic.quic.events import (
     StreamReset,
 )
 
+from gateway.nnrp import PeerCredentials
+
+from ._carriers import peer_address
 from ._quic_settings import MAX_DATAGRAM, NNRP_STREAM_ID
 
 if TYPE_CHECKING:
@@ -132,6 +135,10 @@ class QuicClientTransport:
         self._changed = trio.Event()
         self._driver = trio.CancelScope()
         self._wait = trio.CancelScope()  # the driver's current wait (its deadline: the timer)
+
+    def credentials(self) -> PeerCredentials:
+        """The server, as this client's carrier knows it: encrypted."""
+        return PeerCredentials(peer_address(self.peer), secure=True)
 
     @property
     def alpn(self) -> str | None:

@@ -23,6 +23,9 @@ from aioquic.quic.packet import (
     QuicErrorCode,
 )
 
+from gateway.nnrp import PeerCredentials
+
+from ._carriers import peer_address
 from ._listeners import ACCEPT_FAILURES, UDP_RECEIVE_BUFFER
 from ._quic_endpoint import (
     QuicEndpoint,
@@ -84,6 +87,10 @@ class QuicTransport:
     @property
     def alpn(self) -> str | None:
         return self._session.peer.alpn
+
+    def credentials(self) -> PeerCredentials:
+        """Encrypted always; QUIC takes no client certificate here (no mutual TLS)."""
+        return PeerCredentials(peer_address(self.peer), secure=True)
 
     async def receive(self) -> bytes | None:
         session, peer = self._session, self._session.peer

@@ -55,6 +55,7 @@ from ._request_fields import (
     output_token_limit as output_token_limit,
     usage_requested as usage_requested,
 )
+from ._slots import SlotHolder as SlotHolder, Standing as Standing
 from ._sse import SSEDecoder as SSEDecoder, SSEError as SSEError, SSEEvent as SSEEvent
 from ._stream import ChunkStream as ChunkStream
 from ._versions import (

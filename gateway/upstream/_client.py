@@ -45,7 +45,7 @@ from ._errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from ._slots import ConnectionSlots
+from ._slots import ConnectionSlots, SlotHolder
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
 from ._transport import BODY_EXTENSION, BodyTooLarge, LoopbackBody, LoopbackTransport
@@ -78,6 +78,9 @@ class UpstreamConfig:
     #: How long a request waits for one of the ``pool_size`` upstream connections before
     #: it is refused as overload (recoverable) instead of queueing on.
     queue_timeout: float = 10.0
+    #: The share of the connections operations of detached sessions may keep while a
+    #: live request waits for one (``_slots`` rule 2).
+    detached_share: float = 0.5
 
 
 @attrs.frozen
@@ -111,6 +114,8 @@ class PoolFigures:
     idle: int
     waiting: int
     wait_timeouts: int
+    #: Holders for a client that was not there that gave their slot to a waiting request.
+    given_way: int = 0
 
 
 class VllmClient:
@@ -147,7 +152,8 @@ class VllmClient:
         self._slots: ConnectionSlots[_Slot] = ConnectionSlots(
             config.pool_size,
             (lambda: LoopbackTransport(KEEPALIVE_EXPIRY)) if plain
-            else (lambda: _ClientSlot(pool(request_timeout, 1))))
+            else (lambda: _ClientSlot(pool(request_timeout, 1))),
+            detached_share=config.detached_share)
         self._pulse = _Pulse()
         self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue
@@ -168,6 +174,11 @@ class VllmClient:
         slow to answer /health but still streaming is alive."""
         return self._pulse.last
 
+    def make_room(self) -> None:
+        """A holder of a slot paused for a client that is not there: a waiting request
+        may have its slot (``_slots`` rule 3)."""
+        self._slots.make_room()
+
     @property
     def slots_in_use(self) -> int:
         """Requests holding an upstream connection now."""
@@ -182,7 +193,8 @@ class VllmClient:
         """The request slots now (the metrics' upstream pool)."""
         slots = self._slots
         return PoolFigures(size=slots.size, in_use=slots.in_use, idle=slots.idle,
-                           waiting=slots.waiting, wait_timeouts=slots.wait_timeouts)
+                           waiting=slots.waiting, wait_timeouts=slots.wait_timeouts,
+                           given_way=slots.given_way)
 
     async def prune_idle(self) -> int:
         """Close upstream connections idle long enough that vLLM may close them first
@@ -269,16 +281,18 @@ class VllmClient:
 
     @asynccontextmanager
     async def chunks(self, body: dict[str, Any], headers: dict[str, str], *,
-                     first_chunk: float, idle: float, max_event: int = DEFAULT_MAX_EVENT
-                     ) -> AsyncIterator[ChunkStream]:
+                     first_chunk: float, idle: float, max_event: int = DEFAULT_MAX_EVENT,
+                     holder: SlotHolder | None = None) -> AsyncIterator[ChunkStream]:
         """POST a streaming /v1/chat/completions; yield its checked chunks (``_stream``).
 
         ``first_chunk`` bounds the wait for a slot, the status line and the first body
         bytes together; ``idle`` each later read. Raises UpstreamStatus for a non-200
-        answer, UpstreamUnavailable when no response arrives, UpstreamTimeout.
+        answer, UpstreamUnavailable when no response arrives, UpstreamTimeout. ``holder``
+        may be asked to give its slot back (``_slots`` rule 2).
         """
         deadline = trio.current_time() + first_chunk
-        async with self._response(body, headers, deadline, first_chunk) as response:
+        async with self._response(body, headers, deadline, first_chunk,
+                                  holder=holder) as response:
             raw = BodyChunks(response, self._pulse)
             stream = ChunkStream(raw, first_chunk_deadline=deadline,
                                  first_chunk_timeout=first_chunk, idle_timeout=idle,
@@ -289,26 +303,28 @@ class VllmClient:
                 await raw.read_trailer()
 
     async def completion(self, body: dict[str, Any], headers: dict[str, str], *,
-                         path: str = CHAT_PATH) -> Completion:
+                         path: str = CHAT_PATH, holder: SlotHolder | None = None
+                         ) -> Completion:
         """POST a non-streaming completion; the checked answer: ``chat.completion`` from
         /v1/chat/completions, ``text_completion`` from /v1/completions. vLLM answers only
         when it has finished: the caller's scope bounds the wait. The body is read
         whole (one read where it has arrived: ``_transport``), checked as one piece
         (``parse_completion``), and kept as the bytes vLLM sent beside its decoded value."""
-        async with self._response(body, headers, math.inf, math.inf, path) as response:
+        async with self._response(body, headers, math.inf, math.inf, path,
+                                  holder=holder) as response:
             data = await _read_whole(response, MAX_JSON_BODY)
             self._pulse.last = trio.current_time()
             return Completion(data, parse_completion(data, _KINDS[path]))
 
     @asynccontextmanager
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
-                        first_chunk: float, path: str = CHAT_PATH
-                        ) -> AsyncIterator[httpx.Response]:
+                        first_chunk: float, path: str = CHAT_PATH, *,
+                        holder: SlotHolder | None = None) -> AsyncIterator[httpx.Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
         request = self._requests.build(path, json.dumps(body).encode(), headers)
         response: httpx.Response | None = None
-        async with self._slots.checkout(self.config.queue_timeout) as slot:
+        async with self._slots.checkout(self.config.queue_timeout, holder) as slot:
             with trio.move_on_at(deadline):
                 try:
                     response = await slot.send(request)

@@ -1,7 +1,22 @@
-"""Upstream connection slots: one single-connection client per concurrent request."""
+"""Upstream connection slots: one single-connection client per concurrent request.
+
+Who gets a slot when every one is busy (rules; README, "Resumable sessions"):
+
+1. Waiting is FIFO, under the waiter's own deadlines; past ``wait`` it is refused
+   (backend_overload) rather than queued on.
+2. A slot held for a client that is not there (an operation of a detached session, or
+   one awaiting its resubmission: ``SlotHolder.standing`` says) is the first to give way
+   when a request waits: one that is paused at its journal's bound gives its slot back
+   at once (it reads nothing from vLLM anyway); and while detached operations hold more
+   than ``detached_share`` of the slots, the oldest of them gives way too. Giving way
+   ends that operation (its upstream closed: vLLM stops generating for nobody); its
+   client, if it comes back, gets what was produced and a drop (backpressure).
+3. A holder that pauses while someone waits is asked at once (``make_room``).
+"""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +33,24 @@ class Closeable(Protocol):
 
 #: A slot's client, built by ``_client``: a ``LoopbackTransport`` or an httpx client.
 ClientT = TypeVar("ClientT", bound=Closeable)
+
+
+class Standing(enum.IntEnum):
+    """How readily a holder gives its slot up (rule 2): higher gives way first."""
+
+    LIVE = 0  # its client reads what it produces
+    DETACHED = 1  # nobody reads it now
+    PAUSED = 2  # nobody reads it, and it waits for its journal's bound
+
+
+class SlotHolder(Protocol):
+    """What holds a slot, as the pool sees it (the pipeline's operation)."""
+
+    def standing(self) -> Standing: ...
+
+    def give_way(self) -> None:
+        """End now, giving the slot back (rule 2)."""
+        ...
 
 
 class ConnectionSlots(Generic[ClientT]):
@@ -41,8 +74,16 @@ class ConnectionSlots(Generic[ClientT]):
     """
 
     def __init__(self, size: int, new_client: Callable[[], ClientT],
-                 clock: Callable[[], float] = trio.current_time) -> None:
+                 clock: Callable[[], float] = trio.current_time, *,
+                 detached_share: float = 0.5) -> None:
         self._limiter = trio.CapacityLimiter(size)
+        self.detached_share = detached_share
+        #: Who holds a slot now, oldest first (rule 2), and who was asked to give way.
+        self._holders: dict[int, SlotHolder] = {}
+        self._holder_ids = 0
+        self._giving_way: set[int] = set()
+        #: Holders that gave their slot to a waiting request.
+        self.given_way = 0
         self._new_client = new_client
         self._clock = clock
         #: Idle clients and when each was last put back, oldest first.
@@ -71,18 +112,24 @@ class ConnectionSlots(Generic[ClientT]):
         return len(self._free)
 
     @asynccontextmanager
-    async def checkout(self, wait: float = math.inf) -> AsyncIterator[ClientT]:
+    async def checkout(self, wait: float = math.inf, holder: SlotHolder | None = None
+                       ) -> AsyncIterator[ClientT]:
         """A client of one's own; raises ``UpstreamOverloaded`` when none is free within
-        ``wait`` seconds (every upstream connection busy: refuse, do not queue on)."""
+        ``wait`` seconds (every upstream connection busy: refuse, do not queue on).
+        ``holder``: who holds it, for rule 2 (None: never asked to give way)."""
         try:
             self._limiter.acquire_nowait()
         except trio.WouldBlock:
             with trio.move_on_after(wait) as waiting:
+                self._make_room(extra_waiter=True)
                 await self._limiter.acquire()
             if waiting.cancelled_caught:
                 self.wait_timeouts += 1
                 raise UpstreamOverloaded(f"all {int(self._limiter.total_tokens)} upstream "
                                          f"connections busy for {wait:g} s") from None
+        holder_id = self._holder_ids = self._holder_ids + 1
+        if holder is not None:
+            self._holders[holder_id] = holder
         try:
             if self._free:
                 client = self._free.pop()[1]
@@ -94,7 +141,33 @@ class ConnectionSlots(Generic[ClientT]):
             finally:
                 self._free.append((self._clock(), client))
         finally:
+            self._holders.pop(holder_id, None)
+            self._giving_way.discard(holder_id)
             self._limiter.release()
+
+    def make_room(self) -> None:
+        """A holder paused while requests may wait (rule 3): let the rules look again."""
+        self._make_room()
+
+    def _make_room(self, *, extra_waiter: bool = False) -> None:
+        """Rule 2: one holder gives way per request waiting, at most."""
+        waiting = self.waiting + (1 if extra_waiter else 0) - len(self._giving_way)
+        if waiting <= 0 or not self._holders:
+            return
+        standings = {holder_id: holder.standing() for holder_id, holder in self._holders.items()
+                     if holder_id not in self._giving_way}
+        paused = [h for h, standing in standings.items() if standing is Standing.PAUSED]
+        detached = [h for h, standing in standings.items() if standing >= Standing.DETACHED]
+        over_share = len(detached) + len(self._giving_way) - int(
+            self.detached_share * self.size)
+        chosen = paused[:waiting]
+        if len(chosen) < waiting and over_share > len(chosen):
+            chosen += [h for h in detached if h not in chosen][
+                :min(waiting, over_share) - len(chosen)]
+        for holder_id in chosen:
+            self._giving_way.add(holder_id)
+            self.given_way += 1
+            self._holders[holder_id].give_way()
 
     async def prune(self, idle_for: float) -> int:
         """Close the clients idle for ``idle_for`` seconds or more; how many went."""

@@ -100,9 +100,17 @@ async def test_a_token_is_good_once_and_an_unknown_one_gets_the_same_answer(
 async def check_tokens(client: Any, session: ClientSession, ticket: ResumeTicket) -> None:
     """The spent token and an unknown one: refused alike; the live one: retry later.
     Asked on another connection than the one holding session 1 (there, any resume of id 1
-    is refused before a token is looked at)."""
+    is refused before a token is looked at). A token is spent once the client has shown
+    it holds the next one: a packet on the resumed connection (gateway/nnrp/
+    _resumption.py R4); until then it still opens the session (here: attached, so retry
+    later)."""
     assert session.ticket is not None and session.ticket.token != ticket.token
     async with connect(client.transport.peer) as other:
+        with pytest.raises(ClientError) as unconfirmed:
+            await other.resume_session(ticket)
+        assert unconfirmed.value.retry_later  # not spent yet: the ACK may have been lost
+        await session.trace_context(trace_id=1, span_id=1)  # a packet: confirms
+        await client.ping()
         answers = []
         for token in (ticket.token, b"\x00" * 24):  # spent, and never issued
             with pytest.raises(ClientError) as refused:
@@ -135,27 +143,53 @@ async def test_a_token_opens_nothing_for_another_identity(nursery: trio.Nursery,
             assert session.ticket is not None
 
 
-async def test_a_resume_during_the_drain_is_retry_later_and_the_detached_work_ends(
+async def test_during_the_drain_a_client_resumes_and_collects_what_finished_meanwhile(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """Finding 8 of issue 34: SIGTERM closed the listeners at once, so a detached session
+    could not be resumed during the drain ("connection refused"), and an answer that
+    finished meanwhile was never delivered. Now the gateway keeps taking connections
+    while a session waits detached: a new session is retry_later, a resume is answered,
+    and the answer comes whole; then the listeners close."""
+    stack = await start_stack(nursery, socket_dir, drain_timeout=10.0, drain_close_grace=0.2)
+    payload = envelope(chat(stream=True), request_id="replay:text_stream:drain")
+    ticket, received = await detach(stack, payload)
+    records = records_of(stack)
+    with trio.fail_after(10):
+        await until(lambda: records)  # it finished while its client was away
+    assert records[0].outcome == "ok"
+    with trio.fail_after(15):
+        async with trio.open_nursery() as draining:
+            draining.start_soon(stack.gateway.drain)
+            await until(lambda: registry_of(stack).draining)
+            async with connect(stack.uri()) as client:
+                with pytest.raises(ClientError) as refused:
+                    await client.open_session()
+                assert refused.value.retry_later  # no new sessions
+                session = await client.resume_session(ticket)
+                operation = await session.resubmit(payload, operation_id=41, frame_id=4,
+                                                   after=received)
+                events = [event async for event in operation.events()]
+            assert isinstance(events[-1], nnrp.ResultReceived)
+            assert [e.sequence for e in events[:-1]] == list(
+                range(received + 1, received + len(events)))
+    assert not stack.gateway.server.accepting
+    assert registry_of(stack).sessions == 0
+
+
+async def test_a_session_still_detached_when_the_drain_ends_ends_and_vllm_aborts(
         nursery: trio.Nursery, socket_dir: Path) -> None:
     stack = await start_stack(nursery, socket_dir, drain_timeout=1.0, drain_close_grace=0.2)
     records = records_of(stack)
-    ticket, _ = await detach(stack, envelope(chat(stream=True),
-                                             request_id="replay:long_stream:drain"))
-    async with connect(stack.uri()) as client:
-        await client.open_session()  # a connection that was there before the drain
-        with trio.fail_after(10):
-            async with trio.open_nursery() as draining:
-                draining.start_soon(stack.gateway.drain)
-                await until(lambda: registry_of(stack).draining)
-                with pytest.raises(ClientError) as refused:
-                    await client.resume_session(ticket)
-                assert refused.value.retry_later
+    await detach(stack, envelope(chat(stream=True), request_id="replay:long_stream:drain"))
+    with trio.fail_after(10):
+        await stack.gateway.drain()
     await until(lambda: records)
     (record,) = records
     assert (record.outcome, record.upstream_aborted) == ("shutdown", True)
     with trio.fail_after(5):  # the backend sees the abort after the log
         await until(lambda: stack.replay.disconnects)
     assert [d.request_id for d in stack.replay.disconnects] == ["replay:long_stream:drain"]
+    assert not stack.gateway.server.accepting
 
 
 async def test_a_detached_session_at_its_byte_bound_stops_reading_vllm_and_loses_nothing(
@@ -201,9 +235,9 @@ async def test_room_another_session_makes_in_the_shared_bound_wakes_a_detached_o
     first_ticket, _ = await detach(stack, first)
     with trio.fail_after(10):
         await until(lambda: registry.budget.held >= bound)  # the first fills the bound
-    before = set(map(id, registry._records.values()))
+    before = set(map(id, registry.book.records.values()))
     await detach(stack, second)
-    (record,) = [r for r in registry._records.values() if id(r) not in before]
+    (record,) = [r for r in registry.book.records.values() if id(r) not in before]
     journal = record.session.journal
     with trio.fail_after(10):
         await until_steady(lambda: journal.held, 0.5)  # the second waits for room

@@ -504,7 +504,8 @@ def test_a_live_token_is_rejected_by_nnrp_py_and_retry_later_at_the_gateway(
         runs: Runs) -> None:
     """While the session's first connection still streams, its token on another
     connection: nnrp-py's server rejects it (its record is active); the gateway asks the
-    holder to retry once the old connection is seen dead. The same code in both."""
+    holder to retry, and pings the old connection (gateway/nnrp/_resumption.py R8):
+    silent for the probe's time, it would be taken for dead. The same code in both."""
     reference, ours = runs.reference.acks[LIVE], runs.ours.acks[LIVE]
     assert (reference[1].status, ours[1].status) == (
         nnrp.SessionOpenStatus.REJECTED, nnrp.SessionOpenStatus.RETRY_LATER)
@@ -513,7 +514,8 @@ def test_a_live_token_is_rejected_by_nnrp_py_and_retry_later_at_the_gateway(
         "resume_window_ms": (120_000, 0), "session_extension_bytes": (0, len(ours[2]))}
     assert reference[1].session_error_code == RESUME_REJECTED
     assert (reference[2], ours[2]) == (
-        b"", b"the session is still attached to its previous connection; retry shortly")
+        b"", b"the session is still attached to its previous connection, which is being "
+        b"checked; retry shortly")
     assert runs.reference.live == Refusal("NativeProtocolError", 4, 1, RESUME_REJECTED, 108)
 
 

@@ -229,13 +229,16 @@ async def test_a_failing_route_is_an_answer_not_the_end_of_the_listener(
 
 
 def test_every_resume_counter_is_exported() -> None:
-    from gateway.observe._metrics import RESUME_COUNTERS
-    from gateway.server import ResumeStats, SessionRegistry
+    from gateway.nnrp import ResumeStats
+    from gateway.observe._metrics import RESUME_COUNTERS, RESUME_LABELLED
+    from gateway.server import SessionRegistry
 
-    assert set(RESUME_COUNTERS) == {field.name for field in attrs.fields(ResumeStats)}
+    assert set(RESUME_COUNTERS) | RESUME_LABELLED == {
+        field.name for field in attrs.fields(ResumeStats)}
     metrics = GatewayMetrics()
     registry = SessionRegistry()
     registry.stats.resumed_total = 3
+    registry.stats.not_granted["client_cap"] = 2
     registry.budget.held = 1234
     metrics.attach_resume(registry)
     from prometheus_client import generate_latest
@@ -243,6 +246,7 @@ def test_every_resume_counter_is_exported() -> None:
     text = generate_latest(metrics.registry).decode()
     assert "nnrp_gateway_resume_resumed_total 3.0" in text
     assert "nnrp_gateway_resume_held_bytes 1234.0" in text
+    assert 'nnrp_gateway_resume_not_granted_total{reason="client_cap"} 2.0' in text
     assert 'nnrp_gateway_resume_sessions{state="detached"} 0.0' in text
 
 

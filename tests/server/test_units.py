@@ -611,10 +611,11 @@ async def test_the_real_port_is_ready_only_when_no_wait_would_block() -> None:
             port = session.port(1)
             if state == "detached":
                 session.detach()
-            elif state == "held":
-                session.held = {1}
+            elif state == "held":  # awaiting its resubmission after a resume
+                server_session.awaiting[1] = 1
+                server_session.operations[1].quiet = True
             elif state == "muted":
-                session.muted.add(1)
+                server_session.mute(1)
             elif state == "outbox closed":
                 outbox.close()
             elif state == "over high water":

@@ -30,6 +30,10 @@ class RecordingPort:
     fast: bool = False
     #: How many times an emit or a close waited for room (the slow way).
     waits: int = 0
+    #: Nobody reads its results (a detached session), and whether it is held at its
+    #: journal's bound.
+    unattended: bool = False
+    at_bound: bool = False
 
     def ready(self) -> bool:
         return self.fast and self.blocked is None and self.supersede_hold_left() is None
@@ -75,3 +79,9 @@ class RecordingPort:
         if not self.superseded:
             return None
         return 0.0 if self.hold_left is None else self.hold_left
+
+    def detached(self) -> bool:
+        return self.unattended
+
+    def paused(self) -> bool:
+        return self.unattended and self.at_bound

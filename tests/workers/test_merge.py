@@ -73,7 +73,8 @@ def test_the_upstream_pool_is_the_sum_of_the_workers() -> None:
             return self.figures
 
     texts = []
-    for figures in (PoolFigures(size=8, in_use=3, idle=5, waiting=0, wait_timeouts=1),
+    for figures in (PoolFigures(size=8, in_use=3, idle=5, waiting=0, wait_timeouts=1,
+                                given_way=2),
                     PoolFigures(size=8, in_use=8, idle=0, waiting=2, wait_timeouts=5)):
         metrics = GatewayMetrics()
         metrics.attach_pool(cast(VllmClient, Pool(figures)))
@@ -82,7 +83,8 @@ def test_the_upstream_pool_is_the_sum_of_the_workers() -> None:
     assert {name.removeprefix("nnrp_gateway_upstream_pool_"): value
             for (name, _), value in merged.items()
             if name.startswith("nnrp_gateway_upstream_pool_")} == {
-        "size": 16, "in_use": 11, "idle": 5, "waiting": 2, "wait_timeouts_total": 6}
+        "size": 16, "in_use": 11, "idle": 5, "waiting": 2, "wait_timeouts_total": 6,
+        "given_way_total": 2}
 
 
 def test_the_table_names_families_that_exist() -> None:

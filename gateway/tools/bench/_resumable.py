@@ -123,10 +123,12 @@ class CutTally:
 
 
 class CutStream:
-    """One client connection through its own cut proxy, one resumable session on it."""
+    """One client connection through its own cut proxy (holding every byte ``delay``
+    seconds each way: a WAN), one resumable session on it."""
 
-    def __init__(self, target: tuple[str, int], tally: CutTally) -> None:
-        self.proxy = StreamCutProxy(target)
+    def __init__(self, target: tuple[str, int], tally: CutTally, *, delay: float = 0.0
+                 ) -> None:
+        self.proxy = StreamCutProxy(target, delay=delay)
         self.tally = tally
         self._client: NnrpClient | None = None
         self._session: ClientSession | None = None

@@ -90,6 +90,8 @@ class SoakReport:
     cut_every: float | None = None
     resume_window: float | None = None
     resume: CutTally | None = None
+    #: With ``cut_every``: the round trip the cut proxies add (ms; 0: bare loopback).
+    cut_latency_ms: float = 0.0
     rss_idle_mib: float | None = None
     #: With ``cut_every``: the RSS after the first period's windows, the baseline of
     #: ``rss_growth`` (``_cut_soak``).
@@ -194,15 +196,17 @@ async def soak(streams: int, seconds: float, *, sigterm_at: float | None = None,
                token_interval_ms: float = 20.0, log_dir: Path | None = None,
                client_nice: int = 0, progress: Progress = lambda _: None,
                cut_every: float | None = None, resume_window: float = 5.0,
-               seed: int = 21) -> SoakReport:
+               seed: int = 21, cut_latency_ms: float = 0.0) -> SoakReport:
     """Each stream is 40 tokens ``token_interval_ms`` apart, so the offered load is
     ``streams * 1000 / token_interval_ms`` events/s: size it to the machine. With
     ``log_dir``, the gateway's and the backend's logs are kept there; ``client_nice``
     lowers this (the load generator's) priority once the processes are up. ``cut_every``:
-    the streams resume after random cuts (the module's docstring)."""
+    the streams resume after random cuts (the module's docstring), over a path of
+    ``cut_latency_ms`` round trip."""
     if cut_every is not None:
         return await _cut_soak(streams, seconds, cut_every=cut_every,
                                resume_window=resume_window, seed=seed,
+                               latency=cut_latency_ms / 1000,
                                token_interval_ms=token_interval_ms, log_dir=log_dir,
                                client_nice=client_nice, progress=progress)
     report = SoakReport(streams, seconds, sigterm_at=sigterm_at,
@@ -308,7 +312,8 @@ CUT_MARGIN = 5
 
 async def _cut_soak(streams: int, seconds: float, *, cut_every: float, resume_window: float,
                     seed: int, token_interval_ms: float, log_dir: Path | None,
-                    client_nice: int, progress: Progress) -> SoakReport:
+                    client_nice: int, progress: Progress, latency: float = 0.0
+                    ) -> SoakReport:
     """``soak`` with ``cut_every``: resumable streams, each through a cut proxy, in two
     periods of ``seconds / 2``. After each, the clients leave without closing their
     sessions (every session detaches) and every window passes. The RSS after the
@@ -318,7 +323,8 @@ async def _cut_soak(streams: int, seconds: float, *, cut_every: float, resume_wi
     gives freed memory back to the OS, so RSS after the first period stays near its
     high-water mark, the first use of pools and connections included)."""
     report = SoakReport(streams, seconds, token_interval_ms=token_interval_ms,
-                        cut_every=cut_every, resume_window=resume_window, resume=CutTally())
+                        cut_every=cut_every, resume_window=resume_window, resume=CutTally(),
+                        cut_latency_ms=latency * 1000)
     tally = report.resume
     assert tally is not None
     interval_us = round(token_interval_ms * 1000)
@@ -381,7 +387,8 @@ async def _cut_soak(streams: int, seconds: float, *, cut_every: float, resume_wi
             deadline = trio.current_time() + seconds / 2
             async with trio.open_nursery() as proxies:
                 async with contextlib.AsyncExitStack() as exits:
-                    cut_streams = [CutStream(target, tally) for _ in range(streams)]
+                    cut_streams = [CutStream(target, tally, delay=latency / 2)
+                                   for _ in range(streams)]
                     for stream in cut_streams:
                         await stream.open(proxies, exits)
                     async with trio.open_nursery() as nursery:

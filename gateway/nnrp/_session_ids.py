@@ -1,0 +1,67 @@
+"""Session ids, unique among every session one gateway process holds (attached to any
+of its connections, or detached and waiting to be resumed).
+
+Why per process and not per connection: a client that lost two connections resumes
+their sessions on one new connection, and two sessions cannot share an id there.
+nnrp-py's native server numbers sessions apart across connections too (the
+differential test in tests/interop/test_resume_differential.py).
+
+Rules:
+
+I1. A SESSION_OPEN's ``requested_session_id`` is granted when no session of the process
+    holds it (nnrp-wire.md section 3: 0 means the server picks).
+I2. Otherwise the lowest free id from 1, as nnrp-py's native server picks (it refuses a
+    requested id that is taken, limit_reached; this gateway gives another one: the
+    client learns its id from the ACK either way); None when every id is taken.
+I3. An id is in use from its ACK until its session is over: closed, ended with its
+    connection, or (a resumable one) forgotten when its window passed.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+MAX_SESSION_ID = 0xFFFFFFFF
+
+
+class SessionIds:
+    """The ids in use, and the lowest free one in O(log n): every id at or above
+    ``_high`` is free but those requested explicitly; below it, the free ones are in a
+    heap."""
+
+    def __init__(self) -> None:
+        self._in_use: set[int] = set()
+        self._high = 1
+        self._free: list[int] = []
+
+    def __contains__(self, session_id: int) -> bool:
+        return session_id in self._in_use
+
+    def __len__(self) -> int:
+        return len(self._in_use)
+
+    def take(self, requested: int = 0) -> int | None:
+        """An id for a new session (rules I1, I2), now in use; None if none is free."""
+        if requested and requested not in self._in_use:
+            self._in_use.add(requested)
+            return requested
+        while self._free:
+            candidate = heapq.heappop(self._free)
+            if candidate not in self._in_use:
+                self._in_use.add(candidate)
+                return candidate
+        while self._high in self._in_use:
+            self._high += 1
+        if self._high > MAX_SESSION_ID:
+            return None
+        candidate = self._high
+        self._high += 1
+        self._in_use.add(candidate)
+        return candidate
+
+    def release(self, session_id: int) -> None:
+        """The session is over (rule I3)."""
+        if session_id in self._in_use:
+            self._in_use.discard(session_id)
+            if session_id < self._high:
+                heapq.heappush(self._free, session_id)
