@@ -491,6 +491,60 @@ def soak_command(
     raise typer.Exit(0 if ok else 1)
 
 
+@bench_app.command("flap")
+def flap_command(
+    runs: Annotated[int, typer.Option(min=1, metavar="N", help="chat runs.")] = 20,
+    rtt_ms: Annotated[float, typer.Option(
+        min=0.0, metavar="MS", help="The path's round trip (half each way).")] = 80.0,
+    reset_min: Annotated[float, typer.Option(
+        min=0.01, metavar="SECONDS", help="Shortest time between two resets.")] = 0.15,
+    reset_max: Annotated[float, typer.Option(
+        min=0.01, metavar="SECONDS", help="Longest time between two resets.")] = 0.6,
+    tokens: Annotated[int, typer.Option(
+        min=1, metavar="N", help="Each answer's length (--max-tokens).")] = 300,
+    seed: Annotated[int, typer.Option(metavar="N", help="When the resets fall.")] = 34,
+    as_json: AsJson = False, out: Out = None,
+) -> None:
+    """`nnrp-gateway chat` over a flapping WAN path: a proxy adds the round trip and
+    resets every connection every --reset-min to --reset-max seconds while each answer
+    streams. A run passes when chat exits 0 with exactly a quiet run's output (every word
+    once); exit 1 unless every run passes."""
+    import trio
+
+    from gateway.tools.bench.flap import flap
+
+    if out is not None:
+        check_output_dir(out, "--out")
+    if reset_max < reset_min:
+        raise typer.BadParameter("--reset-max must be at least --reset-min")
+    _quiet_logs()
+    holder: list[Any] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        holder.append(trio.run(lambda: flap(
+            runs, rtt_ms=rtt_ms, reset_min=reset_min, reset_max=reset_max, tokens=tokens,
+            seed=seed, log_dir=out / "logs" if out else None, progress=progress)))
+        return {}
+
+    _with_progress(work, as_json)
+    report = holder[0]
+    document = report.as_dict()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "flap.json").write_text(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        typer.echo(f"{report.passed}/{report.runs} chat runs whole over a {rtt_ms:g} ms "
+                   f"round trip reset every {reset_min:g}-{reset_max:g} s "
+                   f"({tokens} tokens each; a quiet run took {report.reference_seconds:.1f} s)")
+        for number, run in enumerate(report.results, start=1):
+            typer.echo(f"  run {number}: exit {run.exit_code}, "
+                       f"{'whole' if run.whole else 'NOT whole'}, {run.resets} resets, "
+                       f"{run.seconds:.1f} s" + (f": {run.error}" if run.error else ""))
+    raise typer.Exit(0 if report.ok else 1)
+
+
 def _echo_resume(report: SoakReport) -> None:
     tally = report.resume
     assert tally is not None

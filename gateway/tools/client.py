@@ -350,6 +350,9 @@ MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
 #: Ended operations' frames a session remembers (module rule 3's repeats).
 MAX_ENDED_FRAMES = 1024
+#: How long a client that reconnects by itself tries to open its first session, or to
+#: complete its first hello, over a path that keeps dropping it (no window applies).
+DEFAULT_REOPEN = 10.0
 
 
 class NnrpClient:
@@ -361,7 +364,11 @@ class NnrpClient:
         self.sans_io = ClientConnection()
         self.sessions: dict[int, ClientSession] = {}
         self._hello = trio.Event()
-        self._session_answers = trio.open_memory_channel[SessionOpenAnswered](64)
+        #: SESSION_OPEN_ACKs in order; None: the connection they were asked on is gone
+        #: (ask again on the new one, or fail: ``failure``).
+        self._session_answers = trio.open_memory_channel[SessionOpenAnswered | None](64)
+        #: SESSION_OPENs sent and not answered yet.
+        self._opening = 0
         self._migrate_answers = trio.open_memory_channel[tuple[SessionMigrateAck, bytes]](16)
         self._send_lock = trio.Lock()
         self.errors: list[ErrorReceived] = []
@@ -424,22 +431,45 @@ class NnrpClient:
     async def open_session(self, *, requested_session_id: int = 0, auth: bytes = b"",
                            resume: bool = False) -> ClientSession:
         """SESSION_OPEN and its answer; raises ClientError when refused. ``resume`` asks
-        for a session that outlives its connection (``session.ticket`` when granted)."""
-        await self.send(self.sans_io.open_session(requested_session_id=requested_session_id,
-                                                  auth=auth, resume=resume))
-        return await self._opened(auth)
+        for a session that outlives its connection (``session.ticket`` when granted). A
+        client that reconnects by itself asks again when the connection is lost before
+        the answer came (a session the server opened then, unanswered, waits out its
+        window there)."""
+        return await self._open(lambda sans_io: sans_io.open_session(
+            requested_session_id=requested_session_id, auth=auth, resume=resume), auth)
 
     async def resume_session(self, ticket: ResumeTicket, *, auth: bytes = b""
                              ) -> ClientSession:
         """Reopen a session of another (lost) connection here; a new session object, with
         the next ticket. Raises ClientError (``retry_later`` set when worth retrying)."""
-        await self.send(self.sans_io.resume_session(ticket.session_id, ticket.token,
-                                                    auth=auth))
-        return await self._opened(auth)
+        return await self._open(lambda sans_io: sans_io.resume_session(
+            ticket.session_id, ticket.token, auth=auth), auth)
 
-    async def _opened(self, auth: bytes) -> ClientSession:
-        """The session the next SESSION_OPEN_ACK opens (ClientError when refused)."""
-        answer = await self._session_answers[1].receive()
+    async def _open(self, request: Callable[[ClientConnection], bytes], auth: bytes
+                    ) -> ClientSession:
+        while True:
+            await self._connected.wait()
+            if self.failure is not None:
+                raise ClientError(f"connection failed: {self.failure}")
+            self._opening += 1
+            try:
+                async with self._send_lock:
+                    await self.transport.send([request(self.sans_io)])
+                answer = await self._session_answers[1].receive()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                if self._reconnect is None:
+                    raise
+                answer = None  # the reader sees the connection die: asked again after
+                await self._session_answers[1].receive()  # its None for this request
+            finally:
+                self._opening -= 1
+            if answer is not None:
+                return self._opened(answer, auth)
+            if self._reconnect is None or self.failure is not None:
+                raise ClientError(f"connection failed: {self.failure}")
+
+    def _opened(self, answer: SessionOpenAnswered, auth: bytes) -> ClientSession:
+        """The session ``answer`` opens (ClientError when refused)."""
         _check_opened(answer)
         session = ClientSession(self, answer.session_id, ticket=ResumeTicket.of(answer),
                                 auth=auth)
@@ -513,22 +543,34 @@ class NnrpClient:
             _end_session(session, error)
         self._hello.set()
         self._connected.set()
+        self._unanswered()
         while self._pongs:
             self._pongs.popleft().set()
+
+    def _unanswered(self) -> None:
+        """The connection the pending SESSION_OPENs went on is gone: each whose answer
+        has not come is told (None)."""
+        answered = self._session_answers[0].statistics().current_buffer_used
+        for _ in range(self._opening - answered):
+            with contextlib.suppress(trio.WouldBlock):
+                self._session_answers[0].send_nowait(None)
 
     async def _recover(self) -> bool:
         """The connection dropped: reconnect and resume every resumable session, within
         the longest resume window (module rules 1-5). False: nothing to resume, or no way
         back (every session that could not be resumed fails)."""
         resumable = [s for s in self.sessions.values() if s.ticket is not None]
-        if self._reconnect is None or not resumable or not self._hello.is_set():
+        if (self._reconnect is None or not self._hello.is_set()
+                or not (resumable or self._opening)):
             return False
         lost = ClientError("the connection dropped and the session was not resumable")
         for session in [s for s in self.sessions.values() if s.ticket is None]:
             self._drop_session(session, lost)
         self._connected = trio.Event()
+        self._unanswered()  # asked again once connected: nothing to resume for them
         lost_kind = self.transport.kind
-        window = max(s.ticket.window_ms for s in resumable if s.ticket) / 1000
+        window = max((s.ticket.window_ms for s in resumable if s.ticket),
+                     default=int(self._recovery_limit or DEFAULT_REOPEN) * 1000) / 1000
         limited = self._recovery_limit is not None and self._recovery_limit < window
         if self._recovery_limit is not None:
             window = min(window, self._recovery_limit)
@@ -552,7 +594,8 @@ class NnrpClient:
                 self._recovery_ended = str(error)  # rule 1: one attempt failed
                 retry_later = isinstance(error, ClientError) and error.retry_later and not (
                     isinstance(error, ConnectionLost))
-            if not any(s.ticket is not None for s in self.sessions.values()):
+            if not any(s.ticket is not None for s in self.sessions.values()) and (
+                    resumable):
                 return False  # rule 4: the server said no to every one of them
             if self._attempt_reached and not retry_later:
                 backoff = MIN_BACKOFF  # rule 1: the path works, it was cut: at once
@@ -702,6 +745,43 @@ class NnrpClient:
                     waiting.retry_after_ms = packet.message.retry_after_ms
 
 
+async def _handshake(nursery: trio.Nursery, reconnect: Reconnect, *, resume: bool,
+                     recovery_limit: float | None, handshake_timeout: float) -> NnrpClient:
+    """The first connection and its hello. A client that reconnects by itself tries again
+    when a connection it got is lost before the hello's answer (a flapping path), for
+    ``recovery_limit`` (or ``DEFAULT_REOPEN``) seconds; a connection refused at once is
+    an error at once (nothing listens there)."""
+    deadline = trio.current_time() + (recovery_limit or DEFAULT_REOPEN)
+    backoff = MIN_BACKOFF
+    reached = False
+    while True:
+        try:
+            transport = await reconnect()
+        except (OSError, trio.TooSlowError):
+            if not reached or trio.current_time() + backoff >= deadline:
+                raise
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            continue
+        reached = True
+        client = NnrpClient(transport, reconnect=reconnect if resume else None,
+                            recovery_limit=recovery_limit)
+        nursery.start_soon(client._reader)
+        with contextlib.suppress(ClientError, trio.BrokenResourceError, OSError), \
+                trio.move_on_after(handshake_timeout):
+            await client.send(client.sans_io.hello())
+            await client._hello.wait()
+        if client._hello.is_set() and client.failure is None:
+            return client
+        with trio.CancelScope(shield=True):
+            await transport.aclose()
+        why = client.failure or "no answer in time"
+        if not resume or trio.current_time() + backoff >= deadline:
+            raise ClientError(f"handshake failed: {why}")
+        await trio.sleep(backoff)
+        backoff = min(backoff * 2, MAX_BACKOFF)
+
+
 def _check_opened(answer: SessionOpenAnswered) -> None:
     if not answer.opened:
         raise ClientError(f"session refused (code {answer.ack.session_error_code:#x}): "
@@ -781,16 +861,10 @@ async def connect(uri: str, *, handshake_timeout: float = 10.0,
                 with trio.fail_after(handshake_timeout):
                     return await connect_transport(uri, nursery, ssl_context, quic=quic)
 
-            transport = await reconnect()
-            client = NnrpClient(transport, reconnect=reconnect if resume else None,
-                                recovery_limit=recovery_limit)
-            nursery.start_soon(client._reader)
+            client = await _handshake(nursery, reconnect, resume=resume,
+                                      recovery_limit=recovery_limit,
+                                      handshake_timeout=handshake_timeout)
             try:
-                await client.send(client.sans_io.hello())
-                with trio.fail_after(handshake_timeout):
-                    await client._hello.wait()
-                if client.failure is not None:
-                    raise ClientError(f"handshake failed: {client.failure}")
                 yield client
             finally:
                 nursery.cancel_scope.cancel()

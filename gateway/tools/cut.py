@@ -129,30 +129,14 @@ class StreamCutProxy:
     async def _pump(source: trio.SocketStream, sink: trio.SocketStream,
                     scope: trio.CancelScope, record: Callable[[bytes], None],
                     delay: float = 0.0) -> None:
+        if delay > 0:
+            await _delayed_pump(source, sink, scope, record, delay)
+            return
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            if delay <= 0:
-                while data := await source.receive_some(65536):
-                    record(data)  # before it goes on: recorded before its answer
-                    await sink.send_all(data)
-                await sink.send_eof()
-                return
-            # The path's latency: each read leaves ``delay`` after it arrived, in order.
-            send, receive = trio.open_memory_channel[tuple[float, bytes]](math.inf)
-            async with trio.open_nursery() as nursery:
-
-                async def deliver() -> None:
-                    async for at, data in receive:
-                        await trio.sleep_until(at)
-                        if not data:
-                            await sink.send_eof()
-                            return
-                        await sink.send_all(data)
-
-                nursery.start_soon(deliver)
-                while data := await source.receive_some(65536):
-                    record(data)
-                    send.send_nowait((trio.current_time() + delay, data))
-                send.send_nowait((trio.current_time() + delay, b""))
+            while data := await source.receive_some(65536):
+                record(data)  # before it goes on: the packet is recorded before its answer
+                await sink.send_all(data)
+            await sink.send_eof()
             return
         scope.cancel()
 
@@ -181,3 +165,32 @@ class StreamCutProxy:
         for stream in silent:
             with contextlib.suppress(OSError):
                 stream.socket.close()
+
+
+async def _delayed_pump(source: trio.SocketStream, sink: trio.SocketStream,
+                        scope: trio.CancelScope, record: Callable[[bytes], None],
+                        delay: float) -> None:
+    """The path's latency: each read leaves ``delay`` after it arrived, in order. Either
+    end breaking ends the pair (``scope``)."""
+    send, receive = trio.open_memory_channel[tuple[float, bytes]](math.inf)
+
+    async def deliver() -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            async for at, data in receive:
+                await trio.sleep_until(at)
+                if not data:
+                    await sink.send_eof()
+                    return
+                await sink.send_all(data)
+            return
+        scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(deliver)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            while data := await source.receive_some(65536):
+                record(data)
+                send.send_nowait((trio.current_time() + delay, data))
+            send.send_nowait((trio.current_time() + delay, b""))
+            return
+        scope.cancel()
