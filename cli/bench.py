@@ -491,6 +491,43 @@ def soak_command(
     raise typer.Exit(0 if ok else 1)
 
 
+@bench_app.command("journal")
+def journal_command(
+    sessions: Annotated[int, typer.Option(min=1, metavar="N",
+                                          help="Detached sessions held.")] = 64,
+    events: Annotated[int, typer.Option(min=1, metavar="N",
+                                        help="Results each holds.")] = 20_000,
+    requests: Annotated[int, typer.Option(
+        min=0, metavar="N", help="Requests on one resumable session (0: skip).")] = 160,
+    request_mib: Annotated[float, typer.Option(
+        min=0.01, metavar="MIB", help="Each request's size.")] = 1.0,
+    as_json: AsJson = False,
+) -> None:
+    """What resume's memory costs: the RSS per byte its journals count (sessions holding
+    results while detached), and a gateway's RSS and held bytes after --requests requests
+    of --request-mib on one resumable session."""
+    import trio
+
+    from gateway.tools.bench.journal import journal
+
+    _quiet_logs()
+    report = trio.run(lambda: journal(sessions, events, requests=requests,
+                                      request_mib=request_mib))
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    typer.echo(f"{sessions} detached sessions x {events} results: journals count "
+               f"{report.held_bytes / 2**20:.1f} MiB ({report.payload_bytes / 2**20:.1f} MiB "
+               f"of result payloads); RSS grew {report.rss_growth_bytes / 2**20:.1f} MiB: "
+               f"{report.rss_per_held_byte:.2f} bytes of RSS per byte counted")
+    if requests:
+        typer.echo(f"{requests} requests of {request_mib:g} MiB on one resumable session: "
+                   f"gateway RSS {report.gateway_rss_before_mib} -> "
+                   f"{report.gateway_rss_after_mib} MiB, resume_held_bytes "
+                   f"{report.gateway_held_bytes / 2**20:.2f} MiB (bound "
+                   f"{report.session_bytes / 2**20:g} MiB)")
+
+
 @bench_app.command("flap")
 def flap_command(
     runs: Annotated[int, typer.Option(min=1, metavar="N", help="chat runs.")] = 20,

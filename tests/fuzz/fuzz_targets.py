@@ -170,12 +170,13 @@ def server_session(data: bytes) -> None:
 
 def _adapter_send(connection: nnrp.ServerConnection, record: bytes) -> None:
     session_id, operation_id = record[1] % 3, record[2] % 4
-    sends = (lambda: [connection.send_partial(session_id, operation_id, b"{}")],
+    sends = (lambda: [packet for packet in [connection.send_partial(session_id, operation_id,
+                                                                    b"{}")] if packet],
              lambda: connection.send_result(session_id, operation_id, 200, b"{}"),
              lambda: connection.send_drop(session_id, operation_id,
                                           nnrp.DropReason.PEER_CANCELLED, b""),
-             lambda: [connection.send_progress(session_id, operation_id,
-                                               nnrp.Stage.EXECUTING)])
+             lambda: [packet for packet in [connection.send_progress(
+                 session_id, operation_id, nnrp.Stage.EXECUTING)] if packet])
     try:
         _decode_all(sends[record[3] % len(sends)]())
     except nnrp.LocalProtocolError:
