@@ -138,6 +138,10 @@ class Session:
             self._stats.inflight -= 1
             if not self.operations:
                 self._idle.set()
+            if operation.end_cause is None and not operation.is_terminal:
+                # Cancelled from outside its own scope (the gateway's task ends without a
+                # drain: a second signal, a test's teardown): a shutdown, not an "ok".
+                operation.end_cause = EndCause.SHUTDOWN
             if self._observer is not None:
                 try:
                     self._observer(operation)
