@@ -491,7 +491,8 @@ class MigrateAccept(IntEnum):
     SAME_TRANSPORT = 2
     #: new_transport_id is not the transport the migrate arrived on.
     TRANSPORT_MISMATCH = 3
-    #: The server is draining: open a session elsewhere.
+    #: The server is draining: open a session elsewhere. Kept in the registry; no longer
+    #: sent (a drain still lets a session move, as it still answers resumes: R12).
     DRAINING = 4
 
 
