@@ -5,9 +5,11 @@ balancer that forgot the flow sends). New connections through the proxy work as 
 ``StreamCutProxy(record=True)`` also decodes what it relays, so a test can compare the
 frames two servers send where their client library does not show them (a refused
 SESSION_OPEN_ACK's fields, say). ``delay`` holds every byte that long in each direction
-(a WAN's round trip, in order, without slowing the rate). ``cut(half_open=True)`` resets
-only the client's side: the server's side stays open and silent, as behind a balancer
-that still acknowledges a path that is gone.
+(a WAN's round trip, in order, without slowing the rate). While ``refusing`` is set, a
+new connection is reset ``refuse_after`` seconds after it is accepted (a path that drops
+whatever tries it for a while: the client has sent its first bytes and waits).
+``cut(half_open=True)`` resets only the client's side: the server's side stays open and
+silent, as behind a balancer that still acknowledges a path that is gone.
 
 The resume benchmarks (``bench run --scenario resume``, ``bench soak --cut-every``) put one
 in front of each client; the end-to-end resume tests use the same one
@@ -57,6 +59,10 @@ class StreamCutProxy:
         #: Server sides left open by half-open cuts (closed with the proxy).
         self._silent: list[trio.SocketStream] = []
         self._scopes: dict[int, trio.CancelScope] = {}
+        #: New connections are reset, ``refuse_after`` seconds in, while set.
+        self.refusing = False
+        self.refuse_after = 0.0
+        self.refused = 0
         self.connections = 0
         self.cuts = 0
         self.record = record
@@ -80,6 +86,11 @@ class StreamCutProxy:
         await trio.serve_listeners(self._relay, listeners)
 
     async def _relay(self, client: trio.SocketStream) -> None:
+        if self.refusing:
+            self.refused += 1
+            await trio.sleep(self.refuse_after)
+            _reset(client)
+            return
         if isinstance(self.target, str):
             server = await trio.open_unix_socket(self.target)
         else:
@@ -153,10 +164,7 @@ class StreamCutProxy:
                 if scope is not None:
                     scope.cancel()
             for stream in (client,) if half_open else pair:
-                with contextlib.suppress(OSError):
-                    if stream.socket.family != socket.AF_UNIX:
-                        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-                    stream.socket.close()
+                _reset(stream)
         self._pairs.clear()
 
     def close_silent(self) -> None:
@@ -165,6 +173,14 @@ class StreamCutProxy:
         for stream in silent:
             with contextlib.suppress(OSError):
                 stream.socket.close()
+
+
+def _reset(stream: trio.SocketStream) -> None:
+    """Close with an RST (a unix socket just closes)."""
+    with contextlib.suppress(OSError):
+        if stream.socket.family != socket.AF_UNIX:
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        stream.socket.close()
 
 
 async def _delayed_pump(source: trio.SocketStream, sink: trio.SocketStream,
