@@ -448,13 +448,7 @@ def soak_command(
 
     _with_progress(work, as_json)
     report = holder[0]
-    document = report.as_dict()
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "soak.json").write_text(json.dumps(document, indent=2) + "\n")
-    if as_json:
-        typer.echo(json.dumps(document, indent=2))
-    else:
+    if not _written(report.as_dict(), out, "soak.json", as_json):
         growth = ("from the first period's windows to the second's" if report.resume
                   else "after warm-up")
         typer.echo(f"{report.started} started, {report.completed} completed, {report.dropped} "
@@ -565,13 +559,7 @@ def flap_command(
 
     _with_progress(work, as_json)
     report = holder[0]
-    document = report.as_dict()
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "flap.json").write_text(json.dumps(document, indent=2) + "\n")
-    if as_json:
-        typer.echo(json.dumps(document, indent=2))
-    else:
+    if not _written(report.as_dict(), out, "flap.json", as_json):
         typer.echo(f"{report.passed}/{report.runs} chat runs whole over a {rtt_ms:g} ms "
                    f"round trip reset every {reset_min:g}-{reset_max:g} s "
                    f"({tokens} tokens each; a quiet run took {report.reference_seconds:.1f} s)")
@@ -580,6 +568,17 @@ def flap_command(
                        f"{'whole' if run.whole else 'NOT whole'}, {run.resets} resets, "
                        f"{run.seconds:.1f} s" + (f": {run.error}" if run.error else ""))
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _written(document: dict[str, Any], out: Path | None, name: str, as_json: bool) -> bool:
+    """A report kept in ``out`` as ``name`` and, with ``--json``, printed: True when it
+    was printed (the caller prints its text form otherwise)."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+    return as_json
 
 
 def _echo_resume(report: SoakReport) -> None:

@@ -23,7 +23,14 @@ import trio
 
 from gateway import nnrp
 from gateway.server import ResumeSettings
-from gateway.tools.client import ClientError, ClientSession, NnrpClient, ResumeTicket, connect
+from gateway.tools.client import (
+    ClientError,
+    ClientOperation,
+    ClientSession,
+    NnrpClient,
+    ResumeTicket,
+    connect,
+)
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
 from tests.support.stack import (
@@ -32,16 +39,11 @@ from tests.support.stack import (
     envelope,
     metric_samples,
     records_of,
+    registry_of,
     run_operation,
     start_stack,
 )
 from tests.support.waits import until, until_steady
-
-
-def registry_of(stack: Stack) -> Any:
-    registry = stack.gateway.server.registry
-    assert registry is not None
-    return registry
 
 
 async def proxy_to(nursery: trio.Nursery, stack: Stack, **options: Any
@@ -101,6 +103,17 @@ async def lose_the_answer_to_a_resume(proxy: StreamCutProxy, via: str, ticket: R
 # ---------------------------------------------------------------------------- finding 3
 
 
+
+async def read_to(operation: ClientOperation, sequence: int) -> int:
+    """Read an operation's partial results up to ``sequence``; the last one read."""
+    held = 0
+    async for event in operation.events():
+        assert isinstance(event, nnrp.PartialReceived)
+        held = event.sequence
+        if held == sequence:
+            break
+    return held
+
 async def test_a_resume_whose_answer_was_lost_is_accepted_again_with_the_old_ticket(
         nursery: trio.Nursery, socket_dir: Path) -> None:
     """Finding 3 of issue 34 (a lost resume reply). A resume rotated the session's token
@@ -124,12 +137,7 @@ async def test_a_resume_whose_answer_was_lost_is_accepted_again_with_the_old_tic
         async with connect(stack.uri()) as client:
             session = await client.open_session(resume=True)
             operation = await session.submit(payload, operation_id=7, frame_id=3)
-            held = 0
-            async for event in operation.events():
-                assert isinstance(event, nnrp.PartialReceived)
-                held = event.sequence
-                if held == 10:
-                    break
+            held = await read_to(operation, 10)
             assert session.ticket is not None
             old = session.ticket
         await until(lambda: registry.detached == 1)
@@ -309,13 +317,8 @@ async def test_a_client_that_only_resumes_gets_its_session_once_the_probe_closes
         async with connect(via) as client:
             session = await client.open_session(resume=True)
             operation = await session.submit(payload, operation_id=5, frame_id=5)
-            held = 0
-            async for event in operation.events():
-                assert isinstance(event, nnrp.PartialReceived)
-                held = event.sequence
-                if held == 10:
-                    proxy.cut(half_open=True)
-                    break
+            held = await read_to(operation, 10)
+            proxy.cut(half_open=True)
             assert session.ticket is not None
             ticket = session.ticket
     assert registry.detached == 0  # the gateway has not seen the old connection die

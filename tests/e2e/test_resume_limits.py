@@ -27,16 +27,11 @@ from tests.support.stack import (
     envelope,
     metric_samples,
     records_of,
+    registry_of,
     run_operation,
     start_stack,
 )
 from tests.support.waits import until, until_steady
-
-
-def registry_of(stack: Stack) -> Any:
-    registry = stack.gateway.server.registry
-    assert registry is not None
-    return registry
 
 
 async def detach(stack: Stack, payload: bytes, *, events: int = 3, auth: bytes = b""

@@ -138,3 +138,10 @@ async def stream_through_signal(client: NnrpClient, pid: int, signum: int, *,
         if len(events) == after:
             os.kill(pid, signum)
     return events
+
+
+def registry_of(stack: Stack) -> Any:
+    """The gateway's resumable sessions (resume must be on)."""
+    registry = stack.gateway.server.registry
+    assert registry is not None
+    return registry

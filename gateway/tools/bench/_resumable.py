@@ -162,7 +162,8 @@ class CutStream:
         self._client = await exits.enter_async_context(connect(uri, resume=reconnect))
         self._session = await self._client.open_session(resume=True)
         if self._session.ticket is None:
-            raise ClientError("the gateway did not grant resume (is --resume-window 0?)")
+            raise ClientError("the gateway did not grant resume (is --resume-window 0, or "
+                              "this client at --resume-max-sessions-per-client?)")
 
     def cuttable(self, margin: int) -> bool:
         """Mid-stream, past its first result and ``margin`` results before its last, with

@@ -49,7 +49,10 @@ async def resume(quick: bool, progress: Progress) -> list[Figure]:
     passed. The first round warms the gateway up (connections, upstream pool, allocator)
     and is reported apart; the RSS kept is measured over the rounds after it."""
     window = 2.0
-    async with Stack(gateway_args=("--resume-window", f"{window:g}", "--metrics"),
+    # Every stream is this one client (one address): the per-client cap must let it
+    # hold them all.
+    async with Stack(gateway_args=("--resume-window", f"{window:g}", "--metrics",
+                                   "--resume-max-sessions-per-client", "256"),
                      residence=False) as stack:
         figures = await _resume_latency(stack, quick, progress)
         figures += await _detached_memory(stack, window, quick, progress)

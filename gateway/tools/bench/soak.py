@@ -331,7 +331,11 @@ async def _cut_soak(streams: int, seconds: float, *, cut_every: float, resume_wi
     rng = random.Random(seed)
     async with Stack(gateway_args=("--upstream-pool-size", str(max(256, streams)),
                                    "--drain-timeout", "10", "--metrics",
-                                   "--resume-window", str(resume_window)),
+                                   "--resume-window", str(resume_window),
+                                   # Every stream is this one client (one address): the
+                                   # per-client caps must let it hold them all.
+                                   "--resume-max-sessions-per-client", str(max(64, streams)),
+                                   "--resume-client-bytes", str(256 << 20)),
                      log_dir=log_dir, residence=False) as stack:
         pid = stack.gateway_pid
         report.rss_idle_mib = round(process_rss(pid) / 2**20, 2)
