@@ -511,6 +511,13 @@ class SessionBook:
         record.deadline = deadline
         heapq.heappush(self._deadlines, (deadline, next(self._sequence),
                                          record.session.session_id))
+        if len(self._deadlines) > 4 * len(self.records) + 64:
+            # Stale entries (a session that detached and came back many times) only leave
+            # from the top: rebuild from the live deadlines, so the heap stays bounded by
+            # the sessions, not by how often they moved.
+            self._deadlines = [(r.deadline, next(self._sequence), r.session.session_id)
+                               for r in self.records.values() if r.deadline is not None]
+            heapq.heapify(self._deadlines)
         if (earliest is None or deadline < earliest) and self.on_earlier_deadline:
             self.on_earlier_deadline()
 

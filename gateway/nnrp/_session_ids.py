@@ -33,6 +33,8 @@ class SessionIds:
         self._in_use: set[int] = set()
         self._high = 1
         self._free: list[int] = []
+        #: What ``_free`` holds, so that an id released again is not pushed twice.
+        self._freed: set[int] = set()
 
     def __contains__(self, session_id: int) -> bool:
         return session_id in self._in_use
@@ -47,6 +49,7 @@ class SessionIds:
             return requested
         while self._free:
             candidate = heapq.heappop(self._free)
+            self._freed.discard(candidate)
             if candidate not in self._in_use:
                 self._in_use.add(candidate)
                 return candidate
@@ -63,5 +66,6 @@ class SessionIds:
         """The session is over (rule I3)."""
         if session_id in self._in_use:
             self._in_use.discard(session_id)
-            if session_id < self._high:
+            if session_id < self._high and session_id not in self._freed:
                 heapq.heappush(self._free, session_id)
+                self._freed.add(session_id)

@@ -728,3 +728,21 @@ def test_a_migration_must_come_from_the_sessions_own_credentials() -> None:
 def test_arbitrary_tokens_and_migrations_keep_the_contract(data: bytes) -> None:
     """tests/support/resume.py ``exercise``: the fuzzer's ``resume`` target, in CI."""
     exercise(data)
+
+
+def test_what_the_book_keeps_is_bounded_by_the_sessions_not_by_how_often_they_move() -> None:
+    """A client that cuts and resumes one session over and over, or opens and closes one
+    requested id over and over, leaves nothing growing behind it."""
+    clock = Clock()
+    sessions = book(clock)
+    conn, token = opened(sessions)
+    for _ in range(2000):
+        cut(conn)
+        conn, token = resumed(sessions, token)
+        conn.receive_data(pk(nnrp.Ping()))
+    assert len(sessions._deadlines) <= 4 * sessions.sessions + 64
+    ids = nnrp.SessionIds()
+    for _ in range(2000):
+        assert ids.take(5) == 5
+        ids.release(5)
+    assert len(ids._free) <= 1 and ids.take() == 1
