@@ -20,7 +20,10 @@ J3. No request body is kept. A record holds the submit's payload only while the
     position), which is all a resubmission is compared with. Nothing grows with the
     requests a session has made but that key and the results the bounds allow.
 J4. Memory is bounded per session (``limit``) and by every ``Budget`` the journal
-    counts against (the client's and the process's). What is counted is what is held:
+    counts against (the client's, and the ``pooled`` one of the process); the pooled bound
+    applies to a session only above its ``floor`` (its share of the process's bound), so
+    one client's sessions filling it cannot take every other client's results away (the
+    process then holds at most twice its bound). What is counted is what is held:
     each packet's bytes, plus ``PACKET_COST`` for its place in the indexes and
     ``RECORD_COST`` for each operation's record (measured: docs/benchmarks.md,
     "Resume's memory"). While the session is attached, going over a bound trims what is
@@ -201,9 +204,13 @@ class Journal:
     records were dropped whole since the session last collected them."""
 
     def __init__(self, limit: int, budgets: Iterable[Budget] = (), *,
-                 request_key: Callable[[bytes], bytes] | None = None) -> None:
+                 request_key: Callable[[bytes], bytes] | None = None,
+                 pooled: Iterable[Budget] = (), floor: int = 0) -> None:
         self.limit = limit
+        #: The bounds it always counts against, and those only above its ``floor`` (J4).
         self.budgets = tuple(budgets)
+        self.pooled = tuple(pooled)
+        self.floor = floor
         self.held = 0
         self.records: dict[int, OperationRecord] = {}
         self.released: list[int] = []
@@ -270,16 +277,24 @@ class Journal:
 
     # ------------------------------------------------------------------ bounds (J4)
 
+    @property
+    def bounds(self) -> tuple[Budget, ...]:
+        """Every shared bound it counts against."""
+        return self.budgets + self.pooled
+
     def over_budget(self) -> bool:
         """Whether operations that may not trim must wait (rule J4)."""
         if self.held > self.limit:
             return True
-        return any(budget.held > budget.limit for budget in self.budgets)
+        if any(budget.held > budget.limit for budget in self.budgets):
+            return True
+        return self.held > self.floor and any(budget.held > budget.limit
+                                              for budget in self.pooled)
 
     def trim(self) -> None:
         """Rule J4, attached: whole ended operations first, oldest first, then the oldest
         packets of running ones; nothing of a pinned one; down to ``TRIM_TO``."""
-        if not self.over_budget():
+        if not self.over_budget() or self._trimmed_enough():
             return
         for record in [r for r in self.records.values() if r.ended and not r.pinned]:
             self.forget(record.operation_id)
@@ -297,9 +312,11 @@ class Journal:
                 return
 
     def _trimmed_enough(self) -> bool:
-        if self.held > self.limit * TRIM_TO:
+        if self.held > self.limit * TRIM_TO or any(
+                budget.held > budget.limit * TRIM_TO for budget in self.budgets):
             return False
-        return all(budget.held <= budget.limit * TRIM_TO for budget in self.budgets)
+        return self.held <= self.floor or all(budget.held <= budget.limit * TRIM_TO
+                                              for budget in self.pooled)
 
     def forget(self, operation_id: int) -> None:
         record = self.records.pop(operation_id, None)
@@ -314,6 +331,8 @@ class Journal:
     def _count(self, nbytes: int) -> None:
         self.held += nbytes
         for budget in self.budgets:
+            budget.count(nbytes)
+        for budget in self.pooled:
             budget.count(nbytes)
 
 

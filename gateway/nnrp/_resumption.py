@@ -24,7 +24,8 @@ R1. Grant: a SESSION_OPEN with ``allow_resume`` gets a token and the window when
     every window already granted is honoured (``NotGranted`` says why: metrics, logs).
 R2. A client is its authenticated identity (session auth on), else its TLS client
     certificate, else its address. Its resumable sessions and the bytes their journals
-    hold are capped (R1; ``client_bytes``: a ``Budget`` its journals share).
+    hold are capped (R1; ``client_bytes``: a ``Budget`` its journals share). Every
+    session keeps its ``floor`` whatever other clients hold (``_journal`` J4).
 R3. Tokens: ``token_bytes`` from the caller's CSPRNG (with several workers, the first
     byte names the issuing worker, R11), looked up by digest and compared in constant
     time, bound to how the session was secured (``Binding``): the auth identity, the TLS
@@ -34,12 +35,14 @@ R3. Tokens: ``token_bytes`` from the caller's CSPRNG (with several workers, the 
     session resumed or migrated over TLS (or with a certificate) is bound to it from
     then on. Never logged, never in a repr.
 R4. Rotation without loss: every accepted resume or migration issues a new token (the
-    ACK carries it) and the session is ``confirm_on`` that connection. Until the client
-    shows it holds the new token (the first packet naming the session it sends there
-    after the ACK, or a PING: ``_server`` rule 4f, ``confirm``), the token it used before
-    still opens the session: an ACK lost with its connection never loses the session.
-    A resume with the old token then discards the unconfirmed one and issues another.
-    So at most two tokens open a session, and only the newest once it is confirmed.
+    ACK carries it), and the token the client used stays good: a client that never got
+    the ACK (lost with its connection) resumes again with the token it holds, which
+    discards the unanswered one and issues another. So at most two tokens open a
+    session: the one the client is known to hold, and the newest. The older one is let
+    go ``confirm_grace`` seconds after the client shows, on the connection the ACK went
+    to, that it holds the newest (its first packet naming the session after the ACK, or
+    a PING: ``_server`` rule 4f, ``confirm``); the grace covers a client that sent that
+    packet before the ACK reached it (pipelining) and then lost the connection.
 R5. Lookups never change anything (``find``); a refused resume or migration (a wrong
     profile, a live holder, a full connection) spends nothing: the same token can try
     again.
@@ -123,6 +126,9 @@ class ResumePolicy:
     relays: tuple[str, ...] = ()
     #: How long the holder of an attached session has to answer a probe (R8).
     probe_timeout: float = 2.0
+    #: How long the older of a session's two tokens stays good once the client has
+    #: shown it holds the newest (R4).
+    confirm_grace: float = 10.0
     #: Refused resumes and migrations one connection may make at once, and per second
     #: after that (``_server`` rule 4e).
     refusal_burst: int = 8
@@ -249,23 +255,28 @@ class ResumeStats:
 class ResumeRecord:
     """One resumable session, as the book keeps it."""
 
-    __slots__ = ("binding", "client", "confirm_on", "deadline", "holder", "pending", "phase",
-                 "session", "token")
+    __slots__ = ("binding", "client", "confirm_on", "deadline", "holder", "phase", "session",
+                 "tokens")
 
-    def __init__(self, session: ServerSession, token: bytes, binding: Binding,
-                 client: bytes, holder: Holder) -> None:
+    def __init__(self, session: ServerSession, binding: Binding, client: bytes,
+                 holder: Holder) -> None:
         self.session = session
-        #: The token the client is known to hold, and the one issued since (R4).
-        self.token = token
-        self.pending: bytes | None = None
+        #: The tokens that open it (R4), oldest first, each with when it stops (None:
+        #: not before another token is confirmed). Never more than two.
+        self.tokens: dict[bytes, float | None] = {}
         self.binding = binding
         self.client = client
         self.holder: Holder | None = holder
         self.phase = Phase.ATTACHED
         #: When its window ends (detached), or its resubmissions' (attached; None: none).
         self.deadline: float | None = None
-        #: The connection whose next packet confirms ``pending`` (R4).
+        #: The connection whose next packet for the session confirms the newest (R4).
         self.confirm_on: Holder | None = None
+
+    @property
+    def newest(self) -> bytes:
+        """The token the last ACK carried."""
+        return next(reversed(self.tokens))
 
     def __repr__(self) -> str:
         return (f"ResumeRecord(session_id={self.session.session_id}, "
@@ -318,6 +329,14 @@ class SessionBook:
         return len(self.records)
 
     @property
+    def floor(self) -> int:
+        """What a session's journal may hold whatever the shared bounds say (``_journal``
+        J4): its share of the process's bound, at least 64 KiB, at most its own."""
+        policy = self.policy
+        return min(policy.session_bytes,
+                   max(64 << 10, policy.total_bytes // max(1, policy.max_sessions)))
+
+    @property
     def detached(self) -> int:
         return sum(1 for record in self.records.values() if record.phase is Phase.DETACHED)
 
@@ -350,16 +369,17 @@ class SessionBook:
         if share is None:
             share = self._clients[client] = _Client(0, Budget(policy.client_bytes))
         share.sessions += 1
-        record = ResumeRecord(session, b"", binding, client, holder)
-        record.token = self._issue(record)
+        record = ResumeRecord(session, binding, client, holder)
+        token = self._issue(record)
         self.records[session.session_id] = record
-        session.journal = Journal(policy.session_bytes, (share.budget, self.total),
-                                  request_key=session.config.resubmission.key)
+        session.journal = Journal(policy.session_bytes, (share.budget,),
+                                  request_key=session.config.resubmission.key,
+                                  pooled=(self.total,), floor=self.floor)
         session.resumable = True
-        return ResumeGrant(record.token, policy.window_ms)
+        return ResumeGrant(token, policy.window_ms)
 
     def _issue(self, record: ResumeRecord) -> bytes:
-        """A new token for ``record`` (R3), mapped to it."""
+        """A new token for ``record`` (R3), mapped to it: its newest."""
         while True:
             token = self._random_bytes(self.policy.token_bytes)
             if self.policy.workers > 1:  # R11: the first byte names the worker
@@ -367,11 +387,21 @@ class SessionBook:
             if _digest(token) not in self._by_token:
                 break
         self._by_token[_digest(token)] = record
+        record.tokens[token] = None
         return token
 
-    def _unmap(self, token: bytes | None) -> None:
-        if token:
-            self._by_token.pop(_digest(token), None)
+    def _drop_token(self, record: ResumeRecord, token: bytes) -> None:
+        record.tokens.pop(token, None)
+        self._by_token.pop(_digest(token), None)
+
+    def _opens(self, record: ResumeRecord, token: bytes) -> bool:
+        """Whether ``token`` opens ``record`` now (R4); a token past its grace goes."""
+        for held, until in list(record.tokens.items()):
+            if until is not None and self.clock() >= until:
+                self._drop_token(record, held)
+            elif hmac.compare_digest(held, token):
+                return True
+        return False
 
     # ------------------------------------------------------------------ lookups (R3, R5)
 
@@ -391,9 +421,7 @@ class SessionBook:
         record = self._by_token.get(_digest(token))
         if (record is None or record.phase is Phase.ENDED
                 or record.session.session_id != session_id
-                or not (hmac.compare_digest(record.token, token) or (
-                    record.pending is not None
-                    and hmac.compare_digest(record.pending, token)))
+                or not self._opens(record, token)
                 or (binding is not None and not record.binding.admits(binding))):
             self.stats.refused_total += 1
             return Lookup.REJECTED
@@ -437,14 +465,13 @@ class SessionBook:
         return ResumeGrant(token, self.policy.window_ms), previous
 
     def _rotate(self, record: ResumeRecord, used: bytes) -> bytes:
-        """R4: the token the client showed is known to be held; a new one is issued."""
-        if record.pending is not None and hmac.compare_digest(record.pending, used):
-            self._unmap(record.token)
-            record.token = record.pending
-        else:
-            self._unmap(record.pending)  # never arrived: the client used the one before
-        record.pending = self._issue(record)
-        return record.pending
+        """R4: the token the client showed is known to be held (it stays good); every
+        other goes, and a new one is issued."""
+        for held in list(record.tokens):
+            if not hmac.compare_digest(held, used):
+                self._drop_token(record, held)
+        record.tokens[used] = None
+        return self._issue(record)
 
     def _attach(self, record: ResumeRecord, connection: Holder) -> None:
         record.phase = Phase.ATTACHED
@@ -453,11 +480,13 @@ class SessionBook:
         record.deadline = None
 
     def confirm(self, record: ResumeRecord) -> None:
-        """R4: the client sent a packet on the connection its new token went to."""
-        if record.pending is not None:
-            self._unmap(record.token)
-            record.token = record.pending
-            record.pending = None
+        """R4: the client sent a packet for the session on the connection its newest
+        token went to: every older one goes ``confirm_grace`` from now."""
+        newest = record.newest
+        until = self.clock() + self.policy.confirm_grace
+        for held, current in record.tokens.items():
+            if held != newest and current is None:
+                record.tokens[held] = until
         record.confirm_on = None
 
     def detach(self, record: ResumeRecord) -> bool:
@@ -480,8 +509,8 @@ class SessionBook:
         record.phase = Phase.ENDED
         record.holder = record.confirm_on = None
         record.deadline = None
-        self._unmap(record.token)
-        self._unmap(record.pending)
+        for held in list(record.tokens):
+            self._drop_token(record, held)
         session_id = record.session.session_id
         if self.records.get(session_id) is record:
             del self.records[session_id]

@@ -226,7 +226,7 @@ class SessionRegistry:
         journal = session.protocol.journal
         if journal is not None:
             journal.clear()
-            for budget in journal.budgets:
+            for budget in journal.bounds:
                 budget.waiting.discard(session)
         record_client = session.client
         if record_client is not None:

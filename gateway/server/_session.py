@@ -219,7 +219,7 @@ class _Port:
                 # waiting for room here stops the upstream read (``_journal`` J4).
                 if journal is None or not journal.over_budget():
                     return
-                for budget in journal.budgets:
+                for budget in journal.bounds:
                     if budget.over:  # room another session makes there wakes it
                         budget.waiting.add(session)
                 await session.wait_changed()

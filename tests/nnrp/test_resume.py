@@ -62,10 +62,10 @@ def streamed(conn: nnrp.ServerConnection, operation_id: int = 7001, frame_id: in
     return [packet for packet in sent if packet is not None]
 
 
-def resumed(sessions: nnrp.SessionBook, token: bytes, **config: Any
+def resumed(sessions: nnrp.SessionBook, token: bytes, session_id: int = 1, **config: Any
             ) -> tuple[nnrp.ServerConnection, bytes]:
     conn = connection(sessions, **config)
-    (ack,) = replies(conn.receive_data(resume(token)))
+    (ack,) = replies(conn.receive_data(resume(token, session_id)))
     assert ack.message.status == nnrp.SessionOpenStatus.RESUMED, ack.body
     return conn, ack.body
 
@@ -133,7 +133,7 @@ def test_a_client_is_its_identity_else_its_certificate_else_its_address() -> Non
 
 def test_a_clients_journals_share_its_byte_bound() -> None:
     """Finding 6: held bytes are capped per client too (``client_bytes``)."""
-    sessions = book(client_bytes=4096, session_bytes=1 << 20)
+    sessions = book(client_bytes=4096, session_bytes=1 << 20, total_bytes=1 << 30)
     first, _ = opened(sessions)
     second, _ = opened(sessions)
     for session_id, conn in ((1, first), (2, second)):
@@ -176,9 +176,11 @@ def test_a_resume_rotates_the_token_keeps_the_id_and_awaits_the_resubmission() -
 def test_a_lost_resume_answer_does_not_lose_the_session() -> None:
     """Finding 3: the token rotated before the client had the new one; if the ACK was
     lost with its connection, the retry with the token the client holds was rejected and
-    vLLM generated for nobody. Now the old token opens the session until the client has
-    shown, by a packet on the resumed connection, that the new one arrived (R4)."""
-    sessions = book()
+    vLLM generated for nobody. Now the token the client used stays good (R4): the older
+    of the two lets go only ``confirm_grace`` after the client shows, by a packet for the
+    session on the resumed connection, that the newest arrived."""
+    clock = Clock()
+    sessions = book(clock, confirm_grace=10.0)
     first, token = opened(sessions)
     streamed(first)
     cut(first)
@@ -188,17 +190,38 @@ def test_a_lost_resume_answer_does_not_lose_the_session() -> None:
     assert newer not in (token, lost)
     cut(third)
     # The token whose answer was lost is gone with it (never confirmed, replaced).
-    for stale in (lost,):
-        (refused,) = replies(connection(sessions).receive_data(resume(stale)))
-        assert refused.message.status == nnrp.SessionOpenStatus.REJECTED
-    # The newest one works, and once the client sends anything after it, only it does.
+    (refused,) = replies(connection(sessions).receive_data(resume(lost)))
+    assert refused.message.status == nnrp.SessionOpenStatus.REJECTED
+    # The newest works; once the client sends anything for the session after it, the
+    # older ones go when the grace has passed (a pipelining client's packet may have gone
+    # before the ACK reached it: within the grace, the old token still opens).
     fourth, newest = resumed(sessions, newer)
-    fourth.receive_data(submit(7001, 1))  # a packet after the answer: confirmed
+    fourth.receive_data(submit(7001, 1))  # a packet for the session: confirms
     cut(fourth)
+    clock.now += 9.9
+    fifth, _ = resumed(sessions, newer)  # still within the grace
+    fifth.receive_data(pk(nnrp.Ping()))
+    cut(fifth)
+    clock.now += 10.0
     for spent in (token, newer):
         (refused,) = replies(connection(sessions).receive_data(resume(spent)))
         assert refused.message.status == nnrp.SessionOpenStatus.REJECTED
-    resumed(sessions, newest)
+
+
+def test_a_pipelined_packet_never_makes_a_lost_answer_fatal() -> None:
+    """The client sends its resubmission (or a PING) right behind its resume, before the
+    ACK reaches it, then loses the connection: the token it holds still resumes."""
+    for follow in (submit(7001, 1), pk(nnrp.Ping())):
+        clock = Clock()
+        sessions = book(clock)
+        first, token = opened(sessions)
+        streamed(first)
+        cut(first)
+        second = connection(sessions)
+        second.receive_data(resume(token) + follow)  # one write: pipelined
+        cut(second)
+        clock.now += 1.0
+        resumed(sessions, token)
 
 
 @pytest.mark.parametrize(("case", "status", "code"), [
@@ -223,6 +246,7 @@ def test_refused_resumes_are_typed_and_say_nothing_more(
         second, _ = resumed(sessions, token)
         second.receive_data(pk(nnrp.Ping()))  # the new token arrived
         cut(second)
+        sessions.clock.now += sessions.policy.confirm_grace  # type: ignore[attr-defined]
     elif case == "other identity":
         request = resume(token, auth=b"someone else")
     elif case == "no allow_resume flag":
@@ -635,6 +659,7 @@ def test_a_migration_moves_the_session_rotates_the_token_and_tells_the_old_holde
     assert (moved.last_result_frame_id, moved.resume_from_frame_id) == (4, 6)
     assert second.session(1) is session and first.session(1) is None
     second.receive_data(pk(nnrp.Ping()))  # confirms the new token
+    sessions.clock.now += sessions.policy.confirm_grace  # type: ignore[attr-defined]
     (again,) = replies(connection(sessions, transport=nnrp.TransportId.QUIC).receive_data(
         migrate(token, old=nnrp.TransportId.TCP, new=nnrp.TransportId.QUIC)))
     assert again.message.accept_code == nnrp.MigrateAccept.REFUSED  # spent
@@ -732,17 +757,56 @@ def test_arbitrary_tokens_and_migrations_keep_the_contract(data: bytes) -> None:
 
 def test_what_the_book_keeps_is_bounded_by_the_sessions_not_by_how_often_they_move() -> None:
     """A client that cuts and resumes one session over and over, or opens and closes one
-    requested id over and over, leaves nothing growing behind it."""
+    requested id over and over, leaves nothing growing behind it. (An earlier session's
+    deadline sits at the heap's top, so stale entries below it would never leave alone;
+    ids taken up front put 5 under the high mark, so a release pushes it each time.)"""
     clock = Clock()
-    sessions = book(clock)
+    sessions = book(clock, window=100.0)
+    early, _ = opened(sessions)
+    cut(early)
+    clock.now += 1
     conn, token = opened(sessions)
     for _ in range(2000):
         cut(conn)
-        conn, token = resumed(sessions, token)
+        conn, token = resumed(sessions, token, 2)
         conn.receive_data(pk(nnrp.Ping()))
     assert len(sessions._deadlines) <= 4 * sessions.sessions + 64
     ids = nnrp.SessionIds()
+    assert [ids.take() for _ in range(10)] == list(range(1, 11))
     for _ in range(2000):
-        assert ids.take(5) == 5
         ids.release(5)
-    assert len(ids._free) <= 1 and ids.take() == 1
+        assert ids.take(5) == 5
+    assert len(ids._free) <= 1
+
+
+def test_one_clients_detached_sessions_do_not_take_the_others_results_away() -> None:
+    """Review of issue 34: when one client's detached sessions filled the process's
+    bound, every attached session of every client trimmed its journal to nothing on
+    every packet (and a resubmission declaring its position got 410). A session keeps its
+    floor (its share of the process's bound) whatever the shared bounds say."""
+    policy = {"total_bytes": 200_000, "max_sessions": 4, "session_bytes": 1 << 20,
+              "client_bytes": 1 << 20}
+    sessions = book(**policy)
+    hog = nnrp.PeerCredentials("10.0.0.66")
+    for _ in range(2):  # the hog's sessions stream while detached, to the process bound
+        conn, _ = opened(sessions, peer=hog)
+        (server_session,) = conn.sessions
+        conn.receive_data(submit(1, 1, session_id=server_session.session_id))
+        cut(conn)
+        while server_session.journal is not None and not server_session.journal.over_budget():
+            server_session.send_partial(1, b"h" * 200)
+    assert sessions.total.over
+    victim, token = opened(sessions, peer=nnrp.PeerCredentials("10.0.0.7"))
+    (mine,) = victim.sessions
+    victim.receive_data(submit(7001, 1, session_id=mine.session_id))
+    for n in range(1, 41):
+        victim.send_partial(mine.session_id, 7001, b"v%d" % n)
+    journal = mine.journal
+    assert journal is not None and journal.floor >= 50_000
+    assert journal.records[7001].dropped_through == 0  # nothing of it trimmed
+    cut(victim)
+    back = connection(sessions)
+    (ack,) = replies(back.receive_data(resume(token, mine.session_id)))
+    assert ack.message.status == nnrp.SessionOpenStatus.RESUMED
+    events = back.receive_data(submit(7001, 1, with_position(5), session_id=mine.session_id))
+    assert of(events, nnrp.OperationResumed)[0].replayed_events == 35

@@ -136,7 +136,7 @@ def _opens(book: nnrp.SessionBook, token: bytes) -> bool:
 
 def _record_of(book: nnrp.SessionBook, token: bytes) -> nnrp.ResumeRecord | None:
     for record in book.records.values():
-        if token and token in (record.token, record.pending):
+        if token and token in record.tokens:
             return record
     return None
 
@@ -155,7 +155,7 @@ def _check(conn: nnrp.ServerConnection, book: nnrp.SessionBook, events: list[obj
                 assert packet.session_id == message.session_id != 0
                 assert message.session_flags_ack == 1 and len(packet.body) == 24
                 record = book.records[packet.session_id]
-                assert record.pending == packet.body
+                assert record.newest == packet.body
                 assert conn.session(packet.session_id) is record.session
             elif message.status != nnrp.SessionOpenStatus.OPENED:
                 assert (packet.session_id, message.session_flags_ack,
