@@ -195,7 +195,7 @@ def test_a_lost_resume_answer_does_not_lose_the_session() -> None:
     # The newest works; once the client sends anything for the session after it, the
     # older ones go when the grace has passed (a pipelining client's packet may have gone
     # before the ACK reached it: within the grace, the old token still opens).
-    fourth, newest = resumed(sessions, newer)
+    fourth, _ = resumed(sessions, newer)
     fourth.receive_data(submit(7001, 1))  # a packet for the session: confirms
     cut(fourth)
     clock.now += 9.9
