@@ -104,8 +104,9 @@ PUBLIC: dict[str, str] = {
         "tracing_problem "
     ),
     "gateway.tools.client": (
-        "ClientError ClientOperation ClientSession ConnectionLost MAX_BACKOFF MAX_ENDED_FRAMES "
-        "MIN_BACKOFF NnrpClient ResumeTicket TRANSPORT_IDS Trust connect resubmission "
+        "ClientError ClientOperation ClientSession ConnectionLost DEFAULT_REOPEN MAX_BACKOFF "
+        "MAX_ENDED_FRAMES MIN_BACKOFF NnrpClient ResumeTicket TRANSPORT_IDS Trust connect "
+        "resubmission "
     ),
     "gateway.tools.cut": (
         "Relayed StreamCutProxy "

@@ -132,6 +132,8 @@ class SessionOpenRefused:
     message: str
     #: A resume (a token was presented): counted and logged apart (rate-limited).
     resume: bool = False
+    #: Answered without a look: the connection collected too many refusals (rule 4e).
+    rate_limited: bool = False
 
 
 @attrs.frozen

@@ -129,10 +129,6 @@ class ResumePolicy:
     #: How long the older of a session's two tokens stays good once the client has
     #: shown it holds the newest (R4).
     confirm_grace: float = 10.0
-    #: Refused resumes and migrations one connection may make at once, and per second
-    #: after that (``_server`` rule 4e).
-    refusal_burst: int = 8
-    refusals_per_second: float = 1.0
 
     @property
     def enabled(self) -> bool:
@@ -248,8 +244,6 @@ class ResumeStats:
     #: Holders of an attached session probed (R8), and those closed for their silence.
     probes_total: int = 0
     probe_failures_total: int = 0
-    #: Resumes and migrations refused by a connection's rate (``_server`` rule 4e).
-    rate_limited_total: int = 0
 
 
 class ResumeRecord:
@@ -331,10 +325,9 @@ class SessionBook:
     @property
     def floor(self) -> int:
         """What a session's journal may hold whatever the shared bounds say (``_journal``
-        J4): its share of the process's bound, at least 64 KiB, at most its own."""
+        J4): its share of the process's bound (256 KiB by default), at most its own."""
         policy = self.policy
-        return min(policy.session_bytes,
-                   max(64 << 10, policy.total_bytes // max(1, policy.max_sessions)))
+        return min(policy.session_bytes, policy.total_bytes // max(1, policy.max_sessions))
 
     @property
     def detached(self) -> int:

@@ -89,11 +89,13 @@ the runtime objects, whose table is ``_objects``)):
       handed over, nothing is answered, the connection is ``HANDED_OFF``
       (``HandedOff``) and reads nothing more; the I/O layer relays it whole to that
       process. Otherwise it is refused. So a connection is relayed at most once.
-   e. Resumes and migrations whose token opens nothing here are rate-limited per
-      connection (a guesser's cost): a token bucket of ``refusal_burst``, refilled at
-      ``refusals_per_second``; past it every resume is answered retry_later (a
-      migration: refused) without a lookup. Refusals of a token that does open a
-      session (another profile, a live holder, a full connection) spend nothing.
+   e. Refusals a guesser would collect are rate-limited per connection: a session open
+      or resume with credentials that fail, and a resume or migration whose token
+      opens nothing. A token bucket of ``refusal_burst``, refilled at
+      ``refusals_per_second`` (``ServerConfig``); past it every session open or resume
+      is answered retry_later (a migration: refused) without looking at credentials
+      or tokens (``SessionOpenRefused.rate_limited``). Refusals of a token that does
+      open a session (another profile, a live holder, a full connection) spend nothing.
    f. A resumed or migrated session's new token is confirmed by the first packet the
       client sends on this connection after the ACK that names the session (a
       resubmission, any control), or by a PING (a client pings once it has read what
@@ -265,8 +267,8 @@ class ServerConnection(SessionOutputs):
         self._session_messages = 0
         #: Resumed or migrated here, their new token not yet shown to have arrived (4f).
         self._unconfirmed: list[ResumeRecord] = []
-        #: Rule 4e: refused resumes and migrations this connection may still make now.
-        self._refusal_allowance = float(book.policy.refusal_burst) if book else 0.0
+        #: Rule 4e: refusals this connection may still collect now.
+        self._refusal_allowance = float(self.config.refusal_burst)
         self._refusal_checked = clock()
         #: Rule 18: when something last arrived, and when the probe went (None: none).
         self.last_received = clock()
@@ -515,7 +517,15 @@ class ServerConnection(SessionOutputs):
                            request.resume_token_bytes + request.auth_bytes]
         first = self._session_messages == 0
         self._session_messages += 1
+        if not self._refusals_left():  # rule 4e: nothing is looked at
+            self._refuse_open(request, SessionError.LIMIT_REACHED,
+                              "too many refused session opens on this connection; "
+                              "retry shortly", events, retry_later=True,
+                              resume=bool(token), rate_limited=True)
+            return
         refusal = self._session_refusal(request, auth, resuming=bool(token))
+        if refusal is not None and refusal[0] is SessionError.AUTH_FAILED:
+            self._spend_refusal()
         if refusal is None and token:
             self._resume(request, bytes(token), bytes(auth), first, events)
             return
@@ -570,11 +580,6 @@ class ServerConnection(SessionOutputs):
                     "resume rejected: no session can be resumed with this token")
         if not request.session_flags & SessionFlag.ALLOW_RESUME or not session_id:
             self._refuse_resume(request, *rejected, events)
-            return
-        if not self._refusals_left():
-            self._refuse_open(request, SessionError.RESUME_REJECTED,
-                              "too many refused resumes on this connection; retry shortly",
-                              events, retry_later=True, resume=True)
             return
         book = self.book
         if book is None or session_id in self._sessions:
@@ -640,19 +645,14 @@ class ServerConnection(SessionOutputs):
         self._refuse_open(request, code, text, events, resume=True)
 
     def _refusals_left(self) -> bool:
-        """Rule 4e: a token bucket over this connection's refused resumes and migrations."""
-        if self.book is None:
-            return True
-        policy = self.book.policy
+        """Rule 4e: a token bucket over the refusals this connection collects."""
+        config = self.config
         now = self._clock()
         self._refusal_allowance = min(
-            float(policy.refusal_burst),
-            self._refusal_allowance + (now - self._refusal_checked) * policy.refusals_per_second)
+            float(config.refusal_burst),
+            self._refusal_allowance + (now - self._refusal_checked) * config.refusals_per_second)
         self._refusal_checked = now
-        if self._refusal_allowance >= 1:
-            return True
-        self.book.stats.rate_limited_total += 1
-        return False
+        return self._refusal_allowance >= 1
 
     def _spend_refusal(self) -> None:
         self._refusal_allowance = max(0.0, self._refusal_allowance - 1)
@@ -683,11 +683,11 @@ class ServerConnection(SessionOutputs):
 
     def _refuse_open(self, request: SessionOpen, code: SessionError, text: str,
                      events: list[Event], *, retry_later: bool = False,
-                     resume: bool = False) -> None:
+                     resume: bool = False, rate_limited: bool = False) -> None:
         events.append(SendBytes(self._open_refusal(request, code, text,
                                                    retry_later=retry_later)))
         events.append(SessionOpenRefused(request.requested_session_id, int(code), text,
-                                         resume=resume))
+                                         resume=resume, rate_limited=rate_limited))
 
     def _open_refusal(self, request: SessionOpen, code: SessionError, text: str, *,
                       retry_later: bool = False) -> bytes:

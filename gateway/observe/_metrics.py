@@ -79,6 +79,10 @@ class _StatsCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_auth_failures",
                                   "Session opens refused for bad credentials.",
                                   value=s.auth_failures)
+        yield CounterMetricFamily(f"{PREFIX}_refusals_rate_limited",
+                                  "Session opens and resumes answered retry_later without a "
+                                  "look: their connection collected too many refusals.",
+                                  value=s.refusals_rate_limited)
         yield CounterMetricFamily(f"{PREFIX}_refused_submits",
                                   "Submits refused (duplicate id, in-flight limit, closing).",
                                   value=s.refused_submits)
@@ -170,9 +174,6 @@ RESUME_COUNTERS: dict[str, tuple[str, str]] = {
                      "a resume named a session attached to them."),
     "probe_failures_total": ("resume_probe_failures", "Connections closed because they "
                              "stayed silent when probed (their sessions detached)."),
-    "rate_limited_total": ("resume_rate_limited", "Resumes and migrations answered "
-                           "retry_later without a lookup: their connection refused too "
-                           "many lately."),
 }
 #: ``ResumeStats`` fields exported as one labelled family each, not as counters above.
 RESUME_LABELLED = frozenset({"not_granted"})

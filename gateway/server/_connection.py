@@ -244,7 +244,7 @@ class Connection:
         assert self.registry is not None
         path = self.registry.settings.relays[worker]
         self.registry.stats.relayed_total += 1
-        self.log.info("resume relayed to the worker holding the session", worker=worker)
+        self.stats.notices.relayed.note(worker=worker)
         try:
             holder = await trio.open_unix_socket(path)
         except OSError as exc:
@@ -565,8 +565,7 @@ class Connection:
             session = Session(protocol, self._nursery, self.handler, self.observer,
                               self.stats)
             if event.not_granted is not None:
-                self.log.info("session opened without resume", session_id=event.session_id,
-                              reason=event.not_granted)
+                self.stats.notices.not_granted.note(reason=event.not_granted)
         self._attach(session)
         self.stats.sessions_total += 1
         by_transport = self.stats.sessions_by_transport
@@ -628,13 +627,19 @@ class Connection:
                       running=operation is not None)
 
     def _session_refused(self, event: SessionOpenRefused) -> None:
-        self.stats.sessions_refused += 1
-        if event.error_code == SessionError.AUTH_FAILED:
-            self.stats.auth_failures += 1
-            self.log.warning("session authentication failed", peer=self.transport.peer)
-        elif event.resume and self.registry is not None:
-            self.registry.refusals.refused(error_code=event.error_code, reason=event.message,
-                                           peer=self.transport.peer)
+        """Counted always; logged at most once a second a kind when a client could
+        provoke it at will (``Notice``)."""
+        stats, notices = self.stats, self.stats.notices
+        stats.sessions_refused += 1
+        if event.rate_limited:
+            stats.refusals_rate_limited += 1
+            notices.rate_limited.note(peer=self.transport.peer)
+        elif event.error_code == SessionError.AUTH_FAILED:
+            stats.auth_failures += 1
+            notices.auth_failed.note(peer=self.transport.peer)
+        elif event.resume:
+            notices.resume_refused.note(error_code=event.error_code, reason=event.message,
+                                        peer=self.transport.peer)
         else:
             self.log.info("session refused", error_code=event.error_code, reason=event.message)
 

@@ -14,9 +14,7 @@ out in time and across tasks:
    resubmitted in time end unseen. A new earlier deadline wakes it.
 3. A session's journal is cleared once its operations have ended (a running operation
    may still write to it until its terminal).
-4. Refused resumes are logged at most once a second, with how many there were (a client
-   guessing tokens must not write a line each).
-5. Drain: the book stops granting and clips every window to the drain's end (R12); the
+4. Drain: the book stops granting and clips every window to the drain's end (R12); the
    server keeps accepting while a detached session waits, so its client can collect
    what finished while it was away (``GatewayServer.shutdown``).
 """
@@ -58,24 +56,6 @@ log = structlog.get_logger("gateway.server")
 ResumeSettings = ResumePolicy
 
 
-class RefusalLog:
-    """Rule 4: one line a second at most, with the count since the last one."""
-
-    def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
-        self._next_line = -math.inf
-        self._count = 0
-
-    def refused(self, **fields: object) -> None:
-        self._count += 1
-        now = trio.current_time()
-        if now < self._next_line:
-            return
-        log.info("resume refused", refusals=self._count, **fields)
-        self._count = 0
-        self._next_line = now + self.interval
-
-
 class SessionRegistry:
     """The I/O side of the process's resumable sessions (rules 1-5)."""
 
@@ -85,7 +65,6 @@ class SessionRegistry:
         self.book = SessionBook(self.settings, ids=ids, clock=trio.current_time)
         self.book.on_earlier_deadline = self._deadline_changed
         self.stats = self.book.stats
-        self.refusals = RefusalLog()
         #: The I/O session of every resumable session (attached or detached), by id.
         self.by_id: dict[int, Session] = {}
         self._connections: dict[ServerConnection, Attached] = {}

@@ -80,9 +80,13 @@ async def test_a_window_that_passes_ends_the_operations_and_aborts_vllm(
     assert not refused.value.retry_later
 
 
+#: How long a spent token stays good once its client has the next (short for the test).
+GRACE = 0.2
+
+
 async def test_a_token_is_good_once_and_an_unknown_one_gets_the_same_answer(
         nursery: trio.Nursery, socket_dir: Path) -> None:
-    stack = await start_stack(nursery, socket_dir)
+    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(confirm_grace=GRACE))
     ticket, _ = await detach(stack, envelope(chat(stream=True),
                                              request_id="replay:long_stream:once"))
     with trio.fail_after(10):
@@ -95,10 +99,10 @@ async def test_a_token_is_good_once_and_an_unknown_one_gets_the_same_answer(
 async def check_tokens(client: Any, session: ClientSession, ticket: ResumeTicket) -> None:
     """The spent token and an unknown one: refused alike; the live one: retry later.
     Asked on another connection than the one holding session 1 (there, any resume of id 1
-    is refused before a token is looked at). A token is spent once the client has shown
-    it holds the next one: a packet on the resumed connection (gateway/nnrp/
-    _resumption.py R4); until then it still opens the session (here: attached, so retry
-    later)."""
+    is refused before a token is looked at). A token is spent ``confirm_grace`` after the
+    client has shown it holds the next one, by a packet on the resumed connection
+    (gateway/nnrp/_resumption.py R4); until then it still opens the session (here:
+    attached, so retry later)."""
     assert session.ticket is not None and session.ticket.token != ticket.token
     async with connect(client.transport.peer) as other:
         with pytest.raises(ClientError) as unconfirmed:
@@ -106,6 +110,7 @@ async def check_tokens(client: Any, session: ClientSession, ticket: ResumeTicket
         assert unconfirmed.value.retry_later  # not spent yet: the ACK may have been lost
         await session.trace_context(trace_id=1, span_id=1)  # a packet: confirms
         await client.ping()
+        await trio.sleep(GRACE)
         answers = []
         for token in (ticket.token, b"\x00" * 24):  # spent, and never issued
             with pytest.raises(ClientError) as refused:

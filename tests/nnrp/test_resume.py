@@ -361,24 +361,24 @@ def test_refused_resumes_are_rate_limited_per_connection() -> None:
     line each). A connection may be refused ``refusal_burst`` times, then one a second;
     past that it is retry_later without a lookup (rule 4e)."""
     clock = Clock()
-    sessions = book(clock, refusal_burst=3, refusals_per_second=1.0)
-    conn = connection(sessions)
+    sessions = book(clock)
+    conn = connection(sessions, refusal_burst=3, refusals_per_second=1.0)
     answers = [replies(conn.receive_data(resume(bytes([n]) * 24)))[0].message.status
                for n in range(5)]
     assert answers == [nnrp.SessionOpenStatus.REJECTED] * 3 + [
         nnrp.SessionOpenStatus.RETRY_LATER] * 2
-    assert sessions.stats.refused_total == 3 and sessions.stats.rate_limited_total == 2
+    assert sessions.stats.refused_total == 3
     clock.now += 1.0
     (ack,) = replies(conn.receive_data(resume(b"z" * 24)))
     assert ack.message.status == nnrp.SessionOpenStatus.REJECTED
     # Accepted resumes cost nothing: a client resuming many sessions is never limited.
-    owner = book(clock, refusal_burst=1)
+    owner = book(clock)
     tokens = []
     for _ in range(4):
         conn, token = opened(owner)
         cut(conn)
         tokens.append((conn, token))
-    back = connection(owner)
+    back = connection(owner, refusal_burst=1)
     for session_id, (_, token) in enumerate(tokens, start=1):
         (ack,) = replies(back.receive_data(resume(token, session_id=session_id)))
         assert ack.message.status == nnrp.SessionOpenStatus.RESUMED
@@ -810,3 +810,26 @@ def test_one_clients_detached_sessions_do_not_take_the_others_results_away() -> 
     assert ack.message.status == nnrp.SessionOpenStatus.RESUMED
     events = back.receive_data(submit(7001, 1, with_position(5), session_id=mine.session_id))
     assert of(events, nnrp.OperationResumed)[0].replayed_events == 35
+
+
+def test_bad_credentials_are_rate_limited_like_tokens_that_open_nothing() -> None:
+    """Review of issue 34: with session auth on, a wrong auth token was answered (and
+    logged) every time. It spends the connection's allowance as a refused resume does;
+    past it, nothing is looked at. A connection that opens sessions fine never runs out."""
+    clock = Clock()
+    sessions = book(clock)
+    conn = connection(sessions, authenticate=lambda auth: auth == b"key", refusal_burst=3)
+    codes = []
+    for _ in range(5):
+        events = conn.receive_data(pk(attrs.evolve(RESUMABLE, auth_bytes=5), body=b"guess"))
+        (ack,) = replies(events)
+        codes.append((ack.message.status, ack.message.session_error_code,
+                      of(events, nnrp.SessionOpenRefused)[0].rate_limited))
+    assert codes == [(nnrp.SessionOpenStatus.REJECTED, nnrp.SessionError.AUTH_FAILED,
+                      False)] * 3 + [(nnrp.SessionOpenStatus.RETRY_LATER,
+                                      nnrp.SessionError.LIMIT_REACHED, True)] * 2
+    honest = connection(sessions, authenticate=lambda auth: auth == b"key", refusal_burst=1)
+    for _ in range(10):
+        (ack,) = replies(honest.receive_data(pk(attrs.evolve(RESUMABLE, auth_bytes=3),
+                                                body=b"key")))
+        assert ack.message.status == nnrp.SessionOpenStatus.OPENED

@@ -94,8 +94,7 @@ class ResumeMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = Clock()
         self.book = book(self.clock, window=WINDOW, session_bytes=SESSION_BYTES,
-                         total_bytes=SESSION_BYTES * 3, refusal_burst=1000,
-                         max_sessions_per_client=10_000)
+                         total_bytes=SESSION_BYTES * 3, max_sessions_per_client=10_000)
         self.wires: list[Wire] = []
         self.clients: dict[int, ClientSession] = {}
         self.next_operation = 1
