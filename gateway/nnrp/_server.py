@@ -319,18 +319,21 @@ class ServerConnection(SessionOutputs):
             self.ids.release(session.session_id)
         session.connection = None
 
-    def connection_lost(self) -> SessionsLost:
+    def connection_lost(self, *, detach: bool = True) -> SessionsLost:
         """The carrier ended without a fatal error (EOF, reset, idle cut, a probe that
         went unanswered): each resumable session that is open detaches and waits for
-        its client (``_resumption`` R6); every other session ends."""
+        its client (``_resumption`` R6); every other session ends. ``detach`` False: the
+        gateway closed it itself, its sessions drained and delivered (a drain's end):
+        every session ends."""
         detached: list[int] = []
         ended: list[int] = []
         for session_id in list(self._sessions):
             session = self._sessions[session_id]
             record = self.book.record_of(session_id) if self.book is not None else None
             self.detach(session_id)
-            if (record is not None and self.book is not None and record.session is session
-                    and session.state is SessionState.OPEN and self.book.detach(record)):
+            if (detach and record is not None and self.book is not None
+                    and record.session is session and session.state is SessionState.OPEN
+                    and self.book.detach(record)):
                 detached.append(session_id)
             else:
                 self._end_session(session)

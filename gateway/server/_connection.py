@@ -158,6 +158,8 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._handshake_done = trio.Event()
         self._failed = False
+        #: The gateway closes it itself at the end of its drain: its sessions end.
+        self._drained = False
         #: Every byte received until a session opens (a resume naming another worker's
         #: session is relayed there from the first byte: ``_relay``); None after, and
         #: from the start where there is no other worker to relay to, or when this
@@ -221,7 +223,7 @@ class Connection:
         """The connection is over: each resumable session that never sent SESSION_CLOSE
         detaches and waits for its client (the book decides: ``connection_lost``); every
         other session ends, its operations with it."""
-        lost = self.protocol.connection_lost()
+        lost = self.protocol.connection_lost(detach=not self._drained)
         for session_id in lost.detached:
             session = self.sessions.pop(session_id)
             self.stats.sessions_active -= 1
@@ -230,7 +232,8 @@ class Connection:
                 self.registry.detached_now()
             self.log.info("session detached; it waits for its client to resume",
                           session_id=session_id, operations=len(session.operations))
-        cause = EndCause.PROTOCOL_FAILURE if self._failed else EndCause.DISCONNECTED
+        cause = (EndCause.PROTOCOL_FAILURE if self._failed
+                 else EndCause.SHUTDOWN if self._drained else EndCause.DISCONNECTED)
         for session_id, session in list(self.sessions.items()):
             del self.sessions[session_id]  # ended (lost.ended, or with the failure)
             self.stats.sessions_active -= 1
@@ -317,6 +320,9 @@ class Connection:
             if (self.closed.is_set() or not attached.is_set()
                     or trio.current_time() >= deadline):
                 break
+        # Closed by the gateway, everything delivered: its sessions end, none waits for a
+        # resume (one whose client dropped meanwhile has detached already and may).
+        self._drained = True
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 

@@ -15,8 +15,8 @@ out in time and across tasks:
 3. A session's journal is cleared once its operations have ended (a running operation
    may still write to it until its terminal).
 4. Drain: the book stops granting and clips every window to the drain's end (R12); the
-   server keeps accepting while a detached session waits, so its client can collect
-   what finished while it was away (``GatewayServer.shutdown``).
+   server keeps accepting while a resumable session lives, so a client that lost its
+   connection can collect what finished while it was away (``GatewayServer.shutdown``).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ class SessionRegistry:
         self._wake = trio.Event()
         self._stopped = trio.Event()
         self._running = False
-        #: Set (and replaced) whenever a detached session goes (resumed, ended).
-        self.detached_changed = trio.Event()
+        #: Set (and replaced) whenever a session detaches, is resumed or ends.
+        self._sessions_changed = trio.Event()
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -146,7 +146,6 @@ class SessionRegistry:
             log.info("resume window passed; session ends", session_id=session_id,
                      window_s=self.settings.window, draining=self.book.draining)
             self.ended(session, cause)
-            self._detached_changed()
             return
         for operation_id in expiry.abandoned:
             session.cancel(operation_id, EndCause.RESUME_EXPIRED)
@@ -172,20 +171,21 @@ class SessionRegistry:
 
     def detached_now(self) -> None:
         """A session of this process detached (its connection ended)."""
-        self._detached_changed()
+        self._changed()
 
     def resumed(self) -> None:
-        self._detached_changed()
+        self._changed()
 
-    def _detached_changed(self) -> None:
-        self.detached_changed.set()
-        self.detached_changed = trio.Event()
+    def _changed(self) -> None:
+        self._sessions_changed.set()
+        self._sessions_changed = trio.Event()
 
     def ended(self, session: Session, cause: EndCause | None = None) -> None:
         """The session is over (its record ended in the book): ``cause`` ends its
         operations, and its journal is cleared once they have (rule 3)."""
         if self.by_id.get(session.session_id) is session:
             del self.by_id[session.session_id]
+        self._changed()
         if cause is not None:
             session.cancel_all(cause)
         if self._running:
@@ -216,12 +216,12 @@ class SessionRegistry:
     def start_draining(self, deadline: float) -> None:
         self.book.start_draining(deadline)
 
-    async def wait_no_detached(self) -> None:
-        """Until no session waits detached for its client."""
-        while self.book.detached:
-            await self.detached_changed.wait()
+    async def wait_no_sessions(self) -> None:
+        """Until no resumable session lives (attached or detached)."""
+        while self.book.sessions:
+            await self._sessions_changed.wait()
 
-    async def finish(self) -> None:
+    def finish(self) -> None:
         """The drain is over: every session still detached ends (a shutdown), and the
         operations' nursery closes once they have."""
         for record in self.book.close():

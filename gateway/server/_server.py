@@ -19,10 +19,12 @@ given, and treats them as one set:
    connections already open are not touched (the process drains them, as on SIGTERM,
    and exits with the failure: ``gateway.app.serve_until_signalled``).
 3. **Stopped together.** ``shutdown`` cancels the same accept scope: at once, or, while
-   a resumable session waits detached for its client, once none does or the drain time
-   is over. Until then new connections are taken in the drain's terms (new sessions
-   retry_later, resumes answered: gateway/nnrp/_resumption.py R12), so a client that
-   lost its connection collects what finished while it was away.
+   a resumable session lives (attached or waiting detached for its client), once none
+   does or the drain time is over. Until then new connections are taken in the drain's
+   terms (new sessions retry_later, resumes answered: gateway/nnrp/_resumption.py R12),
+   and drained in turn, so a client that lost its connection, before or during the
+   drain, collects what finished while it was away. ``shutdown`` returns once every
+   connection, those taken during the drain included, has drained.
 """
 
 from __future__ import annotations
@@ -130,9 +132,11 @@ class GatewayServer:
         #: Resumable sessions, between their connections (None: resume is off).
         self.registry = (SessionRegistry(resume, ids=self.ids)
                          if resume is not None and resume.enabled else None)
-        #: Set by ``shutdown``: connections taken from now on start drained.
+        #: Set by ``shutdown``: connections taken from now on start drained, their
+        #: drains in ``_drains`` (which ``shutdown`` waits for).
         self._drain_deadline: float | None = None
         self._close_grace = 5.0
+        self._drains: trio.Nursery | None = None
         self._accept_scope = trio.CancelScope()
         self._connection_nursery: trio.Nursery | None = None
         self._unix_paths: list[str] = []
@@ -194,23 +198,26 @@ class GatewayServer:
     async def shutdown(self, drain_timeout: float, close_grace: float = 5.0) -> None:
         """Drain in-flight operations for ``drain_timeout``, drop what is left, and leave
         each connection for its client to close (``Connection.shutdown``). Accepting
-        stops at once, or once no resumable session waits detached (module rule 3)."""
+        stops at once, or once no resumable session lives (module rule 3)."""
         deadline = trio.current_time() + drain_timeout
         self._drain_deadline, self._close_grace = deadline, close_grace
         registry = self.registry
         if registry is not None:
             registry.start_draining(deadline)
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as drains:
+            self._drains = drains
             for connection in list(self.connections):
-                nursery.start_soon(connection.shutdown, deadline, close_grace)
-            if registry is not None and registry.detached and self.accepting:
-                log.info("draining; resumes are still taken", detached=registry.detached)
+                drains.start_soon(connection.shutdown, deadline, close_grace)
+            if registry is not None and registry.sessions and self.accepting:
+                log.info("draining; resumes are still taken", sessions=registry.sessions,
+                         detached=registry.detached)
                 with trio.move_on_at(deadline):
-                    await registry.wait_no_detached()
+                    await registry.wait_no_sessions()
             self.accepting = False
             self._accept_scope.cancel()
+        self._drains = None
         if registry is not None:
-            await registry.finish()
+            registry.finish()
 
     # ------------------------------------------------------------------ listeners
 
@@ -410,10 +417,13 @@ class GatewayServer:
                                 refusal=self.refusal, observer=self.observer, stats=self.stats,
                                 registry=self.registry, ids=self.ids, relayed=relayed)
         if self._drain_deadline is not None:  # module rule 3: taken in the drain's terms
+            if self._drains is None:  # the drain is over: nobody would drain it
+                self.stats.connections_refused += 1
+                await self._refuse(transport, "the gateway is shutting down; retry later")
+                return
             connection.protocol.start_draining()
-            assert self._connection_nursery is not None
-            self._connection_nursery.start_soon(connection.shutdown, self._drain_deadline,
-                                                self._close_grace)
+            self._drains.start_soon(connection.shutdown, self._drain_deadline,
+                                    self._close_grace)
         self.connections.add(connection)
         self.stats.connections_active += 1
         self.stats.connections_total += 1
