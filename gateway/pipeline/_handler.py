@@ -319,7 +319,7 @@ class ChatPipeline:
         limits, notes = self.limits, op.notes
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
-        op.on_pause = self.client.make_room
+        op.may_give_way = self.client.make_room
         try:
             async with self.client.chunks(request.body, request.headers,
                                           first_chunk=limits.first_chunk_timeout,

@@ -249,9 +249,10 @@ class Operation:
         self.superseded = False
         #: Set by ``cancel``: ends the wait for a replacement (``_await_replacement``).
         self._cancelled = trio.Event()
-        #: Called when it starts to wait for its journal's room while nobody reads it (the
-        #: handler's upstream slot may then serve a live request: upstream/_slots.py).
-        self.on_pause: Callable[[], object] | None = None
+        #: Called when nobody reads it any more, or it starts to wait for its journal's
+        #: room while nobody does (the handler's upstream slot may then serve a live
+        #: request that waits: upstream/_slots.py).
+        self.may_give_way: Callable[[], object] | None = None
         #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.
         self.stages: list[tuple[Stage, float]] = []
         self._progress = port.negotiated("control.progress_partial")
@@ -455,9 +456,14 @@ class Operation:
         """Nobody reads it and it waits for its journal's room (``OperationPort.paused``)."""
         return self._port.paused()
 
+    def unattended_now(self) -> None:
+        """Its session detached (or it awaits its resubmission): ``may_give_way``."""
+        if self.may_give_way is not None:
+            self.may_give_way()
+
     async def _sendable(self) -> None:
-        if self.on_pause is not None and self._port.paused():
-            self.on_pause()
+        if self.may_give_way is not None and self._port.paused():
+            self.may_give_way()
         await self._port.room()
         self._stop_if_superseded()
         if self.end_cause is not None or self.superseded:

@@ -20,7 +20,7 @@ operation).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -105,6 +105,8 @@ class Session:
             self.link.count_operations(-len(self.operations))
         self.link = None
         self.changed()
+        for operation in self.operations.values():
+            operation.unattended_now()  # a live request waiting may have its slot
 
     def changed(self) -> None:
         """Where frames go changed (attached, detached, an operation resubmitted, room
@@ -171,6 +173,12 @@ class Session:
         await self._idle.wait()
 
 
+async def _until(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    """``wait()``, then end the waits that share ``scope``."""
+    await wait()
+    scope.cancel()
+
+
 class _Port:
     """The wire as one operation sees it: bound to (session, operation), it writes what
     the sans-IO session's outputs return to whatever connection the session is attached
@@ -225,7 +233,16 @@ class _Port:
                 await session.wait_changed()
                 continue
             outbox = link.outbox
-            await outbox.wait_for_room()
+            if outbox.has_room or outbox.closed:
+                await outbox.wait_for_room()  # a checkpoint, as every wait here
+            else:
+                # Room, or the session moved (a migration away from a connection that no
+                # longer reads: its outbox may never drain).
+                async with trio.open_nursery() as waits:
+                    waits.start_soon(_until, outbox.wait_for_room, waits.cancel_scope)
+                    waits.start_soon(_until, session.wait_changed, waits.cancel_scope)
+                if session.link is not link:
+                    continue
             if outbox.closed:
                 # The connection is gone: its end detaches or ends the session. Deliver a
                 # checkpoint here, or a handler emitting in a loop would never reach one.

@@ -158,12 +158,12 @@ class ConnectionSlots(Generic[ClientT]):
                      if holder_id not in self._giving_way}
         paused = [h for h, standing in standings.items() if standing is Standing.PAUSED]
         detached = [h for h, standing in standings.items() if standing >= Standing.DETACHED]
-        over_share = len(detached) + len(self._giving_way) - int(
-            self.detached_share * self.size)
         chosen = paused[:waiting]
-        if len(chosen) < waiting and over_share > len(chosen):
+        # The detached holders still holding once the chosen have gone, past their share.
+        over_share = len(detached) - len(chosen) - int(self.detached_share * self.size)
+        if len(chosen) < waiting and over_share > 0:
             chosen += [h for h in detached if h not in chosen][
-                :min(waiting, over_share) - len(chosen)]
+                :min(waiting - len(chosen), over_share)]
         for holder_id in chosen:
             self._giving_way.add(holder_id)
             self.given_way += 1

@@ -23,3 +23,52 @@ async def test_refused_resumes_are_logged_at_most_once_a_second_with_a_count(
             refusals.note(peer="192.0.2.9:40000")
     lines = [line for line in logs if line["event"] == "resume refused"]
     assert [line["count"] for line in lines] == [1, 1000]
+
+
+async def test_an_operation_follows_its_session_off_a_connection_that_no_longer_reads() -> None:
+    """A review of issue 34: after SESSION_MIGRATE away from a half-open connection, an
+    operation waiting for room kept waiting on the old connection's full buffer (up to
+    the write timeout). It looks again where its session is now."""
+    from gateway import nnrp
+    from gateway.nnrp._server_session import ServerOperation
+    from gateway.server._outbox import Outbox
+    from gateway.server._session import Session
+    from gateway.server._stats import ServerStats
+
+    class Link:
+        def __init__(self, outbox: Outbox) -> None:
+            self.outbox = outbox
+            self.protocol = nnrp.ServerConnection()
+            self.flow_changed = trio.Event()
+            self.operations = 0
+
+        def count_operations(self, change: int) -> None:
+            self.operations += change
+
+    async def never(operation: object) -> None:
+        raise AssertionError("no operation runs here")
+
+    protocol = nnrp.ServerSession(1, nnrp.ServerConfig(), max_in_flight=4)
+    protocol.operations[7] = ServerOperation(7, 1)
+    async with trio.open_nursery() as nursery:
+        session = Session(protocol, nursery, never, None, ServerStats())
+        stuck = Outbox(high_water=10)  # a peer that reads nothing: it never drains
+        stuck.put(b"x" * 100)
+        old = Link(stuck)
+        protocol.connection = old.protocol
+        session.attach(old)
+        got_room = trio.Event()
+
+        async def produce() -> None:
+            await session.port(7).room()
+            got_room.set()
+
+        nursery.start_soon(produce)
+        await trio.sleep(0.1)
+        assert not got_room.is_set()
+        session.detach()  # SESSION_MIGRATE: take_session, then the new connection's attach
+        new = Link(Outbox())
+        protocol.connection = new.protocol
+        session.attach(new)
+        with trio.fail_after(2):
+            await got_room.wait()

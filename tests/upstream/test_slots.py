@@ -123,3 +123,46 @@ async def test_one_holder_gives_way_per_waiting_request(
         async with slots.checkout(wait=5):
             assert sum(h.asked for h in holders) == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_beyond_their_share_only_as_many_give_way_as_are_needed(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A review of issue 34: six detached of eight, a share of four, three waiting: two
+    are over the share, so two give way (three did)."""
+    slots: ConnectionSlots[Client] = ConnectionSlots(8, Client, detached_share=0.5)
+    holders = [Holder(Standing.DETACHED) for _ in range(6)] + [Holder(), Holder()]
+    async with trio.open_nursery() as nursery:
+        for holder in holders:
+            await nursery.start(hold, slots, holder)
+        for _ in range(3):
+            nursery.start_soon(_checkout_briefly, slots)
+        await trio.sleep(0.1)
+        assert sum(holder.asked for holder in holders) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def _checkout_briefly(slots: ConnectionSlots[Client]) -> None:
+    async with slots.checkout(wait=10):
+        await trio.sleep(0.01)
+
+
+async def test_a_holder_whose_client_leaves_while_a_request_waits_gives_way_then(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Rule 3 for a detach (not only a pause): over the share, it gives way at once."""
+    slots: ConnectionSlots[Client] = ConnectionSlots(1, Client, detached_share=0.0)
+    holder = Holder(Standing.LIVE)
+    got = trio.Event()
+
+    async def wait_for_slot() -> None:
+        async with slots.checkout(wait=10):
+            got.set()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hold, slots, holder)
+        nursery.start_soon(wait_for_slot)
+        await trio.sleep(1)
+        holder.standing_now = Standing.DETACHED
+        slots.make_room()  # what the session's detach calls (Operation.may_give_way)
+        with trio.fail_after(1):
+            await got.wait()
+        assert holder.asked == 1
