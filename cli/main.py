@@ -384,9 +384,9 @@ def serve(
     import trio
 
     from gateway.app import GatewayConfig, LoadSettings
-    from gateway.nnrp import ServerConfig
+    from gateway.nnrp import ResumePolicy, ServerConfig
     from gateway.pipeline import PipelineLimits
-    from gateway.server import ConnectionLimits, ResumeSettings
+    from gateway.server import ConnectionLimits
 
     from ._settings import check_output_dir, render, source
 
@@ -415,7 +415,7 @@ def serve(
         allow_untested_vllm=allow_untested_vllm, tool_calls=tool_calls,
         drain_timeout=drain_timeout, drain_close_grace=drain_close_grace,
         max_connections=max_connections,
-        resume=ResumeSettings(window=resume_window, max_sessions=resume_max_sessions,
+        resume=ResumePolicy(window=resume_window, max_sessions=resume_max_sessions,
                               max_sessions_per_client=resume_max_sessions_per_client,
                               session_bytes=resume_session_bytes,
                               client_bytes=resume_client_bytes,

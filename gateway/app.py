@@ -26,7 +26,7 @@ import trio
 import gateway
 from gateway import residence
 from gateway.errors import GatewayError
-from gateway.nnrp import ServerConfig
+from gateway.nnrp import ResumePolicy, ServerConfig
 from gateway.observe import (
     AdminRoutes,
     AdminServer,
@@ -49,7 +49,6 @@ from gateway.server import (
     ConnectionLimits,
     GatewayServer,
     Operation,
-    ResumeSettings,
     TokenAuthenticator,
 )
 from gateway.transport import (
@@ -127,7 +126,7 @@ class GatewayConfig:
     drain_close_grace: float = 5.0
     max_connections: int = 1024
     #: Resumable sessions (README, "Resumable sessions"); a zero window turns them off.
-    resume: ResumeSettings = attrs.field(factory=ResumeSettings)
+    resume: ResumePolicy = attrs.field(factory=ResumePolicy)
     server: ServerConfig = attrs.field(factory=ServerConfig)
     connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)

@@ -94,7 +94,7 @@ PUBLIC: dict[str, str] = {
     "gateway.server": (
         "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
         "Operation "
-        "OperationHandler OperationNotes OperationPort RefusalHandler ResumeSettings "
+        "OperationHandler OperationNotes OperationPort RefusalHandler "
         "ServerStats Session SessionRegistry TokenAuthenticator "
     ),
     "gateway.observe": (

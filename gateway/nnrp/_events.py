@@ -90,7 +90,7 @@ class SessionOpened:
 class SessionResumed:
     """A SESSION_OPEN with a resume token was accepted (status resumed): the session is
     attached to this connection again; its operations whose results are held wait for
-    their resubmission (``OperationResubmitted``)."""
+    their resubmission (``OperationResumed``)."""
 
     session_id: int
     request: SessionOpen

@@ -48,7 +48,7 @@ the runtime objects, whose table is ``_objects``)):
       | without ``allow_resume``, or for session 0    | rejected, resume_rejected        |
       | on a connection past its refusals' rate (4e)  | retry_later                      |
       | with resume off, or for an id open here       | rejected, resume_rejected        |
-      | with a token of another worker (R11)          | handed off (4d), or rejected     |
+      | with a token of another worker (R11)          | handed off (4d), or retry_later  |
       | no session for this id, token, binding (R3)   | rejected, resume_rejected        |
       | another profile or schema than the session's  | rejected, profile_unsupported or |
       |   (nnrp-py's server's answer)                 |   schema_unsupported             |
@@ -65,8 +65,8 @@ the runtime objects, whose table is ``_objects``)):
       | of a session open here, with no token             | accepted, nothing moves (the|
       |                                                   |   reference runtime's way)  |
       | of a session open here, with a token              | refused (an id open here)   |
-      | old and new transport the same, nothing to move   | same_transport (nnrp-core)  |
       | on a connection past its refusals' rate (4e)      | refused                     |
+      | old and new transport the same, nothing to move   | same_transport (nnrp-core)  |
       | naming another transport than this connection's   | transport_mismatch          |
       | resume off, no token, session 0, connection full  | refused                     |
       | with a token of another worker (R11)              | handed off (4d), or refused |
@@ -88,7 +88,10 @@ the runtime objects, whose table is ``_objects``)):
       or migration is the first session message of a connection that was not itself
       handed over, nothing is answered, the connection is ``HANDED_OFF``
       (``HandedOff``) and reads nothing more; the I/O layer relays it whole to that
-      process. Otherwise it is refused. So a connection is relayed at most once.
+      process. Otherwise a resume is answered retry_later (the session may live there:
+      the client resumes it first thing on another connection) and a migration is
+      refused. So a connection is relayed at most once, and sessions of two workers
+      resume on two connections.
    e. Refusals a guesser would collect are rate-limited per connection: a session open
       or resume with credentials that fail, and a resume or migration whose token
       opens nothing. A token bucket of ``refusal_burst``, refilled at
@@ -597,7 +600,12 @@ class ServerConnection(SessionOutputs):
                 self._hand_off(session_id, book.worker_of(token),
                                self._open_refusal(request, *gone), events)  # rule 4d
             else:
-                self._refuse_resume(request, *rejected, events)
+                # It may live there: not "gone" (a client would give it up), but not here.
+                self._spend_refusal()
+                self._refuse_open(request, SessionError.RESUME_REJECTED,
+                                  "another worker of the gateway holds this session: resume "
+                                  "it first thing on a connection of its own", events,
+                                  retry_later=True, resume=True)
             return
         if isinstance(found, Lookup):
             self._refuse_resume(request, *rejected, events)
@@ -801,11 +809,14 @@ class ServerConnection(SessionOutputs):
 
     def _bindings(self) -> list[Binding]:
         """What a migration may present (it carries no credentials): with session auth
-        on, every identity this connection authenticated with, on its carrier (rule 4c);
+        on, every identity this connection authenticated with that still authenticates
+        (a token revoked since, by SIGHUP, moves nothing), on its carrier (rule 4c);
         otherwise the carrier alone."""
-        if self.config.authenticate is None:
+        authenticate = self.config.authenticate
+        if authenticate is None:
             return [Binding.of(b"", self.peer)]
-        return [Binding.of(identity, self.peer) for identity in self._identities]
+        return [Binding.of(identity, self.peer) for identity in self._identities
+                if authenticate(identity)]
 
     def _migrate_here(self, record: ResumeRecord, token: bytes, binding: Binding,
                       request: SessionMigrate, events: list[Event]) -> None:

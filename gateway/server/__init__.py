@@ -16,10 +16,7 @@ from ._operation import (
     OperationNotes as OperationNotes,
     OperationPort as OperationPort,
 )
-from ._resume import (
-    ResumeSettings as ResumeSettings,
-    SessionRegistry as SessionRegistry,
-)
+from ._resume import SessionRegistry as SessionRegistry
 from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer
 from ._session import Observer as Observer, Session as Session
 from ._stats import ServerStats as ServerStats

@@ -52,16 +52,12 @@ class Attached(Protocol):
 
 log = structlog.get_logger("gateway.server")
 
-#: What resume allows and costs (``--resume-*``): the sans-IO book's policy.
-ResumeSettings = ResumePolicy
-
-
 class SessionRegistry:
     """The I/O side of the process's resumable sessions (rules 1-5)."""
 
-    def __init__(self, settings: ResumeSettings | None = None, *,
+    def __init__(self, settings: ResumePolicy | None = None, *,
                  ids: SessionIds | None = None) -> None:
-        self.settings = settings or ResumeSettings()
+        self.settings = settings or ResumePolicy()
         self.book = SessionBook(self.settings, ids=ids, clock=trio.current_time)
         self.book.on_earlier_deadline = self._deadline_changed
         self.stats = self.book.stats

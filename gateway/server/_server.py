@@ -40,7 +40,14 @@ import structlog
 import trio
 import trio_websocket
 
-from gateway.nnrp import ErrorCode, ErrorScope, ServerConfig, ServerConnection, SessionIds
+from gateway.nnrp import (
+    ErrorCode,
+    ErrorScope,
+    ResumePolicy,
+    ServerConfig,
+    ServerConnection,
+    SessionIds,
+)
 from gateway.transport import (
     ACCEPT_BACKOFF,
     Endpoint,
@@ -59,7 +66,7 @@ from gateway.transport import (
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
 from ._relay import relayed
-from ._resume import ResumeSettings, SessionRegistry
+from ._resume import SessionRegistry
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
@@ -112,7 +119,7 @@ class GatewayServer:
                  ssl_context: ssl.SSLContext | None = None,
                  quic: QuicSettings | None = None,
                  inherited: Sequence[Inherited] = (),
-                 resume: ResumeSettings | None = None) -> None:
+                 resume: ResumePolicy | None = None) -> None:
         self.handler = handler
         self._inherited = {listener.uri: listener for listener in inherited}
         self.observer = observer
@@ -362,7 +369,7 @@ class GatewayServer:
 
     async def _serve_relays(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Connections another worker hands over whole: resumes of sessions held here
-        that the kernel gave to it (``_relay``, ``_resume`` rule 7)."""
+        that the kernel gave to it (``_relay``; gateway/nnrp/_resumption.py R11)."""
         assert self.registry is not None
         settings = self.registry.settings
         path = settings.relays[settings.worker]

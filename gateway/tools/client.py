@@ -581,19 +581,30 @@ class NnrpClient:
             self.recovery_attempts += 1
             self._attempt_reached = False
             retry_later = False
+            attempt: tuple[PacketTransport, ClientConnection, list[ClientEvent]] | None = None
             try:
                 with trio.move_on_at(min(deadline, trio.current_time()
                                          + self._attempt_timeout)):
-                    if await self._resume_all(lost_kind):
-                        self.recoveries += 1
-                        self._connected.set()
-                        return True
-                self._recovery_ended = "an attempt timed out"
+                    assert self._reconnect is not None
+                    attempt = await self._resume_on(await self._reconnect(), lost_kind)
+                if attempt is None:
+                    self._recovery_ended = "an attempt timed out"
             except (ClientError, ProtocolError, trio.BrokenResourceError, OSError,
                     trio.TooSlowError) as error:
                 self._recovery_ended = str(error)  # rule 1: one attempt failed
                 retry_later = isinstance(error, ClientError) and error.retry_later and not (
                     isinstance(error, ConnectionLost))
+            if attempt is not None:
+                # The new connection is this client's; what came with the answers is
+                # routed outside the attempt's time bound (it is not part of the attempt).
+                old, (self.transport, self.sans_io, pending) = self.transport, attempt
+                with trio.CancelScope(shield=True):
+                    await old.aclose()
+                for event in pending:
+                    await self._route(event)
+                self.recoveries += 1
+                self._connected.set()
+                return True
             if not any(s.ticket is not None for s in self.sessions.values()) and (
                     resumable):
                 return False  # rule 4: the server said no to every one of them
@@ -605,21 +616,6 @@ class NnrpClient:
                                 else f"their window of {window:g} s passed") + (
             f" (last: {self._recovery_ended})" if self._recovery_ended else "")
         return False
-
-    async def _resume_all(self, lost_kind: str) -> bool:
-        """One attempt: a new connection, the hello, then each session resumed (or
-        migrated) and its operations resubmitted; then the new connection is this
-        client's. Sessions the server refuses for good are failed here. Raises on a
-        failed attempt (a refusal to retry later included)."""
-        assert self._reconnect is not None
-        transport, sans_io, pending = await self._resume_on(await self._reconnect(),
-                                                            lost_kind)
-        old, self.transport, self.sans_io = self.transport, transport, sans_io
-        with trio.CancelScope(shield=True):
-            await old.aclose()
-        for event in pending:
-            await self._route(event)
-        return True
 
     async def _resume_on(self, transport: PacketTransport, lost_kind: str
                          ) -> tuple[PacketTransport, ClientConnection, list[ClientEvent]]:

@@ -189,7 +189,7 @@ class Supervisor:
             self._slots = [_Slot(i, os.path.join(self._runtime_dir, f"worker-{i}.sock"))
                            for i in range(self.workers)]
             # Where each worker takes the resumes the kernel gave another (its sessions'
-            # tokens name it: gateway/server/_resume.py rule 7).
+            # tokens name it: gateway/nnrp/_resumption.py R11).
             self._relays = tuple(os.path.join(self._runtime_dir, f"worker-{i}.relay")
                                  for i in range(self.workers))
             if self.config.tls is not None:

@@ -35,7 +35,7 @@ from nnrp.native import NativeTransportClientSecurity
 
 from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
-from gateway.server import ResumeSettings
+from gateway.nnrp import ResumePolicy
 from gateway.tools.client import connect
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
@@ -303,7 +303,7 @@ async def test_a_resume_the_kernel_gives_to_another_worker_is_relayed_to_the_hol
     for index in (0, 1):
         gateway = Gateway(GatewayConfig(
             listen=("tcp://127.0.0.1:0", "ws://127.0.0.1:0/nnrp"), vllm_url=url,
-            probe_interval=0.05, resume=ResumeSettings(worker=index, relays=relays)))
+            probe_interval=0.05, resume=ResumePolicy(worker=index, relays=relays)))
         await nursery.start(gateway.run)
         workers.append(gateway)
     holder = workers[0].server.registry

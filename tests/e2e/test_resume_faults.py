@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway.server import ResumeSettings
+from gateway.nnrp import ResumePolicy
 from gateway.tools.client import (
     ClientError,
     ClientOperation,
@@ -191,7 +191,7 @@ async def test_a_detached_stream_paused_at_its_bound_gives_its_upstream_slot_to_
     bound = 16 << 10
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=50.0, token_interval_ms=1.0),
-                              resume=ResumeSettings(session_bytes=bound),
+                              resume=ResumePolicy(session_bytes=bound),
                               upstream_pool_size=2, upstream_queue_timeout=5.0)
     registry = registry_of(stack)
     records = records_of(stack)
@@ -306,7 +306,7 @@ async def test_a_client_that_only_resumes_gets_its_session_once_the_probe_closes
     probe_timeout = 0.5
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=1.0, token_interval_ms=5.0),
-                              resume=ResumeSettings(probe_timeout=probe_timeout))
+                              resume=ResumePolicy(probe_timeout=probe_timeout))
     registry = registry_of(stack)
     stats = registry.stats
     hold = stack.replay.hold(lambda request: request.method == "POST", after=30)
@@ -379,7 +379,7 @@ async def test_nnrp_py_resubmitting_a_long_answer_unchanged_gets_the_rest_of_it(
     total = 600
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=1.0, token_interval_ms=1.0),
-                              resume=ResumeSettings(session_bytes=bound))
+                              resume=ResumePolicy(session_bytes=bound))
     registry = registry_of(stack)
     records = records_of(stack)
     token = trio.lowlevel.current_trio_token()
@@ -470,7 +470,7 @@ async def test_request_bodies_are_not_kept_once_their_operations_end(
     session's bound, no record keeps a request body, and the process grew by far less
     than the 40 MiB it was sent."""
     count, size = 40, 1 << 20
-    settings = ResumeSettings(session_bytes=1 << 20)
+    settings = ResumePolicy(session_bytes=1 << 20)
     stack = await start_stack(nursery, socket_dir, resume=settings)
     registry = registry_of(stack)
 

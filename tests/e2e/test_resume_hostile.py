@@ -113,7 +113,7 @@ def test_a_resume_naming_both_workers_is_relayed_at_most_once(tmp_path: Path) ->
     worker that got the connection relayed it to worker 0, which relayed it back on the
     second token, and so on: the two workers bounced it between them forever (1,200 hops
     a second). Now a connection is relayed at most once (gateway/nnrp/_server.py rule
-    4d; gateway/server/_relay.py rule 1): each resume gets its rejection, and within a
+    4d; gateway/server/_relay.py rule 1): each resume gets its answer, and within a
     second of the close no connection is left open, the relay count stays put and the
     workers are idle (their CPU over the next second). Run once on each worker: on
     worker 1 the first token is relayed (once); on worker 0 it is its own, and the
@@ -128,9 +128,14 @@ def test_a_resume_naming_both_workers_is_relayed_at_most_once(tmp_path: Path) ->
         for pid in reversed(served.pids):  # worker 1 (relays once), then worker 0
             answers = trio.run(_resume_both_workers_then_close, host, int(port), pid,
                                served.pids)
+            # The first names a session no worker holds: rejected (where it was relayed,
+            # or here). The second names the other worker, and is not the connection's
+            # first session message: not relayed, not "gone" either (it may live there):
+            # retry_later, to resume it first thing on a connection of its own.
             assert [(a.opened, a.ack.status, a.ack.session_error_code) for a in answers] == [
-                (False, nnrp.SessionOpenStatus.REJECTED,
-                 nnrp.SessionError.RESUME_REJECTED)] * 2
+                (False, nnrp.SessionOpenStatus.REJECTED, nnrp.SessionError.RESUME_REJECTED),
+                (False, nnrp.SessionOpenStatus.RETRY_LATER,
+                 nnrp.SessionError.RESUME_REJECTED)]
             # Within a second of the close, nothing of it is left in either worker.
             wait_for(lambda: served.metrics()[active] == 0, timeout=1.0,
                      what="no connection open")

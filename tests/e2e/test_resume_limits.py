@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from gateway import nnrp
-from gateway.nnrp import ServerConfig
-from gateway.server import ResumeSettings, TokenAuthenticator
+from gateway.nnrp import ResumePolicy, ServerConfig
+from gateway.server import TokenAuthenticator
 from gateway.tools.client import ClientError, ClientSession, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
@@ -57,7 +57,7 @@ async def detach(stack: Stack, payload: bytes, *, events: int = 3, auth: bytes =
 
 async def test_a_window_that_passes_ends_the_operations_and_aborts_vllm(
         nursery: trio.Nursery, socket_dir: Path) -> None:
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=0.5))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(window=0.5))
     records = records_of(stack)
     ticket, _ = await detach(stack, envelope(chat(stream=True),
                                              request_id="replay:long_stream:expires"))
@@ -86,7 +86,7 @@ GRACE = 0.2
 
 async def test_a_token_is_good_once_and_an_unknown_one_gets_the_same_answer(
         nursery: trio.Nursery, socket_dir: Path) -> None:
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(confirm_grace=GRACE))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(confirm_grace=GRACE))
     ticket, _ = await detach(stack, envelope(chat(stream=True),
                                              request_id="replay:long_stream:once"))
     with trio.fail_after(10):
@@ -243,7 +243,7 @@ async def test_a_detached_session_at_its_byte_bound_stops_reading_vllm_and_loses
     bound = 16 << 10
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=50.0, token_interval_ms=1.0),
-                              resume=ResumeSettings(session_bytes=bound))
+                              resume=ResumePolicy(session_bytes=bound))
     request_id = "replay:long_stream:bound"
     payload = envelope(chat(stream=True), request_id=request_id)
     ticket, received = await detach(stack, payload)
@@ -274,7 +274,7 @@ async def test_room_another_session_makes_in_the_shared_bound_wakes_a_detached_o
     bound = 16 << 10
     stack = await start_stack(nursery, socket_dir,
                               replay=ReplayServer(speed=50.0, token_interval_ms=1.0),
-                              resume=ResumeSettings(total_bytes=bound))
+                              resume=ResumePolicy(total_bytes=bound))
     registry = registry_of(stack)
     first = envelope(chat(stream=True), request_id="replay:long_stream:first")
     second = envelope(chat(stream=True), request_id="replay:long_stream:second")
@@ -307,7 +307,7 @@ async def test_a_recovery_that_meets_a_server_that_never_answers_ends_with_the_w
     """Our client's recovery: the address now leads to something that takes the
     connection and never answers (a half-dead pod behind the same name). Each attempt
     ends with the window, and the operation gets an error, not a wait without end."""
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=1.0))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(window=1.0))
     host, _, port = stack.uri().removeprefix("tcp://").rpartition(":")
     proxy = StreamCutProxy((host, int(port)))
     via = "tcp://" + await nursery.start(proxy.serve)
@@ -367,7 +367,7 @@ async def test_a_recovery_that_meets_a_busy_server_tries_again_and_resumes(
 
 async def test_past_the_cap_sessions_open_without_resume(nursery: trio.Nursery,
                                                          socket_dir: Path) -> None:
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(max_sessions=1))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(max_sessions=1))
     async with connect(stack.uri()) as client:
         first = await client.open_session(resume=True)
         second = await client.open_session(resume=True)
@@ -440,7 +440,7 @@ async def test_an_operation_not_resubmitted_in_the_window_ends_without_a_frame(
     does not resubmit ends when the window passes (vLLM aborted), and not one frame of it
     reaches the client, which never asked for it again: a frame of an operation the
     client does not know is a protocol error to it. The session goes on."""
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=0.5))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(window=0.5))
     records = records_of(stack)
     ticket, _ = await detach(stack, envelope(chat(stream=True),
                                              request_id="replay:long_stream:forgotten"))
@@ -519,7 +519,7 @@ async def test_each_resume_gives_the_operations_a_window_of_their_own(
     ended a stream as resume_expired moments after its second resume; its resubmission
     got 410 and the rest of the stream was lost.)"""
     window = 2.0
-    stack = await start_stack(nursery, socket_dir, resume=ResumeSettings(window=window))
+    stack = await start_stack(nursery, socket_dir, resume=ResumePolicy(window=window))
     registry = registry_of(stack)
     records = records_of(stack)
     payload = envelope(chat(stream=True), request_id="replay:long_stream:twice")

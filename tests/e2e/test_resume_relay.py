@@ -15,7 +15,7 @@ import trio_websocket
 
 from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
-from gateway.server import ResumeSettings
+from gateway.nnrp import ResumePolicy
 from gateway.tools.client import ClientError, ResumeTicket, connect
 from gateway.tools.replay import ReplayServer
 from gateway.transport import parse_endpoint
@@ -33,7 +33,7 @@ async def workers(nursery: trio.Nursery, socket_dir: Path, indexes: tuple[int, .
     for index in indexes:
         gateway = Gateway(GatewayConfig(
             listen=("tcp://127.0.0.1:0", "ws://127.0.0.1:0/nnrp"), vllm_url=url,
-            probe_interval=0.05, resume=ResumeSettings(worker=index, relays=relays)))
+            probe_interval=0.05, resume=ResumePolicy(worker=index, relays=relays)))
         await nursery.start(gateway.run)
         started.append(gateway)
     return started

@@ -416,11 +416,15 @@ def test_a_relayed_connection_is_never_handed_off_again() -> None:
     relayed = connection(worker0, relayed=True)
     events = relayed.receive_data(resume(forged) + resume(bytes([0]) + b"\x07" * 23))
     assert not of(events, nnrp.HandedOff)
+    # Worker 1 may hold it: not "gone" (retry_later: resume it first thing elsewhere);
+    # worker 0 (this one) holds no such session: rejected.
     assert [ack.message.status for ack in replies(events)] == [
-        nnrp.SessionOpenStatus.REJECTED] * 2
+        nnrp.SessionOpenStatus.RETRY_LATER, nnrp.SessionOpenStatus.REJECTED]
     second_message = connection(worker0)
     second_message.receive_data(resume(bytes([0]) + b"\x01" * 23))  # refused here
-    assert not of(second_message.receive_data(resume(forged)), nnrp.HandedOff)
+    events = second_message.receive_data(resume(forged))
+    assert not of(events, nnrp.HandedOff)
+    assert replies(events)[0].message.status == nnrp.SessionOpenStatus.RETRY_LATER
     assert of(connection(worker0).receive_data(resume(bytes([7]) + b"\x01" * 23)),
               nnrp.SessionOpenRefused)  # no such worker: refused, not relayed
 

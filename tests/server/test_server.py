@@ -514,9 +514,9 @@ async def test_the_count_of_operations_follows_sessions_and_their_operations(
     # The direct-write policy reads the count on every flush: it is kept as operations
     # start and end and as sessions attach and detach, and must equal the sum over the
     # sessions attached, through several sessions, an end, a detach and a resume.
-    from gateway.server import ResumeSettings
+    from gateway.nnrp import ResumePolicy
 
-    running = await start_server(nursery, socket_dir, resume=ResumeSettings(window=30))
+    running = await start_server(nursery, socket_dir, resume=ResumePolicy(window=30))
     with trio.fail_after(10):
         async with connect(running.uri()) as client:
             first, second, idle = [await client.open_session(resume=True) for _ in range(3)]
