@@ -101,9 +101,10 @@ the runtime objects, whose table is ``_objects``)):
       open a session (another profile, a live holder, a full connection) spend nothing.
    f. A resumed or migrated session's new token is confirmed by the first packet the
       client sends on this connection after the ACK that names the session (a
-      resubmission, any control), or by a PING (a client pings once it has read what
-      came before): until then, the token it used still opens the session (R4). A
-      client may pipeline several resumes: one's request does not confirm another's.
+      resubmission, any control), or by a PING: until then, and for ``confirm_grace``
+      after (a client may have sent it before the ACK reached it), the token it used
+      still opens the session (R4). A client may pipeline several resumes: one's
+      request does not confirm another's.
 11. Flow control: BACKPRESSURE, CREDIT_UPDATE and FLOW_UPDATE change the client's windows
     over our PARTIAL_RESULTs (``_flow``); ``flow_wait`` says when the next may go. Their
     flags (or FLOW_UPDATE's scope) pick connection, session or operation; an operation

@@ -78,6 +78,7 @@ from gateway.nnrp import (
 )
 from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
 from gateway.transport import (
+    READ_SIZE,
     TRANSPORT_IDS,
     PacketTransport,
     TextMessageError,
@@ -97,8 +98,10 @@ log = structlog.get_logger("gateway.server")
 #: After a fatal ERROR, how long the connection waits for its client to close it.
 FAILURE_LINGER = 1.0
 #: Bytes kept of a connection before its first session, to relay it whole (``_relay``):
-#: a hello, a resume, a resubmission or a few.
-MAX_PREAMBLE = 256 << 10
+#: its hello and first session message, and the rest of that read (``READ_SIZE``). A
+#: connection that sends more before one is not relayed (held, it would cost every
+#: connection of an unauthenticated client this much: --max-connections of them).
+MAX_PREAMBLE = (16 << 10) + READ_SIZE
 _connection_ids = itertools.count(1)
 
 

@@ -281,13 +281,17 @@ class ResumeMachine(RuleBasedStateMachine):
         self._expire()
 
     @rule(session_id=sessions_bundle, lose_answer=st.booleans(),
-          declare=st.booleans())
-    def resume(self, session_id: int, lose_answer: bool, declare: bool) -> None:
+          declare=st.booleans(), pipeline=st.booleans())
+    def resume(self, session_id: int, lose_answer: bool, declare: bool,
+               pipeline: bool) -> None:
         client = self.clients[session_id]
         if client.connection is not None or client.gone:
             return
         index = self._wire()
-        events = self._feed(index, resume(client.token, session_id))
+        # ``pipeline``: a PING for the session goes right behind the resume, before its
+        # answer can have arrived (it must not make a lost answer fatal: R4).
+        events = self._feed(index, resume(client.token, session_id) + (
+            pk(nnrp.Ping()) if pipeline else b""))
         acks = [nnrp.Decoder().feed(e.data)[0] for e in events
                 if isinstance(e, nnrp.SendBytes)]
         ack = next(p for p in acks if isinstance(p.message, nnrp.SessionOpenAck))
