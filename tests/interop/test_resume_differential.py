@@ -29,6 +29,10 @@ Where they differ, in the room the spec leaves (session-recovery.md):
   (its record is active); the gateway answers ``retry_later``, with the same
   ``resume_rejected`` code, so the holder of the current token knows to try again once
   the old connection is seen dead (README, "Resumable sessions").
+* The spent token. nnrp-py's server refuses it from the moment it hands out the next;
+  the gateway keeps it good for ``confirm_grace`` seconds after the client shows it holds
+  the new one (rule R4: an ACK lost with its connection must not strand the session), so
+  here the gateway runs with a short grace and the script waits past it.
 
 Found here, and fixed: nnrp-py's server declares a refusal's diagnostic body in
 ``session_extension_bytes`` (checked with its schema and policy refusals); the gateway
@@ -66,6 +70,7 @@ from nnrp.server.native import (
 )
 
 from gateway import nnrp
+from gateway.nnrp import ResumePolicy
 from gateway.observe import ObservationRecord
 from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
@@ -82,6 +87,9 @@ from tests.support.waits import until
 pytestmark = pytest.mark.interop
 
 RESUME = NativeClientSessionOptions(allow_resume=True)
+#: The gateway's grace for a replaced token (10 s by default), short here so that the
+#: spent token is tried past it.
+CONFIRM_GRACE = 0.2
 OPERATION, FRAME = 7001, 1
 #: Partials in the operation, and how many the client reads before its connection drops.
 N, READ_BEFORE_CUT = 120, 20
@@ -213,6 +221,9 @@ class Target:
     payload: bytes
     #: True once the server has seen its client's connection die (``cuts`` so far).
     seen_dead: Callable[[int], bool]
+    #: How long a replaced token stays good once the new one is confirmed: nnrp-py spends
+    #: it at once; the gateway keeps it ``confirm_grace`` seconds (a lost ACK, R4).
+    spent_after: float = 0.0
 
 
 @attrs.frozen
@@ -319,6 +330,7 @@ async def run_script(target: Target) -> Observed:
         await until(lambda: target.seen_dead(1))
         renewed = await trio.to_thread.run_sync(resumed_connection, ticket)
         await until(lambda: target.seen_dead(2))
+        await trio.sleep(target.spent_after)
         await trio.to_thread.run_sync(spent_then_current, ticket, renewed)
     assert target.proxy.record_errors == []
     seen.acks = {r.connection: (r.packet.session_id, r.packet.message, r.packet.body)
@@ -356,7 +368,8 @@ class Gateway:
 async def against_the_gateway(socket_dir: Path) -> Gateway:
     async with trio.open_nursery() as nursery:
         stack = await start_stack(nursery, socket_dir,
-                                  replay=ReplayServer(speed=1.0, token_interval_ms=5.0))
+                                  replay=ReplayServer(speed=1.0, token_interval_ms=5.0),
+                                  resume=ResumePolicy(confirm_grace=CONFIRM_GRACE))
         records = records_of(stack)
         registry = stack.gateway.server.registry
         assert registry is not None
@@ -366,7 +379,8 @@ async def against_the_gateway(socket_dir: Path) -> Gateway:
         payload = envelope(chat(stream=True, max_tokens=N), request_id="differential-1")
         # Its one session detached again after each cut (a resume attaches it).
         seen = await run_script(Target(proxy, f"tcp://{via}", payload,
-                                       lambda cuts: registry.detached == 1))
+                                       lambda cuts: registry.detached == 1,
+                                       spent_after=CONFIRM_GRACE * 2))
         with trio.fail_after(10):
             await until(lambda: records)
         nursery.cancel_scope.cancel()

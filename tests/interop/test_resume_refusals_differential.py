@@ -44,9 +44,9 @@ Where they differ:
   lives on untouched (nothing arrives on A), and the token stays what it was (the first
   token resumes the session afterwards). The gateway moves the session to B
   (SESSION_MIGRATE_ACK accepted, the next token its body), tells A (a non-fatal ERROR
-  naming the session), and, once B has sent a packet after the ACK, the first token no
-  longer opens the session (resume_rejected) while the migration's does
-  (gateway/nnrp/_resumption.py R4, R9).
+  naming the session), and, once B has sent a packet after the ACK and ``confirm_grace``
+  has passed (short here), the first token no longer opens the session (resume_rejected)
+  while the migration's does (gateway/nnrp/_resumption.py R4, R9).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ import trio
 pytest.importorskip("nnrp.server.native")
 
 from gateway import nnrp
+from gateway.nnrp import ResumePolicy
 from tests.support.native_server import serve_referee
 from tests.support.stack import start_stack
 from tests.support.waits import until
@@ -156,6 +157,10 @@ def resume(session_id: int, token: bytes, **fields: Any) -> dict[str, Any]:
 # -- the script, the same for both servers -----------------------------------------------
 
 
+#: The gateway's grace for a replaced token (10 s by default), short here so that the
+#: first token is tried past it.
+CONFIRM_GRACE = 0.2
+
 @attrs.frozen
 class Target:
     """A server, and what it says of its sessions: how many open connections hold (both
@@ -165,6 +170,9 @@ class Target:
     address: str  # host:port of the server's TCP listener
     live: Callable[[], int]
     detached: Callable[[], int | None]
+    #: How long a replaced token stays good once the new one is confirmed (the gateway's
+    #: ``confirm_grace``, R4; nnrp-py's server rotates nothing here).
+    spent_after: float = 0.0
 
     def settled(self, *, detached: int, live: int) -> bool:
         """Whether the server has seen every connection the script dropped die."""
@@ -257,6 +265,7 @@ async def run_script(target: Target) -> Observed:
     await a.aclose()
     await b.aclose()
     await settle(detached=4, live=0)
+    await trio.sleep(target.spent_after)
     c = await connect()
     replies["first_token"] = await c.request(**resume(session_id, token))
     if migrated is not None and migrated.body:
@@ -276,14 +285,15 @@ async def against_nnrp_py() -> Observed:
 
 async def against_the_gateway(socket_dir: Path) -> Observed:
     async with trio.open_nursery() as nursery:
-        stack = await start_stack(nursery, socket_dir)
+        stack = await start_stack(nursery, socket_dir,
+                                  resume=ResumePolicy(confirm_grace=CONFIRM_GRACE))
         registry = stack.gateway.server.registry
         assert registry is not None
         address = stack.uri("tcp").removeprefix("tcp://")
         server = stack.gateway.server
         seen = await run_script(Target(
             address, lambda: sum(len(c.sessions) for c in server.connections),
-            lambda: registry.detached))
+            lambda: registry.detached, spent_after=CONFIRM_GRACE * 2))
         nursery.cancel_scope.cancel()
     return seen
 
