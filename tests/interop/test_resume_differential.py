@@ -65,7 +65,6 @@ from nnrp.core.enums import MessageType
 from nnrp.native import NativeRuntimeError
 from nnrp.runtime.types import PartialResultMetadata
 from nnrp.server.native import (
-    NativeServerAcceptOptions,
     listen_native_server,
 )
 
@@ -76,10 +75,12 @@ from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
 from tests.support.cut import StreamCutProxy
 from tests.support.native import (
+    close_serving,
     native_server_options,
     openai_submit,
     poll_until,
     result_metadata,
+    waiting_accept,
 )
 from tests.support.stack import chat, envelope, records_of, start_stack
 from tests.support.waits import until
@@ -140,34 +141,19 @@ class NativeApplication:
             self.ready.put(server.bound_provider_endpoints["tcp"].uri)
             served: list[_Served] = []
             runs: dict[int, int] = {}
-            accepting = self._accept(server)
+            accepting = waiting_accept(server)
             try:
                 while not self.stop.is_set():
                     if accepting.done():
                         served.append(_Served(accepting.result()))
-                        accepting = self._accept(server)
+                        accepting = waiting_accept(server)
                     live = [(index, e) for index, e in enumerate(served) if not e.done]
                     if not live:
                         await asyncio.wait({accepting}, timeout=0.01)
                     for index, entry in live:
                         await self._step(index, entry, runs)
             finally:
-                # Closing the server ends the accept still waiting (it raises); the close
-                # itself may report the handle that accept held. Teardown either way.
-                with contextlib.suppress(NativeRuntimeError):
-                    server.close()
-                with contextlib.suppress(NativeRuntimeError):
-                    await accepting
-
-    @staticmethod
-    def _accept(server: Any) -> asyncio.Task[Any]:
-        """One accept, left waiting until a session comes (on its worker thread, as
-        ``accept`` always runs), rather than a short one polled in the loop: an accept
-        that times out releases its accept ticket, and with a 2 ms accept about one run
-        in ten under CPU load had a session go wrong under its client (the client's next
-        call failing, detail 105), a session arriving as the ticket went, it seems; none
-        in 80 runs like this."""
-        return asyncio.create_task(server.accept(NativeServerAcceptOptions(timeout_ms=60_000)))
+                await close_serving(server, accepting)
 
     async def _step(self, index: int, entry: _Served, runs: dict[int, int]) -> None:
         try:

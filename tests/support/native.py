@@ -12,6 +12,7 @@ another thread can be up to a slice late while nothing arrives (docs/runtime-con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -23,7 +24,7 @@ import trio
 from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
 from nnrp.core import PayloadKind, ResultPushMetadata
 from nnrp.core.enums import MessageType
-from nnrp.native import NativeWouldBlockError
+from nnrp.native import NativeRuntimeError, NativeWouldBlockError
 from nnrp.runtime.types import TraceContextMetadata
 from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
 
@@ -117,6 +118,26 @@ def native_server_options() -> Any:
 #: the wait itself is for the listener, or for the error that kept it from listening.
 REFEREE_START_LIMIT = 120
 
+
+
+def waiting_accept(server: Any) -> asyncio.Task[Any]:
+    """One accept on a native server, left waiting until a session comes (on its worker
+    thread, as ``accept`` always runs), rather than a short one polled in a loop: an
+    accept that times out releases its accept ticket, and with a 2 ms accept about one run
+    in ten under CPU load had a session go wrong under its client (the client's next call
+    failing, detail 105), a session arriving as the ticket went, it seems; none in 80 runs
+    like this (tests/interop/test_resume_differential.py)."""
+    return asyncio.create_task(server.accept(NativeServerAcceptOptions(timeout_ms=60_000)))
+
+
+async def close_serving(server: Any, accepting: asyncio.Task[Any]) -> None:
+    """Close a native server with ``waiting_accept``'s accept still waiting: closing ends
+    that accept (it raises), and the close itself may report the handle the accept held.
+    Teardown either way."""
+    with contextlib.suppress(NativeRuntimeError):
+        server.close()
+    with contextlib.suppress(NativeRuntimeError):
+        await accepting
 
 async def next_event(session: Any, poll_s: float) -> Any | None:
     """A referee session's next event, or None when nothing came within one poll of

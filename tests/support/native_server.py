@@ -25,9 +25,14 @@ from typing import Any
 import attrs
 import trio
 from nnrp.native import NativeRuntimeError
-from nnrp.server.native import NativeServerAcceptOptions, listen_native_server
+from nnrp.server.native import listen_native_server
 
-from tests.support.native import REFEREE_START_LIMIT, native_server_options
+from tests.support.native import (
+    REFEREE_START_LIMIT,
+    close_serving,
+    native_server_options,
+    waiting_accept,
+)
 
 #: Between two rounds of polls of the sessions the application holds.
 POLL_PAUSE = 0.005
@@ -67,7 +72,7 @@ class SessionReferee:
         with listen_native_server(self.options or native_server_options()) as server:
             self.ready.put(server.bound_provider_endpoints["tcp"].uri.split("://", 1)[-1])
             sessions: dict[int, Any] = {}
-            accepting = self._accept(server)
+            accepting = waiting_accept(server)
             try:
                 while not self.stop.is_set():
                     if accepting.done():
@@ -76,7 +81,7 @@ class SessionReferee:
                             self.accepted += 1
                         except NativeRuntimeError as error:
                             self.errors.append(f"accept: {error!r}")
-                        accepting = self._accept(server)
+                        accepting = waiting_accept(server)
                     for index, session in list(sessions.items()):
                         try:
                             session.poll_events(max_events=16, timeout_ms=1)
@@ -85,19 +90,7 @@ class SessionReferee:
                             self.lost.append(index)
                     await asyncio.sleep(POLL_PAUSE)
             finally:
-                # Closing the server ends the accept still waiting (it raises); the close
-                # itself may report the handle that accept held. Teardown either way.
-                with contextlib.suppress(NativeRuntimeError):
-                    server.close()
-                with contextlib.suppress(NativeRuntimeError):
-                    await accepting
-
-    @staticmethod
-    def _accept(server: Any) -> asyncio.Task[Any]:
-        """One accept left waiting until a session comes, not a short one polled: an
-        accept that times out releases its ticket, and a session arriving as it goes
-        can go wrong under its client (tests/interop/test_resume_differential.py)."""
-        return asyncio.create_task(server.accept(NativeServerAcceptOptions(timeout_ms=60_000)))
+                await close_serving(server, accepting)
 
 
 @contextlib.asynccontextmanager

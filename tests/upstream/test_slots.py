@@ -90,29 +90,6 @@ async def test_within_the_share_detached_holders_keep_their_slots(
         nursery.cancel_scope.cancel()
 
 
-async def test_a_holder_that_pauses_while_a_request_waits_gives_way_then(
-        autojump_clock: trio.testing.MockClock) -> None:
-    """Rule 3: the wait began while every holder was live; one pauses later."""
-    slots: ConnectionSlots[Client] = ConnectionSlots(1, Client)
-    holder = Holder(Standing.LIVE)
-    got = trio.Event()
-
-    async def wait_for_slot() -> None:
-        async with slots.checkout(wait=10):
-            got.set()
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(hold, slots, holder)
-        nursery.start_soon(wait_for_slot)
-        await trio.sleep(1)
-        assert not got.is_set()
-        holder.standing_now = Standing.PAUSED
-        slots.make_room()
-        with trio.fail_after(1):
-            await got.wait()
-        assert holder.asked == 1
-
-
 async def test_one_holder_gives_way_per_waiting_request(
         autojump_clock: trio.testing.MockClock) -> None:
     slots: ConnectionSlots[Client] = ConnectionSlots(3, Client, detached_share=1.0)
@@ -146,9 +123,11 @@ async def _checkout_briefly(slots: ConnectionSlots[Client]) -> None:
         await trio.sleep(0.01)
 
 
-async def test_a_holder_whose_client_leaves_while_a_request_waits_gives_way_then(
-        autojump_clock: trio.testing.MockClock) -> None:
-    """Rule 3 for a detach (not only a pause): over the share, it gives way at once."""
+@pytest.mark.parametrize("leaves_as", [Standing.PAUSED, Standing.DETACHED])
+async def test_a_holder_that_leaves_while_a_request_waits_gives_way_then(
+        leaves_as: Standing, autojump_clock: trio.testing.MockClock) -> None:
+    """Rule 3: the wait began while every holder was live; one pauses, or its client
+    leaves (over the share, 0 here: it gives way at once), later."""
     slots: ConnectionSlots[Client] = ConnectionSlots(1, Client, detached_share=0.0)
     holder = Holder(Standing.LIVE)
     got = trio.Event()
@@ -161,8 +140,9 @@ async def test_a_holder_whose_client_leaves_while_a_request_waits_gives_way_then
         await nursery.start(hold, slots, holder)
         nursery.start_soon(wait_for_slot)
         await trio.sleep(1)
-        holder.standing_now = Standing.DETACHED
-        slots.make_room()  # what the session's detach calls (Operation.may_give_way)
+        assert not got.is_set()
+        holder.standing_now = leaves_as
+        slots.make_room()  # what a pause or a detach calls (Operation.may_give_way)
         with trio.fail_after(1):
             await got.wait()
         assert holder.asked == 1
