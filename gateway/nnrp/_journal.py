@@ -239,6 +239,12 @@ class Journal:
         record.ended = True
         self.key_of(record)
 
+    def pin(self, operation_id: int, pinned: bool) -> None:
+        """Whether the operation's record may be trimmed (rule J4), if it is still held."""
+        record = self.records.get(operation_id)
+        if record is not None:
+            record.pinned = pinned
+
     def key_of(self, record: OperationRecord) -> bytes:
         """The record's request key, computed once (rule J3)."""
         if record.key is None:

@@ -377,9 +377,10 @@ class SessionBook:
             token = self._random_bytes(self.policy.token_bytes)
             if self.policy.workers > 1:  # R11: the first byte names the worker
                 token = bytes([self.policy.worker]) + token[1:]
-            if _digest(token) not in self._by_token:
+            digest = _digest(token)
+            if digest not in self._by_token:
                 break
-        self._by_token[_digest(token)] = record
+        self._by_token[digest] = record
         record.tokens[token] = None
         return token
 
@@ -511,8 +512,7 @@ class SessionBook:
         share = self._clients.get(record.client)
         if share is not None:
             share.sessions -= 1
-            if share.sessions <= 0 and share.budget.held <= 0:
-                del self._clients[record.client]
+            self.forget_client_if_idle(record.client)
 
     def forget_client_if_idle(self, client: bytes) -> None:
         """A client's last journal bytes went: its share goes too."""

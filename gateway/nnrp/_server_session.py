@@ -307,8 +307,8 @@ class ServerSession:
         journal = self.journal
         for operation_id in list(self.awaiting):
             del self.awaiting[operation_id]
-            if journal is not None and operation_id in journal.records:
-                journal.records[operation_id].pinned = operation_id in self.muted
+            if journal is not None:
+                journal.pin(operation_id, operation_id in self.muted)
             operation = self.operations.get(operation_id)
             if operation is not None and operation_id not in self.muted:
                 operation.quiet = False
@@ -317,14 +317,11 @@ class ServerSession:
         """Nothing more of the operation reaches the client, and nothing of it is held;
         whether it still runs (then the I/O layer ends it)."""
         self.awaiting.pop(operation_id, None)
-        operation = self.operations.get(operation_id)
-        if operation is not None:
-            operation.quiet = True
-            self.muted.add(operation_id)
+        self.mute(operation_id)
         if self.journal is not None:
             self.journal.forget(operation_id)
             self._collect_released()
-        return operation is not None
+        return operation_id in self.operations
 
     def abandon_awaiting(self) -> tuple[int, ...]:
         """Every operation still awaiting its resubmission ends unseen (its window
@@ -339,8 +336,8 @@ class ServerSession:
         if operation is not None:
             operation.quiet = True
             self.muted.add(operation_id)
-            if self.journal is not None and operation_id in self.journal.records:
-                self.journal.records[operation_id].pinned = True
+            if self.journal is not None:
+                self.journal.pin(operation_id, True)
 
     def _collect_released(self) -> None:
         """The journal let these go: a resubmission of one is results_unavailable."""
@@ -441,8 +438,8 @@ class ServerSession:
         operation = self.operations.get(operation_id)
         if operation is not None:
             operation.quiet = False
-            if journal is not None and operation_id in journal.records:
-                journal.records[operation_id].pinned = False
+            if journal is not None:
+                journal.pin(operation_id, False)
             return True
         if journal is not None and operation_id in journal.records:
             for data in journal.terminal(operation_id).packets:
