@@ -39,10 +39,7 @@ def _quiet_logs() -> None:
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None) -> None:
     document = {"scenario": scenario, "machine": _machine(),
                 "figures": [figure.as_dict() for figure in figures]}
-    if out is not None:
-        (out / f"{scenario}.json").write_text(json.dumps(document, indent=2) + "\n")
-    if as_json:
-        typer.echo(json.dumps(document, indent=2))
+    if _written(document, out, f"{scenario}.json", as_json):
         return
     typer.echo(f"{'figure':<80} {'value':>12}  {'goal':>10}  {'met':>4}  baseline")
     for figure in figures:

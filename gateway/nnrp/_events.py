@@ -196,10 +196,10 @@ class OperationResumed:
 
 
 class AbandonCause(enum.Enum):
-    """Why an operation of a resumed session ends unseen (rule 5b)."""
+    """Why an operation of a resumed session ends unseen (rule 5b). One whose
+    resubmissions' window passed is the book's expiry instead (``ExpiryKind``)."""
 
     RESUBMISSION_REFUSED = "resubmission_refused"  # another request, or a gap
-    NOT_RESUBMITTED = "not_resubmitted"  # its resubmissions' window passed
     SESSION_CLOSED = "session_closed"  # SESSION_CLOSE before its resubmission
 
 

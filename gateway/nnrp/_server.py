@@ -86,12 +86,13 @@ the runtime objects, whose table is ``_objects``)):
       same transport.
    d. A token another process of the gateway issued (``--workers``, R11): when the resume
       or migration is the first session message of a connection that was not itself
-      handed over, nothing is answered, the connection is ``HANDED_OFF``
-      (``HandedOff``) and reads nothing more; the I/O layer relays it whole to that
-      process. Otherwise a resume is answered retry_later (the session may live there:
-      the client resumes it first thing on another connection) and a migration is
-      refused. So a connection is relayed at most once, and sessions of two workers
-      resume on two connections.
+      handed over and sent at most ``MAX_HAND_OFF_BYTES`` so far (``may_hand_off``: the
+      I/O layer keeps that much to relay, and no more), nothing is answered, the
+      connection is ``HANDED_OFF`` (``HandedOff``) and reads nothing more; the I/O
+      layer relays it whole to that process. Otherwise a resume is answered retry_later
+      (the session may live there: the client resumes it first thing on another
+      connection) and a migration is refused. So a connection is relayed at most once,
+      and sessions of two workers resume on two connections.
    e. Refusals a guesser would collect are rate-limited per connection: a session open
       or resume with credentials that fail, and a resume or migration whose token
       opens nothing. A token bucket of ``refusal_burst``, refilled at
@@ -220,6 +221,12 @@ class ConnState(enum.Enum):
 
 #: SESSION_MIGRATE_ACK accept_code of a refusal without a better reason (rule 4c).
 MIGRATION_REFUSED = int(MigrateAccept.REFUSED)
+#: Rule 4d: the most a connection may have sent when it is handed off, all of which the
+#: I/O layer keeps until then: a hello and a first session message (16 KiB is ample),
+#: with the rest of the read that carried them (a carrier reads up to 64 KiB at once).
+#: More, kept for every connection an unauthenticated client opens, would cost this
+#: much times --max-connections.
+MAX_HAND_OFF_BYTES = (16 << 10) + (64 << 10)
 
 
 @attrs.frozen
@@ -269,6 +276,8 @@ class ServerConnection(SessionOutputs):
         self.hello: ClientHello | None = None
         #: A session message (open, resume, migrate) was handled: no hand-off now (4d).
         self._session_messages = 0
+        #: Bytes received before the first session message (4d).
+        self._received_before_session = 0
         #: Resumed or migrated here, their new token not yet shown to have arrived (4f).
         self._unconfirmed: list[ResumeRecord] = []
         #: Rule 4e: refusals this connection may still collect now.
@@ -371,7 +380,7 @@ class ServerConnection(SessionOutputs):
         """Bytes from a stream transport (TCP, unix socket, a QUIC stream)."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
-        self.last_received = self._clock()
+        self._received(len(data))
         try:
             packets = self._decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -388,12 +397,24 @@ class ServerConnection(SessionOutputs):
         """One WebSocket binary message: exactly one packet."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
-        self.last_received = self._clock()
+        self._received(len(data))
         try:
             packet = decode_packet(data, self.config.max_packet)
         except RemoteProtocolError as exc:
             return [self._fail(exc)]
         return self._handle_all([packet])
+
+    def _received(self, size: int) -> None:
+        self.last_received = self._clock()  # rule 18
+        if self._session_messages == 0:
+            self._received_before_session += size  # rule 4d
+
+    @property
+    def may_hand_off(self) -> bool:
+        """Rule 4d: whether this connection may still be handed to another worker, so
+        that the I/O layer must keep what it received (it lets go once this is False)."""
+        return (not self.relayed and self._session_messages == 0
+                and self._received_before_session <= MAX_HAND_OFF_BYTES)
 
     def protocol_failure(self, error: ProtocolError) -> ConnectionFailed:
         """A transport-level violation (a WebSocket text message, say)."""
@@ -522,7 +543,7 @@ class ServerConnection(SessionOutputs):
         token = packet.body[:request.resume_token_bytes]
         auth = packet.body[request.resume_token_bytes:
                            request.resume_token_bytes + request.auth_bytes]
-        first = self._session_messages == 0
+        may_hand_off = self.may_hand_off
         self._session_messages += 1
         if not self._refusals_left():  # rule 4e: nothing is looked at
             self._refuse_open(request, SessionError.LIMIT_REACHED,
@@ -534,7 +555,7 @@ class ServerConnection(SessionOutputs):
         if refusal is not None and refusal[0] is SessionError.AUTH_FAILED:
             self._spend_refusal()
         if refusal is None and token:
-            self._resume(request, bytes(token), bytes(auth), first, events)
+            self._resume(request, bytes(token), bytes(auth), may_hand_off, events)
             return
         busy = None
         if refusal is None and self.config.admit_session is not None:
@@ -579,7 +600,7 @@ class ServerConnection(SessionOutputs):
             return b"certificate:" + binding.certificate
         return b"address:" + self.peer.address.encode("utf-8", "replace")
 
-    def _resume(self, request: SessionOpen, token: bytes, auth: bytes, first: bool,
+    def _resume(self, request: SessionOpen, token: bytes, auth: bytes, may_hand_off: bool,
                 events: list[Event]) -> None:
         """Rule 4b, in its table's order; a refusal spends nothing (``_resumption`` R5)."""
         session_id = request.requested_session_id
@@ -595,7 +616,7 @@ class ServerConnection(SessionOutputs):
         binding = Binding.of(auth, self.peer)
         found = book.find(session_id, token, binding)
         if found is Lookup.ELSEWHERE:
-            if first and not self.relayed:
+            if may_hand_off:
                 gone = (SessionError.RESUME_REJECTED,
                         "resume rejected: the gateway process that held the session is gone")
                 self._hand_off(session_id, book.worker_of(token),
@@ -769,7 +790,7 @@ class ServerConnection(SessionOutputs):
         """Rule 4c, in its table's order."""
         request = packet.message
         assert isinstance(request, SessionMigrate)
-        first = self._session_messages == 0
+        may_hand_off = self.may_hand_off
         self._session_messages += 1
         session_id = packet.session_id
         token = bytes(packet.body)
@@ -788,7 +809,7 @@ class ServerConnection(SessionOutputs):
                        if isinstance(found, ResumeRecord) else None)
             if binding is None and isinstance(found, ResumeRecord):
                 found = Lookup.REJECTED
-            if found is Lookup.ELSEWHERE and first and not self.relayed:
+            if found is Lookup.ELSEWHERE and may_hand_off:
                 refused = SessionMigrateAck(
                     accept_code=int(MigrateAccept.REFUSED),
                     resume_from_frame_id=request.last_result_frame_id,

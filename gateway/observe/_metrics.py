@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 import gateway
+from gateway.nnrp import NotGranted
 
 if TYPE_CHECKING:
     from gateway.server import ServerStats, SessionRegistry
@@ -199,8 +200,9 @@ class _ResumeCollector(Collector):
             f"{PREFIX}_resume_not_granted", "Sessions that asked for resume and opened "
             "without it, by reason (off, draining, process_cap, client_cap).",
             labels=["reason"])
-        for reason in ("off", "draining", "process_cap", "client_cap"):
-            not_granted.add_metric([reason], registry.stats.not_granted.get(reason, 0))
+        for reason in NotGranted:
+            not_granted.add_metric([reason.value],
+                                   registry.stats.not_granted.get(reason.value, 0))
         yield not_granted
         yield GaugeMetricFamily(f"{PREFIX}_resume_held_bytes",
                                 "Result bytes resumable sessions keep for a replay.",

@@ -78,7 +78,6 @@ from gateway.nnrp import (
 )
 from gateway.profile import CANCEL_CAUSES, END_TABLE, EndCause
 from gateway.transport import (
-    READ_SIZE,
     TRANSPORT_IDS,
     PacketTransport,
     TextMessageError,
@@ -88,7 +87,7 @@ from gateway.transport import (
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
 from ._relay import relay
-from ._session import Observer, Session
+from ._session import Observer, Session, until_then_cancel
 from ._stats import ServerStats
 
 if TYPE_CHECKING:
@@ -97,11 +96,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gateway.server")
 #: After a fatal ERROR, how long the connection waits for its client to close it.
 FAILURE_LINGER = 1.0
-#: Bytes kept of a connection before its first session, to relay it whole (``_relay``):
-#: its hello and first session message, and the rest of that read (``READ_SIZE``). A
-#: connection that sends more before one is not relayed (held, it would cost every
-#: connection of an unauthenticated client this much: --max-connections of them).
-MAX_PREAMBLE = (16 << 10) + READ_SIZE
 _connection_ids = itertools.count(1)
 
 
@@ -163,10 +157,11 @@ class Connection:
         self._failed = False
         #: The gateway closes it itself at the end of its drain: its sessions end.
         self._drained = False
-        #: Every byte received until a session opens (a resume naming another worker's
-        #: session is relayed there from the first byte: ``_relay``); None after, and
-        #: from the start where there is no other worker to relay to, or when this
-        #: connection was itself relayed here (never twice: ``_relay`` rule 1).
+        #: Every byte received while the connection may be handed to another worker
+        #: (``may_hand_off``, rule 4d: at most ``MAX_HAND_OFF_BYTES``), to relay it there
+        #: from the first byte (``_relay``); None after, and from the start where there
+        #: is no other worker to relay to, or when this connection was itself relayed
+        #: here (never twice: ``_relay`` rule 1).
         self._preamble: bytearray | None = (
             bytearray() if registry is not None and registry.settings.relays and not relayed
             else None)
@@ -209,7 +204,9 @@ class Connection:
                 else:  # the peer is gone or broke the protocol
                     self._leave()
                 nursery.cancel_scope.cancel()
-            if self._handed_to is not None and self._preamble is not None:
+            if self._handed_to is not None:
+                # Kept while the protocol could hand it off (rule 4d), so it is all here.
+                assert self._preamble is not None
                 await self._relay(self._handed_to, bytes(self._preamble))
         except Exception:
             self.log.exception("connection crashed")
@@ -231,10 +228,11 @@ class Connection:
             session = self.sessions.pop(session_id)
             self.stats.sessions_active -= 1
             session.detach()
-            if self.registry is not None:
-                self.registry.detached_now()
+            session.left_alone()
             self.log.info("session detached; it waits for its client to resume",
                           session_id=session_id, operations=len(session.operations))
+        if lost.detached and self.registry is not None:
+            self.registry.sessions_changed()
         cause = (EndCause.PROTOCOL_FAILURE if self._failed
                  else EndCause.SHUTDOWN if self._drained else EndCause.DISCONNECTED)
         for session_id, session in list(self.sessions.items()):
@@ -261,7 +259,7 @@ class Connection:
             with trio.move_on_after(self.limits.write_timeout):
                 await self.transport.send([self._hand_off_refusal])
             return
-        await relay(self.transport, holder, preamble)
+        await relay(self.transport, self.protocol.peer, holder, preamble)
 
     def take_session(self, session_id: int, notice: bytes) -> None:
         """A migration took the session to another connection (``_resumption`` R9): it
@@ -318,8 +316,8 @@ class Connection:
                 await self.outbox.wait_flushed()
             with trio.move_on_at(min(deadline, trio.current_time() + close_grace)):
                 async with trio.open_nursery() as waits:
-                    waits.start_soon(_first, self.closed, waits.cancel_scope)
-                    waits.start_soon(_first, attached, waits.cancel_scope)
+                    waits.start_soon(until_then_cancel, self.closed.wait, waits.cancel_scope)
+                    waits.start_soon(until_then_cancel, attached.wait, waits.cancel_scope)
             if (self.closed.is_set() or not attached.is_set()
                     or trio.current_time() >= deadline):
                 break
@@ -373,11 +371,8 @@ class Connection:
                 self._credentials_known = True
             self._last_receive = trio.current_time()
             self.stats.bytes_in += len(data)
-            preamble = self._preamble
-            if preamble is not None:
-                preamble += data
-                if len(preamble) > MAX_PREAMBLE:
-                    self._preamble = None
+            if self._preamble is not None:
+                self._preamble += data
             events = (protocol.receive_message(data) if self.transport.message_based
                       else protocol.receive_data(data))
             for event in events:
@@ -393,7 +388,7 @@ class Connection:
                 self._handle(event)
                 if isinstance(event, PeerError) and event.fatal:
                     return
-            if self.sessions:
+            if not protocol.may_hand_off:
                 self._preamble = None
 
     async def _writer(self) -> None:
@@ -596,7 +591,7 @@ class Connection:
             operation.reattached += 1
             operation.reattached_at.append(trio.current_time())
         self._attach(session)
-        self.registry.resumed()
+        self.registry.sessions_changed()
         self.log.info("session resumed" if resumed else "session migrated here",
                       session_id=session_id, operations=len(session.operations),
                       awaiting=len(session.protocol.awaiting))
@@ -680,13 +675,7 @@ class Connection:
             self.registry.ended(session)
 
 
-async def _first(event: trio.Event, scope: trio.CancelScope) -> None:
-    """Wait for ``event``, then end the wait of whoever else shares ``scope``."""
-    await event.wait()
-    scope.cancel()
-
 
 #: How an operation abandoned after a resume ends (the outcome table's causes).
 ABANDON_CAUSES = {AbandonCause.RESUBMISSION_REFUSED: EndCause.RESUME_ABANDONED,
-                  AbandonCause.SESSION_CLOSED: EndCause.RESUME_ABANDONED,
-                  AbandonCause.NOT_RESUBMITTED: EndCause.RESUME_EXPIRED}
+                  AbandonCause.SESSION_CLOSED: EndCause.RESUME_ABANDONED}

@@ -457,7 +457,7 @@ class Operation:
         return self._port.paused()
 
     def unattended_now(self) -> None:
-        """Its session detached (or it awaits its resubmission): ``may_give_way``."""
+        """Its session detached and waits for its client: ``may_give_way``."""
         if self.may_give_way is not None:
             self.may_give_way()
 

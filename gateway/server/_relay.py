@@ -9,7 +9,8 @@ Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11; README,
    migration naming another worker's session (the token's first byte is the worker
    that issued it): nothing of the connection has state here but the handshake. A
    connection that was itself relayed here is never relayed again: the holder answers
-   a token naming another worker as one that opens nothing (no relay loop).
+   a token naming another worker as one that opens nothing (no relay loop). Nor is one
+   that sent more than ``MAX_HAND_OFF_BYTES`` before that message: no more is kept.
 2. To the holder: a fixed ``HEADER`` (the carrier's kind, the client's address, and what
    its carrier said of it: encrypted or not, its TLS certificate's digest, so the
    session's binding is checked there as here), then the client's bytes from its
@@ -58,12 +59,11 @@ def without_probes(preamble: bytes) -> bytes:
     return bytes(kept + buffer)
 
 
-async def relay(transport: PacketTransport, holder: trio.SocketStream, preamble: bytes
-                ) -> None:
-    """Relay the client's connection to the worker at the other end of ``holder`` until
-    either side ends (rules 2, 3)."""
+async def relay(transport: PacketTransport, credentials: PeerCredentials,
+                holder: trio.SocketStream, preamble: bytes) -> None:
+    """Relay the client's connection (its carrier said ``credentials`` of it) to the
+    worker at the other end of ``holder`` until either side ends (rules 2, 3)."""
     async with holder:
-        credentials = transport.credentials()
         header = HEADER.pack(MAGIC, transport.kind.encode()[:16],
                              transport.peer.encode("ascii", "replace")[:64],
                              credentials.secure, credentials.certificate[:32])

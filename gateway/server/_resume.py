@@ -77,10 +77,6 @@ class SessionRegistry:
         return self._nursery
 
     @property
-    def running(self) -> bool:
-        return self._running
-
-    @property
     def budget(self) -> Budget:
         """Every journal's bytes together (``--resume-max-bytes``)."""
         return self.book.total
@@ -165,14 +161,9 @@ class SessionRegistry:
         """A session granted resume: its I/O side, kept here for as long as it lives."""
         self.by_id[session.session_id] = session
 
-    def detached_now(self) -> None:
-        """A session of this process detached (its connection ended)."""
-        self._changed()
-
-    def resumed(self) -> None:
-        self._changed()
-
-    def _changed(self) -> None:
+    def sessions_changed(self) -> None:
+        """Sessions of this process detached, were resumed or ended: whoever waits on
+        them (the drain) looks again."""
         self._sessions_changed.set()
         self._sessions_changed = trio.Event()
 
@@ -181,7 +172,7 @@ class SessionRegistry:
         operations, and its journal is cleared once they have (rule 3)."""
         if self.by_id.get(session.session_id) is session:
             del self.by_id[session.session_id]
-        self._changed()
+        self.sessions_changed()
         if cause is not None:
             session.cancel_all(cause)
         if self._running:

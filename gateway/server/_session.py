@@ -105,8 +105,12 @@ class Session:
             self.link.count_operations(-len(self.operations))
         self.link = None
         self.changed()
+
+    def left_alone(self) -> None:
+        """Detached and waiting for its client (not ending, not moved elsewhere): a live
+        request waiting for an upstream slot may have one of its operations'."""
         for operation in self.operations.values():
-            operation.unattended_now()  # a live request waiting may have its slot
+            operation.unattended_now()
 
     def changed(self) -> None:
         """Where frames go changed (attached, detached, an operation resubmitted, room
@@ -173,7 +177,8 @@ class Session:
         await self._idle.wait()
 
 
-async def _until(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+async def until_then_cancel(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope
+                            ) -> None:
     """``wait()``, then end the waits that share ``scope``."""
     await wait()
     scope.cancel()
@@ -207,10 +212,8 @@ class _Port:
         """Whether it waits for its journal's bound while its frames reach no client
         (a detached operation at its bound: it gives up its upstream slot first when a
         live request needs one)."""
-        session = self._session
-        journal = session.protocol.journal
-        return (journal is not None and not session.protocol.delivers(self.operation_id)
-                and journal.over_budget())
+        journal = self._session.protocol.journal
+        return journal is not None and self.detached() and journal.over_budget()
 
     def detached(self) -> bool:
         """Whether its frames reach no client now (detached, or awaiting resubmission)."""
@@ -239,8 +242,8 @@ class _Port:
                 # Room, or the session moved (a migration away from a connection that no
                 # longer reads: its outbox may never drain).
                 async with trio.open_nursery() as waits:
-                    waits.start_soon(_until, outbox.wait_for_room, waits.cancel_scope)
-                    waits.start_soon(_until, session.wait_changed, waits.cancel_scope)
+                    waits.start_soon(until_then_cancel, outbox.wait_for_room, waits.cancel_scope)
+                    waits.start_soon(until_then_cancel, session.wait_changed, waits.cancel_scope)
                 if session.link is not link:
                     continue
             if outbox.closed:

@@ -68,13 +68,12 @@ def peer_address(peer: str) -> str:
     return host.strip("[]") if colon and port.isdigit() else peer
 
 
-def stream_credentials(stream: trio.abc.Stream | None, peer: str, *,
-                       secure: bool = False) -> PeerCredentials:
+def stream_credentials(stream: trio.abc.Stream | None, peer: str) -> PeerCredentials:
     """A stream's: encrypted when it is TLS, with the SHA-256 of the client's certificate
     when it presented one (mutual TLS)."""
+    secure = isinstance(stream, trio.SSLStream)
     certificate = b""
     if isinstance(stream, trio.SSLStream):
-        secure = True
         try:
             der = stream.getpeercert(binary_form=True)
         except (ValueError, trio.BrokenResourceError):  # the handshake is not done

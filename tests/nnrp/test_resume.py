@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
+from gateway.nnrp._server import MAX_HAND_OFF_BYTES
+from gateway.transport import READ_SIZE
 from tests.support.resume import (
     RESUMABLE,
     Clock,
@@ -427,6 +429,34 @@ def test_a_relayed_connection_is_never_handed_off_again() -> None:
     assert replies(events)[0].message.status == nnrp.SessionOpenStatus.RETRY_LATER
     assert of(connection(worker0).receive_data(resume(bytes([7]) + b"\x01" * 23)),
               nnrp.SessionOpenRefused)  # no such worker: refused, not relayed
+
+
+def test_a_connection_that_sent_more_than_is_kept_is_not_handed_off() -> None:
+    """Rule 4d: the I/O layer keeps a connection's bytes, to relay them, only while
+    ``may_hand_off``; one whose opening went past ``MAX_HAND_OFF_BYTES`` is answered as
+    a relayed one is (retry_later), never handed off with nothing to relay."""
+    worker0 = book(worker=0, relays=("w0.sock", "w1.sock"))
+    forged = bytes([1]) + b"\x07" * 23  # names worker 1
+    ping = pk(nnrp.Ping())
+    half, over = (ping * (MAX_HAND_OFF_BYTES // len(ping) // 2),
+                  ping * (MAX_HAND_OFF_BYTES // len(ping) + 1))
+    assert MAX_HAND_OFF_BYTES >= (16 << 10) + READ_SIZE  # a hello, a message, a read
+    within = connection(worker0)
+    within.receive_data(half)
+    assert within.may_hand_off
+    (handed,) = of(within.receive_data(resume(forged)), nnrp.HandedOff)
+    assert handed.worker == 1 and not within.may_hand_off
+    past = connection(worker0)
+    past.receive_data(over)
+    assert not past.may_hand_off
+    events = past.receive_data(resume(forged))
+    assert not of(events, nnrp.HandedOff)
+    assert replies(events)[0].message.status == nnrp.SessionOpenStatus.RETRY_LATER
+    migrating = connection(worker0)
+    migrating.receive_data(over)
+    events = migrating.receive_data(migrate(forged))
+    assert not of(events, nnrp.HandedOff)
+    assert of(events, nnrp.SendBytes)  # refused on the wire (rule 4c)
 
 
 # --------------------------------------------------------------------------- windows
