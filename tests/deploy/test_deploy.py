@@ -153,11 +153,15 @@ def test_wiring(values_file: Path | None) -> None:
     assert vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"] >= 600
     assert vllm["livenessProbe"]["timeoutSeconds"] == values["vllm"]["probes"]["timeoutSeconds"]
     assert vllm["livenessProbe"]["timeoutSeconds"] >= 5
-    service_ports = {p["name"]: p["port"] for p in manifests["Service"][0]["spec"]["ports"]}
+    # The clients' Service (fleet mode adds a headless one: test_fleet_chart.py).
+    name = manifests["Deployment"][0]["metadata"]["name"]
+    (client_service,) = [s for s in manifests["Service"] if s["metadata"]["name"] == name]
+    service_ports = {p["name"]: p["port"] for p in client_service["spec"]["ports"]}
     assert service_ports["nnrp"] == values["gateway"]["port"]
-    # A resuming client lands on its session's pod only with ClientIP affinity.
+    # Without fleet mode a resuming client lands on its session's pod only with ClientIP
+    # affinity; with it the chart never sets ClientIP (test_fleet_chart.py).
     assert args[args.index("--resume-window") + 1] == str(values["gateway"]["resumeWindowSeconds"])
-    service = manifests["Service"][0]["spec"]
+    service = client_service["spec"]
     assert service["sessionAffinity"] == values["service"]["sessionAffinity"]
     if service["sessionAffinity"] == "ClientIP":
         assert service["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] == (

@@ -30,6 +30,32 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: nnrp-vllm-gateway
 {{- end }}
 
+{{/* Fleet mode: the headless Service's name (a DNS label: 63 characters at most). */}}
+{{- define "nnrp-vllm-gateway.fleetServiceName" -}}
+{{- printf "%s-fleet" (include "nnrp-vllm-gateway.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Fleet mode: where the key Secret's key is mounted, a file of its own. */}}
+{{- define "nnrp-vllm-gateway.fleetKeyFile" -}}
+/etc/nnrp-fleet/key
+{{- end }}
+
+{{/* Fleet mode's values, refused early with what to do: the key Secret is the user's
+(a key generated here would change on every render, or need a lookup that helm template
+and GitOps tools cannot do), and the fleet port must be a port of its own. */}}
+{{- define "nnrp-vllm-gateway.fleetChecks" -}}
+{{- if .Values.fleet.enabled }}
+{{- $_ := required "fleet.enabled needs fleet.keySecret.name: an existing Secret holding the fleet's shared key, e.g. kubectl create secret generic nnrp-fleet-key --from-literal=key=$(openssl rand -hex 32) (docs/fleet.md)" .Values.fleet.keySecret.name }}
+{{- $_ := required "fleet.keySecret.key must name the key within the Secret fleet.keySecret.name" .Values.fleet.keySecret.key }}
+{{- $port := int .Values.fleet.port }}
+{{- range $name, $taken := dict "gateway.port" .Values.gateway.port "gateway.wsPort" .Values.gateway.wsPort "gateway.adminPort" .Values.gateway.adminPort "vllm.port" .Values.vllm.port }}
+{{- if eq $port (int $taken) }}
+{{- fail (printf "fleet.port (%d) is %s's TCP port: forwarded resumes need a port of their own" $port $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "nnrp-vllm-gateway.metrics" -}}
 {{- if or .Values.gateway.metrics .Values.serviceMonitor.enabled }}true{{ end }}
 {{- end }}
@@ -130,6 +156,19 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
   env:
     - name: PYTHONDONTWRITEBYTECODE
       value: "1"
+    {{- if .Values.fleet.enabled }}
+    # Fleet mode: the other gateways reach this one at the pod's IP for forwarded resumes
+    # (Kubernetes expands $(POD_IP) only from an entry listed before it); the key is the
+    # Secret's, a file the kubelet keeps current and SIGHUP re-reads.
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    - name: NNRP_GATEWAY_FLEET_ADVERTISE
+      value: "$(POD_IP):{{ .Values.fleet.port }}"
+    - name: NNRP_GATEWAY_FLEET_KEY_FILE
+      value: {{ include "nnrp-vllm-gateway.fleetKeyFile" . | quote }}
+    {{- end }}
     {{- if .Values.gateway.upstreamApiKeySecret }}
     - name: NNRP_GATEWAY_UPSTREAM_API_KEY
       valueFrom:
@@ -192,6 +231,11 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     - name: admin
       containerPort: {{ .Values.gateway.adminPort }}
       protocol: TCP
+    {{- if .Values.fleet.enabled }}
+    - name: fleet
+      containerPort: {{ .Values.fleet.port }}
+      protocol: TCP
+    {{- end }}
   # Startup and liveness never depend on vLLM: in native mode a vLLM-dependent startup
   # probe would block vLLM from ever starting; readiness does follow vLLM.
   startupProbe:
@@ -223,6 +267,11 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     {{- if .Values.gateway.quicPort }}
     - name: tls
       mountPath: /etc/nnrp-tls
+      readOnly: true
+    {{- end }}
+    {{- if .Values.fleet.enabled }}
+    - name: fleet-key
+      mountPath: {{ include "nnrp-vllm-gateway.fleetKeyFile" . | dir }}
       readOnly: true
     {{- end }}
     {{- with .Values.extraVolumeMounts }}
