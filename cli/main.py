@@ -164,6 +164,10 @@ def serve(
         envvar="NNRP_GATEWAY_VLLM_PRIORITY_SCHEDULING", rich_help_panel=VLLM,
         help="vLLM runs with --scheduling-policy priority: PRIORITY_UPDATE and session "
              "priority classes set vLLM's request priority.")] = False,
+    vllm_session_header: Annotated[bool, typer.Option(
+        envvar="NNRP_GATEWAY_VLLM_SESSION_HEADER", rich_help_panel=VLLM,
+        help="Session affinity for a router: each session's random id as X-Session-ID.")
+    ] = True,
     upstream_pool_size: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_UPSTREAM_POOL_SIZE", min=1, metavar="N", rich_help_panel=VLLM,
         help="HTTP connections to vLLM at most (per worker).")] = 256,
@@ -432,6 +436,7 @@ def serve(
                                 max_envelope_bytes=max_envelope_bytes,
                                 max_event_bytes=max_event_bytes,
                                 priority_scheduling=vllm_priority_scheduling,
+                                session_header=vllm_session_header,
                                 overload_retry_after_ms=overload_retry_after_ms),
         upstream_connect_timeout=upstream_connect_timeout,
         upstream_pool_size=upstream_pool_size, upstream_queue_timeout=upstream_queue_timeout,

@@ -83,7 +83,7 @@ from gateway.upstream import (
     to_profile_error,
 )
 
-from ._request import UpstreamRequest, build_request, upstream_traceparent
+from ._request import UpstreamRequest, build_request, upstream_headers, upstream_traceparent
 from ._translate import Translator, forces_tool_choice, token_count
 
 if TYPE_CHECKING:
@@ -108,6 +108,9 @@ class PipelineLimits:
     token_profile_max_tokens: int = 64
     #: The retry time told with vLLM's own refusals when its queue is not sampled.
     overload_retry_after_ms: int = 1000
+    #: Each upstream request carries its NNRP session's opaque id as ``X-Session-ID``
+    #: (``_request``): a router in front of data-parallel engines keeps the session on one.
+    session_header: bool = True
 
 
 class ChatPipeline:
@@ -159,7 +162,7 @@ class ChatPipeline:
             request = build_request(envelope, session_id=op.session_id,
                                     operation_id=op.operation_id,
                                     connection_id=op.connection_id, trace=op.trace,
-                                    span=notes.span)
+                                    span=notes.span, session_uid=self._session_uid(op))
             self._apply_controls(op, request.body, request.headers, info)
             notes.request_id, notes.stream = request.request_id, request.stream
             notes.traceparent = request.headers.get("traceparent")  # frozen at dispatch
@@ -202,6 +205,10 @@ class ChatPipeline:
             if not op.is_terminal:
                 await self._fail(op, ProfileError(
                     EndCause.ADAPTER_RUNTIME_ERROR, f"the gateway failed: {type(exc).__name__}"))
+
+    def _session_uid(self, op: Operation) -> str | None:
+        """The id the request's ``X-Session-ID`` carries; None: no such header."""
+        return op.session_uid if self.limits.session_header else None
 
     def _decide_span(self, op: Operation) -> None:
         """The gateway's span for this operation, once (``gateway.observe._spans`` rule 3)."""
@@ -292,7 +299,7 @@ class ChatPipeline:
         body: dict[str, Any] = {"model": info.models[0], "prompt": prompt,
                                 "max_tokens": self.limits.token_profile_max_tokens}
         request_id = f"nnrp-{op.connection_id}-{op.session_id}-{op.operation_id}"
-        headers = {"x-request-id": request_id}
+        headers = upstream_headers(request_id, self._session_uid(op))
         self._apply_controls(op, body, headers, info)
         self._decide_span(op)
         parent = upstream_traceparent(op.trace, notes.span)

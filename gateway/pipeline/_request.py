@@ -12,6 +12,12 @@ decides first and its bytes are unchanged; only an operation without an eligible
 context whose own gateway span was sampled sends the gateway's request to vLLM (the
 operation span's CLIENT child, ``GatewaySpan.upstream_span_id``) as vLLM's parent, so
 vLLM's spans sit under that request: ``00-{trace_id:032x}-{upstream_span_id:016x}-01``.
+
+Every request of an operation also carries its NNRP session's opaque id
+(``Operation.session_uid``: random, drawn once per session, kept across resumes, unique
+across gateways) as ``X-Session-ID``, what a router in front of data-parallel vLLM
+engines hashes to keep one session's requests, and so their shared prefixes, on one
+engine; ``PipelineLimits.session_header`` turns it off.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
     from gateway.profile import Envelope
     from gateway.server import GatewaySpan
+
+
+#: The session affinity header (``X-Session-ID``; httpx sends names as given).
+SESSION_HEADER = "x-session-id"
 
 
 def traceparent(trace: TraceInfo | None) -> str | None:
@@ -46,6 +56,14 @@ def upstream_traceparent(trace: TraceInfo | None, span: GatewaySpan | None) -> s
     return f"00-{span.trace_id:032x}-{span.upstream_span_id:016x}-01"
 
 
+def upstream_headers(request_id: str, session_uid: str | None) -> dict[str, str]:
+    """The ids every upstream request of an operation carries: ``x-request-id``, and the
+    session's ``X-Session-ID`` when given."""
+    if session_uid is None:
+        return {"x-request-id": request_id}
+    return {"x-request-id": request_id, SESSION_HEADER: session_uid}
+
+
 @attrs.frozen
 class UpstreamRequest:
     body: dict[str, Any]
@@ -57,11 +75,13 @@ class UpstreamRequest:
 
 def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
                   connection_id: int, trace: TraceInfo | None,
-                  span: GatewaySpan | None = None) -> UpstreamRequest:
+                  span: GatewaySpan | None = None,
+                  session_uid: str | None = None) -> UpstreamRequest:
     """The body exactly as sent, plus ``stream_options.include_usage`` for streams (usage is
     always recorded; the usage *event* is only for clients that asked). ``stream`` and
     ``stream_options`` are read as vLLM reads them (``upstream._request_fields``); a value
-    vLLM would not read is refused here, before anything is generated."""
+    vLLM would not read is refused here, before anything is generated. ``session_uid``,
+    when given, goes as ``X-Session-ID``."""
     body = dict(envelope.body)
     try:
         stream = is_streaming(body)
@@ -73,7 +93,7 @@ def build_request(envelope: Envelope, *, session_id: int, operation_id: int,
         merged["include_usage"] = True
         body["stream_options"] = merged
     request_id = envelope.request_id or f"nnrp-{connection_id}-{session_id}-{operation_id}"
-    headers = {"x-request-id": request_id}
+    headers = upstream_headers(request_id, session_uid)
     parent = upstream_traceparent(trace, span)
     if parent is not None:
         headers["traceparent"] = parent

@@ -189,10 +189,11 @@ _DEADLINE_CAUSES = {DropReason.DEADLINE_EXPIRED: EndCause.DEADLINE_EXPIRED,
 
 
 class Operation:
-    """One operation. A handler reads the ids, ``transport``, ``typed_body`` (or
-    ``body_error``), ``trace`` (the best trace context so far) and ``deadline_unix_ms``;
-    it calls ``emit`` per event and ends with exactly one ``close``. It runs inside
-    ``cancel_scope``; ``notes`` is where it writes what it learned."""
+    """One operation. A handler reads the ids (``session_uid`` among them), ``transport``,
+    ``typed_body`` (or ``body_error``), ``trace`` (the best trace context so far) and
+    ``deadline_unix_ms``; it calls ``emit`` per event and ends with exactly one
+    ``close``. It runs inside ``cancel_scope``; ``notes`` is where it writes what it
+    learned."""
 
     def __init__(self, port: OperationPort, *, connection_id: int, transport: str,
                  session_id: int, operation_id: int, frame_id: int,
@@ -204,6 +205,9 @@ class Operation:
         self.connection_id = connection_id
         self.transport = transport
         self.session_id = session_id
+        #: Its session's opaque id, unique across gateways and kept across resumes
+        #: (``Session.uid``; set when the session starts it).
+        self.session_uid: str | None = None
         self.operation_id = operation_id
         self.frame_id = frame_id
         self.typed_body = typed_body

@@ -20,6 +20,7 @@ operation).
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -73,6 +74,11 @@ class Session:
                  *, client: bytes | None = None) -> None:
         self.protocol = protocol
         self.session_id = protocol.session_id
+        #: An opaque random id, drawn once: stable for the session's whole life (a resume
+        #: or a migration keeps this object) and, unlike ``session_id`` (numbered from 1
+        #: in every process), unique across gateways. Each operation carries it
+        #: (``Operation.session_uid``); what it becomes upstream is the handler's choice.
+        self.uid = secrets.token_hex(8)
         self._nursery = nursery
         self._handler = handler
         self._observer = observer
@@ -127,6 +133,7 @@ class Session:
         return _Port(self, operation_id)
 
     def start(self, operation: Operation) -> None:
+        operation.session_uid = self.uid
         self.operations[operation.operation_id] = operation
         if self.link is not None:
             self.link.count_operations(1)

@@ -156,6 +156,17 @@ def test_serve_takes_the_load_and_refusal_options_from_flags_and_environment(
     assert out_of_range.exit_code == 2
 
 
+def test_the_vllm_session_header_is_on_unless_a_flag_or_the_environment_says_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert served_config(monkeypatch, []).pipeline.session_header is True
+    assert served_config(monkeypatch, ["--no-vllm-session-header"]
+                         ).pipeline.session_header is False
+    assert served_config(monkeypatch, [], env={"NNRP_GATEWAY_VLLM_SESSION_HEADER": "false"}
+                         ).pipeline.session_header is False
+    assert served_config(monkeypatch, ["--vllm-session-header"], env={
+        "NNRP_GATEWAY_VLLM_SESSION_HEADER": "false"}).pipeline.session_header is True
+
+
 def _environment_footer(argv: list[str]) -> str:
     text = " ".join(runner.invoke(app, [*argv, "--help"]).stdout.split())
     return text[text.index("can also be set in the environment"):]

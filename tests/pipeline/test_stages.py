@@ -9,6 +9,7 @@ import pytest
 
 from gateway.nnrp import TraceInfo
 from gateway.pipeline import Translator, build_request, traceparent
+from gateway.pipeline._request import SESSION_HEADER
 from gateway.pipeline._translate import forces_tool_choice
 from gateway.profile import parse_envelope
 from gateway.tools.replay import bundled_transcripts, derive, family_transcripts
@@ -55,6 +56,18 @@ def test_stream_request_adds_include_usage_and_ids() -> None:
     assert asked.usage_requested
     assert asked.body["stream_options"]["continuous_usage_stats"] is True
     assert asked.headers == {"x-request-id": "mine"}
+
+
+def test_the_session_uid_goes_as_x_session_id_and_nowhere_else() -> None:
+    with_uid = build_request(envelope({"stream": True}), session_id=1, operation_id=2,
+                             connection_id=3, trace=None, session_uid="0123456789abcdef")
+    without = build_request(envelope({"stream": True}), session_id=1, operation_id=2,
+                            connection_id=3, trace=None)
+    assert SESSION_HEADER == "x-session-id"
+    assert with_uid.headers == {"x-request-id": "nnrp-3-1-2",
+                                "x-session-id": "0123456789abcdef"}
+    assert without.headers == {"x-request-id": "nnrp-3-1-2"}
+    assert with_uid.body == without.body  # a header only: the body stays the client's
 
 
 def test_non_stream_body_is_sent_as_is() -> None:

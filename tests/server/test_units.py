@@ -468,6 +468,29 @@ async def test_an_idle_session_drains_at_once() -> None:
             await session.drain(grace=math.inf)
 
 
+async def test_a_session_gives_its_operations_one_opaque_id_of_its_own() -> None:
+    # Session ids are numbered from 1 in every gateway: both of these are session 1. The
+    # uid is what tells them apart (X-Session-ID upstream), the same for every operation.
+    async with trio.open_nursery() as nursery:
+        async def nothing(op: Operation) -> None:
+            await op.close(EndCause.COMPLETED, b"")
+
+        first, second = (Session(protocol_session(), nursery, nothing, None, ServerStats())
+                         for _ in range(2))
+        assert first.session_id == second.session_id == 1
+        started = [operation(RecordingPort(), number) for number in (1, 2, 3)]
+        for op in started[:2]:
+            assert op.session_uid is None
+            first.start(op)
+        second.start(started[2])
+        with trio.fail_after(1):
+            await first.drain()
+            await second.drain()
+    assert len(first.uid) == 16 and int(first.uid, 16) >= 0
+    assert [op.session_uid for op in started] == [first.uid, first.uid, second.uid]
+    assert first.uid != second.uid
+
+
 # --------------------------------------------------------------------------- endpoints
 
 
