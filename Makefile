@@ -60,7 +60,7 @@ lint: $(TEST_STAMP) ## ruff on gateway, cli and tests
 typecheck: $(TEST_STAMP) ## mypy --strict on gateway and cli
 	$(BIN)/mypy --strict gateway cli
 
-unit: $(TEST_STAMP) $(BIN)/promtool ## the whole pytest suite
+unit: $(TEST_STAMP) $(BIN)/promtool $(BIN)/haproxy ## the whole pytest suite
 	$(BIN)/python -m compileall -q -j 0 gateway cli tests > /dev/null
 	$(BIN)/pytest -q
 
@@ -86,6 +86,29 @@ $(BIN)/promtool: | $(RUNTIME_STAMP)
 	  cp $$dir/root/usr/bin/promtool $@; rm -rf $$dir; \
 	fi; test -x $@ || command -v promtool > /dev/null \
 	  || echo "promtool unavailable: the tests that need it will skip"
+
+# Debian's HAProxy, the load balancer in front of the fleet tests (tests/e2e/test_fleet.py):
+# unpacked from Debian's packages into .venv/opt/haproxy with the three libraries it
+# loads that a bare machine lacks (Lua 5.3, OpenTracing), run by a small wrapper that
+# points the loader there; no service is set up and nothing lands outside .venv. apt's
+# lists as for promtool. Where it cannot be had, those tests skip and say why, except
+# where NNRP_REQUIRE_HAPROXY=1 (CI) makes them fail; one on the PATH is used as it is.
+HAPROXY_DEBS := haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1
+$(BIN)/haproxy: | $(RUNTIME_STAMP)
+	@if command -v haproxy > /dev/null; then echo "haproxy: $$(command -v haproxy)"; \
+	elif command -v apt-get > /dev/null && command -v dpkg-deb > /dev/null; then \
+	  dir=$$(mktemp -d) && chmod a+rwx $$dir && \
+	  { ls /var/lib/apt/lists/*_Packages* > /dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
+	    || apt-get update -qq; } && \
+	  { (cd $$dir && apt-get download -qq $(HAPROXY_DEBS) 2> /dev/null) \
+	    || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	         && (cd $$dir && apt-get download -qq $(HAPROXY_DEBS) 2> /dev/null); }; } && \
+	  rm -rf $(VENV)/opt/haproxy && mkdir -p $(VENV)/opt/haproxy && \
+	  for deb in $$dir/*.deb; do dpkg-deb -x $$deb $(VENV)/opt/haproxy || exit 1; done && \
+	  printf '#!/bin/sh\nhere=$$(cd "$$(dirname "$$0")/../opt/haproxy" && pwd)\nLD_LIBRARY_PATH="$$here/usr/lib/x86_64-linux-gnu:$$here/usr/lib/aarch64-linux-gnu$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" exec "$$here/usr/sbin/haproxy" "$$@"\n' > $@ && \
+	  chmod +x $@ && $@ -v > /dev/null || rm -f $@; rm -rf $$dir; \
+	fi; test -x $@ || command -v haproxy > /dev/null \
+	  || echo "haproxy unavailable: the fleet tests behind a load balancer will skip"
 
 conformance: $(TEST_STAMP) ## the suite's and the project's recipes on every transport, both clients
 	BIN=$(BIN) bash .ci/conformance

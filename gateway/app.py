@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,7 +28,14 @@ import trio
 import gateway
 from gateway import residence
 from gateway.errors import GatewayError
-from gateway.nnrp import ResumePolicy, ServerConfig
+from gateway.nnrp import (
+    FleetIdentity,
+    FleetKeyError,
+    FleetKeys,
+    ResumePolicy,
+    ServerConfig,
+    key_material,
+)
 from gateway.observe import (
     AdminRoutes,
     AdminServer,
@@ -110,6 +119,29 @@ class LoadSettings:
 
 
 @attrs.frozen
+class FleetConfig:
+    """A fleet of gateways (README, "A fleet of gateways"; gateway/nnrp/_fleet.py): how
+    the others reach this one (``--fleet-advertise``) and the key they share."""
+
+    advertise: str
+    key_file: Path
+
+
+def read_fleet_key(path: Path) -> bytes:
+    """The fleet key in ``path``; ``FleetKeyError`` naming the file for one that cannot
+    be read or used (too short)."""
+    try:
+        material = key_material(path.read_bytes())
+    except OSError as exc:
+        raise FleetKeyError(f"{path}: {exc.strerror or exc}") from exc
+    try:
+        FleetKeys(material, clock=time.monotonic, keep_previous=0)
+    except FleetKeyError as exc:
+        raise FleetKeyError(f"{path}: {exc} (make one with `openssl rand -hex 32`)") from None
+    return material
+
+
+@attrs.frozen
 class GatewayConfig:
     listen: tuple[str, ...] = ("tcp://127.0.0.1:7700",)
     vllm_url: str = "http://127.0.0.1:8000"
@@ -127,6 +159,8 @@ class GatewayConfig:
     max_connections: int = 1024
     #: Resumable sessions (README, "Resumable sessions"); a zero window turns them off.
     resume: ResumePolicy = attrs.field(factory=ResumePolicy)
+    #: A fleet of gateways: resumes that reach this pod for another's are forwarded.
+    fleet: FleetConfig | None = None
     server: ServerConfig = attrs.field(factory=ServerConfig)
     connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
@@ -198,6 +232,16 @@ class Gateway:
             resubmission=EnvelopeResubmission())
         if self.load is not None and config.load.refuse_sessions:
             server_config = attrs.evolve(server_config, admit_session=self._admit_session)
+        #: This pod in its fleet (None: a single pod); its key is re-read on SIGHUP.
+        self.fleet: FleetIdentity | None = None
+        resume = config.resume
+        if config.fleet is not None:
+            # The previous key stays good for one resume window after a rotation: every
+            # token issued under it has expired by then (_fleet F3).
+            keys = FleetKeys(read_fleet_key(config.fleet.key_file), clock=time.monotonic,
+                             keep_previous=max(resume.window, 1.0))
+            self.fleet = FleetIdentity(config.fleet.advertise, keys, wall_clock=time.time)
+            resume = attrs.evolve(resume, fleet=self.fleet)
         self.server = GatewayServer(self.pipeline, config=server_config,
                                     limits=config.connection,
                                     max_connections=config.max_connections,
@@ -207,7 +251,7 @@ class Gateway:
                                                       idle_timeout=config.quic_idle_timeout,
                                                       max_connections=config.max_connections)
                                     if config.tls else None, inherited=inherited,
-                                    resume=config.resume)
+                                    resume=resume)
         self.endpoints: list[BoundEndpoint] = []
         self.probed = trio.Event()
         self.draining = False
@@ -290,8 +334,9 @@ class Gateway:
             self.tracer.export(record)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the certificate files and the auth token file."""
+        """SIGHUP: re-read the certificate files, the auth token file and the fleet key."""
         self.reload_tls()
+        self.reload_fleet_key()
         authenticate = self.config.server.authenticate
         if isinstance(authenticate, TokenAuthenticator):
             problem = authenticate.reload()
@@ -300,6 +345,20 @@ class Gateway:
                           error=problem)
             else:
                 log.info("auth tokens reloaded")
+
+    def reload_fleet_key(self) -> None:
+        """SIGHUP: a new fleet key signs from now on; the previous one is still accepted
+        for one resume window (_fleet F3). A bad file keeps the key in use."""
+        if self.fleet is None or self.config.fleet is None:
+            return
+        try:
+            rotated = self.fleet.keys.rotate(read_fleet_key(self.config.fleet.key_file))
+        except FleetKeyError as exc:
+            log.error("fleet key reload failed; keeping the key in use", error=str(exc))
+            return
+        if rotated:
+            log.info("fleet key rotated; the previous key is accepted for one resume window",
+                     keep_previous_s=self.fleet.keys.keep_previous)
 
     def reload_tls(self) -> None:
         """SIGHUP: re-read the certificate files; new handshakes use them."""

@@ -175,6 +175,17 @@ from ._events import (
     TraceContextUpdated as TraceContextUpdated,
     TraceInfo as TraceInfo,
 )
+from ._fleet import (
+    MIN_KEY_BYTES as MIN_KEY_BYTES,
+    Elsewhere as Elsewhere,
+    FleetIdentity as FleetIdentity,
+    FleetKeyError as FleetKeyError,
+    FleetKeys as FleetKeys,
+    ForwardOutcome as ForwardOutcome,
+    Route as Route,
+    forward_header_size as forward_header_size,
+    key_material as key_material,
+)
 from ._flow import FlowControl as FlowControl, Window as Window
 from ._journal import (
     PACKET_COST as PACKET_COST,

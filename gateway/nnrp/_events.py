@@ -11,6 +11,7 @@ import attrs
 
 from ._body import TypedBody
 from ._errors import ProtocolError
+from ._fleet import Elsewhere
 from ._messages import ClientHello, Error, FrameSubmit, SessionOpen
 
 
@@ -116,13 +117,19 @@ class SessionMigrated:
 class HandedOff:
     """A resume or migration names a session another process of the gateway holds (rule
     4d): nothing was answered and nothing more is read here; the I/O layer relays the
-    connection, from its first byte, to that process. ``refusal``: the answer to send
-    instead when that process cannot be reached (it restarted, its sessions with it)."""
+    connection, from its first byte, to that process: another worker of this pod, or
+    (in a fleet) a worker of another pod. ``refusal``: the answer to send instead when
+    that process cannot be reached (a worker restarted, its sessions with it: rejected;
+    a pod out of reach: retry later)."""
 
     session_id: int
-    #: The worker that issued the token (``_resumption`` R11).
-    worker: int
+    #: Where the token's session lives (``_resumption`` R11).
+    destination: Elsewhere
     refusal: bytes
+
+    @property
+    def worker(self) -> int:
+        return self.destination.worker
 
 
 @attrs.frozen

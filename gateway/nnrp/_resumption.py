@@ -27,13 +27,14 @@ R2. A client is its authenticated identity (session auth on), else its TLS clien
     hold are capped (R1; ``client_bytes``: a ``Budget`` its journals share). Every
     session keeps its ``floor`` whatever other clients hold (``_journal`` J4).
 R3. Tokens: ``token_bytes`` from the caller's CSPRNG (with several workers, the first
-    byte names the issuing worker, R11), looked up by digest and compared in constant
-    time, bound to how the session was secured (``Binding``): the auth identity, the TLS
-    client certificate, and whether the carrier was encrypted. A token opens its session
-    only for the same identity, for the same certificate once one was presented, and
-    never in clear once the session was on TLS. The binding only ever tightens: a
-    session resumed or migrated over TLS (or with a certificate) is bound to it from
-    then on. Never logged, never in a repr.
+    byte names the issuing worker; in a fleet, a route naming the pod comes first, R11),
+    looked up by digest and compared in constant time, bound to how the session was
+    secured (``Binding``): the auth identity, the TLS client certificate, and whether
+    the carrier was encrypted. A token opens its session only for the same identity,
+    for the same certificate once one was presented, and never in clear once the
+    session was on TLS. The binding only ever tightens: a session resumed or migrated
+    over TLS (or with a certificate) is bound to it from then on. Never logged, never
+    in a repr.
 R4. Rotation without loss: every accepted resume or migration issues a new token (the
     ACK carries it), and the token the client used stays good: a client that never got
     the ACK (lost with its connection) resumes again with the token it holds, which
@@ -65,9 +66,12 @@ R9. Migration takes the session from wherever it is, a live connection included,
     as a resume does (R4; the ACK's body carries the new one).
 R10. Expiry: a session still detached when its window passes ends (``WINDOW``): the I/O
     layer cancels its operations (vLLM aborts). Its id and tokens are forgotten at once.
-R11. Workers: a token whose first byte names another worker is ``ELSEWHERE``; the
-    connection is relayed there at most once (``_server`` rule 4d), and a token naming
-    no session on the worker it names is refused there like any other.
+R11. Workers and pods: a token that names another worker (its first byte) or, in a
+    fleet, another pod (its route, ``_fleet`` F1) is ``ELSEWHERE`` (``where`` says
+    which); the connection is handed there at most once (``_server`` rule 4d), and a
+    token naming no session where it points is refused there like any other. A fleet
+    token that no fleet key authenticates (F2), or a worker this pod does not have, is
+    refused here.
 R12. Drain: no new grants; resumes and migrations of the sessions held are still
     accepted, so a client collects what finished while it was away; detached sessions
     wait until the drain ends at the latest.
@@ -86,6 +90,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
+from ._fleet import Elsewhere, FleetIdentity
 from ._journal import Budget, Journal
 from ._session_ids import SessionIds
 
@@ -124,6 +129,9 @@ class ResumePolicy:
     #: relay socket, by index (R11; the I/O layer listens and connects there).
     worker: int = 0
     relays: tuple[str, ...] = ()
+    #: In a fleet (``--fleet-advertise``): this pod, its address and the fleet's keys
+    #: (R11, ``_fleet``); None: a single pod.
+    fleet: FleetIdentity | None = None
     #: How long the holder of an attached session has to answer a probe (R8).
     probe_timeout: float = 2.0
     #: How long the older of a session's two tokens stays good once the client has
@@ -193,7 +201,7 @@ class Lookup(enum.Enum):
     #: No session answers to this id, token and binding: the same answer whatever was
     #: wrong, so nothing says whether a session exists (R3).
     REJECTED = "rejected"
-    #: Another worker issued the token (R11).
+    #: Another worker or pod issued the token (R11; ``where`` says which).
     ELSEWHERE = "elsewhere"
 
 
@@ -241,6 +249,8 @@ class ResumeStats:
     replayed_bytes_total: int = 0
     #: Sessions that asked for resume and opened without it, by ``NotGranted`` value.
     not_granted: dict[str, int] = attrs.field(factory=dict)
+    #: Forwards to other pods of the fleet, and from them, by ``ForwardOutcome`` value.
+    fleet_forwards: dict[str, int] = attrs.field(factory=dict)
     #: Holders of an attached session probed (R8), and those closed for their silence.
     probes_total: int = 0
     probe_failures_total: int = 0
@@ -375,7 +385,9 @@ class SessionBook:
         """A new token for ``record`` (R3), mapped to it: its newest."""
         while True:
             token = self._random_bytes(self.policy.token_bytes)
-            if self.policy.workers > 1:  # R11: the first byte names the worker
+            if self.policy.fleet is not None:  # R11: the route names the pod and worker
+                token = self.policy.fleet.seal(self.policy.worker, token)
+            elif self.policy.workers > 1:  # R11: the first byte names the worker
                 token = bytes([self.policy.worker]) + token[1:]
             digest = _digest(token)
             if digest not in self._by_token:
@@ -399,20 +411,34 @@ class SessionBook:
 
     # ------------------------------------------------------------------ lookups (R3, R5)
 
-    def worker_of(self, token: bytes) -> int | None:
-        """The worker that issued ``token``, when it is another one (R11)."""
+    def where(self, token: bytes) -> Elsewhere | Lookup | None:
+        """Where ``token``'s session lives (R11): None for this process, ``Elsewhere`` for
+        another worker or pod, ``Lookup.REJECTED`` for a token no process of this fleet
+        issued (a fleet token no key authenticates, F2; a worker this pod lacks)."""
         policy = self.policy
-        if policy.workers <= 1 or not token or token[0] == policy.worker:
+        if policy.fleet is not None:
+            route = policy.fleet.route(token)
+            if route is None:
+                return Lookup.REJECTED
+            if not policy.fleet.is_here(route):
+                return Elsewhere(route.worker, route.pod)
+            worker = route.worker
+        elif policy.workers > 1 and token:
+            worker = token[0]
+        else:
             return None
-        return token[0] if token[0] < policy.workers else None
+        if worker >= policy.workers:
+            return Lookup.REJECTED
+        return None if worker == policy.worker else Elsewhere(worker)
 
     def find(self, session_id: int, token: bytes, binding: Binding | None
              ) -> ResumeRecord | Lookup:
         """The session ``token`` opens for ``binding`` (R3; None: the caller checks the
         binding itself, ``admits``); changes nothing (R5)."""
-        if self.policy.workers > 1 and token and token[0] != self.policy.worker:
-            return Lookup.ELSEWHERE if token[0] < self.policy.workers else Lookup.REJECTED
-        record = self._by_token.get(_digest(token))
+        place = self.where(token)
+        if isinstance(place, Elsewhere):
+            return Lookup.ELSEWHERE
+        record = self._by_token.get(_digest(token)) if place is None else None
         if (record is None or record.phase is Phase.ENDED
                 or record.session.session_id != session_id
                 or not self._opens(record, token)

@@ -84,15 +84,21 @@ the runtime objects, whose table is ``_objects``)):
       connections of the same carrier kind may move a session between them (a client
       that reconnected over the same transport): only a migration of nothing is the
       same transport.
-   d. A token another process of the gateway issued (``--workers``, R11): when the resume
-      or migration is the first session message of a connection that was not itself
-      handed over and sent at most ``MAX_HAND_OFF_BYTES`` so far (``may_hand_off``: the
-      I/O layer keeps that much to relay, and no more), nothing is answered, the
-      connection is ``HANDED_OFF`` (``HandedOff``) and reads nothing more; the I/O
-      layer relays it whole to that process. Otherwise a resume is answered retry_later
-      (the session may live there: the client resumes it first thing on another
-      connection) and a migration is refused. So a connection is relayed at most once,
-      and sessions of two workers resume on two connections.
+   d. A token another process of the gateway issued (another worker, ``--workers``, or
+      another pod of the fleet, ``--fleet-advertise``; R11): when the resume or
+      migration is the first session message of a connection that was not itself
+      relayed by a worker and sent at most ``MAX_HAND_OFF_BYTES`` so far
+      (``may_hand_off``: the I/O layer keeps that much to relay, and no more), nothing
+      is answered, the connection is ``HANDED_OFF`` (``HandedOff``) and reads nothing
+      more; the I/O layer relays it whole to that process. A connection another pod
+      forwarded here may still go to a worker of this pod, never to a pod again: a
+      resume naming a third pod there opens nothing (``_fleet`` F5). Otherwise a resume
+      is answered retry_later (the session may live there: the client resumes it first
+      thing on another connection) and a migration is refused. So a connection is
+      handed over at most once per hop (pod, then worker), and sessions of two
+      processes resume on two connections. Where the holder cannot be reached, the
+      client gets ``HandedOff.refusal``: rejected for a worker that is gone, retry_later
+      for a pod out of reach.
    e. Refusals a guesser would collect are rate-limited per connection: a session open
       or resume with credentials that fail, and a resume or migration whose token
       opens nothing. A token bucket of ``refusal_burst``, refilled at
@@ -174,6 +180,7 @@ from ._events import (
     SessionResumed,
     SessionTaken,
 )
+from ._fleet import Elsewhere
 from ._flow import FlowControl
 from ._messages import (
     Backpressure,
@@ -247,7 +254,8 @@ class ServerConnection(SessionOutputs):
     refused); ``ids`` the process's session ids (the book's, when there is one; None:
     this connection's own). ``peer``: what the carrier says about the client (rule 4b's
     binding). ``transport_id``: the carrier this connection arrived on (a migration must
-    name it). ``relayed``: another worker handed this connection over (rule 4d)."""
+    name it). ``relayed``: another worker handed this connection over; ``forwarded``:
+    another pod of the fleet did (rule 4d)."""
 
     def __init__(self, config: ServerConfig | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -256,7 +264,7 @@ class ServerConnection(SessionOutputs):
                  ids: SessionIds | None = None,
                  peer: PeerCredentials | None = None,
                  transport_id: TransportId | None = None,
-                 relayed: bool = False) -> None:
+                 relayed: bool = False, forwarded: bool = False) -> None:
         self.config = config or ServerConfig()
         self.state = ConnState.AWAIT_HELLO
         self.draining = False
@@ -266,6 +274,7 @@ class ServerConnection(SessionOutputs):
         self.peer = peer or PeerCredentials()
         self.transport_id = transport_id
         self.relayed = relayed
+        self.forwarded = forwarded
         self._clock = clock
         self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
         self._decoder = Decoder(self.config.max_packet)
@@ -411,10 +420,16 @@ class ServerConnection(SessionOutputs):
 
     @property
     def may_hand_off(self) -> bool:
-        """Rule 4d: whether this connection may still be handed to another worker, so
-        that the I/O layer must keep what it received (it lets go once this is False)."""
+        """Rule 4d: whether this connection may still be handed to another worker or
+        pod, so that the I/O layer must keep what it received (it lets go once this is
+        False)."""
         return (not self.relayed and self._session_messages == 0
                 and self._received_before_session <= MAX_HAND_OFF_BYTES)
+
+    def _may_hand_to(self, destination: Elsewhere, may_hand_off: bool) -> bool:
+        """Rule 4d: a connection another pod forwarded here goes to a worker of this pod
+        at most, never to a pod again (``_fleet`` F5)."""
+        return may_hand_off and (destination.pod is None or not self.forwarded)
 
     def protocol_failure(self, error: ProtocolError) -> ConnectionFailed:
         """A transport-level violation (a WebSocket text message, say)."""
@@ -616,11 +631,14 @@ class ServerConnection(SessionOutputs):
         binding = Binding.of(auth, self.peer)
         found = book.find(session_id, token, binding)
         if found is Lookup.ELSEWHERE:
-            if may_hand_off:
-                gone = (SessionError.RESUME_REJECTED,
-                        "resume rejected: the gateway process that held the session is gone")
-                self._hand_off(session_id, book.worker_of(token),
-                               self._open_refusal(request, *gone), events)  # rule 4d
+            destination = book.where(token)
+            assert isinstance(destination, Elsewhere)
+            if self._may_hand_to(destination, may_hand_off):
+                self._hand_off(session_id, destination,
+                               self._hand_off_refusal(request, destination), events)  # 4d
+            elif destination.pod is not None and self.forwarded:
+                # F5: forwarded once already; a token naming a third pod opens nothing.
+                self._refuse_resume(request, *rejected, events)
             else:
                 # It may live there: not "gone" (a client would give it up), but not here.
                 self._spend_refusal()
@@ -809,12 +827,14 @@ class ServerConnection(SessionOutputs):
                        if isinstance(found, ResumeRecord) else None)
             if binding is None and isinstance(found, ResumeRecord):
                 found = Lookup.REJECTED
-            if found is Lookup.ELSEWHERE and may_hand_off:
+            destination = book.where(token) if found is Lookup.ELSEWHERE else None
+            if (isinstance(destination, Elsewhere)
+                    and self._may_hand_to(destination, may_hand_off)):
                 refused = SessionMigrateAck(
                     accept_code=int(MigrateAccept.REFUSED),
                     resume_from_frame_id=request.last_result_frame_id,
                     server_migrate_ts_us=int(self._wall_clock() * 1e6))
-                self._hand_off(session_id, book.worker_of(token),
+                self._hand_off(session_id, destination,
                                encode(Packet(refused, session_id=session_id)), events)  # 4d
                 return
             if isinstance(found, Lookup):
@@ -871,11 +891,23 @@ class ServerConnection(SessionOutputs):
                                 server_migrate_ts_us=int(self._wall_clock() * 1e6))
         events.append(SendBytes(encode(Packet(ack, session_id=session_id, body=token))))
 
-    def _hand_off(self, session_id: int, worker: int | None, refusal: bytes,
+    def _hand_off(self, session_id: int, destination: Elsewhere, refusal: bytes,
                   events: list[Event]) -> None:
         self.state = ConnState.HANDED_OFF
-        assert worker is not None
-        events.append(HandedOff(session_id, worker, refusal))
+        events.append(HandedOff(session_id, destination, refusal))
+
+    def _hand_off_refusal(self, request: SessionOpen, destination: Elsewhere) -> bytes:
+        """What a handed-off resume is answered when its destination cannot be reached
+        (``HandedOff.refusal``): a worker of this pod that is gone took its sessions with
+        it; a pod out of reach may be back in a moment (retry later)."""
+        if destination.pod is None:
+            return self._open_refusal(
+                request, SessionError.RESUME_REJECTED,
+                "resume rejected: the gateway process that held the session is gone")
+        return self._open_refusal(
+            request, SessionError.RESUME_REJECTED,
+            "the gateway pod that holds this session cannot be reached; retry shortly",
+            retry_later=True)
 
     def _migrate_refusal(self, request: SessionMigrate, packet: Packet, here: bool
                          ) -> MigrateAccept | None:

@@ -15,13 +15,21 @@ I2. Otherwise the lowest free id from 1, as nnrp-py's native server picks (it re
     client learns its id from the ACK either way); None when every id is taken.
 I3. An id is in use from its ACK until its session is over: closed, ended with its
     connection, or (a resumable one) forgotten when its window passed.
+I4. In a fleet (``random_ids``: ``_fleet`` F6) an id not requested is drawn at random
+    from the free ones instead: pods number their sessions apart, and a client holding
+    sessions of two pods does not see one id twice.
 """
 
 from __future__ import annotations
 
 import heapq
+import secrets
+from collections.abc import Callable
 
 MAX_SESSION_ID = 0xFFFFFFFF
+#: I4: draws before the sequential rule (I2) is used instead; with fewer than a
+#: billion ids in use, the first draw is free but once in four.
+_RANDOM_DRAWS = 8
 
 
 class SessionIds:
@@ -29,7 +37,10 @@ class SessionIds:
     ``_high`` is free but those requested explicitly; below it, the free ones are in a
     heap."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, random_ids: bool = False,
+                 randbelow: Callable[[int], int] = secrets.randbelow) -> None:
+        self.random_ids = random_ids
+        self._randbelow = randbelow
         self._in_use: set[int] = set()
         self._high = 1
         self._free: list[int] = []
@@ -47,6 +58,12 @@ class SessionIds:
         if requested and requested not in self._in_use:
             self._in_use.add(requested)
             return requested
+        if self.random_ids:  # I4
+            for _ in range(_RANDOM_DRAWS):
+                candidate = self._randbelow(MAX_SESSION_ID) + 1
+                if candidate not in self._in_use:
+                    self._in_use.add(candidate)
+                    return candidate
         while self._free:
             candidate = heapq.heappop(self._free)
             self._freed.discard(candidate)

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 import gateway
-from gateway.nnrp import NotGranted
+from gateway.nnrp import ForwardOutcome, NotGranted
 
 if TYPE_CHECKING:
     from gateway.server import ServerStats, SessionRegistry
@@ -177,7 +177,7 @@ RESUME_COUNTERS: dict[str, tuple[str, str]] = {
                              "stayed silent when probed (their sessions detached)."),
 }
 #: ``ResumeStats`` fields exported as one labelled family each, not as counters above.
-RESUME_LABELLED = frozenset({"not_granted"})
+RESUME_LABELLED = frozenset({"not_granted", "fleet_forwards"})
 
 
 class _ResumeCollector(Collector):
@@ -204,6 +204,14 @@ class _ResumeCollector(Collector):
             not_granted.add_metric([reason.value],
                                    registry.stats.not_granted.get(reason.value, 0))
         yield not_granted
+        forwards = CounterMetricFamily(
+            f"{PREFIX}_fleet_forwards", "Resumes forwarded to the pod of the fleet that "
+            "holds the session (sent, unreachable, refused) and taken from other pods "
+            "(accepted, rejected), by outcome.", labels=["outcome"])
+        for outcome in ForwardOutcome:
+            forwards.add_metric([outcome.value],
+                                registry.stats.fleet_forwards.get(outcome.value, 0))
+        yield forwards
         yield GaugeMetricFamily(f"{PREFIX}_resume_held_bytes",
                                 "Result bytes resumable sessions keep for a replay.",
                                 value=registry.budget.held)

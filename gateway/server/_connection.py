@@ -30,6 +30,7 @@ operations that end unseen (``OperationAbandoned``), a session another connectio
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
@@ -45,9 +46,11 @@ from gateway.nnrp import (
     ConnectionFailed,
     DeadlineUpdated,
     DropReason,
+    Elsewhere,
     ErrorCode,
     Event,
     FlowChanged,
+    ForwardOutcome,
     FrameIgnored,
     HandedOff,
     HandshakeCompleted,
@@ -86,7 +89,7 @@ from gateway.transport import (
 
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
-from ._relay import relay
+from ._relay import WORKER_MAGIC, fields, relay
 from ._session import Observer, Session, until_then_cancel
 from ._stats import ServerStats
 
@@ -110,6 +113,8 @@ class ConnectionLimits:
     outbox_high_water: int = 1 << 20
     default_drain_timeout: float = 30.0
     write_timeout: float = 30.0
+    #: How long a forward waits to connect to the pod that holds the session.
+    fleet_connect_timeout: float = 2.0
 
 
 #: Builds the (status, payload) answer to a refused submit; the profile supplies it.
@@ -127,7 +132,7 @@ class Connection:
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  stats: ServerStats | None = None,
                  registry: SessionRegistry | None = None, ids: SessionIds | None = None,
-                 relayed: bool = False) -> None:
+                 relayed: bool = False, forwarded: bool = False) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
@@ -138,7 +143,8 @@ class Connection:
         #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
         self.protocol = ServerConnection(
             config, book=registry.book if registry is not None else None, ids=ids,
-            transport_id=TRANSPORT_IDS.get(transport.kind), relayed=relayed)
+            transport_id=TRANSPORT_IDS.get(transport.kind), relayed=relayed,
+            forwarded=forwarded)
         self._credentials_known = False
         self.outbox = Outbox(limits.outbox_high_water, send_now=transport.send_now,
                              on_written=self._count_written)
@@ -157,17 +163,19 @@ class Connection:
         self._failed = False
         #: The gateway closes it itself at the end of its drain: its sessions end.
         self._drained = False
-        #: Every byte received while the connection may be handed to another worker
-        #: (``may_hand_off``, rule 4d: at most ``MAX_HAND_OFF_BYTES``), to relay it there
-        #: from the first byte (``_relay``); None after, and from the start where there
-        #: is no other worker to relay to, or when this connection was itself relayed
-        #: here (never twice: ``_relay`` rule 1).
+        #: Every byte received while the connection may be handed to another worker or
+        #: pod (``may_hand_off``, rule 4d: at most ``MAX_HAND_OFF_BYTES``), to relay it
+        #: there from the first byte (``_relay``); None after, and from the start where
+        #: there is nowhere to relay to: no other worker, no fleet (or forwarded here
+        #: already), or relayed here by a worker (``_relay`` rule 1).
+        settings = registry.settings if registry is not None else None
         self._preamble: bytearray | None = (
-            bytearray() if registry is not None and registry.settings.relays and not relayed
+            bytearray() if settings is not None and not relayed
+            and (settings.relays or (settings.fleet is not None and not forwarded))
             else None)
-        #: The worker this connection was handed to (``HandedOff``), and the answer it
-        #: gets instead when that worker cannot be reached.
-        self._handed_to: int | None = None
+        #: Where this connection was handed to (``HandedOff``), and the answer it gets
+        #: instead when that process cannot be reached.
+        self._handed_to: Elsewhere | None = None
         self._hand_off_refusal = b""
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
@@ -244,22 +252,64 @@ class Connection:
                 self.registry.ended(session)
         self._flow_changed()  # an operation held by the client's window looks again
 
-    async def _relay(self, worker: int, preamble: bytes) -> None:
+    async def _relay(self, destination: Elsewhere, preamble: bytes) -> None:
+        """``_relay`` rules 1-4: to the worker or the pod that holds the session."""
         assert self.registry is not None
-        path = self.registry.settings.relays[worker]
-        self.registry.stats.relayed_total += 1
-        self.stats.notices.relayed.note(worker=worker)
-        try:
-            holder = await trio.open_unix_socket(path)
-        except OSError as exc:
-            # That worker is gone (restarted), its sessions with it: the client is told
-            # so, as for any token that opens nothing, and can open a new session.
-            self.log.warning("the worker holding the session cannot be reached",
-                             worker=worker, error=str(exc))
-            with trio.move_on_after(self.limits.write_timeout):
-                await self.transport.send([self._hand_off_refusal])
+        settings = self.registry.settings
+        peer = self.protocol.peer
+        if destination.pod is not None:
+            assert settings.fleet is not None
+            holder = await self._reach_pod(destination.pod)
+            if holder is None:
+                return
+            header = settings.fleet.seal_forward(fields(self.transport, peer))
+        else:
+            self.registry.stats.relayed_total += 1
+            self.stats.notices.relayed.note(worker=destination.worker)
+            try:
+                holder = await trio.open_unix_socket(settings.relays[destination.worker])
+            except OSError as exc:
+                # That worker is gone (restarted), its sessions with it: the client is
+                # told so, as for any token that opens nothing (rule 4).
+                self.log.warning("the worker holding the session cannot be reached",
+                                 worker=destination.worker, error=str(exc))
+                await self._send_refusal()
+                return
+            header = WORKER_MAGIC + fields(self.transport, peer)
+        if destination.pod is None:
+            await relay(self.transport, holder, header, preamble, self._hand_off_refusal)
             return
-        await relay(self.transport, self.protocol.peer, holder, preamble)
+        pod = destination.pod
+        sent = await relay(self.transport, holder, header, preamble, self._hand_off_refusal,
+                           on_greeted=lambda: self._count_forward(ForwardOutcome.SENT))
+        if not sent:
+            self._count_forward(ForwardOutcome.REFUSED)
+            self.log.warning("the pod holding the session ended the forward before "
+                             "answering; the client is told to retry", pod=pod)
+
+    async def _reach_pod(self, pod: str) -> trio.SocketStream | None:
+        """A connection to the pod ``pod`` (its ``--fleet-advertise`` address); None, and
+        the client told to retry (``_relay`` rule 4), if it cannot be had in time."""
+        host, _, port = pod.rpartition(":")
+        try:
+            with trio.fail_after(self.limits.fleet_connect_timeout):
+                return await trio.open_tcp_stream(host.strip("[]"), int(port))
+        except (OSError, ValueError, trio.TooSlowError) as exc:
+            self._count_forward(ForwardOutcome.UNREACHABLE)
+            self.log.warning("the pod holding the session cannot be reached; the client "
+                             "is told to retry", pod=pod, error=str(exc) or type(exc).__name__)
+            await self._send_refusal()
+            return None
+
+    def _count_forward(self, outcome: ForwardOutcome) -> None:
+        assert self.registry is not None
+        counts = self.registry.stats.fleet_forwards
+        counts[outcome.value] = counts.get(outcome.value, 0) + 1
+
+    async def _send_refusal(self) -> None:
+        with trio.move_on_after(self.limits.write_timeout), contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await self.transport.send([self._hand_off_refusal])
 
     def take_session(self, session_id: int, notice: bytes) -> None:
         """A migration took the session to another connection (``_resumption`` R9): it
@@ -382,7 +432,7 @@ class Connection:
                 if isinstance(event, PeerClosed):
                     return
                 if isinstance(event, HandedOff):
-                    self._handed_to = event.worker
+                    self._handed_to = event.destination
                     self._hand_off_refusal = event.refusal
                     return
                 self._handle(event)

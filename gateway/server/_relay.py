@@ -1,38 +1,53 @@
-"""A connection another process of the gateway serves (``--workers``): its bytes relayed
-both ways, so a session resumes on the worker that holds it whichever worker the kernel
-gave the new connection to.
+"""A connection another process of the gateway serves: its bytes relayed both ways, so
+a session resumes where it is held whichever worker the kernel, or whichever pod the
+load balancer, gave the new connection to.
 
-Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11; README,
-"Resumable sessions"):
+Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11;
+gateway/nnrp/_fleet.py; README, "Resumable sessions" and "A fleet of gateways"):
 
-1. A worker relays a connection only when its first session message is a resume or a
-   migration naming another worker's session (the token's first byte is the worker
-   that issued it): nothing of the connection has state here but the handshake. A
-   connection that was itself relayed here is never relayed again: the holder answers
-   a token naming another worker as one that opens nothing (no relay loop). Nor is one
-   that sent more than ``MAX_HAND_OFF_BYTES`` before that message: no more is kept.
-2. To the holder: a fixed ``HEADER`` (the carrier's kind, the client's address, and what
-   its carrier said of it: encrypted or not, its TLS certificate's digest, so the
-   session's binding is checked there as here), then the client's bytes from its
-   CLIENT_HELLO on (probes before it were answered here already). The holder's
-   connection is an ordinary one, marked relayed, and answers the hello; its
-   SERVER_HELLO_ACK is dropped (the client has ours).
-3. Everything else goes through as it comes: on a message carrier (WebSocket) one packet
-   per message each way. Either side's end is the other's, and so is a client breaking
-   its carrier's rules (a WebSocket text message). The relay costs one more hop on
-   loopback per packet, for that connection only.
-4. A holder that cannot be reached has restarted, and its sessions went with it: the
-   client gets the refusal the protocol layer prepared (``HandedOff.refusal``: resume
-   rejected, migration refused), as for a token that opens nothing.
+1. A connection is relayed only when its first session message is a resume or a
+   migration naming another process's session: another worker's (``--workers``: the
+   token's first byte), over its unix socket, or another pod's (``--fleet-advertise``:
+   the token's route), over TCP to the address the route names. Nothing of the
+   connection has state here but the handshake. A connection a worker relayed here is
+   never relayed again, and one another pod forwarded here goes to a worker of this pod
+   at most (``_fleet`` F5: no loop). Nor is one that sent more than
+   ``MAX_HAND_OFF_BYTES`` before that message: no more is kept.
+2. To the holder: a header, then the client's bytes from its CLIENT_HELLO on (probes
+   before it were answered here already). The header's ``FIELDS`` are what the client's
+   carrier said of it (its kind, its address, encrypted or not, its TLS certificate's
+   digest), so the session's binding is checked there as here; between workers they
+   follow ``WORKER_MAGIC`` (a unix socket only this pod's workers can reach), between
+   pods they are sealed with the fleet's key (``FleetIdentity.seal_forward``: F4). The
+   holder's connection is an ordinary one, marked relayed or forwarded, and answers the
+   hello; its SERVER_HELLO_ACK is dropped (the client has ours).
+3. Everything else goes through as it comes: on a message carrier (WebSocket, QUIC) one
+   packet per message each way. Either side's end is the other's, and so is a client
+   breaking its carrier's rules (a WebSocket text message). The relay costs one more
+   hop per packet, for that connection only; nothing at all for any other.
+4. A holder that cannot be reached, or that ends the connection before its hello ack
+   (a pod that is shutting down, or refuses the forward), gives the client the refusal
+   the protocol layer prepared (``HandedOff.refusal``): resume rejected for a worker
+   that is gone (its sessions went with it), retry later for a pod out of reach;
+   a migration refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Callable
 
 import trio
 
-from gateway.nnrp import MsgType, PeerCredentials, message_type, split_packets
+from gateway.nnrp import (
+    FleetIdentity,
+    MsgType,
+    PeerCredentials,
+    forward_header_size,
+    message_type,
+    split_packets,
+)
 from gateway.transport import (
     PacketTransport,
     StreamTransport,
@@ -40,10 +55,12 @@ from gateway.transport import (
     peer_address,
 )
 
-#: magic, carrier kind, client address, encrypted, certificate digest: fixed size, so
-#: the holder reads exactly it.
-HEADER = struct.Struct("!8s16s64s?32s")
-MAGIC = b"NNRPRLY2"
+#: Carrier kind, client address, encrypted, certificate digest (rule 2): fixed size, so
+#: the holder reads exactly its header.
+FIELDS = struct.Struct("!16s64s?32s")
+WORKER_MAGIC = b"NNRPRLY3"
+#: How long a holder has to send its header once connected.
+HEADER_TIMEOUT = 5.0
 
 
 def without_probes(preamble: bytes) -> bytes:
@@ -59,18 +76,36 @@ def without_probes(preamble: bytes) -> bytes:
     return bytes(kept + buffer)
 
 
-async def relay(transport: PacketTransport, credentials: PeerCredentials,
-                holder: trio.SocketStream, preamble: bytes) -> None:
-    """Relay the client's connection (its carrier said ``credentials`` of it) to the
-    worker at the other end of ``holder`` until either side ends (rules 2, 3)."""
+def fields(transport: PacketTransport, credentials: PeerCredentials) -> bytes:
+    """Rule 2: what the client's carrier said of it."""
+    return FIELDS.pack(transport.kind.encode()[:16],
+                       transport.peer.encode("ascii", "replace")[:64],
+                       credentials.secure, credentials.certificate[:32])
+
+
+async def relay(transport: PacketTransport, holder: trio.SocketStream, header: bytes,
+                preamble: bytes, refusal: bytes,
+                on_greeted: Callable[[], None] = lambda: None) -> bool:
+    """Relay the client's connection to the process at the other end of ``holder``,
+    after ``header``, until either side ends (rules 2, 3); ``refusal`` for the client if
+    the holder ends before its hello ack (rule 4). ``on_greeted`` is called when that
+    ack comes; whether it came."""
+    greeted = trio.Event()
     async with holder:
-        header = HEADER.pack(MAGIC, transport.kind.encode()[:16],
-                             transport.peer.encode("ascii", "replace")[:64],
-                             credentials.secure, credentials.certificate[:32])
-        await holder.send_all(header + without_probes(preamble))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_to_holder, transport, holder, nursery.cancel_scope)
-            nursery.start_soon(_to_client, holder, transport, nursery.cancel_scope)
+        try:
+            await holder.send_all(header + without_probes(preamble))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        else:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_to_holder, transport, holder, nursery.cancel_scope)
+                nursery.start_soon(_to_client, holder, transport, greeted, on_greeted,
+                                   nursery.cancel_scope)
+    if not greeted.is_set():
+        with trio.move_on_after(HEADER_TIMEOUT), contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await transport.send([refusal])
+    return greeted.is_set()
 
 
 async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
@@ -84,19 +119,21 @@ async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
 
 
 async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
+                     greeted: trio.Event, on_greeted: Callable[[], None],
                      done: trio.CancelScope) -> None:
+    """``greeted``: the holder's SERVER_HELLO_ACK has come (and was dropped)."""
     buffer = bytearray()
-    greeted = False  # the holder's SERVER_HELLO_ACK has come, and was dropped
     try:
         while data := await holder.receive_some(65536):
             buffer += data
-            if not greeted:
+            if not greeted.is_set():
                 packets = split_packets(buffer)
                 if not packets:
                     continue
                 if message_type(packets[0]) != MsgType.SERVER_HELLO_ACK:
                     return  # not a gateway answering: nothing of it reaches the client
-                greeted = True
+                greeted.set()
+                on_greeted()
                 out = packets[1:]
             else:
                 out = split_packets(buffer) if transport.message_based else []
@@ -112,8 +149,8 @@ async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
 
 
 class RelayedTransport(StreamTransport):
-    """A connection another worker relays here (rule 2): the client's carrier kind,
-    address and credentials, as that worker saw them."""
+    """A connection another worker or pod relays here (rule 2): the client's carrier
+    kind, address and credentials, as that process saw them."""
 
     def __init__(self, stream: trio.SocketStream, kind: str, peer: str,
                  credentials: PeerCredentials) -> None:
@@ -125,21 +162,41 @@ class RelayedTransport(StreamTransport):
 
 
 async def relayed(stream: trio.SocketStream) -> RelayedTransport | None:
-    """The holder's side: read the header of a relayed connection (rule 2) and make it
-    a transport that reports the client's carrier, address and credentials; None if it
-    is none."""
+    """The holder's side of a worker's relay: read its header (rule 2) and make the
+    connection a transport that reports the client's carrier, address and credentials;
+    None if it is none."""
+    header = await _read_exactly(stream, len(WORKER_MAGIC) + FIELDS.size)
+    if header is None or not header.startswith(WORKER_MAGIC):
+        return None
+    return _transport(stream, header[len(WORKER_MAGIC):])
+
+
+async def forwarded(stream: trio.SocketStream, fleet: FleetIdentity
+                    ) -> RelayedTransport | None:
+    """The holder's side of a forward from another pod: its header sealed with the
+    fleet's key (rule 2, ``_fleet`` F4); None for anything else."""
+    header = await _read_exactly(stream, forward_header_size(FIELDS.size))
+    if header is None:
+        return None
+    opened = fleet.open_forward(header)
+    if opened is None or len(opened) != FIELDS.size:
+        return None
+    return _transport(stream, opened)
+
+
+async def _read_exactly(stream: trio.SocketStream, size: int) -> bytes | None:
     header = bytearray()
-    with trio.move_on_after(5):
-        while len(header) < HEADER.size:
-            data = await stream.receive_some(HEADER.size - len(header))
+    with trio.move_on_after(HEADER_TIMEOUT):
+        while len(header) < size:
+            data = await stream.receive_some(size - len(header))
             if not data:
                 return None
             header += data
-    if len(header) < HEADER.size:
-        return None
-    magic, kind, peer, secure, certificate = HEADER.unpack(bytes(header))
-    if magic != MAGIC:
-        return None
+    return bytes(header) if len(header) == size else None
+
+
+def _transport(stream: trio.SocketStream, packed: bytes) -> RelayedTransport:
+    kind, peer, secure, certificate = FIELDS.unpack(packed)
     address = peer.rstrip(b"\0").decode("ascii", "replace")
     # A digest is 32 bytes; all zero stands for none.
     credentials = PeerCredentials(peer_address(address), bool(secure),

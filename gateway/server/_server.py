@@ -43,6 +43,7 @@ import trio_websocket
 from gateway.nnrp import (
     ErrorCode,
     ErrorScope,
+    ForwardOutcome,
     ResumePolicy,
     ServerConfig,
     ServerConnection,
@@ -58,6 +59,7 @@ from gateway.transport import (
     accept_failure_is_terminal,
     bound_uri,
     describe_peer,
+    fleet_uri,
     open_unix_listener,
     parse_endpoint,
     read_until_closed,
@@ -65,7 +67,7 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
-from ._relay import relayed
+from ._relay import forwarded, relayed
 from ._resume import SessionRegistry
 from ._stats import ServerStats
 
@@ -135,7 +137,7 @@ class GatewayServer:
         self.connections: set[Connection] = set()
         self.stats = ServerStats()
         #: Every session id of the process (unique across its connections).
-        self.ids = SessionIds()
+        self.ids = SessionIds(random_ids=resume is not None and resume.fleet is not None)
         #: Resumable sessions, between their connections (None: resume is off).
         self.registry = (SessionRegistry(resume, ids=self.ids)
                          if resume is not None and resume.enabled else None)
@@ -170,6 +172,8 @@ class GatewayServer:
                         async with trio.open_nursery() as accept:
                             if self.registry is not None and self.registry.settings.relays:
                                 await accept.start(self._serve_relays)
+                            if self.registry is not None and self.registry.settings.fleet:
+                                await accept.start(self._serve_fleet)
                             # Accepting before the first listener starts: a worker's
                             # listener may already hold connections in its backlog (the
                             # supervisor bound it), and the first of them is accepted as
@@ -399,6 +403,65 @@ class GatewayServer:
                     await trio.aclose_forcefully(stream)
                     raise
 
+    async def _serve_fleet(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Connections other pods of the fleet forward whole: resumes of sessions held
+        here that the load balancer gave to them (``_relay``; gateway/nnrp/_fleet.py). On
+        the ``--fleet-advertise`` address, under the accept scope, so a draining pod takes
+        them while a resumable session lives (module rule 3)."""
+        assert self.registry is not None
+        fleet = self.registry.settings.fleet
+        assert fleet is not None
+        uri = fleet_uri(fleet.advertise)
+        spec = parse_endpoint(uri)
+        try:
+            listeners = await self._stream_listeners(spec, self._inherited.get(uri))
+        except OSError as exc:
+            raise ListenError(f"cannot listen for the fleet on {fleet.advertise} "
+                              f"(--fleet-advertise): {exc.strerror or exc}") from exc
+        log.info("taking forwarded resumes from the fleet", advertise=fleet.advertise)
+        task_status.started()
+        assert self._connection_nursery is not None
+        nursery = self._connection_nursery
+        stats = self.registry.stats.fleet_forwards
+
+        async def take(stream: trio.SocketStream) -> None:
+            try:
+                transport = await forwarded(stream, fleet)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            outcome = ForwardOutcome.REJECTED if transport is None else ForwardOutcome.ACCEPTED
+            stats[outcome.value] = stats.get(outcome.value, 0) + 1
+            if transport is None:
+                log.warning("a forward that is not the fleet's was refused (another key, "
+                            "a stale or replayed header)", peer=describe_peer(stream))
+                await trio.aclose_forcefully(stream)
+                return
+            await self._serve_connection(transport, forwarded=True)
+
+        async def accept_from(listener: trio.SocketListener) -> None:
+            async with listener:
+                while True:
+                    try:
+                        stream = await listener.accept()
+                    except (OSError, trio.ClosedResourceError) as exc:
+                        if accept_failure_is_terminal(exc):  # transport.ACCEPT_FAILURES
+                            raise ListenerFailed(uri, "fleet", exc) from exc
+                        log.warning("accept failed; backing off", endpoint=uri,
+                                    error=str(exc))
+                        await trio.sleep(ACCEPT_BACKOFF)
+                        continue
+                    tune_tcp(stream)
+                    try:
+                        nursery.start_soon(take, stream)
+                    except RuntimeError:  # the server is going: nobody to take it
+                        await trio.aclose_forcefully(stream)
+                        raise
+
+        async with trio.open_nursery() as accepting:
+            for listener in listeners:
+                accepting.start_soon(accept_from, listener)
+
     def reload_quic_tls(self) -> None:
         """SIGHUP: new QUIC handshakes use the re-read files (a bad file keeps the old)."""
         for listener in self.quic_listeners:
@@ -410,8 +473,8 @@ class GatewayServer:
 
     # ------------------------------------------------------------------ connections
 
-    async def _serve_connection(self, transport: PacketTransport, *, relayed: bool = False
-                                ) -> None:
+    async def _serve_connection(self, transport: PacketTransport, *, relayed: bool = False,
+                                forwarded: bool = False) -> None:
         if not self.accepting:
             self.stats.connections_refused += 1
             await self._refuse(transport, "the gateway is shutting down; retry later")
@@ -422,7 +485,8 @@ class GatewayServer:
             return
         connection = Connection(transport, self.handler, self.config, self.limits,
                                 refusal=self.refusal, observer=self.observer, stats=self.stats,
-                                registry=self.registry, ids=self.ids, relayed=relayed)
+                                registry=self.registry, ids=self.ids, relayed=relayed,
+                                forwarded=forwarded)
         if self._drain_deadline is not None:  # module rule 3: taken in the drain's terms
             if self._drains is None:  # the drain is over: nobody would drain it
                 self.stats.connections_refused += 1

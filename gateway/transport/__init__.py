@@ -32,6 +32,7 @@ from ._endpoints import (
     ListenError as ListenError,
     QuicClientOptions as QuicClientOptions,
     bound_uri as bound_uri,
+    fleet_uri as fleet_uri,
     format_host as format_host,
     parse_endpoint as parse_endpoint,
 )

@@ -108,6 +108,28 @@ def parse_endpoint(uri: str) -> Endpoint:
     return Endpoint(scheme, parts.hostname, port, parts.path or "/")
 
 
+def fleet_uri(advertise: str) -> str:
+    """The listener of ``--fleet-advertise HOST:PORT`` (plain TCP: a forward is
+    authenticated by its header, gateway/nnrp/_fleet.py F4); ``ListenError`` for an
+    address other pods could not reach (no host, no port, port 0)."""
+    uri = f"tcp://{advertise}"
+    if "/" in advertise or "@" in advertise:
+        raise ListenError(f"{advertise}: --fleet-advertise is HOST:PORT, not a URL")
+    try:
+        spec = parse_endpoint(uri)
+    except ListenError:
+        raise ListenError(f"{advertise}: --fleet-advertise is HOST:PORT "
+                          "(the address other gateways of the fleet reach this one at)"
+                          ) from None
+    if not spec.port:
+        raise ListenError(f"{advertise}: --fleet-advertise needs a fixed port (other "
+                          "gateways connect to it)")
+    if spec.host in ("0.0.0.0", "::"):
+        raise ListenError(f"{advertise}: --fleet-advertise names this pod's own address "
+                          "(the pod IP), not a wildcard")
+    return uri
+
+
 def bound_uri(spec: Endpoint, sockname: Any) -> str:
     """The URI a client uses for a listener bound at ``sockname`` (port 0 resolved)."""
     if spec.scheme == "unix":

@@ -68,6 +68,7 @@ from gateway.transport import (
     ListenError,
     SharedListener,
     bind_shared,
+    fleet_uri,
     parse_endpoint,
     server_context,
 )
@@ -132,6 +133,8 @@ class Supervisor:
         self._relays: tuple[str, ...] = ()
         self._slots: list[_Slot] = []
         self._listeners: list[SharedListener] = []
+        #: The fleet's listener among them (``--fleet-advertise``), not an NNRP endpoint.
+        self._fleet_uri: str | None = None
         self._stop = trio.Event()
         self._changed = trio.Event()  # set (and replaced) when a slot's state changes
         self._pod_metrics = PodMetrics()
@@ -200,6 +203,11 @@ class Supervisor:
                     raise ListenError(f"{spec.scheme}:// needs a certificate (--tls-cert, "
                                       "--tls-key)")
                 self._listeners.append(await bind_shared(uri, self.workers))
+            if self.config.fleet is not None:
+                # Forwards from other pods reach any worker, which relays them on to the
+                # one holding the session (gateway/server/_relay.py rule 1).
+                self._fleet_uri = fleet_uri(self.config.fleet.advertise)
+                self._listeners.append(await bind_shared(self._fleet_uri, self.workers))
             for slot in self._slots:
                 slot.http = httpx.AsyncClient(
                     transport=httpx.AsyncHTTPTransport(uds=slot.admin_path),
@@ -224,7 +232,8 @@ class Supervisor:
         return not self._stop.is_set()
 
     async def _announce(self) -> None:
-        self.uris = [listener.bound_uri for listener in self._listeners]
+        self.uris = [listener.bound_uri for listener in self._listeners
+                     if listener.uri != self._fleet_uri]
         log.info("workers started", workers=self.workers, endpoints=self.uris,
                  pids=list(self.pids))
         if self.announce is not None:

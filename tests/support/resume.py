@@ -40,10 +40,11 @@ def book(clock: Clock | None = None, **policy: Any) -> nnrp.SessionBook:
 
 def connection(book: nnrp.SessionBook, *, transport: nnrp.TransportId = nnrp.TransportId.TCP,
                peer: nnrp.PeerCredentials | None = None, relayed: bool = False,
-               **config: Any) -> nnrp.ServerConnection:
+               forwarded: bool = False, **config: Any) -> nnrp.ServerConnection:
     config.setdefault("resubmission", EnvelopeResubmission())
     conn = nnrp.ServerConnection(nnrp.ServerConfig(**config), book.clock, book=book,
-                                 transport_id=transport, peer=peer, relayed=relayed)
+                                 transport_id=transport, peer=peer, relayed=relayed,
+                                 forwarded=forwarded)
     conn.receive_data(nnrp.encode(nnrp.Packet(HELLO)))
     return conn
 

@@ -1,0 +1,275 @@
+"""A fleet of gateways, decided sans-IO: which pod holds the session a resume token
+opens, and whether a connection forwarded to this pod comes from a pod of the fleet.
+
+A session cannot move between pods (its generation runs on that pod's vLLM), so the
+bytes move instead: a resume that reaches another pod is forwarded to the owner
+(gateway/server/_relay.py). What the owner is, and that a forward is genuine, is decided
+here, from a key the fleet shares (``--fleet-key-file``). Nothing here imports trio.
+
+Rules (cited as F1..F6 in code; README, "A fleet of gateways"):
+
+F1. A fleet token is ``ROUTE ‖ SECRET``. The secret is the CSPRNG's (``_resumption``
+    R3: it alone opens the session, looked up by the whole token's digest). The route
+    names the pod (its ``--fleet-advertise`` address) and the worker of that pod::
+
+        route      = VERSION(1) ‖ nonce(12) ‖ ciphertext(2 + n) ‖ tag(16)
+        ciphertext = (worker(1) ‖ n(1) ‖ address(n)) XOR keystream(enc_key, nonce)
+        tag        = HMAC-SHA256(route_key, VERSION ‖ nonce ‖ ciphertext)[:16]
+
+    The keystream is HMAC-SHA256(enc_key, nonce ‖ block counter), so an outsider learns
+    neither the pod's address nor which tokens share a pod (a fresh nonce per token).
+F2. A route is opened with every accepted key (F3), each tag compared in constant time;
+    one that no key authenticates is no fleet's token: refused where it arrived, never
+    forwarded (``Lookup.REJECTED``), so a made-up token costs the fleet nothing.
+F3. Keys: three sub-keys (encryption, route tag, forward tag) derived from the key
+    file's bytes by HMAC with fixed labels. A new key (SIGHUP) is used for every token
+    and forward from then on; the previous one is still accepted for ``keep_previous``
+    seconds (one resume window: every token issued under it has expired by then), so
+    keys rotate without a session lost.
+F4. A forward opens with a header: ``MAGIC ‖ sent_ms(8) ‖ nonce(16) ‖ fields ‖ tag(32)``,
+    the tag an HMAC-SHA256 with the forward key over everything before it; ``fields``
+    is what the forwarding pod's carrier said of the client (``_relay`` rule 2), which
+    the owner then trusts as its own carrier's word (the session's binding is checked
+    against it). It is taken once: tag valid under an accepted key, ``sent_ms`` within
+    ``FORWARD_SKEW`` of the owner's wall clock, its nonce not seen within that time
+    (a header replayed from a captured forward is refused).
+F5. At most one forward per connection: a connection that arrived forwarded is never
+    forwarded again (``_server`` rule 4d); a token it carries that names another pod
+    opens nothing there. A fleet cannot loop.
+F6. A fleet's session ids are random (``SessionIds(random=True)``): pods number their
+    sessions independently, and a client holding sessions of two pods must not see one
+    id twice.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import struct
+from collections.abc import Callable
+
+import attrs
+
+VERSION = 0xF1
+NONCE_BYTES = 12
+TAG_BYTES = 16
+#: The route's bytes around its address: version, nonce, worker, length, tag.
+ROUTE_OVERHEAD = 1 + NONCE_BYTES + 2 + TAG_BYTES
+MAX_ADDRESS_BYTES = 255
+#: A key shorter than this is refused (``FleetKeys``): 256 bits, as HMAC-SHA256's own.
+MIN_KEY_BYTES = 32
+
+FORWARD_MAGIC = b"NNRPFWD1"
+FORWARD_NONCE_BYTES = 16
+FORWARD_TAG_BYTES = 32
+_SENT_MS = struct.Struct("!Q")
+#: How far a forward's clock may be from the owner's (pods of one cluster keep NTP time).
+FORWARD_SKEW = 30.0
+
+_ENC_LABEL = b"nnrp-gateway fleet v1 token encryption"
+_ROUTE_LABEL = b"nnrp-gateway fleet v1 token route"
+_FORWARD_LABEL = b"nnrp-gateway fleet v1 forward"
+
+
+def forward_header_size(fields: int) -> int:
+    """The bytes of a forward header carrying ``fields`` bytes of fields (F4)."""
+    return len(FORWARD_MAGIC) + _SENT_MS.size + FORWARD_NONCE_BYTES + fields + FORWARD_TAG_BYTES
+
+
+class ForwardOutcome(enum.Enum):
+    """What became of a forward (metrics: ``fleet_forwards``, ``fleet_forwards_taken``)."""
+
+    #: Sent: the owner answered the client's hello (the forwarding pod's count).
+    SENT = "sent"
+    #: The owner could not be reached (the client: retry later).
+    UNREACHABLE = "unreachable"
+    #: The owner ended it before its hello ack (shutting down, or it refused the header).
+    REFUSED = "refused"
+    #: Taken: a genuine header (F4) opened a connection here (the owner's count).
+    ACCEPTED = "accepted"
+    #: Refused here: a header that is not genuine, stale or replayed (F4).
+    REJECTED = "rejected"
+
+
+class FleetKeyError(ValueError):
+    """A fleet key that cannot be used (too short)."""
+
+
+@attrs.frozen
+class _Key:
+    """One fleet key's sub-keys (F3): never in a repr."""
+
+    encryption: bytes = attrs.field(repr=False)
+    route: bytes = attrs.field(repr=False)
+    forward: bytes = attrs.field(repr=False)
+
+    @classmethod
+    def derive(cls, material: bytes) -> _Key:
+        if len(material) < MIN_KEY_BYTES:
+            raise FleetKeyError(f"a fleet key needs at least {MIN_KEY_BYTES} bytes, "
+                                f"got {len(material)}")
+        return cls(*(hmac.new(material, label, hashlib.sha256).digest()
+                     for label in (_ENC_LABEL, _ROUTE_LABEL, _FORWARD_LABEL)))
+
+
+def key_material(text: bytes) -> bytes:
+    """A key file's key: its bytes without surrounding whitespace (a trailing newline is
+    not part of a key written by ``openssl rand -hex 32 > key``)."""
+    return text.strip()
+
+
+class FleetKeys:
+    """The key in use and, for ``keep_previous`` seconds after a rotation, the one before
+    (F3). ``clock``: seconds, monotonic."""
+
+    def __init__(self, material: bytes, *, clock: Callable[[], float],
+                 keep_previous: float) -> None:
+        self._current = _Key.derive(material)
+        self._previous: _Key | None = None
+        self._previous_until = 0.0
+        self._clock = clock
+        self.keep_previous = keep_previous
+
+    @property
+    def current(self) -> _Key:
+        return self._current
+
+    def rotate(self, material: bytes) -> bool:
+        """A new key (SIGHUP): True if it differs from the one in use. Raises
+        ``FleetKeyError`` (the key in use stays) for one that cannot be used."""
+        key = _Key.derive(material)
+        if key == self._current:
+            return False
+        self._previous, self._current = self._current, key
+        self._previous_until = self._clock() + self.keep_previous
+        return True
+
+    def accepted(self) -> tuple[_Key, ...]:
+        """The keys a route or forward may be authenticated with now, newest first."""
+        if self._previous is not None and self._clock() < self._previous_until:
+            return (self._current, self._previous)
+        self._previous = None
+        return (self._current,)
+
+
+@attrs.frozen
+class Elsewhere:
+    """Where a token's session lives when not in this process (``_resumption`` R11)."""
+
+    #: The worker of the pod that holds it.
+    worker: int
+    #: Another pod of the fleet (its ``--fleet-advertise`` address); None: this pod.
+    pod: str | None = None
+
+
+@attrs.frozen
+class Route:
+    """Where a fleet token's session lives (F1)."""
+
+    pod: str
+    worker: int
+
+
+def _keystream(key: bytes, nonce: bytes, size: int) -> bytes:
+    blocks = (hmac.new(key, nonce + bytes([counter]), hashlib.sha256).digest()
+              for counter in range((size + 31) // 32))
+    return b"".join(blocks)[:size]
+
+
+def _xor(data: bytes, stream: bytes) -> bytes:
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
+        len(data), "big")
+
+
+class FleetIdentity:
+    """This pod in its fleet: its address (``--fleet-advertise``), the fleet's keys, and
+    the forwards it has taken (F4's replay guard). ``wall_clock``: seconds since the epoch
+    (a forward's time is compared across pods); ``random_bytes``: the CSPRNG."""
+
+    def __init__(self, advertise: str, keys: FleetKeys, *,
+                 wall_clock: Callable[[], float],
+                 random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> None:
+        address = advertise.encode("utf-8")
+        if not address or len(address) > MAX_ADDRESS_BYTES:
+            raise ValueError(f"a fleet address is 1 to {MAX_ADDRESS_BYTES} bytes")
+        self.advertise = advertise
+        self._address = address
+        self.keys = keys
+        self._wall_clock = wall_clock
+        self._random_bytes = random_bytes
+        #: F4: nonces of forwards taken, with when each may be forgotten.
+        self._seen: dict[bytes, float] = {}
+
+    def __repr__(self) -> str:
+        return f"FleetIdentity({self.advertise!r})"
+
+    # ------------------------------------------------------------------ tokens (F1, F2)
+
+    def seal(self, worker: int, secret: bytes) -> bytes:
+        """A token for a session of ``worker`` of this pod: the route, then ``secret``."""
+        key = self.keys.current
+        nonce = self._random_bytes(NONCE_BYTES)
+        plain = bytes([worker, len(self._address)]) + self._address
+        cipher = _xor(plain, _keystream(key.encryption, nonce, len(plain)))
+        head = bytes([VERSION]) + nonce + cipher
+        return head + hmac.new(key.route, head, hashlib.sha256).digest()[:TAG_BYTES] + secret
+
+    def route(self, token: bytes) -> Route | None:
+        """Where ``token``'s session lives; None when no accepted key authenticates its
+        route (F2). Changes nothing."""
+        if len(token) < ROUTE_OVERHEAD or token[0] != VERSION:
+            return None
+        nonce = token[1:1 + NONCE_BYTES]
+        start = 1 + NONCE_BYTES
+        for key in self.keys.accepted():
+            stream = _keystream(key.encryption, nonce, 2)
+            length = token[start + 1] ^ stream[1]
+            end = start + 2 + length
+            if end + TAG_BYTES > len(token):
+                continue
+            tag = hmac.new(key.route, token[:end], hashlib.sha256).digest()[:TAG_BYTES]
+            if not hmac.compare_digest(tag, token[end:end + TAG_BYTES]):
+                continue
+            plain = _xor(token[start:end], _keystream(key.encryption, nonce, end - start))
+            try:
+                pod = plain[2:].decode("utf-8")
+            except UnicodeDecodeError:  # authenticated, so only a key shared with a liar
+                return None
+            return Route(pod, plain[0])
+        return None
+
+    def is_here(self, route: Route) -> bool:
+        return route.pod == self.advertise
+
+    # ------------------------------------------------------------------ forwards (F4)
+
+    def seal_forward(self, fields: bytes) -> bytes:
+        """The header this pod sends first when it forwards a connection."""
+        sent = _SENT_MS.pack(int(self._wall_clock() * 1000))
+        head = FORWARD_MAGIC + sent + self._random_bytes(FORWARD_NONCE_BYTES) + fields
+        return head + hmac.new(self.keys.current.forward, head, hashlib.sha256).digest()
+
+    def open_forward(self, header: bytes) -> bytes | None:
+        """The fields of a genuine forward header, taken once; None for any other."""
+        if (len(header) < forward_header_size(0)
+                or not header.startswith(FORWARD_MAGIC)):
+            return None
+        head, tag = header[:-FORWARD_TAG_BYTES], header[-FORWARD_TAG_BYTES:]
+        if not any(hmac.compare_digest(hmac.new(key.forward, head, hashlib.sha256).digest(),
+                                       tag)
+                   for key in self.keys.accepted()):
+            return None
+        offset = len(FORWARD_MAGIC)
+        (sent_ms,) = _SENT_MS.unpack_from(head, offset)
+        offset += _SENT_MS.size
+        nonce = head[offset:offset + FORWARD_NONCE_BYTES]
+        now = self._wall_clock()
+        if abs(now - sent_ms / 1000) > FORWARD_SKEW:
+            return None
+        self._seen = {seen: until for seen, until in self._seen.items() if until > now}
+        if nonce in self._seen:
+            return None  # F4: a replay
+        self._seen[nonce] = now + 2 * FORWARD_SKEW
+        return head[offset + FORWARD_NONCE_BYTES:]

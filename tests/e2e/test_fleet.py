@@ -1,0 +1,317 @@
+"""A fleet of gateways end to end (gateway/nnrp/_fleet.py, gateway/server/_relay.py):
+three "pods" on loopback, each a gateway with its own replay vLLM and its own
+``--fleet-advertise`` address. A session opened on one pod and resumed on another is
+forwarded to its owner and spliced: every sequence exactly once, one terminal, one vLLM
+request on the owner and none on the others. Behind Debian's HAProxy (round robin, TCP
+mode, as a Kubernetes Service spreads connections) with nnrp-py's native client; and at
+the edges: a made-up token, a pod out of reach, a loop attempt, a forged forward, a key
+rotation mid-window, a draining owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+pytest.importorskip("nnrp.client.native")
+
+from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
+
+from gateway import nnrp
+from gateway.nnrp import ForwardOutcome
+from gateway.tools.client import ClientError, ResumeTicket, connect
+from gateway.tools.conformance import native_client_options
+from gateway.tools.cut import StreamCutProxy
+from gateway.transport import QuicClientOptions, TlsConfig
+from tests.support.fleet import KEY, Pod, haproxy, key_file, start_fleet
+from tests.support.native import describe, openai_submit
+from tests.support.processes import free_port
+from tests.support.quic import make_pki
+from tests.support.resume import resume
+from tests.support.stack import chat, envelope
+from tests.support.waits import until
+
+pytestmark = pytest.mark.interop
+
+RESUME = NativeClientSessionOptions(allow_resume=True)
+STREAM = envelope(chat(stream=True, max_tokens=100))
+
+
+def owner_of(pods: list[Pod]) -> Pod:
+    (owner,) = [pod for pod in pods if pod.registry.sessions]
+    return owner
+
+
+async def stream_then_drop(uri: str, pods: list[Pod], *, held_events: int = 10,
+                           **trust: Any) -> tuple[ResumeTicket, list[Any]]:
+    """Open a resumable session at ``uri``, stream until ``held_events`` arrived, and
+    leave without closing: the session waits on its pod for its client."""
+    async with connect(uri, **trust) as client:
+        session = await client.open_session(resume=True)
+        assert session.ticket is not None
+        operation = await session.submit(STREAM, operation_id=5, frame_id=5)
+        held = []
+        async for event in operation.events():
+            held.append(event)
+            if len(held) == held_events:
+                break
+    owner = owner_of(pods)
+    await until(lambda: owner.registry.detached == 1)
+    return session.ticket, held
+
+
+async def resume_at(uri: str, ticket: ResumeTicket, held: list[Any], **trust: Any
+                    ) -> list[Any]:
+    async with connect(uri, **trust) as client:
+        resumed = await client.resume_session(ticket)
+        again = await resumed.resubmit(STREAM, operation_id=5, frame_id=5,
+                                       after=held[-1].sequence)
+        return [event async for event in again.events()]
+
+
+def whole(held: list[Any], rest: list[Any]) -> None:
+    sequences = [e.sequence for e in held + rest if isinstance(e, nnrp.PartialReceived)]
+    assert sequences == list(range(1, 101))  # every sequence once, in order
+    terminals = [e for e in rest if isinstance(e, nnrp.ResultReceived)]
+    assert len(terminals) == 1 and terminals[0].meta.status_code == 200
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "ws", "tcps", "wss", "quic"])
+async def test_a_resume_on_another_pod_is_forwarded_to_the_owner(
+        nursery: trio.Nursery, tmp_path: Path, scheme: str) -> None:
+    """On every transport: the receiving pod terminates TLS, WebSocket and QUIC, and the
+    pod-to-pod leg carries the client's packets (QUIC straight to the other pod, as a
+    client whose address changed would reach it: HAProxy does not balance QUIC)."""
+    pki = make_pki(tmp_path / "pki")
+    pods = await start_fleet(nursery, tmp_path, listen=(
+        "tcp://127.0.0.1:0", "ws://127.0.0.1:0/nnrp", "tcps://127.0.0.1:0",
+        "wss://127.0.0.1:0/nnrp", "quic://127.0.0.1:0"), tls=TlsConfig(pki.cert, pki.key))
+    trust = {"ssl_context": ssl.create_default_context(cafile=str(pki.cert)),
+             "quic": QuicClientOptions(ca_file=pki.cert)}
+    first, second, third = pods
+    hold = second.replay.hold(lambda request: request.method == "POST", after=20)
+    with trio.fail_after(30):
+        ticket, held = await stream_then_drop(second.uri(scheme), pods, **trust)
+        nursery.start_soon(_release_when, lambda: second.registry.stats.resumed_total, hold)
+        rest = await resume_at(first.uri(scheme), ticket, held, **trust)
+    whole(held, rest)
+    assert (first.posts, second.posts, third.posts) == (0, 1, 0)
+    assert first.forwards(ForwardOutcome.SENT) == 1
+    assert second.forwards(ForwardOutcome.ACCEPTED) == 1
+    assert not third.registry.stats.fleet_forwards
+    assert second.replay.disconnects == []
+
+
+async def _release_when(counter: Any, hold: Any) -> None:
+    with trio.fail_after(30):
+        await until(lambda: counter() == 1)
+    hold.release()
+
+
+async def test_behind_haproxy_a_native_client_resumes_on_whichever_pod_it_reaches(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """The issue's scenario: nnrp-py's native client through a cutting proxy and HAProxy
+    (round robin over three pods, the Service); cut mid-stream; it resumes through
+    HAProxy, which gives the new connection to another pod; that pod forwards it."""
+    pods = await start_fleet(nursery, tmp_path)
+    backends = [pod.uri("tcp").removeprefix("tcp://") for pod in pods]
+    token = trio.lowlevel.current_trio_token()
+    payload = envelope(chat(stream=True, max_tokens=200), request_id="fleet-1")
+    holds = [pod.replay.hold(lambda request: request.method == "POST", after=30)
+             for pod in pods]
+    async with haproxy(tmp_path, backends) as service:
+        host, _, port = service.rpartition(":")
+        cutter = StreamCutProxy((host, int(port)))
+        via = await nursery.start(cutter.serve)
+
+        def first_connection() -> tuple[Any, list[dict[str, Any]]]:
+            opened = connect_native_client_connection(native_client_options(f"tcp://{via}"))
+            connection = opened.__enter__()
+            session = asyncio.run(connection.open_session(RESUME))
+            session.submit_operation(openai_submit(7001, 1, payload))
+            events: list[dict[str, Any]] = []
+            while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
+                events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+            trio.from_thread.run_sync(cutter.cut, trio_token=token)
+            ticket = session.recovery_ticket()
+            with contextlib.suppress(Exception):  # its connection is gone
+                opened.__exit__(None, None, None)
+            return ticket, events
+
+        with trio.fail_after(30):
+            ticket, before = await trio.to_thread.run_sync(first_connection)
+            owner = owner_of(pods)
+            await until(lambda: owner.registry.detached == 1)
+        for pod, hold in zip(pods, holds, strict=True):
+            if pod is owner:
+                nursery.start_soon(_release_when, lambda: owner.registry.stats.resumed_total,
+                                   hold)
+
+        def second_connection() -> list[dict[str, Any]]:
+            options = native_client_options(f"tcp://{service}")
+            with connect_native_client_connection(options) as connection:
+                session = asyncio.run(connection.resume_session(ticket, RESUME))
+                session.submit_operation(openai_submit(7001, 1, payload))
+                events: list[dict[str, Any]] = []
+                while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")
+                              for e in events):
+                    events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+                session.close()
+                return events
+
+        with trio.fail_after(30):
+            after = await trio.to_thread.run_sync(second_connection)
+    seen: dict[int, bytes] = {}
+    for event in before + after:
+        if event["kind"] == "PARTIAL_RESULT":
+            assert seen.setdefault(event["sequence"], event["body"]) == event["body"]
+    assert sorted(seen) == list(range(1, 201))
+    terminals = [e for e in after if e["kind"] == "RESULT_PUSH"]
+    assert len(terminals) == 1 and terminals[0]["status"] == 200
+    (forwarder,) = [pod for pod in pods if pod.forwards(ForwardOutcome.SENT)]
+    assert forwarder is not owner  # HAProxy gave the resume to another pod
+    assert owner.forwards(ForwardOutcome.ACCEPTED) == 1
+    assert [pod.posts for pod in pods] == [1 if pod is owner else 0 for pod in pods]
+
+
+async def test_a_made_up_token_leaves_the_fleet_idle(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A forged token (and one of another fleet) is refused where it lands: no pod
+    forwards anything, and the connection goes on serving."""
+    pods = await start_fleet(nursery, tmp_path)
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    (other_fleet,) = await start_fleet(nursery, elsewhere, pods=1,
+                                       key=key_file(elsewhere, b"z" * 64))
+    async with connect(other_fleet.uri("tcp")) as client:
+        foreign = (await client.open_session(resume=True)).ticket
+    assert foreign is not None
+    with trio.fail_after(10):
+        for token in (b"\xf1" + bytes(70), foreign.token):
+            async with connect(pods[0].uri("tcp")) as client:
+                with pytest.raises(ClientError) as refused:
+                    await client.resume_session(ResumeTicket(foreign.session_id, token,
+                                                             120_000))
+                assert not refused.value.retry_later
+                session = await client.open_session()
+                assert session is not None
+    for pod in pods:
+        assert not pod.registry.stats.fleet_forwards
+
+
+async def test_a_pod_out_of_reach_is_retry_later_and_counted(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A genuine token of a pod that nothing answers for any more (deleted, or cut off
+    from this one): the client is told to retry, typed, and the forward is counted."""
+    (pod,) = await start_fleet(nursery, tmp_path, pods=1)
+    gone = nnrp.FleetIdentity(f"127.0.0.1:{free_port()}",
+                              nnrp.FleetKeys(KEY, clock=time.monotonic, keep_previous=60),
+                              wall_clock=time.time)
+    with trio.fail_after(10):
+        async with connect(pod.uri("tcp")) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(ResumeTicket(7, gone.seal(0, bytes(24)), 120_000))
+            assert refused.value.retry_later
+            assert "cannot be reached" in str(refused.value)
+    assert pod.forwards(ForwardOutcome.UNREACHABLE) == 1
+    async with connect(pod.uri("tcp")) as client:  # the pod goes on serving
+        assert (await client.open_session()) is not None
+
+
+async def test_a_forward_loop_attempt_opens_nothing_anywhere(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A genuine forward header (the fleet's key) to pod B carrying a token that names
+    pod C: B never forwards a forwarded connection (F5); C sees nothing."""
+    pods = await start_fleet(nursery, tmp_path)
+    first, second, third = pods
+    async with connect(third.uri("tcp")) as client:
+        ticket = (await client.open_session(resume=True)).ticket
+    assert ticket is not None
+    fleet = first.gateway.fleet
+    assert fleet is not None
+    host, _, port = second.advertise.rpartition(":")
+    from gateway.server._relay import FIELDS
+    header = fleet.seal_forward(FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
+    client = nnrp.ClientConnection()
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(header + client.hello()
+                                  + resume(ticket.token, ticket.session_id))
+            answers = bytearray()
+            while len(nnrp.split_packets(bytearray(answers))) < 2:
+                data = await stream.receive_some(65536)
+                assert data
+                answers += data
+    packets = [nnrp.decode_packet(p) for p in nnrp.split_packets(answers)]
+    assert packets[1].message.status == nnrp.SessionOpenStatus.REJECTED
+    assert second.forwards(ForwardOutcome.ACCEPTED) == 1
+    assert not second.forwards(ForwardOutcome.SENT)
+    assert not third.registry.stats.fleet_forwards
+    assert third.registry.detached == 1  # still waiting for its real client
+
+
+async def test_a_forged_or_replayed_forward_header_is_refused(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    pods = await start_fleet(nursery, tmp_path, pods=2)
+    first, second = pods
+    fleet = first.gateway.fleet
+    assert fleet is not None
+    from gateway.server._relay import FIELDS
+    genuine = fleet.seal_forward(FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
+    forged = bytearray(genuine)
+    forged[-1] ^= 1
+    host, _, port = second.advertise.rpartition(":")
+    with trio.fail_after(10):
+        for header in (genuine, bytes(forged), genuine, b"GET / HTTP/1.1\r\n\r\n" * 10):
+            stream = await trio.open_tcp_stream(host, int(port))
+            async with stream:
+                await stream.send_all(header + nnrp.ClientConnection().hello())
+                with contextlib.suppress(trio.BrokenResourceError):
+                    while await stream.receive_some(65536):
+                        if header is genuine:
+                            break
+    assert second.forwards(ForwardOutcome.ACCEPTED) == 1
+    assert second.forwards(ForwardOutcome.REJECTED) == 3
+
+
+async def test_keys_rotate_mid_window_without_losing_a_session(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A session opened under the old key; every pod re-reads the key file (SIGHUP),
+    one of them late; the resume still reaches the owner and goes on."""
+    key = key_file(tmp_path)
+    pods = await start_fleet(nursery, tmp_path, key=key)
+    first, second, _ = pods
+    hold = second.replay.hold(lambda request: request.method == "POST", after=20)
+    with trio.fail_after(30):
+        ticket, held = await stream_then_drop(second.uri("tcp"), pods)
+        key.write_bytes(KEY[::-1] + b"\n")
+        for pod in pods[:2]:
+            pod.gateway.reload()  # what SIGHUP does; the third pod has not yet
+        nursery.start_soon(_release_when, lambda: second.registry.stats.resumed_total, hold)
+        rest = await resume_at(first.uri("tcp"), ticket, held)
+    whole(held, rest)
+    assert second.posts == 1
+    fleet = second.gateway.fleet
+    assert fleet is not None and len(fleet.keys.accepted()) == 2
+
+
+async def test_a_draining_owner_still_takes_forwarded_resumes(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    pods = await start_fleet(nursery, tmp_path, drain_timeout=20.0)
+    first, second, _ = pods
+    hold = second.replay.hold(lambda request: request.method == "POST", after=20)
+    with trio.fail_after(30):
+        ticket, held = await stream_then_drop(second.uri("tcp"), pods)
+        nursery.start_soon(second.gateway.drain)
+        await until(lambda: second.gateway.draining)
+        nursery.start_soon(_release_when, lambda: second.registry.stats.resumed_total, hold)
+        rest = await resume_at(first.uri("tcp"), ticket, held)
+    whole(held, rest)
+    assert second.forwards(ForwardOutcome.ACCEPTED) == 1

@@ -1,0 +1,256 @@
+"""A fleet of gateways, sans-IO (gateway/nnrp/_fleet.py F1-F6, gateway/nnrp/_resumption.py
+R11, gateway/nnrp/_server.py rule 4d): tokens whose route names the pod, authenticated
+with the fleet's key; forward headers taken once; where a resume is handed, and where it
+is refused without a forward."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+from hypothesis import given, strategies as st
+
+from gateway import nnrp
+from gateway.nnrp._fleet import FORWARD_SKEW, ROUTE_OVERHEAD
+from tests.support.resume import Clock, connection, counting_tokens, resume
+from tests.support.wire import of, pk, replies
+
+KEY = b"k" * 32
+OTHER_KEY = b"o" * 32
+FIELDS = b"f" * 113
+POD_A, POD_B, POD_C = "10.0.0.1:7702", "10.0.0.2:7702", "10.0.0.3:7702"
+
+
+@attrs.define
+class WallClock:
+    now: float = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def identity(advertise: str = POD_A, key: bytes = KEY, *, clock: Clock | None = None,
+             wall: WallClock | None = None, keep_previous: float = 120.0
+             ) -> nnrp.FleetIdentity:
+    nonces = itertools.count(1)
+    return nnrp.FleetIdentity(
+        advertise, nnrp.FleetKeys(key, clock=clock or Clock(), keep_previous=keep_previous),
+        wall_clock=wall or WallClock(),
+        random_bytes=lambda size: next(nonces).to_bytes(size, "big"))
+
+
+def fleet_book(pod: nnrp.FleetIdentity, *, clock: Clock | None = None, worker: int = 0,
+               relays: tuple[str, ...] = ()) -> nnrp.SessionBook:
+    return nnrp.SessionBook(nnrp.ResumePolicy(fleet=pod, worker=worker, relays=relays),
+                            clock=clock or Clock(), random_bytes=counting_tokens(),
+                            ids=nnrp.SessionIds(random_ids=True))
+
+
+# --------------------------------------------------------------------------- tokens (F1, F2)
+
+
+def test_a_token_names_its_pod_and_worker_and_ends_with_the_secret() -> None:
+    pod = identity()
+    secret = b"s" * 24
+    token = pod.seal(3, secret)
+    assert token.endswith(secret)
+    assert len(token) == ROUTE_OVERHEAD + len(POD_A) + len(secret)
+    assert pod.route(token) == nnrp.Route(POD_A, 3)
+    assert identity(POD_B).route(token) == nnrp.Route(POD_A, 3)  # any pod of the fleet reads it
+    assert pod.is_here(nnrp.Route(POD_A, 0)) and not pod.is_here(nnrp.Route(POD_B, 0))
+
+
+def test_an_outsider_learns_neither_the_pod_nor_which_tokens_share_one() -> None:
+    pod = identity()
+    first, second = pod.seal(0, b"\0" * 24), pod.seal(0, b"\0" * 24)
+    assert POD_A.encode() not in first
+    route_bytes = ROUTE_OVERHEAD + len(POD_A)
+    # A fresh nonce per token, so its whole route differs from another's of the same pod.
+    assert first[1:13] != second[1:13]
+    assert first[13:route_bytes] != second[13:route_bytes]
+
+
+def test_a_token_of_another_fleet_or_with_any_byte_changed_opens_no_route() -> None:
+    token = identity(key=OTHER_KEY).seal(0, b"s" * 24)
+    assert identity().route(token) is None
+    genuine = identity().seal(0, b"s" * 24)
+    for index in range(ROUTE_OVERHEAD + len(POD_A)):
+        forged = bytearray(genuine)
+        forged[index] ^= 0x01
+        assert identity().route(bytes(forged)) is None, index
+
+
+def test_every_cut_of_a_token_opens_no_route_and_trailing_bytes_are_the_secret() -> None:
+    pod = identity()
+    token = pod.seal(1, b"")
+    for size in range(len(token)):
+        assert pod.route(token[:size]) is None, size
+    for secret in (b"", b"x", b"y" * 100):
+        assert pod.route(token + secret) == nnrp.Route(POD_A, 1)
+
+
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes_never_raise_and_never_route(data: bytes) -> None:
+    assert identity().route(data) is None
+    assert identity().open_forward(data) is None
+
+
+def test_the_previous_key_opens_routes_for_one_window_after_a_rotation() -> None:
+    clock = Clock()
+    pod = identity(clock=clock, keep_previous=120.0)
+    old = pod.seal(0, b"s" * 24)
+    assert pod.keys.rotate(OTHER_KEY)
+    assert not pod.keys.rotate(OTHER_KEY)  # the same key again: nothing changes
+    new = pod.seal(0, b"t" * 24)
+    assert identity(key=KEY).route(new) is None  # signed with the new key
+    assert pod.route(old) == pod.route(new) == nnrp.Route(POD_A, 0)
+    clock.now += 119.9
+    assert pod.route(old) is not None
+    clock.now += 0.2
+    assert pod.route(old) is None
+    assert pod.route(new) is not None
+
+
+def test_a_key_too_short_is_refused_and_the_key_in_use_stays() -> None:
+    with pytest.raises(nnrp.FleetKeyError, match="at least 32 bytes"):
+        identity(key=b"short")
+    pod = identity()
+    token = pod.seal(0, b"s" * 24)
+    with pytest.raises(nnrp.FleetKeyError):
+        pod.keys.rotate(b"x" * 31)
+    assert pod.route(token) is not None
+    assert nnrp.key_material(b"  " + KEY + b"\n") == KEY
+
+
+# --------------------------------------------------------------------------- forwards (F4)
+
+
+def test_a_forward_header_is_taken_once_within_the_skew() -> None:
+    wall = WallClock()
+    sender, owner = identity(POD_B, wall=wall), identity(POD_A, wall=wall)
+    header = sender.seal_forward(FIELDS)
+    assert len(header) == nnrp.forward_header_size(len(FIELDS))
+    assert owner.open_forward(header) == FIELDS
+    assert owner.open_forward(header) is None  # replayed
+    late = sender.seal_forward(FIELDS)
+    wall.now += FORWARD_SKEW + 0.01
+    assert owner.open_forward(late) is None  # stale
+    early = sender.seal_forward(FIELDS)
+    wall.now -= 2 * FORWARD_SKEW + 0.02
+    assert owner.open_forward(early) is None  # from a clock too far ahead
+
+
+def test_a_forward_of_another_fleet_or_changed_or_cut_is_refused() -> None:
+    owner = identity(POD_A)
+    assert owner.open_forward(identity(POD_B, OTHER_KEY).seal_forward(FIELDS)) is None
+    header = identity(POD_B).seal_forward(FIELDS)
+    for index in range(len(header)):
+        forged = bytearray(header)
+        forged[index] ^= 0x80
+        assert owner.open_forward(bytes(forged)) is None, index
+    for size in range(len(header)):
+        assert owner.open_forward(header[:size]) is None, size
+    assert owner.open_forward(header) == FIELDS  # none of that spent the genuine one
+
+
+def test_a_forward_signed_with_the_previous_key_is_taken_during_a_rotation() -> None:
+    clock = Clock()
+    owner = identity(POD_A, clock=clock)
+    header = identity(POD_B).seal_forward(FIELDS)  # a pod that has not re-read its key
+    owner.keys.rotate(OTHER_KEY)
+    assert owner.open_forward(header) == FIELDS
+    clock.now += 121
+    assert owner.open_forward(identity(POD_B).seal_forward(FIELDS)) is None
+
+
+# --------------------------------------------------------------------------- the book (R11)
+
+
+def test_the_book_sends_another_pods_token_there_and_refuses_a_forged_one() -> None:
+    pod_a, pod_b = identity(POD_A), identity(POD_B)
+    book_a, book_b = fleet_book(pod_a), fleet_book(pod_b)
+    conn_b = connection(book_b)
+    (ack,) = replies(conn_b.receive_data(pk(attrs.evolve(
+        nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3, max_in_flight=4),
+        session_flags=nnrp.SessionFlag.ALLOW_RESUME))))
+    token = ack.body
+    assert pod_b.route(token) == nnrp.Route(POD_B, 0)
+    assert book_a.find(ack.session_id, token, None) is nnrp.Lookup.ELSEWHERE
+    assert book_a.where(token) == nnrp.Elsewhere(0, POD_B)
+    assert book_b.where(token) is None  # here
+    made_up = b"\xf1" + b"\x00" * 60
+    assert book_a.find(1, made_up, None) is nnrp.Lookup.REJECTED
+    assert book_a.stats.refused_total == 1
+
+
+def test_a_fleet_token_naming_a_worker_this_pod_lacks_is_refused() -> None:
+    pod = identity(POD_A)
+    book = fleet_book(pod, worker=0, relays=("w0", "w1"))
+    assert book.where(pod.seal(1, b"s" * 24)) == nnrp.Elsewhere(1)
+    assert book.where(pod.seal(2, b"s" * 24)) is nnrp.Lookup.REJECTED
+
+
+# --------------------------------------------------------------------------- the server (4d, F5)
+
+
+def test_a_resume_for_another_pod_is_handed_off_with_a_retry_later_refusal() -> None:
+    book_a = fleet_book(identity(POD_A))
+    token = identity(POD_B).seal(0, b"s" * 24)
+    conn = connection(book_a)
+    (handed,) = of(conn.receive_data(resume(token)), nnrp.HandedOff)
+    assert handed.destination == nnrp.Elsewhere(0, POD_B)
+    assert conn.state is nnrp.ConnState.HANDED_OFF
+    refusal = nnrp.decode_packet(handed.refusal)
+    assert refusal.message.status == nnrp.SessionOpenStatus.RETRY_LATER
+    assert b"cannot be reached" in refusal.body
+
+
+def test_a_forwarded_connection_is_never_forwarded_again() -> None:
+    """F5: pod A forwarded this connection to pod B; a token there naming pod C (a loop
+    attempt, or a lie) opens nothing, and nothing is handed anywhere."""
+    book_b = fleet_book(identity(POD_B))
+    to_c = identity(POD_C).seal(0, b"s" * 24)
+    conn = connection(book_b, forwarded=True)
+    events = conn.receive_data(resume(to_c))
+    assert not of(events, nnrp.HandedOff)
+    assert replies(events)[0].message.status == nnrp.SessionOpenStatus.REJECTED
+    migrating = connection(book_b, forwarded=True)
+    events = migrating.receive_data(pk(nnrp.SessionMigrate(
+        old_transport_id=nnrp.TransportId.QUIC, new_transport_id=nnrp.TransportId.TCP,
+        last_result_frame_id=0), session_id=1, body=to_c))
+    assert not of(events, nnrp.HandedOff)
+
+
+def test_a_forwarded_connection_may_still_go_to_the_worker_that_holds_the_session() -> None:
+    pod_b = identity(POD_B)
+    book_b0 = fleet_book(pod_b, worker=0, relays=("w0", "w1"))
+    conn = connection(book_b0, forwarded=True)
+    (handed,) = of(conn.receive_data(resume(pod_b.seal(1, b"s" * 24))), nnrp.HandedOff)
+    assert handed.destination == nnrp.Elsewhere(1)
+    refusal = nnrp.decode_packet(handed.refusal)
+    assert refusal.message.status == nnrp.SessionOpenStatus.REJECTED  # that worker is gone
+
+
+def test_a_made_up_token_is_refused_where_it_lands_and_never_handed_off() -> None:
+    book_a = fleet_book(identity(POD_A))
+    for made_up in (b"\xf1" + b"\x01" * 70, b"\x00" * 24, identity(POD_B, OTHER_KEY).seal(
+            0, b"s" * 24)):
+        events = connection(book_a).receive_data(resume(made_up))
+        assert not of(events, nnrp.HandedOff)
+        assert replies(events)[0].message.status == nnrp.SessionOpenStatus.REJECTED
+
+
+# --------------------------------------------------------------------------- ids (F6)
+
+
+def test_a_fleets_session_ids_are_random_unique_and_honour_a_request() -> None:
+    ids = nnrp.SessionIds(random_ids=True)
+    taken = [ids.take() for _ in range(200)]
+    assert len(set(taken)) == 200 and None not in taken
+    assert taken != sorted(taken)
+    assert ids.take(requested=7) == 7 or 7 in taken
+    draws = iter([4, 4, 4, 4, 4, 4, 4, 4])  # every draw taken: the sequential rule
+    crowded = nnrp.SessionIds(random_ids=True, randbelow=lambda _: next(draws))
+    assert crowded.take(requested=5) == 5
+    assert crowded.take() == 1
