@@ -189,7 +189,8 @@ _UNSET_EXAMPLES: dict[str, object] = {
     "tls_cert": "/etc/nnrp-gateway/tls/tls.crt", "tls_key": "/etc/nnrp-gateway/tls/tls.key",
     "tls_client_ca": "/etc/nnrp-gateway/tls/client-ca.crt", "tls_server_name": "gateway.example",
     "auth_token_file": "/etc/nnrp-gateway/tokens", "target_manifest": "/tmp/manifest.json",
-    "load_max_waiting": 8.0, "load_max_kv_cache_usage": 0.9}
+    "load_max_waiting": 8.0, "load_max_kv_cache_usage": 0.9,
+    "fleet_advertise": "10.0.0.7:7702", "fleet_key_file": "/etc/nnrp-fleet/key"}
 
 
 def _comment(text: str, width: int = 88) -> list[str]:

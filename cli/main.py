@@ -35,7 +35,7 @@ from .ops import chat, check, health
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from gateway.app import GatewayConfig
+    from gateway.app import FleetConfig, GatewayConfig
     from gateway.server import BoundEndpoint, TokenAuthenticator
     from gateway.transport import TlsConfig
 
@@ -329,6 +329,14 @@ def serve(
         rich_help_panel=RESUME,
         help="A connection still holding a session being resumed is closed when silent "
              "this long after a ping.")] = 2.0,
+    fleet_advertise: Annotated[str | None, typer.Option(
+        envvar="NNRP_GATEWAY_FLEET_ADVERTISE", metavar="HOST:PORT", rich_help_panel=RESUME,
+        help="This pod's address in its fleet: resumes other gateways of the fleet get "
+             "for sessions held here are forwarded to it (unset: a single pod).")] = None,
+    fleet_key_file: Annotated[Path | None, typer.Option(
+        envvar="NNRP_GATEWAY_FLEET_KEY_FILE", metavar="PATH", rich_help_panel=RESUME,
+        help="The key the fleet shares (32 bytes or more, re-read on SIGHUP); needed with "
+             "--fleet-advertise.")] = None,
     # ---- vLLM's load and refusals (issue 23)
     overload_retry_after_ms: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_OVERLOAD_RETRY_AFTER_MS", min=1, metavar="MS",
@@ -408,6 +416,7 @@ def serve(
         check_output_dir(target_manifest.parent, source(ctx, "target_manifest"))
     if otel_traces:
         _check_tracing(ctx)
+    fleet = _check_fleet(ctx, fleet_advertise, fleet_key_file, resume_window)
     load = LoadSettings(admission=load_aware_admission, source=load_source.value,
                         interval=load_interval, max_waiting=load_max_waiting,
                         max_kv_cache_usage=load_max_kv_cache_usage,
@@ -425,6 +434,7 @@ def serve(
                               client_bytes=resume_client_bytes,
                               total_bytes=resume_max_bytes,
                               probe_timeout=resume_probe_timeout),
+        fleet=fleet,
         server=ServerConfig(max_packet=max_frame_bytes,
                             max_sessions=max_sessions_per_connection,
                             max_in_flight=max_operations_per_session,
@@ -518,6 +528,38 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
     except ValueError as exc:
         raise UserError(f"auth tokens: {exc}", source(ctx, "auth_token")) from None
     return authenticate, tls
+
+
+def _check_fleet(ctx: typer.Context, advertise: str | None, key_file: Path | None,
+                 resume_window: float) -> FleetConfig | None:
+    """--fleet-advertise and --fleet-key-file: both or neither, a reachable address, a
+    key that can be used, and resume on (a fleet forwards resumes)."""
+    from gateway.app import FleetConfig, read_fleet_key
+    from gateway.nnrp import FleetKeyError
+    from gateway.transport import ListenError, fleet_uri
+
+    from ._settings import source
+
+    if advertise is None and key_file is None:
+        return None
+    if advertise is None:
+        raise UserError("--fleet-key-file is the key of a fleet: give --fleet-advertise too",
+                        source(ctx, "fleet_key_file"))
+    if key_file is None:
+        raise UserError("--fleet-advertise needs --fleet-key-file (the key the fleet "
+                        "shares: `openssl rand -hex 32`)", source(ctx, "fleet_advertise"))
+    try:
+        fleet_uri(advertise)
+    except ListenError as exc:
+        raise UserError(str(exc), source(ctx, "fleet_advertise")) from None
+    try:
+        read_fleet_key(key_file)
+    except FleetKeyError as exc:
+        raise UserError(f"fleet key: {exc}", source(ctx, "fleet_key_file")) from None
+    if resume_window <= 0:
+        raise UserError("a fleet forwards resumes: --resume-window must be above 0",
+                        source(ctx, "fleet_advertise"))
+    return FleetConfig(advertise, key_file)
 
 
 def _start_logging(level: str, *, metrics: bool, admin_listen: str | None) -> None:

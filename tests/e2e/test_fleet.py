@@ -31,11 +31,12 @@ from gateway.tools.cut import StreamCutProxy
 from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.fleet import KEY, Pod, haproxy, key_file, start_fleet
 from tests.support.native import describe, openai_submit
-from tests.support.processes import free_port
+from tests.support.processes import ReplayThread, free_port
 from tests.support.quic import make_pki
 from tests.support.resume import resume
 from tests.support.stack import chat, envelope
 from tests.support.waits import until
+from tests.support.workers import served_workers
 
 pytestmark = pytest.mark.interop
 
@@ -315,3 +316,46 @@ async def test_a_draining_owner_still_takes_forwarded_resumes(
         rest = await resume_at(first.uri("tcp"), ticket, held)
     whole(held, rest)
     assert second.forwards(ForwardOutcome.ACCEPTED) == 1
+
+
+def test_pods_of_two_workers_forward_then_relay_to_the_worker_that_holds_it(
+        tmp_path: Path) -> None:
+    """Two real ``serve --workers 2 --fleet-advertise`` pods: the forward from pod A
+    lands on whichever worker of pod B the kernel picks, which relays it on to the
+    worker holding the session when that is the other one (a forwarded connection may
+    still go to a worker, never to a pod). Six sessions: the kernel's coin takes both
+    paths but once in 32 runs; each must come out whole either way."""
+    key = key_file(tmp_path)
+    sessions = 6
+    with contextlib.ExitStack() as stack:
+        pods = []
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            replay = stack.enter_context(ReplayThread(speed=1.0, token_interval_ms=10.0))
+            advertise = f"127.0.0.1:{free_port()}"
+            pods.append((replay, stack.enter_context(served_workers(
+                tmp_path / name, replay.url, "tcp://127.0.0.1:0",
+                extra=("--fleet-advertise", advertise, "--fleet-key-file", str(key))))))
+        (first_replay, first), (owner_replay, second) = pods
+
+        async def sessions_resumed_on_the_other_pod() -> None:
+            with trio.fail_after(60):
+                for _ in range(sessions):
+                    async with connect(second.uris["tcp"]) as client:
+                        session = await client.open_session(resume=True)
+                        assert session.ticket is not None
+                        operation = await session.submit(STREAM, operation_id=5, frame_id=5)
+                        held = []
+                        async for event in operation.events():
+                            held.append(event)
+                            if len(held) == 10:
+                                break
+                    whole(held, await resume_at(first.uris["tcp"], session.ticket, held))
+
+        trio.run(sessions_resumed_on_the_other_pod)
+        assert len([r for r in owner_replay.server.requests if r.method == "POST"]) == sessions
+        assert not [r for r in first_replay.server.requests if r.method == "POST"]
+        assert second.metrics()[
+            'nnrp_gateway_fleet_forwards_total{outcome="accepted"}'] == sessions
+        assert first.metrics()['nnrp_gateway_fleet_forwards_total{outcome="sent"}'] == sessions
+        assert second.metrics()["nnrp_gateway_resume_resumed_total"] == sessions

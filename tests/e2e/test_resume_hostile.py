@@ -27,11 +27,11 @@ from cryptography.x509.oid import NameOID
 from gateway import nnrp
 from gateway.tools.client import ClientError, ResumeTicket, connect
 from gateway.transport import TlsConfig
-from tests.e2e.test_workers import EXE, _held_by, served_workers
 from tests.support.processes import ReplayThread, free_port, served_endpoints, stop_gateway
 from tests.support.stack import Stack, chat, envelope, run_operation, start_stack
 from tests.support.tls import make_pki
 from tests.support.waits import until, wait_for
+from tests.support.workers import EXE, held_by, served_workers
 
 if TYPE_CHECKING:
     from gateway.server import SessionRegistry
@@ -73,7 +73,7 @@ async def _raw_connection_to(host: str, port: int, pid: int, pids: list[int]
             acked = any(isinstance(e, nnrp.HelloAcked) for e in sans_io.receive_data(data))
         inode = _server_inode(port, stream.socket.getsockname()[1])
         assert inode is not None  # answered, so accepted
-        holders = [worker for worker in pids if _held_by(worker, {inode})]
+        holders = [worker for worker in pids if held_by(worker, {inode})]
         if holders == [pid]:
             return stream, sans_io
         await stream.aclose()
