@@ -567,6 +567,59 @@ def flap_command(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@bench_app.command("value")
+def value_command(
+    vllm_url: Annotated[str, typer.Option(
+        metavar="URL", help="A real vLLM's OpenAI server (../shared/tools/real-vllm, or a "
+                            "GPU one).")],
+    model: Annotated[str, typer.Option(metavar="NAME", help="The served model.")] = "tiny",
+    tokens: Annotated[int, typer.Option(
+        min=8, metavar="N", help="Each answer's length (max_tokens, ignore_eos).")] = 128,
+    answers: Annotated[int, typer.Option(
+        min=1, metavar="N", help="Answers at once, each way, at each cut rate.")] = 8,
+    cut_rates: Annotated[str, typer.Option(
+        metavar="N,N,...", help="Connection cuts per answer, one phase each.")] = "0,1,5",
+    fleet_resumes: Annotated[int, typer.Option(
+        min=0, metavar="N", help="Resumes timed on the same pod and through another "
+                                 "(0: skip the fleet's cost).")] = 20,
+    as_json: AsJson = False, out: Out = None,
+) -> None:
+    """What NNRP's resume saves against HTTP/SSE re-sends on a real vLLM: the same
+    answers both ways, their connections cut at each rate; vLLM's own counters say what
+    it generated and processed. Writes value.json, value.md and value.png (the plot
+    needs the 'plots' extra) to --out."""
+    import trio
+
+    from gateway.tools.bench.value import markdown, measure_value, plot
+
+    try:
+        rates = sorted({int(rate) for rate in cut_rates.split(",")})
+    except ValueError:
+        raise typer.BadParameter("--cut-rates is a list of whole numbers: 0,1,5") from None
+    if any(rate < 0 for rate in rates):
+        raise typer.BadParameter("--cut-rates cannot be negative")
+    if out is not None:
+        check_output_dir(out, "--out")
+    _quiet_logs()
+    holder: list[Any] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        holder.append(trio.run(lambda: measure_value(
+            vllm_url, model=model, tokens=tokens, answers=answers, rates=rates,
+            fleet_resumes=fleet_resumes, progress=progress,
+            log_dir=out / "logs" if out else None)))
+        return {}
+
+    _with_progress(work, as_json)
+    report = holder[0]
+    text = markdown(report)
+    if out is not None:
+        (out / "value.md").write_text(text)
+        plot(report, out / "value.png")
+    if not _written(report.as_dict(), out, "value.json", as_json):
+        typer.echo(text, nl=False)
+
+
 def _written(document: dict[str, Any], out: Path | None, name: str, as_json: bool) -> bool:
     """A report kept in ``out`` as ``name`` and, with ``--json``, printed: True when it
     was printed (the caller prints its text form otherwise)."""

@@ -112,19 +112,22 @@ def fleet_uri(advertise: str) -> str:
     """The listener of ``--fleet-advertise HOST:PORT`` (plain TCP: a forward is
     authenticated by its header, gateway/nnrp/_fleet.py F4); ``ListenError`` for an
     address other pods could not reach (no host, no port, port 0)."""
-    uri = f"tcp://{advertise}"
+    host, _, port = advertise.rpartition(":")
+    if host.count(":") and not host.startswith("["):  # an IPv6 pod IP, as the downward
+        host = f"[{host}]"  # API gives it: written without brackets before :PORT
+    uri = f"tcp://{host}:{port}"
     if "/" in advertise or "@" in advertise:
         raise ListenError(f"{advertise}: --fleet-advertise is HOST:PORT, not a URL")
     try:
         spec = parse_endpoint(uri)
-    except ListenError:
+    except (ListenError, ValueError):  # urlsplit's own, for a malformed [IPv6] host
         raise ListenError(f"{advertise}: --fleet-advertise is HOST:PORT "
                           "(the address other gateways of the fleet reach this one at)"
                           ) from None
     if not spec.port:
         raise ListenError(f"{advertise}: --fleet-advertise needs a fixed port (other "
                           "gateways connect to it)")
-    if spec.host in ("0.0.0.0", "::"):
+    if spec.host in ("0.0.0.0", "::", "[::]"):
         raise ListenError(f"{advertise}: --fleet-advertise names this pod's own address "
                           "(the pod IP), not a wildcard")
     return uri

@@ -155,6 +155,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("serve-fleet-address", ["serve", "--fleet-advertise", "pod:notaport", "--fleet-key-file",
                              "{key}", "--print-config"], 2,
      "--fleet-advertise is HOST:PORT"),
+    ("serve-fleet-no-port", ["serve", "--fleet-advertise", "::1", "--fleet-key-file",
+                             "{key}", "--print-config"], 2, "--fleet-advertise is HOST:PORT"),
     ("serve-fleet-port-0", ["serve", "--fleet-advertise", "127.0.0.1:0", "--fleet-key-file",
                             "{key}", "--print-config"], 2, "needs a fixed port"),
     ("serve-fleet-wildcard", ["serve", "--fleet-advertise", "0.0.0.0:7702",

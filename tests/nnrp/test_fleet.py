@@ -13,6 +13,7 @@ from hypothesis import given, strategies as st
 
 from gateway import nnrp
 from gateway.nnrp._fleet import FORWARD_SKEW, ROUTE_OVERHEAD
+from gateway.transport import ListenError, fleet_uri
 from tests.support.resume import Clock, connection, counting_tokens, resume
 from tests.support.wire import of, pk, replies
 
@@ -254,3 +255,23 @@ def test_a_fleets_session_ids_are_random_unique_and_honour_a_request() -> None:
     crowded = nnrp.SessionIds(random_ids=True, randbelow=lambda _: next(draws))
     assert crowded.take(requested=5) == 5
     assert crowded.take() == 1
+
+
+@pytest.mark.parametrize(("advertise", "uri"), [
+    ("10.0.0.1:7702", "tcp://10.0.0.1:7702"),
+    ("fd00::12:7702", "tcp://[fd00::12]:7702"),  # the downward API's IPv6 pod IP
+    ("[fd00::12]:7702", "tcp://[fd00::12]:7702"),
+    ("gateway-0.gateway-fleet:7702", "tcp://gateway-0.gateway-fleet:7702"),
+])
+def test_the_fleet_listener_is_the_advertised_address(advertise: str, uri: str) -> None:
+    assert fleet_uri(advertise) == uri
+
+
+@pytest.mark.parametrize(("advertise", "says"), [
+    ("::1", "is HOST:PORT"), ("pod", "is HOST:PORT"), ("pod:x", "is HOST:PORT"),
+    ("10.0.0.1:0", "fixed port"), ("0.0.0.0:7702", "wildcard"), (":::7702", "wildcard"),
+    ("tcp://10.0.0.1:7702", "not a URL"),
+])
+def test_an_address_other_pods_cannot_reach_is_refused(advertise: str, says: str) -> None:
+    with pytest.raises(ListenError, match=says):
+        fleet_uri(advertise)
