@@ -21,8 +21,11 @@ vLLM; a session opened on one, dropped, and resumed either on the same gateway o
 other (which forwards it): the time from the new connection to the first result after
 the resume, p50 of each, the same run.
 
-Answers are greedy (temperature 0) and ``ignore_eos``, so each is exactly ``tokens``
-long, and a re-sent request gets the same answer: the HTTP client checks it does.
+Answers are seeded (temperature 1, one seed) and ``ignore_eos``, so each is exactly
+``tokens`` long and a re-sent request gets the same answer: the HTTP client checks it
+does. (Greedy decoding of the tiny random-weight model gives no text at all.) vLLM sends
+fewer text chunks than tokens (it holds back a token that does not decode to text yet),
+so the cut points are placed by text chunks, counted in a first, uncut answer.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ class Phase:
     tokens_delivered: int = 0
     whole: int = 0
     cuts: int = 0
-    #: Requests the clients sent vLLM (HTTP: one per attempt; NNRP: the gateway's, read
-    #: from vLLM's finished-request counter).
+    #: Requests vLLM was sent (HTTP: the clients' attempts, since vLLM does not count a
+    #: request its client left; NNRP: the gateway's, from vLLM's finished requests).
     attempts: int = 0
     wall_seconds: float = 0.0
     vllm: dict[str, float] = attrs.field(factory=dict)
@@ -120,10 +123,13 @@ class ValueReport:
     phases: list[Phase] = attrs.field(factory=list)
     fleet: FleetCost | None = None
     vllm_version: str = ""
+    #: Text chunks of one answer (where the cuts fall).
+    text_chunks: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"vllm_url": self.vllm_url, "vllm_version": self.vllm_version,
                 "model": self.model, "tokens": self.tokens, "answers": self.answers,
+                "text_chunks": self.text_chunks,
                 "phases": [phase.as_dict() for phase in self.phases],
                 "fleet": self.fleet.summary() if self.fleet else None,
                 "fleet_samples_ms": attrs.asdict(self.fleet) if self.fleet else None}
@@ -131,8 +137,8 @@ class ValueReport:
 
 def chat_body(model: str, tokens: int, *, stream: bool = True) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": PROMPT}],
-            "stream": stream, "max_tokens": tokens, "ignore_eos": True, "temperature": 0,
-            **({"stream_options": {"include_usage": True}} if stream else {})}
+            "stream": stream, "max_tokens": tokens, "ignore_eos": True, "temperature": 1.0,
+            "seed": 7, **({"stream_options": {"include_usage": True}} if stream else {})}
 
 
 async def vllm_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -148,9 +154,9 @@ async def vllm_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]
     return totals
 
 
-def cut_points(tokens: int, cuts: int) -> list[int]:
-    """Where an answer's connection is cut: after these many of its tokens."""
-    return [tokens * k // (cuts + 1) for k in range(1, cuts + 1)]
+def cut_points(chunks: int, cuts: int) -> list[int]:
+    """Where an answer's connection is cut: after these many of its text chunks."""
+    return [max(1, chunks * k // (cuts + 1)) for k in range(1, cuts + 1)]
 
 
 # --------------------------------------------------------------------------- HTTP/SSE
@@ -239,9 +245,10 @@ async def nnrp_answer(proxy: StreamCutProxy, model: str, tokens: int, cuts: list
 
 
 async def run_phase(way: str, rate: int, *, answers: int, tokens: int, model: str,
-                    target: tuple[str, int], vllm_url: str, prompt_tokens: int) -> Phase:
+                    target: tuple[str, int], vllm_url: str, prompt_tokens: int,
+                    chunks: int) -> Phase:
     phase = Phase(way, rate, answers, tokens, prompt_tokens_per_request=prompt_tokens)
-    cuts = cut_points(tokens, rate)
+    cuts = cut_points(chunks, rate)
     async with httpx.AsyncClient(trust_env=False) as metrics:
         before = await vllm_counters(metrics, vllm_url)
         start = time.perf_counter()
@@ -270,14 +277,25 @@ async def run_phase(way: str, rate: int, *, answers: int, tokens: int, model: st
     return phase
 
 
-async def prompt_length(vllm_url: str, model: str) -> tuple[int, str]:
-    async with httpx.AsyncClient(base_url=vllm_url, trust_env=False, timeout=60) as client:
-        reply = await client.post("/v1/chat/completions", json=chat_body(model, 1, stream=False))
-        reply.raise_for_status()
+async def calibrate(vllm_url: str, model: str, tokens: int) -> tuple[int, int, str]:
+    """One uncut answer: its prompt's tokens, its text chunks, and vLLM's version."""
+    chunks = prompt = 0
+    async with httpx.AsyncClient(base_url=vllm_url, trust_env=False, timeout=120) as client:
+        async with client.stream("POST", "/v1/chat/completions",
+                                 json=chat_body(model, tokens)) as reply:
+            reply.raise_for_status()
+            async for line in reply.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    prompt = int(chunk["usage"]["prompt_tokens"])
+                chunks += sum(1 for choice in chunk.get("choices", [])
+                              if choice.get("delta", {}).get("content"))
         version = ""
         with contextlib.suppress(httpx.HTTPError, ValueError):
             version = (await client.get("/version")).json().get("version", "")
-        return int(reply.json()["usage"]["prompt_tokens"]), version
+    return prompt, chunks, version
 
 
 @contextlib.asynccontextmanager
@@ -365,8 +383,9 @@ async def fleet_cost(endpoints: list[str], model: str, resumes: int, tokens: int
 async def measure_value(vllm_url: str, *, model: str, tokens: int, answers: int,
                         rates: list[int], fleet_resumes: int, progress: Progress,
                         log_dir: Path | None = None) -> ValueReport:
-    prompt_tokens, version = await prompt_length(vllm_url, model)
-    report = ValueReport(vllm_url, model, tokens, answers, vllm_version=version)
+    prompt_tokens, chunks, version = await calibrate(vllm_url, model, tokens)
+    report = ValueReport(vllm_url, model, tokens, answers, vllm_version=version,
+                         text_chunks=chunks)
     parsed = httpx.URL(vllm_url)
     vllm_target = (parsed.host, parsed.port or 80)
     with tempfile.TemporaryDirectory(prefix="nnrp-bench-value-") as scratch:
@@ -379,7 +398,8 @@ async def measure_value(vllm_url: str, *, model: str, tokens: int, answers: int,
                     progress(f"{way}, {rate} cut(s) per answer, {answers} answers")
                     report.phases.append(await run_phase(
                         way, rate, answers=answers, tokens=tokens, model=model,
-                        target=target, vllm_url=vllm_url, prompt_tokens=prompt_tokens))
+                        target=target, vllm_url=vllm_url, prompt_tokens=prompt_tokens,
+                        chunks=chunks))
         if fleet_resumes:
             progress(f"fleet: {fleet_resumes} resumes on the same pod, {fleet_resumes} "
                      "through another")
@@ -392,16 +412,16 @@ def markdown(report: ValueReport) -> str:
     lines = [f"vLLM {report.vllm_version or '?'} at {report.vllm_url}, model {report.model}: "
              f"{report.answers} answers of {report.tokens} tokens each way, at each cut rate.",
              "",
-             "| cuts per answer | way | answers whole | vLLM tokens generated per token "
-             "delivered | prompt tokens processed again | requests vLLM finished | "
+             "| cuts per answer | way | cuts made | answers whole | vLLM tokens generated "
+             "per token delivered | prompt tokens processed again | requests sent to vLLM | "
              "wall time until all whole (s) |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|"]
     for phase in report.phases:
         way = "HTTP/SSE re-send" if phase.way == "http" else "NNRP resume"
         lines.append(
-            f"| {phase.cuts_per_answer} | {way} "
+            f"| {phase.cuts_per_answer} | {way} | {phase.cuts} "
             f"| {phase.whole}/{phase.answers} | {phase.generated_per_delivered} "
-            f"| {phase.prompt_tokens_again:g} | {phase.vllm.get('finished_requests', 0):g} "
+            f"| {phase.prompt_tokens_again:g} | {phase.attempts} "
             f"| {phase.wall_seconds} |")
     if report.fleet is not None:
         summary = report.fleet.summary()
