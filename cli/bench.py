@@ -569,8 +569,9 @@ def flap_command(
 
 @bench_app.command("value")
 def value_command(
+    ctx: typer.Context,
     vllm_url: Annotated[str, typer.Option(
-        metavar="URL", help="A real vLLM's OpenAI server (../shared/tools/real-vllm, or a "
+        metavar="URL", help="A real vLLM's OpenAI server (a CPU build on loopback, or a "
                             "GPU one).")],
     model: Annotated[str, typer.Option(metavar="NAME", help="The served model.")] = "tiny",
     tokens: Annotated[int, typer.Option(
@@ -588,10 +589,12 @@ def value_command(
     answers both ways, their connections cut at each rate; vLLM's own counters say what
     it generated and processed. Writes value.json, value.md and value.png (the plot
     needs the 'plots' extra) to --out."""
+    import httpx
     import trio
 
     from gateway.tools.bench.value import markdown, measure_value, plot
 
+    check_http_url(vllm_url, source(ctx, "vllm_url"))
     try:
         rates = sorted({int(rate) for rate in cut_rates.split(",")})
     except ValueError:
@@ -600,6 +603,11 @@ def value_command(
         raise typer.BadParameter("--cut-rates cannot be negative")
     if out is not None:
         check_output_dir(out, "--out")
+    try:  # before anything is started in front of it: is anybody there?
+        httpx.get(f"{vllm_url.rstrip('/')}/version", timeout=5, trust_env=False)
+    except httpx.HTTPError as exc:
+        raise UserError(f"vLLM did not answer ({exc or type(exc).__name__})", vllm_url,
+                        code=1) from None
     _quiet_logs()
     holder: list[Any] = []
 

@@ -127,18 +127,18 @@ class FleetConfig:
     key_file: Path
 
 
-def read_fleet_key(path: Path) -> bytes:
-    """The fleet key in ``path``; ``FleetKeyError`` naming the file for one that cannot
-    be read or used (too short)."""
+def read_fleet_key(path: Path) -> list[bytes]:
+    """The fleet keys in ``path`` (gateway/nnrp/_fleet.py F3: one per line, the first
+    seals); ``FleetKeyError`` naming the file for keys that cannot be read or used."""
     try:
-        material = key_material(path.read_bytes())
+        materials = key_material(path.read_bytes())
     except OSError as exc:
         raise FleetKeyError(f"{path}: {exc.strerror or exc}") from exc
     try:
-        FleetKeys(material, clock=time.monotonic, keep_previous=0)
+        FleetKeys(materials, clock=time.monotonic, keep_previous=0)
     except FleetKeyError as exc:
         raise FleetKeyError(f"{path}: {exc} (make one with `openssl rand -hex 32`)") from None
-    return material
+    return materials
 
 
 @attrs.frozen
@@ -236,8 +236,7 @@ class Gateway:
         self.fleet: FleetIdentity | None = None
         resume = config.resume
         if config.fleet is not None:
-            # The previous key stays good for one resume window after a rotation: every
-            # token issued under it has expired by then (_fleet F3).
+            # A key a reload drops stays good for one resume window (_fleet F3).
             keys = FleetKeys(read_fleet_key(config.fleet.key_file), clock=time.monotonic,
                              keep_previous=max(resume.window, 1.0))
             self.fleet = FleetIdentity(config.fleet.advertise, keys, wall_clock=time.time)
@@ -347,17 +346,19 @@ class Gateway:
                 log.info("auth tokens reloaded")
 
     def reload_fleet_key(self) -> None:
-        """SIGHUP: a new fleet key signs from now on; the previous one is still accepted
-        for one resume window (_fleet F3). A bad file keeps the key in use."""
+        """SIGHUP: the key file's keys from now on (its first seals); a key it dropped is
+        still accepted for one resume window (_fleet F3). A bad file keeps the keys in
+        use."""
         if self.fleet is None or self.config.fleet is None:
             return
         try:
             rotated = self.fleet.keys.rotate(read_fleet_key(self.config.fleet.key_file))
         except FleetKeyError as exc:
-            log.error("fleet key reload failed; keeping the key in use", error=str(exc))
+            log.error("fleet key reload failed; keeping the keys in use", error=str(exc))
             return
         if rotated:
-            log.info("fleet key rotated; the previous key is accepted for one resume window",
+            log.info("fleet keys reloaded; a key dropped is accepted for one resume window",
+                     keys=len(self.fleet.keys.accepted()),
                      keep_previous_s=self.fleet.keys.keep_previous)
 
     def reload_tls(self) -> None:

@@ -120,16 +120,15 @@ class HandedOff:
     connection, from its first byte, to that process: another worker of this pod, or
     (in a fleet) a worker of another pod. ``refusal``: the answer to send instead when
     that process cannot be reached (a worker restarted, its sessions with it: rejected;
-    a pod out of reach: retry later)."""
+    a pod out of reach: retry later); ``busy``: when it was reached but ended the
+    connection before answering (at its connection limit, shutting down: retry later;
+    a migration: refused either way)."""
 
     session_id: int
     #: Where the token's session lives (``_resumption`` R11).
     destination: Elsewhere
     refusal: bytes
-
-    @property
-    def worker(self) -> int:
-        return self.destination.worker
+    busy: bytes
 
 
 @attrs.frozen

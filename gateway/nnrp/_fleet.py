@@ -12,37 +12,47 @@ F1. A fleet token is ``ROUTE ‖ SECRET``. The secret is the CSPRNG's (``_resump
     R3: it alone opens the session, looked up by the whole token's digest). The route
     names the pod (its ``--fleet-advertise`` address) and the worker of that pod::
 
-        route      = VERSION(1) ‖ nonce(12) ‖ ciphertext(2 + n) ‖ tag(16)
-        ciphertext = (worker(1) ‖ n(1) ‖ address(n)) XOR keystream(enc_key, nonce)
+        route      = VERSION(1) ‖ nonce(12) ‖ ciphertext(2 + padded n) ‖ tag(16)
+        ciphertext = (worker(1) ‖ n(1) ‖ address(n) ‖ zeros) XOR keystream(enc_key, nonce)
         tag        = HMAC-SHA256(route_key, VERSION ‖ nonce ‖ ciphertext)[:16]
 
-    The keystream is HMAC-SHA256(enc_key, nonce ‖ block counter), so an outsider learns
-    neither the pod's address nor which tokens share a pod (a fresh nonce per token).
+    The keystream is HMAC-SHA256(enc_key, nonce ‖ block counter) and the address is
+    padded to ``ADDRESS_PAD`` bytes (an IPv6 pod IP and port fit), so an outsider learns
+    neither the pod's address nor its length nor which tokens share a pod (a fresh
+    nonce per token).
 F2. A route is opened with every accepted key (F3), each tag compared in constant time;
-    one that no key authenticates is no fleet's token: refused where it arrived, never
-    forwarded (``Lookup.REJECTED``), so a made-up token costs the fleet nothing.
-F3. Keys: three sub-keys (encryption, route tag, forward tag) derived from the key
-    file's bytes by HMAC with fixed labels. A new key (SIGHUP) is used for every token
-    and forward from then on; the previous one is still accepted for ``keep_previous``
-    seconds (one resume window: every token issued under it has expired by then), so
-    keys rotate without a session lost.
-F4. A forward opens with a header: ``MAGIC ‖ sent_ms(8) ‖ nonce(16) ‖ fields ‖ tag(32)``,
-    the tag an HMAC-SHA256 with the forward key over everything before it; ``fields``
-    is what the forwarding pod's carrier said of the client (``_relay`` rule 2), which
-    the owner then trusts as its own carrier's word (the session's binding is checked
-    against it). It is taken once: tag valid under an accepted key, ``sent_ms`` within
-    ``FORWARD_SKEW`` of the owner's wall clock, its nonce not seen within that time
-    (a header replayed from a captured forward is refused).
+    one that no key authenticates is no fleet's token: never forwarded. (The pod that
+    issued it may still know it by its digest, ``SessionBook.where``: a key retired
+    since never strands a session at home.)
+F3. Keys: the key file holds one or more keys, one per line (``#`` comments and blank
+    lines ignored); the first seals every token and forward, every one opens them. Each
+    gives three sub-keys (encryption, route tag, forward tag) derived by HMAC with fixed
+    labels. A rotation that loses no session on any pod, even with pods re-reading the
+    file at different times: add the new key as a second line and reload every pod
+    (SIGHUP), then move it first and reload again, then drop the old one once no session
+    older than that is left. A key a reload drops is still accepted for
+    ``keep_previous`` seconds (a resume window), a margin for a one-step rotation.
+F4. A forward opens with a header: ``MAGIC ‖ sent_ms(8) ‖ nonce(16) ‖ destination(64) ‖
+    fields ‖ tag(32)``, the tag an HMAC-SHA256 with the forward key over everything
+    before it; ``destination`` is the owner's advertised address, so a header opens on
+    that pod only; ``fields`` is what the forwarding pod's carrier said of the client
+    (``_relay`` rule 2), which the owner then trusts as its own carrier's word (the
+    session's binding is checked against it). It is taken once per process: tag valid
+    under an accepted key, addressed here, ``sent_ms`` within ``FORWARD_SKEW`` of the
+    owner's wall clock, its nonce not seen within that time (a header replayed to the
+    same process is refused; with ``--workers``, another worker of the pod would take
+    it within the skew: the pod network is trusted that far, README).
 F5. At most one forward per connection: a connection that arrived forwarded is never
     forwarded again (``_server`` rule 4d); a token it carries that names another pod
     opens nothing there. A fleet cannot loop.
-F6. A fleet's session ids are random (``SessionIds(random=True)``): pods number their
-    sessions independently, and a client holding sessions of two pods must not see one
-    id twice.
+F6. A fleet's session ids are random (``SessionIds(random_ids=True)``): pods number
+    their sessions independently, and two sessions a client holds on two pods are
+    unlikely to share an id (a client that asks for an id gets it, as on one pod).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import hmac
@@ -58,11 +68,15 @@ TAG_BYTES = 16
 #: The route's bytes around its address: version, nonce, worker, length, tag.
 ROUTE_OVERHEAD = 1 + NONCE_BYTES + 2 + TAG_BYTES
 MAX_ADDRESS_BYTES = 255
-#: A key shorter than this is refused (``FleetKeys``): 256 bits, as HMAC-SHA256's own.
+#: Addresses are padded to this (F1): "[" an IPv6 address "]:" a port fits.
+ADDRESS_PAD = 48
+#: A key shorter than this is refused (``FleetKeys``): bytes of the file's line, whatever
+#: they are (``openssl rand -hex 32`` writes 64, 256 bits, as HMAC-SHA256's own).
 MIN_KEY_BYTES = 32
 
-FORWARD_MAGIC = b"NNRPFWD1"
+FORWARD_MAGIC = b"NNRPFWD2"
 FORWARD_NONCE_BYTES = 16
+FORWARD_DESTINATION_BYTES = 64
 FORWARD_TAG_BYTES = 32
 _SENT_MS = struct.Struct("!Q")
 #: How far a forward's clock may be from the owner's (pods of one cluster keep NTP time).
@@ -75,7 +89,13 @@ _FORWARD_LABEL = b"nnrp-gateway fleet v1 forward"
 
 def forward_header_size(fields: int) -> int:
     """The bytes of a forward header carrying ``fields`` bytes of fields (F4)."""
-    return len(FORWARD_MAGIC) + _SENT_MS.size + FORWARD_NONCE_BYTES + fields + FORWARD_TAG_BYTES
+    return (len(FORWARD_MAGIC) + _SENT_MS.size + FORWARD_NONCE_BYTES
+            + FORWARD_DESTINATION_BYTES + fields + FORWARD_TAG_BYTES)
+
+
+def padded(size: int) -> int:
+    """An address of ``size`` bytes as the route carries it (F1)."""
+    return max(ADDRESS_PAD, -(-size // 16) * 16)
 
 
 class ForwardOutcome(enum.Enum):
@@ -85,9 +105,13 @@ class ForwardOutcome(enum.Enum):
     SENT = "sent"
     #: The owner could not be reached (the client: retry later).
     UNREACHABLE = "unreachable"
-    #: The owner ended it before its hello ack (shutting down, or it refused the header).
+    #: The owner ended it, or stayed silent, before its hello ack (at its connection
+    #: limit, shutting down, or it refused the header): the client is told to retry.
     REFUSED = "refused"
-    #: Taken: a genuine header (F4) opened a connection here (the owner's count).
+    #: The client left before the owner answered.
+    ABANDONED = "abandoned"
+    #: Taken: a genuine header (F4) came here (the owner's count; the connection is then
+    #: admitted, or refused at the connection limit, as any other).
     ACCEPTED = "accepted"
     #: Refused here: a header that is not genuine, stale or replayed (F4).
     REJECTED = "rejected"
@@ -114,44 +138,55 @@ class _Key:
                      for label in (_ENC_LABEL, _ROUTE_LABEL, _FORWARD_LABEL)))
 
 
-def key_material(text: bytes) -> bytes:
-    """A key file's key: its bytes without surrounding whitespace (a trailing newline is
-    not part of a key written by ``openssl rand -hex 32 > key``)."""
-    return text.strip()
+def key_material(text: bytes) -> list[bytes]:
+    """A key file's keys (F3): one per line, without surrounding whitespace (a trailing
+    newline is not part of a key written by ``openssl rand -hex 32 > key``); blank
+    lines and ``#`` comments ignored."""
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith(b"#")]
 
 
 class FleetKeys:
-    """The key in use and, for ``keep_previous`` seconds after a rotation, the one before
-    (F3). ``clock``: seconds, monotonic."""
+    """The keys in use (the first seals) and, for ``keep_previous`` seconds after a
+    reload, those it dropped (F3). ``clock``: seconds, monotonic."""
 
-    def __init__(self, material: bytes, *, clock: Callable[[], float],
+    def __init__(self, materials: list[bytes], *, clock: Callable[[], float],
                  keep_previous: float) -> None:
-        self._current = _Key.derive(material)
-        self._previous: _Key | None = None
-        self._previous_until = 0.0
+        self._keys = self._derive(materials)
+        self._dropped: tuple[_Key, ...] = ()
+        self._dropped_until = 0.0
         self._clock = clock
         self.keep_previous = keep_previous
 
+    @staticmethod
+    def _derive(materials: list[bytes]) -> tuple[_Key, ...]:
+        if not materials:
+            raise FleetKeyError("no key (one per line; # starts a comment)")
+        return tuple(_Key.derive(material) for material in materials)
+
     @property
     def current(self) -> _Key:
-        return self._current
+        return self._keys[0]
 
-    def rotate(self, material: bytes) -> bool:
-        """A new key (SIGHUP): True if it differs from the one in use. Raises
-        ``FleetKeyError`` (the key in use stays) for one that cannot be used."""
-        key = _Key.derive(material)
-        if key == self._current:
+    def rotate(self, materials: list[bytes]) -> bool:
+        """The key file re-read (SIGHUP): True if its keys changed. Raises
+        ``FleetKeyError`` (the keys in use stay) for keys that cannot be used."""
+        keys = self._derive(materials)
+        if keys == self._keys:
             return False
-        self._previous, self._current = self._current, key
-        self._previous_until = self._clock() + self.keep_previous
+        dropped = tuple(key for key in (*self._keys, *self._live_dropped()) if key not in keys)
+        self._keys, self._dropped = keys, dropped
+        self._dropped_until = self._clock() + self.keep_previous
         return True
 
+    def _live_dropped(self) -> tuple[_Key, ...]:
+        if self._dropped and self._clock() >= self._dropped_until:
+            self._dropped = ()
+        return self._dropped
+
     def accepted(self) -> tuple[_Key, ...]:
-        """The keys a route or forward may be authenticated with now, newest first."""
-        if self._previous is not None and self._clock() < self._previous_until:
-            return (self._current, self._previous)
-        self._previous = None
-        return (self._current,)
+        """The keys a route or forward may be authenticated with now, sealing key first."""
+        return self._keys + self._live_dropped()
 
 
 @attrs.frozen
@@ -199,8 +234,9 @@ class FleetIdentity:
         self.keys = keys
         self._wall_clock = wall_clock
         self._random_bytes = random_bytes
-        #: F4: nonces of forwards taken, with when each may be forgotten.
-        self._seen: dict[bytes, float] = {}
+        #: F4: nonces of forwards taken, with when each may be forgotten (oldest first).
+        self._seen: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._nonces: set[bytes] = set()
 
     def __repr__(self) -> str:
         return f"FleetIdentity({self.advertise!r})"
@@ -211,7 +247,8 @@ class FleetIdentity:
         """A token for a session of ``worker`` of this pod: the route, then ``secret``."""
         key = self.keys.current
         nonce = self._random_bytes(NONCE_BYTES)
-        plain = bytes([worker, len(self._address)]) + self._address
+        address = self._address.ljust(padded(len(self._address)), b"\0")
+        plain = bytes([worker, len(self._address)]) + address
         cipher = _xor(plain, _keystream(key.encryption, nonce, len(plain)))
         head = bytes([VERSION]) + nonce + cipher
         return head + hmac.new(key.route, head, hashlib.sha256).digest()[:TAG_BYTES] + secret
@@ -226,7 +263,7 @@ class FleetIdentity:
         for key in self.keys.accepted():
             stream = _keystream(key.encryption, nonce, 2)
             length = token[start + 1] ^ stream[1]
-            end = start + 2 + length
+            end = start + 2 + padded(length)
             if end + TAG_BYTES > len(token):
                 continue
             tag = hmac.new(key.route, token[:end], hashlib.sha256).digest()[:TAG_BYTES]
@@ -234,7 +271,7 @@ class FleetIdentity:
                 continue
             plain = _xor(token[start:end], _keystream(key.encryption, nonce, end - start))
             try:
-                pod = plain[2:].decode("utf-8")
+                pod = plain[2:2 + length].decode("utf-8")
             except UnicodeDecodeError:  # authenticated, so only a key shared with a liar
                 return None
             return Route(pod, plain[0])
@@ -245,14 +282,17 @@ class FleetIdentity:
 
     # ------------------------------------------------------------------ forwards (F4)
 
-    def seal_forward(self, fields: bytes) -> bytes:
-        """The header this pod sends first when it forwards a connection."""
+    def seal_forward(self, destination: str, fields: bytes) -> bytes:
+        """The header this pod sends first when it forwards a connection to the pod
+        ``destination`` (its advertised address)."""
         sent = _SENT_MS.pack(int(self._wall_clock() * 1000))
-        head = FORWARD_MAGIC + sent + self._random_bytes(FORWARD_NONCE_BYTES) + fields
+        head = (FORWARD_MAGIC + sent + self._random_bytes(FORWARD_NONCE_BYTES)
+                + _destination(destination) + fields)
         return head + hmac.new(self.keys.current.forward, head, hashlib.sha256).digest()
 
     def open_forward(self, header: bytes) -> bytes | None:
-        """The fields of a genuine forward header, taken once; None for any other."""
+        """The fields of a genuine forward header addressed to this pod, taken once; None
+        for any other (F4)."""
         if (len(header) < forward_header_size(0)
                 or not header.startswith(FORWARD_MAGIC)):
             return None
@@ -265,11 +305,21 @@ class FleetIdentity:
         (sent_ms,) = _SENT_MS.unpack_from(head, offset)
         offset += _SENT_MS.size
         nonce = head[offset:offset + FORWARD_NONCE_BYTES]
+        offset += FORWARD_NONCE_BYTES
+        if head[offset:offset + FORWARD_DESTINATION_BYTES] != _destination(self.advertise):
+            return None  # a genuine header for another pod
         now = self._wall_clock()
         if abs(now - sent_ms / 1000) > FORWARD_SKEW:
             return None
-        self._seen = {seen: until for seen, until in self._seen.items() if until > now}
-        if nonce in self._seen:
+        while self._seen and self._seen[0][0] <= now:  # oldest first: they expire in order
+            self._nonces.discard(self._seen.popleft()[1])
+        if nonce in self._nonces:
             return None  # F4: a replay
-        self._seen[nonce] = now + 2 * FORWARD_SKEW
-        return head[offset + FORWARD_NONCE_BYTES:]
+        self._seen.append((now + 2 * FORWARD_SKEW, nonce))
+        self._nonces.add(nonce)
+        return head[offset + FORWARD_DESTINATION_BYTES:]
+
+
+def _destination(advertise: str) -> bytes:
+    return advertise.encode("utf-8")[:FORWARD_DESTINATION_BYTES].ljust(
+        FORWARD_DESTINATION_BYTES, b"\0")

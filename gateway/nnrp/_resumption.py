@@ -67,11 +67,11 @@ R9. Migration takes the session from wherever it is, a live connection included,
 R10. Expiry: a session still detached when its window passes ends (``WINDOW``): the I/O
     layer cancels its operations (vLLM aborts). Its id and tokens are forgotten at once.
 R11. Workers and pods: a token that names another worker (its first byte) or, in a
-    fleet, another pod (its route, ``_fleet`` F1) is ``ELSEWHERE`` (``where`` says
-    which); the connection is handed there at most once (``_server`` rule 4d), and a
+    fleet, another pod (its route, ``_fleet`` F1) is ``Elsewhere`` (``where``,
+    ``find``); the connection is handed there at most once (``_server`` rule 4d), and a
     token naming no session where it points is refused there like any other. A fleet
-    token that no fleet key authenticates (F2), or a worker this pod does not have, is
-    refused here.
+    token that no fleet key authenticates and that this process did not issue (F2), or
+    one naming a worker this pod does not have, is refused here.
 R12. Drain: no new grants; resumes and migrations of the sessions held are still
     accepted, so a client collects what finished while it was away; detached sessions
     wait until the drain ends at the latest.
@@ -201,8 +201,6 @@ class Lookup(enum.Enum):
     #: No session answers to this id, token and binding: the same answer whatever was
     #: wrong, so nothing says whether a session exists (R3).
     REJECTED = "rejected"
-    #: Another worker or pod issued the token (R11; ``where`` says which).
-    ELSEWHERE = "elsewhere"
 
 
 class NotGranted(enum.Enum):
@@ -419,7 +417,9 @@ class SessionBook:
         if policy.fleet is not None:
             route = policy.fleet.route(token)
             if route is None:
-                return Lookup.REJECTED
+                # F2: no key opens its route; if it is one of ours, under a key retired
+                # since, it still opens its session here.
+                return None if _digest(token) in self._by_token else Lookup.REJECTED
             if not policy.fleet.is_here(route):
                 return Elsewhere(route.worker, route.pod)
             worker = route.worker
@@ -432,12 +432,13 @@ class SessionBook:
         return None if worker == policy.worker else Elsewhere(worker)
 
     def find(self, session_id: int, token: bytes, binding: Binding | None
-             ) -> ResumeRecord | Lookup:
+             ) -> ResumeRecord | Lookup | Elsewhere:
         """The session ``token`` opens for ``binding`` (R3; None: the caller checks the
-        binding itself, ``admits``); changes nothing (R5)."""
+        binding itself, ``admits``), or where it lives if not here (R11); changes
+        nothing (R5)."""
         place = self.where(token)
         if isinstance(place, Elsewhere):
-            return Lookup.ELSEWHERE
+            return place
         record = self._by_token.get(_digest(token)) if place is None else None
         if (record is None or record.phase is Phase.ENDED
                 or record.session.session_id != session_id

@@ -98,7 +98,8 @@ the runtime objects, whose table is ``_objects``)):
       handed over at most once per hop (pod, then worker), and sessions of two
       processes resume on two connections. Where the holder cannot be reached, the
       client gets ``HandedOff.refusal``: rejected for a worker that is gone, retry_later
-      for a pod out of reach.
+      for a pod out of reach; where it was reached but did not answer (busy, stopping),
+      ``HandedOff.busy``: retry_later.
    e. Refusals a guesser would collect are rate-limited per connection: a session open
       or resume with credentials that fail, and a resume or migration whose token
       opens nothing. A token bucket of ``refusal_burst``, refilled at
@@ -630,12 +631,15 @@ class ServerConnection(SessionOutputs):
             return
         binding = Binding.of(auth, self.peer)
         found = book.find(session_id, token, binding)
-        if found is Lookup.ELSEWHERE:
-            destination = book.where(token)
-            assert isinstance(destination, Elsewhere)
+        if isinstance(found, Elsewhere):
+            destination = found
             if self._may_hand_to(destination, may_hand_off):
+                busy = self._open_refusal(
+                    request, SessionError.RESUME_REJECTED, "the gateway process that holds "
+                    "this session is busy or stopping; retry shortly", retry_later=True)
                 self._hand_off(session_id, destination,
-                               self._hand_off_refusal(request, destination), events)  # 4d
+                               self._hand_off_refusal(request, destination), busy,
+                               events)  # 4d
             elif destination.pod is not None and self.forwarded:
                 # F5: forwarded once already; a token naming a third pod opens nothing.
                 self._refuse_resume(request, *rejected, events)
@@ -643,7 +647,7 @@ class ServerConnection(SessionOutputs):
                 # It may live there: not "gone" (a client would give it up), but not here.
                 self._spend_refusal()
                 self._refuse_open(request, SessionError.RESUME_REJECTED,
-                                  "another worker of the gateway holds this session: resume "
+                                  "another process of the gateway holds this session: resume "
                                   "it first thing on a connection of its own", events,
                                   retry_later=True, resume=True)
             return
@@ -822,22 +826,21 @@ class ServerConnection(SessionOutputs):
         book = self.book
         if refusal is None:
             assert book is not None
-            found = book.find(session_id, token, None)
+            found: ResumeRecord | Lookup | Elsewhere = book.find(session_id, token, None)
             binding = (book.admitted(found, self._bindings())
                        if isinstance(found, ResumeRecord) else None)
             if binding is None and isinstance(found, ResumeRecord):
                 found = Lookup.REJECTED
-            destination = book.where(token) if found is Lookup.ELSEWHERE else None
-            if (isinstance(destination, Elsewhere)
-                    and self._may_hand_to(destination, may_hand_off)):
+            if isinstance(found, Elsewhere) and self._may_hand_to(found, may_hand_off):
                 refused = SessionMigrateAck(
                     accept_code=int(MigrateAccept.REFUSED),
                     resume_from_frame_id=request.last_result_frame_id,
                     server_migrate_ts_us=int(self._wall_clock() * 1e6))
-                self._hand_off(session_id, destination,
-                               encode(Packet(refused, session_id=session_id)), events)  # 4d
+                migration_refused = encode(Packet(refused, session_id=session_id))
+                self._hand_off(session_id, found, migration_refused, migration_refused,
+                               events)  # 4d
                 return
-            if isinstance(found, Lookup):
+            if isinstance(found, Lookup | Elsewhere):
                 self._spend_refusal()
                 refusal = MigrateAccept.REFUSED
             elif found.session.state is not SessionState.OPEN:
@@ -892,9 +895,9 @@ class ServerConnection(SessionOutputs):
         events.append(SendBytes(encode(Packet(ack, session_id=session_id, body=token))))
 
     def _hand_off(self, session_id: int, destination: Elsewhere, refusal: bytes,
-                  events: list[Event]) -> None:
+                  busy: bytes, events: list[Event]) -> None:
         self.state = ConnState.HANDED_OFF
-        events.append(HandedOff(session_id, destination, refusal))
+        events.append(HandedOff(session_id, destination, refusal, busy))
 
     def _hand_off_refusal(self, request: SessionOpen, destination: Elsewhere) -> bytes:
         """What a handed-off resume is answered when its destination cannot be reached

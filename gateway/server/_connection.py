@@ -46,7 +46,6 @@ from gateway.nnrp import (
     ConnectionFailed,
     DeadlineUpdated,
     DropReason,
-    Elsewhere,
     ErrorCode,
     Event,
     FlowChanged,
@@ -85,11 +84,12 @@ from gateway.transport import (
     PacketTransport,
     TextMessageError,
     read_until_closed,
+    tune_tcp,
 )
 
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
-from ._relay import WORKER_MAGIC, fields, relay
+from ._relay import WORKER_MAGIC, RelayEnd, fields, relay
 from ._session import Observer, Session, until_then_cancel
 from ._stats import ServerStats
 
@@ -173,10 +173,9 @@ class Connection:
             bytearray() if settings is not None and not relayed
             and (settings.relays or (settings.fleet is not None and not forwarded))
             else None)
-        #: Where this connection was handed to (``HandedOff``), and the answer it gets
-        #: instead when that process cannot be reached.
-        self._handed_to: Elsewhere | None = None
-        self._hand_off_refusal = b""
+        #: Where this connection was handed to, and the answers it gets instead when that
+        #: process cannot be reached or does not answer (``HandedOff``).
+        self._handed_off: HandedOff | None = None
         self._last_receive = trio.current_time()
         self.log = log.bind(connection_id=self.connection_id, transport=transport.kind)
 
@@ -206,16 +205,16 @@ class Connection:
                 nursery.start_soon(self._handshake_watchdog)
                 nursery.start_soon(self._idle_watchdog)
                 await self._reader()
-                if self._handed_to is not None:
+                if self._handed_off is not None:
                     with trio.move_on_after(self.limits.write_timeout):
                         await self.outbox.wait_flushed()  # our hello ack goes first
                 else:  # the peer is gone or broke the protocol
                     self._leave()
                 nursery.cancel_scope.cancel()
-            if self._handed_to is not None:
+            if self._handed_off is not None:
                 # Kept while the protocol could hand it off (rule 4d), so it is all here.
                 assert self._preamble is not None
-                await self._relay(self._handed_to, bytes(self._preamble))
+                await self._relay(self._handed_off, bytes(self._preamble))
         except Exception:
             self.log.exception("connection crashed")
         finally:
@@ -252,64 +251,71 @@ class Connection:
                 self.registry.ended(session)
         self._flow_changed()  # an operation held by the client's window looks again
 
-    async def _relay(self, destination: Elsewhere, preamble: bytes) -> None:
+    async def _relay(self, handed_off: HandedOff, preamble: bytes) -> None:
         """``_relay`` rules 1-4: to the worker or the pod that holds the session."""
         assert self.registry is not None
+        destination = handed_off.destination
         settings = self.registry.settings
-        peer = self.protocol.peer
-        if destination.pod is not None:
+        peer = fields(self.transport, self.protocol.peer)
+        pod = destination.pod
+        holder: trio.SocketStream | None
+        if pod is not None:
             assert settings.fleet is not None
-            holder = await self._reach_pod(destination.pod)
-            if holder is None:
-                return
-            header = settings.fleet.seal_forward(fields(self.transport, peer))
+            holder = await self._reach_pod(pod)
+            header = settings.fleet.seal_forward(pod, peer)
         else:
             self.registry.stats.relayed_total += 1
             self.stats.notices.relayed.note(worker=destination.worker)
             try:
                 holder = await trio.open_unix_socket(settings.relays[destination.worker])
             except OSError as exc:
-                # That worker is gone (restarted), its sessions with it: the client is
-                # told so, as for any token that opens nothing (rule 4).
                 self.log.warning("the worker holding the session cannot be reached",
                                  worker=destination.worker, error=str(exc))
-                await self._send_refusal()
-                return
-            header = WORKER_MAGIC + fields(self.transport, peer)
-        if destination.pod is None:
-            await relay(self.transport, holder, header, preamble, self._hand_off_refusal)
+                holder = None
+            header = WORKER_MAGIC + peer
+        if holder is None:  # rule 4: gone (a worker) or out of reach (a pod)
+            await self._answer_instead(handed_off.refusal)
             return
-        pod = destination.pod
-        sent = await relay(self.transport, holder, header, preamble, self._hand_off_refusal,
-                           on_greeted=lambda: self._count_forward(ForwardOutcome.SENT))
-        if not sent:
-            self._count_forward(ForwardOutcome.REFUSED)
-            self.log.warning("the pod holding the session ended the forward before "
-                             "answering; the client is told to retry", pod=pod)
+        end = await relay(self.transport, holder, header, preamble,
+                          on_greeted=lambda: self._count_forward(pod, ForwardOutcome.SENT))
+        if end is RelayEnd.GREETED or end is RelayEnd.CLIENT_ENDED:
+            self._count_forward(pod, ForwardOutcome.ABANDONED
+                                if end is RelayEnd.CLIENT_ENDED else None)
+            return
+        self.log.warning("the process holding the session ended the relay before "
+                         "answering; the client is told to retry", worker=destination.worker,
+                         pod=pod, end=end.value)
+        self._count_forward(pod, ForwardOutcome.UNREACHABLE if end is RelayEnd.UNSENT
+                            else ForwardOutcome.REFUSED)
+        await self._answer_instead(handed_off.refusal if end is RelayEnd.UNSENT
+                                   else handed_off.busy)
 
     async def _reach_pod(self, pod: str) -> trio.SocketStream | None:
-        """A connection to the pod ``pod`` (its ``--fleet-advertise`` address); None, and
-        the client told to retry (``_relay`` rule 4), if it cannot be had in time."""
+        """A connection to the pod ``pod`` (its ``--fleet-advertise`` address), tuned as
+        a client's is (keepalive); None if it cannot be had in time."""
         host, _, port = pod.rpartition(":")
         try:
             with trio.fail_after(self.limits.fleet_connect_timeout):
-                return await trio.open_tcp_stream(host.strip("[]"), int(port))
+                stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
         except (OSError, ValueError, trio.TooSlowError) as exc:
-            self._count_forward(ForwardOutcome.UNREACHABLE)
+            self._count_forward(pod, ForwardOutcome.UNREACHABLE)
             self.log.warning("the pod holding the session cannot be reached; the client "
                              "is told to retry", pod=pod, error=str(exc) or type(exc).__name__)
-            await self._send_refusal()
             return None
+        tune_tcp(stream)
+        return stream
 
-    def _count_forward(self, outcome: ForwardOutcome) -> None:
+    def _count_forward(self, pod: str | None, outcome: ForwardOutcome | None) -> None:
+        if pod is None or outcome is None:
+            return
         assert self.registry is not None
         counts = self.registry.stats.fleet_forwards
         counts[outcome.value] = counts.get(outcome.value, 0) + 1
 
-    async def _send_refusal(self) -> None:
+    async def _answer_instead(self, refusal: bytes) -> None:
         with trio.move_on_after(self.limits.write_timeout), contextlib.suppress(
                 trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await self.transport.send([self._hand_off_refusal])
+            await self.transport.send([refusal])
 
     def take_session(self, session_id: int, notice: bytes) -> None:
         """A migration took the session to another connection (``_resumption`` R9): it
@@ -432,8 +438,7 @@ class Connection:
                 if isinstance(event, PeerClosed):
                     return
                 if isinstance(event, HandedOff):
-                    self._handed_to = event.destination
-                    self._hand_off_refusal = event.refusal
+                    self._handed_off = event
                     return
                 self._handle(event)
                 if isinstance(event, PeerError) and event.fatal:

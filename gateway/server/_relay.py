@@ -25,16 +25,19 @@ gateway/nnrp/_fleet.py; README, "Resumable sessions" and "A fleet of gateways"):
    packet per message each way. Either side's end is the other's, and so is a client
    breaking its carrier's rules (a WebSocket text message). The relay costs one more
    hop per packet, for that connection only; nothing at all for any other.
-4. A holder that cannot be reached, or that ends the connection before its hello ack
-   (a pod that is shutting down, or refuses the forward), gives the client the refusal
-   the protocol layer prepared (``HandedOff.refusal``): resume rejected for a worker
-   that is gone (its sessions went with it), retry later for a pod out of reach;
-   a migration refused.
+4. A holder that cannot be reached gives the client the refusal the protocol layer
+   prepared (``HandedOff.refusal``): resume rejected for a worker that is gone (its
+   sessions went with it), retry later for a pod out of reach. One that was reached but
+   ends the connection, sends anything else, or stays silent for ``GREETING_TIMEOUT``
+   before its hello ack (at its connection limit, shutting down, refusing the forward,
+   or no gateway at all) gives ``HandedOff.busy``: retry later. A migration is refused
+   either way. The connection to another pod has TCP keepalive, as the client's has:
+   an owner whose node vanished ends the relay, and the client resumes again.
 """
 
 from __future__ import annotations
 
-import contextlib
+import enum
 import struct
 from collections.abc import Callable
 
@@ -61,6 +64,10 @@ FIELDS = struct.Struct("!16s64s?32s")
 WORKER_MAGIC = b"NNRPRLY3"
 #: How long a holder has to send its header once connected.
 HEADER_TIMEOUT = 5.0
+#: How long the process a connection is relayed to has to answer its hello.
+GREETING_TIMEOUT = 10.0
+#: What may come before that answer (it is one small packet).
+MAX_GREETING_BYTES = 64 << 10
 
 
 def without_probes(preamble: bytes) -> bytes:
@@ -83,36 +90,57 @@ def fields(transport: PacketTransport, credentials: PeerCredentials) -> bytes:
                        credentials.secure, credentials.certificate[:32])
 
 
+class RelayEnd(enum.Enum):
+    """How a relay ended, for the answer the client gets and the forwards' metric."""
+
+    #: The holder answered the hello; the relay then ran until either side ended.
+    GREETED = "greeted"
+    #: The holder's end broke before the client's bytes could be sent (it was not there).
+    UNSENT = "unsent"
+    #: The holder ended it, sent something else, or stayed silent for
+    #: ``GREETING_TIMEOUT`` before answering (busy, stopping, or not a gateway).
+    HOLDER_ENDED = "holder_ended"
+    #: The client left before the holder answered.
+    CLIENT_ENDED = "client_ended"
+
+
 async def relay(transport: PacketTransport, holder: trio.SocketStream, header: bytes,
-                preamble: bytes, refusal: bytes,
-                on_greeted: Callable[[], None] = lambda: None) -> bool:
+                preamble: bytes, on_greeted: Callable[[], None] = lambda: None) -> RelayEnd:
     """Relay the client's connection to the process at the other end of ``holder``,
-    after ``header``, until either side ends (rules 2, 3); ``refusal`` for the client if
-    the holder ends before its hello ack (rule 4). ``on_greeted`` is called when that
-    ack comes; whether it came."""
+    after ``header``, until either side ends (rules 2, 3). ``on_greeted`` is called when
+    the holder's hello ack comes; how it ended (rule 4: the caller answers the client
+    when it was not greeted)."""
     greeted = trio.Event()
+    client_left = False
     async with holder:
         try:
             await holder.send_all(header + without_probes(preamble))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        else:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_to_holder, transport, holder, nursery.cancel_scope)
-                nursery.start_soon(_to_client, holder, transport, greeted, on_greeted,
-                                   nursery.cancel_scope)
-    if not greeted.is_set():
-        with trio.move_on_after(HEADER_TIMEOUT), contextlib.suppress(
-                trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await transport.send([refusal])
-    return greeted.is_set()
+            return RelayEnd.UNSENT
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_to_client, holder, transport, greeted, on_greeted,
+                               nursery.cancel_scope)
+            client_left_early = trio.Event()
+            nursery.start_soon(_to_holder, transport, holder, greeted, client_left_early,
+                               nursery.cancel_scope)
+            with trio.move_on_after(GREETING_TIMEOUT):
+                await greeted.wait()
+            if not greeted.is_set():  # a holder that accepts and stays silent
+                nursery.cancel_scope.cancel()
+        client_left = client_left_early.is_set()
+    if greeted.is_set():
+        return RelayEnd.GREETED
+    return RelayEnd.CLIENT_ENDED if client_left else RelayEnd.HOLDER_ENDED
 
 
 async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
+                     greeted: trio.Event, client_left_early: trio.Event,
                      done: trio.CancelScope) -> None:
     try:
         while (data := await transport.receive()) is not None:
             await holder.send_all(data)
+        if not greeted.is_set():
+            client_left_early.set()
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, TextMessageError):
         pass  # either end gone, or a client breaking the carrier's rules: the relay ends
     done.cancel()
@@ -129,6 +157,8 @@ async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
             if not greeted.is_set():
                 packets = split_packets(buffer)
                 if not packets:
+                    if len(buffer) > MAX_GREETING_BYTES:
+                        return  # no hello ack is that long: not a gateway answering
                     continue
                 if message_type(packets[0]) != MsgType.SERVER_HELLO_ACK:
                     return  # not a gateway answering: nothing of it reaches the client

@@ -30,6 +30,7 @@ given, and treats them as one set:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import ssl
 from collections.abc import Sequence
@@ -83,6 +84,12 @@ log = structlog.get_logger("gateway.server")
 
 #: Refused connections (SERVER_BUSY) left open for their client to close, at most at once.
 REFUSALS_LINGERING = 64
+#: Connections to the fleet port still sending their forward header; past it one is
+#: closed at once (a slow-header flood holds no more than this, each for HEADER_TIMEOUT).
+MAX_PENDING_FORWARDS = 64
+#: At most one log line per this many seconds for forwards refused (the count goes on).
+FORWARD_WARNING_INTERVAL = 10.0
+
 
 @attrs.frozen
 class BoundEndpoint:
@@ -423,20 +430,42 @@ class GatewayServer:
         assert self._connection_nursery is not None
         nursery = self._connection_nursery
         stats = self.registry.stats.fleet_forwards
+        pending = 0  # connections still sending their header
+        last_warning = -math.inf
+        quiet = 0  # rejections not logged since the last warning
+
+        def rejected(stream: trio.SocketStream, why: str) -> None:
+            nonlocal last_warning, quiet
+            stats[ForwardOutcome.REJECTED.value] = stats.get(
+                ForwardOutcome.REJECTED.value, 0) + 1
+            # A scan or a health check of the fleet port is not worth a line each.
+            if trio.current_time() - last_warning < FORWARD_WARNING_INTERVAL:
+                quiet += 1
+                return
+            log.warning(f"a forward that is not the fleet's was refused ({why})",
+                        peer=describe_peer(stream), refused_since_last=quiet)
+            last_warning, quiet = trio.current_time(), 0
 
         async def take(stream: trio.SocketStream) -> None:
+            nonlocal pending
+            if pending >= MAX_PENDING_FORWARDS:
+                rejected(stream, "too many still sending their header")
+                await trio.aclose_forcefully(stream)
+                return
+            pending += 1
             try:
                 transport = await forwarded(stream, fleet)
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
-            outcome = ForwardOutcome.REJECTED if transport is None else ForwardOutcome.ACCEPTED
-            stats[outcome.value] = stats.get(outcome.value, 0) + 1
+            finally:
+                pending -= 1
             if transport is None:
-                log.warning("a forward that is not the fleet's was refused (another key, "
-                            "a stale or replayed header)", peer=describe_peer(stream))
+                rejected(stream, "another key, another pod's, a stale or replayed header")
                 await trio.aclose_forcefully(stream)
                 return
+            stats[ForwardOutcome.ACCEPTED.value] = stats.get(
+                ForwardOutcome.ACCEPTED.value, 0) + 1
             await self._serve_connection(transport, forwarded=True)
 
         async def accept_from(listener: trio.SocketListener) -> None:

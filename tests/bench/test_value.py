@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from gateway.tools.bench.value import cut_points
+from gateway.tools.bench.value import Phase, cut_points, parse_counters
 from tests.support.processes import ReplayThread
 
 runner = CliRunner()
@@ -23,6 +23,32 @@ def test_cuts_fall_evenly_through_the_answer() -> None:
     assert cut_points(60, 1) == [30]
     assert cut_points(60, 5) == [10, 20, 30, 40, 50]
     assert cut_points(3, 5) == [1, 1, 1, 2, 2]  # a short answer: the cuts still happen
+
+
+METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny"} %s
+vllm:prompt_tokens_total{engine="0",model_name="tiny"} %s
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 0.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} %s
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"} 1.0
+vllm:generation_tokens_created{engine="0",model_name="tiny"} 1.79e+09
+"""
+
+
+def test_the_figures_come_from_vllms_counter_deltas() -> None:
+    before = parse_counters(METRICS % (100.0, 54.0, 1.0))
+    after = parse_counters(METRICS % (100.0 + 2 * 128 + 64, 54.0 + 3 * 54, 3.0))
+    assert before == {"generation_tokens": 100.0, "prompt_tokens": 54.0,
+                      "prefix_cache_hits": 0.0, "finished_requests": 2.0}
+    phase = Phase("http", 1, answers=2, tokens=128, prompt_tokens_per_request=54,
+                  tokens_delivered=256,
+                  vllm={key: after[key] - before[key] for key in before})
+    # One answer was cut half way and re-sent: 64 tokens generated for nobody, one
+    # prompt processed again, three requests started for two answers.
+    assert phase.generated_per_delivered == 1.25
+    assert phase.prompt_tokens_again == 54
+    assert phase.vllm_requests == 3
 
 
 @pytest.mark.slow

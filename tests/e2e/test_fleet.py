@@ -212,7 +212,7 @@ async def test_a_pod_out_of_reach_is_retry_later_and_counted(
     from this one): the client is told to retry, typed, and the forward is counted."""
     (pod,) = await start_fleet(nursery, tmp_path, pods=1)
     gone = nnrp.FleetIdentity(f"127.0.0.1:{free_port()}",
-                              nnrp.FleetKeys(KEY, clock=time.monotonic, keep_previous=60),
+                              nnrp.FleetKeys([KEY], clock=time.monotonic, keep_previous=60),
                               wall_clock=time.time)
     with trio.fail_after(10):
         async with connect(pod.uri("tcp")) as client:
@@ -238,7 +238,7 @@ async def test_a_forward_loop_attempt_opens_nothing_anywhere(
     assert fleet is not None
     host, _, port = second.advertise.rpartition(":")
     from gateway.server._relay import FIELDS
-    header = fleet.seal_forward(FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
+    header = fleet.seal_forward(second.advertise, FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
     client = nnrp.ClientConnection()
     with trio.fail_after(10):
         stream = await trio.open_tcp_stream(host, int(port))
@@ -265,12 +265,15 @@ async def test_a_forged_or_replayed_forward_header_is_refused(
     fleet = first.gateway.fleet
     assert fleet is not None
     from gateway.server._relay import FIELDS
-    genuine = fleet.seal_forward(FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
+    fields = FIELDS.pack(b"tcp", b"127.0.0.1", False, b"")
+    genuine = fleet.seal_forward(second.advertise, fields)
     forged = bytearray(genuine)
     forged[-1] ^= 1
+    elsewhere = fleet.seal_forward(first.advertise, fields)  # genuine, for another pod
     host, _, port = second.advertise.rpartition(":")
     with trio.fail_after(10):
-        for header in (genuine, bytes(forged), genuine, b"GET / HTTP/1.1\r\n\r\n" * 10):
+        for header in (genuine, bytes(forged), genuine, elsewhere,
+                       b"GET / HTTP/1.1\r\n\r\n" * 10):
             stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
                 await stream.send_all(header + nnrp.ClientConnection().hello())
@@ -279,28 +282,108 @@ async def test_a_forged_or_replayed_forward_header_is_refused(
                         if header is genuine:
                             break
     assert second.forwards(ForwardOutcome.ACCEPTED) == 1
-    assert second.forwards(ForwardOutcome.REJECTED) == 3
+    assert second.forwards(ForwardOutcome.REJECTED) == 4
 
 
-async def test_keys_rotate_mid_window_without_losing_a_session(
+async def test_keys_rotate_in_two_steps_without_losing_a_session(
         nursery: trio.Nursery, tmp_path: Path) -> None:
-    """A session opened under the old key; every pod re-reads the key file (SIGHUP),
-    one of them late; the resume still reaches the owner and goes on."""
+    """F3's procedure with pods reloading at different times: a session opened under
+    the old key, the new key added second and only two pods reloaded; then moved first
+    and again only two reloaded; a resume through the pod that lags both times (it
+    forwards with the old key, to an owner that seals with the new) still goes on."""
     key = key_file(tmp_path)
     pods = await start_fleet(nursery, tmp_path, key=key)
-    first, second, _ = pods
+    first, second, late = pods
     hold = second.replay.hold(lambda request: request.method == "POST", after=20)
+    new_key = KEY[::-1]
     with trio.fail_after(30):
         ticket, held = await stream_then_drop(second.uri("tcp"), pods)
-        key.write_bytes(KEY[::-1] + b"\n")
-        for pod in pods[:2]:
-            pod.gateway.reload()  # what SIGHUP does; the third pod has not yet
+        for keys in ((KEY, new_key), (new_key, KEY)):
+            key.write_bytes(b"\n".join(keys) + b"\n")
+            for pod in (first, second):
+                pod.gateway.reload()  # what SIGHUP does; `late` has not yet
         nursery.start_soon(_release_when, lambda: second.registry.stats.resumed_total, hold)
-        rest = await resume_at(first.uri("tcp"), ticket, held)
+        rest = await resume_at(late.uri("tcp"), ticket, held)
     whole(held, rest)
-    assert second.posts == 1
+    assert second.posts == 1 and late.forwards(ForwardOutcome.SENT) == 1
     fleet = second.gateway.fleet
     assert fleet is not None and len(fleet.keys.accepted()) == 2
+
+
+async def test_an_owner_that_is_busy_or_silent_is_retry_later_not_gone(
+        nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner is reached but does not answer the hello: at its connection limit (it
+    answers SERVER_BUSY), or a listener that accepts and says nothing (a reused pod IP).
+    The session may well live: the client is told to retry, and the forward counted
+    refused; a client that leaves first is counted abandoned."""
+    import gateway.server._relay as relay_module
+
+    monkeypatch.setattr(relay_module, "GREETING_TIMEOUT", 0.5)
+    pods = await start_fleet(nursery, tmp_path, pods=2, max_connections=1)
+    first, second = pods
+    async with connect(second.uri("tcp")) as client:
+        ticket = (await client.open_session(resume=True)).ticket
+    assert ticket is not None
+    with trio.fail_after(20):
+        # The owner's one connection, taken:
+        async with connect(second.uri("tcp")), connect(first.uri("tcp")) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(ticket)
+        assert refused.value.retry_later and "busy or stopping" in str(refused.value)
+        assert first.forwards(ForwardOutcome.REFUSED) == 1
+        silent = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(_accept_and_say_nothing, silent[0])
+        port = silent[0].socket.getsockname()[1]
+        impostor = nnrp.FleetIdentity(f"127.0.0.1:{port}", nnrp.FleetKeys(
+            [KEY], clock=time.monotonic, keep_previous=60), wall_clock=time.time)
+        to_silence = ResumeTicket(3, impostor.seal(0, bytes(24)), 120_000)
+        async with connect(first.uri("tcp")) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(to_silence)
+        assert refused.value.retry_later
+        assert first.forwards(ForwardOutcome.REFUSED) == 2
+        front_host, _, front_port = first.uri("tcp").removeprefix("tcp://").rpartition(":")
+        stream = await trio.open_tcp_stream(front_host, int(front_port))
+        sans_io = nnrp.ClientConnection()
+        await stream.send_all(sans_io.hello() + resume(to_silence.token, 3))
+        await trio.sleep(0.1)
+        await stream.aclose()  # the client leaves while the owner says nothing
+        await until(lambda: first.forwards(ForwardOutcome.ABANDONED) == 1)
+
+
+async def _accept_and_say_nothing(listener: trio.SocketListener) -> None:
+    async with listener, trio.open_nursery() as nursery:
+        while True:
+            stream = await listener.accept()
+            nursery.start_soon(_hold_silently, stream)
+
+
+async def _hold_silently(stream: trio.SocketStream) -> None:
+    async with stream:
+        while await stream.receive_some(65536):
+            pass
+
+
+async def test_a_flood_of_silent_connections_on_the_fleet_port_is_bounded(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Connections that never send their header hold at most MAX_PENDING_FORWARDS
+    places, each for HEADER_TIMEOUT; past that they are closed at once and counted; a
+    forward goes through again once the flood is gone."""
+    from gateway.server._server import MAX_PENDING_FORWARDS
+
+    pods = await start_fleet(nursery, tmp_path, pods=2)
+    first, second = pods
+    host, _, port = second.advertise.rpartition(":")
+    flood = MAX_PENDING_FORWARDS + 16
+    with trio.fail_after(20):
+        streams = [await trio.open_tcp_stream(host, int(port)) for _ in range(flood)]
+        await until(lambda: second.forwards(ForwardOutcome.REJECTED) == 16)
+        for stream in streams:
+            await stream.aclose()
+        await until(lambda: second.forwards(ForwardOutcome.REJECTED) == flood)
+        ticket, held = await stream_then_drop(second.uri("tcp"), pods)
+        rest = await resume_at(first.uri("tcp"), ticket, held)
+    whole(held, rest)
 
 
 async def test_a_draining_owner_still_takes_forwarded_resumes(

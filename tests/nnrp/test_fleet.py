@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gateway import nnrp
-from gateway.nnrp._fleet import FORWARD_SKEW, ROUTE_OVERHEAD
+from gateway.nnrp._fleet import ADDRESS_PAD, FORWARD_SKEW, ROUTE_OVERHEAD, padded
 from gateway.transport import ListenError, fleet_uri
 from tests.support.resume import Clock, connection, counting_tokens, resume
 from tests.support.wire import of, pk, replies
@@ -36,7 +36,7 @@ def identity(advertise: str = POD_A, key: bytes = KEY, *, clock: Clock | None = 
              ) -> nnrp.FleetIdentity:
     nonces = itertools.count(1)
     return nnrp.FleetIdentity(
-        advertise, nnrp.FleetKeys(key, clock=clock or Clock(), keep_previous=keep_previous),
+        advertise, nnrp.FleetKeys([key], clock=clock or Clock(), keep_previous=keep_previous),
         wall_clock=wall or WallClock(),
         random_bytes=lambda size: next(nonces).to_bytes(size, "big"))
 
@@ -56,17 +56,23 @@ def test_a_token_names_its_pod_and_worker_and_ends_with_the_secret() -> None:
     secret = b"s" * 24
     token = pod.seal(3, secret)
     assert token.endswith(secret)
-    assert len(token) == ROUTE_OVERHEAD + len(POD_A) + len(secret)
+    assert len(token) == ROUTE_OVERHEAD + ADDRESS_PAD + len(secret)
     assert pod.route(token) == nnrp.Route(POD_A, 3)
     assert identity(POD_B).route(token) == nnrp.Route(POD_A, 3)  # any pod of the fleet reads it
     assert pod.is_here(nnrp.Route(POD_A, 0)) and not pod.is_here(nnrp.Route(POD_B, 0))
 
 
-def test_an_outsider_learns_neither_the_pod_nor_which_tokens_share_one() -> None:
+def test_an_outsider_learns_neither_the_pod_nor_its_length_nor_which_tokens_share_one(
+        ) -> None:
     pod = identity()
     first, second = pod.seal(0, b"\0" * 24), pod.seal(0, b"\0" * 24)
     assert POD_A.encode() not in first
-    route_bytes = ROUTE_OVERHEAD + len(POD_A)
+    ipv6 = identity("[fd00:1234:5678:9abc:def0:1234:5678:9abc]:7702")
+    assert len(ipv6.seal(0, b"\0" * 24)) == len(first)  # padded alike
+    assert padded(200) == 208 and padded(3) == ADDRESS_PAD
+    long_name = identity("gateway-" + "x" * 100 + ":7702")
+    assert long_name.route(long_name.seal(2, b"s")) == nnrp.Route(long_name.advertise, 2)
+    route_bytes = ROUTE_OVERHEAD + ADDRESS_PAD
     # A fresh nonce per token, so its whole route differs from another's of the same pod.
     assert first[1:13] != second[1:13]
     assert first[13:route_bytes] != second[13:route_bytes]
@@ -76,7 +82,7 @@ def test_a_token_of_another_fleet_or_with_any_byte_changed_opens_no_route() -> N
     token = identity(key=OTHER_KEY).seal(0, b"s" * 24)
     assert identity().route(token) is None
     genuine = identity().seal(0, b"s" * 24)
-    for index in range(ROUTE_OVERHEAD + len(POD_A)):
+    for index in range(ROUTE_OVERHEAD + ADDRESS_PAD):
         forged = bytearray(genuine)
         forged[index] ^= 0x01
         assert identity().route(bytes(forged)) is None, index
@@ -97,14 +103,14 @@ def test_arbitrary_bytes_never_raise_and_never_route(data: bytes) -> None:
     assert identity().open_forward(data) is None
 
 
-def test_the_previous_key_opens_routes_for_one_window_after_a_rotation() -> None:
+def test_a_key_a_reload_drops_opens_routes_for_one_window() -> None:
     clock = Clock()
     pod = identity(clock=clock, keep_previous=120.0)
     old = pod.seal(0, b"s" * 24)
-    assert pod.keys.rotate(OTHER_KEY)
-    assert not pod.keys.rotate(OTHER_KEY)  # the same key again: nothing changes
+    assert pod.keys.rotate([OTHER_KEY])
+    assert not pod.keys.rotate([OTHER_KEY])  # the same keys again: nothing changes
     new = pod.seal(0, b"t" * 24)
-    assert identity(key=KEY).route(new) is None  # signed with the new key
+    assert identity(key=KEY).route(new) is None  # sealed with the new key
     assert pod.route(old) == pod.route(new) == nnrp.Route(POD_A, 0)
     clock.now += 119.9
     assert pod.route(old) is not None
@@ -113,15 +119,56 @@ def test_the_previous_key_opens_routes_for_one_window_after_a_rotation() -> None
     assert pod.route(new) is not None
 
 
-def test_a_key_too_short_is_refused_and_the_key_in_use_stays() -> None:
+def test_a_two_step_rotation_loses_nothing_whichever_pod_reloads_first() -> None:
+    """F3: add the new key second and reload everywhere, then move it first: at every
+    moment every pod opens every token any pod issues, whatever the order of reloads
+    and however long it takes (no window involved)."""
+    clock = Clock()
+    pods = [identity(POD_A, clock=clock, keep_previous=1.0),
+            identity(POD_B, clock=clock, keep_previous=1.0)]
+    for keys in ([KEY, OTHER_KEY], [OTHER_KEY, KEY]):
+        for reloaded in range(len(pods) + 1):  # pod 0 reloaded, then both
+            for pod in pods[:reloaded]:
+                pod.keys.rotate(keys)
+            clock.now += 1000  # far past any window
+            tokens = [pod.seal(0, b"s") for pod in pods]
+            assert all(pod.route(token) is not None for pod in pods for token in tokens)
+    assert pods[1].keys.rotate([OTHER_KEY])  # step 3: the old key goes
+
+
+def test_a_token_whose_key_was_retired_still_opens_its_session_at_home() -> None:
+    """A session that stayed attached through a rotation still holds a token sealed
+    with the old key; once that key is gone its route opens nowhere, but the process
+    that issued it knows the token by its digest (F2), so its client resumes there."""
+    clock = Clock()
+    pod = identity(POD_A, clock=clock, keep_previous=10.0)
+    book = fleet_book(pod, clock=clock)
+    conn = connection(book)
+    (ack,) = replies(conn.receive_data(pk(attrs.evolve(
+        nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3, max_in_flight=4),
+        session_flags=nnrp.SessionFlag.ALLOW_RESUME))))
+    token = ack.body
+    pod.keys.rotate([OTHER_KEY])
+    clock.now += 600
+    assert pod.route(token) is None
+    conn.connection_lost()
+    (answer,) = replies(connection(book).receive_data(resume(token, ack.session_id)))
+    assert answer.message.status == nnrp.SessionOpenStatus.RESUMED
+    assert book.where(b"\xf1" + bytes(80)) is nnrp.Lookup.REJECTED  # not ours: refused
+
+
+def test_a_key_too_short_or_no_key_is_refused_and_the_keys_in_use_stay() -> None:
     with pytest.raises(nnrp.FleetKeyError, match="at least 32 bytes"):
         identity(key=b"short")
     pod = identity()
     token = pod.seal(0, b"s" * 24)
-    with pytest.raises(nnrp.FleetKeyError):
-        pod.keys.rotate(b"x" * 31)
+    for bad in ([b"x" * 31], [], [KEY, b"short"]):
+        with pytest.raises(nnrp.FleetKeyError):
+            pod.keys.rotate(bad)
     assert pod.route(token) is not None
-    assert nnrp.key_material(b"  " + KEY + b"\n") == KEY
+    assert nnrp.key_material(b"  " + KEY + b"\n") == [KEY]
+    assert nnrp.key_material(b"# new key first\n" + OTHER_KEY + b"\n\n" + KEY + b"\n") == [
+        OTHER_KEY, KEY]
 
 
 # --------------------------------------------------------------------------- forwards (F4)
@@ -130,22 +177,25 @@ def test_a_key_too_short_is_refused_and_the_key_in_use_stays() -> None:
 def test_a_forward_header_is_taken_once_within_the_skew() -> None:
     wall = WallClock()
     sender, owner = identity(POD_B, wall=wall), identity(POD_A, wall=wall)
-    header = sender.seal_forward(FIELDS)
+    header = sender.seal_forward(POD_A, FIELDS)
     assert len(header) == nnrp.forward_header_size(len(FIELDS))
     assert owner.open_forward(header) == FIELDS
     assert owner.open_forward(header) is None  # replayed
-    late = sender.seal_forward(FIELDS)
+    late = sender.seal_forward(POD_A, FIELDS)
     wall.now += FORWARD_SKEW + 0.01
     assert owner.open_forward(late) is None  # stale
-    early = sender.seal_forward(FIELDS)
+    early = sender.seal_forward(POD_A, FIELDS)
     wall.now -= 2 * FORWARD_SKEW + 0.02
     assert owner.open_forward(early) is None  # from a clock too far ahead
 
 
-def test_a_forward_of_another_fleet_or_changed_or_cut_is_refused() -> None:
+def test_a_forward_of_another_fleet_or_pod_or_changed_or_cut_is_refused() -> None:
     owner = identity(POD_A)
-    assert owner.open_forward(identity(POD_B, OTHER_KEY).seal_forward(FIELDS)) is None
-    header = identity(POD_B).seal_forward(FIELDS)
+    assert owner.open_forward(identity(POD_B, OTHER_KEY).seal_forward(POD_A, FIELDS)) is None
+    to_c = identity(POD_B).seal_forward(POD_C, FIELDS)
+    assert owner.open_forward(to_c) is None  # genuine, but for pod C
+    assert identity(POD_C).open_forward(to_c) == FIELDS
+    header = identity(POD_B).seal_forward(POD_A, FIELDS)
     for index in range(len(header)):
         forged = bytearray(header)
         forged[index] ^= 0x80
@@ -158,11 +208,11 @@ def test_a_forward_of_another_fleet_or_changed_or_cut_is_refused() -> None:
 def test_a_forward_signed_with_the_previous_key_is_taken_during_a_rotation() -> None:
     clock = Clock()
     owner = identity(POD_A, clock=clock)
-    header = identity(POD_B).seal_forward(FIELDS)  # a pod that has not re-read its key
-    owner.keys.rotate(OTHER_KEY)
+    header = identity(POD_B).seal_forward(POD_A, FIELDS)  # a pod not yet reloaded
+    owner.keys.rotate([OTHER_KEY])
     assert owner.open_forward(header) == FIELDS
     clock.now += 121
-    assert owner.open_forward(identity(POD_B).seal_forward(FIELDS)) is None
+    assert owner.open_forward(identity(POD_B).seal_forward(POD_A, FIELDS)) is None
 
 
 # --------------------------------------------------------------------------- the book (R11)
@@ -177,7 +227,7 @@ def test_the_book_sends_another_pods_token_there_and_refuses_a_forged_one() -> N
         session_flags=nnrp.SessionFlag.ALLOW_RESUME))))
     token = ack.body
     assert pod_b.route(token) == nnrp.Route(POD_B, 0)
-    assert book_a.find(ack.session_id, token, None) is nnrp.Lookup.ELSEWHERE
+    assert book_a.find(ack.session_id, token, None) == nnrp.Elsewhere(0, POD_B)
     assert book_a.where(token) == nnrp.Elsewhere(0, POD_B)
     assert book_b.where(token) is None  # here
     made_up = b"\xf1" + b"\x00" * 60
@@ -205,6 +255,8 @@ def test_a_resume_for_another_pod_is_handed_off_with_a_retry_later_refusal() -> 
     refusal = nnrp.decode_packet(handed.refusal)
     assert refusal.message.status == nnrp.SessionOpenStatus.RETRY_LATER
     assert b"cannot be reached" in refusal.body
+    busy = nnrp.decode_packet(handed.busy)
+    assert busy.message.status == nnrp.SessionOpenStatus.RETRY_LATER
 
 
 def test_a_forwarded_connection_is_never_forwarded_again() -> None:
@@ -231,6 +283,8 @@ def test_a_forwarded_connection_may_still_go_to_the_worker_that_holds_the_sessio
     assert handed.destination == nnrp.Elsewhere(1)
     refusal = nnrp.decode_packet(handed.refusal)
     assert refusal.message.status == nnrp.SessionOpenStatus.REJECTED  # that worker is gone
+    busy = nnrp.decode_packet(handed.busy)  # reached, but it did not answer: it lives
+    assert busy.message.status == nnrp.SessionOpenStatus.RETRY_LATER
 
 
 def test_a_made_up_token_is_refused_where_it_lands_and_never_handed_off() -> None:
@@ -250,7 +304,8 @@ def test_a_fleets_session_ids_are_random_unique_and_honour_a_request() -> None:
     taken = [ids.take() for _ in range(200)]
     assert len(set(taken)) == 200 and None not in taken
     assert taken != sorted(taken)
-    assert ids.take(requested=7) == 7 or 7 in taken
+    free = next(n for n in range(1, 1000) if n not in taken)
+    assert ids.take(requested=free) == free
     draws = iter([4, 4, 4, 4, 4, 4, 4, 4])  # every draw taken: the sequential rule
     crowded = nnrp.SessionIds(random_ids=True, randbelow=lambda _: next(draws))
     assert crowded.take(requested=5) == 5

@@ -413,7 +413,7 @@ def test_a_relayed_connection_is_never_handed_off_again() -> None:
     fresh = connection(worker0)
     forged = bytes([1]) + b"\x07" * 23  # names worker 1
     (handed,) = of(fresh.receive_data(resume(forged)), nnrp.HandedOff)
-    assert handed.worker == 1
+    assert handed.destination.worker == 1
     assert fresh.state is nnrp.ConnState.HANDED_OFF
     relayed = connection(worker0, relayed=True)
     events = relayed.receive_data(resume(forged) + resume(bytes([0]) + b"\x07" * 23))
@@ -445,7 +445,7 @@ def test_a_connection_that_sent_more_than_is_kept_is_not_handed_off() -> None:
     within.receive_data(half)
     assert within.may_hand_off
     (handed,) = of(within.receive_data(resume(forged)), nnrp.HandedOff)
-    assert handed.worker == 1 and not within.may_hand_off
+    assert handed.destination.worker == 1 and not within.may_hand_off
     past = connection(worker0)
     past.receive_data(over)
     assert not past.may_hand_off

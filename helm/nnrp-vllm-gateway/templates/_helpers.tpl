@@ -56,6 +56,23 @@ and GitOps tools cannot do), and the fleet port must be a port of its own. */}}
 {{- end }}
 {{- end }}
 
+{{/* Seconds of the vLLM container's preStop sleep (0: no hook). vllm.preStopSleepSeconds
+when set; unset or null: in container mode the gateway's preStop sleep plus its drain
+timeout, so that vLLM gets its SIGTERM only once the gateway has drained and keeps
+generating for the operations the drain finishes; in native mode 0, since the gateway, a
+sidecar, gets its preStop and SIGTERM only once vLLM has exited: a sleep there only
+postpones the drain (values.yaml, vllm.preStopSleepSeconds). */}}
+{{- define "nnrp-vllm-gateway.vllmPreStopSleepSeconds" -}}
+{{- $explicit := .Values.vllm.preStopSleepSeconds -}}
+{{- if not (kindIs "invalid" $explicit) -}}
+{{- int $explicit -}}
+{{- else if eq .Values.sidecarMode "container" -}}
+{{- add .Values.gateway.preStopSleepSeconds .Values.gateway.drainTimeoutSeconds -}}
+{{- else -}}
+0
+{{- end -}}
+{{- end }}
+
 {{- define "nnrp-vllm-gateway.metrics" -}}
 {{- if or .Values.gateway.metrics .Values.serviceMonitor.enabled }}true{{ end }}
 {{- end }}
