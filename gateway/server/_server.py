@@ -33,7 +33,7 @@ import contextlib
 import math
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -278,6 +278,25 @@ class GatewayServer:
 
     async def _accept_loop(self, uri: str, listener: trio.SocketListener, transport: str,
                            tls: bool = False) -> None:
+        def take(stream: trio.SocketStream) -> None:
+            assert self._connection_nursery is not None
+            peer = describe_peer(stream)
+            wrapped: trio.abc.Stream = stream
+            if tls:
+                # The handshake runs on first read, inside the connection's handshake
+                # timeout; a failed one closes only this connection.
+                assert self.ssl_context is not None
+                wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
+            carrier = StreamTransport(wrapped, transport, peer)
+            self._connection_nursery.start_soon(self._serve_connection, carrier)
+
+        await self._accept_each(uri, listener, transport, take)
+
+    @staticmethod
+    async def _accept_each(uri: str, listener: trio.SocketListener, transport: str,
+                           take: Callable[[trio.SocketStream], None]) -> None:
+        """Accept until the listener fails for good (module rule 2), each stream tuned
+        and given to ``take``."""
         async with listener:
             while True:
                 try:
@@ -289,16 +308,7 @@ class GatewayServer:
                     await trio.sleep(ACCEPT_BACKOFF)
                     continue
                 tune_tcp(stream)
-                assert self._connection_nursery is not None
-                peer = describe_peer(stream)
-                wrapped: trio.abc.Stream = stream
-                if tls:
-                    # The handshake runs on first read, inside the connection's handshake
-                    # timeout; a failed one closes only this connection.
-                    assert self.ssl_context is not None
-                    wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
-                carrier = StreamTransport(wrapped, transport, peer)
-                self._connection_nursery.start_soon(self._serve_connection, carrier)
+                take(stream)
 
     async def _serve_websocket(self, spec: Endpoint, listeners: list[trio.SocketListener],
                                task_status: trio.TaskStatus[BoundEndpoint]) -> None:
@@ -468,28 +478,12 @@ class GatewayServer:
                 ForwardOutcome.ACCEPTED.value, 0) + 1
             await self._serve_connection(transport, forwarded=True)
 
-        async def accept_from(listener: trio.SocketListener) -> None:
-            async with listener:
-                while True:
-                    try:
-                        stream = await listener.accept()
-                    except (OSError, trio.ClosedResourceError) as exc:
-                        if accept_failure_is_terminal(exc):  # transport.ACCEPT_FAILURES
-                            raise ListenerFailed(uri, "fleet", exc) from exc
-                        log.warning("accept failed; backing off", endpoint=uri,
-                                    error=str(exc))
-                        await trio.sleep(ACCEPT_BACKOFF)
-                        continue
-                    tune_tcp(stream)
-                    try:
-                        nursery.start_soon(take, stream)
-                    except RuntimeError:  # the server is going: nobody to take it
-                        await trio.aclose_forcefully(stream)
-                        raise
+        def start(stream: trio.SocketStream) -> None:
+            nursery.start_soon(take, stream)
 
         async with trio.open_nursery() as accepting:
             for listener in listeners:
-                accepting.start_soon(accept_from, listener)
+                accepting.start_soon(self._accept_each, uri, listener, "fleet", start)
 
     def reload_quic_tls(self) -> None:
         """SIGHUP: new QUIC handshakes use the re-read files (a bad file keeps the old)."""
