@@ -29,6 +29,7 @@ from gateway.tools.client import ClientError, ResumeTicket, connect
 from gateway.tools.conformance import native_client_options
 from gateway.tools.cut import StreamCutProxy
 from gateway.transport import QuicClientOptions, TlsConfig
+from tests.support.cut import DatagramCutProxy
 from tests.support.fleet import KEY, Pod, haproxy, key_file, start_fleet
 from tests.support.native import describe, openai_submit
 from tests.support.processes import ReplayThread, free_port
@@ -442,3 +443,74 @@ def test_pods_of_two_workers_forward_then_relay_to_the_worker_that_holds_it(
             'nnrp_gateway_fleet_forwards_total{outcome="accepted"}'] == sessions
         assert first.metrics()['nnrp_gateway_fleet_forwards_total{outcome="sent"}'] == sessions
         assert second.metrics()["nnrp_gateway_resume_resumed_total"] == sessions
+
+
+@pytest.mark.parametrize("scheme", ["ws", "quic"])
+async def test_a_native_client_resumes_on_another_pod_over_websocket_and_quic(
+        nursery: trio.Nursery, tmp_path: Path, scheme: str) -> None:
+    """nnrp-py's native client, cut mid-stream on pod B (a TCP reset under WebSocket;
+    QUIC's datagrams blackholed until its idle timeout), resumes straight at pod A, as a
+    client whose address changed would land: A terminates WebSocket or QUIC and forwards
+    the packets to B."""
+    pki = make_pki(tmp_path / "pki")
+    pods = await start_fleet(nursery, tmp_path, listen=(
+        "tcp://127.0.0.1:0", "ws://127.0.0.1:0/nnrp", "quic://127.0.0.1:0"),
+        tls=TlsConfig(pki.cert, pki.key), quic_idle_timeout=1.0)
+    first, owner, _ = pods
+    direct = owner.uri(scheme)
+    address = direct.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = address.rpartition(":")
+    cutter: StreamCutProxy | DatagramCutProxy
+    if scheme == "quic":
+        cutter = DatagramCutProxy((host, int(port)))
+        via = "quic://" + await nursery.start(cutter.serve)
+    else:
+        cutter = StreamCutProxy((host, int(port)))
+        via = f"ws://{await nursery.start(cutter.serve)}/nnrp"
+    token = trio.lowlevel.current_trio_token()
+    payload = envelope(chat(stream=True, max_tokens=200), request_id=f"fleet-{scheme}")
+    hold = owner.replay.hold(lambda request: request.method == "POST", after=30)
+    nursery.start_soon(_release_when, lambda: owner.registry.stats.resumed_total, hold)
+
+    def first_connection() -> tuple[Any, list[dict[str, Any]]]:
+        opened = connect_native_client_connection(native_client_options(
+            via, trusted_der=pki.der))
+        connection = opened.__enter__()
+        session = asyncio.run(connection.open_session(RESUME))
+        session.submit_operation(openai_submit(7001, 1, payload))
+        events: list[dict[str, Any]] = []
+        while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
+            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+        trio.from_thread.run_sync(cutter.cut, trio_token=token)
+        ticket = session.recovery_ticket()
+        with contextlib.suppress(Exception):  # its connection is gone
+            opened.__exit__(None, None, None)
+        return ticket, events
+
+    with trio.fail_after(30):
+        ticket, before = await trio.to_thread.run_sync(first_connection)
+        await until(lambda: owner.registry.detached == 1)
+
+    def second_connection() -> list[dict[str, Any]]:
+        options = native_client_options(first.uri(scheme), trusted_der=pki.der)
+        with connect_native_client_connection(options) as connection:
+            session = asyncio.run(connection.resume_session(ticket, RESUME))
+            session.submit_operation(openai_submit(7001, 1, payload))
+            events: list[dict[str, Any]] = []
+            while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
+                events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+            session.close()
+            return events
+
+    with trio.fail_after(30):
+        after = await trio.to_thread.run_sync(second_connection)
+    seen: dict[int, bytes] = {}
+    for event in before + after:
+        if event["kind"] == "PARTIAL_RESULT":
+            assert seen.setdefault(event["sequence"], event["body"]) == event["body"]
+    assert sorted(seen) == list(range(1, 201))
+    terminals = [e for e in after if e["kind"] == "RESULT_PUSH"]
+    assert len(terminals) == 1 and terminals[0]["status"] == 200
+    assert first.forwards(ForwardOutcome.SENT) == 1
+    assert owner.forwards(ForwardOutcome.ACCEPTED) == 1
+    assert [pod.posts for pod in pods] == [0, 1, 0]
