@@ -520,11 +520,15 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
             option = {"certificate": "tls_cert", "private key": "tls_key",
                       "client CA": "tls_client_ca"}[exc.role]
             raise UserError(str(exc), source(ctx, option)) from None
+    from gateway.server import AuthSourceError
+
     try:
         authenticate = TokenAuthenticator.from_sources(auth_token or [], auth_token_file)
     except OSError as exc:
         raise UserError(f"cannot read the token file ({exc.strerror})",
                         source(ctx, "auth_token_file")) from None
+    except AuthSourceError as exc:
+        raise UserError(str(exc), source(ctx, exc.option)) from None
     except ValueError as exc:
         raise UserError(f"auth tokens: {exc}", source(ctx, "auth_token")) from None
     return authenticate, tls

@@ -93,7 +93,7 @@ PUBLIC: dict[str, str] = {
         "token_count traceparent upstream_traceparent "
     ),
     "gateway.server": (
-        "BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
+        "AuthSourceError BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
         "Operation "
         "OperationHandler OperationNotes OperationPort RefusalHandler "
         "ServerStats Session SessionRegistry TokenAuthenticator "

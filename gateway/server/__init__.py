@@ -2,7 +2,7 @@
 graceful shutdown. What moves the bytes (listeners, TLS, QUIC, carriers) is
 ``gateway.transport``."""
 
-from ._auth import TokenAuthenticator as TokenAuthenticator
+from ._auth import AuthSourceError as AuthSourceError, TokenAuthenticator as TokenAuthenticator
 from ._connection import (
     Connection as Connection,
     ConnectionLimits as ConnectionLimits,

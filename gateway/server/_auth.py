@@ -1,6 +1,11 @@
 """Session authentication: a shared bearer token (or a file of them) checked against the
 SESSION_OPEN auth bytes (nnrp-wire.md section 3), refused with session error auth_failed.
 
+Authentication fails closed: a source that was given never means authentication off. An
+empty token, or a token file that holds none (empty, or comments only: an empty
+Kubernetes Secret key), is refused at start-up (``AuthSourceError``, naming the source),
+and on SIGHUP keeps the tokens there were.
+
 The comparison is constant-time and always walks every configured token, so neither the
 match position nor a near-miss is visible in timing. Tokens never reach logs, metrics or
 error text. SIGHUP re-reads the token file (``reload``): a revoked token opens no new
@@ -12,6 +17,15 @@ from __future__ import annotations
 
 import hmac
 from pathlib import Path
+
+
+class AuthSourceError(ValueError):
+    """A token source that would leave authentication off, or holds nothing usable;
+    ``option`` names it (``auth_token`` or ``auth_token_file``)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class TokenAuthenticator:
@@ -26,9 +40,17 @@ class TokenAuthenticator:
 
     @classmethod
     def from_sources(cls, tokens: list[str], token_file: Path | None) -> TokenAuthenticator | None:
-        """None when no token is configured (authentication off)."""
-        fixed = [token.encode() for token in tokens if token]
-        collected = fixed + (_read(token_file) if token_file is not None else [])
+        """None when no source is given (authentication off); ``AuthSourceError`` for a
+        source given that holds no token (it fails closed, never open)."""
+        if any(not token.strip() for token in tokens):
+            raise AuthSourceError("an empty auth token would turn authentication off",
+                                  "auth_token")
+        fixed = [token.encode() for token in tokens]
+        from_file = _read(token_file) if token_file is not None else []
+        if token_file is not None and not from_file:
+            raise AuthSourceError(f"{token_file} holds no token (empty, or comments only): "
+                                  "authentication would be off", "auth_token_file")
+        collected = fixed + from_file
         return cls(collected, fixed=fixed, token_file=token_file) if collected else None
 
     def reload(self) -> str | None:

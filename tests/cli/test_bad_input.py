@@ -55,6 +55,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (tmp / "typo.toml").write_text('vllm_urll = "http://127.0.0.1:8000"\n')
     (tmp / "not.json").write_text("{")
     (tmp / "a-file").write_text("")
+    (tmp / "comments").write_text("# the tokens\n\n#   none yet\n")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -171,6 +172,14 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("serve-fleet-resume-off", ["serve", "--fleet-advertise", "127.0.0.1:7702",
                                 "--fleet-key-file", "{key}", "--resume-window", "0",
                                 "--print-config"], 2, "--resume-window must be above 0"),
+    ("serve-auth-token-empty", ["serve", "--auth-token", "", "--print-config"], 2,
+     "an empty auth token would turn authentication off, --auth-token"),
+    ("serve-auth-token-file-empty", ["serve", "--auth-token-file", "{tmp}/a-file",
+                                     "--print-config"], 2,
+     "{tmp}/a-file holds no token (empty, or comments only): authentication would be off, "
+     "--auth-token-file"),
+    ("serve-auth-token-file-comments", ["serve", "--auth-token-file", "{tmp}/comments",
+                                        "--print-config"], 2, "holds no token"),
     ("serve-config-missing", ["serve", "--config", "{tmp}/none.toml", "--print-config"], 2,
      "cannot read the configuration file (No such file or directory), {tmp}/none.toml"),
     ("serve-config-not-toml", ["serve", "--config", "{tmp}/bad.toml", "--print-config"], 2,

@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from gateway.nnrp import ServerConfig
-from gateway.server import TokenAuthenticator
+from gateway.server import AuthSourceError, TokenAuthenticator
 from gateway.tools.client import ClientError, Trust, connect
 from gateway.transport import TlsConfig
 from tests.support.stack import chat, envelope, run_operation, start_stack
@@ -147,3 +147,22 @@ async def test_a_ca_issued_certificate_as_the_ca_file(nursery: trio.Nursery, tmp
             session = await client.open_session()
             outcome = await run_operation(session, envelope(chat(max_tokens=2)))
     assert outcome.final is not None and outcome.final["type"] == "response.completed"
+
+
+@pytest.mark.parametrize(("tokens", "file_text", "option"), [
+    ([""], None, "auth_token"),
+    (["  "], None, "auth_token"),
+    (["good-token-1234"], "", "auth_token_file"),  # an empty Kubernetes Secret key
+    ([], "# tokens\n\n#   none yet\n", "auth_token_file"),
+])
+def test_a_source_given_that_holds_no_token_fails_closed(
+        tmp_path: Path, tokens: list[str], file_text: str | None, option: str) -> None:
+    """An auth option that was given never means authentication off (the gateway does
+    not start; the CLI says which option, exit 2: tests/cli/test_bad_input.py)."""
+    token_file = None
+    if file_text is not None:
+        token_file = tmp_path / "tokens"
+        token_file.write_text(file_text)
+    with pytest.raises(AuthSourceError) as refused:
+        TokenAuthenticator.from_sources(tokens, token_file)
+    assert refused.value.option == option
