@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ._app import EXIT_FAILED, EXIT_INTERRUPTED, UserError, first_of, source
+from ._settings import check_host_port, check_http_url
 
 if TYPE_CHECKING:
     from gateway.tools.client import ClientOperation, Trust
@@ -46,8 +47,8 @@ def admin_base_url(explicit: str | None) -> str:
     if listen.startswith("unix:"):
         raise UserError("health cannot reach a unix: admin listener; give --admin-url",
                         f"NNRP_GATEWAY_ADMIN_LISTEN={listen}")
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]")
+    host, port = check_host_port(listen, f"environment variable NNRP_GATEWAY_ADMIN_LISTEN="
+                                         f"{listen}")
     if host in ("", "0.0.0.0", "::"):  # every address: this host's loopback is one of them
         host = "127.0.0.1"
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -65,10 +66,9 @@ def health(ctx: typer.Context,
            ] = 5.0) -> None:
     """Exit 0 when the gateway answers /healthz (or /readyz with --ready), 1 otherwise."""
     path = "/readyz" if readiness else "/healthz"
-    url = f"{admin_base_url(admin_url).rstrip('/')}{path}"
-    if not url.startswith(("http://", "https://")):
-        raise UserError(f"expected an http:// URL, got {admin_url!r}",
-                        source(ctx, "admin_url"))
+    base = admin_base_url(admin_url)
+    check_http_url(base, source(ctx, "admin_url") if admin_url else "the admin listener")
+    url = f"{base.rstrip('/')}{path}"
     # The standard library, not httpx: a container runs this every few seconds, and
     # httpx (with httpcore and trio behind it) would double its start-up. No proxies.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

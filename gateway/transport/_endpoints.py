@@ -89,7 +89,10 @@ class QuicClientOptions:
 
 def parse_endpoint(uri: str) -> Endpoint:
     """Parse one ``--listen`` value or client endpoint."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed [
+        raise ListenError(f"{uri}: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme == "unix":
         path = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"

@@ -56,6 +56,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     (tmp / "not.json").write_text("{")
     (tmp / "a-file").write_text("")
     (tmp / "comments").write_text("# the tokens\n\n#   none yet\n")
+    (tmp / "fleet.key").write_text("k" * 64 + "\n")
+    (tmp / "short.key").write_text("abc\n")
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -164,14 +166,23 @@ CASES: list[tuple[str, list[str], int, str]] = [
                               "--fleet-key-file", "{key}", "--print-config"], 2,
      "not a wildcard, --fleet-advertise"),
     ("serve-fleet-key-short", ["serve", "--fleet-advertise", "127.0.0.1:7702",
-                               "--fleet-key-file", "{tmp}/a-file", "--print-config"], 2,
-     "a fleet key needs at least 32 bytes, got 0"),
+                               "--fleet-key-file", "{tmp}/short.key", "--print-config"], 2,
+     "a fleet key needs at least 32 bytes, got 3"),
+    ("serve-fleet-key-none", ["serve", "--fleet-advertise", "127.0.0.1:7702",
+                              "--fleet-key-file", "{tmp}/a-file", "--print-config"], 2,
+     "no key (one per line; # starts a comment)"),
     ("serve-fleet-key-missing", ["serve", "--fleet-advertise", "127.0.0.1:7702",
                                  "--fleet-key-file", "{tmp}/none", "--print-config"], 2,
      "fleet key: {tmp}/none: No such file or directory, --fleet-key-file"),
     ("serve-fleet-resume-off", ["serve", "--fleet-advertise", "127.0.0.1:7702",
-                                "--fleet-key-file", "{key}", "--resume-window", "0",
+                                "--fleet-key-file", "{tmp}/fleet.key", "--resume-window", "0",
                                 "--print-config"], 2, "--resume-window must be above 0"),
+    ("serve-listen-ipv6-unclosed", ["serve", "--listen", "tcp://[::1", "--print-config"], 2,
+     "tcp://[::1: Invalid IPv6 URL, --listen"),
+    ("chat-endpoint-ipv6-unclosed", ["chat", "hi", "--endpoint", "tcp://[::1"], 2,
+     "tcp://[::1: Invalid IPv6 URL, --endpoint"),
+    ("health-admin-url-port", ["health", "--admin-url", "http://127.0.0.1:notaport"], 2,
+     "not a URL"),
     ("serve-auth-token-empty", ["serve", "--auth-token", "", "--print-config"], 2,
      "an empty auth token would turn authentication off, --auth-token"),
     ("serve-auth-token-file-empty", ["serve", "--auth-token-file", "{tmp}/a-file",
@@ -200,7 +211,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "--load-max-kv-cache-usage"),
     # health, check, capabilities
     ("health-url", ["health", "--admin-url", "ftp://x"], 2,
-     "expected an http:// URL, got 'ftp://x', --admin-url"),
+     "expected an http:// or https:// URL with a host, got 'ftp://x', --admin-url"),
     ("health-unreachable", ["health", "--admin-url", "http://127.0.0.1:{closed}"], 1,
      "unhealthy: no answer"),
     ("check-url", ["check", "--vllm-url", "garbage"], 2, "got 'garbage', --vllm-url"),
@@ -453,6 +464,9 @@ def test_a_bare_group_prints_its_help() -> None:
      "environment variable NNRP_GATEWAY_ENDPOINT"),
     (["health"], {"NNRP_GATEWAY_ADMIN_URL": "ftp://x"},
      "environment variable NNRP_GATEWAY_ADMIN_URL"),
+    (["health"], {"NNRP_GATEWAY_ADMIN_LISTEN": "127.0.0.1"},
+     "expected host:port (no scheme), got '127.0.0.1', environment variable "
+     "NNRP_GATEWAY_ADMIN_LISTEN=127.0.0.1"),
     (["serve", "--print-config"], {"NNRP_GATEWAY_TLS_CERT": "/nonexistent.pem",
                                    "NNRP_GATEWAY_TLS_KEY": "/nonexistent.key"},
      "environment variable NNRP_GATEWAY_TLS_CERT"),
