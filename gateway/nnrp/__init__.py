@@ -182,8 +182,11 @@ from ._fleet import (
     FleetKeyError as FleetKeyError,
     FleetKeys as FleetKeys,
     ForwardOutcome as ForwardOutcome,
+    OpenedForward as OpenedForward,
     Route as Route,
-    forward_header_size as forward_header_size,
+    SealedForward as SealedForward,
+    forward_head_size as forward_head_size,
+    forward_rest_size as forward_rest_size,
     key_material as key_material,
 )
 from ._flow import FlowControl as FlowControl, Window as Window

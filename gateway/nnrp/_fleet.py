@@ -32,16 +32,27 @@ F3. Keys: the key file holds one or more keys, one per line (``#`` comments and 
     (SIGHUP), then move it first and reload again, then drop the old one once no session
     older than that is left. A key a reload drops is still accepted for
     ``keep_previous`` seconds (a resume window), a margin for a one-step rotation.
-F4. A forward opens with a header: ``MAGIC ‖ sent_ms(8) ‖ nonce(16) ‖ destination(64) ‖
-    fields ‖ tag(32)``, the tag an HMAC-SHA256 with the forward key over everything
-    before it; ``destination`` is the owner's advertised address, so a header opens on
-    that pod only; ``fields`` is what the forwarding pod's carrier said of the client
-    (``_relay`` rule 2), which the owner then trusts as its own carrier's word (the
-    session's binding is checked against it). It is taken once per process: tag valid
-    under an accepted key, addressed here, ``sent_ms`` within ``FORWARD_SKEW`` of the
-    owner's wall clock, its nonce not seen within that time (a header replayed to the
-    same process is refused; with ``--workers``, another worker of the pod would take
-    it within the skew: the pod network is trusted that far, README).
+F4. A forward opens with the client's first bytes sealed::
+
+        MAGIC ‖ sent_ms(8) ‖ nonce(16) ‖ destination(64) ‖ n(4) ‖ fields ‖
+        ciphertext(n) ‖ tag(32)
+
+    ``destination`` is the owner's advertised address, so it opens on that pod only;
+    ``fields`` is what the forwarding pod's carrier said of the client (``_relay``
+    rule 2), which the owner then trusts as its own carrier's word (the session's
+    binding is checked against it); the ciphertext is the client's bytes so far (its
+    hello and the resume: the token, the session credentials) XOR a SHAKE-256 keystream
+    of the encryption key and the nonce; the tag an HMAC-SHA256 with the forward key over
+    everything before it. It is taken once per process: tag valid under an accepted
+    key, addressed here, ``sent_ms`` within ``FORWARD_SKEW`` of the owner's wall clock,
+    its nonce not seen within that time (a header replayed to the same process is
+    refused; with ``--workers``, another worker of the pod would take it within the
+    skew: the pod network is trusted that far, README). The owner answers first with a
+    proof, HMAC-SHA256(forward key, "owner" ‖ nonce): the forwarding pod relays nothing
+    more either way until it has checked it, so whatever answers at an owner's address
+    without the fleet's key (a pod IP reused by a stranger) reads nothing of the client
+    and can tell it nothing. The proof comes in the owner's first answer: no round trip
+    is added.
 F5. At most one forward per connection: a connection that arrived forwarded is never
     forwarded again (``_server`` rule 4d); a token it carries that names another pod
     opens nothing there. A fleet cannot loop.
@@ -74,23 +85,40 @@ ADDRESS_PAD = 48
 #: they are (``openssl rand -hex 32`` writes 64, 256 bits, as HMAC-SHA256's own).
 MIN_KEY_BYTES = 32
 
-FORWARD_MAGIC = b"NNRPFWD2"
+FORWARD_MAGIC = b"NNRPFWD3"
 FORWARD_NONCE_BYTES = 16
 FORWARD_DESTINATION_BYTES = 64
 FORWARD_TAG_BYTES = 32
 _SENT_MS = struct.Struct("!Q")
+_SEALED_BYTES = struct.Struct("!I")
+#: The most client bytes a forward seals (``_server``'s MAX_HAND_OFF_BYTES is below).
+MAX_SEALED_BYTES = 1 << 20
+PROOF_BYTES = 32
 #: How far a forward's clock may be from the owner's (pods of one cluster keep NTP time).
 FORWARD_SKEW = 30.0
 
 _ENC_LABEL = b"nnrp-gateway fleet v1 token encryption"
 _ROUTE_LABEL = b"nnrp-gateway fleet v1 token route"
 _FORWARD_LABEL = b"nnrp-gateway fleet v1 forward"
+_PROOF_LABEL = b"owner"
+_SEAL_LABEL = b"nnrp-gateway fleet v1 forward seal"
 
 
-def forward_header_size(fields: int) -> int:
-    """The bytes of a forward header carrying ``fields`` bytes of fields (F4)."""
+def forward_head_size(fields: int) -> int:
+    """The fixed part of a forward's opening with ``fields`` bytes of fields (F4): what
+    comes before the sealed bytes."""
     return (len(FORWARD_MAGIC) + _SENT_MS.size + FORWARD_NONCE_BYTES
-            + FORWARD_DESTINATION_BYTES + fields + FORWARD_TAG_BYTES)
+            + FORWARD_DESTINATION_BYTES + _SEALED_BYTES.size + fields)
+
+
+def forward_rest_size(head: bytes) -> int | None:
+    """How many bytes follow ``head`` (sealed bytes and tag); None when ``head`` is no
+    forward's, or announces more than ``MAX_SEALED_BYTES``."""
+    offset = len(FORWARD_MAGIC) + _SENT_MS.size + FORWARD_NONCE_BYTES + FORWARD_DESTINATION_BYTES
+    if len(head) < offset + _SEALED_BYTES.size or not head.startswith(FORWARD_MAGIC):
+        return None
+    (sealed,) = _SEALED_BYTES.unpack_from(head, offset)
+    return sealed + FORWARD_TAG_BYTES if sealed <= MAX_SEALED_BYTES else None
 
 
 def padded(size: int) -> int:
@@ -282,32 +310,39 @@ class FleetIdentity:
 
     # ------------------------------------------------------------------ forwards (F4)
 
-    def seal_forward(self, destination: str, fields: bytes) -> bytes:
-        """The header this pod sends first when it forwards a connection to the pod
-        ``destination`` (its advertised address)."""
-        sent = _SENT_MS.pack(int(self._wall_clock() * 1000))
-        head = (FORWARD_MAGIC + sent + self._random_bytes(FORWARD_NONCE_BYTES)
-                + _destination(destination) + fields)
-        return head + hmac.new(self.keys.current.forward, head, hashlib.sha256).digest()
+    def seal_forward(self, destination: str, fields: bytes, client_bytes: bytes
+                     ) -> SealedForward:
+        """What this pod sends first when it forwards a connection to the pod
+        ``destination`` (its advertised address), ``client_bytes`` sealed in it, and the
+        proof the owner must answer with (F4)."""
+        key = self.keys.current
+        nonce = self._random_bytes(FORWARD_NONCE_BYTES)
+        head = (FORWARD_MAGIC + _SENT_MS.pack(int(self._wall_clock() * 1000)) + nonce
+                + _destination(destination) + _SEALED_BYTES.pack(len(client_bytes)) + fields)
+        sealed = head + _xor(client_bytes, _shake(key.encryption, nonce, len(client_bytes)))
+        return SealedForward(sealed + hmac.new(key.forward, sealed, hashlib.sha256).digest(),
+                             _proof(key, nonce))
 
-    def open_forward(self, header: bytes) -> bytes | None:
-        """The fields of a genuine forward header addressed to this pod, taken once; None
-        for any other (F4)."""
-        if (len(header) < forward_header_size(0)
-                or not header.startswith(FORWARD_MAGIC)):
+    def open_forward(self, opening: bytes, fields: int) -> OpenedForward | None:
+        """A genuine forward's opening (``fields`` bytes of fields) addressed to this pod,
+        taken once: its fields, the client's bytes, the proof to answer with; None for
+        any other (F4)."""
+        if forward_rest_size(opening[:forward_head_size(fields)]) != (
+                len(opening) - forward_head_size(fields)):
             return None
-        head, tag = header[:-FORWARD_TAG_BYTES], header[-FORWARD_TAG_BYTES:]
-        if not any(hmac.compare_digest(hmac.new(key.forward, head, hashlib.sha256).digest(),
-                                       tag)
-                   for key in self.keys.accepted()):
+        body, tag = opening[:-FORWARD_TAG_BYTES], opening[-FORWARD_TAG_BYTES:]
+        key = next((key for key in self.keys.accepted() if hmac.compare_digest(
+            hmac.new(key.forward, body, hashlib.sha256).digest(), tag)), None)
+        if key is None:
             return None
         offset = len(FORWARD_MAGIC)
-        (sent_ms,) = _SENT_MS.unpack_from(head, offset)
+        (sent_ms,) = _SENT_MS.unpack_from(body, offset)
         offset += _SENT_MS.size
-        nonce = head[offset:offset + FORWARD_NONCE_BYTES]
+        nonce = body[offset:offset + FORWARD_NONCE_BYTES]
         offset += FORWARD_NONCE_BYTES
-        if head[offset:offset + FORWARD_DESTINATION_BYTES] != _destination(self.advertise):
-            return None  # a genuine header for another pod
+        if body[offset:offset + FORWARD_DESTINATION_BYTES] != _destination(self.advertise):
+            return None  # a genuine opening for another pod
+        offset += FORWARD_DESTINATION_BYTES + _SEALED_BYTES.size
         now = self._wall_clock()
         if abs(now - sent_ms / 1000) > FORWARD_SKEW:
             return None
@@ -317,7 +352,37 @@ class FleetIdentity:
             return None  # F4: a replay
         self._seen.append((now + 2 * FORWARD_SKEW, nonce))
         self._nonces.add(nonce)
-        return head[offset + FORWARD_DESTINATION_BYTES:]
+        sealed = body[offset + fields:]
+        return OpenedForward(body[offset:offset + fields],
+                             _xor(sealed, _shake(key.encryption, nonce, len(sealed))),
+                             _proof(key, nonce))
+
+
+@attrs.frozen
+class SealedForward:
+    """A forward's opening, and the proof its owner must answer with first (F4)."""
+
+    opening: bytes = attrs.field(repr=False)
+    proof: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
+class OpenedForward:
+    """What the owner took from a genuine opening (F4)."""
+
+    fields: bytes
+    client_bytes: bytes = attrs.field(repr=False)
+    proof: bytes = attrs.field(repr=False)
+
+
+def _proof(key: _Key, nonce: bytes) -> bytes:
+    return hmac.new(key.forward, _PROOF_LABEL + nonce, hashlib.sha256).digest()
+
+
+def _shake(key: bytes, nonce: bytes, size: int) -> bytes:
+    """The keystream that seals a forward's client bytes (F4): SHAKE-256, an XOF, of a
+    label, the encryption key and the forward's nonce."""
+    return hashlib.shake_256(_SEAL_LABEL + key + nonce).digest(size) if size else b""
 
 
 def _destination(advertise: str) -> bytes:

@@ -89,7 +89,7 @@ from gateway.transport import (
 
 from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
-from ._relay import WORKER_MAGIC, RelayEnd, fields, relay
+from ._relay import WORKER_MAGIC, RelayEnd, fields, relay, without_probes
 from ._session import Observer, Session, until_then_cancel
 from ._stats import ServerStats
 
@@ -259,10 +259,12 @@ class Connection:
         peer = fields(self.transport, self.protocol.peer)
         pod = destination.pod
         holder: trio.SocketStream | None
+        client_bytes = without_probes(preamble)
         if pod is not None:
             assert settings.fleet is not None
             holder = await self._reach_pod(pod)
-            header = settings.fleet.seal_forward(pod, peer)
+            sealed = settings.fleet.seal_forward(pod, peer, client_bytes)
+            opening, proof = sealed.opening, sealed.proof
         else:
             self.registry.stats.relayed_total += 1
             self.stats.notices.relayed.note(worker=destination.worker)
@@ -272,11 +274,11 @@ class Connection:
                 self.log.warning("the worker holding the session cannot be reached",
                                  worker=destination.worker, error=str(exc))
                 holder = None
-            header = WORKER_MAGIC + peer
+            opening, proof = WORKER_MAGIC + peer + client_bytes, b""
         if holder is None:  # rule 4: gone (a worker) or out of reach (a pod)
             await self._answer_instead(handed_off.refusal)
             return
-        end = await relay(self.transport, holder, header, preamble,
+        end = await relay(self.transport, holder, opening, proof,
                           on_greeted=lambda: self._count_forward(pod, ForwardOutcome.SENT))
         if end is RelayEnd.GREETED or end is RelayEnd.CLIENT_ENDED:
             self._count_forward(pod, ForwardOutcome.ABANDONED

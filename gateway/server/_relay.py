@@ -18,7 +18,9 @@ gateway/nnrp/_fleet.py; README, "Resumable sessions" and "A fleet of gateways"):
    carrier said of it (its kind, its address, encrypted or not, its TLS certificate's
    digest), so the session's binding is checked there as here; between workers they
    follow ``WORKER_MAGIC`` (a unix socket only this pod's workers can reach), between
-   pods they are sealed with the fleet's key (``FleetIdentity.seal_forward``: F4). The
+   pods they and the client's bytes are sealed with the fleet's key, and the owner
+   proves it holds that key before anything more is relayed either way
+   (``FleetIdentity.seal_forward``: F4). The
    holder's connection is an ordinary one, marked relayed or forwarded, and answers the
    hello; its SERVER_HELLO_ACK is dropped (the client has ours).
 3. Everything else goes through as it comes: on a message carrier (WebSocket, QUIC) one
@@ -38,6 +40,7 @@ gateway/nnrp/_fleet.py; README, "Resumable sessions" and "A fleet of gateways"):
 from __future__ import annotations
 
 import enum
+import hmac
 import struct
 from collections.abc import Callable
 
@@ -47,7 +50,8 @@ from gateway.nnrp import (
     FleetIdentity,
     MsgType,
     PeerCredentials,
-    forward_header_size,
+    forward_head_size,
+    forward_rest_size,
     message_type,
     split_packets,
 )
@@ -104,21 +108,23 @@ class RelayEnd(enum.Enum):
     CLIENT_ENDED = "client_ended"
 
 
-async def relay(transport: PacketTransport, holder: trio.SocketStream, header: bytes,
-                preamble: bytes, on_greeted: Callable[[], None] = lambda: None) -> RelayEnd:
+async def relay(transport: PacketTransport, holder: trio.SocketStream, opening: bytes,
+                proof: bytes = b"", on_greeted: Callable[[], None] = lambda: None
+                ) -> RelayEnd:
     """Relay the client's connection to the process at the other end of ``holder``,
-    after ``header``, until either side ends (rules 2, 3). ``on_greeted`` is called when
-    the holder's hello ack comes; how it ended (rule 4: the caller answers the client
-    when it was not greeted)."""
+    after ``opening`` (the header and the client's bytes so far), until either side ends
+    (rules 2, 3); with a ``proof``, the holder must answer with it first (a pod of the
+    fleet: ``_fleet`` F4). ``on_greeted`` is called when the holder's hello ack comes;
+    how it ended (rule 4: the caller answers the client when it was not greeted)."""
     greeted = trio.Event()
     client_left = False
     async with holder:
         try:
-            await holder.send_all(header + without_probes(preamble))
+            await holder.send_all(opening)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return RelayEnd.UNSENT
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_to_client, holder, transport, greeted, on_greeted,
+            nursery.start_soon(_to_client, holder, transport, proof, greeted, on_greeted,
                                nursery.cancel_scope)
             client_left_early = trio.Event()
             nursery.start_soon(_to_holder, transport, holder, greeted, client_left_early,
@@ -137,23 +143,41 @@ async def _to_holder(transport: PacketTransport, holder: trio.SocketStream,
                      greeted: trio.Event, client_left_early: trio.Event,
                      done: trio.CancelScope) -> None:
     try:
+        # Nothing more of the client goes before the holder has answered (and, a pod,
+        # proven it holds the fleet's key: ``_fleet`` F4); the client, waiting for its
+        # answers, rarely sends more meanwhile.
+        while not greeted.is_set():
+            data = await transport.receive()
+            if data is None:
+                client_left_early.set()
+                done.cancel()
+                return
+            await greeted.wait()
+            await holder.send_all(data)
         while (data := await transport.receive()) is not None:
             await holder.send_all(data)
-        if not greeted.is_set():
-            client_left_early.set()
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, TextMessageError):
         pass  # either end gone, or a client breaking the carrier's rules: the relay ends
     done.cancel()
 
 
-async def _to_client(holder: trio.SocketStream, transport: PacketTransport,
+async def _to_client(holder: trio.SocketStream, transport: PacketTransport, proof: bytes,
                      greeted: trio.Event, on_greeted: Callable[[], None],
                      done: trio.CancelScope) -> None:
-    """``greeted``: the holder's SERVER_HELLO_ACK has come (and was dropped)."""
+    """``greeted``: the holder's SERVER_HELLO_ACK has come (and was dropped), after its
+    ``proof`` (if one is due)."""
     buffer = bytearray()
+    proven = not proof
     try:
         while data := await holder.receive_some(65536):
             buffer += data
+            if not proven:
+                if len(buffer) < len(proof):
+                    continue
+                if not hmac.compare_digest(bytes(buffer[:len(proof)]), proof):
+                    return  # not the fleet's: nothing of it reaches the client
+                del buffer[:len(proof)]
+                proven = True
             if not greeted.is_set():
                 packets = split_packets(buffer)
                 if not packets:
@@ -186,9 +210,17 @@ class RelayedTransport(StreamTransport):
                  credentials: PeerCredentials) -> None:
         super().__init__(stream, kind, peer)
         self._credentials = credentials
+        #: The client's bytes that came sealed in a forward's opening: read first.
+        self.first = b""
 
     def credentials(self) -> PeerCredentials:
         return self._credentials
+
+    async def receive(self) -> bytes | None:
+        if self.first:
+            first, self.first = self.first, b""
+            return first
+        return await super().receive()
 
 
 async def relayed(stream: trio.SocketStream) -> RelayedTransport | None:
@@ -203,18 +235,28 @@ async def relayed(stream: trio.SocketStream) -> RelayedTransport | None:
 
 async def forwarded(stream: trio.SocketStream, fleet: FleetIdentity
                     ) -> RelayedTransport | None:
-    """The holder's side of a forward from another pod: its header sealed with the
-    fleet's key (rule 2, ``_fleet`` F4); None for anything else."""
-    header = await _read_exactly(stream, forward_header_size(FIELDS.size))
-    if header is None:
+    """The owner's side of a forward from another pod: its opening sealed with the
+    fleet's key (rule 2, ``_fleet`` F4) answered with the proof, and the connection made
+    a transport whose first bytes are the client's; None for anything else."""
+    head = await _read_exactly(stream, forward_head_size(FIELDS.size))
+    rest = forward_rest_size(head) if head is not None else None
+    if head is None or rest is None:
         return None
-    opened = fleet.open_forward(header)
-    if opened is None or len(opened) != FIELDS.size:
+    tail = await _read_exactly(stream, rest)
+    opened = fleet.open_forward(head + tail, FIELDS.size) if tail is not None else None
+    if opened is None:
         return None
-    return _transport(stream, opened)
+    try:
+        await stream.send_all(opened.proof)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return None
+    transport = _transport(stream, opened.fields)
+    transport.first = opened.client_bytes
+    return transport
 
 
 async def _read_exactly(stream: trio.SocketStream, size: int) -> bytes | None:
+    """``size`` bytes within ``HEADER_TIMEOUT``; None if they do not come."""
     header = bytearray()
     with trio.move_on_after(HEADER_TIMEOUT):
         while len(header) < size:

@@ -239,19 +239,22 @@ async def test_a_forward_loop_attempt_opens_nothing_anywhere(
     assert fleet is not None
     host, _, port = second.advertise.rpartition(":")
     from gateway.server._relay import FIELDS
-    header = fleet.seal_forward(second.advertise, FIELDS.pack(b"tcp", b"127.0.0.1", False, b""))
     client = nnrp.ClientConnection()
+    sealed = fleet.seal_forward(second.advertise, FIELDS.pack(b"tcp", b"127.0.0.1", False, b""),
+                                client.hello() + resume(ticket.token, ticket.session_id))
     with trio.fail_after(10):
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
-            await stream.send_all(header + client.hello()
-                                  + resume(ticket.token, ticket.session_id))
+            await stream.send_all(sealed.opening)
             answers = bytearray()
-            while len(nnrp.split_packets(bytearray(answers))) < 2:
+            while len(answers) < len(sealed.proof) or len(nnrp.split_packets(
+                    bytearray(answers[len(sealed.proof):]))) < 2:
                 data = await stream.receive_some(65536)
                 assert data
                 answers += data
-    packets = [nnrp.decode_packet(p) for p in nnrp.split_packets(answers)]
+    assert answers.startswith(sealed.proof)  # the owner proves it holds the key first
+    packets = [nnrp.decode_packet(p)
+               for p in nnrp.split_packets(answers[len(sealed.proof):])]
     assert packets[1].message.status == nnrp.SessionOpenStatus.REJECTED
     assert second.forwards(ForwardOutcome.ACCEPTED) == 1
     assert not second.forwards(ForwardOutcome.SENT)
@@ -267,20 +270,22 @@ async def test_a_forged_or_replayed_forward_header_is_refused(
     assert fleet is not None
     from gateway.server._relay import FIELDS
     fields = FIELDS.pack(b"tcp", b"127.0.0.1", False, b"")
-    genuine = fleet.seal_forward(second.advertise, fields)
+    hello = nnrp.ClientConnection().hello()
+    genuine = fleet.seal_forward(second.advertise, fields, hello).opening
     forged = bytearray(genuine)
     forged[-1] ^= 1
-    elsewhere = fleet.seal_forward(first.advertise, fields)  # genuine, for another pod
+    # Genuine, but for another pod:
+    elsewhere = fleet.seal_forward(first.advertise, fields, hello).opening
     host, _, port = second.advertise.rpartition(":")
     with trio.fail_after(10):
-        for header in (genuine, bytes(forged), genuine, elsewhere,
-                       b"GET / HTTP/1.1\r\n\r\n" * 10):
+        for opening in (genuine, bytes(forged), genuine, elsewhere,
+                        b"GET / HTTP/1.1\r\n\r\n" * 10):
             stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
-                await stream.send_all(header + nnrp.ClientConnection().hello())
+                await stream.send_all(opening)
                 with contextlib.suppress(trio.BrokenResourceError):
                     while await stream.receive_some(65536):
-                        if header is genuine:
+                        if opening is genuine:
                             break
     assert second.forwards(ForwardOutcome.ACCEPTED) == 1
     assert second.forwards(ForwardOutcome.REJECTED) == 4
@@ -514,3 +519,37 @@ async def test_a_native_client_resumes_on_another_pod_over_websocket_and_quic(
     assert first.forwards(ForwardOutcome.SENT) == 1
     assert owner.forwards(ForwardOutcome.ACCEPTED) == 1
     assert [pod.posts for pod in pods] == [0, 1, 0]
+
+
+async def test_a_stranger_at_the_owners_address_reads_nothing_and_is_not_believed(
+        nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A pod IP reused by a stranger listening on the fleet port: the forward's opening
+    seals the client's bytes (its token and credentials), and whatever the stranger
+    answers (here a gateway's hello ack) reaches the client only after a proof it cannot
+    make; the client is told to retry."""
+    (pod,) = await start_fleet(nursery, tmp_path, pods=1)
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    heard = bytearray()
+
+    async def stranger() -> None:
+        async with listener:
+            stream = await listener.accept()
+            async with stream:
+                heard.extend(await stream.receive_some(65536))
+                sans_io = nnrp.ServerConnection()
+                sans_io.receive_data(nnrp.ClientConnection().hello())
+                await stream.send_all(nnrp.encode(nnrp.Packet(nnrp.ServerHelloAck())))
+                await trio.sleep_forever()
+
+    nursery.start_soon(stranger)
+    gone = nnrp.FleetIdentity(f"127.0.0.1:{port}", nnrp.FleetKeys(
+        [KEY], clock=time.monotonic, keep_previous=60), wall_clock=time.time)
+    token = gone.seal(0, b"the-secret-part-of-token")
+    with trio.fail_after(10):
+        async with connect(pod.uri("tcp")) as client:
+            with pytest.raises(ClientError) as refused:
+                await client.resume_session(ResumeTicket(9, token, 120_000))
+    assert refused.value.retry_later
+    assert heard and b"the-secret-part-of-token" not in heard and token not in heard
+    assert pod.forwards(ForwardOutcome.REFUSED) == 1

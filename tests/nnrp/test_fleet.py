@@ -100,7 +100,8 @@ def test_every_cut_of_a_token_opens_no_route_and_trailing_bytes_are_the_secret()
 @given(st.binary(max_size=400))
 def test_arbitrary_bytes_never_raise_and_never_route(data: bytes) -> None:
     assert identity().route(data) is None
-    assert identity().open_forward(data) is None
+    assert identity().open_forward(data, len(FIELDS)) is None
+    assert identity().open_forward(data, 0) is None
 
 
 def test_a_key_a_reload_drops_opens_routes_for_one_window() -> None:
@@ -173,46 +174,79 @@ def test_a_key_too_short_or_no_key_is_refused_and_the_keys_in_use_stay() -> None
 
 # --------------------------------------------------------------------------- forwards (F4)
 
+CLIENT = b"hello, then a resume with its token and credentials"
 
-def test_a_forward_header_is_taken_once_within_the_skew() -> None:
+
+def opened(owner: nnrp.FleetIdentity, sealed: nnrp.SealedForward | bytes
+           ) -> nnrp.OpenedForward | None:
+    return owner.open_forward(sealed.opening if isinstance(sealed, nnrp.SealedForward)
+                              else sealed, len(FIELDS))
+
+
+def test_a_forward_seals_the_clients_bytes_and_is_taken_once_within_the_skew() -> None:
     wall = WallClock()
     sender, owner = identity(POD_B, wall=wall), identity(POD_A, wall=wall)
-    header = sender.seal_forward(POD_A, FIELDS)
-    assert len(header) == nnrp.forward_header_size(len(FIELDS))
-    assert owner.open_forward(header) == FIELDS
-    assert owner.open_forward(header) is None  # replayed
-    late = sender.seal_forward(POD_A, FIELDS)
+    sealed = sender.seal_forward(POD_A, FIELDS, CLIENT)
+    assert CLIENT not in sealed.opening and b"token" not in sealed.opening
+    head = sealed.opening[:nnrp.forward_head_size(len(FIELDS))]
+    assert nnrp.forward_rest_size(head) == len(CLIENT) + 32
+    taken = opened(owner, sealed)
+    assert taken is not None
+    assert (taken.fields, taken.client_bytes, taken.proof) == (FIELDS, CLIENT, sealed.proof)
+    assert opened(owner, sealed) is None  # replayed
+    late = sender.seal_forward(POD_A, FIELDS, CLIENT)
     wall.now += FORWARD_SKEW + 0.01
-    assert owner.open_forward(late) is None  # stale
-    early = sender.seal_forward(POD_A, FIELDS)
+    assert opened(owner, late) is None  # stale
+    early = sender.seal_forward(POD_A, FIELDS, CLIENT)
     wall.now -= 2 * FORWARD_SKEW + 0.02
-    assert owner.open_forward(early) is None  # from a clock too far ahead
+    assert opened(owner, early) is None  # from a clock too far ahead
+    empty = sender.seal_forward(POD_A, FIELDS, b"")
+    assert (taken := opened(owner, empty)) is not None and taken.client_bytes == b""
+
+
+def test_only_the_fleet_can_answer_a_forwards_proof() -> None:
+    sender = identity(POD_B)
+    sealed = sender.seal_forward(POD_A, FIELDS, CLIENT)
+    other = sender.seal_forward(POD_A, FIELDS, CLIENT)
+    assert sealed.proof != other.proof  # one per forward: a captured one answers nothing
+    assert opened(identity(POD_A, OTHER_KEY), sealed) is None  # a stranger cannot open it
 
 
 def test_a_forward_of_another_fleet_or_pod_or_changed_or_cut_is_refused() -> None:
     owner = identity(POD_A)
-    assert owner.open_forward(identity(POD_B, OTHER_KEY).seal_forward(POD_A, FIELDS)) is None
-    to_c = identity(POD_B).seal_forward(POD_C, FIELDS)
-    assert owner.open_forward(to_c) is None  # genuine, but for pod C
-    assert identity(POD_C).open_forward(to_c) == FIELDS
-    header = identity(POD_B).seal_forward(POD_A, FIELDS)
-    for index in range(len(header)):
-        forged = bytearray(header)
+    assert opened(owner, identity(POD_B, OTHER_KEY).seal_forward(POD_A, FIELDS, CLIENT)) is None
+    to_c = identity(POD_B).seal_forward(POD_C, FIELDS, CLIENT)
+    assert opened(owner, to_c) is None  # genuine, but for pod C
+    assert opened(identity(POD_C), to_c) is not None
+    sealed = identity(POD_B).seal_forward(POD_A, FIELDS, CLIENT)
+    for index in range(len(sealed.opening)):
+        forged = bytearray(sealed.opening)
         forged[index] ^= 0x80
-        assert owner.open_forward(bytes(forged)) is None, index
-    for size in range(len(header)):
-        assert owner.open_forward(header[:size]) is None, size
-    assert owner.open_forward(header) == FIELDS  # none of that spent the genuine one
+        assert opened(owner, bytes(forged)) is None, index
+    for size in range(len(sealed.opening)):
+        assert opened(owner, sealed.opening[:size]) is None, size
+    assert opened(owner, sealed.opening + b"x") is None  # trailing bytes
+    assert opened(owner, sealed) is not None  # none of that spent the genuine one
 
 
-def test_a_forward_signed_with_the_previous_key_is_taken_during_a_rotation() -> None:
+def test_a_forward_announcing_too_much_is_refused_before_it_is_read() -> None:
+    sealed = identity(POD_B).seal_forward(POD_A, FIELDS, CLIENT)
+    head = bytearray(sealed.opening[:nnrp.forward_head_size(len(FIELDS))])
+    offset = len(head) - len(FIELDS) - 4
+    head[offset:offset + 4] = (2 << 20).to_bytes(4, "big")
+    assert nnrp.forward_rest_size(bytes(head)) is None
+    assert nnrp.forward_rest_size(b"GET / HTTP/1.1\r\n" * 8) is None
+
+
+def test_a_forward_sealed_with_a_dropped_key_is_taken_during_the_window() -> None:
     clock = Clock()
     owner = identity(POD_A, clock=clock)
-    header = identity(POD_B).seal_forward(POD_A, FIELDS)  # a pod not yet reloaded
+    sealed = identity(POD_B).seal_forward(POD_A, FIELDS, CLIENT)  # a pod not yet reloaded
     owner.keys.rotate([OTHER_KEY])
-    assert owner.open_forward(header) == FIELDS
+    taken = opened(owner, sealed)
+    assert taken is not None and taken.proof == sealed.proof
     clock.now += 121
-    assert owner.open_forward(identity(POD_B).seal_forward(POD_A, FIELDS)) is None
+    assert opened(owner, identity(POD_B).seal_forward(POD_A, FIELDS, CLIENT)) is None
 
 
 # --------------------------------------------------------------------------- the book (R11)
