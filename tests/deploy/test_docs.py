@@ -126,3 +126,22 @@ def test_the_links_in_the_docs_are_found() -> None:
     assert {"docs/runtime-controls.md", "docs/benchmarks.md#quic-beside-tcp-issue-13"} <= readme
     benchmarks = set(links((ROOT / "docs" / "benchmarks.md").read_text()))
     assert {"bench/results.json", "bench/latency.png"} <= benchmarks
+
+
+PLOTS = (".png", ".svg", ".jpg", ".jpeg", ".gif")
+
+
+def shown_files(docs: list[Path]) -> set[Path]:
+    """Every file a doc's links name, resolved."""
+    return {(doc.parent / unquote(target.partition("#")[0])).resolve()
+            for doc in docs for target in links(doc.read_text())
+            if target.partition("#")[0] and not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I)}
+
+
+def test_every_plot_under_docs_is_shown_by_a_doc() -> None:
+    """A plot no page shows is one nobody reads or keeps up to date (issue 37: one under
+    docs/bench/issue16/passes had labels printed over each other)."""
+    shown = shown_files(DOCS)
+    orphans = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*")
+                     if path.suffix.lower() in PLOTS and path.resolve() not in shown)
+    assert orphans == []
