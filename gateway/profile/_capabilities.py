@@ -8,8 +8,12 @@ every bound listener, quic:// included). ``tool_calls`` is true only when the
 operator declares that vLLM runs with a tool parser (``--enable-auto-tool-choice
 --tool-call-parser``): a sidecar cannot see vLLM's flags.
 
-The document is frozen attrs classes, turned into JSON-ready data by cattrs at the edge
-(``$schema`` is the one key that is not a Python name).
+The document is frozen attrs classes, turned into JSON-ready data by cattrs at the edge.
+It carries no ``$schema``: the suite's schema lives in the suite's repository, and its
+``$id`` is an identifier, not an address that answers, so any value here would name a
+file no consumer has. ``profile`` and ``schema_version`` say what the document is; the
+vendored copy of the schema (recipes/suite/schemas/api-profile-capabilities.schema.json,
+installed under gateway/tools/conformance/recipes/) is what it is checked against.
 """
 
 from __future__ import annotations
@@ -78,7 +82,6 @@ class Runtime:
 
 @attrs.frozen(kw_only=True)
 class CapabilityDocument:
-    schema: str = "../../schemas/api-profile-capabilities.schema.json"
     adapter: str
     profile: str = "openai-compatible"
     schema_version: str = SCHEMA_VERSION
@@ -132,8 +135,8 @@ _converter.register_unstructure_hook(Backend, make_dict_unstructure_fn(
 _converter.register_unstructure_hook(Listener, make_dict_unstructure_fn(
     Listener, _converter, alpn=override(omit_if_default=True)))
 _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
-    CapabilityDocument, _converter, schema=override(rename="$schema"),
-    backend=override(omit_if_default=True), nnrp=override(omit_if_default=True)))
+    CapabilityDocument, _converter, backend=override(omit_if_default=True),
+    nnrp=override(omit_if_default=True)))
 
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
