@@ -6,6 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
+from hypothesis import settings
+
+from tests.support.tiers import QUICK
+
+if QUICK:  # `make check`: property tests without their own count run a quick pass too
+    settings.register_profile("check", max_examples=10)
+    settings.load_profile("check")
 
 #: Shared fixtures live in tests/support, like every other shared helper.
 pytest_plugins = ["tests.support.fixtures"]

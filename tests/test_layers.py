@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def sources() -> dict[str, Path]:
     return {module_name(path): path for top in ("gateway", "cli")
             for path in sorted((ROOT / top).rglob("*.py"))}
@@ -55,7 +57,11 @@ def imports_of(path: Path, name: str | None = None) -> set[str]:
     """Every module a file imports (absolute names; relative imports resolved), at any
     depth: type-checking-only and function-level imports included. ``from pkg import x``
     names ``pkg.x`` when that is a module, else ``pkg``."""
-    name = name or module_name(path)
+    return set(_imports_of(path, name or module_name(path)))
+
+
+@functools.cache  # each file is read and parsed once for the whole module's tests
+def _imports_of(path: Path, name: str) -> frozenset[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     modules = sources()
     found: set[str] = set()
@@ -72,7 +78,7 @@ def imports_of(path: Path, name: str | None = None) -> set[str]:
                           if f"{module}.{alias.name}" in modules]
             found.update(submodules or [module])
     found.discard(name)
-    return found
+    return frozenset(found)
 
 
 def unit_of(module: str) -> str | None:

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
 from tests.support.strategies import ALL_CLASSES, packets
+from tests.support.tiers import examples
 
 
 def feed_three_ways(data: bytes) -> list[nnrp.Packet]:
@@ -29,7 +30,7 @@ def feed_three_ways(data: bytes) -> list[nnrp.Packet]:
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.MSG_TYPE.name)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_roundtrip_every_message(cls: type[Any], data: st.DataObject) -> None:
     packet = data.draw(packets(cls))
@@ -39,7 +40,7 @@ def test_roundtrip_every_message(cls: type[Any], data: st.DataObject) -> None:
     assert nnrp.decode_packet(raw) == packet
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(packets(), min_size=1, max_size=6), st.data())
 def test_stream_of_packets_any_chunking(batch: list[nnrp.Packet], data: st.DataObject) -> None:
     raw = b"".join(nnrp.encode(p) for p in batch)

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
 from tests.support.strategies import messages, packets
+from tests.support.tiers import examples
 
 core = pytest.importorskip("nnrp.core")
 runtime_types = pytest.importorskip("nnrp.runtime.types")
@@ -95,7 +96,7 @@ def _theirs_accepts(their_cls: Any, raw: bytes) -> Any | None:
 
 
 @pytest.mark.parametrize("cls", list(RUNTIME_PAIRS), ids=lambda c: c.MSG_TYPE.name)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_runtime_metadata_both_directions(cls: type[Any], data: st.DataObject) -> None:
     ours = data.draw(messages(cls))
@@ -111,7 +112,7 @@ def test_runtime_metadata_both_directions(cls: type[Any], data: st.DataObject) -
 
 
 @pytest.mark.parametrize("cls", list(CORE_PAIRS), ids=lambda c: c.MSG_TYPE.name)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_core_metadata_both_directions(cls: type[Any], data: st.DataObject) -> None:
     ours = data.draw(messages(cls))
@@ -124,7 +125,7 @@ def test_core_metadata_both_directions(cls: type[Any], data: st.DataObject) -> N
 
 
 @pytest.mark.parametrize("cls", list(BYTE_PAIRS), ids=lambda c: c.MSG_TYPE.name)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_added_metadata_both_directions(cls: type[Any], data: st.DataObject) -> None:
     ours = data.draw(messages(cls))
@@ -140,7 +141,7 @@ def test_core_layout_sizes_agree() -> None:
         assert ours.LAYOUT.size == theirs.STRUCT.size, ours.__name__
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(packet=packets())
 def test_header_both_directions(packet: nnrp.Packet) -> None:
     raw = nnrp.encode(packet)
@@ -151,7 +152,7 @@ def test_header_both_directions(packet: nnrp.Packet) -> None:
         packet.session_id, packet.frame_id, packet.trace_id)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(payload=st.binary(max_size=300), session_id=st.integers(1, 2**32 - 1),
        frame_id=st.integers(1, 2**32 - 1), operation_id=st.integers(1, 2**64 - 1),
        trace_id=st.integers(0, 2**64 - 1))
@@ -173,7 +174,7 @@ def test_openai_submit_is_byte_identical_to_the_reference_builder(
     assert ours == theirs.pack()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(payload=st.binary(max_size=300))
 def test_our_result_body_passes_the_reference_validator(payload: bytes) -> None:
     body = nnrp.pack_single_frame(payload)

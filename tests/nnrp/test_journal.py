@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gateway.nnrp import PACKET_COST, RECORD_COST, Budget, Journal, ReplayGap
+from tests.support.tiers import examples
 
 
 def packet(tag: str, size: int = 10) -> bytes:
@@ -146,7 +147,7 @@ def test_the_shared_budget_wakes_the_sessions_waiting_for_room_and_only_them() -
     assert (waiter.woken, shared.waiting) == (1, set())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300)), max_size=120),
        st.integers(RECORD_COST + 100, RECORD_COST * 4 + 4000))
 def test_trimming_keeps_every_replay_a_suffix_of_what_was_sent(

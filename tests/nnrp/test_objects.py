@@ -22,6 +22,7 @@ from nnrp.core.packet import pack_object_reference_blocks, unpack_object_referen
 from gateway import nnrp
 from gateway.profile import CANCEL_CAUSES, END_TABLE, Drop, EndCause, Push
 from tests.nnrp.test_golden import CASES
+from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11)
@@ -469,7 +470,7 @@ def test_an_object_exchange_fed_byte_by_byte_answers_the_same_bytes() -> None:
     assert whole[0].count("SendBytes") == 5  # hello, open, negotiation, two refusals
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(blocks=st.lists(st.tuples(st.sampled_from([int(k) for k in nnrp.CacheObjectKind]),
                                  st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1),
                                  st.integers(0, 2**64 - 1)), max_size=4))

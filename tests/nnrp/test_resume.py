@@ -27,6 +27,7 @@ from tests.support.resume import (
     migrate,
     resume,
 )
+from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies
 
 REQUEST = json.dumps({"schema_version": 1, "operation": "chat.completions.create",
@@ -782,7 +783,7 @@ def test_a_migration_must_come_from_the_sessions_own_credentials() -> None:
     assert accepted.message.accept_code == nnrp.MigrateAccept.ACCEPTED
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=400))
 def test_arbitrary_tokens_and_migrations_keep_the_contract(data: bytes) -> None:
     """tests/support/resume.py ``exercise``: the fuzzer's ``resume`` target, in CI."""

@@ -39,6 +39,7 @@ from hypothesis.stateful import (
 
 from gateway import nnrp
 from tests.support.resume import RESUMABLE, Clock, book, connection, migrate, resume
+from tests.support.tiers import examples
 from tests.support.wire import pk
 
 WINDOW = 10.0
@@ -449,6 +450,6 @@ class ResumeMachine(RuleBasedStateMachine):
 
 
 ResumeMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=50, deadline=None,
+    max_examples=examples(300), stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_resume_state_machine = ResumeMachine.TestCase

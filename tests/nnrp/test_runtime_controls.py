@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from gateway import nnrp
 from gateway.nnrp._server import _RULES
 from tests.support.strategies import ALL_CLASSES, packets
+from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies, unpacked
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11)
@@ -64,7 +65,7 @@ def test_every_preview4_type_has_a_rule() -> None:
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.MSG_TYPE.name)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(data=st.data())
 def test_no_well_formed_frame_closes_a_session_connection(cls: type[Any],
                                                           data: st.DataObject) -> None:

@@ -27,6 +27,7 @@ from gateway.upstream import (
     parse_chunk,
     select_binding,
 )
+from tests.support.tiers import examples
 
 TRANSCRIPTS = bundled_transcripts()
 
@@ -68,7 +69,7 @@ def without_ids(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("id", "created")}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(pair=st.sampled_from(PAIRS), family=st.sampled_from(FAMILIES), data=st.data())
 def test_a_rebuilt_stream_is_vllms_non_streaming_answer(pair: str, family: str,
                                                         data: st.DataObject) -> None:

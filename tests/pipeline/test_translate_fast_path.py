@@ -19,6 +19,7 @@ from gateway.profile import events as ev
 from gateway.tools.replay import FAMILIES, family_transcripts
 from gateway.upstream import BINDINGS, Binding, UpstreamMalformed, parse_chunk, select_binding
 from gateway.upstream._chunks import check_chunk
+from tests.support.tiers import examples
 
 
 def outcome(step: Any) -> Any:
@@ -136,7 +137,7 @@ def chunk_streams(draw: st.DrawFn) -> list[dict[str, Any]]:
     return chunks
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(chunks=chunk_streams(), binding=st.sampled_from(BINDINGS),
        usage_requested=st.booleans(), include_openai_chunk=st.booleans())
 def test_generated_streams_translate_the_same_either_way(

@@ -27,6 +27,7 @@ from gateway.transport._quic_endpoint import (
 )
 from gateway.transport._quic_settings import NNRP_STREAM_ID
 from tests.support.quic import Pki, make_pki
+from tests.support.tiers import examples
 
 CLIENT = ("192.0.2.7", 50000)
 SERVER = ("192.0.2.1", 4433)
@@ -393,7 +394,7 @@ def test_arbitrary_datagrams_never_raise(pki: Pki) -> None:
     quic_settings = QuicSettings(TlsConfig(pki.cert, pki.key), max_connections=2)
     configuration = server_configuration(quic_settings)
 
-    @settings(max_examples=150, deadline=None,
+    @settings(max_examples=examples(150), deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.booleans(), st.lists(st.binary(max_size=1500), max_size=4))
     def check(with_initial: bool, datagrams: list[bytes]) -> None:

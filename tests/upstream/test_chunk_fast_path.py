@@ -19,6 +19,7 @@ from hypothesis import example, given, settings, strategies as st
 from gateway.tools.replay import FAMILIES, family_transcripts
 from gateway.upstream import ChunkParser, UpstreamMalformed, parse_chunk
 from gateway.upstream._chunks import _parse_in_general, _plain_text_chunk
+from tests.support.tiers import examples
 
 
 def general(data: str) -> dict[str, Any] | str:
@@ -177,7 +178,7 @@ def escape(text: str, how: int) -> str:
     return '"' + text + '"'
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=texts, how=st.integers(0, 2), index=st.integers(0, 2**40),
        created=st.integers(0, 2**70), token_ids=st.booleans(),
        id=st.text(min_size=0, max_size=8), model=st.text(min_size=0, max_size=8))
@@ -194,7 +195,7 @@ def test_generated_chunks_read_the_same_either_way(
     assert_same_answer(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.recursive(st.none() | st.booleans() | st.integers() | texts,
                     lambda inner: st.lists(inner, max_size=3)
                     | st.dictionaries(st.sampled_from(["id", "object", "created", "model",
@@ -320,7 +321,7 @@ def test_the_kept_head_is_what_most_chunks_of_a_stream_take(
                        plain('"z"', id="other", tail="")]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(texts, st.integers(0, 2), st.sampled_from(["c1", "c2"]),
                           st.sampled_from(["0", "1"]), st.booleans(),
                           st.sampled_from(["", "shape"])), min_size=1, max_size=12))
