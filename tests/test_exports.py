@@ -102,7 +102,8 @@ PUBLIC: dict[str, str] = {
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
         "RouteUnavailable SpanData SpanEvent Tracer Upstream build_record build_spans "
-        "check_tracing configure_logging measure_tracing_cost metrics_route open_tracer "
+        "check_tracing configure_logging measure_tracing_cost metrics_route metrics_text "
+        "open_tracer "
         "tracing_problem "
     ),
     "gateway.tools.client": (

@@ -7,6 +7,7 @@ from ._admin import (
     AdminServer as AdminServer,
     RouteUnavailable as RouteUnavailable,
     metrics_route as metrics_route,
+    metrics_text as metrics_text,
 )
 from ._logging import configure_logging as configure_logging
 from ._metrics import GatewayMetrics as GatewayMetrics

@@ -5,7 +5,9 @@
   model load; conventions.md A1).
 * ``/readyz``: 200 when every NNRP listener is bound, vLLM is probed and healthy, and the
   gateway is not draining; otherwise 503 with the reasons as JSON.
-* ``/metrics``: Prometheus text, only when metrics are enabled.
+* ``/metrics``: Prometheus text, only when metrics are enabled; without the ``*_created``
+  series prometheus_client adds to each counter, histogram and summary (a second series
+  per series, a creation time nothing here reads: ``metrics_text``).
 * ``/metrics/vllm``: vLLM's own ``/metrics``, passed through as it is (only when metrics
   are enabled): in the chart vLLM binds loopback inside the pod, so Prometheus reaches it
   only here (a ServiceMonitor endpoint of its own job). Bounded in time and size by the
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
@@ -32,6 +34,8 @@ import h11
 import structlog
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gateway.transport import ListenError, open_unix_listener
 
@@ -63,7 +67,35 @@ class RouteUnavailable(Exception):
 
 def metrics_route(registry: CollectorRegistry) -> Route[bytes]:
     """/metrics for one process's registry."""
-    return lambda: generate_latest(registry)
+    return lambda: metrics_text(registry)
+
+
+def metrics_text(registry: Collector) -> bytes:
+    """Prometheus text of ``registry``'s families, less their ``*_created`` samples.
+
+    prometheus_client gives every counter, histogram and summary series a ``_created``
+    twin (its creation time): as many series again for Prometheus to store, and no query,
+    alert or dashboard here reads them (Prometheus takes a restart from the counter going
+    back). The switch prometheus_client has for this (``disable_created_metrics``) is the
+    whole process's: this leaves every other registry of the process as it is."""
+    return generate_latest(_WithoutCreated(registry))
+
+
+class _WithoutCreated(Collector):
+    def __init__(self, registry: Collector) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [sample for sample in family.samples
+                            if not (sample.name == f"{family.name}_created"
+                                    and family.type in _WITH_CREATED)]
+            yield kept
+
+
+#: The families prometheus_client gives a ``_created`` sample.
+_WITH_CREATED = frozenset({"counter", "histogram", "summary"})
 
 
 async def _answer(route: Route[T]) -> T:

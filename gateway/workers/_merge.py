@@ -6,9 +6,8 @@ the same series from several workers becomes one sample whose value is
 * the **sum** by default: every counter and histogram, and the gauges that count what
   a worker holds (open connections, sessions, operations in flight, its upstream pool's
   slots: size, in use, idle, waiting): the pod's figure is the sum of its workers';
-* the **minimum** for ``*_created`` samples (the series exists since the first worker
-  created it), for ``upstream_ready`` (1 only when every worker sees vLLM healthy) and
-  for ``ready`` (1 only when every worker would answer ``/readyz`` with 200);
+* the **minimum** for ``upstream_ready`` (1 only when every worker sees vLLM healthy)
+  and for ``ready`` (1 only when every worker would answer ``/readyz`` with 200);
 * the **maximum** for ``build_info`` (1 per version label, not N), and for load-aware
   admission's view of vLLM (``load_*`` gauges: every worker samples the same vLLM, so
   the pod's figure is one sample's, the oldest age, and a state any worker is in).
@@ -16,21 +15,25 @@ the same series from several workers becomes one sample whose value is
 Counters must never step back, or Prometheus' ``rate()`` reads a reset and counts the
 other workers' whole totals as new increase. So ``PodMetrics`` keeps each worker's last
 text: a worker that does not answer a scrape counts with its last values, and when a
-worker exits its last counters and histograms (and their creation times) join a retired
-base that every later scrape adds (its gauges go: what it held is gone). Increments
-between a dead worker's last scrape and its end are lost, as they would be for one
-process.
+worker exits its last counters and histograms join a retired base that every later
+scrape adds (its gauges go: what it held is gone). Increments between a dead worker's
+last scrape and its end are lost, as they would be for one process.
+
+The pod's text has no ``*_created`` series, as a worker's has none
+(``gateway.observe.metrics_text``): one a worker's text carried is not passed on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+
+from gateway.observe import metrics_text
 
 Combine = Callable[[float, float], float]
 
@@ -57,13 +60,14 @@ def merge_texts(texts: Iterable[str]) -> list[Metric]:
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for text in texts:
         for family in text_string_to_metric_families(text):
+            if family.name.endswith("_created"):  # a creation time: not served (above)
+                continue
             merged = families.setdefault(family.name, Metric(
                 family.name, family.documentation, family.type, family.unit))
             series = values.setdefault(merged.name, {})
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
-                combine = (min if sample.name.endswith("_created")
-                           else COMBINE.get(family.name, _add))
+                combine = COMBINE.get(family.name, _add)
                 series[key] = (combine(series[key], sample.value) if key in series
                                else sample.value)
     for name, family in families.items():
@@ -82,13 +86,13 @@ class _Families(Collector):
 
 def merged_exposition(texts: Iterable[str], *extra: CollectorRegistry) -> bytes:
     """Prometheus text for the merged workers, followed by ``extra`` registries' own."""
-    return _render(merge_texts(texts)) + b"".join(generate_latest(r) for r in extra)
+    return _render(merge_texts(texts)) + b"".join(metrics_text(r) for r in extra)
 
 
 def _render(families: list[Metric]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families))
-    return generate_latest(registry)
+    return metrics_text(registry)
 
 
 #: Family types that only grow while their process lives (kept when a worker retires).
@@ -112,7 +116,7 @@ class PodMetrics:
         if text is None:
             return
         kept = [family for family in text_string_to_metric_families(text)
-                if family.type in _CUMULATIVE or family.name.endswith("_created")]
+                if family.type in _CUMULATIVE]
         self._retired = merged_exposition([self._retired, _render(kept).decode()]).decode()
 
     def exposition(self, *extra: CollectorRegistry) -> bytes:
