@@ -760,7 +760,8 @@ def capabilities(
     tool_calls: Annotated[bool, typer.Option(help="vLLM runs with a tool parser.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Compact JSON.")] = False,
 ) -> None:
-    """Print the capability document (probing vLLM for its version and models)."""
+    """Print the capability document (probing vLLM for its version and models); when the
+    probe fails, nothing on stdout and exit 1."""
     import trio
 
     from gateway.app import Gateway, GatewayConfig
@@ -787,10 +788,10 @@ def capabilities(
         return gateway_app.capabilities(), problem
 
     document, problem = trio.run(probe)
+    if problem is not None:  # the document would lack vLLM's models: none is printed
+        raise UserError(problem, vllm_url, code=EXIT_FAILED)
     typer.echo(json.dumps(document, separators=(",", ":")) if as_json
                else json.dumps(document, indent=2))
-    if problem is not None:  # the document without vLLM's models: not a success
-        raise UserError(problem, vllm_url, code=EXIT_FAILED)
 
 
 #: Seconds ``capabilities`` waits for vLLM's probe.

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from gateway.tools.replay import load_transcript
 from tests.support.cli import served_config
-from tests.support.processes import ReplayThread
+from tests.support.processes import ReplayThread, free_port
 
 runner = CliRunner()
 
@@ -92,6 +92,16 @@ def test_capabilities_json(replay: ReplayThread) -> None:
     assert document["operations"][0]["tool_calls"] is True
     assert document["backend"] == {"name": "vllm", "version": "0.26.0", "binding": "0.26.x",
                                    "evidence": "gpu_smoke"}
+
+
+def test_capabilities_prints_nothing_on_stdout_when_it_fails() -> None:
+    # Issue 37: it printed a document (without vLLM's models) before its error line, so
+    # `capabilities > caps.json` left a file that looked like an answer.
+    result = runner.invoke(app, ["capabilities", "--vllm-url",
+                                 f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: vLLM probe failed")
 
 
 def test_serve_refuses_an_untested_vllm() -> None:
