@@ -30,7 +30,7 @@ from ._app import (
 )
 from .bench import bench_app
 from .conformance import conformance_app
-from .ops import chat, check, health
+from .ops import chat, check, health, usage_text
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -840,7 +840,7 @@ async def _demo() -> int:
                         assert event.typed_body is not None
                         final = json.loads(event.typed_body.frames[0].payload)
                         typer.echo(f"\n[{final['type']}, status {event.meta.status_code}, "
-                                   f"usage {usage}]")
+                                   f"usage: {usage_text(usage)}]")
                         status = 0 if final["type"] == "response.completed" else 1
                 await session.close()
         nursery.cancel_scope.cancel()

@@ -362,6 +362,8 @@ async def _converse(prompt: str | None, endpoint: str, model: str, max_tokens: i
     async with connect(endpoint, ssl_context=trust.ssl_context(), quic=trust.quic(),
                        resume=True, recovery_limit=reconnect_for) as client:
         session = await client.open_session(resume=True, auth=auth)
+        if prompt is None:
+            typer.echo(LEAVE_HINT, err=True)
         while True:
             text = prompt if prompt is not None else await _ask_unless_interrupted(interrupts)
             if interrupts.event.is_set():  # Ctrl-C at the prompt: the chat ends
@@ -413,10 +415,17 @@ async def _ask_unless_interrupted(interrupts: _Interrupts) -> str | None:
     return line[0] if line else None
 
 
+#: Said once, on stderr, when an interactive chat has its session: how to leave.
+LEAVE_HINT = ("Type a message and Enter; Ctrl-D or an empty line leaves, Ctrl-C during "
+              "an answer cancels it.")
+
+
 def _ask() -> str | None:
     try:
         line = input("you> ")
-    except EOFError:
+    except EOFError:  # Ctrl-D: the prompt's line is ended, as Enter would have
+        sys.stdout.write("\n")
+        sys.stdout.flush()
         return None
     return line or None
 
@@ -479,4 +488,21 @@ def _show(event: dict[str, Any], parts: list[str]) -> None:
     elif kind == "response.tool_call.completed":
         typer.echo(f"\n[tool call {event['name']}({event['arguments']})]")
     elif kind == "response.usage":
-        typer.echo(f"\n[usage {event['usage']}]", nl=False)
+        typer.echo(f"\n[usage: {usage_text(event['usage'])}]", nl=False)
+
+
+def usage_text(usage: dict[str, Any]) -> str:
+    """vLLM's token usage as a person reads it: ``prompt 9 tokens, completion 5 tokens,
+    total 14`` (with the cached and reasoning tokens when vLLM counted them)."""
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    parts = []
+    if prompt is not None:
+        parts.append(f"prompt {prompt} tokens" + (f" ({cached} cached)" if cached else ""))
+    if completion is not None:
+        parts.append(f"completion {completion} tokens"
+                     + (f" ({reasoning} reasoning)" if reasoning else ""))
+    if usage.get("total_tokens") is not None:
+        parts.append(f"total {usage['total_tokens']}")
+    return ", ".join(parts) or "none counted"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -434,7 +435,22 @@ def test_chat_one_shot(served_stack: Any) -> None:
                                  "--max-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert "The quick brown fox" in result.output
-    assert "completion_tokens" in result.output
+    # Issue 37: the usage was a Python dict ({'completion_tokens': 4, ...}).
+    assert re.search(r"^\[usage: prompt \d+ tokens, completion 4 tokens, total \d+\]$",
+                     result.stdout, re.M), result.stdout
+
+
+def test_interactive_chat_says_how_to_leave_and_ends_its_line_at_the_end(
+        served_stack: Any) -> None:
+    """Issue 37: nothing said how to leave, and Ctrl-D left the shell's prompt on the
+    line of chat's own ("you> $")."""
+    _, endpoint, _, _ = served_stack
+    result = runner.invoke(app, ["chat", "--endpoint", endpoint, "--max-tokens", "4"],
+                           input="Hello there\n")
+    assert result.exit_code == 0, result.output
+    assert "Ctrl-D or an empty line leaves" in result.stderr
+    assert "The quick brown fox" in result.stdout
+    assert result.stdout.endswith("you> \n"), result.stdout
 
 
 def test_a_config_file_is_checked_key_by_key(tmp_path: Path) -> None:
