@@ -11,7 +11,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck unit conformance bench bench-smoke fuzz flake-check clean
+.PHONY: help demo otel test lint typecheck unit conformance bench bench-smoke fuzz flake-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' \
@@ -51,6 +51,10 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 
 demo: $(RUNTIME_STAMP) ## the gateway and a replay vLLM; one chat answer streamed over NNRP
 	$(BIN)/nnrp-gateway demo
+
+# The otel extra for `serve --otel-traces` (README, "Traces"); the test extra has it too.
+otel: $(RUNTIME_STAMP) ## OpenTelemetry's SDK and OTLP exporter into .venv, for --otel-traces
+	$(call install,-e '.[otel]')
 
 test: lint typecheck unit conformance bench-smoke ## everything CI runs: lint, typecheck, unit, conformance, bench-smoke
 

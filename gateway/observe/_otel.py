@@ -17,6 +17,13 @@ The rules:
    ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`` entries that are not ``key=value`` (named by
    position, never shown: a value may be a key). ``OTEL_SDK_DISABLED=true`` is read
    before this module is imported (``_tracing.tracing_disabled``).
+   ``OTEL_TRACES_EXPORTER`` picks the exporter: ``otlp`` (the default), ``console`` (the
+   SDK's ConsoleSpanExporter, on stdout as the SDK has it, where the serving gateway
+   logs too: one span per line, compact JSON, so the stream stays JSON lines; a span has
+   ``context`` where a log line has ``event``) or ``none`` (tracing on, nothing exported:
+   spans are still decided, so log lines carry trace ids and vLLM its traceparent).
+   Anything else, a list included, is a ``ConfigError``; so is an OTLP/HTTP endpoint
+   that is not an http(s) URL with a host.
 2. **Spans are built, not recorded live**: ``_spans.build_spans`` turns the observation
    record into ``SpanData``, and this module into the SDK's ``ReadableSpan`` (what every
    exporter takes), so the span cannot disagree with the log line. The ids come from the
@@ -32,6 +39,12 @@ The rules:
 4. **Exporter failures are logged at most once a minute** (``FailureLog``), with the
    exporter's last reason and how many batches and spans failed since the last line; the
    exporter's own per-attempt log records are kept off the console.
+5. **Where spans go is said at start** (``OtelTracer.start``): one ``tracing on`` line
+   with the exporter, its endpoint and protocol, the sampler (and its ratio) and the
+   service name. For OTLP, a thread of its own then tries one TCP connection to the
+   collector (``PROBE_TIMEOUT``; never in start-up's way): one it cannot make is a
+   warning now, ``trace collector unreachable``, not a failed export seconds after the
+   first request. The first failed export is logged at once, with a hint, as ever.
 """
 
 from __future__ import annotations
@@ -40,10 +53,12 @@ import collections
 import logging
 import os
 import re
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, cast
 from urllib.parse import urlsplit
 
 import attrs
@@ -75,6 +90,13 @@ FAILURE_LOG_INTERVAL = 60.0
 #: The exporters' loggers (every OTLP exporter's and their HTTP client's are below it),
 #: whose records ``FailureLog`` takes instead of the console.
 EXPORTER_LOGGERS = ("opentelemetry.exporter",)
+#: Rule 5: how long the start-up check waits for the collector's TCP connection.
+PROBE_TIMEOUT = 3.0
+#: What to do about a collector that does not answer (rules 4 and 5).
+COLLECTOR_HINT = ("is a collector listening there? OTEL_EXPORTER_OTLP_ENDPOINT names "
+                  "it; OTEL_TRACES_EXPORTER=console prints spans to stdout instead")
+#: ``OTEL_TRACES_EXPORTER``'s values the gateway honours, the SDK's names (rule 1).
+EXPORTERS = ("otlp", "console", "none")
 _KINDS = {"server": trace_api.SpanKind.SERVER, "client": trace_api.SpanKind.CLIENT}
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 
@@ -124,6 +146,56 @@ def check_headers(env: Mapping[str, str]) -> None:
                                   "token characters, then =; its text is not shown)")
 
 
+def traces_exporter(env: Mapping[str, str]) -> str:
+    """Rule 1: ``OTEL_TRACES_EXPORTER`` as the gateway honours it (case-insensitive)."""
+    raw = env.get("OTEL_TRACES_EXPORTER", "")
+    name = raw.strip().lower() or "otlp"
+    if name not in EXPORTERS:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={raw!r}: the gateway exports spans with "
+                          "one of otlp (the default), console (JSON lines on stdout) or "
+                          "none (nothing exported)")
+    return name
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for a log line: userinfo (which may hold a password) replaced."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}{separator}{authority}{slash}{path}"
+
+
+def collector_address(url: str) -> tuple[str, int] | None:
+    """The host and port a collector URL names (a gRPC one may lack its scheme), or None
+    when it names none the start-up check can try (rule 5)."""
+    try:
+        parts = urlsplit(url if "://" in url else f"//{url}")
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    if port is None:
+        port = {"http": 80, "https": 443}.get(parts.scheme)
+    return None if port is None else (parts.hostname, port)
+
+
+def _check_http_url(name: str, url: str) -> None:
+    """Rule 1: an OTLP/HTTP endpoint is an http(s) URL with a host and a numeric port."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (it raises ValueError for a port that is not a number)
+        good = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        good = False
+    if not good:
+        raise ConfigError(f"{name}={shown_url(url)!r}: expected the collector's http:// or "
+                          "https:// URL (e.g. http://otel-collector:4318)")
+
+
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -142,13 +214,24 @@ class ExportSettings:
     """Rule 1's settings that the gateway reads itself (the exporter reads the rest)."""
 
     protocol: str
+    #: The endpoint as the variables give it (the base URL for OTEL_EXPORTER_OTLP_ENDPOINT).
     endpoint: str
     max_queue: int
     batch_size: int
     delay: float
+    #: ``OTEL_TRACES_EXPORTER``: otlp, console or none.
+    kind: str = "otlp"
+    #: Where the OTLP exporter sends, as it resolves the variables (OTLP/HTTP adds
+    #: ``/v1/traces`` to OTEL_EXPORTER_OTLP_ENDPOINT); empty: the endpoint as given.
+    resolved_url: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.resolved_url or self.endpoint
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> ExportSettings:
+        kind = traces_exporter(env)
         named = next((name for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
                                         "OTEL_EXPORTER_OTLP_PROTOCOL") if env.get(name)), None)
         protocol = (env[named] if named else "http/protobuf").strip()
@@ -159,12 +242,28 @@ class ExportSettings:
                     or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                     or ("http://localhost:4317" if protocol == "grpc"
                         else "http://localhost:4318"))
+        url = endpoint
+        if protocol == "http/protobuf":
+            # As opentelemetry.exporter.otlp.proto.http resolves it.
+            if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+                if kind == "otlp":
+                    _check_http_url("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+            else:
+                if kind == "otlp" and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+                    _check_http_url("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                url = f"{endpoint.removesuffix('/')}/v1/traces"
         return cls(protocol, endpoint,
                    max_queue=_env_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048),
                    batch_size=_env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
-                   delay=_env_int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000)
+                   delay=_env_int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000,
+                   kind=kind, resolved_url=url)
 
-    def exporter(self) -> SpanExporter:
+    def exporter(self) -> SpanExporter | None:
+        """The exporter ``kind`` names; None for ``none``."""
+        if self.kind == "none":
+            return None
+        if self.kind == "console":
+            return console_exporter()
         if self.protocol == "http/protobuf":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
                 OTLPSpanExporter,
@@ -181,22 +280,71 @@ class ExportSettings:
                               "(or use http/protobuf)") from None
         return cast(SpanExporter, GrpcSpanExporter())
 
+    def where(self, env: Mapping[str, str], service_name: str) -> dict[str, object]:
+        """Rule 5's start-up line: where spans go, and which are sampled."""
+        fields: dict[str, object] = {"exporter": self.kind}
+        if self.kind == "otlp":
+            fields.update(endpoint=shown_url(self.url), protocol=self.protocol)
+        elif self.kind == "console":
+            fields.update(endpoint="stdout", note="one span per line, JSON, among the log "
+                          "lines (a span has \"context\", a log line \"event\")")
+        else:
+            fields.update(note="OTEL_TRACES_EXPORTER=none: spans are sampled and their ids "
+                          "logged and sent to vLLM, but none is exported")
+        sampler = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").lower()
+        fields["sampler"] = sampler
+        if sampler in RATIO_SAMPLERS:  # the SDK's 1.0 without an argument (checked before)
+            fields["sampler_ratio"] = float(env.get("OTEL_TRACES_SAMPLER_ARG") or 1.0)
+        fields["service_name"] = service_name
+        return fields
+
+
+class _SpanLines:
+    """The console exporter's stream: ``sys.stdout`` as it is at write time (as the log's
+    ``_logging._CurrentStream``), flushed after each span's line, so a line is one write
+    however large the batch (with ``--workers``, processes share stdout)."""
+
+    def write(self, text: str) -> int:
+        written = sys.stdout.write(text)
+        sys.stdout.flush()
+        return written
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def _span_line(span: ReadableSpan) -> str:
+    """One span as one line: the SDK's own JSON, without its indentation."""
+    return str(span.to_json(indent=None)) + "\n"
+
+
+def console_exporter() -> SpanExporter:
+    """``OTEL_TRACES_EXPORTER=console``: the SDK's ConsoleSpanExporter, one line a span."""
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    return ConsoleSpanExporter(out=cast("IO[str]", _SpanLines()), formatter=_span_line)
+
 
 def check_environment(env: Mapping[str, str]) -> None:
     """Raise ``ConfigError`` for an OTEL_* setting the gateway cannot use (before serving:
     the CLI says it as one ``error:`` line)."""
     check_sampler(env)
     check_headers(env)
-    ExportSettings.from_environment(env).exporter().shutdown()
+    exporter = ExportSettings.from_environment(env).exporter()
+    if exporter is not None:
+        exporter.shutdown()
 
 
 class FailureLog(logging.Handler):
     """Rule 4. It is also the handler of the exporters' loggers, to learn their reason."""
 
     def __init__(self, endpoint: str, interval: float = FAILURE_LOG_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, hint: str | None = None
+                 ) -> None:
         super().__init__(logging.DEBUG)
         self.endpoint = endpoint
+        #: What to do about it, said on each line (the OTLP exporter's: ``COLLECTOR_HINT``).
+        self.hint = hint
         self.interval = interval
         self.clock = clock
         self.last_reason: str | None = None
@@ -218,9 +366,20 @@ class FailureLog(logging.Handler):
         log.warning("trace export failed", endpoint=self.endpoint,
                     reason=reason or self.last_reason or "the exporter gave no reason",
                     failed_batches=self.batches, dropped_spans=self.spans,
-                    next_report_after_s=self.interval)
+                    next_report_after_s=self.interval,
+                    **({"hint": self.hint} if self.hint else {}))
         self.logged_at, self.batches, self.spans = now, 0, 0
         self.lines += 1
+
+
+class _Discard(SpanExporter):
+    """The queue's exporter when nothing exports (``OtelTracer.export`` queues nothing)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
 
 
 class SpanQueue:
@@ -343,12 +502,16 @@ def upstream_of(vllm_url: str) -> Upstream:
 
 
 class OtelTracer:
-    """``Tracer`` over OpenTelemetry's SDK (rules 1-4)."""
+    """``Tracer`` over OpenTelemetry's SDK (rules 1-5)."""
 
-    def __init__(self, *, exporter: SpanExporter, provider: TracerProvider, vllm_url: str,
-                 dropped: Callable[[str, int], None], exported: Callable[[int], None],
-                 max_queue: int = 2048, batch_size: int = 512, delay: float = 5.0,
-                 endpoint: str = "") -> None:
+    def __init__(self, *, exporter: SpanExporter | None, provider: TracerProvider,
+                 vllm_url: str, dropped: Callable[[str, int], None],
+                 exported: Callable[[int], None], max_queue: int = 2048,
+                 batch_size: int = 512, delay: float = 5.0, endpoint: str = "",
+                 where: Mapping[str, object] | None = None,
+                 collector: tuple[str, int] | None = None) -> None:
+        """``exporter`` None: decide spans, export none (``OTEL_TRACES_EXPORTER=none``).
+        ``where``: rule 5's start-up line; ``collector``: the address it checks."""
         self.sampler = provider.sampler
         self.ids = provider.id_generator
         self.resource = provider.resource
@@ -356,10 +519,13 @@ class OtelTracer:
         self.upstream = upstream_of(vllm_url)
         #: The models vLLM serves (``_spans`` rule 5), kept current by the health loop.
         self.known_models: frozenset[str] = frozenset()
-        self.failures = FailureLog(endpoint)
-        self.queue = SpanQueue(exporter, max_queue=max_queue, batch_size=batch_size,
-                               delay=delay, dropped=dropped, exported=exported,
-                               failures=self.failures)
+        self.exporting = exporter is not None
+        self.where = dict(where) if where is not None else None
+        self.collector = collector
+        self.failures = FailureLog(endpoint, hint=COLLECTOR_HINT if collector else None)
+        self.queue = SpanQueue(exporter or _Discard(), max_queue=max_queue,
+                               batch_size=batch_size, delay=delay, dropped=dropped,
+                               exported=exported, failures=self.failures)
 
     @classmethod
     def from_environment(cls, *, vllm_url: str, dropped: Callable[[str, int], None],
@@ -374,10 +540,13 @@ class OtelTracer:
             resource = resource.merge(Resource({"service.name": "nnrp-vllm-gateway"}))
         resource = resource.merge(Resource({"service.version": gateway.__version__}))
         provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        otlp = settings.kind == "otlp"
         tracer = cls(exporter=settings.exporter(), provider=provider, vllm_url=vllm_url,
                      dropped=dropped, exported=exported, max_queue=settings.max_queue,
                      batch_size=settings.batch_size, delay=settings.delay,
-                     endpoint=settings.endpoint)
+                     endpoint=shown_url(settings.url) if otlp else settings.kind,
+                     where=settings.where(env, str(resource.attributes["service.name"])),
+                     collector=collector_address(settings.url) if otlp else None)
         tracer.take_exporter_logs()
         return tracer
 
@@ -399,6 +568,8 @@ class OtelTracer:
                            result.decision is Decision.RECORD_AND_SAMPLE, upstream_span_id)
 
     def export(self, record: ObservationRecord) -> None:
+        if not self.exporting:
+            return
         spans = build_spans(record, upstream=self.upstream, known_models=self.known_models)
         if spans:
             self.queue.put([self._readable(span) for span in spans])
@@ -429,7 +600,28 @@ class OtelTracer:
             logger.propagate = False
 
     def start(self) -> None:
-        self.queue.start()
+        """Rule 5's line and check, then the export thread (none when nothing exports)."""
+        if self.where is not None:
+            log.info("tracing on", **self.where)
+        if self.collector is not None:
+            threading.Thread(target=self.check_collector, args=(self.collector,),
+                             name="nnrp-gateway-trace-check", daemon=True).start()
+        if self.exporting:
+            self.queue.start()
+
+    def check_collector(self, address: tuple[str, int],
+                        timeout: float = PROBE_TIMEOUT) -> bool:
+        """Rule 5: one TCP connection to the collector; a warning when it cannot be made.
+        A thread of its own runs it (a name to resolve may take longer than ``timeout``)."""
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+        except OSError as exc:
+            log.warning("trace collector unreachable", endpoint=self.failures.endpoint,
+                        reason=(str(exc) or type(exc).__name__)[:300],
+                        consequence="spans are dropped (export_failed) until it answers",
+                        hint=COLLECTOR_HINT)
+            return False
+        return True
 
     def close(self, timeout: float) -> None:
         self.queue.close(timeout)

@@ -1,9 +1,10 @@
 """Tracing as the rest of the gateway sees it: a ``Tracer`` (decide a span, export a
 record), opened only when ``serve --otel-traces`` asks for it.
 
-OpenTelemetry is an optional extra (``pip install 'nnrp-vllm-gateway[otel]'``): nothing
-here imports it; ``open_tracer`` imports ``_otel`` (the one module that does) and turns
-a missing package into a ``ConfigError`` that says how to install it. Everything else
+OpenTelemetry is an optional extra (``INSTALL_HINT``: ``make otel`` in a checkout,
+``pip install 'nnrp-vllm-gateway[otel]'`` from a wheel): nothing here imports it;
+``open_tracer`` imports ``_otel`` (the one module that does) and turns a missing
+package into a ``ConfigError`` that says how to install it. Everything else
 is configured the OpenTelemetry way, by the standard ``OTEL_*`` variables (README,
 "Observability"), and ``OTEL_SDK_DISABLED=true`` switches it off as it switches off
 every OpenTelemetry SDK (one log line says so).
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("gateway.observe.traces")
 
-#: What to install for tracing, said wherever it is missing.
-INSTALL_HINT = "pip install 'nnrp-vllm-gateway[otel]'"
+#: What to install for tracing, said wherever it is missing: the project is not on a
+#: package index, and a checkout's .venv has uv but no pip.
+INSTALL_HINT = ("install the otel extra: in a checkout, make otel (which runs "
+                ".venv/bin/uv pip install -e '.[otel]'); from a wheel, pip install "
+                "'nnrp-vllm-gateway[otel]'")
 #: The packages the extra brings that tracing imports.
 _NEEDED = ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
 
@@ -50,7 +54,7 @@ class Tracer(Protocol):
         ...
 
     def start(self) -> None:
-        """Start the export thread."""
+        """Say where spans go (one log line), then start the export thread."""
         ...
 
     def close(self, timeout: float) -> None:
@@ -99,7 +103,9 @@ def open_tracer(*, vllm_url: str, dropped: Callable[[str, int], None],
                 exported: Callable[[int], None]) -> Tracer | None:
     """The OpenTelemetry tracer, configured from the ``OTEL_*`` environment. ``dropped``
     counts spans lost (reason, count), ``exported`` those the collector took. None, said
-    in one log line, when ``OTEL_SDK_DISABLED=true``."""
+    in one log line, when ``OTEL_SDK_DISABLED=true``. ``OTEL_TRACES_EXPORTER=none`` opens
+    one that decides spans and exports none; its ``start`` says so, as it says where
+    spans go otherwise (``_otel`` rule 5)."""
     if tracing_disabled():
         log.info("OTEL_SDK_DISABLED=true: --otel-traces is off, no span is exported")
         return None

@@ -80,6 +80,16 @@ def test_demo_after_test_installs_nothing(project: Path) -> None:
     assert would_run(project, "lint") == ".venv/bin/ruff check gateway cli tests\n"
 
 
+def test_otel_adds_the_tracing_extra_to_the_venv(project: Path) -> None:
+    # README, "Traces": a checkout's way to the extra (its .venv has uv, not pip).
+    assert installs(would_run(project, "otel")) == {"runtime": True, "test": False}
+    stamp(project, RUNTIME, 2_000_000)
+    assert would_run(project, "otel") == (
+        "if [ -x .venv/bin/uv ]; then .venv/bin/uv pip install --quiet --python "
+        ".venv/bin/python -e '.[otel]'; else .venv/bin/python -m pip install --quiet "
+        "--no-compile -e '.[otel]'; fi\n")
+
+
 def test_an_edited_pyproject_reinstalls_both(project: Path) -> None:
     stamp(project, RUNTIME, 500_000)
     stamp(project, TEST, 500_001)

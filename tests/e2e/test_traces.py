@@ -1,13 +1,19 @@
 """OpenTelemetry traces through the whole stack (issue 24): a real NNRP client, the replay
 vLLM and a real OTLP/HTTP receiver on loopback that decodes what the gateway exports with
-OpenTelemetry's own protobufs (tests.support.otlp)."""
+OpenTelemetry's own protobufs (tests.support.otlp); and the other exporters
+(``OTEL_TRACES_EXPORTER``): console, spans printed among a real ``serve``'s log lines, and
+none."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -18,7 +24,12 @@ from gateway import nnrp
 from gateway.tools.client import connect
 from gateway.tools.replay import ReplayServer
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
-from tests.support.processes import free_port
+from tests.support.processes import (
+    ReplayThread,
+    free_port,
+    served_endpoints,
+    stop_gateway,
+)
 from tests.support.stack import (
     Stack,
     chat,
@@ -28,7 +39,7 @@ from tests.support.stack import (
     run_operation,
     start_stack,
 )
-from tests.support.waits import until
+from tests.support.waits import until, wait_for
 
 NNRP_TRACE, NNRP_SPAN = 0xABCDEF0123456789, 0x1122334455667788
 
@@ -43,7 +54,7 @@ def otel_env(monkeypatch: pytest.MonkeyPatch, endpoint: str, **more: str) -> Non
     """The standard variables only; a batch leaves every 20 ms (OTEL_BSP_SCHEDULE_DELAY)."""
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
                  "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_EXPORTER_OTLP_PROTOCOL",
-                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_TRACES_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
@@ -262,6 +273,10 @@ async def test_a_collector_that_is_down_costs_nothing_but_counted_drops_and_one_
              OTEL_EXPORTER_OTLP_TIMEOUT="1")
     with structlog.testing.capture_logs() as logs:
         stack = await traced_stack(nursery, socket_dir)
+        # Said at start, before any request (not only when the first export fails).
+        with trio.fail_after(5):
+            await until(lambda: [line for line in logs
+                                 if line["event"] == "trace collector unreachable"])
         async with connect(stack.uri()) as client:
             session = await client.open_session()
             for n in range(3):
@@ -278,3 +293,85 @@ async def test_a_collector_that_is_down_costs_nothing_but_counted_drops_and_one_
     assert len(failures) == 1, failures  # at most once a minute
     assert failures[0]["log_level"] == "warning"
     assert "127.0.0.1" in json.dumps(failures[0])
+    (unreachable,) = [line for line in logs if line["event"] == "trace collector unreachable"]
+    assert unreachable["endpoint"] == failures[0]["endpoint"] == os.environ[
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    assert "OTEL_TRACES_EXPORTER=console" in unreachable["hint"] == failures[0]["hint"]
+
+
+async def test_exporter_none_decides_spans_and_exports_none(
+        nursery: trio.Nursery, socket_dir: Path, receiver: OtlpReceiver,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    otel_env(monkeypatch, receiver.endpoint, OTEL_TRACES_EXPORTER="none")
+    stack = await traced_stack(nursery, socket_dir)
+    records = records_of(stack)
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, envelope(chat(), request_id="otel-none"))
+    assert outcome.final is not None and outcome.final["type"] == "response.completed"
+    (record,) = [r for r in records if r.request_id == "otel-none"]
+    # Tracing is on: the gateway started a trace, its log line and vLLM's traceparent
+    # name it ...
+    assert record.span is not None and record.trace_id == f"{record.span.trace_id:032x}"
+    assert traceparents(stack)["otel-none"] == (
+        f"00-{record.span.trace_id:032x}-{record.span.upstream_span_id:016x}-01")
+    # ... and nothing is exported: the collector is never asked, nothing counts.
+    await trio.sleep(0.3)  # fifteen export delays
+    assert receiver.requests == 0
+    samples = metric_samples(stack.gateway.metrics.registry)
+    assert samples[("nnrp_gateway_trace_spans_exported_total", ())] == 0
+    assert dropped(stack, "export_failed") == dropped(stack, "queue_full") == 0
+
+
+def test_console_prints_a_real_requests_spans_among_the_json_log_lines(tmp_path: Path) -> None:
+    """``serve`` as an operator runs it: its stdout stays JSON lines, one span a line."""
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    log = tmp_path / "gateway.log"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("OTEL_")}
+    env.update(OTEL_TRACES_EXPORTER="console", OTEL_BSP_SCHEDULE_DELAY="20")
+
+    def lines() -> list[dict[str, Any]]:
+        text = log.read_text()
+        return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+    def spans() -> list[dict[str, Any]]:
+        return [line for line in lines() if "context" in line]
+
+    with ReplayThread(speed=50.0) as replay, log.open("wb") as sink:
+        process = subprocess.Popen(
+            [exe, "serve", "--otel-traces", "--vllm-url", replay.url,
+             "--listen", "tcp://127.0.0.1:0"], stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_for(lambda: any(line.get("event") == "vLLM ready" for line in lines())
+                     or process.poll() is not None, what="vLLM ready")
+            assert process.poll() is None, log.read_text()
+            (tcp,) = served_endpoints(log.read_text())
+
+            async def one_stream() -> None:
+                with trio.fail_after(20):
+                    async with connect(tcp) as client:
+                        session = await client.open_session()
+                        outcome = await run_operation(session, envelope(
+                            chat(stream=True, max_tokens=3), request_id="console-1"))
+                        assert outcome.final is not None
+                        assert outcome.final["type"] == "response.completed"
+
+            trio.run(one_stream)
+            wait_for(lambda: len(spans()) >= 2, what="the operation's two spans")
+        finally:
+            stop_gateway(process)
+    assert process.returncode == 0, log.read_text()
+    every = lines()  # every line of stdout is one JSON object (json.loads would fail)
+    assert len(every) == len(log.read_text().splitlines())
+    (started,) = [line for line in every if line.get("event") == "tracing on"]
+    assert (started["exporter"], started["endpoint"]) == ("console", "stdout")
+    assert started["service_name"] == "nnrp-vllm-gateway"
+    server, client = spans()
+    assert (server["kind"], client["kind"]) == ("SpanKind.SERVER", "SpanKind.CLIENT")
+    assert server["name"] == "chat.completions.create example-model"
+    assert server["attributes"]["nnrp.request_id"] == "console-1"
+    assert client["parent_id"] == server["context"]["span_id"]
+    # The operation's log line names the span printed, so logs and spans join.
+    (operation,) = [line for line in every if line.get("event") == "operation"]
+    assert "0x" + operation["trace_id"] == server["context"]["trace_id"]
+    assert "0x" + operation["span_id"] == server["context"]["span_id"]

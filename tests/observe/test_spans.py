@@ -5,7 +5,10 @@ recording exporter in place of the network."""
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -14,21 +17,26 @@ import attrs
 import pytest
 import structlog
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from gateway.errors import ConfigError
 from gateway.nnrp import CancelSource, TraceInfo
 from gateway.observe import Upstream, build_record, build_spans
 from gateway.observe._otel import (
+    COLLECTOR_HINT,
     EXPORTER_LOGGERS,
     KNOWN_SAMPLERS,
     ExportSettings,
     FailureLog,
     OtelTracer,
     SpanQueue,
+    check_environment,
     check_headers,
     check_sampler,
+    collector_address,
+    shown_url,
+    traces_exporter,
     upstream_of,
 )
 from gateway.observe._spans import MAX_ATTRIBUTE_CHARS
@@ -37,6 +45,7 @@ from gateway.pipeline import traceparent, upstream_traceparent
 from gateway.profile import EndCause
 from gateway.server import CancelInfo, GatewaySpan, Operation
 from tests.support.ports import RecordingPort
+from tests.support.processes import free_port
 
 TRACE = TraceInfo(0xAB, 0xCD, 0, 1, 12)
 SPAN = GatewaySpan(trace_id=0xAB, span_id=0xEF, parent_span_id=0xCD, sampled=True,
@@ -421,3 +430,169 @@ async def test_the_in_process_cost_goes_through_the_gateways_own_tracer() -> Non
     assert (cost.operations, cost.spans) == (50, 100)
     assert cost.event_loop_us > 0 and cost.export_us > 0
     assert cost.encoded_bytes > 100 * len("chat.completions.create example-model")
+
+
+def otel_environment(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
+    """Only these OTEL_* variables (the process's own removed)."""
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
+
+def opened(monkeypatch: pytest.MonkeyPatch, exported: list[int] | None = None,
+           **env: str) -> OtelTracer:
+    """The tracer ``serve --otel-traces`` opens under ``env``."""
+    otel_environment(monkeypatch, **env)
+    traces = open_tracer(vllm_url="http://127.0.0.1:8000", dropped=lambda reason, n: None,
+                         exported=(exported if exported is not None else []).append)
+    assert isinstance(traces, OtelTracer)
+    return traces
+
+
+def upstream_op() -> Operation:
+    """An operation with a request to vLLM: two spans, SERVER and CLIENT."""
+    op = ended(EndCause.COMPLETED, model="tiny", operation="chat.completions.create")
+    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
+                                                           op.received_at + 0.003)
+    return op
+
+
+async def test_otel_traces_exporter_is_otlp_console_or_none_and_nothing_else() -> None:
+    assert traces_exporter({}) == traces_exporter({"OTEL_TRACES_EXPORTER": ""}) == "otlp"
+    assert traces_exporter({"OTEL_TRACES_EXPORTER": " Console "}) == "console"
+    assert traces_exporter({"OTEL_TRACES_EXPORTER": "NONE"}) == "none"
+    for bad in ("zipkin", "otlp,console", "jaeger", "stdout"):
+        with pytest.raises(ConfigError) as raised:
+            check_environment({"OTEL_TRACES_EXPORTER": bad})
+        assert str(raised.value).startswith(f"OTEL_TRACES_EXPORTER={bad!r}: "), raised.value
+        assert "otlp (the default), console" in str(raised.value)
+    console = ExportSettings.from_environment({"OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(console.exporter(), ConsoleSpanExporter)
+    assert ExportSettings.from_environment({"OTEL_TRACES_EXPORTER": "none"}).exporter() is None
+    check_environment({"OTEL_TRACES_EXPORTER": "none"})
+
+
+async def test_the_url_said_is_the_one_the_otlp_exporter_posts_to(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for env, url in (({}, "http://localhost:4318/v1/traces"),
+                     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c.example:4318/"},
+                      "https://c.example:4318/v1/traces"),
+                     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://d",
+                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:1/custom"},
+                      "http://c:1/custom")):
+        otel_environment(monkeypatch, **env)
+        settings = ExportSettings.from_environment(os.environ)
+        exporter = settings.exporter()
+        assert settings.url == url == exporter._endpoint  # type: ignore[union-attr]
+    grpc = ExportSettings.from_environment({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert grpc.url == "http://localhost:4317"
+
+
+async def test_an_otlp_http_endpoint_that_is_no_http_url_is_refused_unshown() -> None:
+    for name, value in (("OTEL_EXPORTER_OTLP_ENDPOINT", "otel-collector:4318"),
+                        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "ftp://c/v1/traces"),
+                        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://u:s3cret@c:port/x"),
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http:///v1/traces")):
+        with pytest.raises(ConfigError) as raised:
+            ExportSettings.from_environment({name: value})
+        assert str(raised.value).startswith(f"{name}="), raised.value
+        assert "expected the collector's http:// or https:// URL" in str(raised.value)
+        assert "s3cret" not in str(raised.value)
+    # Neither the console nor none uses it: a stale one is no reason to refuse.
+    ExportSettings.from_environment({"OTEL_TRACES_EXPORTER": "console",
+                                     "OTEL_EXPORTER_OTLP_ENDPOINT": "otel-collector:4318"})
+    assert shown_url("http://u:pw@h:1/p@q") == "http://***@h:1/p@q"
+    assert shown_url("localhost:4317") == "localhost:4317"
+    assert collector_address("localhost:4317") == ("localhost", 4317)  # gRPC's form
+    assert collector_address("https://c.example/v1/traces") == ("c.example", 443)
+    assert collector_address("http://[::1]:4318/v1/traces") == ("::1", 4318)
+    assert collector_address("http://c:notaport") is None
+    assert collector_address("grpc-host") is None
+
+
+async def test_start_says_where_spans_go_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as collector:  # reachable: no warning
+        port = collector.getsockname()[1]
+        traces = opened(monkeypatch,
+                        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://u:s3cret@127.0.0.1:{port}",
+                        OTEL_SERVICE_NAME="gw-a", OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                        OTEL_TRACES_SAMPLER_ARG="0.25")
+        with structlog.testing.capture_logs() as logs:
+            traces.start()
+            assert traces.check_collector(("127.0.0.1", port))
+            traces.close(5)
+    assert logs == [{"event": "tracing on", "log_level": "info", "exporter": "otlp",
+                     "endpoint": f"http://***@127.0.0.1:{port}/v1/traces",
+                     "protocol": "http/protobuf", "sampler": "parentbased_traceidratio",
+                     "sampler_ratio": 0.25, "service_name": "gw-a"}]
+    lines = {}
+    for env in ({"OTEL_TRACES_EXPORTER": "console"},
+                {"OTEL_TRACES_EXPORTER": "none", "OTEL_TRACES_SAMPLER": "traceidratio"}):
+        traces = opened(monkeypatch, **env)
+        assert traces.collector is None  # nothing to reach
+        with structlog.testing.capture_logs() as logs:
+            traces.start()
+            traces.close(5)
+        (line,) = logs
+        lines[env["OTEL_TRACES_EXPORTER"]] = line
+    console, none = lines["console"], lines["none"]
+    assert (console["event"], console["endpoint"], console["sampler"]) == (
+        "tracing on", "stdout", "parentbased_always_on")
+    assert "one span per line" in console["note"]
+    assert "protocol" not in console and "sampler_ratio" not in console
+    assert console["service_name"] == "nnrp-vllm-gateway"
+    assert none["event"] == "tracing on" and "endpoint" not in none
+    assert none["note"].startswith("OTEL_TRACES_EXPORTER=none:")
+    assert "none is exported" in none["note"]
+    assert none["sampler_ratio"] == 1.0  # the SDK's, without an argument
+
+
+async def test_an_unreachable_collector_is_a_warning_with_what_to_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    traces = opened(monkeypatch,
+                    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{port}/v1/traces")
+    assert traces.collector == ("127.0.0.1", port)
+    with structlog.testing.capture_logs() as logs:
+        assert not traces.check_collector(traces.collector, timeout=2.0)
+    (line,) = logs
+    assert (line["event"], line["log_level"]) == ("trace collector unreachable", "warning")
+    assert line["endpoint"] == f"http://127.0.0.1:{port}/v1/traces"
+    assert "refused" in line["reason"].lower()
+    assert line["hint"] == COLLECTOR_HINT and "OTEL_TRACES_EXPORTER=console" in COLLECTOR_HINT
+    # A failed export says the same (its first line comes at once, then once a minute).
+    with structlog.testing.capture_logs() as logs:
+        traces.failures.failed(2)
+    assert logs[0]["hint"] == COLLECTOR_HINT
+    traces.close(1)
+
+
+async def test_console_prints_each_span_as_one_json_line_on_stdout(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    exported: list[int] = []
+    traces = opened(monkeypatch, exported, OTEL_TRACES_EXPORTER="console",
+                    OTEL_BSP_SCHEDULE_DELAY="10")
+    with structlog.testing.capture_logs():
+        traces.start()
+    traces.export(build_record(upstream_op()))
+    traces.close(5)
+    out = capsys.readouterr().out
+    spans = [json.loads(line) for line in out.splitlines()]
+    assert [span["name"] for span in spans] == ["chat.completions.create other", "chat other"]
+    assert spans[0]["context"]["span_id"] == f"0x{SPAN.span_id:016x}"
+    assert spans[1]["parent_id"] == f"0x{SPAN.span_id:016x}"
+    assert exported == [2]  # counted as exported, as a collector's would be
+
+
+async def test_none_decides_spans_and_exports_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    exported: list[int] = []
+    traces = opened(monkeypatch, exported, OTEL_TRACES_EXPORTER="none")
+    assert not traces.exporting
+    assert traces.decide(TRACE).sampled  # ids and the sampler's word, as ever
+    with structlog.testing.capture_logs():
+        traces.start()
+    traces.export(build_record(upstream_op()))
+    assert len(traces.queue) == 0 and not traces.queue.running  # no export thread
+    traces.close(5)
+    assert exported == []
