@@ -15,9 +15,9 @@ Rules:
   against vLLM, how loaded, who is refused, what resumes, QUIC, workers and traces); a panel per
   figure. Layout (ids, grid positions) is computed, never written by hand.
 * **Selectors**: the gateway's series are picked by ``$namespace`` and ``$job`` (the
-  ServiceMonitor's job is the chart's Service name); vLLM's by ``$namespace``, the job
-  the chart's ServiceMonitor gives vLLM's /metrics as the gateway passes it through
-  (``/metrics/vllm``: the Service's name and ``VLLM_JOB_SUFFIX``; in the pod vLLM binds
+  chart's ServiceMonitor sets the job to the release's full name); vLLM's by ``$namespace``,
+  the job the chart's ServiceMonitor gives vLLM's /metrics as the gateway passes it through
+  (``/metrics/vllm``: that name and ``VLLM_JOB_SUFFIX``; in the pod vLLM binds
   loopback, so that is the only way Prometheus reaches it) and ``model_name``, the label
   both export (the gateway reuses vLLM's label name so the two join:
   gateway/observe/_metrics.py).

@@ -30,14 +30,29 @@ BIN = Path(sys.executable).parent
 helm = pytest.importorskip("helm_python")
 
 
+#: The one value the chart requires (session auth: test_chart_security.py): a token Secret.
+TOKENS = {"gateway": {"auth": {"tokenSecret": {"name": "nnrp-tokens"}}}}
+
+
 def render(values_file: Path | None) -> dict[str, list[dict[str, Any]]]:
     return render_values(yaml.safe_load(values_file.read_text()) if values_file else {})
 
 
-def render_values(values: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The chart rendered with ``values``: its manifests by kind."""
+def secured(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the token Secret of ``TOKENS`` unless they say something of auth."""
+    if "auth" in values.get("gateway", {}):
+        return values
+    merged = {**values, "gateway": {**values.get("gateway", {}), **TOKENS["gateway"]}}
+    return merged
+
+
+def render_values(values: dict[str, Any], *, add_auth: bool = True
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """The chart rendered with ``values`` (and, unless ``add_auth`` is false or they give
+    their own, the token Secret the chart requires): its manifests by kind."""
     chart = helm.Chart.load(str(CHART))
-    rendered = chart.render(values, name="test", namespace="ml")
+    rendered = chart.render(secured(values) if add_auth else values, name="test",
+                            namespace="ml")
     out: dict[str, list[dict[str, Any]]] = {}
     for path, text in rendered.items():
         if path.endswith(".yaml"):
@@ -63,9 +78,12 @@ def cli_options(command: str) -> tuple[set[str], set[str]]:
 
 
 def test_chart_lints_strictly() -> None:
-    report = helm.lint(str(CHART), strict=True)
-    assert report["errors"] == []
-    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    # values.yaml alone does not render (session auth is required: test_chart_security.py),
+    # but Helm's lint mode only logs `fail` and `required`; with the token Secret it renders.
+    for values in (None, TOKENS):
+        report = helm.lint(str(CHART), values, strict=True)
+        assert report["errors"] == []
+        assert [m for m in report["messages"] if m["severity"] >= 2] == []
     for values_file in CI_VALUES:
         values = yaml.safe_load(values_file.read_text())
         report = helm.lint(str(CHART), values, strict=True)
@@ -114,8 +132,7 @@ def test_native_and_container_sidecar_modes() -> None:
 def test_wiring(values_file: Path | None) -> None:
     manifests = render(values_file)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    if values_file:
-        _merge(values, yaml.safe_load(values_file.read_text()))
+    _merge(values, yaml.safe_load(values_file.read_text()) if values_file else TOKENS)
     gateway, _ = _gateway(manifests)
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
     assert ports["nnrp"] == values["gateway"]["port"]
@@ -177,12 +194,19 @@ def test_wiring(values_file: Path | None) -> None:
             values["service"]["sessionAffinityTimeoutSeconds"])
         assert (values["service"]["sessionAffinityTimeoutSeconds"]
                 >= values["gateway"]["resumeWindowSeconds"])
+    # The admin port is never on the clients' Service; the metrics-only one carries it.
+    assert set(service_ports) <= {"nnrp", "nnrp-ws", "nnrp-quic"}
+    metrics_services = [s for s in manifests["Service"]
+                        if s["metadata"]["name"] == f"{name}-metrics"]
+    assert bool(metrics_services) == ("--metrics" in args)
     assert ("ServiceMonitor" in manifests) == values["serviceMonitor"]["enabled"]
     if "ServiceMonitor" in manifests:
         endpoint = manifests["ServiceMonitor"][0]["spec"]["endpoints"][0]
         assert endpoint == {"port": "admin", "path": "/metrics", "interval": "30s",
-                            "scrapeTimeout": "25s"}
-        assert "admin" in service_ports
+                            "scrapeTimeout": "25s",
+                            "relabelings": [{"targetLabel": "job", "replacement": name}]}
+        (metrics_service,) = metrics_services
+        assert {p["name"] for p in metrics_service["spec"]["ports"]} == {"admin"}
     labels = manifests["Deployment"][0]["metadata"]["labels"]
     assert {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
             "app.kubernetes.io/managed-by", "helm.sh/chart"} <= set(labels)
@@ -222,8 +246,8 @@ def test_quic_port_renders_as_udp_with_its_certificate() -> None:
     assert volume["secret"]["secretName"] == "nnrp-gateway-tls"
 
     chart = helm.Chart.load(str(CHART))
-    with pytest.raises(helm.HelmError, match="tlsSecret"):
-        chart.render({"gateway": {"quicPort": 7702}}, name="x")
+    with pytest.raises(helm.HelmError, match=r"quicPort needs gateway\.tls\.secretName"):
+        chart.render(secured({"gateway": {"quicPort": 7702}}), name="x")
 
 
 def test_workers_size_the_cpu_request() -> None:
@@ -259,7 +283,7 @@ def test_readme_helm_example_gives_vllm_a_gpu() -> None:
     values: dict[str, Any] = {}
     for expression in sets:
         _merge(values, helm.parse_set_string(expression))
-    manifests = render_values(values)
+    manifests = render_values(values, add_auth=False)  # the README's values alone
     pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -465,8 +489,9 @@ def test_load_aware_admission_values_become_serve_flags(
     assert (value("--load-source"), value("--load-interval"), value("--load-max-waiting"),
             value("--load-max-kv-cache-usage"), value("--overload-retry-after-ms")) == (
         "metrics", "0.5", "8", "0.9", "2000")
-    load = served_config(monkeypatch, [a for a in args if a != "--admin-listen"
-                                       and not a.startswith("0.0.0.0:")]).load
+    load = served_config(monkeypatch, [a for a in args if a not in (
+        "--admin-listen", "--auth-token-file") and not a.startswith(("0.0.0.0:", "/etc/"))]
+    ).load
     assert (load.admission, load.max_waiting, load.refuse_sessions) == (True, 8.0, True)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.test_deploy import BIN, CHART, _gateway, cli_options, helm, render_values
+from tests.deploy.test_deploy import BIN, CHART, _gateway, cli_options, helm, render_values, secured
 
 FLEET_VALUES = yaml.safe_load((CHART / "ci" / "fleet-values.yaml").read_text())
 Manifests = dict[str, list[dict[str, Any]]]
@@ -43,7 +43,8 @@ def _selector(manifests: Manifests) -> dict[str, str]:
 
 def _services(manifests: Manifests) -> tuple[dict[str, Any], dict[str, Any]]:
     """The client Service and the fleet's headless one."""
-    (client,) = [s for s in manifests["Service"] if s["spec"].get("clusterIP") != "None"]
+    name = manifests["Deployment"][0]["metadata"]["name"]
+    (client,) = [s for s in manifests["Service"] if s["metadata"]["name"] == name]
     (headless,) = [s for s in manifests["Service"] if s["spec"].get("clusterIP") == "None"]
     return client, headless
 
@@ -72,7 +73,7 @@ def _opens(rule: dict[str, Any], port: int, protocol: str = "TCP") -> bool:
 @pytest.mark.parametrize("overrides", [
     {},
     {"sidecarMode": "container", "fleet": {"port": 7800}},
-    {"gateway": {"quicPort": 7702, "tlsSecret": "nnrp-gateway-tls", "wsPort": 0}},
+    {"gateway": {"quicPort": 7702, "tls": {"secretName": "nnrp-gateway-tls"}, "wsPort": 0}},
 ], ids=["ci-values", "container-port-7800", "quic-on-the-same-number"])
 def test_fleet_renders_and_validates(overrides: dict[str, Any], tmp_path: Path) -> None:
     """Every manifest of a fleet render passes kubernetes-validate (strict, 1.30) and
@@ -154,7 +155,7 @@ def test_fleet_needs_a_key_secret_and_a_port_of_its_own() -> None:
         with pytest.raises(helm.HelmError):
             chart.render(fleet(**bad), name="x")
     # A QUIC port of the same number is UDP: no conflict.
-    render_values(fleet(gateway={"quicPort": 7702, "tlsSecret": "tls"}))
+    render_values(fleet(gateway={"quicPort": 7702, "tls": {"secretName": "tls"}}))
 
 
 def test_fleet_headless_service_selects_the_gateway_pods_and_only_the_fleet_port() -> None:
@@ -179,7 +180,8 @@ def test_fleet_headless_service_selects_the_gateway_pods_and_only_the_fleet_port
 @pytest.mark.parametrize("overrides", [
     {},
     {"fleet": {"port": 7800}, "gateway": {"wsPort": 0}},
-    {"gateway": {"quicPort": 7702, "tlsSecret": "tls"}, "service": {"exposeAdmin": False}},
+    {"gateway": {"quicPort": 7702, "tls": {"secretName": "tls"}},
+     "serviceMonitor": {"enabled": True}},
 ], ids=["ci-values", "port-7800-no-ws", "quic-on-the-same-number"])
 def test_network_policy_keeps_the_fleet_port_to_the_release(overrides: dict[str, Any]) -> None:
     """The fleet port's one rule admits exactly the release's own pods; no other rule
@@ -272,9 +274,9 @@ def test_notes_say_what_fleet_mode_changes() -> None:
     assert "create secret generic nnrp-fleet-key" in notes
     assert "kill -HUP 1" in notes
     assert "sessionAffinity (None) is not needed" in notes
-    several = chart.render({"replicaCount": 2}, name="test", namespace="ml")[
+    several = chart.render(secured({"replicaCount": 2}), name="test", namespace="ml")[
         "nnrp-vllm-gateway/templates/NOTES.txt"]
     assert "fleet.enabled" in several
-    single = chart.render({}, name="test", namespace="ml")[
+    single = chart.render(secured({}), name="test", namespace="ml")[
         "nnrp-vllm-gateway/templates/NOTES.txt"]
     assert "fleet" not in single

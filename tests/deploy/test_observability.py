@@ -368,7 +368,9 @@ def test_the_chart_scrapes_vllm_through_the_gateway() -> None:
     (monitor,) = render({"serviceMonitor": {"enabled": True}})["ServiceMonitor"]
     gateway, vllm = monitor["spec"]["endpoints"]
     assert (gateway["port"], gateway["path"]) == ("admin", "/metrics")
-    assert "relabelings" not in gateway  # the gateway's job: the Service's name
+    # The gateway's job: the release's full name, as the rules and the dashboard select it
+    # (the Service scraped is the metrics-only <fullname>-metrics).
+    assert gateway["relabelings"] == [{"targetLabel": "job", "replacement": JOB}]
     assert (vllm["port"], vllm["path"]) == ("admin", "/metrics/vllm")
     assert vllm["interval"] == gateway["interval"]
     assert vllm["relabelings"] == [{"targetLabel": "job",
@@ -396,11 +398,11 @@ def test_the_chart_renders_the_rules_with_their_values() -> None:
 def test_the_rules_need_the_metrics_scraped() -> None:
     """Alert rules over series nobody scrapes never fire: the chart refuses them, saying
     what to set; metrics served and scraped another way will do."""
-    from tests.deploy.test_deploy import helm
+    from tests.deploy.test_deploy import helm, secured
 
     chart = helm.Chart.load(str(CHART))
     with pytest.raises(helm.HelmError, match=re.escape("serviceMonitor.enabled=true")):
-        chart.render({"prometheusRule": {"enabled": True}}, name="x")
+        chart.render(secured({"prometheusRule": {"enabled": True}}), name="x")
     assert render({"prometheusRule": {"enabled": True}, "gateway": {"metrics": True}}
                   )["PrometheusRule"]
 

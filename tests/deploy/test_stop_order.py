@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.test_deploy import BIN, CHART, _gateway, helm, render_values
+from tests.deploy.test_deploy import BIN, CHART, _gateway, helm, render_values, secured
 from tests.deploy.test_fleet_chart import fleet
 
 Manifests = dict[str, list[dict[str, Any]]]
@@ -190,7 +190,7 @@ def test_notes_say_how_the_pod_stops() -> None:
     chart = helm.Chart.load(str(CHART))
 
     def notes(values: dict[str, Any]) -> str:
-        return " ".join(chart.render(values, name="test", namespace="ml")[
+        return " ".join(chart.render(secured(values), name="test", namespace="ml")[
             "nnrp-vllm-gateway/templates/NOTES.txt"].split())
 
     native = notes({})

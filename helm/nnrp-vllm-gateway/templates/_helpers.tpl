@@ -40,6 +40,41 @@ app.kubernetes.io/part-of: nnrp-vllm-gateway
 /etc/nnrp-fleet/key
 {{- end }}
 
+{{/* The metrics-only Service's name (a DNS label: 63 characters at most). */}}
+{{- define "nnrp-vllm-gateway.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "nnrp-vllm-gateway.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Session auth: where the token Secret's key is mounted, a file of its own. */}}
+{{- define "nnrp-vllm-gateway.authTokenFile" -}}
+/etc/nnrp-auth/tokens
+{{- end }}
+
+{{/* TLS: where the kubernetes.io/tls Secret (tls.crt, tls.key) is mounted. */}}
+{{- define "nnrp-vllm-gateway.tlsDir" -}}
+/etc/nnrp-tls
+{{- end }}
+
+{{/* Session auth is required: a token Secret, or an explicit allowUnauthenticated. The
+Secret is the user's, as the fleet key's is (a token generated here would change on every
+render); an empty key is the gateway's to refuse at start-up (it fails closed). QUIC needs
+the TLS Secret; it is checked first, as the more particular mistake. */}}
+{{- define "nnrp-vllm-gateway.securityChecks" -}}
+{{- if and .Values.gateway.quicPort (not .Values.gateway.tls.secretName) }}
+{{- fail "gateway.quicPort needs gateway.tls.secretName (a kubernetes.io/tls Secret): QUIC is always TLS" }}
+{{- end }}
+{{- $auth := .Values.gateway.auth }}
+{{- if and $auth.allowUnauthenticated $auth.tokenSecret.name }}
+{{- fail "gateway.auth.allowUnauthenticated=true and gateway.auth.tokenSecret.name are both set: keep the token Secret (session auth on) or drop it (auth off), not both" }}
+{{- end }}
+{{- if not (or $auth.allowUnauthenticated $auth.tokenSecret.name) }}
+{{- fail "gateway.auth.tokenSecret.name is required: an existing Secret holding the session tokens clients must present, e.g. kubectl create secret generic nnrp-tokens --from-literal=tokens=$(openssl rand -hex 32), then --set gateway.auth.tokenSecret.name=nnrp-tokens; or set gateway.auth.allowUnauthenticated=true to let every client that reaches the NNRP ports use vLLM without a token" }}
+{{- end }}
+{{- if $auth.tokenSecret.name }}
+{{- $_ := required "gateway.auth.tokenSecret.key must name the key within the Secret gateway.auth.tokenSecret.name" $auth.tokenSecret.key }}
+{{- end }}
+{{- end }}
+
 {{/* Fleet mode's values, refused early with what to do: the key Secret is the user's
 (a key generated here would change on every render, or need a lookup that helm template
 and GitOps tools cannot do), and the fleet port must be a port of its own. */}}
@@ -102,26 +137,35 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
 {{- define "nnrp-vllm-gateway.gatewayContainer" -}}
 - name: gateway
   image: "{{ .Values.gateway.image.repository }}:{{ .Values.gateway.image.tag | default .Chart.AppVersion }}"
-  imagePullPolicy: {{ .Values.gateway.image.pullPolicy }}
+  {{- with .Values.gateway.image.pullPolicy }}
+  imagePullPolicy: {{ . }}
+  {{- end }}
   {{- if eq .Values.sidecarMode "native" }}
   restartPolicy: Always
   {{- end }}
+  {{- $tls := .Values.gateway.tls.secretName }}
   args:
     - --listen
-    - tcp://0.0.0.0:{{ .Values.gateway.port }}
+    - {{ ternary "tcps" "tcp" (not (empty $tls)) }}://0.0.0.0:{{ .Values.gateway.port }}
     {{- if .Values.gateway.wsPort }}
     - --listen
-    - ws://0.0.0.0:{{ .Values.gateway.wsPort }}/nnrp
+    - {{ ternary "wss" "ws" (not (empty $tls)) }}://0.0.0.0:{{ .Values.gateway.wsPort }}/nnrp
     {{- end }}
     {{- if .Values.gateway.quicPort }}
     - --listen
     - quic://0.0.0.0:{{ .Values.gateway.quicPort }}
-    - --tls-cert
-    - /etc/nnrp-tls/tls.crt
-    - --tls-key
-    - /etc/nnrp-tls/tls.key
     - --quic-alpn
     - {{ .Values.gateway.quicAlpn | quote }}
+    {{- end }}
+    {{- if $tls }}
+    - --tls-cert
+    - {{ include "nnrp-vllm-gateway.tlsDir" . }}/tls.crt
+    - --tls-key
+    - {{ include "nnrp-vllm-gateway.tlsDir" . }}/tls.key
+    {{- end }}
+    {{- if .Values.gateway.auth.tokenSecret.name }}
+    - --auth-token-file
+    - {{ include "nnrp-vllm-gateway.authTokenFile" . }}
     {{- end }}
     - --vllm-url
     - http://127.0.0.1:{{ .Values.vllm.port }}
@@ -281,9 +325,14 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
   volumeMounts:
     - name: tmp
       mountPath: /tmp
-    {{- if .Values.gateway.quicPort }}
+    {{- if .Values.gateway.tls.secretName }}
     - name: tls
-      mountPath: /etc/nnrp-tls
+      mountPath: {{ include "nnrp-vllm-gateway.tlsDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .Values.gateway.auth.tokenSecret.name }}
+    - name: auth-tokens
+      mountPath: {{ include "nnrp-vllm-gateway.authTokenFile" . | dir }}
       readOnly: true
     {{- end }}
     {{- if .Values.fleet.enabled }}
