@@ -336,6 +336,17 @@ def test_schema_rejects_bad_values() -> None:
 # --------------------------------------------------------------------------- compose
 
 
+def _published(ports: list[str]) -> list[tuple[str, str, str]]:
+    """Compose's short port syntax as (host address, host port, container port/protocol);
+    no address: every interface ("")."""
+    out = []
+    for entry in ports:
+        *host, container = entry.split(":")
+        address, port = (["", *host] if len(host) == 1 else host)
+        out.append((address, port, container))
+    return out
+
+
 @pytest.mark.parametrize("name", ["docker-compose.yml", "compose.replay.yml"])
 def test_compose_files_match_the_cli(name: str) -> None:
     document = yaml.safe_load((ROOT / "deploy" / name).read_text())
@@ -350,7 +361,7 @@ def test_compose_files_match_the_cli(name: str) -> None:
     assert {a for a in gateway["command"] if a.startswith("--")} <= options
     assert set(gateway["environment"]) <= envvars
     assert gateway["environment"]["NNRP_GATEWAY_VLLM_URL"].startswith("http://127.0.0.1:")
-    published = {p.split(":")[0] for p in services["vllm"]["ports"]}
+    published = {port for _, port, _ in _published(services["vllm"]["ports"])}
     listens = [gateway["command"][i + 1] for i, a in enumerate(gateway["command"])
                if a == "--listen"]
     assert {re.search(r":(\d+)", uri).group(1) for uri in listens} <= published  # type: ignore[union-attr]
@@ -358,6 +369,7 @@ def test_compose_files_match_the_cli(name: str) -> None:
     drain = float(gateway["environment"]["NNRP_GATEWAY_DRAIN_TIMEOUT"])
     assert float(gateway["stop_grace_period"].rstrip("s")) > drain
     if name == "compose.replay.yml":
+        assert "NNRP_GATEWAY_UPSTREAM_API_KEY" not in gateway["environment"]
         replay_options, _ = cli_options("replay-server")
         vllm = services["vllm"]
         assert vllm["entrypoint"] == ["nnrp-gateway", "replay-server"]
@@ -376,7 +388,9 @@ def test_compose_quic_override_publishes_a_udp_port(name: str) -> None:
                "environment": {**base["gateway"]["environment"],
                                **override["gateway"]["environment"]},
                "volumes": base["gateway"].get("volumes", []) + override["gateway"]["volumes"]}
-    published = base["vllm"]["ports"] + override["vllm"]["ports"]
+    published = [f"{port}:{container}"
+                 for _, port, container in _published(base["vllm"]["ports"]
+                                                      + override["vllm"]["ports"])]
 
     def listens(command: list[str]) -> list[str]:
         return [command[i + 1] for i, a in enumerate(command) if a == "--listen"]
@@ -393,6 +407,29 @@ def test_compose_quic_override_publishes_a_udp_port(name: str) -> None:
     (mount,) = [v.rsplit(":", 2)[1] for v in gateway["volumes"]]
     for variable in ("NNRP_GATEWAY_TLS_CERT", "NNRP_GATEWAY_TLS_KEY"):
         assert gateway["environment"][variable].startswith(mount + "/")
+
+
+@pytest.mark.parametrize("name", ["docker-compose.yml", "compose.replay.yml",
+                                  "compose.quic.yml"])
+def test_compose_ports_are_published_on_loopback_only(name: str) -> None:
+    """NNRP there is plaintext and unauthenticated, the admin port has vLLM's metrics:
+    nothing is published on every interface of the host."""
+    services = yaml.safe_load((ROOT / "deploy" / name).read_text())["services"]
+    entries = [entry for service in services.values() for entry in service.get("ports", [])]
+    assert entries
+    for address, _, _ in _published(entries):
+        assert address == "127.0.0.1", entries
+
+
+def test_compose_vllm_checks_the_key_the_gateway_sends() -> None:
+    """One variable on both sides: the gateway sends VLLM_API_KEY, and vLLM, given the
+    same variable as its own VLLM_API_KEY (what --api-key sets), checks it; unset, neither
+    has a key."""
+    services = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())["services"]
+    sent = services["gateway"]["environment"]["NNRP_GATEWAY_UPSTREAM_API_KEY"]
+    assert sent == "${VLLM_API_KEY:-}"
+    assert services["vllm"]["environment"]["VLLM_API_KEY"] == sent
+    assert "--api-key" not in services["vllm"]["command"]  # one source only
 
 
 # --------------------------------------------------------------------------- image
