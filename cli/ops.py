@@ -202,11 +202,17 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
     import trio
 
     from gateway.tools.client import ClientError
+    from gateway.transport.quic import QuicConnectError
 
     if isinstance(cause, ssl.SSLCertVerificationError):
-        trusted = (f"not trusted by --ca-file {ca_file}" if ca_file is not None
-                   else "not trusted; give --ca-file")
-        return f"the server's certificate is {trusted} ({cause.verify_message})"
+        return _untrusted(ca_file, cause.verify_message)
+    if isinstance(cause, QuicConnectError) and cause.untrusted:
+        # aioquic checks against a store of its own: no partial chain (--ca-file's help),
+        # so a file holding the server's CA-issued certificate finds no issuer.
+        quic_rule = ("; on quic:// the file must hold the CA (the certificate itself only "
+                     "when it is self-signed)"
+                     if ca_file is not None and "issuer" in cause.reason else "")
+        return _untrusted(ca_file, cause.reason) + quic_rule
     if isinstance(cause, ssl.SSLError):
         return (f"the TLS handshake failed ({cause.reason or cause.strerror}); is this a "
                 "TLS listener?")
@@ -227,6 +233,13 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
             said = os.strerror(cause.errno)  # trio's prefix names the address again
         return f"cannot connect ({said})"
     return None
+
+
+def _untrusted(ca_file: Path | None, why: str) -> str:
+    """The line for a server certificate the client refused, on every TLS transport."""
+    trusted = (f"not trusted by --ca-file {ca_file}" if ca_file is not None
+               else "not trusted; give --ca-file")
+    return f"the server's certificate is {trusted} ({why})"
 
 
 #: Seconds chat tries to resume a session whose connection dropped before it gives up

@@ -56,6 +56,8 @@ from aioquic.quic.events import (
     StreamDataReceived,
     StreamReset,
 )
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import AlertDescription
 
 from gateway.nnrp import PeerCredentials
 
@@ -68,7 +70,21 @@ if TYPE_CHECKING:
 
 class QuicConnectError(OSError):
     """The QUIC handshake did not complete; the message says what the server or the
-    network answered."""
+    network answered. ``untrusted``: the server's certificate was refused here (not
+    signed by what the client trusts, or not for the name dialled), as
+    ``ssl.SSLCertVerificationError`` says on tcps and wss; ``reason``: what the check
+    said (``self-signed certificate``)."""
+
+    def __init__(self, message: str, *, untrusted: bool = False, reason: str = "") -> None:
+        super().__init__(message)
+        self.untrusted = untrusted
+        self.reason = reason
+
+
+#: The connection error aioquic closes with when the certificate check fails: TLS's
+#: bad_certificate alert as a QUIC CRYPTO_ERROR (RFC 9001 section 4.8). The gateway's
+#: QUIC listener asks for no client certificate, so on this client it is the server's.
+CERTIFICATE_REFUSED = QuicErrorCode.CRYPTO_ERROR + AlertDescription.bad_certificate
 
 
 def client_configuration(options: QuicClientOptions, server_name: str,
@@ -126,6 +142,8 @@ class QuicClientTransport:
         self.handshake: HandshakeCompleted | None = None
         #: Why the connection ended (aioquic's reason, or the socket's error); None: open.
         self.ended: str | None = None
+        #: The QUIC error code it ended with, when aioquic gave one.
+        self.ended_code: int | None = None
         self._sock = sock
         self._trio_sock = trio.socket.from_stdlib_socket(sock)
         self._send_buffer = send_buffer
@@ -184,7 +202,9 @@ class QuicClientTransport:
         while self.handshake is None:
             if self.ended is not None:
                 raise QuicConnectError(f"QUIC handshake with {self.peer} failed: "
-                                       f"{self.ended}")
+                                       f"{self.ended}",
+                                       untrusted=self.ended_code == CERTIFICATE_REFUSED,
+                                       reason=self.ended)
             await self._changed.wait()
 
     async def drive(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -226,6 +246,8 @@ class QuicClientTransport:
             elif isinstance(event, HandshakeCompleted):
                 self.handshake = event
             elif isinstance(event, ConnectionTerminated):
+                if self.ended is None:
+                    self.ended_code = event.error_code
                 self._end(event.reason_phrase or f"QUIC error {event.error_code:#x}")
         for data, _ in self.quic.datagrams_to_send(now=trio.current_time()):
             # A full buffer or an ICMP error: loss, which QUIC recovers.
