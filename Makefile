@@ -11,7 +11,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help demo otel test lint typecheck unit conformance bench bench-smoke fuzz flake-check clean
+.PHONY: help demo otel test check lint typecheck unit conformance bench bench-smoke fuzz flake-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' \
@@ -57,6 +57,19 @@ otel: $(RUNTIME_STAMP) ## OpenTelemetry's SDK and OTLP exporter into .venv, for 
 	$(call install,-e '.[otel]')
 
 test: lint typecheck unit conformance bench-smoke ## everything CI runs: lint, typecheck, unit, conformance, bench-smoke
+
+# The quick tier, while working: lint, types, and the tests that open no socket and start
+# no process (the sans-IO layers, the profile, the pipeline's stages, the upstream's
+# parsers, the server's units), the property tests at a tenth of their examples
+# (tests/support/tiers.py). About a minute on the 2-core VM; `make test` runs it all.
+CHECK_TESTS := tests/nnrp tests/profile tests/pipeline tests/test_errors.py \
+  tests/test_layers.py tests/test_exports.py tests/upstream/test_sse.py \
+  tests/upstream/test_http1.py tests/upstream/test_http1_differential.py \
+  tests/upstream/test_chunk_fast_path.py tests/upstream/test_slots.py \
+  tests/upstream/test_versions_errors.py tests/server/test_units.py \
+  tests/server/test_quic_sansio.py tests/server/test_outbox_fuzz.py
+check: lint typecheck ## the quick tier: lint, types, the sans-IO and unit tests (a minute)
+	NNRP_TESTS_TIER=check $(BIN)/pytest -q -p no:cacheprovider $(CHECK_TESTS)
 
 lint: $(TEST_STAMP) ## ruff on gateway, cli and tests
 	$(BIN)/ruff check gateway cli tests
