@@ -184,15 +184,16 @@ async def test_timeouts_are_request_timeout_and_abort_upstream(
         kind: str) -> None:
     stack = await start_stack(nursery, socket_dir, pipeline=PipelineLimits(
         first_chunk_timeout=0.3, idle_timeout=0.3))
-    start = trio.current_time()
-    async with connect(stack.uri()) as client:
-        session = await client.open_session()
-        outcome = await run_operation(session, envelope(
-            chat(stream=True), request_id=scenario_id(scenario), **extra))
+    # The 0.3 s timeouts, not the defaults (a minute and more), end it: a bound that says
+    # so on any host, and the diagnostics name which one.
+    with trio.fail_after(20):
+        async with connect(stack.uri()) as client:
+            session = await client.open_session()
+            outcome = await run_operation(session, envelope(
+                chat(stream=True), request_id=scenario_id(scenario), **extra))
     assert outcome.final["error"]["code"] == "request_timeout"
     assert outcome.final["diagnostics"]["timeout"] == kind
     assert outcome.status == 504
-    assert trio.current_time() - start < 3
     with trio.fail_after(2):
         await until(lambda: bool(stack.replay.disconnects))
     assert stack.replay.disconnects[-1].scenario == scenario
