@@ -567,7 +567,9 @@ def test_tracing_values_become_the_otel_variables(monkeypatch: pytest.MonkeyPatc
         assert attributes["service.name"] == "test-nnrp-vllm-gateway"
         assert (attributes["k8s.namespace.name"], attributes["k8s.pod.name"]) == (
             "ml", "test-gw-0")
-        assert tracer.failures.endpoint == "http://otel-collector.observability:4318"
+        # The chart's base URL (OTEL_EXPORTER_OTLP_ENDPOINT), with the path OTLP/HTTP adds.
+        assert tracer.failures.endpoint == (
+            "http://otel-collector.observability:4318/v1/traces")
         assert "TraceIdRatioBased{0.1}" in tracer.sampler.get_description()
     finally:
         tracer.queue.exporter.shutdown()
