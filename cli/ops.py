@@ -201,6 +201,7 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
 
     import trio
 
+    from gateway.nnrp import HttpAnswerError
     from gateway.tools.client import ClientError
     from gateway.transport.quic import QuicConnectError
 
@@ -216,6 +217,9 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
     if isinstance(cause, ssl.SSLError):
         return (f"the TLS handshake failed ({cause.reason or cause.strerror}); is this a "
                 "TLS listener?")
+    if isinstance(cause, HttpAnswerError):
+        return (f"that is an HTTP server (vLLM's own port?), not NNRP: it answered "
+                f"{cause.status_line!r}")
     if isinstance(cause, socket.gaierror):
         return f"cannot resolve the host ({cause.strerror})"
     if isinstance(cause, trio.TooSlowError):

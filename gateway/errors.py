@@ -3,6 +3,7 @@
     GatewayError
     ├── ProtocolError            gateway.nnrp: the NNRP rules were broken
     │   ├── RemoteProtocolError    ...by the peer: fatal to the connection unless scoped
+    │   │   ├── HttpAnswerError      ...in HTTP: the client dialled an HTTP server
     │   │   └── TypedBodyError       ...inside a typed body: fails one operation only
     │   └── LocalProtocolError     ...by us: a send the state machine forbids (never sent)
     ├── ProfileError             gateway.profile: the request is refused; carries its EndCause

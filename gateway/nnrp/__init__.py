@@ -137,6 +137,7 @@ from ._constants import (
     TransportId as TransportId,
 )
 from ._errors import (
+    HttpAnswerError as HttpAnswerError,
     LocalProtocolError as LocalProtocolError,
     ProtocolError as ProtocolError,
     RemoteProtocolError as RemoteProtocolError,

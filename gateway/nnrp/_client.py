@@ -19,6 +19,10 @@ Rules:
    the client holds, and ``migrate_session`` moves a session here. After a resume or a
    migration a server may send again results the client holds (the same bytes under the
    same sequence): up to what it held, those are ``RepeatReceived``, not a gap.
+7. An answer to the hello that starts ``HTTP/`` is an HTTP server's (vLLM's own port: a
+   uvicorn answers the hello's bytes with 400 at once): ``HttpAnswerError``, as soon as
+   those five bytes are in, rather than a bad magic or a wait for a packet that never
+   comes.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from ._constants import (
     SessionOpenStatus,
     StandardProfile,
 )
-from ._errors import LocalProtocolError, RemoteProtocolError, TypedBodyError
+from ._errors import HttpAnswerError, LocalProtocolError, RemoteProtocolError, TypedBodyError
 from ._messages import (
     Abort,
     Backpressure,
@@ -69,6 +73,10 @@ from ._messages import (
     SessionOpenAck,
     TraceContext,
 )
+
+#: How an HTTP server's answer starts (rule 7), and the most of its status line quoted.
+_HTTP_ANSWER = b"HTTP/"
+_STATUS_LINE_MAX = 80
 
 
 class ClientState(enum.Enum):
@@ -196,6 +204,9 @@ class ClientConnection:
         self._sessions: dict[int, _ClientSession] = {}
         self._opening = 0
         self.server_hello: ServerHelloAck | None = None
+        #: The first bytes the server sent, until they show whether it speaks HTTP (rule
+        #: 7); None once they have.
+        self._first_bytes: bytes | None = b""
 
     # ------------------------------------------------------------------ sends
 
@@ -385,12 +396,27 @@ class ClientConnection:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
         """Bytes from a stream transport. Raises RemoteProtocolError on a server violation."""
+        if self._first_bytes is not None:
+            self._check_not_http(data)
         events = [self._handle(packet) for packet in self._decoder.feed(data)]
         if self._decoder.error is not None:
             self.state = ClientState.CLOSED
             if not events:
                 raise self._decoder.error
         return events
+
+    def _check_not_http(self, data: bytes | bytearray | memoryview) -> None:
+        """Rule 7, on the first bytes of the stream (those of a few reads at most)."""
+        assert self._first_bytes is not None
+        first = self._first_bytes + bytes(data[:_STATUS_LINE_MAX])
+        if len(first) < len(_HTTP_ANSWER) and _HTTP_ANSWER.startswith(first):
+            self._first_bytes = first  # "HTT": wait for the next read to say
+            return
+        self._first_bytes = None
+        if first.startswith(_HTTP_ANSWER):
+            self.state = ClientState.CLOSED
+            line = first[:_STATUS_LINE_MAX].split(b"\r\n", 1)[0].split(b"\n", 1)[0]
+            raise HttpAnswerError(line.decode("latin-1"))
 
     def receive_message(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
         """One WebSocket binary message (exactly one packet)."""

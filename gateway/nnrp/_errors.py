@@ -26,6 +26,17 @@ class RemoteProtocolError(ProtocolError):
     """The peer violated the protocol."""
 
 
+class HttpAnswerError(RemoteProtocolError):
+    """The server answered the hello in HTTP: the client dialled an HTTP server (vLLM's own
+    port, a proxy), not NNRP. ``status_line``: the first line of its answer, as far as it
+    came (``HTTP/1.1 400 Bad Request``)."""
+
+    def __init__(self, status_line: str) -> None:
+        super().__init__(f"the server answered in HTTP ({status_line!r}), not NNRP",
+                         code=ErrorCode.MALFORMED_HEADER)
+        self.status_line = status_line
+
+
 class TypedBodyError(RemoteProtocolError):
     """A typed body (prelude, descriptors, regions) is invalid; fails one operation only."""
 

@@ -746,7 +746,8 @@ async def _handshake(nursery: trio.Nursery, reconnect: Reconnect, *, resume: boo
     """The first connection and its hello. A client that reconnects by itself tries again
     when a connection it got is lost before the hello's answer (a flapping path), for
     ``recovery_limit`` (or ``DEFAULT_REOPEN``) seconds; a connection refused at once is
-    an error at once (nothing listens there)."""
+    an error at once (nothing listens there), and so is an answer that is not NNRP
+    (``nnrp.HttpAnswerError``: an HTTP server)."""
     deadline = trio.current_time() + (recovery_limit or DEFAULT_REOPEN)
     backoff = MIN_BACKOFF
     reached = False
@@ -772,8 +773,11 @@ async def _handshake(nursery: trio.Nursery, reconnect: Reconnect, *, resume: boo
         with trio.CancelScope(shield=True):
             await transport.aclose()
         why = client.failure or "no answer in time"
-        if not resume or trio.current_time() + backoff >= deadline:
-            raise ClientError(f"handshake failed: {why}")
+        if (not resume or trio.current_time() + backoff >= deadline
+                or isinstance(client.failure, ProtocolError)):
+            # A server that answered, and not in NNRP (an HTTP server: vLLM's own port),
+            # answers the same next time: that is no flapping path to wait out.
+            raise ClientError(f"handshake failed: {why}") from client.failure
         await trio.sleep(backoff)
         backoff = min(backoff * 2, MAX_BACKOFF)
 

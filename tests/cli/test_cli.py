@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,26 @@ def test_capabilities_prints_nothing_on_stdout_when_it_fails() -> None:
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.startswith("error: vLLM probe failed")
+
+
+@pytest.mark.parametrize("argv", [["chat", "hi"],
+                                  ["conformance", "plan", "--out", "{tmp}/p.json"]],
+                         ids=["chat", "conformance-plan"])
+def test_a_tool_dialling_vllms_http_port_says_so_at_once(replay: ReplayThread,
+                                                         tmp_path: Path,
+                                                         argv: list[str]) -> None:
+    """Issue 37: `chat` at vLLM's own port waited 11 s (its reconnect window) before
+    "no NNRP session". vLLM (uvicorn) answers the hello's bytes with 400 at once, as the
+    replay vLLM now does too; the answer is named as soon as it comes."""
+    endpoint = "tcp://" + replay.url.removeprefix("http://")
+    started = time.monotonic()
+    result = runner.invoke(app, [*(arg.format(tmp=tmp_path) for arg in argv),
+                                 "--endpoint", endpoint])
+    assert time.monotonic() - started < 3
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "error: that is an HTTP server (vLLM's own port?), not NNRP: it answered "
+        f"'HTTP/1.1 400 Bad Request', {endpoint}"]
 
 
 def test_serve_refuses_an_untested_vllm() -> None:

@@ -402,6 +402,33 @@ def test_client_detects_sequence_gaps() -> None:
         client.receive_data(gap)
 
 
+@pytest.mark.parametrize("reads", [
+    [b"HTTP/1.1 400 Bad Request\r\nserver: uvicorn\r\n"],  # vLLM's own port
+    [b"HT", b"TP/1.1 400 Bad Request\r\n"],  # the prefix across two reads
+    [b"HTTP/1.0 404"],  # shorter than a header: no bad magic would ever be seen
+])
+def test_an_http_answer_to_the_hello_is_named_at_once(reads: list[bytes]) -> None:
+    """Issue 37 (client rule 7): `chat` at vLLM's HTTP port waited 11 s before it gave
+    up; the answer's first five bytes say it is HTTP."""
+    client = nnrp.ClientConnection()
+    client.hello()
+    for data in reads[:-1]:
+        assert client.receive_data(data) == []
+    with pytest.raises(nnrp.HttpAnswerError) as raised:
+        client.receive_data(reads[-1])
+    assert raised.value.status_line == (b"".join(reads).split(b"\r\n")[0]).decode()
+    assert client.state is nnrp.ClientState.CLOSED
+
+
+def test_a_server_hello_ack_in_small_reads_is_not_taken_for_http() -> None:
+    client = nnrp.ClientConnection()
+    client.hello()
+    ack = pk(nnrp.ServerHelloAck(accepted_profile_bitmap=2))
+    events = [event for byte in range(len(ack))
+              for event in client.receive_data(ack[byte:byte + 1])]
+    assert [type(event) for event in events] == [nnrp.HelloAcked]
+
+
 def test_bad_packet_after_good_ones_in_one_read_still_fails(server: nnrp.ServerConnection) -> None:
     bad = bytearray(pk(nnrp.Ping()))
     bad[8] = 0x80  # reserved header flag

@@ -14,7 +14,9 @@ Failure modes: HTTP errors from the error transcripts (400, 401 with an API key,
 500), an in-stream error, a stalled stream (first chunk or mid-stream), a reset
 mid-body, engine death (the recorded in-stream error, then ``/health`` 503 and
 refused connections until ``revive()``), and ``long_stream``, which never ends until
-the client leaves.
+the client leaves. Bytes that cannot start an HTTP request (an NNRP hello, dialled at
+vLLM's port by mistake) are answered 400 at once and the connection closed, as vLLM's
+uvicorn does (``NOT_HTTP_ANSWER``).
 
 Load (``GET /metrics``): the text recorded from a busy vLLM 0.32.0
 (``transcripts/metrics_busy.prom``) with its three load gauges set from ``load``
@@ -35,6 +37,7 @@ completes or ends in a disconnect.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -284,6 +287,9 @@ class ReplayServer:
         finally:
             await trio.aclose_forcefully(stream)
 
+        except* _NotHttp:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(NOT_HTTP_ANSWER)
     async def _read_request(self, connection: h11.Connection, stream: trio.SocketStream
                             ) -> RecordedRequest | None:
         head: h11.Request | None = None
@@ -293,10 +299,15 @@ class ReplayServer:
             if event is h11.NEED_DATA:
                 data = await stream.receive_some(65536)
                 connection.receive_data(data)
+        start = b""  # the request's first bytes, until they are a method and a space
                 if not data and connection.their_state is h11.IDLE:
                     return None
                 continue
             if isinstance(event, h11.Request):
+                if head is None and connection.their_state is h11.IDLE and b" " not in start:
+                    start += data[:16]
+                    if not _starts_a_request(start):
+                        raise _NotHttp
                 head = event
             elif isinstance(event, h11.Data):
                 body += event.data
@@ -647,6 +658,24 @@ def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str
                     ) -> str:
     """Which reply a chat request gets; the first rule that matches decides:
 
+
+
+#: vLLM's answer (uvicorn with httptools) to bytes that cannot start an HTTP request,
+#: sent at once, before it closes the connection.
+NOT_HTTP_ANSWER = (b"HTTP/1.1 400 Bad Request\r\nserver: uvicorn\r\n"
+                   b"content-type: text/plain; charset=utf-8\r\ncontent-length: 30\r\n"
+                   b"connection: close\r\n\r\nInvalid HTTP request received.")
+
+
+class _NotHttp(Exception):
+    """A connection's first bytes are not an HTTP request's."""
+
+
+def _starts_a_request(start: bytes) -> bool:
+    """Whether ``start`` can begin a request line: a method in capitals, then a space
+    (an NNRP hello starts ``NNRP\\x01``)."""
+    method = start.split(b" ", 1)[0]
+    return all(0x41 <= byte <= 0x5A for byte in method)
     1. header ``x-replay-scenario: NAME`` (tests that call the replay server directly);
     2. ``x-request-id: replay:NAME:...`` (through the gateway, which forwards only the id);
     3. model ``backend-error``: vLLM's engine failure (the suite's backend-error recipe);
