@@ -9,7 +9,6 @@ before binding are cli/_settings.py's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -681,7 +680,11 @@ def replay_server(
     api_key: Annotated[str | None, typer.Option(
         metavar="KEY", help="Require this bearer token, as vLLM's --api-key does.")] = None,
 ) -> None:
-    """A loopback fake vLLM that plays recorded transcripts (for tests and demos)."""
+    """A loopback fake vLLM that plays recorded transcripts (for tests and demos);
+    SIGTERM or Ctrl-C stops it (status 0)."""
+    import signal
+
+    import structlog
     import trio
 
     from gateway.observe import configure_logging
@@ -697,12 +700,19 @@ def replay_server(
     server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
 
     async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.serve, host, port)
+        # SIGTERM (a container's stop; as PID 1 it has no default action) and SIGINT
+        # stop it with a line and status 0.
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve, host, port)
+                async for signum in signals:
+                    structlog.get_logger("gateway.tools.replay").info(
+                        "replay vLLM stopping", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    break
 
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            trio.run(run)
+        trio.run(run)
     except BaseException as error:
         failed_bind = first_of(error, OSError)
         if failed_bind is None:

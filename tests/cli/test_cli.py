@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -123,6 +124,26 @@ def test_a_tool_dialling_vllms_http_port_says_so_at_once(replay: ReplayThread,
     assert result.stderr.splitlines() == [
         "error: that is an HTTP server (vLLM's own port?), not NNRP: it answered "
         f"'HTTP/1.1 400 Bad Request', {endpoint}"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_replay_server_stops_on_a_signal_with_a_line_and_status_0(
+        signum: signal.Signals) -> None:
+    """Issue 37: SIGTERM killed it (status 143, no word), and as a container's PID 1,
+    which has no default action for SIGTERM, it would not have stopped at all."""
+    exe = str(Path(sys.executable).parent / "nnrp-gateway")
+    process = subprocess.Popen([exe, "replay-server", "--listen", "127.0.0.1:0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert json.loads(process.stdout.readline())["event"] == "replay vLLM listening"
+        process.send_signal(signum)
+        rest, stderr = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    (stopping,) = [json.loads(line) for line in rest.splitlines()]
+    assert (stopping["event"], stopping["signal"]) == ("replay vLLM stopping", signum.name)
 
 
 def test_serve_refuses_an_untested_vllm() -> None:
