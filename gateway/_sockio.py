@@ -1,7 +1,7 @@
 """Socket reads and writes for the per-event paths, without trio's per-call layers.
 
 A streamed token costs the gateway one read of vLLM's socket and one write to the
-client's (issue 16). Through ``trio.SocketStream`` each of those passes a conflict
+client's. Through ``trio.SocketStream`` each of those passes a conflict
 detector, a method wrapper, a nonblocking helper and its context manager, and a
 successful write yields to the scheduler once more; on this project's measurements a
 lone event's path is mostly such layers (docs/benchmarks.md, "Fewer passes per event").

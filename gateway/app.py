@@ -325,7 +325,7 @@ class Gateway:
         self.metrics.observe(record)
         # One bound logger per line (the proxy binds on every call): asked whether the
         # line is kept before the record is turned into its fields, which costs about
-        # as much as the rest of this method (issue 25: a filtered line costs nothing).
+        # as much as the rest of this method (a filtered line costs nothing).
         logger = operation_log.bind()
         if logger.is_enabled_for(_LEVELS[record.log_level]):
             getattr(logger, record.log_level)("operation", **record.as_dict())

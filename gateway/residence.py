@@ -4,7 +4,7 @@
         its NNRP bytes handed to the socket (the connection's writer)  =  one sample
 
 It separates the time an event spends in the gateway's hands from the rest of a
-benchmark's path (issue 16): a load generator and a backend sharing two cores with the
+benchmark's path: a load generator and a backend sharing two cores with the
 gateway make end-to-end latency a figure of the machine. What it covers exactly: from
 the moment the operation's task has the body bytes (one read of the upstream socket,
 de-chunked; bytes waiting in the kernel before that are not in it) to the moment the

@@ -73,7 +73,7 @@ class FlowControl:
         if self.sessions or self.operations:
             return True
         # Field by field rather than ``!= Window()``: asked once per event, and a fresh
-        # Window to compare with showed in the profile (issue 25).
+        # Window to compare with showed in the profile.
         connection = self.connection
         return (connection.credits is not None or connection.paused
                 or connection.not_before != 0.0 or connection.epoch != 0)

@@ -1,6 +1,6 @@
 """OpenTelemetry spans from the observation record: sans-IO (no opentelemetry import).
 
-The rules (issue 24; the design's "one record, no split-brain"):
+The rules (the design's "one record, no split-brain"):
 
 1. **One record.** A span is built from the ``ObservationRecord`` that also makes the log
    line, the metrics and ``response.diagnostics`` (``build_spans``): nothing is timed or

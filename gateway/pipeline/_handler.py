@@ -131,7 +131,7 @@ class ChatPipeline:
         self.load = load
         self.admission = admission and load is not None
         self.on_engine_dead = on_engine_dead
-        #: Tracing (issue 24): the gateway's span is decided here, with the upstream
+        #: Tracing: the gateway's span is decided here, with the upstream
         #: request, so the traceparent vLLM gets and the exported span agree.
         self.tracer = tracer
 
@@ -185,8 +185,7 @@ class ChatPipeline:
                     completed = ev.encode_event(ev.completed(body))
                 else:
                     # vLLM's body as vLLM sent it: decoded once to be checked and read
-                    # (usage, metrics, the span's names), never encoded again (issue 25
-                    # item 5).
+                    # (usage, metrics, the span's names), never encoded again.
                     answer = await self._unary(op, request.body, request.headers)
                     _note_response(op, answer.body)
                     completed = ev.completed_text(answer.text)
@@ -338,7 +337,7 @@ class ChatPipeline:
                     async for batch in stream:
                         if notes.upstream_first_byte is None:
                             notes.upstream_first_byte = stream.first_byte_at
-                        # The events of one upstream read leave in one write (issue 16).
+                        # The events of one upstream read leave in one write.
                         try:
                             for chunk in batch:
                                 if not op.spend_tokens(token_count(chunk)):

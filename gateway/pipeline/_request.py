@@ -7,7 +7,7 @@ trace id zero-extended to W3C's 128 bits, only the sampled bit kept), frozen whe
 request is dispatched. It is never copied into the OpenAI body, and attribute bodies
 are counted, never forwarded or logged.
 
-With tracing on (issue 24, ``gateway.observe._spans`` rule 2) the rule above still
+With tracing on (``gateway.observe._spans`` rule 2) the rule above still
 decides first and its bytes are unchanged; only an operation without an eligible client
 context whose own gateway span was sampled sends the gateway's request to vLLM (the
 operation span's CLIENT child, ``GatewaySpan.upstream_span_id``) as vLLM's parent, so

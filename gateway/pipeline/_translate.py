@@ -31,7 +31,7 @@ bytes; it takes a shorter way for the plain text delta (one choice already seen,
 ``content`` string and nothing else, null logprobs, finish_reason and token_ids, no
 ``include_openai_chunk``), whose only effect on the state is the text kept for the
 completed body. ``tests/pipeline/test_translate_fast_path.py`` proves it against
-``feed`` over every recorded transcript and hypothesis-generated chunks (issue 25).
+``feed`` over every recorded transcript and hypothesis-generated chunks.
 
 The completed body (``completed_body``) is the ``chat.completion`` vLLM would have sent
 for the same request without streaming, field by field; the binding's ``ResponseShape``

@@ -184,7 +184,7 @@ class Connection:
         """Operations in flight on this connection, over every session attached to it.
         The direct-write policy asks on every flush, so it is a count kept as they come
         and go (``count_operations``), not a sum over the sessions (1.5 % of the samples
-        at 256 streams, 16 sessions a connection: docs/benchmarks.md, issue 25)."""
+        at 256 streams, 16 sessions a connection: docs/benchmarks.md)."""
         return self._operations
 
     def count_operations(self, change: int) -> None:

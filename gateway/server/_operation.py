@@ -337,7 +337,7 @@ class Operation:
         """While in this block, a cancel also calls ``abort`` (synchronous: it closes the
         upstream socket), so the upstream learns of the cancel as soon as the reader
         applies it, not after the operation's task has been scheduled and unwound behind
-        every other busy stream (issue 16: cancel -> upstream closed p99)."""
+        every other busy stream (the cancel -> upstream closed p99 of docs/benchmarks.md)."""
         self._abort_upstream = abort
         try:
             yield

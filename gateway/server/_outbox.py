@@ -9,7 +9,7 @@ while more than ``high_water`` bytes wait, until the writer brings it under
 that never reads therefore stalls its own operations (TCP backpressure reaches the
 operation tasks, and through them the upstream streams), never the process.
 
-The direct path (issue 16). When the transport can write without waiting
+The direct path. When the transport can write without waiting
 (``send_now``: a plain TCP or unix socket) and the writer is idle with nothing queued,
 a producer that knows where its batch ends (the events of one upstream read, a
 terminal's packets) queues it with ``defer=True`` and calls ``flush()``, which writes it

@@ -207,7 +207,7 @@ class _Port:
         """Whether a PARTIAL_RESULT may go now with nothing to wait for: attached and
         delivered, room in the connection's buffer, no flow window set by the client, no
         SUPERSEDE waiting. What ``room`` and ``credit`` would return at once for, asked
-        without their coroutines (issue 25: the common case, once per event)."""
+        without their coroutines (the common case, once per event)."""
         session = self._session
         link = session.link
         protocol = session.protocol

@@ -16,7 +16,7 @@ log = structlog.get_logger("gateway.server")
 class Notice:
     """One kind of log line a client can provoke at will (a refused resume, a failed
     authentication, a relay): written at most once per ``interval`` seconds, with how
-    many there were since the last one (issue 34: a client guessing tokens wrote a line
+    many there were since the last one (a client guessing tokens wrote a line
     per guess)."""
 
     def __init__(self, event: str, level: str = "info", interval: float = 1.0) -> None:

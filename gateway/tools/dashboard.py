@@ -1,4 +1,4 @@
-"""The Grafana dashboard for the gateway, built from code (issue 24).
+"""The Grafana dashboard for the gateway, built from code.
 
 The chart ships the JSON this module writes (``DASHBOARD_FILE``); a test checks the
 committed file is what ``render()`` returns, as for ``deploy/gateway.example.toml``, and

@@ -8,7 +8,7 @@ frame can carry. A violation raises ``UpstreamMalformed`` naming what was wrong,
 operation ends with ``backend_error`` instead of forwarding garbage.
 
 The plain text delta (most chunks of a stream) is read by one pattern rather than by
-``json.loads`` and the checks, under these rules (issue 25, measured in
+``json.loads`` and the checks, under these rules (measured in
 docs/benchmarks.md):
 
 1. The pattern (``_PLAIN_TEXT_CHUNK``) matches only vLLM's exact compact bytes of a

@@ -375,7 +375,7 @@ class _RequestTemplate:
     """What every completion request shares, built once: the URL per path, the static
     headers (the clients' defaults and the content type) and the timeouts. httpx's
     ``build_request`` merges all three again for every request, about half of a
-    request's construction (issue 16: build once what can be)."""
+    request's construction (build once what can be)."""
 
     def __init__(self, base_url: str, client_headers: httpx.Headers, timeout: httpx.Timeout
                  ) -> None:
@@ -427,7 +427,7 @@ class BodyChunks:
     def abort(self) -> bool:
         """Close the response's socket now, synchronously, from any task: vLLM sees the
         disconnect (and aborts the request) without waiting for the reading task to be
-        scheduled, which at 256 busy streams can take many milliseconds (issue 16). The
+        scheduled, which at 256 busy streams can take many milliseconds. The
         socket comes from the response's ``network_stream`` extension (httpx's convention,
         which ``LoopbackTransport`` and httpcore both follow); the reading
         task's pending read then fails, and closing the response later is harmless.

@@ -18,7 +18,7 @@ is a ``GracefulHTTPError`` that ``create_error_response`` writes as
 with no Retry-After header. The admission check runs twice: once before the response
 starts (``OpenAIServing`` -> HTTP 503), and again inside ``AsyncLLM.add_request`` when
 a streamed response has already answered 200, where the stream generator writes the
-same object as its first and only event, then ``data: [DONE]`` (seen live, issue 23).
+same object as its first and only event, then ``data: [DONE]`` (seen live).
 Both are the same refusal, so both are backend_overload with a retry hint:
 
 =================================================  ===========  =====================

@@ -6,7 +6,7 @@ Sans-IO: text in, a ``LoadSample`` out; a sample, the time and the policy in, a
 Why: in an llm-d pool the router beside vLLM scores pods by ``vllm:num_requests_waiting``
 and ``vllm:kv_cache_usage_perc``; NNRP connections do not pass through that router, so
 the gateway is the only place that can tell an NNRP client "this pod is full, retry
-elsewhere" before its request waits in vLLM's queue (issue 23). An L4 Service in front
+elsewhere" before its request waits in vLLM's queue. An L4 Service in front
 of several pods then spreads NNRP clients by load.
 
 Sources (``LoadSource``):

@@ -11,7 +11,7 @@ spends elsewhere (waiting for a slow NNRP reader, say) never counts as vLLM bein
 so nothing has to stop or restart a clock around backpressure. Both are kept by one
 watchdog task per stream (``clocks``), not by a cancel scope per read: a read only
 stamps its deadline, which costs far less than entering and leaving a deadline scope
-25,000 times a second at 256 streams (issue 16). The watchdog never sleeps past the
+25,000 times a second at 256 streams. The watchdog never sleeps past the
 soonest deadline a pending or later read can have (so at most an idle period); a read
 still pending at its deadline cancels the stream's scope, and ``clocks`` raises
 ``UpstreamTimeout``.

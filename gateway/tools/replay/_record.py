@@ -115,7 +115,7 @@ def record_one(client: httpx.Client, name: str, body: dict[str, Any], version: s
                                               "record")
 
 
-#: Issue 23's scenarios, recorded from a vLLM 0.32 started with
+#: The load and refusal scenarios, recorded from a vLLM 0.32 started with
 #: ``--max-num-seqs 1 --max-num-queued-reqs 3 --enable-per-request-metrics
 #: --sse-keep-alive-interval 1 --scheduling-policy priority`` (``record_admission``):
 #: per-request metrics on the final chunk and on the body, keep-alive comments while a
