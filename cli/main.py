@@ -416,6 +416,7 @@ def serve(
     if otel_traces:
         _check_tracing(ctx)
     fleet = _check_fleet(ctx, fleet_advertise, fleet_key_file, resume_window)
+    _check_drain(ctx, drain_timeout, drain_close_grace)
     load = LoadSettings(admission=load_aware_admission, source=load_source.value,
                         interval=load_interval, max_waiting=load_max_waiting,
                         max_kv_cache_usage=load_max_kv_cache_usage,
@@ -477,7 +478,12 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
                  auth_token_file: Path | None, tls_cert: Path | None, tls_key: Path | None,
                  tls_client_ca: Path | None) -> tuple[TokenAuthenticator | None,
                                                       TlsConfig | None]:
-    """Everything that can be checked before binding (``--print-config`` runs it too)."""
+    """Everything that can be checked before binding (``--print-config`` runs it too).
+
+    Usage errors (exit 2) rather than warnings, as every other configuration error: a
+    certificate no listener uses (the operator meant TLS: NNRP would go in plaintext), a
+    client CA without a certificate. ``_check_drain`` does the same for a close grace
+    longer than the drain it ends."""
     from gateway.server import TokenAuthenticator
     from gateway.transport import (
         ListenError,
@@ -491,6 +497,7 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
 
     if not listen:
         raise UserError("no NNRP listener (give at least one)", source(ctx, "listen"))
+    over_tls = False  # a listener uses --tls-cert
     for uri in listen:
         if not uri.strip():
             raise UserError("an empty listener URL", source(ctx, "listen"))
@@ -504,6 +511,7 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
         if endpoint.scheme == "quic" and tls_client_ca is not None:
             raise UserError(f"{uri}: quic:// does not do mutual TLS (drop --tls-client-ca "
                             "or the quic:// listener)", source(ctx, "tls_client_ca"))
+        over_tls = over_tls or endpoint.tls or endpoint.scheme == "quic"
     check_http_url(vllm_url, source(ctx, "vllm_url"))
     if admin_listen is not None:
         check_host_port(admin_listen, source(ctx, "admin_listen"), unix=True)
@@ -519,6 +527,16 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
             option = {"certificate": "tls_cert", "private key": "tls_key",
                       "client CA": "tls_client_ca"}[exc.role]
             raise UserError(str(exc), source(ctx, option)) from None
+        # Files that load but that no listener uses: the operator meant TLS, and NNRP
+        # would go in plaintext. As with the auth tokens, a security option that was
+        # given never silently does nothing.
+        if not over_tls:
+            raise UserError("no listener uses the certificate: NNRP would be served "
+                            "without TLS (make a listener tcps://, wss:// or quic://, or "
+                            "drop the certificate)", source(ctx, "tls_cert"))
+    elif tls_client_ca is not None:
+        raise UserError("a client CA goes with --tls-cert, --tls-key and a tcps:// or "
+                        "wss:// listener", source(ctx, "tls_client_ca"))
     from gateway.server import AuthSourceError
 
     try:
@@ -531,6 +549,18 @@ def _check_serve(ctx: typer.Context, listen: list[str], vllm_url: str,
     except ValueError as exc:
         raise UserError(f"auth tokens: {exc}", source(ctx, "auth_token")) from None
     return authenticate, tls
+
+
+def _check_drain(ctx: typer.Context, drain_timeout: float, close_grace: float) -> None:
+    """The close grace is the end of the drain, within ``--drain-timeout``: one given
+    longer could never be had. The default (5 s) under a short drain is cut to fit."""
+    from ._settings import source
+
+    given = getattr(ctx.get_parameter_source("drain_close_grace"), "name", "DEFAULT")
+    if given != "DEFAULT" and close_grace > drain_timeout:
+        raise UserError(f"a close grace of {close_grace:g} s does not fit in the drain's "
+                        f"{drain_timeout:g} s (--drain-timeout), which it is the end of",
+                        source(ctx, "drain_close_grace"))
 
 
 def _check_fleet(ctx: typer.Context, advertise: str | None, key_file: Path | None,

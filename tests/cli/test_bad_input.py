@@ -147,6 +147,22 @@ CASES: list[tuple[str, list[str], int, str]] = [
                                "--print-config"], 2,
      "quic:// does not do mutual TLS (drop --tls-client-ca or the quic:// listener), "
      "--tls-client-ca"),
+    # Issue 37: TLS files no listener uses, a close grace longer than the drain.
+    ("serve-tls-cert-no-tls-listener", ["serve", "--tls-cert", "{cert}", "--tls-key", "{key}",
+                                        "--print-config"], 2,
+     "no listener uses the certificate: NNRP would be served without TLS (make a listener "
+     "tcps://, wss:// or quic://, or drop the certificate), --tls-cert"),
+    ("serve-tls-client-ca-no-tls-listener", ["serve", "--tls-cert", "{cert}", "--tls-key",
+                                             "{key}", "--tls-client-ca", "{cert}",
+                                             "--print-config"], 2,
+     "no listener uses the certificate"),
+    ("serve-tls-client-ca-alone", ["serve", "--tls-client-ca", "{cert}", "--print-config"],
+     2, "a client CA goes with --tls-cert, --tls-key and a tcps:// or wss:// listener, "
+        "--tls-client-ca"),
+    ("serve-drain-close-grace", ["serve", "--drain-timeout", "5", "--drain-close-grace", "10",
+                                 "--print-config"], 2,
+     "a close grace of 10 s does not fit in the drain's 5 s (--drain-timeout), which it is "
+     "the end of, --drain-close-grace"),
     ("serve-listen-empty", ["serve", "--listen", "", "--print-config"], 2,
      "an empty listener URL, --listen"),
     ("serve-auth-token-file", ["serve", "--auth-token-file", "{tmp}/none", "--print-config"],

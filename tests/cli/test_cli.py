@@ -219,6 +219,26 @@ def test_the_vllm_session_header_is_on_unless_a_flag_or_the_environment_says_off
         "NNRP_GATEWAY_VLLM_SESSION_HEADER": "false"}).pipeline.session_header is True
 
 
+def test_the_default_close_grace_fits_a_short_drain_and_a_tls_listener_takes_the_cert(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The checks of issue 37 refuse what was given and cannot be had, nothing else: a
+    short --drain-timeout under the default 5 s grace (cut to fit, as it always was), a
+    grace as long as the drain, a certificate with a TLS listener."""
+    from tests.support.quic import make_pki
+
+    assert served_config(monkeypatch, ["--drain-timeout", "1"]).drain_close_grace == 5.0
+    assert served_config(monkeypatch, ["--drain-timeout", "2", "--drain-close-grace", "2"]
+                         ).drain_close_grace == 2.0
+    pki = make_pki(tmp_path)
+    config = served_config(monkeypatch, ["--listen", "tcps://127.0.0.1:0", "--tls-cert",
+                                         str(pki.cert), "--tls-key", str(pki.key)])
+    assert config.tls is not None
+    refused = runner.invoke(app, ["serve", "--print-config", "--drain-timeout", "3"],
+                            env={"NNRP_GATEWAY_DRAIN_CLOSE_GRACE": "4"})
+    assert refused.exit_code == 2
+    assert refused.stderr.endswith(", environment variable NNRP_GATEWAY_DRAIN_CLOSE_GRACE\n")
+
+
 def _environment_footer(argv: list[str]) -> str:
     text = " ".join(runner.invoke(app, [*argv, "--help"]).stdout.split())
     return text[text.index("can also be set in the environment"):]
