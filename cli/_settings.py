@@ -17,15 +17,25 @@ The file's rules (deploy/gateway.example.toml shows every key):
 
 An error names where the bad value came from: the flag, the environment variable, or
 the file and key (``source``), never a flag the operator did not use.
+
+5. An ``NNRP_GATEWAY_*`` variable that is no setting (``NNRP_GATEWAY_VLLM_URLL``) is a
+   one-line warning on stderr naming the nearest known one, for every command; not an
+   error, as an unknown key of the file is. The file is the gateway's own and read by
+   it alone; the environment is shared: by a pod's other containers and scripts, by a
+   ConfigMap that a newer or older gateway reads too (a rollback must not stop on a
+   setting the older one lacks). The known names are the options' own variables, of
+   every command (``known_variables``), and those the code reads itself
+   (``READ_DIRECTLY``; tests/cli/test_config.py checks that the source names no other).
 """
 
 from __future__ import annotations
 
-__all__ = ["check_host_port", "check_http_url", "check_output_dir", "load_file", "render",
-           "source"]
+__all__ = ["check_host_port", "check_http_url", "check_output_dir", "known_variables",
+           "load_file", "render", "source", "unknown_variables", "warn_unknown_variables"]
 
 import difflib
 import json
+import os
 import tomllib
 import typing
 from enum import Enum
@@ -35,7 +45,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from ._app import UserError, clean_message, source
+from ._app import DEBUG_ENV, UserError, clean_message, source
 
 #: ``serve`` parameters that are not settings a file may hold.
 NOT_IN_FILE = frozenset({"ctx", "config_file", "print_config", "return"})
@@ -250,3 +260,44 @@ def check_output_dir(path: Path, where: str) -> None:
         raise UserError(f"cannot create the output directory ({exc.strerror})",
                         f"{where} {path}") from None
 
+
+
+# ------------------------------------------------------------------------------ environment
+
+#: The prefix of the gateway's own variables (rule 5).
+ENV_PREFIX = "NNRP_GATEWAY_"
+#: Variables read by the code itself, not (only) through an option's ``envvar``: cli/_app.py
+#: reads DEBUG_ENV before any option is parsed; ``health`` reads serve's admin listener.
+READ_DIRECTLY = frozenset({DEBUG_ENV, "NNRP_GATEWAY_ADMIN_LISTEN"})
+
+
+def known_variables(command: Any) -> frozenset[str]:
+    """Every variable an option of ``command`` or of its subcommands, at any depth, reads,
+    and ``READ_DIRECTLY``."""
+    names = set(READ_DIRECTLY)
+    pending = [command]
+    while pending:
+        current = pending.pop()
+        for param in getattr(current, "params", []):
+            envvar = getattr(param, "envvar", None)
+            names.update([envvar] if isinstance(envvar, str) else envvar or [])
+        pending.extend(getattr(current, "commands", {}).values())
+    return frozenset(names)
+
+
+def unknown_variables(environ: typing.Mapping[str, str], known: frozenset[str]) -> list[str]:
+    """Rule 5's warnings: one line per ``NNRP_GATEWAY_*`` variable that is no setting."""
+    # Compared without the prefix every name shares: it would make any two alike.
+    suffixes = {name.removeprefix(ENV_PREFIX): name for name in known}
+    lines = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known):
+        near = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), sorted(suffixes), n=1)
+        lines.append(f"warning: {name} is not a setting; "
+                     + (f"did you mean {suffixes[near[0]]}?" if near else "it is ignored"))
+    return lines
+
+
+def warn_unknown_variables(ctx: typer.Context) -> None:
+    """Rule 5, for the command line being run (from the top command's callback)."""
+    for line in unknown_variables(os.environ, known_variables(ctx.find_root().command)):
+        typer.echo(line, err=True)

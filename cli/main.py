@@ -52,6 +52,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def top(
+    ctx: typer.Context,
     show_version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version,
         help="Print the version and the vLLM lines served, and exit.")] = False,
@@ -60,7 +61,10 @@ def top(
         help="Show the Python traceback of an error instead of one line.")] = False,
 ) -> None:
     """Serve a co-located vLLM OpenAI server over NNRP/1 sessions."""
+    from ._settings import warn_unknown_variables
+
     set_debug(debug)
+    warn_unknown_variables(ctx)
 
 
 VllmUrl = Annotated[str, typer.Option(

@@ -153,3 +153,49 @@ def test_version_flag() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     assert result.stdout.startswith("nnrp-vllm-gateway ")
+
+
+# ------------------------------------------------------------------ NNRP_GATEWAY_* variables
+
+def test_a_misspelt_variable_is_a_warning_naming_the_nearest_setting() -> None:
+    """Issue 37: NNRP_GATEWAY_VLLM_URLL was ignored without a word (the gateway then
+    dialled the default vLLM). A warning, not an error: the environment is shared (rule 5
+    of cli/_settings.py), where the file is the gateway's own."""
+    result = runner.invoke(app, ["serve", "--print-config"],
+                           env={"NNRP_GATEWAY_VLLM_URLL": "http://10.0.0.9:8000",
+                                "NNRP_GATEWAY_NOT_OURS": "1"})
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "warning: NNRP_GATEWAY_NOT_OURS is not a setting; it is ignored",
+        "warning: NNRP_GATEWAY_VLLM_URLL is not a setting; did you mean "
+        "NNRP_GATEWAY_VLLM_URL?"]
+    assert 'vllm_url = "http://127.0.0.1:8000"' in result.stdout
+
+
+def test_every_command_warns_and_a_setting_of_another_command_is_no_mistake() -> None:
+    # A container's environment serves several commands: chat's endpoint beside serve's.
+    env = {"NNRP_GATEWAY_ENDPOINT": "tcp://127.0.0.1:7700", "NNRP_GATEWAY_DEBUG": "0",
+           "NNRP_GATEWAY_ADMIN_LISTEN": "127.0.0.1:9090", "NNRP_GATEWAY_LOGLEVEL": "debug"}
+    for argv in (["version"], ["serve", "--print-config"], ["conformance", "validate", "-h"]):
+        result = runner.invoke(app, argv, env=env)
+        assert result.stderr.splitlines() == [
+            "warning: NNRP_GATEWAY_LOGLEVEL is not a setting; did you mean "
+            "NNRP_GATEWAY_LOG_LEVEL?"], argv
+
+
+def test_the_known_names_are_every_name_the_source_reads() -> None:
+    """The known names come from the options' declarations; a variable the code reads
+    itself (a string literal naming it) must be in READ_DIRECTLY, or its users would be
+    warned that it is no setting."""
+    import re
+
+    from cli._settings import known_variables
+
+    known = known_variables(get_command(app))
+    literal = re.compile(r"[\"'](NNRP_GATEWAY_[A-Z0-9_]*[A-Z0-9])[\"']")
+    named = {name for top in ("cli", "gateway") for path in (ROOT / top).rglob("*.py")
+             for name in literal.findall(path.read_text())}
+    assert "NNRP_GATEWAY_ADMIN_LISTEN" in named  # cli/ops.py's, read by health
+    assert named - known == set()
+    assert {"NNRP_GATEWAY_VLLM_URL", "NNRP_GATEWAY_ENDPOINT", "NNRP_GATEWAY_CLIENT_AUTH_TOKEN",
+            "NNRP_GATEWAY_DEBUG"} <= known
