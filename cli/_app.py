@@ -15,6 +15,12 @@ The error rules (issue 22), in the order ``GatewayGroup.main`` applies them:
 5. Anything else is a bug: one line that says so and how to see the traceback, exit 1.
 6. ``--debug`` (or ``NNRP_GATEWAY_DEBUG=1``) lets rules 2-5 raise instead: the traceback.
 
+A check that runs to its end (``conformance run``, ``validate``, ``wire-probe``,
+``host-routes``) exits 0 when every case was proven to pass, 1 when one failed, and
+``EXIT_INCONCLUSIVE`` (4) when none failed but some case proved nothing either way (its
+timing precondition did not happen: a backend faster than a cancel). 4, not 3: ``serve``
+exits 3 for a vLLM outside the tested versions.
+
 Trio wraps what a task raised in exception groups; the leaf is what is reported.
 
 Help is click's plain layout (no boxes, names never cut): options in the panels their
@@ -38,6 +44,8 @@ if typing.TYPE_CHECKING:
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: Nothing failed, but some case proved nothing either way (see above).
+EXIT_INCONCLUSIVE = 4
 EXIT_INTERRUPTED = 130
 
 DEBUG_ENV = "NNRP_GATEWAY_DEBUG"

@@ -11,7 +11,16 @@ certificate or its CA, PEM; default: the system's store). nnrp-py's native clien
 for quic://. A gateway that requires session tokens takes ``--auth-token`` (or
 ``--auth-token-file``); nnrp-py's native client cannot present one, so the built-in client
 runs then.
+
+Exit codes of ``run``, ``validate``, ``wire-probe`` and ``host-routes``: 0 when every
+selected case passed; 1 when one failed (or the results are not valid); 4
+(``EXIT_INCONCLUSIVE``) when none failed but some case was inconclusive: its timing
+precondition did not happen (a cancel recipe whose stream ended before its CANCEL could
+reach the gateway, against a backend faster than a cancel), so it proved nothing either
+way. Such a case is printed ``inconclusive`` with its reason, and the run goes on; the
+summary line counts them. 2 is a usage error.
 """
+
 
 from __future__ import annotations
 
@@ -22,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._app import EXIT_FAILED, EXIT_USAGE, GatewayTyper, UserError, source
+from ._app import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_USAGE, GatewayTyper, UserError, source
 from ._settings import check_http_url, check_output_dir
 from .ops import (
     AuthToken,
@@ -180,13 +189,43 @@ def _run_once(endpoint: str, output: Path, client: str, document: dict[str, Any]
                                         trust=trust))
     (output / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     for result in results["results"]:
-        line = f"{result['outcome']:<7} {result['id']}"
-        if result["diagnostics"].get("backend") == "scripted":
-            line += f"  [scripted backend: {result['diagnostics']['endpoint']}]"
-        typer.echo(line + (f"  ({result['message']})" if "message" in result else ""))
+        typer.echo(_result_line(result, result["diagnostics"].get("inconclusive"))
+                   + (f"  [scripted backend: {result['diagnostics']['endpoint']}]"
+                      if result["diagnostics"].get("backend") == "scripted" else ""))
     for case_id in not_claimed:
         typer.echo(f"{'n/a':<7} {case_id} (not_claimed)")
     return results
+
+
+def _result_line(result: dict[str, Any], reason: str | None = None) -> str:
+    """``passed  ID``, ``failed  ID  (why)``, ``inconclusive ID  (why)``."""
+    from gateway.tools.conformance import INCONCLUSIVE, result_status
+
+    status = result_status(result)
+    message = result.get("message")
+    if status == "inconclusive":
+        message = reason or str(message)[len(INCONCLUSIVE):]
+    return f"{status:<7} {result['id']}" + (f"  ({message})" if message else "")
+
+
+def _counts(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """passed, inconclusive ids and failed ids of a results list (``result_status``)."""
+    from gateway.tools.conformance import result_status
+
+    statuses = {r["id"]: result_status(r) for r in results}
+    return {"passed": sum(s == "passed" for s in statuses.values()),
+            "inconclusive": [i for i, s in statuses.items() if s == "inconclusive"],
+            "failed": [i for i, s in statuses.items() if s not in ("passed", "inconclusive")],
+            "selected": len(statuses)}
+
+
+def _verdict(failed: bool, inconclusive: bool) -> tuple[str, int]:
+    """The verdict word and the exit code (module docstring)."""
+    if failed:
+        return "failed", EXIT_FAILED
+    if inconclusive:
+        return "inconclusive", EXIT_INCONCLUSIVE
+    return "passed", 0
 
 
 def _anchor_is_self_signed_ca(trust: Trust) -> bool:
@@ -268,31 +307,49 @@ def run(
         document = _capabilities(endpoint, capabilities, False, trust)
         results = _run_once(endpoint, out, chosen, document, backend_log, suite_only,
                             trust, scripted_endpoint)
-        summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint,
-                                   "passed": sum(r["outcome"] == "passed"
-                                                 for r in results["results"]),
-                                   "selected": len(results["results"])}
+        first = _counts(results["results"])
+        summary: dict[str, Any] = {"client": chosen, "endpoint": endpoint, **first}
+        failed, inconclusive = bool(first["failed"]), bool(first["inconclusive"])
         if check_without_extensions:
             bare = dict(document, extensions=[])
             typer.echo("-- again, with extensions removed --")
             again = _run_once(endpoint, out / "without-extensions", chosen, bare,
                               backend_log, suite_only, trust, scripted_endpoint)
+            second = _counts(again["results"])
+            # The same passes, among the cases both runs proved either way.
+            unproven = set(first["inconclusive"]) | set(second["inconclusive"])
+            judged = {r["id"] for r in again["results"]} - unproven
             passed = {r["id"] for r in results["results"] if r["outcome"] == "passed"}
             passed_bare = {r["id"] for r in again["results"] if r["outcome"] == "passed"}
-            bare_ids = {r["id"] for r in again["results"]}
-            summary["without_extensions"] = {
-                "passed": len(passed_bare),
-                "same_passes": passed & bare_ids == passed_bare}
+            same = passed & judged == passed_bare & judged
+            summary["without_extensions"] = {**second, "same_passes": same}
+            failed = failed or bool(second["failed"]) or not same
+            inconclusive = inconclusive or bool(second["inconclusive"])
     except (ClientError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
         if isinstance(exc, ClientError) and str(exc) == CA_ANCHOR_REFUSED:
             raise UserError(CA_ANCHOR_REFUSED, f"--ca-file {ca_file}",
                             code=EXIT_FAILED) from None
         raise connection_failure(exc, endpoint, ca_file=ca_file, auth=trust.auth) from None
+    verdict, code = _verdict(failed, inconclusive)
+    summary["verdict"] = verdict
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    ok = summary["passed"] == summary["selected"] and summary.get(
-        "without_extensions", {}).get("same_passes", True)
-    typer.echo(f"{summary['passed']}/{summary['selected']} passed with the {chosen} client")
-    raise typer.Exit(0 if ok else EXIT_FAILED)
+    line = f"{summary['passed']}/{summary['selected']} passed"
+    if summary["inconclusive"]:
+        line += f", {len(summary['inconclusive'])} inconclusive"
+    line += f" with the {chosen} client"
+    bare_summary = summary.get("without_extensions")
+    if bare_summary is not None and (bare_summary["passed"] != bare_summary["selected"]
+                                     or not bare_summary["same_passes"]):
+        line += (f"; without extensions {bare_summary['passed']}/"
+                 f"{bare_summary['selected']} passed")
+        if bare_summary["inconclusive"]:
+            line += f", {len(bare_summary['inconclusive'])} inconclusive"
+        if not bare_summary["same_passes"]:
+            line += ", not the same cases"
+    if verdict == "inconclusive":
+        line += " - INCONCLUSIVE: nothing failed, but not every case could be proven"
+    typer.echo(line)
+    raise typer.Exit(code)
 
 
 @conformance_app.command()
@@ -318,9 +375,15 @@ def validate(
         typer.echo(f"error   {error}")
     for failure in report.failed:
         typer.echo(f"failed  {failure}")
+    for unproven in report.inconclusive:
+        typer.echo(f"inconclusive {unproven}")
+    verdict = report.verdict
     typer.echo(f"{report.passed}/{report.selected} passed"
-               + ("" if report.ok else " - NOT CONFORMANT"))
-    raise typer.Exit(0 if report.ok else EXIT_FAILED)
+               + (f", {len(report.inconclusive)} inconclusive" if report.inconclusive else "")
+               + {"passed": "", "failed": " - NOT CONFORMANT",
+                  "inconclusive": " - INCONCLUSIVE: nothing failed, but not every case "
+                                  "could be proven"}[verdict])
+    raise typer.Exit(_verdict(verdict == "failed", verdict == "inconclusive")[1])
 
 
 @conformance_app.command("wire-probe")
@@ -356,12 +419,15 @@ def wire_probe(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     for result in report["results"]:
-        typer.echo(f"{result['outcome']:<7} {result['id']}"
-                   + (f"  ({result['message']})" if "message" in result else ""))
+        typer.echo(_result_line(result))
     for error in errors:
         typer.echo(f"error   {error}")
-    ok = not errors and all(r["outcome"] == "passed" for r in report["results"])
-    raise typer.Exit(0 if ok else EXIT_FAILED)
+    counts = _counts(report["results"])
+    code = _verdict(bool(errors or counts["failed"]), bool(counts["inconclusive"]))[1]
+    typer.echo(f"{counts['passed']}/{counts['selected']} wire scenarios passed"
+               + (f", {len(counts['inconclusive'])} inconclusive"
+                  if counts["inconclusive"] else ""))
+    raise typer.Exit(code)
 
 
 @conformance_app.command("host-route-target")
@@ -481,7 +547,7 @@ def host_routes(
         result = run_host_route_case(scenario, [found], case_root, providers,
                                      target_name=manifest["target_name"])
         results.append(result)
-        typer.echo(f"{result['outcome']:<7} {result['id']}  ({result.get('message', '')})")
+        typer.echo(_result_line(result))
     for scenario_id in left_out:
         typer.echo(f"{'n/a':<7} {scenario_id} (not selected by the manifest)")
     report = {"$schema": "../schemas/wire-conformance-case-results.schema.json",
@@ -491,6 +557,10 @@ def host_routes(
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     for error in errors:
         typer.echo(f"error   {error}")
-    passed = sum(r["outcome"] == "passed" for r in results)
-    typer.echo(f"{passed}/{len(results)} host-route scenarios passed")
-    raise typer.Exit(0 if results and passed == len(results) and not errors else EXIT_FAILED)
+    counts = _counts(results)
+    code = _verdict(bool(errors or counts["failed"] or not results),
+                    bool(counts["inconclusive"]))[1]
+    typer.echo(f"{counts['passed']}/{counts['selected']} host-route scenarios passed"
+               + (f", {len(counts['inconclusive'])} inconclusive"
+                  if counts["inconclusive"] else ""))
+    raise typer.Exit(code)

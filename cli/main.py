@@ -713,6 +713,12 @@ def replay_server(
         min=0.01, metavar="FACTOR", help="Timing scale: 2 plays twice as fast.")] = 1.0,
     api_key: Annotated[str | None, typer.Option(
         metavar="KEY", help="Require this bearer token, as vLLM's --api-key does.")] = None,
+    long_answers: Annotated[bool, typer.Option(
+        help="A streamed prompt asking for a long answer (the suite's cancellation recipe) "
+             "never ends until the client leaves, as a vLLM still generating when a cancel "
+             "lands; --no-long-answers answers it as briefly as any prompt, as a fast GPU "
+             "vLLM whose model stops early does (with a large --speed: a cancel comes too "
+             "late, which 'conformance run' reports inconclusive).")] = True,
 ) -> None:
     """A loopback fake vLLM that plays recorded transcripts (for tests and demos);
     SIGTERM or Ctrl-C stops it (status 0)."""
@@ -731,7 +737,8 @@ def replay_server(
         raise UserError(f"unknown vLLM line {vllm_version!r} (one of {', '.join(FAMILIES)})",
                         "--vllm-version")
     configure_logging()
-    server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key)
+    server = ReplayServer(family=vllm_version, speed=speed, api_key=api_key,
+                          long_answers=long_answers)
 
     async def run() -> None:
         # SIGTERM (a container's stop; as PID 1 it has no default action) and SIGINT

@@ -122,11 +122,11 @@ PUBLIC: dict[str, str] = {
         "record_forced "
     ),
     "gateway.tools.conformance": (
-        "CA_ANCHOR_REFUSED ManifestError ValidationReport WILDCARD_HOSTS break_listener "
-        "build_plan check_case compile_imported_modules "
+        "CA_ANCHOR_REFUSED INCONCLUSIVE ManifestError ValidationReport WILDCARD_HOSTS "
+        "break_listener build_plan check_case compile_imported_modules crossing_window_ms "
         "host_route_providers host_route_report host_route_scenarios load_scenario "
         "native_available native_client_options native_openai_submit probe recipes_root "
-        "refuses run_host_route run_host_route_case run_plan run_wire_probe "
+        "refuses result_status run_host_route run_host_route_case run_plan run_wire_probe "
         "runner_token_submit scenarios_for schema_errors select_host_routes self_signed_ca "
         "suite_capabilities target_manifest validate_results validate_route "
         "validate_wire_case write_atomically "

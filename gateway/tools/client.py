@@ -197,6 +197,9 @@ class ClientOperation:
         self._submitted_on: ClientConnection | None = None
         self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
         self.terminal: ResultReceived | DropReceived | None = None
+        #: Where its terminal came among what the connection received (``received``):
+        #: what came before a PONG was sent before the server read the PING (``ping``).
+        self.terminal_at: int | None = None
         #: Set when the server said (RETRY_AFTER) when to try this operation again: its
         #: refusal or failure is recoverable.
         self.retry_after_ms: int | None = None
@@ -381,8 +384,11 @@ class NnrpClient:
         self._recovery_limit = recovery_limit
         #: The longest one recovery attempt may take (module rule 1).
         self._attempt_timeout = attempt_timeout
-        #: Waiting for a PONG (``ping``), oldest first.
+        #: Waiting for a PONG (``ping``), oldest first, and where each PONG came.
         self._pongs: deque[trio.Event] = deque()
+        self._pong_at: dict[trio.Event, int] = {}
+        #: Packets received and routed, in order (``ClientOperation.terminal_at``).
+        self.received = 0
         #: Cleared while a dropped connection is being recovered: senders wait for it.
         self._connected = trio.Event()
         self._connected.set()
@@ -476,12 +482,16 @@ class NnrpClient:
         self.sessions[answer.session_id] = session
         return session
 
-    async def ping(self) -> None:
-        """PING, and wait for its PONG: everything sent before it has been read."""
+    async def ping(self) -> int | None:
+        """PING, and wait for its PONG: everything sent before it has been read. Returns
+        where the PONG came among what this connection received (``received``; None: the
+        connection failed first): a server answers a PING in order, so what came before
+        its PONG was sent before the server read what was sent before the PING."""
         pong = trio.Event()
         self._pongs.append(pong)
         await self.send(self.sans_io.ping())
         await pong.wait()
+        return self._pong_at.pop(pong, None)
 
     async def migrate_session(self, session: ClientSession, *, old_transport_id: int,
                               new_transport_id: int, last_result_frame_id: int = 0
@@ -703,6 +713,7 @@ class NnrpClient:
         self.sessions.pop(session.session_id, None)
 
     async def _route(self, event: ClientEvent) -> None:
+        self.received += 1
         if isinstance(event, HelloAcked):
             self._hello.set()
         elif isinstance(event, SessionOpenAnswered):
@@ -716,6 +727,8 @@ class NnrpClient:
             operation = session.operations[event.frame_id]
             if isinstance(event, PartialReceived):
                 operation.sequence = event.sequence
+            if not isinstance(event, PartialReceived):
+                operation.terminal_at = self.received
             await operation._send.send(event)
             if not isinstance(event, PartialReceived):
                 del session.operations[event.frame_id]
@@ -733,7 +746,9 @@ class NnrpClient:
             if packet is not None and isinstance(packet.message, SessionMigrateAck):
                 await self._migrate_answers[0].send((packet.message, bytes(packet.body)))
             if packet is not None and isinstance(packet.message, Pong) and self._pongs:
-                self._pongs.popleft().set()
+                pong = self._pongs.popleft()
+                self._pong_at[pong] = self.received
+                pong.set()
             if packet is not None and isinstance(packet.message, RetryAfter):
                 owner = self.sessions.get(packet.session_id)
                 waiting = owner.operations.get(packet.frame_id) if owner else None

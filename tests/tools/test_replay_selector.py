@@ -43,3 +43,13 @@ LONG = {"model": "tiny", "messages": [{"role": "user", "content": "Start a long 
 def test_the_first_matching_rule_decides(headers: dict[str, str], body: Any,
                                          expected: str) -> None:
     assert choose_scenario(headers, body, SERVED_MODELS) == expected
+
+
+def test_without_long_answers_the_long_answer_prompt_is_a_short_stream() -> None:
+    """``long_answers=False`` (``replay-server --no-long-answers``): a fast backend whose
+    model stops early, which the suite's cancellation recipe's CANCEL may miss."""
+    assert choose_scenario({}, {**LONG, "stream": True}, SERVED_MODELS,
+                           long_answers=False) == "text_stream"
+    # A scenario named by the request still wins (the project's cancel recipe).
+    assert choose_scenario({"x-request-id": "replay:long_stream:1"}, {**LONG, "stream": True},
+                           SERVED_MODELS, long_answers=False) == "long_stream"

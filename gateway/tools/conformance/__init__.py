@@ -37,8 +37,11 @@ from ._suite import (
     suite_capabilities as suite_capabilities,
 )
 from ._validate import (
+    INCONCLUSIVE as INCONCLUSIVE,
     ValidationReport as ValidationReport,
     check_case as check_case,
+    crossing_window_ms as crossing_window_ms,
+    result_status as result_status,
     schema_errors as schema_errors,
     validate_results as validate_results,
 )

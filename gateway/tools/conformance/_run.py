@@ -13,6 +13,22 @@ backend's log: ``traceparent``, ``disconnected``, ``requests``).
 Clients: ``builtin`` is the project's trio client; ``native`` is nnrp-py's Rust-backed
 client (only when nnrp-py is installed; it is a test/conformance tool, never imported by
 the serving path).
+
+A cancel's precondition is that the CANCEL reaches the operation while it runs. Against
+a backend faster than a cancel (a GPU vLLM answers a short prompt in a few ms) it may not
+happen, and the case is inconclusive (``_validate``: reported ``skipped`` with the
+reason), never a crash or a failure:
+
+1. The client already holds the operation's terminal when event N arrives: the CANCEL
+   is not sent (nnrp-py's native client refuses it then: ``NativeInvalidStateError``,
+   "CANCEL references inactive operation").
+2. The CANCEL was sent and a terminal other than its drop came back that may have been
+   on its way already. The built-in client knows: it sends a PING right after the
+   CANCEL, and a server reads them in order, so a terminal received before the PONG was
+   sent before the CANCEL was read (inconclusive), one after it by a server that had
+   read the CANCEL (failed). nnrp-py's native client has no PING: a terminal within
+   ``crossing_window_ms`` of the CANCEL (four session-open round trips, at least 50 ms)
+   is inconclusive, a later one failed.
 """
 
 from __future__ import annotations
@@ -38,7 +54,7 @@ from ._native import (
     native_openai_submit,
     self_signed_ca,
 )
-from ._validate import check_case
+from ._validate import INCONCLUSIVE, check_case, crossing_window_ms
 
 RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
 _TERMINALS = {"response.completed": "success", "response.error": "error",
@@ -54,6 +70,8 @@ class Observation:
     problem: str | None = None
     started: float = 0.0
     elapsed_ms: float = 0.0
+    #: Why the case's precondition did not happen (module docstring): inconclusive.
+    inconclusive: str | None = None
 
 
 @attrs.frozen
@@ -86,6 +104,18 @@ def case_request(case: dict[str, Any], number: int, run_token: str) -> CaseReque
                        directives.get("x_expect_upstream"))
 
 
+def _not_sent(after: int) -> str:
+    return (f"the stream ended before its CANCEL could be sent: the client already held "
+            f"the operation's terminal when event {after} arrived (a backend faster than "
+            "a cancel); cancellation is neither proven nor disproven")
+
+
+def _crossed(how: str) -> str:
+    return (f"the operation's terminal crossed its CANCEL ({how}): the stream ended before "
+            "the CANCEL reached the gateway (a backend faster than a cancel); "
+            "cancellation is neither proven nor disproven")
+
+
 def _finish_terminal(observation: Observation, final: dict[str, Any] | None,
                      dropped: bool, drop_reason: int | None) -> None:
     if dropped:
@@ -107,34 +137,57 @@ async def _run_builtin_case(session: ClientSession, request: CaseRequest) -> Obs
         await session.trace_context(trace_id=request.trace["trace_id"],
                                     span_id=request.trace["span_id"],
                                     trace_flags=request.trace.get("flags", 1))
-    operation = await session.submit(request.envelope)
     final = None
     dropped = False
     drop_reason = None
     partials = 0
-    async for event in operation.events():
-        t_ms = round((trio.current_time() - start) * 1000, 3)
-        if isinstance(event, nnrp.PartialReceived):
-            partials += 1
-            body = json.loads(event.body)
-            observation.events.append(body)
-            observation.frames.append({"frame": "PARTIAL_RESULT", "sequence": event.sequence,
-                                       "t_ms": t_ms, "type": body.get("type")})
-            if request.cancel_after is not None and partials == request.cancel_after:
-                await operation.cancel()
-                observation.frames.append({"frame": "CANCEL", "direction": "sent",
-                                           "t_ms": t_ms})
-        elif isinstance(event, nnrp.ResultReceived):
-            observation.status = event.meta.status_code
-            assert event.typed_body is not None
-            final = json.loads(event.typed_body.frames[0].payload)
-            observation.frames.append({"frame": "RESULT_PUSH", "status": observation.status,
-                                       "t_ms": t_ms, "type": final.get("type")})
-        else:
-            dropped, drop_reason = True, event.drop_reason
-            observation.frames.append({"frame": "RESULT_DROP_REASON", "t_ms": t_ms,
-                                       "drop_reason": event.drop_reason,
-                                       "diagnostic": event.diagnostic.decode("ascii", "replace")})
+    pong_at: list[int | None] = []
+
+    async def ping_after_cancel() -> None:
+        pong_at.append(await session.client.ping())
+        observation.frames.append({"frame": "PONG", "t_ms": round(
+            (trio.current_time() - start) * 1000, 3), "received_at": pong_at[0]})
+
+    async with trio.open_nursery() as nursery:
+        operation = await session.submit(request.envelope)
+        async for event in operation.events():
+            t_ms = round((trio.current_time() - start) * 1000, 3)
+            if isinstance(event, nnrp.PartialReceived):
+                partials += 1
+                body = json.loads(event.body)
+                observation.events.append(body)
+                observation.frames.append({"frame": "PARTIAL_RESULT",
+                                           "sequence": event.sequence,
+                                           "t_ms": t_ms, "type": body.get("type")})
+                if request.cancel_after is not None and partials == request.cancel_after:
+                    if operation.terminal_at is not None:  # precondition 1 (module doc)
+                        observation.inconclusive = _not_sent(partials)
+                        observation.frames.append({"frame": "CANCEL",
+                                                   "direction": "not sent", "t_ms": t_ms})
+                    else:
+                        await operation.cancel()
+                        observation.frames.append({"frame": "CANCEL", "direction": "sent",
+                                                   "t_ms": t_ms})
+                        nursery.start_soon(ping_after_cancel)
+            elif isinstance(event, nnrp.ResultReceived):
+                observation.status = event.meta.status_code
+                assert event.typed_body is not None
+                final = json.loads(event.typed_body.frames[0].payload)
+                observation.frames.append({"frame": "RESULT_PUSH",
+                                           "status": observation.status, "t_ms": t_ms,
+                                           "type": final.get("type"),
+                                           "received_at": operation.terminal_at})
+            else:
+                dropped, drop_reason = True, event.drop_reason
+                observation.frames.append({"frame": "RESULT_DROP_REASON", "t_ms": t_ms,
+                                           "drop_reason": event.drop_reason,
+                                           "diagnostic": event.diagnostic.decode(
+                                               "ascii", "replace")})
+    # Precondition 2: a terminal that came before the PONG crossed the CANCEL.
+    if (final is not None and pong_at and pong_at[0] is not None
+            and operation.terminal_at is not None and operation.terminal_at < pong_at[0]):
+        observation.inconclusive = _crossed(
+            "it came before the PONG to a PING sent right after the CANCEL")
     _finish_terminal(observation, final, dropped, drop_reason)
     observation.elapsed_ms = round((trio.current_time() - start) * 1000, 3)
     return observation
@@ -168,7 +221,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
 
     from nnrp.client.native import NativeClientSessionOptions, connect_native_client_connection
     from nnrp.core.enums import MessageType
-    from nnrp.native import NativeRuntimeError
+    from nnrp.native import NativeInvalidStateError, NativeRuntimeError
     from nnrp.runtime.types import TraceContextMetadata
 
     observations = []
@@ -183,7 +236,10 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
             if anchor is not None and self_signed_ca(anchor):
                 raise ClientError(CA_ANCHOR_REFUSED) from exc
             raise ClientError(f"nnrp-py's native client could not connect ({exc})") from exc
+        opening = time.perf_counter()
         session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
+        # No PING here: a terminal this soon after a CANCEL may have crossed it.
+        window_ms = crossing_window_ms((time.perf_counter() - opening) * 1000)
         for number, request in enumerate(requests, start=1):
             observation = Observation(started=time.time())
             start = time.perf_counter()
@@ -194,10 +250,13 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
             session.submit_operation(native_openai_submit(number, number, request.envelope))
             final, dropped, drop_reason, partials = None, False, None, 0
             cancelled_at: float | None = None
+            cancel_ms: float | None = None
+            terminal_ms: float | None = None
             deadline = time.monotonic() + 60
             done = False
             while not done and time.monotonic() < deadline:
-                for event in session.poll_events(timeout_ms=20):
+                batch = session.poll_events(timeout_ms=20)
+                for index, event in enumerate(batch):
                     header = getattr(event, "header", None)
                     if header is None or header.frame_id != number:
                         continue
@@ -211,12 +270,18 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                             "frame": "PARTIAL_RESULT", "t_ms": t_ms, "type": body.get("type"),
                             "sequence": event.metadata.value.result_sequence})
                         if request.cancel_after is not None and partials == request.cancel_after:
-                            connection.cancel_runtime_operation(
-                                session, operation_id=number, control_sequence=1,
-                                reason_code=1)
-                            cancelled_at = time.monotonic()
-                            observation.frames.append({"frame": "CANCEL", "direction": "sent",
-                                                       "t_ms": t_ms})
+                            if _native_sent_cancel(connection, session, number,
+                                                   batch[index + 1:],
+                                                   NativeInvalidStateError):
+                                cancelled_at = time.monotonic()
+                                cancel_ms = t_ms
+                                observation.frames.append({"frame": "CANCEL",
+                                                           "direction": "sent", "t_ms": t_ms})
+                            else:  # precondition 1 (module docstring)
+                                observation.inconclusive = _not_sent(partials)
+                                observation.frames.append({"frame": "CANCEL",
+                                                           "direction": "not sent",
+                                                           "t_ms": t_ms})
                     elif kind is MessageType.RESULT_PUSH:
                         meta = event.metadata.value
                         observation.status = meta.status_code
@@ -228,6 +293,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                         observation.frames.append({"frame": "RESULT_PUSH", "t_ms": t_ms,
                                                    "status": meta.status_code,
                                                    "type": final.get("type")})
+                        terminal_ms = t_ms
                         done = True
                     elif kind is MessageType.RESULT_DROP_REASON:
                         dropped = True
@@ -240,11 +306,39 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                     dropped, done = True, True
             if not done:
                 observation.problem = "no terminal within 60 s"
+            if (final is not None and cancel_ms is not None and terminal_ms is not None
+                    and terminal_ms - cancel_ms <= window_ms):  # precondition 2
+                observation.inconclusive = _crossed(
+                    f"it came {terminal_ms - cancel_ms:.1f} ms after the CANCEL, within "
+                    f"the {window_ms:.0f} ms a CANCEL may take to reach the gateway and "
+                    "its effect to come back")
             _finish_terminal(observation, final, dropped, drop_reason)
             observation.elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
             observations.append(observation)
         session.close()
     return observations
+
+
+def _native_sent_cancel(connection: Any, session: Any, number: int, rest: Any,
+                        invalid_state: type[Exception]) -> bool:
+    """Send operation ``number``'s CANCEL; False (not sent) when its terminal is already
+    in hand: later in the batch polled (``rest``), or held by nnrp-py's runtime, which
+    then refuses the CANCEL as one for an inactive operation."""
+    from nnrp.core.enums import MessageType
+
+    for event in rest:
+        header = getattr(event, "header", None)
+        if header is not None and header.frame_id == number and header.message_type in (
+                MessageType.RESULT_PUSH, MessageType.RESULT_DROP_REASON):
+            return False
+    try:
+        connection.cancel_runtime_operation(session, operation_id=number,
+                                            control_sequence=1, reason_code=1)
+    except invalid_state as exc:
+        if "inactive operation" not in str(exc):
+            raise
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- plan execution
@@ -351,13 +445,20 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
     evidence_files: list[tuple[str, dict[str, Any]]] = []
     for number, (case, request, observation, case_endpoint) in enumerate(
             zip(plan["cases"], requests, observations, endpoints, strict=True), start=1):
-        problem = observation.problem or check_case(case["expect"], observation.terminal,
-                                                    observation.events)
         evidence = _upstream_evidence(log, request.request_id)
-        if problem is None and request.expect_upstream is not None:
-            problem = _check_upstream(request.expect_upstream, evidence)
+        # A precondition that did not happen leaves the expectations unjudged; a case
+        # that broke on its own (no terminal) still fails.
+        inconclusive = observation.inconclusive if observation.problem is None else None
+        problem = observation.problem
+        if problem is None and inconclusive is None:
+            problem = check_case(case["expect"], observation.terminal, observation.events)
+            if problem is None and request.expect_upstream is not None:
+                problem = _check_upstream(request.expect_upstream, evidence)
+        outcome = ("failed" if problem is not None
+                   else "inconclusive" if inconclusive is not None else "passed")
         result: dict[str, Any] = {"id": case["id"],
-                                  "outcome": "passed" if problem is None else "failed",
+                                  "outcome": "skipped" if outcome == "inconclusive"
+                                  else outcome,
                                   "terminal": observation.terminal,
                                   "events": observation.events,
                                   "diagnostics": {"client": client, "endpoint": case_endpoint,
@@ -367,6 +468,9 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
                                                   "elapsed_ms": observation.elapsed_ms}}
         if problem is not None:
             result["message"] = problem
+        if inconclusive is not None:
+            result["message"] = INCONCLUSIVE + inconclusive
+            result["diagnostics"]["inconclusive"] = inconclusive
         results.append(result)
         slug = re.sub(r"[^A-Za-z0-9]+", "-", case["id"]).strip("-")
         evidence_files.append((f"{number:03d}-{slug}.json", {
@@ -378,7 +482,7 @@ async def run_plan(plan: dict[str, Any], endpoint: str, *, client: str = "builti
             "envelope": json.loads(request.envelope), "frames": observation.frames,
             "terminal": observation.terminal, "status": observation.status,
             "elapsed_ms": observation.elapsed_ms, "upstream": evidence,
-            "outcome": result["outcome"], "message": problem}))
+            "outcome": outcome, "message": problem or inconclusive}))
     if evidence_dir is not None:
         await trio.to_thread.run_sync(_write_evidence, evidence_dir, evidence_files)
     return {"$schema": "../schemas/api-profile-case-results.schema.json",

@@ -7,6 +7,17 @@ ignored); error and cancelled terminals carry ``response.error`` / ``response.ca
 Unknown, duplicate or missing case ids are errors. Stricter than the suite's validator:
 the events are checked whatever outcome a result claims, and the run passes only when
 passed == selected.
+
+Inconclusive. A case whose precondition did not happen proves nothing either way: a
+cancel recipe whose stream ended before its CANCEL could be sent, or whose terminal
+crossed the CANCEL on its way (a backend faster than a cancel: a GPU vLLM answering a
+short prompt in a few milliseconds). The suite's result schemas have no such outcome:
+such a result is ``skipped``, its ``message`` starts with ``inconclusive: `` and says
+what was seen (an api-profile result also carries the reason as
+``diagnostics.inconclusive``); ``result_status`` reads it back. Only a case with a
+timing precondition (``cancel_after_events``) may be inconclusive; anything else
+claiming it is an error. A run with no failure and some inconclusive case is neither a
+pass nor a failure (``ValidationReport.verdict``).
 """
 
 from __future__ import annotations
@@ -31,6 +42,31 @@ def is_subset(expected: Any, actual: Any) -> bool:
 
 
 _TERMINAL_EVENT = {"error": "response.error", "cancelled": "response.cancelled"}
+
+#: How an inconclusive result's ``message`` starts (module docstring).
+INCONCLUSIVE = "inconclusive: "
+#: The least time (ms) a CANCEL is given to reach the server and its effect to come back
+#: (``crossing_window_ms``): a terminal that comes sooner may have crossed it.
+CROSSING_FLOOR_MS = 50.0
+
+
+def crossing_window_ms(round_trip_ms: float) -> float:
+    """How soon after a CANCEL was sent a terminal (not its drop) may still have crossed
+    it: sent before the server read the CANCEL. Four round trips (one measured on the
+    same connection) and at least ``CROSSING_FLOOR_MS``: a terminal later than that was
+    sent by a server that had read the CANCEL, so the case fails; sooner, it is
+    inconclusive. Used where no exact order is observable (nnrp-py's native client, the
+    wire probe); the built-in client orders its terminal against a PING's PONG."""
+    return max(CROSSING_FLOOR_MS, 4 * round_trip_ms)
+
+
+def result_status(result: dict[str, Any]) -> str:
+    """``passed``, ``failed``, ``skipped`` or ``inconclusive`` (a ``skipped`` result whose
+    message starts with ``INCONCLUSIVE``) for one result of either results schema."""
+    outcome = str(result.get("outcome"))
+    if outcome == "skipped" and str(result.get("message", "")).startswith(INCONCLUSIVE):
+        return "inconclusive"
+    return outcome
 
 
 def check_case(expect: dict[str, Any], terminal: str, events: list[dict[str, Any]]
@@ -68,14 +104,28 @@ class ValidationReport:
     passed: int
     failed: list[str]
     errors: list[str]
+    #: ``id: reason`` of each case whose precondition did not happen.
+    inconclusive: list[str] = attrs.field(factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.errors and not self.failed and self.passed == self.selected
 
+    @property
+    def verdict(self) -> str:
+        """``passed`` (every case proven), ``failed`` (an error or a failed case), or
+        ``inconclusive`` (nothing failed; some case proved nothing either way)."""
+        if self.ok:
+            return "passed"
+        if self.errors or self.failed or (
+                self.passed + len(self.inconclusive) != self.selected):
+            return "failed"
+        return "inconclusive"
+
     def as_dict(self) -> dict[str, Any]:
         return {"selected": self.selected, "passed": self.passed, "failed": self.failed,
-                "errors": self.errors, "ok": self.ok}
+                "inconclusive": self.inconclusive, "errors": self.errors, "ok": self.ok,
+                "verdict": self.verdict}
 
 
 def schema_errors(document: Any, schema_name: str, schemas: Path | None = None) -> list[str]:
@@ -95,6 +145,7 @@ def validate_results(plan: dict[str, Any], results: dict[str, Any]) -> Validatio
     seen: set[str] = set()
     passed = 0
     failed: list[str] = []
+    inconclusive: list[str] = []
     for result in results.get("results", []):
         case_id = result.get("id")
         if case_id not in cases:
@@ -104,6 +155,14 @@ def validate_results(plan: dict[str, Any], results: dict[str, Any]) -> Validatio
             errors.append(f"duplicate result for {case_id}")
             continue
         seen.add(case_id)
+        if result_status(result) == "inconclusive":
+            if (cases[case_id].get("request", {}).get("nnrp") or {}).get(
+                    "cancel_after_events") is None:
+                errors.append(f"{case_id} is inconclusive, but it has no timing "
+                              "precondition (cancel_after_events)")
+            else:
+                inconclusive.append(f"{case_id}: {result['message'][len(INCONCLUSIVE):]}")
+            continue
         problem = check_case(cases[case_id]["expect"], result.get("terminal", ""),
                              result.get("events", []))
         if result.get("outcome") == "passed" and problem is None:
@@ -111,4 +170,4 @@ def validate_results(plan: dict[str, Any], results: dict[str, Any]) -> Validatio
         else:
             failed.append(f"{case_id}: {problem or result.get('message') or result['outcome']}")
     errors += [f"no result for {case_id}" for case_id in cases if case_id not in seen]
-    return ValidationReport(len(cases), passed, failed, errors)
+    return ValidationReport(len(cases), passed, failed, errors, inconclusive)

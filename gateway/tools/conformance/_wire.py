@@ -45,6 +45,13 @@ id. QUIC, tcps and wss endpoints are trusted through ``Trust`` (``--ca-file``).
 
 Each scenario ends with SESSION_CLOSE, whose answer must be the very next frame.
 
+Inconclusive (``_validate``). cancel-abort's CANCEL follows its submit at once, so it
+meets the operation running unless the backend answered before the gateway read it (a
+backend faster than a cancel). A RESULT_PUSH in place of the drop that comes within
+``crossing_window_ms`` of the CANCEL (four hello round trips, at least 50 ms) may have
+crossed it: the case is ``skipped`` with an ``inconclusive:`` message, never failed; a
+later one came from a gateway that had read the CANCEL, and fails.
+
 Validation (``validate_wire_case``), the runner's rules: the terminal is the case's; every observed
 frame is in ``allowed_frames``; ``expect.frames`` is an ordered subsequence of the observed
 frames; every ``frame_payload_invariants`` entry holds for every matching frame; every drop
@@ -67,6 +74,7 @@ from gateway.transport import PacketTransport, connect as connect_transport
 
 from ._manifest import SUITE_VERSION, transport_of
 from ._suite import load_json, suite_dir
+from ._validate import INCONCLUSIVE, crossing_window_ms
 
 ENVELOPE = (b'{"schema_version":"openai-compatible/1","operation":"chat.completions.create",'
             b'"request_id":"req_wire_1","body":{"model":"reference-model","messages":'
@@ -128,6 +136,15 @@ class CaseFailed(Exception):
     """The target broke the scenario; the message says how."""
 
 
+class CaseInconclusive(Exception):
+    """The scenario's precondition did not happen (module docstring); the message says
+    what was seen instead. ``terminal`` is the terminal observed."""
+
+    def __init__(self, message: str, terminal: str) -> None:
+        super().__init__(message)
+        self.terminal = terminal
+
+
 class Exchange:
     """One scenario's connection: sends, receives with the step timeout, and the
     runner-built list of observed frames."""
@@ -142,6 +159,8 @@ class Exchange:
         self.problems: list[str] = []
         self._pending: list[nnrp.ClientEvent] = []
         self._start = time.perf_counter()
+        #: The hello's round trip (``open``), for ``crossing_window_ms``.
+        self.round_trip_ms = 0.0
 
     def note(self, direction: str, frame: str, **payload: Any) -> None:
         self.observed.append({"direction": direction, "frame": frame, "payload": payload,
@@ -167,8 +186,10 @@ class Exchange:
         return self._pending.pop(0)
 
     async def open(self) -> int:
+        sent = time.perf_counter()
         await self.send(self.client.hello())
         await self.receive(HANDSHAKE_TIMEOUT_MS)
+        self.round_trip_ms = (time.perf_counter() - sent) * 1000
         await self.send(self.client.open_session(auth=self.auth))
         opened = await self.receive(HANDSHAKE_TIMEOUT_MS)
         if not isinstance(opened, nnrp.SessionOpenAnswered) or not opened.opened:
@@ -270,6 +291,7 @@ async def cancel_abort(x: Exchange) -> str:
     x.note("sent", "REQUEST", session_id=session_id, frame_id=1, operation_id=operation_id)
     await x.send(x.client.cancel(session_id, operation_id, frame_id=1,
                                  control_sequence=operation_id, reason=1))
+    cancelled = time.perf_counter()
     x.note("sent", "CANCEL", session_id=session_id, operation_id=operation_id)
     trace = drop = False
     while not (trace and drop):
@@ -293,6 +315,23 @@ async def cancel_abort(x: Exchange) -> str:
             if event.operation_id != operation_id:
                 raise CaseFailed("the drop reason is for another operation")
             drop = True
+        elif isinstance(event, nnrp.ResultReceived) and event.operation_id == operation_id \
+                and not drop:
+            x.note("received", "RESULT_PUSH", session_id=event.session_id,
+                   operation_id=event.operation_id, status_code=event.meta.status_code)
+            after_ms = (time.perf_counter() - cancelled) * 1000
+            window_ms = crossing_window_ms(x.round_trip_ms)
+            if after_ms > window_ms:
+                raise CaseFailed(f"RESULT_PUSH {after_ms:.0f} ms after the CANCEL, later "
+                                 f"than it could have crossed it ({window_ms:.0f} ms): the "
+                                 "gateway read the CANCEL and still answered")
+            raise CaseInconclusive(
+                f"the operation's RESULT_PUSH came {after_ms:.1f} ms after its CANCEL, "
+                f"within the {window_ms:.0f} ms a CANCEL may take to reach the gateway "
+                "and its effect to come back: the backend answered before the CANCEL "
+                "reached the gateway (a backend faster than a cancel); cancellation is "
+                "neither proven nor disproven",
+                "success" if event.meta.status_code == 200 else "error")
         else:
             x.note("received", _name(event))
             raise CaseFailed(f"expected TRACE_CONTEXT or RESULT_DROP_REASON, got "
@@ -401,6 +440,7 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
     step_timeout_ms = max((step.get("timeout_ms", 0) for step in scenario["steps"]),
                           default=0) or 1000
     terminal, problems, observed = "error", [], []
+    inconclusive: CaseInconclusive | None = None
     async with trio.open_nursery() as nursery:
         exchange: Exchange | None = None
         try:
@@ -417,6 +457,8 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
                             f"{step_timeout_ms + CASE_SLACK_MS} ms")
         except CaseFailed as failure:
             problems.append(str(failure))
+        except CaseInconclusive as unproven:
+            inconclusive = unproven
         except (nnrp.ProtocolError, OSError, trio.BrokenResourceError) as exc:
             # A failed TLS handshake is a BrokenResourceError whose cause says why.
             problems.append(f"{type(exc).__name__}: {exc.__cause__ or exc}")
@@ -424,6 +466,10 @@ async def probe(endpoint: str, scenario_id: str | None = None, *,
             nursery.cancel_scope.cancel()
         if exchange is not None:
             observed = exchange.observed
+    if inconclusive is not None and not problems:
+        return {"id": scenario["id"], "outcome": "skipped",
+                "terminal": inconclusive.terminal, "observed_frames": observed,
+                "message": INCONCLUSIVE + str(inconclusive)}
     problems += validate_wire_case(scenario, terminal, observed) if not problems else []
     result: dict[str, Any] = {"id": scenario["id"],
                               "outcome": "passed" if not problems else "failed",

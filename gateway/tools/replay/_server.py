@@ -146,7 +146,8 @@ class ReplayServer:
                  default_tokens: int = 48, token_interval_ms: float = 10.0,
                  echo_request_id: bool = True, version: str | None = None,
                  rechunk_seed: int | None = None,
-                 keep_alive_timeout: float | None = None) -> None:
+                 keep_alive_timeout: float | None = None,
+                 long_answers: bool = True) -> None:
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}")
         self.family = family
@@ -161,6 +162,10 @@ class ReplayServer:
         self.echo_request_id = echo_request_id
         #: Close a keep-alive connection idle this long, as vLLM's uvicorn does (5 s).
         self.keep_alive_timeout = keep_alive_timeout
+        #: A stream asking for a long answer is ``long_stream`` (``choose_scenario``);
+        #: False answers it as any other prompt, as a fast GPU vLLM whose model stops
+        #: early does: a client's cancel can then come after the end.
+        self.long_answers = long_answers
         self.transcripts = family_transcripts(family)
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[Disconnect] = []
@@ -282,32 +287,32 @@ class ReplayServer:
                     connection.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
+        except* _NotHttp:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(NOT_HTTP_ANSWER)
         except* (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
             pass  # the client went away (a disconnect mid-response is recorded by _play)
         finally:
             await trio.aclose_forcefully(stream)
 
-        except* _NotHttp:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(NOT_HTTP_ANSWER)
     async def _read_request(self, connection: h11.Connection, stream: trio.SocketStream
                             ) -> RecordedRequest | None:
         head: h11.Request | None = None
         body = bytearray()
+        start = b""  # the request's first bytes, until they are a method and a space
         while True:
             event = connection.next_event()
             if event is h11.NEED_DATA:
                 data = await stream.receive_some(65536)
-                connection.receive_data(data)
-        start = b""  # the request's first bytes, until they are a method and a space
-                if not data and connection.their_state is h11.IDLE:
-                    return None
-                continue
-            if isinstance(event, h11.Request):
                 if head is None and connection.their_state is h11.IDLE and b" " not in start:
                     start += data[:16]
                     if not _starts_a_request(start):
                         raise _NotHttp
+                connection.receive_data(data)
+                if not data and connection.their_state is h11.IDLE:
+                    return None
+                continue
+            if isinstance(event, h11.Request):
                 head = event
             elif isinstance(event, h11.Data):
                 body += event.data
@@ -398,7 +403,8 @@ class ReplayServer:
             body = json.loads(request.body)
         except json.JSONDecodeError:
             body = None
-        name = choose_scenario(request.headers, body, self.served_models)
+        name = choose_scenario(request.headers, body, self.served_models,
+                               long_answers=self.long_answers)
         model = body.get("model") if isinstance(body, dict) else None
         return self._reply(name, request_id, model, body if isinstance(body, dict) else {})
 
@@ -654,12 +660,6 @@ class ReplayServer:
         await stream.send_all(connection.send(h11.EndOfMessage()))
 
 
-def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str, ...]
-                    ) -> str:
-    """Which reply a chat request gets; the first rule that matches decides:
-
-
-
 #: vLLM's answer (uvicorn with httptools) to bytes that cannot start an HTTP request,
 #: sent at once, before it closes the connection.
 NOT_HTTP_ANSWER = (b"HTTP/1.1 400 Bad Request\r\nserver: uvicorn\r\n"
@@ -676,6 +676,12 @@ def _starts_a_request(start: bytes) -> bool:
     (an NNRP hello starts ``NNRP\\x01``)."""
     method = start.split(b" ", 1)[0]
     return all(0x41 <= byte <= 0x5A for byte in method)
+
+
+def choose_scenario(headers: dict[str, str], body: Any, served_models: tuple[str, ...],
+                    *, long_answers: bool = True) -> str:
+    """Which reply a chat request gets; the first rule that matches decides:
+
     1. header ``x-replay-scenario: NAME`` (tests that call the replay server directly);
     2. ``x-request-id: replay:NAME:...`` (through the gateway, which forwards only the id);
     3. model ``backend-error``: vLLM's engine failure (the suite's backend-error recipe);
@@ -684,8 +690,9 @@ def _starts_a_request(start: bytes) -> bool:
        calls, ``n = 2``; a stream whose last message asks for a long answer (the suite's
        cancellation recipe: "Start a long answer.") is ``long_stream``, because a vLLM
        asked for a long answer is still generating when the client's cancel lands, and a
-       fast replay of a short one could end first; then a text stream, or a plain
-       completion.
+       fast replay of a short one could end first (unless ``long_answers`` is False: a
+       fast backend's short answer, which a cancel may miss); then a text stream, or a
+       plain completion.
     """
     named = headers.get("x-replay-scenario")
     request_id = headers.get("x-request-id", "")
@@ -711,7 +718,7 @@ def _starts_a_request(start: bytes) -> bool:
         return "stream_tool_call_parallel" if len(tools) > 1 else "stream_tool_call_single"
     if stream and body.get("n") == 2:
         return "stream_n2_interleaved"
-    if stream and _asks_for_a_long_answer(body["messages"]):
+    if stream and long_answers and _asks_for_a_long_answer(body["messages"]):
         return "long_stream"
     return "text_stream" if stream else "nonstream_length"
 
