@@ -558,7 +558,7 @@ class ReplayServer:
         self.playing[request_id] = progress
         disconnected = False
         # When the disconnect was seen, stamped there: the cancel benchmark measures up to
-        # it, not up to this task's unwinding after it (docs/benchmarks.md, issue 16).
+        # it, not up to this task's unwinding after it (docs/benchmarks.md).
         seen_ns = 0
         async with trio.open_nursery() as nursery:
 
