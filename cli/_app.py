@@ -1,6 +1,6 @@
 """What every command shares: one error path, readable help, ``-h``, ``--debug``.
 
-The error rules (issue 22), in the order ``GatewayGroup.main`` applies them:
+The error rules, in the order ``GatewayGroup.main`` applies them:
 
 1. A usage mistake (an unknown option, a value of the wrong type or out of range, a
    missing file for a ``--flag PATH``) is one line on stderr, exit 2.

@@ -340,7 +340,7 @@ def serve(
         envvar="NNRP_GATEWAY_FLEET_KEY_FILE", metavar="PATH", rich_help_panel=RESUME,
         help="The key the fleet shares (32 bytes or more, re-read on SIGHUP); needed with "
              "--fleet-advertise.")] = None,
-    # ---- vLLM's load and refusals (issue 23)
+    # ---- vLLM's load and refusals
     overload_retry_after_ms: Annotated[int, typer.Option(
         envvar="NNRP_GATEWAY_OVERLOAD_RETRY_AFTER_MS", min=1, metavar="MS",
         rich_help_panel=LOAD,
@@ -768,7 +768,7 @@ def record(
     vllm_url: VllmUrl = "http://127.0.0.1:8000",
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
     admission: Annotated[bool, typer.Option(
-        help="Record issue 23's scenarios instead (per-request metrics, keep-alive, "
+        help="Record the load and refusal scenarios instead (per-request metrics, keep-alive, "
              "admission refusals); vLLM must run with the flags "
              "gateway/tools/replay/_record.py names.")] = False,
     forced: Annotated[ForcedSet | None, typer.Option(
