@@ -36,21 +36,42 @@ def _quiet_logs() -> None:
     configure_logging(level="warning", to_stderr=True)
 
 
-def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None) -> None:
+#: How the printed report says each verdict; the JSON results carry ``Figure.status``.
+SAID = {"met": "met", "not met": "NOT MET", "not measurable": "not measurable here",
+        None: ""}
+
+
+def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None, *,
+            end_with_verdict: bool = True) -> None:
+    """``figures`` as a table (or, with ``as_json``, a document), ending with the verdict
+    line unless ``end_with_verdict`` is False (``bench run`` prints one for all its
+    scenarios)."""
+    from gateway.tools.bench.stats import tally, verdict
+
     document = {"scenario": scenario, "machine": _machine(),
-                "figures": [figure.as_dict() for figure in figures]}
+                "figures": [figure.as_dict() for figure in figures],
+                "verdict": {**tally(figures), "line": verdict(figures)}}
     if _written(document, out, f"{scenario}.json", as_json):
         return
-    typer.echo(f"{'figure':<80} {'value':>12}  {'goal':>10}  {'met':>4}  baseline")
+    typer.echo(f"{'figure':<80} {'value':>13}  {'goal':>10}  {'verdict':<19}  baseline")
     for figure in figures:
         goal = "" if figure.goal is None else f"{figure.goal:g}"
-        met = {True: "yes", False: "NO", None: ""}[figure.goal_met]
-        baseline = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio {figure.ratio:.2f})"
-                    if figure.baseline else "")
-        typer.echo(f"{figure.name:<80} {figure.value:>9.2f} {figure.unit:<3} {goal:>10}  "
-                   f"{met:>4}  {baseline}")
+        status = figure.status
+        if status == "not measurable":
+            assert figure.noise is not None
+            value, beside = "", figure.noise.raw(figure.unit)
+        else:
+            value = f"{figure.value:>9.2f} {figure.unit:<3}"
+            beside = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio "
+                      f"{figure.ratio:.2f})" if figure.baseline else "")
+        typer.echo(f"{figure.name:<80} {value:>13}  {goal:>10}  {SAID[status]:<19}  "
+                   f"{beside}".rstrip())
+        if figure.noise is not None and status != "not measurable":
+            typer.echo(f"{'':<4}{figure.noise.raw(figure.unit)} ({figure.noise.how})")
         if figure.spread:
             typer.echo(f"{'':<4}{figure.spread}")
+    if end_with_verdict:
+        typer.echo(verdict(figures))
 
 
 def _machine() -> dict[str, object]:
@@ -83,22 +104,32 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
 
 
 def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
+    from gateway.tools.bench.stats import tally, verdict
+
     out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
+    every = [figure for figures in results.values() for figure in figures]
     document = {"command": command, "machine": machine,
                 "scenarios": {name: [f.as_dict() for f in figures]
-                              for name, figures in results.items()}}
+                              for name, figures in results.items()},
+                "verdict": {**tally(every), "line": verdict(every)}}
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = [f"# nnrp-gateway bench results\n\n`{command}` on {machine}\n"]
     for name, figures in results.items():
-        lines.append(f"\n## {name}\n\n| figure | value | goal | met | baseline | spread |\n"
+        lines.append(f"\n## {name}\n\n| figure | value | goal | verdict | baseline | spread |\n"
                      "|---|---:|---:|---|---:|---|")
         for f in figures:
             goal = "" if f.goal is None else f"{f.goal:g}"
-            met = {True: "yes", False: "**no**", None: ""}[f.goal_met]
+            status = f.status
+            said = {"not met": "**not met**"}.get(status or "", SAID[status])
+            value = f"{f.value:.2f} {f.unit}"
+            if f.noise is not None:
+                value = (f.noise.raw(f.unit) if status == "not measurable" else
+                         f"{value} (this run's noise {f.noise.floor:,.0f} "
+                         f"{f.noise.unit or f.unit})")
             base = f"{f.baseline:.1f} ({f.baseline_name})" if f.baseline else ""
-            lines.append(f"| {f.name} | {f.value:.2f} {f.unit} | {goal} | {met} | {base} | "
-                         f"{f.spread} |")
+            lines.append(f"| {f.name} | {value} | {goal} | {said} | {base} | {f.spread} |")
+    lines.append(f"\n{verdict(every)}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     _plots(out, results)
 
@@ -213,6 +244,7 @@ def run_scenarios_command(
     import trio
 
     from gateway.tools.bench.scenarios import run_scenarios
+    from gateway.tools.bench.stats import verdict
 
     names = scenario or list(SCENARIO_NAMES)
     unknown = set(names) - set(SCENARIO_NAMES)
@@ -233,7 +265,8 @@ def run_scenarios_command(
         return
     for name, figures in results.items():
         typer.echo(f"\n== {name}")
-        _report(name, figures, False, None)
+        _report(name, figures, False, None, end_with_verdict=False)
+    typer.echo(f"\n{verdict(f for figures in results.values() for f in figures)}")
 
 
 @bench_app.command("live")

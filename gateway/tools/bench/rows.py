@@ -11,7 +11,11 @@ Rules:
    ``over`` (one figure as a multiple of another of the same run). A row is reported
    only when every figure it needs is in the run (``--quick`` runs 32 and 64 streams,
    not 256, and a ``--scenario`` run has only its scenarios): never a stand-in.
-3. ``LIVE_RATIO`` is ``bench live --streams N``'s row (``live_cost``): the gateway's CPU
+3. A row made from figures that are differences of two noisy measurements (the added
+   latencies) carries their noise (``stats.Noise``): ``as is`` keeps the figure's,
+   ``minus`` and ``over`` take the larger floor of the two; a row whose difference (for
+   ``over``, either difference) is within it is "not measurable", never met.
+4. ``LIVE_RATIO`` is ``bench live --streams N``'s row (``live_cost``): the gateway's CPU
    per streamed event over vLLM's API-server CPU per SSE chunk, both from the kernel's
    per-process CPU clocks in the same run.
 """
@@ -22,7 +26,7 @@ from typing import Literal
 
 import attrs
 
-from .stats import Figure
+from .stats import Figure, Noise
 
 #: ``bench run``'s section (and results key) holding the issue's rows.
 SECTION = "issue 25"
@@ -78,10 +82,21 @@ RUN_ROWS = (
 )
 
 
-def row_figure(row: Row, value: float, spread: str) -> Figure:
-    """A row's figure: the issue's name, unit and goal (rule 1)."""
+def row_figure(row: Row, value: float, spread: str, noise: Noise | None = None) -> Figure:
+    """A row's figure: the issue's name, unit and goal (rule 1), and its noise (rule 3)."""
     return Figure(row.name, value, row.unit, goal=row.goal,
-                  higher_is_better=row.higher_is_better, spread=spread)
+                  higher_is_better=row.higher_is_better, spread=spread, noise=noise)
+
+
+def _noise(rule: FromRun, first: Figure, second: Figure) -> Noise | None:
+    """Rule 3: the noise of ``first`` combined with ``second``, when either has one."""
+    floors = [f.noise.floor for f in (first, second) if f.noise is not None]
+    if not floors:
+        return None
+    return Noise(first.value, second.value, max(floors), (rule.figure, rule.other),
+                 how="the larger noise floor of the two figures",
+                 combine="over" if rule.combine == "over" else "minus",
+                 unit=first.unit if rule.combine == "over" else "")
 
 
 def _made(rule: FromRun, figures: dict[str, Figure]) -> Figure | None:
@@ -89,7 +104,8 @@ def _made(rule: FromRun, figures: dict[str, Figure]) -> Figure | None:
     if first is None:
         return None
     if rule.combine == "as is":
-        return row_figure(rule.row, first.value, f"{rule.scenario}: {rule.figure}")
+        return row_figure(rule.row, first.value, f"{rule.scenario}: {rule.figure}",
+                          first.noise)
     second = figures.get(rule.other)
     if second is None:
         return None
@@ -102,7 +118,8 @@ def _made(rule: FromRun, figures: dict[str, Figure]) -> Figure | None:
         how = (f"{first.value / scale:.1f} / {second.value / scale:.1f} {unit} = "
                f"{value:.2f}x")
     return row_figure(rule.row, value,
-                      f"{how} ({rule.scenario}: {rule.figure} {rule.combine} {rule.other})")
+                      f"{how} ({rule.scenario}: {rule.figure} {rule.combine} {rule.other})",
+                      _noise(rule, first, second))
 
 
 def run_rows(results: dict[str, list[Figure]]) -> list[Figure]:

@@ -5,7 +5,9 @@ and ``nnrp-gateway serve``); the clients run here. The gateway's CPU time and RS
 from /proc. Latencies across processes use ``time.monotonic_ns()`` (one clock per host):
 the backend writes its send time into each token (the ``timestamped`` scenario), the
 client subtracts it on receipt. "Added" latency is the gateway path's percentile minus the
-direct path's, from the same run.
+direct path's, from the same run. Each path is measured in two rounds, and an added figure
+carries the run's noise (how far one path's percentile moved between its own rounds): at or
+below it, the figure is "not measurable" here, never a goal met (``stats.judge``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
 from ._tracing import tracing
 from ._wake import wake_cost
 from .live_cost import carries_output, live_cost, local_port, owners
-from .stats import Figure, percentile
+from .stats import Figure, percentile, percentile_difference
 
 
 async def _gateway_stream(session: ClientSession, request_id: str, latencies: list[float]
@@ -106,51 +108,73 @@ async def _direct_fan_out(url: str, streams: int, request_prefix: str,
             _indexed_direct_stream, client, url, request_prefix, latencies))
 
 
+async def _gateway_round(stack: Stack, sessions: list[ClientSession], request_prefix: str,
+                         latencies: list[float]) -> float:
+    """One stream a session through the gateway; the gateway's CPU seconds meanwhile."""
+    before = process_cpu_seconds(stack.gateway_pid)
+    await fan_out(len(sessions), functools.partial(
+        _indexed_gateway_stream, sessions, request_prefix, latencies))
+    return process_cpu_seconds(stack.gateway_pid) - before
+
+
 async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
     """1. Streaming event latency, backend emit -> client receive, side by side: through
     the gateway, through a null relay (one more process hop, no work), and direct. The
     gateway's residence time (upstream read -> socket) and CPU per event come from the
-    same run: what the gateway itself costs, apart from the host's scheduling."""
+    same run: what the gateway itself costs, apart from the host's scheduling.
+
+    Each path runs twice, in the order gateway, relay, direct, direct, relay, gateway (a
+    drift over the run falls on every path alike); a figure is the percentile over both
+    rounds, and how far one path's percentile moved between its two rounds is the run's
+    noise, which an added figure must clear to be measurable (``stats.judge``)."""
     figures = []
     events = 40 if quick else 200
     for streams in ((1, 32) if quick else (1, 256)):
-        progress(f"latency: {streams} stream(s) x {events} events")
-        via: list[float] = []
-        relayed: list[float] = []
-        direct: list[float] = []
+        progress(f"latency: {streams} stream(s) x {events} events, each path twice")
+        via: list[list[float]] = [[], []]
+        relayed: list[list[float]] = [[], []]
+        direct: list[list[float]] = [[], []]
         run = time.monotonic_ns()
         prefix = f"replay:timestamped:{events}:10000"
         async with open_sessions(stack.endpoint, streams) as sessions:
             await stack.residence()  # start the probe afresh
-            cpu = process_cpu_seconds(stack.gateway_pid)
-            await fan_out(streams, functools.partial(
-                _indexed_gateway_stream, sessions, f"{prefix}:g{run}", via))
-            cpu = process_cpu_seconds(stack.gateway_pid) - cpu
+            cpu = await _gateway_round(stack, sessions, f"{prefix}:g{run}-0", via[0])
+            await _direct_fan_out(stack.relay_url, streams, f"{prefix}:r{run}-0", relayed[0])
+            await _direct_fan_out(stack.vllm_url, streams, f"{prefix}:d{run}-0", direct[0])
+            await _direct_fan_out(stack.vllm_url, streams, f"{prefix}:d{run}-1", direct[1])
+            await _direct_fan_out(stack.relay_url, streams, f"{prefix}:r{run}-1", relayed[1])
+            cpu += await _gateway_round(stack, sessions, f"{prefix}:g{run}-1", via[1])
             residence = await stack.residence()
-        await _direct_fan_out(stack.relay_url, streams, f"{prefix}:r{run}", relayed)
-        await _direct_fan_out(stack.vllm_url, streams, f"{prefix}:d{run}", direct)
+        every_via, every_relayed, every_direct = (
+            [value for samples in rounds_ for value in samples]
+            for rounds_ in (via, relayed, direct))
         for q, goal in ((0.5, 150.0 if streams == 1 else None),
                         (0.99, 1000.0 if streams == 1 else 5000.0)):
             p = int(q * 100)
-            added = percentile(via, q) - percentile(direct, q)
+            added, noise = percentile_difference(via, direct, q,
+                                                 ("gateway", "direct HTTP/SSE"))
             figures.append(Figure(
                 f"added event latency p{p}, {streams} stream(s)", added, "us",
-                goal=goal, baseline=percentile(direct, q), baseline_name="direct HTTP/SSE",
-                spread=f"gateway p50/p95/p99 {percentile(via, .5):.0f}/"
-                       f"{percentile(via, .95):.0f}/{percentile(via, .99):.0f} us; direct "
-                       f"{percentile(direct, .5):.0f}/{percentile(direct, .95):.0f}/"
-                       f"{percentile(direct, .99):.0f} us; n={len(via)}"))
-            hop = percentile(relayed, q) - percentile(direct, q)
+                goal=goal, baseline=noise.second, baseline_name="direct HTTP/SSE",
+                spread=f"gateway p50/p95/p99 {percentile(every_via, .5):.0f}/"
+                       f"{percentile(every_via, .95):.0f}/{percentile(every_via, .99):.0f} "
+                       f"us; direct {percentile(every_direct, .5):.0f}/"
+                       f"{percentile(every_direct, .95):.0f}/"
+                       f"{percentile(every_direct, .99):.0f} us; n={len(every_via)} over "
+                       f"two rounds a path", noise=noise))
+            hop, hop_noise = percentile_difference(relayed, direct, q,
+                                                   ("null relay", "direct HTTP/SSE"))
             figures.append(Figure(
                 f"added by the hop (null relay) p{p}, {streams} stream(s)", hop, "us",
-                baseline=percentile(direct, q), baseline_name="direct HTTP/SSE",
-                spread=f"relay p50/p99 {percentile(relayed, .5):.0f}/"
-                       f"{percentile(relayed, .99):.0f} us"))
+                baseline=hop_noise.second, baseline_name="direct HTTP/SSE",
+                spread=f"relay p50/p99 {percentile(every_relayed, .5):.0f}/"
+                       f"{percentile(every_relayed, .99):.0f} us", noise=hop_noise))
+            work, work_noise = percentile_difference(via, relayed, q,
+                                                     ("gateway", "null relay"))
             figures.append(Figure(
-                f"added by the gateway's work p{p}, {streams} stream(s)",
-                percentile(via, q) - percentile(relayed, q), "us",
-                baseline=percentile(relayed, q), baseline_name="null relay",
-                spread="gateway minus null relay, same run"))
+                f"added by the gateway's work p{p}, {streams} stream(s)", work, "us",
+                baseline=work_noise.second, baseline_name="null relay",
+                spread="gateway minus null relay, same run", noise=work_noise))
             measured = residence.get(f"p{p}_us")
             if measured is not None:
                 figures.append(Figure(
@@ -158,8 +182,8 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
                     baseline=added, baseline_name="added event latency",
                     spread=_residence_spread(residence)))
         # Judged against its goal in ``cost``, where the pacing is the same at 256 streams.
-        figures.append(_cpu_figure(cpu, len(via), streams, "latency run, paced 10 ms",
-                                   residence, judged=False))
+        figures.append(_cpu_figure(cpu, len(every_via), streams,
+                                   "latency run, paced 10 ms", residence, judged=False))
     return figures
 
 
@@ -253,37 +277,51 @@ async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figu
 
 
 async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
-    """4. Non-streaming requests: requests/s and added latency vs direct HTTP."""
+    """4. Non-streaming requests: requests/s and added latency vs direct HTTP. Each path
+    runs in two rounds of half the time (gateway, direct, direct, gateway); how far one
+    path's p50 moved between its rounds is the run's noise (``stats.judge``)."""
     seconds = 2.0 if quick else 8.0
-    progress(f"non-streaming: {seconds:.0f} s each path")
-    via: list[float] = []
-    direct: list[float] = []
-    async with connect(stack.endpoint) as client:
+    progress(f"non-streaming: {seconds:.0f} s each path, in two rounds")
+    via: list[list[float]] = [[], []]
+    direct: list[list[float]] = [[], []]
+    async with connect(stack.endpoint) as client, httpx.AsyncClient(trust_env=False) as http:
         session = await client.open_session()
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            start = time.perf_counter()
-            operation = await session.submit(envelope("unary", stream=False))
-            async for _ in operation.events():
-                pass
-            via.append((time.perf_counter() - start) * 1e6)
-    async with httpx.AsyncClient(trust_env=False) as http:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            start = time.perf_counter()
-            response = await http.post(f"{stack.vllm_url}/v1/chat/completions",
-                                       json=chat_body("unary", stream=False))
-            response.raise_for_status()
-            direct.append((time.perf_counter() - start) * 1e6)
-    return [Figure("non-streaming added latency p50", percentile(via, .5) - percentile(direct, .5),
-                   "us", goal=300, baseline=percentile(direct, .5),
+
+        async def through_gateway(samples: list[float]) -> None:
+            end = time.perf_counter() + seconds / 2
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                operation = await session.submit(envelope("unary", stream=False))
+                async for _ in operation.events():
+                    pass
+                samples.append((time.perf_counter() - start) * 1e6)
+
+        async def straight(samples: list[float]) -> None:
+            end = time.perf_counter() + seconds / 2
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                response = await http.post(f"{stack.vllm_url}/v1/chat/completions",
+                                           json=chat_body("unary", stream=False))
+                response.raise_for_status()
+                samples.append((time.perf_counter() - start) * 1e6)
+
+        await through_gateway(via[0])
+        await straight(direct[0])
+        await straight(direct[1])
+        await through_gateway(via[1])
+    added, noise = percentile_difference(via, direct, .5, ("gateway", "direct HTTP"))
+    every_via = [value for samples in via for value in samples]
+    every_direct = [value for samples in direct for value in samples]
+    return [Figure("non-streaming added latency p50", added,
+                   "us", goal=300, baseline=noise.second,
                    baseline_name="direct HTTP",
-                   spread=f"gateway {len(via) / seconds:.0f} req/s (p50 {percentile(via, .5):.0f}"
-                          f" us, p99 {percentile(via, .99):.0f}); direct "
-                          f"{len(direct) / seconds:.0f} req/s (p50 "
-                          f"{percentile(direct, .5):.0f} us)"),
-            Figure("non-streaming requests/s through the gateway", len(via) / seconds, "req/s",
-                   higher_is_better=True, baseline=len(direct) / seconds,
+                   spread=f"gateway {len(every_via) / seconds:.0f} req/s (p50 "
+                          f"{percentile(every_via, .5):.0f} us, p99 "
+                          f"{percentile(every_via, .99):.0f}); direct "
+                          f"{len(every_direct) / seconds:.0f} req/s (p50 "
+                          f"{percentile(every_direct, .5):.0f} us)", noise=noise),
+            Figure("non-streaming requests/s through the gateway", len(every_via) / seconds,
+                   "req/s", higher_is_better=True, baseline=len(every_direct) / seconds,
                    baseline_name="direct HTTP")]
 
 
