@@ -46,9 +46,9 @@ def test_asking_for_traces_without_the_extra_says_how_to_install_it() -> None:
     assert line.endswith(", --otel-traces")
 
 
-def test_the_readme_and_the_makefile_say_the_same_install_commands() -> None:
-    readme = (ROOT / "README.md").read_text()
-    (traces,) = re.findall(r"^### Traces\n(.*?)^#", readme, re.M | re.S)
+def test_the_docs_and_the_makefile_say_the_same_install_commands() -> None:
+    doc = (ROOT / "docs" / "observability.md").read_text()
+    (traces,) = re.findall(r"^## Traces\n(.*?)^#", doc, re.M | re.S)
     for command in ("make otel", CHECKOUT, WHEEL):
         assert command in traces, command
     makefile = (ROOT / "Makefile").read_text()

@@ -2,7 +2,7 @@
 port (with vLLM's own /metrics) off the Service clients use: session auth from a token
 Secret is required unless turned off by a value that says so; one kubernetes.io/tls Secret
 serves tcps://, wss:// and QUIC; scraping goes through a metrics-only Service; the image
-tag is the one the README builds and pushes; kubeVersion covers what the templates use;
+tag is the one docs/deploy.md builds and pushes; kubeVersion covers what the templates use;
 the NetworkPolicy can keep the admin port to given peers without fleet mode; NOTES.txt
 says how to connect with the token and the CA."""
 
@@ -327,25 +327,29 @@ def test_the_upstream_key_reaches_vllm_and_the_gateway() -> None:
 # --------------------------------------------------------------------------- image, kube
 
 
-def _readme_image() -> tuple[str, str]:
-    """The name and tag the README's `docker build -t` gives the image."""
-    readme = (ROOT / "README.md").read_text()
-    (built,) = re.findall(r"^docker build -t (\S+) \.$", readme, re.M)
+#: Where the image is built and pushed and the chart installed (the README links it).
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+
+
+def _documented_image() -> tuple[str, str]:
+    """The name and tag the deploy page's `docker build -t` gives the image."""
+    doc = DEPLOY_DOC.read_text()
+    (built,) = re.findall(r"^docker build -t (\S+) \.$", doc, re.M)
     name, _, tag = built.partition(":")
     return name, tag or "latest"
 
 
-def test_the_default_image_tag_is_the_one_the_readme_builds_and_pushes() -> None:
-    name, tag = _readme_image()
+def test_the_default_image_tag_is_the_one_the_docs_build_and_push() -> None:
+    name, tag = _documented_image()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["gateway"]["image"]["tag"] == tag
-    readme = (ROOT / "README.md").read_text()
-    (pushed,) = re.findall(r"^docker push (\S+)$", readme, re.M)
+    doc = DEPLOY_DOC.read_text()
+    (pushed,) = re.findall(r"^docker push (\S+)$", doc, re.M)
     repository, _, pushed_tag = pushed.rpartition(":")
     assert pushed_tag == tag
-    assert re.search(rf"^docker tag {re.escape(name)} {re.escape(pushed)}$", readme, re.M)
-    # ... and the README's helm install pulls what it pushed, at the default tag.
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "helm install" in b]
+    assert re.search(rf"^docker tag {re.escape(name)} {re.escape(pushed)}$", doc, re.M)
+    # ... and the page's helm install pulls what it pushed, at the default tag.
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", doc, re.S) if "helm install" in b]
     words = shlex.split(block.replace("\\\n", " "))
     sets = dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--set")
     assert sets["gateway.image.repository"] == repository
@@ -388,8 +392,9 @@ def test_kube_version_covers_what_the_templates_use() -> None:
     for test_file in (ROOT / "tests" / "deploy").glob("test_*.py"):
         validated |= set(re.findall(r'"-k",\s*"([\d.]+)"', test_file.read_text()))
     assert {_version(v) for v in validated} == {minimum}
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "Kubernetes 1.29" not in readme and "1.29 with the" not in readme
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = " ".join(doc.read_text().split())
+        assert "Kubernetes 1.29" not in text and "1.29 with the" not in text, doc
 
 
 # --------------------------------------------------------------------------- NOTES

@@ -272,18 +272,18 @@ def test_workers_size_the_cpu_request() -> None:
     assert "--workers" in options
 
 
-def test_readme_helm_example_gives_vllm_a_gpu() -> None:
-    """The README's `helm install` line, its --set flags parsed by Helm's own parser:
+def test_the_documented_helm_example_gives_vllm_a_gpu() -> None:
+    """docs/deploy.md's `helm install` line, its --set flags parsed by Helm's own parser:
     the chart accepts them and the vLLM container, not the gateway, asks for the GPU."""
-    readme = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "helm install" in b]
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", doc, re.S) if "helm install" in b]
     words = shlex.split(block.replace("\\\n", " "))
     sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
     assert sets, block
     values: dict[str, Any] = {}
     for expression in sets:
         _merge(values, helm.parse_set_string(expression))
-    manifests = render_values(values, add_auth=False)  # the README's values alone
+    manifests = render_values(values, add_auth=False)  # the page's values alone
     pod = manifests["Deployment"][0]["spec"]["template"]["spec"]
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1

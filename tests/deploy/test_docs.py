@@ -1,7 +1,7 @@
-"""The documentation works from a plain clone: every relative link in README.md and
-docs/**/*.md names a file in the repository (and a heading there, when it names one), and
-no path in the text reaches outside the repository (the team's notes beside it are not
-in a clone)."""
+"""The documentation works from a plain clone: every relative link in README.md,
+CHANGELOG.md and docs/**/*.md names a file in the repository (and a heading there, when
+it names one), and no path in the text reaches outside the repository (the team's notes
+beside it are not in a clone)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
@@ -123,7 +123,13 @@ def test_anchors_follow_githubs_rules() -> None:
 def test_the_links_in_the_docs_are_found() -> None:
     """The checks above see the docs' real links (a pattern matching nothing passes all)."""
     readme = set(links((ROOT / "README.md").read_text()))
-    assert {"docs/runtime-controls.md", "docs/benchmarks.md#quic-beside-tcp-issue-13"} <= readme
+    assert {"docs/runtime-controls.md", "docs/resume.md#a-fleet-of-gateways",
+            "#troubleshooting"} <= readme
+    quic = set(links((ROOT / "docs" / "quic.md").read_text()))
+    assert {"benchmarks.md#quic-beside-tcp-issue-13",
+            "configuration.md#tls-session-auth-and-secrets"} <= quic
+    configuration = set(links((ROOT / "docs" / "configuration.md").read_text()))
+    assert {"../deploy/gateway.example.toml", "protocol.md#conformance"} <= configuration
     benchmarks = set(links((ROOT / "docs" / "benchmarks.md").read_text()))
     assert {"bench/results.json", "bench/latency.png"} <= benchmarks
 

@@ -211,7 +211,8 @@ def test_docs_describe_the_stop_order() -> None:
     assert "`vllm.preStopSleepSeconds`" in draining
     assert "**`sidecarMode: native`** (the default)" in draining
     assert "vLLM has no preStop hook in this chart" not in fleet_doc
-    readme = " ".join((root / "README.md").read_text().split())
-    assert "`vllm.preStopSleepSeconds`" in readme
+    deploy_doc = " ".join((root / "docs" / "deploy.md").read_text().split())
+    stopping = deploy_doc[deploy_doc.index("### Stopping a pod"):]
+    assert "`vllm.preStopSleepSeconds`" in stopping
     values = (CHART / "values.yaml").read_text()
     assert "  preStopSleepSeconds: null\n" in values
