@@ -52,7 +52,7 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 demo: $(RUNTIME_STAMP) ## the gateway and a replay vLLM; one chat answer streamed over NNRP
 	$(BIN)/nnrp-gateway demo
 
-# The otel extra for `serve --otel-traces` (README, "Traces"); the test extra has it too.
+# The otel extra for `serve --otel-traces` (docs/observability.md, "Traces"); the test extra has it too.
 otel: $(RUNTIME_STAMP) ## OpenTelemetry's SDK and OTLP exporter into .venv, for --otel-traces
 	$(call install,-e '.[otel]')
 

@@ -94,7 +94,7 @@ VLLM_METRICS_MAX_BYTES = 16 << 20
 
 @attrs.frozen
 class LoadSettings:
-    """Load-aware admission (opt-in, README "Load-aware admission"): vLLM's published
+    """Load-aware admission (opt-in, docs/operations.md): vLLM's published
     load sampled every ``interval`` seconds from ``source`` (metrics: GET /metrics; load:
     GET /load), and new operations (with ``refuse_sessions``, new sessions too) refused
     with a retry time while it is past a threshold. A failing or stale scrape admits."""
@@ -120,7 +120,7 @@ class LoadSettings:
 
 @attrs.frozen
 class FleetConfig:
-    """A fleet of gateways (README, "A fleet of gateways"; gateway/nnrp/_fleet.py): how
+    """A fleet of gateways (docs/resume.md, docs/fleet.md; gateway/nnrp/_fleet.py): how
     the others reach this one (``--fleet-advertise``) and the key they share."""
 
     advertise: str
@@ -157,7 +157,7 @@ class GatewayConfig:
     #: After a drain, how long a connection is left for its client to close first.
     drain_close_grace: float = 5.0
     max_connections: int = 1024
-    #: Resumable sessions (README, "Resumable sessions"); a zero window turns them off.
+    #: Resumable sessions (docs/resume.md); a zero window turns them off.
     resume: ResumePolicy = attrs.field(factory=ResumePolicy)
     #: A fleet of gateways: resumes that reach this pod for another's are forwarded.
     fleet: FleetConfig | None = None

@@ -6,7 +6,7 @@ bytes move instead: a resume that reaches another pod is forwarded to the owner
 (gateway/server/_relay.py). What the owner is, and that a forward is genuine, is decided
 here, from a key the fleet shares (``--fleet-key-file``). Nothing here imports trio.
 
-Rules (cited as F1..F6 in code; README, "A fleet of gateways"):
+Rules (cited as F1..F6 in code; docs/resume.md, "A fleet of gateways"):
 
 F1. A fleet token is ``ROUTE ‖ SECRET``. The secret is the CSPRNG's (``_resumption``
     R3: it alone opens the session, looked up by the whole token's digest). The route
@@ -47,7 +47,7 @@ F4. A forward opens with the client's first bytes sealed::
     key, addressed here, ``sent_ms`` within ``FORWARD_SKEW`` of the owner's wall clock,
     its nonce not seen within that time (a header replayed to the same process is
     refused; with ``--workers``, another worker of the pod would take it within the
-    skew: the pod network is trusted that far, README). The owner answers first with a
+    skew: the pod network is trusted that far, docs/resume.md). The owner answers first with a
     proof, HMAC-SHA256(forward key, "owner" ‖ nonce): the forwarding pod relays nothing
     more either way until it has checked it, so whatever answers at an owner's address
     without the fleet's key (a pod IP reused by a stranger) reads nothing of the client

@@ -1,7 +1,7 @@
 """What a resumable session keeps of its results, so a client that lost its connection
 gets them again: the packets of each operation, in the order they were sent.
 
-Rules (README, "Resumable sessions"; ``_resumption`` decides when a session is attached):
+Rules (docs/resume.md; ``_resumption`` decides when a session is attached):
 
 J1. Every packet an operation of a resumable session sends is kept here, attached or
     not: its PARTIAL_RESULTs (with their result_sequence), PROGRESS, and its terminal

@@ -15,7 +15,7 @@ A session's phases:
                      └────────────(resume, migrate: the token)──────────────┘
                      (a migrate also takes it from a live connection)
 
-Rules (README, "Resumable sessions"; cited as R1..R12 in code):
+Rules (docs/resume.md; cited as R1..R12 in code):
 
 R1. Grant: a SESSION_OPEN with ``allow_resume`` gets a token and the window when resume
     is on, the process is not draining, it holds fewer than ``max_sessions`` resumable

@@ -5,8 +5,8 @@ OpenTelemetry is an optional extra (``INSTALL_HINT``: ``make otel`` in a checkou
 ``pip install 'nnrp-vllm-gateway[otel]'`` from a wheel): nothing here imports it;
 ``open_tracer`` imports ``_otel`` (the one module that does) and turns a missing
 package into a ``ConfigError`` that says how to install it. Everything else
-is configured the OpenTelemetry way, by the standard ``OTEL_*`` variables (README,
-"Observability"), and ``OTEL_SDK_DISABLED=true`` switches it off as it switches off
+is configured the OpenTelemetry way, by the standard ``OTEL_*`` variables
+(docs/observability.md), and ``OTEL_SDK_DISABLED=true`` switches it off as it switches off
 every OpenTelemetry SDK (one log line says so).
 """
 

@@ -63,8 +63,8 @@ class NnrpPolicy:
     #: The suite runner's directive (a CANCEL after N events); accepted, never acted on.
     cancel_after_events: int | None = attrs.field(default=None, validator=_non_negative)
     #: On a resubmission after a resume: the last result_sequence the client holds of
-    #: this operation; the gateway replays only what comes after it (README, "Resumable
-    #: sessions"; the capability document lists it). Ignored on a first submission.
+    #: this operation; the gateway replays only what comes after it (docs/resume.md;
+    #: the capability document lists it). Ignored on a first submission.
     resume_after_sequence: int | None = attrs.field(default=None, validator=_non_negative)
 
 

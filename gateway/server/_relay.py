@@ -3,7 +3,7 @@ a session resumes where it is held whichever worker the kernel, or whichever pod
 load balancer, gave the new connection to.
 
 Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11;
-gateway/nnrp/_fleet.py; README, "Resumable sessions" and "A fleet of gateways"):
+gateway/nnrp/_fleet.py; docs/resume.md, and its "A fleet of gateways"):
 
 1. A connection is relayed only when its first session message is a resume or a
    migration naming another process's session: another worker's (``--workers``: the

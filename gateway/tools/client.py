@@ -10,7 +10,7 @@
 ``operation.cancel()`` sends a real CANCEL (or FRAME_CANCEL / ABORT); the terminal
 then arrives as ``DropReceived`` (peer_cancelled).
 
-Resume (README, "Resumable sessions"): ``connect(uri, resume=True)`` opens sessions
+Resume (docs/resume.md): ``connect(uri, resume=True)`` opens sessions
 that may outlive their connection. When the connection drops, the client recovers by
 itself, so ``events()`` goes on as if nothing happened: nothing is missed, nothing
 arrives twice. Recovery rules:

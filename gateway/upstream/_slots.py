@@ -1,6 +1,6 @@
 """Upstream connection slots: one single-connection client per concurrent request.
 
-Who gets a slot when every one is busy (rules; README, "Resumable sessions"):
+Who gets a slot when every one is busy (rules; docs/resume.md):
 
 1. Waiting is FIFO, under the waiter's own deadlines; past ``wait`` it is refused
    (backend_overload) rather than queued on.

@@ -72,7 +72,7 @@ def test_the_manifest_claims_exactly_the_server_role_scenarios(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("listen", "given", "expected", "endpoint"), [
-    # README's example: never 0.0.0.0, as the name checked nor as the address dialled
+    # docs/protocol.md's example: never 0.0.0.0, as the name checked nor as the address dialled
     ("quic://0.0.0.0:7704", None, "localhost", "localhost:7704"),
     ("wss://[::]:7703/nnrp", None, "localhost", "wss://localhost:7703/nnrp"),
     # the host, since the cert holds it

@@ -81,7 +81,7 @@ def test_demo_after_test_installs_nothing(project: Path) -> None:
 
 
 def test_otel_adds_the_tracing_extra_to_the_venv(project: Path) -> None:
-    # README, "Traces": a checkout's way to the extra (its .venv has uv, not pip).
+    # docs/observability.md, "Traces": a checkout's way to the extra (its .venv has uv, not pip).
     assert installs(would_run(project, "otel")) == {"runtime": True, "test": False}
     stamp(project, RUNTIME, 2_000_000)
     assert would_run(project, "otel") == (

@@ -243,7 +243,7 @@ async def test_default_policy_with_tcp_and_quic_picks_the_faster_probe(
     carrier), then ranks by probe success, then median throughput, then RTT; the static
     rank (quic 1 before tcp 2) and PREFER_QUIC only break ties. On loopback this
     gateway's TCP answers a probe several times faster than its QUIC (Python's QUIC stack
-    on the server), so TCP is chosen, even with PREFER_QUIC (documented in the README),
+    on the server), so TCP is chosen, even with PREFER_QUIC (documented in docs/quic.md),
     when the machine is quiet."""
     stack, pki = quic_stack
     server = stack.gateway.server

@@ -28,7 +28,7 @@ Where they differ, in the room the spec leaves (session-recovery.md):
 * The live token of a session whose connection still lives. nnrp-py's server rejects it
   (its record is active); the gateway answers ``retry_later``, with the same
   ``resume_rejected`` code, so the holder of the current token knows to try again once
-  the old connection is seen dead (README, "Resumable sessions").
+  the old connection is seen dead (docs/resume.md).
 * The spent token. nnrp-py's server refuses it from the moment it hands out the next;
   the gateway keeps it good for ``confirm_grace`` seconds after the client shows it holds
   the new one (rule R4: an ACK lost with its connection must not strand the session), so

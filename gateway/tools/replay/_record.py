@@ -37,7 +37,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "error_400_stream_options_without_stream": {"max_tokens": 4,
                                                 "stream_options": {"include_usage": True}},
     "error_404_model": {"model": "no-such-model", "max_tokens": 4},
-    # The field-fidelity rule (README): what vLLM adds beyond OpenAI's fields, and the lax
+    # The field-fidelity rule (docs/protocol.md): what vLLM adds beyond OpenAI's fields, and the lax
     # request forms vLLM's pydantic model accepts. Seeded, so output is repeatable.
     "nonstream_prompt_logprobs": {"max_tokens": 4, "temperature": 0, "prompt_logprobs": 2},
     "stream_lax_true_string": {"stream": "true", "max_tokens": 4, "temperature": 1.0,
