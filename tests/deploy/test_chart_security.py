@@ -18,17 +18,18 @@ import yaml
 from typer.testing import CliRunner
 
 import cli.main
-from tests.deploy.test_deploy import (
+from tests.support.chart import (
     CHART,
     ROOT,
     TOKENS,
-    _gateway,
     cli_options,
+    fleet,
+    gateway_container as _gateway,
     helm,
+    opens as _opens,
     render_values,
     secured,
 )
-from tests.deploy.test_fleet_chart import _opens, fleet
 from tests.support.cli import served_config
 from tests.support.quic import make_pki
 

@@ -16,63 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
 
-from cli.main import app
+from tests.support.chart import (
+    BIN,
+    CHART,
+    CI_VALUES,
+    ROOT,
+    TOKENS,
+    cli_options,
+    gateway_container as _gateway,
+    helm,
+    render,
+    render_values,
+    secured,
+)
 from tests.support.cli import served_config
-
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "helm" / "nnrp-vllm-gateway"
-CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-BIN = Path(sys.executable).parent
-
-helm = pytest.importorskip("helm_python")
-
-
-#: The one value the chart requires (session auth: test_chart_security.py): a token Secret.
-TOKENS = {"gateway": {"auth": {"tokenSecret": {"name": "nnrp-tokens"}}}}
-
-
-def render(values_file: Path | None) -> dict[str, list[dict[str, Any]]]:
-    return render_values(yaml.safe_load(values_file.read_text()) if values_file else {})
-
-
-def secured(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with the token Secret of ``TOKENS`` unless they say something of auth."""
-    if "auth" in values.get("gateway", {}):
-        return values
-    merged = {**values, "gateway": {**values.get("gateway", {}), **TOKENS["gateway"]}}
-    return merged
-
-
-def render_values(values: dict[str, Any], *, add_auth: bool = True
-                  ) -> dict[str, list[dict[str, Any]]]:
-    """The chart rendered with ``values`` (and, unless ``add_auth`` is false or they give
-    their own, the token Secret the chart requires): its manifests by kind."""
-    chart = helm.Chart.load(str(CHART))
-    rendered = chart.render(secured(values) if add_auth else values, name="test",
-                            namespace="ml")
-    out: dict[str, list[dict[str, Any]]] = {}
-    for path, text in rendered.items():
-        if path.endswith(".yaml"):
-            for document in yaml.safe_load_all(text):
-                if document:
-                    out.setdefault(document["kind"], []).append(document)
-    return out
-
-
-def cli_options(command: str) -> tuple[set[str], set[str]]:
-    """The long options and the NNRP_GATEWAY_* variables a CLI command really has."""
-    group: Any = typer.main.get_command(app)
-    cmd = group.commands[command]
-    options = {opt for param in cmd.params for opt in getattr(param, "opts", [])
-               if opt.startswith("--")}
-    options |= {opt for param in cmd.params for opt in getattr(param, "secondary_opts", [])}
-    envvars = {param.envvar for param in cmd.params if isinstance(getattr(param, "envvar", None),
-                                                                   str)}
-    return options, envvars
-
 
 # --------------------------------------------------------------------------- chart
 
@@ -108,14 +67,6 @@ def test_rendered_manifests_validate(values_file: Path | None, tmp_path: Path) -
                                      "-k", "1.30.0", str(path)],
                                     capture_output=True, text=True)
             assert result.returncode == 0, result.stdout + result.stderr
-
-
-def _gateway(manifests: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], bool]:
-    spec = manifests["Deployment"][0]["spec"]["template"]["spec"]
-    for container in spec.get("initContainers", []):
-        if container["name"] == "gateway":
-            return container, True
-    return next(c for c in spec["containers"] if c["name"] == "gateway"), False
 
 
 def test_native_and_container_sidecar_modes() -> None:

@@ -1,11 +1,10 @@
-"""Issue 35, the chart's part of fleet mode (docs/fleet.md): the gateway's fleet options
+"""The chart's part of fleet mode (docs/fleet.md): the gateway's fleet options
 wired from values (the pod's IP through the downward API, the key Secret as a read-only
 file), the headless Service for pod-to-pod forwards, the NetworkPolicy that keeps the fleet
 port to the release's own pods, and nothing of it rendered while fleet mode is off."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,21 +12,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.test_deploy import BIN, CHART, _gateway, cli_options, helm, render_values, secured
-
-FLEET_VALUES = yaml.safe_load((CHART / "ci" / "fleet-values.yaml").read_text())
-Manifests = dict[str, list[dict[str, Any]]]
-
-
-def fleet(**overrides: Any) -> dict[str, Any]:
-    """ci/fleet-values.yaml with ``overrides`` merged in (one level per dict)."""
-    values = copy.deepcopy(FLEET_VALUES)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(values.get(key), dict):
-            values[key] = {**values[key], **value}
-        else:
-            values[key] = value
-    return values
+from tests.support.chart import (
+    BIN,
+    CHART,
+    Manifests,
+    cli_options,
+    fleet,
+    gateway_container as _gateway,
+    helm,
+    opens as _opens,
+    render_values,
+    secured,
+)
 
 
 def _pod(manifests: Manifests) -> dict[str, Any]:
@@ -47,24 +43,6 @@ def _services(manifests: Manifests) -> tuple[dict[str, Any], dict[str, Any]]:
     (client,) = [s for s in manifests["Service"] if s["metadata"]["name"] == name]
     (headless,) = [s for s in manifests["Service"] if s["spec"].get("clusterIP") == "None"]
     return client, headless
-
-
-def _opens(rule: dict[str, Any], port: int, protocol: str = "TCP") -> bool:
-    """Whether a NetworkPolicy ingress rule admits traffic to ``port``/``protocol``: a rule
-    without ports admits every port, a port entry without a port every port of its
-    protocol, a named port whatever it names (the fleet's is named), a range its range."""
-    ports = rule.get("ports")
-    if not ports:
-        return True
-    for entry in ports:
-        if entry.get("protocol", "TCP") != protocol:
-            continue
-        number = entry.get("port")
-        if number is None or isinstance(number, str):
-            return True
-        if number <= port <= entry.get("endPort", number):
-            return True
-    return False
 
 
 # --------------------------------------------------------------------------- rendering

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.tools import dashboard
 from gateway.tools.client import connect
-from tests.deploy.test_deploy import render_values
+from tests.support.chart import render_values
 from tests.support.processes import ReplayThread, free_port, served_endpoints, stop_gateway
 from tests.support.quic import make_pki
 from tests.support.stack import chat, envelope, run_operation
@@ -398,7 +398,7 @@ def test_the_chart_renders_the_rules_with_their_values() -> None:
 def test_the_rules_need_the_metrics_scraped() -> None:
     """Alert rules over series nobody scrapes never fire: the chart refuses them, saying
     what to set; metrics served and scraped another way will do."""
-    from tests.deploy.test_deploy import helm, secured
+    from tests.support.chart import helm, secured
 
     chart = helm.Chart.load(str(CHART))
     with pytest.raises(helm.HelmError, match=re.escape("serviceMonitor.enabled=true")):
@@ -408,7 +408,7 @@ def test_the_rules_need_the_metrics_scraped() -> None:
 
 
 def test_the_schema_refuses_bad_alert_values() -> None:
-    from tests.deploy.test_deploy import helm
+    from tests.support.chart import helm
 
     chart = helm.Chart.load(str(CHART))
     for bad in ({"sustainedFor": "ten minutes"}, {"notReadyFor": "5"}, {"errorRatio": 2},

@@ -15,8 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.test_deploy import BIN, CHART, _gateway, helm, render_values, secured
-from tests.deploy.test_fleet_chart import fleet
+from tests.support.chart import (
+    BIN,
+    CHART,
+    fleet,
+    gateway_container as _gateway,
+    helm,
+    render_values,
+    secured,
+)
 
 Manifests = dict[str, list[dict[str, Any]]]
 
