@@ -7,35 +7,14 @@ of nnrp-py's independent pure-Python codec for the suite's semantic vectors.
 
 from __future__ import annotations
 
-import json
 import struct
-from pathlib import Path
 from typing import Any
 
 import pytest
 from nnrp.core.messages import control as reference
 
 from gateway import nnrp
-
-VECTORS = Path(__file__).parent / "vectors"
-
-
-def _cases(name: str) -> dict[str, dict[str, Any]]:
-    data = json.loads((VECTORS / name).read_text())
-    return {case["id"]: case.get("parameters") or {} for case in data["cases"]}
-
-
-def _vectors() -> dict[str, dict[str, Any]]:
-    out = {}
-    for name in ("semantic-vectors.json", "nnrp1-baseline-semantic-vectors.json"):
-        for vector in json.loads((VECTORS / name).read_text())["vectors"]:
-            out[vector["name"]] = vector
-    return out
-
-
-CASES = {**_cases("common-header-core.json"), **_cases("nnrp1-baseline-core.json"),
-         **_cases("typed-payload-core.json")}
-VECTORS_BY_NAME = _vectors()
+from tests.support.golden import CASES, VECTORS_BY_NAME
 
 
 def _meta_roundtrip(cls: type[Any], hex_text: str) -> Any:

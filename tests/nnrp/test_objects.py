@@ -21,7 +21,7 @@ from nnrp.core.packet import pack_object_reference_blocks, unpack_object_referen
 
 from gateway import nnrp
 from gateway.profile import CANCEL_CAUSES, END_TABLE, Drop, EndCause, Push
-from tests.nnrp.test_golden import CASES
+from tests.support.golden import CASES
 from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies
 
