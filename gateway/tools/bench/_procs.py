@@ -20,7 +20,7 @@ def process_cpu_seconds(pid: int) -> float:
     """The CPU time ``pid`` has run, exactly: the kernel's per-process CPU clock (Linux's
     CPUCLOCK_SCHED for a process id, clock_getcpuclockid(3)). /proc/PID/stat's user and
     system times are sampled at the scheduler tick (10 ms here), which charges a process
-    that wakes in step with a paced load too much or too little (issue 16); they remain
+    that wakes in step with a paced load too much or too little; they remain
     the fallback where that clock cannot be read."""
     with contextlib.suppress(OSError, OverflowError):
         return time.clock_gettime((~pid << 3) | _CPUCLOCK_SCHED)

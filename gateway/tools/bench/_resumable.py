@@ -1,5 +1,5 @@
 """Streams whose connections are cut and resumed: ``bench run``'s ``resume`` scenario and
-``bench soak --cut-every`` (issue 21).
+``bench soak --cut-every``.
 
 Each stream is a client connection of its own, through a cut proxy of its own
 (``gateway.tools.cut``: a cut resets that connection both ways, as a NAT that forgot the

@@ -1,4 +1,4 @@
-"""9. Resumable sessions (issue 21): how long a resume takes, what a detached stream
+"""9. Resumable sessions: how long a resume takes, what a detached stream
 holds, and that all of it is let go when its window passes (``bench run --scenario
 resume``; the streams and their cut proxies are ``_resumable``'s)."""
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 async def resume(quick: bool, progress: Progress) -> list[Figure]:
-    """9. Resumable sessions (issue 21), on a gateway with a short ``--resume-window``
+    """9. Resumable sessions, on a gateway with a short ``--resume-window``
     (2 s: with 1 s, a loaded 2-core machine let a window pass before the client came
     back, and `bench run --quick` failed) and no residence probe (it keeps a sample per event, which
     the RSS figures would count).

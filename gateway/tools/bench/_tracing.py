@@ -1,4 +1,4 @@
-"""``bench run --scenario tracing`` (issue 24): what OpenTelemetry tracing costs the
+"""``bench run --scenario tracing``: what OpenTelemetry tracing costs the
 gateway, side by side with tracing off, in one run.
 
 Two gateways in turn, the same load against each: ``serve`` as it ships, and ``serve

@@ -93,7 +93,7 @@ def _pipeline_event() -> Callable[[], object]:
     from gateway.upstream import BINDINGS, ChunkParser, SSEDecoder
 
     decoder = SSEDecoder()
-    parse_chunk = ChunkParser()  # one stream's: its chunks share a head (issue 25)
+    parse_chunk = ChunkParser()  # one stream's: its chunks share a head
     translator = Translator(BINDINGS[-1], usage_requested=False)
     translator.feed(parse_chunk(_SSE_ROLE_CHUNK[6:-2].decode()))  # the stream's first chunk
 

@@ -1,4 +1,4 @@
-"""``bench journal``: what resume's memory costs (issue 34, finding 2).
+"""``bench journal``: what resume's memory costs.
 
 Two measurements, each in a process of its own so that nothing else moves its RSS:
 

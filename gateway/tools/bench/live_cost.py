@@ -1,5 +1,5 @@
 """``bench live --streams N``: the gateway's CPU per streamed event beside vLLM's
-API-server CPU per SSE chunk, against a real vLLM on this machine (issue 25, item 2).
+API-server CPU per SSE chunk, against a real vLLM on this machine.
 
 Three phases in one run, each ``N`` concurrent streams of the same greedy request
 (``ignore_eos``, so every request makes exactly ``tokens`` tokens):

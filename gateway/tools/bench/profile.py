@@ -1,4 +1,4 @@
-"""``bench profile``: where the gateway process spends its CPU under a load (issue 25).
+"""``bench profile``: where the gateway process spends its CPU under a load.
 
 A replay backend and the gateway run as processes (``Stack``); py-spy (the ``profile``
 extra) attaches to the gateway and samples its Python stacks while this process drives
@@ -98,7 +98,7 @@ class Load:
         return self.requests > 1
 
 
-#: The loads issue 25 asks for (paced as ``bench run``'s latency scenario paces them),
+#: The loads profiled (paced as ``bench run``'s latency scenario paces them),
 #: then one per row of its table the paced ones do not explain: the coalesced shape of
 #: the cost scenario, and the fixed cost of a request (streamed and not) that the
 #: non-streaming row and ``bench live``'s short streams pay.

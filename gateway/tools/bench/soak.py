@@ -9,7 +9,7 @@ with ``cut_every``, as below).
 operation must then end with ``response.completed`` or an explicit RESULT_DROP_REASON,
 and started == completed + dropped (nothing lost, nothing hung).
 
-``cut_every`` (issue 21) runs each stream on a connection of its own, through a cut proxy,
+``cut_every`` runs each stream on a connection of its own, through a cut proxy,
 with a resumable session the client resumes by itself, and resets one connection every
 ``cut_every`` seconds on average (a seeded Poisson process; a random stream caught
 mid-operation): every operation must end whole (``_resumable``: nothing lost or
