@@ -11,40 +11,10 @@ from urllib.parse import unquote
 
 import pytest
 
+from tests.support.docs import CODE_SPAN, prose, anchors, links
+
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
-_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
-# [text](target) and ![alt](target), an optional "title" after the target.
-_INLINE_LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-_REFERENCE_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
-_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.M)
-
-
-def _prose(text: str) -> str:
-    """The text outside fenced code blocks (a link there is an example, not a link)."""
-    return _FENCE.sub("", text)
-
-
-def links(text: str) -> list[str]:
-    prose = _CODE_SPAN.sub("", _prose(text))
-    return _INLINE_LINK.findall(prose) + _REFERENCE_LINK.findall(prose)
-
-
-def anchors(text: str) -> set[str]:
-    """GitHub's heading ids: lower case, punctuation but '-' and '_' dropped, spaces to '-',
-    a repeated id numbered -1, -2, ..."""
-    seen: dict[str, int] = {}
-    out = set()
-    for heading in _HEADING.findall(_prose(text)):
-        plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
-        slug = re.sub(r"[^\w\- ]", "", plain.lower()).replace(" ", "-")
-        count = seen.get(slug, 0)
-        seen[slug] = count + 1
-        out.add(slug if count == 0 else f"{slug}-{count}")
-    return out
-
 
 def broken_links(doc: Path, root: Path = ROOT) -> list[str]:
     text = doc.read_text()
@@ -66,7 +36,7 @@ def paths_outside(doc: Path, root: Path = ROOT) -> list[str]:
     """Code spans naming a path that starts with '../' and is not a file or folder in the
     repository (the team's notes beside the repository are not in a clone)."""
     outside = []
-    for span in (m.group(2).strip() for m in _CODE_SPAN.finditer(_prose(doc.read_text()))):
+    for span in (m.group(2).strip() for m in CODE_SPAN.finditer(prose(doc.read_text()))):
         if span.startswith("../") and " " not in span:
             resolved = (doc.parent / span).resolve()
             if not resolved.is_relative_to(root) or not resolved.exists():

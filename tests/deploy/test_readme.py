@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.deploy.test_docs import anchors, links
+from tests.support.docs import anchors, links
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"

@@ -10,46 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
 from gateway.nnrp._server import _RULES
+from tests.support.controls import OPEN, Clock, connected, submit
 from tests.support.strategies import ALL_CLASSES, packets
 from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies, unpacked
-
-HELLO = nnrp.ClientHello(profile_bitmap=0b11)
-OPEN = nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3, max_in_flight=2)
-TOKENS = frozenset({"control.cancel_abort", "control.credit_backpressure",
-                    "control.progress_partial", "control.trace_context"})
-
-
-
-
-def submit(operation_id: int, frame_id: int, session_id: int = 1, **kw: Any) -> bytes:
-    return pk(nnrp.FrameSubmit(operation_id=operation_id, payload_kind_bitmap=0x10,
-                               payload_frame_count=1),
-              session_id=session_id, frame_id=frame_id, body=nnrp.pack_single_frame(b"{}"),
-              **kw)
-
-
-
-
-
-
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def connected(**config: Any) -> nnrp.ServerConnection:
-    clock = config.pop("clock", Clock())
-    config.setdefault("max_in_flight", 2)
-    conn = nnrp.ServerConnection(nnrp.ServerConfig(
-        runtime_tokens=config.pop("tokens", TOKENS), **config), clock=clock)
-    conn.receive_data(pk(HELLO) + pk(OPEN))
-    return conn
 
 
 @pytest.fixture

@@ -619,7 +619,7 @@ async def test_the_real_port_is_ready_only_when_no_wait_would_block() -> None:
     """``_Port.ready`` (issue 25's fast emit) says yes only attached and live, with room in
     the outbox, no flow window and no SUPERSEDE waiting: each state that makes ``room`` or
     ``credit`` wait, or the supersede rule apply, makes it say no."""
-    from tests.nnrp.test_runtime_controls import connected, submit
+    from tests.support.controls import connected, submit
     from tests.support.wire import pk
 
     async def port_in(state: str) -> bool:
