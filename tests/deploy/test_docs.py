@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.support.docs import CODE_SPAN, prose, anchors, links
+from tests.support.docs import CODE_SPAN, anchors, links, prose
 
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]

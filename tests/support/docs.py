@@ -19,8 +19,8 @@ def prose(text: str) -> str:
 
 
 def links(text: str) -> list[str]:
-    prose = CODE_SPAN.sub("", prose(text))
-    return _INLINE_LINK.findall(prose) + _REFERENCE_LINK.findall(prose)
+    outside = CODE_SPAN.sub("", prose(text))
+    return _INLINE_LINK.findall(outside) + _REFERENCE_LINK.findall(outside)
 
 
 def anchors(text: str) -> set[str]:
