@@ -56,6 +56,9 @@ from ._native import (
 )
 from ._validate import INCONCLUSIVE, check_case, crossing_window_ms
 
+#: How long a CANCEL nnrp-py refused as for an inactive operation may wait for that
+#: operation's terminal before the operation counts as lost (``run_native``).
+LOST_OPERATION_WAIT = 2.0
 RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
 _TERMINALS = {"response.completed": "success", "response.error": "error",
               "response.cancelled": "cancelled"}
@@ -250,6 +253,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
             session.submit_operation(native_openai_submit(number, number, request.envelope))
             final, dropped, drop_reason, partials = None, False, None, 0
             cancelled_at: float | None = None
+            not_sent_at: float | None = None
             cancel_ms: float | None = None
             terminal_ms: float | None = None
             deadline = time.monotonic() + 60
@@ -278,6 +282,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                                 observation.frames.append({"frame": "CANCEL",
                                                            "direction": "sent", "t_ms": t_ms})
                             else:  # precondition 1 (module docstring)
+                                not_sent_at = time.monotonic()
                                 observation.inconclusive = _not_sent(partials)
                                 observation.frames.append({"frame": "CANCEL",
                                                            "direction": "not sent",
@@ -304,6 +309,20 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                 # nnrp-py hides results of operations it cancelled; its drop is the terminal.
                 if cancelled_at is not None and not done and time.monotonic() - cancelled_at > 2:
                     dropped, done = True, True
+                # nnrp-py refused the CANCEL as one for an inactive operation, yet no
+                # terminal follows: it lost the operation (seen under a flood of events),
+                # and the stream would run on for the rest of the run. The case is
+                # inconclusive; the session is closed (the gateway ends the stream) and
+                # the next case gets a new one.
+                if (not_sent_at is not None and not done
+                        and time.monotonic() - not_sent_at > LOST_OPERATION_WAIT):
+                    observation.inconclusive = (
+                        "nnrp-py's native client refused the CANCEL as one for an inactive "
+                        "operation while its stream still ran (it lost the operation); "
+                        "cancellation is neither proven nor disproven")
+                    session.close()
+                    session = asyncio.run(connection.open_session(NativeClientSessionOptions()))
+                    done = True
             if not done:
                 observation.problem = "no terminal within 60 s"
             if (final is not None and cancel_ms is not None and terminal_ms is not None
