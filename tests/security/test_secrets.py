@@ -20,6 +20,7 @@ from cli.main import app
 from gateway.tools.client import ClientError, connect
 from tests.support.otlp import OtlpReceiver
 from tests.support.processes import free_port, wait_ready
+from tests.support.waits import wait_for
 from tests.support.stack import chat, envelope, run_operation
 
 API_KEY = "sk-upstream-SECRET-1f2e"
@@ -95,6 +96,11 @@ def _scan(tmp_path: Path, receiver: OtlpReceiver) -> None:
                         outputs.append((await http.get(f"http://127.0.0.1:{admin}{path}")).text)
 
         trio.run(drive)
+        # The spans leave in the exporter's own time (50 ms batches): wait for them, not
+        # for the drain to flush them within its grace on a loaded host.
+        wait_for(lambda: len([s for s in receiver.taken()
+                              if s.attributes.get("nnrp.operation.id")]) >= 4,
+                 what="the four operations' spans")
     finally:
         gateway.terminate()  # the drain sends what is still queued before it exits
         outputs.append(gateway.communicate(timeout=20)[0])
