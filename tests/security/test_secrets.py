@@ -20,8 +20,8 @@ from cli.main import app
 from gateway.tools.client import ClientError, connect
 from tests.support.otlp import OtlpReceiver
 from tests.support.processes import free_port, wait_ready
-from tests.support.waits import wait_for
 from tests.support.stack import chat, envelope, run_operation
+from tests.support.waits import wait_for
 
 API_KEY = "sk-upstream-SECRET-1f2e"
 TOKEN = "tok-session-SECRET-9a8b"
