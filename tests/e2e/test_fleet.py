@@ -84,6 +84,49 @@ def whole(held: list[Any], rest: list[Any]) -> None:
     assert len(terminals) == 1 and terminals[0].meta.status_code == 200
 
 
+def native_stream_then_cut(options: Any, payload: bytes, cut: Any, token: Any
+                           ) -> tuple[Any, list[dict[str, Any]]]:
+    """Blocking (a worker thread): nnrp-py's native client opens a resumable session,
+    streams 20 results, and its path is cut (``cut`` run in trio); its ticket and events."""
+    opened = connect_native_client_connection(options)
+    connection = opened.__enter__()
+    session = asyncio.run(connection.open_session(RESUME))
+    session.submit_operation(openai_submit(7001, 1, payload))
+    events: list[dict[str, Any]] = []
+    while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
+        events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+    trio.from_thread.run_sync(cut, trio_token=token)
+    ticket = session.recovery_ticket()
+    with contextlib.suppress(Exception):  # its connection is gone
+        opened.__exit__(None, None, None)
+    return ticket, events
+
+
+def native_resume_to_the_end(options: Any, ticket: Any, payload: bytes
+                             ) -> list[dict[str, Any]]:
+    """Blocking: resume ``ticket`` on a new connection, resubmit, read to the terminal."""
+    with connect_native_client_connection(options) as connection:
+        session = asyncio.run(connection.resume_session(ticket, RESUME))
+        session.submit_operation(openai_submit(7001, 1, payload))
+        events: list[dict[str, Any]] = []
+        while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
+            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+        session.close()
+        return events
+
+
+def whole_native(before: list[dict[str, Any]], after: list[dict[str, Any]], count: int
+                 ) -> None:
+    """Every sequence 1..count once (a repeat identical), one terminal, a 200."""
+    seen: dict[int, bytes] = {}
+    for event in before + after:
+        if event["kind"] == "PARTIAL_RESULT":
+            assert seen.setdefault(event["sequence"], event["body"]) == event["body"]
+    assert sorted(seen) == list(range(1, count + 1))
+    terminals = [e for e in after if e["kind"] == "RESULT_PUSH"]
+    assert len(terminals) == 1 and terminals[0]["status"] == 200
+
+
 @pytest.mark.parametrize("scheme", ["tcp", "ws", "tcps", "wss", "quic"])
 async def test_a_resume_on_another_pod_is_forwarded_to_the_owner(
         nursery: trio.Nursery, tmp_path: Path, scheme: str) -> None:
@@ -132,22 +175,10 @@ async def test_behind_haproxy_a_native_client_resumes_on_whichever_pod_it_reache
         cutter = StreamCutProxy((host, int(port)))
         via = await nursery.start(cutter.serve)
 
-        def first_connection() -> tuple[Any, list[dict[str, Any]]]:
-            opened = connect_native_client_connection(native_client_options(f"tcp://{via}"))
-            connection = opened.__enter__()
-            session = asyncio.run(connection.open_session(RESUME))
-            session.submit_operation(openai_submit(7001, 1, payload))
-            events: list[dict[str, Any]] = []
-            while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
-                events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-            trio.from_thread.run_sync(cutter.cut, trio_token=token)
-            ticket = session.recovery_ticket()
-            with contextlib.suppress(Exception):  # its connection is gone
-                opened.__exit__(None, None, None)
-            return ticket, events
-
         with trio.fail_after(30):
-            ticket, before = await trio.to_thread.run_sync(first_connection)
+            ticket, before = await trio.to_thread.run_sync(
+                native_stream_then_cut, native_client_options(f"tcp://{via}"), payload,
+                cutter.cut, token)
             owner = owner_of(pods)
             await until(lambda: owner.registry.detached == 1)
         for pod, hold in zip(pods, holds, strict=True):
@@ -155,27 +186,11 @@ async def test_behind_haproxy_a_native_client_resumes_on_whichever_pod_it_reache
                 nursery.start_soon(_release_when, lambda: owner.registry.stats.resumed_total,
                                    hold)
 
-        def second_connection() -> list[dict[str, Any]]:
-            options = native_client_options(f"tcp://{service}")
-            with connect_native_client_connection(options) as connection:
-                session = asyncio.run(connection.resume_session(ticket, RESUME))
-                session.submit_operation(openai_submit(7001, 1, payload))
-                events: list[dict[str, Any]] = []
-                while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")
-                              for e in events):
-                    events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-                session.close()
-                return events
-
         with trio.fail_after(30):
-            after = await trio.to_thread.run_sync(second_connection)
-    seen: dict[int, bytes] = {}
-    for event in before + after:
-        if event["kind"] == "PARTIAL_RESULT":
-            assert seen.setdefault(event["sequence"], event["body"]) == event["body"]
-    assert sorted(seen) == list(range(1, 201))
-    terminals = [e for e in after if e["kind"] == "RESULT_PUSH"]
-    assert len(terminals) == 1 and terminals[0]["status"] == 200
+            after = await trio.to_thread.run_sync(
+                native_resume_to_the_end, native_client_options(f"tcp://{service}"), ticket,
+                payload)
+    whole_native(before, after, 200)
     (forwarder,) = [pod for pod in pods if pod.forwards(ForwardOutcome.SENT)]
     assert forwarder is not owner  # HAProxy gave the resume to another pod
     assert owner.forwards(ForwardOutcome.ACCEPTED) == 1
@@ -477,45 +492,16 @@ async def test_a_native_client_resumes_on_another_pod_over_websocket_and_quic(
     hold = owner.replay.hold(lambda request: request.method == "POST", after=30)
     nursery.start_soon(_release_when, lambda: owner.registry.stats.resumed_total, hold)
 
-    def first_connection() -> tuple[Any, list[dict[str, Any]]]:
-        opened = connect_native_client_connection(native_client_options(
-            via, trusted_der=pki.der))
-        connection = opened.__enter__()
-        session = asyncio.run(connection.open_session(RESUME))
-        session.submit_operation(openai_submit(7001, 1, payload))
-        events: list[dict[str, Any]] = []
-        while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
-            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-        trio.from_thread.run_sync(cutter.cut, trio_token=token)
-        ticket = session.recovery_ticket()
-        with contextlib.suppress(Exception):  # its connection is gone
-            opened.__exit__(None, None, None)
-        return ticket, events
-
     with trio.fail_after(30):
-        ticket, before = await trio.to_thread.run_sync(first_connection)
+        ticket, before = await trio.to_thread.run_sync(
+            native_stream_then_cut, native_client_options(via, trusted_der=pki.der), payload,
+            cutter.cut, token)
         await until(lambda: owner.registry.detached == 1)
-
-    def second_connection() -> list[dict[str, Any]]:
-        options = native_client_options(first.uri(scheme), trusted_der=pki.der)
-        with connect_native_client_connection(options) as connection:
-            session = asyncio.run(connection.resume_session(ticket, RESUME))
-            session.submit_operation(openai_submit(7001, 1, payload))
-            events: list[dict[str, Any]] = []
-            while not any(e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON") for e in events):
-                events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-            session.close()
-            return events
-
     with trio.fail_after(30):
-        after = await trio.to_thread.run_sync(second_connection)
-    seen: dict[int, bytes] = {}
-    for event in before + after:
-        if event["kind"] == "PARTIAL_RESULT":
-            assert seen.setdefault(event["sequence"], event["body"]) == event["body"]
-    assert sorted(seen) == list(range(1, 201))
-    terminals = [e for e in after if e["kind"] == "RESULT_PUSH"]
-    assert len(terminals) == 1 and terminals[0]["status"] == 200
+        after = await trio.to_thread.run_sync(
+            native_resume_to_the_end,
+            native_client_options(first.uri(scheme), trusted_der=pki.der), ticket, payload)
+    whole_native(before, after, 200)
     assert first.forwards(ForwardOutcome.SENT) == 1
     assert owner.forwards(ForwardOutcome.ACCEPTED) == 1
     assert [pod.posts for pod in pods] == [0, 1, 0]
