@@ -90,7 +90,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from ._fleet import Elsewhere, FleetIdentity
+from ._fleet import Elsewhere, FleetIdentity, ForwardOutcome
 from ._journal import Budget, Journal
 from ._session_ids import SessionIds
 
@@ -252,6 +252,10 @@ class ResumeStats:
     #: Holders of an attached session probed (R8), and those closed for their silence.
     probes_total: int = 0
     probe_failures_total: int = 0
+
+    def count_forward(self, outcome: ForwardOutcome) -> None:
+        """One forward more that ended so (``fleet_forwards``)."""
+        self.fleet_forwards[outcome.value] = self.fleet_forwards.get(outcome.value, 0) + 1
 
 
 class ResumeRecord:

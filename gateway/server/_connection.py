@@ -311,8 +311,7 @@ class Connection:
         if pod is None or outcome is None:
             return
         assert self.registry is not None
-        counts = self.registry.stats.fleet_forwards
-        counts[outcome.value] = counts.get(outcome.value, 0) + 1
+        self.registry.stats.count_forward(outcome)
 
     async def _answer_instead(self, refusal: bytes) -> None:
         with trio.move_on_after(self.limits.write_timeout), contextlib.suppress(

@@ -439,15 +439,14 @@ class GatewayServer:
         task_status.started()
         assert self._connection_nursery is not None
         nursery = self._connection_nursery
-        stats = self.registry.stats.fleet_forwards
+        stats = self.registry.stats
         pending = 0  # connections still sending their header
         last_warning = -math.inf
         quiet = 0  # rejections not logged since the last warning
 
         def rejected(stream: trio.SocketStream, why: str) -> None:
             nonlocal last_warning, quiet
-            stats[ForwardOutcome.REJECTED.value] = stats.get(
-                ForwardOutcome.REJECTED.value, 0) + 1
+            stats.count_forward(ForwardOutcome.REJECTED)
             # A scan or a health check of the fleet port is not worth a line each.
             if trio.current_time() - last_warning < FORWARD_WARNING_INTERVAL:
                 quiet += 1
@@ -474,8 +473,7 @@ class GatewayServer:
                 rejected(stream, "another key, another pod's, a stale or replayed header")
                 await trio.aclose_forcefully(stream)
                 return
-            stats[ForwardOutcome.ACCEPTED.value] = stats.get(
-                ForwardOutcome.ACCEPTED.value, 0) + 1
+            stats.count_forward(ForwardOutcome.ACCEPTED)
             await self._serve_connection(transport, forwarded=True)
 
         def start(stream: trio.SocketStream) -> None:
