@@ -16,9 +16,9 @@ F1. A fleet token is ``ROUTE ‖ SECRET``. The secret is the CSPRNG's (``_resump
         ciphertext = (worker(1) ‖ n(1) ‖ address(n) ‖ zeros) XOR keystream(enc_key, nonce)
         tag        = HMAC-SHA256(route_key, VERSION ‖ nonce ‖ ciphertext)[:16]
 
-    The keystream is HMAC-SHA256(enc_key, nonce ‖ block counter) and the address is
-    padded to ``ADDRESS_PAD`` bytes (an IPv6 pod IP and port fit), so an outsider learns
-    neither the pod's address nor its length nor which tokens share a pod (a fresh
+    The keystream is SHAKE-256(label ‖ enc_key ‖ nonce), as a forward's (F4), and the
+    address is padded to ``ADDRESS_PAD`` bytes (an IPv6 pod IP and port fit), so an
+    outsider learns neither the pod's address nor its length nor which tokens share a pod (a fresh
     nonce per token).
 F2. A route is opened with every accepted key (F3), each tag compared in constant time;
     one that no key authenticates is no fleet's token: never forwarded. (The pod that
@@ -102,6 +102,7 @@ _ROUTE_LABEL = b"nnrp-gateway fleet v1 token route"
 _FORWARD_LABEL = b"nnrp-gateway fleet v1 forward"
 _PROOF_LABEL = b"owner"
 _SEAL_LABEL = b"nnrp-gateway fleet v1 forward seal"
+_ROUTE_STREAM_LABEL = b"nnrp-gateway fleet v1 route seal"
 
 
 def forward_head_size(fields: int) -> int:
@@ -235,12 +236,6 @@ class Route:
     worker: int
 
 
-def _keystream(key: bytes, nonce: bytes, size: int) -> bytes:
-    blocks = (hmac.new(key, nonce + bytes([counter]), hashlib.sha256).digest()
-              for counter in range((size + 31) // 32))
-    return b"".join(blocks)[:size]
-
-
 def _xor(data: bytes, stream: bytes) -> bytes:
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(
         len(data), "big")
@@ -277,7 +272,7 @@ class FleetIdentity:
         nonce = self._random_bytes(NONCE_BYTES)
         address = self._address.ljust(padded(len(self._address)), b"\0")
         plain = bytes([worker, len(self._address)]) + address
-        cipher = _xor(plain, _keystream(key.encryption, nonce, len(plain)))
+        cipher = _xor(plain, _keystream(_ROUTE_STREAM_LABEL, key.encryption, nonce, len(plain)))
         head = bytes([VERSION]) + nonce + cipher
         return head + hmac.new(key.route, head, hashlib.sha256).digest()[:TAG_BYTES] + secret
 
@@ -289,7 +284,7 @@ class FleetIdentity:
         nonce = token[1:1 + NONCE_BYTES]
         start = 1 + NONCE_BYTES
         for key in self.keys.accepted():
-            stream = _keystream(key.encryption, nonce, 2)
+            stream = _keystream(_ROUTE_STREAM_LABEL, key.encryption, nonce, 2)
             length = token[start + 1] ^ stream[1]
             end = start + 2 + padded(length)
             if end + TAG_BYTES > len(token):
@@ -297,7 +292,8 @@ class FleetIdentity:
             tag = hmac.new(key.route, token[:end], hashlib.sha256).digest()[:TAG_BYTES]
             if not hmac.compare_digest(tag, token[end:end + TAG_BYTES]):
                 continue
-            plain = _xor(token[start:end], _keystream(key.encryption, nonce, end - start))
+            plain = _xor(token[start:end], _keystream(_ROUTE_STREAM_LABEL, key.encryption,
+                                                      nonce, end - start))
             try:
                 pod = plain[2:2 + length].decode("utf-8")
             except UnicodeDecodeError:  # authenticated, so only a key shared with a liar
@@ -319,7 +315,8 @@ class FleetIdentity:
         nonce = self._random_bytes(FORWARD_NONCE_BYTES)
         head = (FORWARD_MAGIC + _SENT_MS.pack(int(self._wall_clock() * 1000)) + nonce
                 + _destination(destination) + _SEALED_BYTES.pack(len(client_bytes)) + fields)
-        sealed = head + _xor(client_bytes, _shake(key.encryption, nonce, len(client_bytes)))
+        sealed = head + _xor(client_bytes, _keystream(_SEAL_LABEL, key.encryption, nonce,
+                                                      len(client_bytes)))
         return SealedForward(sealed + hmac.new(key.forward, sealed, hashlib.sha256).digest(),
                              _proof(key, nonce))
 
@@ -354,7 +351,8 @@ class FleetIdentity:
         self._nonces.add(nonce)
         sealed = body[offset + fields:]
         return OpenedForward(body[offset:offset + fields],
-                             _xor(sealed, _shake(key.encryption, nonce, len(sealed))),
+                             _xor(sealed, _keystream(_SEAL_LABEL, key.encryption, nonce,
+                                                     len(sealed))),
                              _proof(key, nonce))
 
 
@@ -379,10 +377,10 @@ def _proof(key: _Key, nonce: bytes) -> bytes:
     return hmac.new(key.forward, _PROOF_LABEL + nonce, hashlib.sha256).digest()
 
 
-def _shake(key: bytes, nonce: bytes, size: int) -> bytes:
-    """The keystream that seals a forward's client bytes (F4): SHAKE-256, an XOF, of a
-    label, the encryption key and the forward's nonce."""
-    return hashlib.shake_256(_SEAL_LABEL + key + nonce).digest(size) if size else b""
+def _keystream(label: bytes, key: bytes, nonce: bytes, size: int) -> bytes:
+    """A keystream of the fleet's encryption key and a nonce (F1 for routes, F4 for a
+    forward's client bytes, each under its own label): SHAKE-256, an XOF."""
+    return hashlib.shake_256(label + key + nonce).digest(size) if size else b""
 
 
 def _destination(advertise: str) -> bytes:
