@@ -43,9 +43,16 @@ def _families(text: str) -> dict[str, tuple[str, str]]:
 
 
 async def _exposition() -> str:
-    os.environ.setdefault("OTEL_TRACES_EXPORTER", "none")  # traced, nothing sent
-    gateway = Gateway(GatewayConfig(metrics=True, otel_traces=True,
-                                    load=LoadSettings(admission=True)))
+    # Traced, nothing sent; and only here: the environment is the caller's (a test run
+    # in-process that left this set would silence every later gateway's exporter).
+    saved = os.environ.get("OTEL_TRACES_EXPORTER")
+    os.environ.setdefault("OTEL_TRACES_EXPORTER", "none")
+    try:
+        gateway = Gateway(GatewayConfig(metrics=True, otel_traces=True,
+                                        load=LoadSettings(admission=True)))
+    finally:
+        if saved is None:
+            del os.environ["OTEL_TRACES_EXPORTER"]
     supervisor = Supervisor(GatewayConfig(metrics=True), 2)
     return (metrics_text(gateway.metrics.registry) + await supervisor.metrics()).decode()
 

@@ -42,12 +42,17 @@ def _scan(tmp_path: Path, receiver: OtlpReceiver) -> None:
     replay = subprocess.Popen([exe, "replay-server", "--listen", f"127.0.0.1:{vllm}",
                                "--api-key", API_KEY], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
+    # The gateway's output goes to a file, not a pipe: nobody reads a pipe while the
+    # test drives the gateway, and a full pipe (debug logs) would block its loop and its
+    # span exporter (both write logs) until the wait below times out.
+    log_path = tmp_path / "gateway.log"
+    log = log_path.open("w")
     gateway = subprocess.Popen(
         [exe, "serve", "--listen", f"tcp://127.0.0.1:{nnrp_port}", "--vllm-url",
          f"http://127.0.0.1:{vllm}", "--admin-listen", f"127.0.0.1:{admin}", "--metrics",
          "--upstream-api-key", API_KEY, "--auth-token", TOKEN, "--log-level", "debug",
          "--otel-traces"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
              "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_TRACES_SAMPLER": "always_on"})
     outputs: list[str] = []
@@ -103,7 +108,9 @@ def _scan(tmp_path: Path, receiver: OtlpReceiver) -> None:
                  what="the four operations' spans")
     finally:
         gateway.terminate()  # the drain sends what is still queued before it exits
-        outputs.append(gateway.communicate(timeout=20)[0])
+        gateway.wait(timeout=20)
+        log.close()
+        outputs.append(log_path.read_text())
         replay.kill()
         replay.wait()
     spans = receiver.taken()
