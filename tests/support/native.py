@@ -67,7 +67,8 @@ def describe(event: Any) -> dict[str, Any]:
 
 
 def poll_once(session: Any, timeout_ms: int = 20) -> list[dict[str, Any]]:
-    return [describe(event) for event in session.poll_events(timeout_ms=timeout_ms)]
+    return [describe(event) for event in session.poll_events(max_events=256,
+                                                             timeout_ms=timeout_ms)]
 
 
 def poll_until(session: Any, done: Callable[[list[dict[str, Any]]], bool],
@@ -76,7 +77,7 @@ def poll_until(session: Any, done: Callable[[list[dict[str, Any]]], bool],
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not done(events):
-        for event in session.poll_events(timeout_ms=20):
+        for event in session.poll_events(max_events=256, timeout_ms=20):
             described = describe(event)
             events.append(described)
             if on_event is not None:

@@ -76,7 +76,9 @@ def _native_round_trips(uri: str, trust: Trust, seconds: float, in_flight: int,
         for _ in range(in_flight):
             submit()
         while time.perf_counter() < end:
-            for event in session.poll_events(timeout_ms=20):
+            # Bounded: an unbounded poll returns only once nothing is pending
+            # (conformance's NATIVE_POLL_BATCH says why).
+            for event in session.poll_events(max_events=256, timeout_ms=20):
                 header = getattr(event, "header", None)
                 if header is not None and header.message_type is MessageType.RESULT_PUSH:
                     latencies.append(time.perf_counter() - started.pop(header.frame_id))

@@ -59,6 +59,11 @@ from ._validate import INCONCLUSIVE, check_case, crossing_window_ms
 #: How long a CANCEL nnrp-py refused as for an inactive operation may wait for that
 #: operation's terminal before the operation counts as lost (``run_native``).
 LOST_OPERATION_WAIT = 2.0
+#: Events taken per poll of nnrp-py's native session. Its ``poll_events`` without
+#: ``max_events`` returns only once nothing more is pending: against a stream that
+#: outpaces the reader it never returns, and no deadline or CANCEL of the loop runs
+#: (a conformance run hung so for minutes behind a long answer).
+NATIVE_POLL_BATCH = 256
 RUNNER_KEYS = ("cancel_after_events", "x_request_id", "x_trace_context", "x_expect_upstream")
 _TERMINALS = {"response.completed": "success", "response.error": "error",
               "response.cancelled": "cancelled"}
@@ -259,7 +264,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
             deadline = time.monotonic() + 60
             done = False
             while not done and time.monotonic() < deadline:
-                batch = session.poll_events(timeout_ms=20)
+                batch = session.poll_events(max_events=NATIVE_POLL_BATCH, timeout_ms=20)
                 for index, event in enumerate(batch):
                     header = getattr(event, "header", None)
                     if header is None or header.frame_id != number:
