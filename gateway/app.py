@@ -46,7 +46,13 @@ from gateway.observe import (
     metrics_route,
     open_tracer,
 )
-from gateway.pipeline import ChatPipeline, PipelineLimits, profile_refusal
+from gateway.pipeline import (
+    ChatPipeline,
+    MediaDelivery,
+    MediaDirectory,
+    PipelineLimits,
+    profile_refusal,
+)
 from gateway.profile import (
     EnvelopeResubmission,
     Listener,
@@ -164,6 +170,9 @@ class GatewayConfig:
     server: ServerConfig = attrs.field(factory=ServerConfig)
     connection: ConnectionLimits = attrs.field(factory=ConnectionLimits)
     pipeline: PipelineLimits = attrs.field(factory=PipelineLimits)
+    #: Media frames reach vLLM as files here (a directory vLLM reads:
+    #: ``--allowed-local-media-path``), not as data URIs (gateway/pipeline/_media.py).
+    media_dir: Path | None = None
     upstream_connect_timeout: float = 2.0
     upstream_pool_size: int = 256
     #: A request waits this long for one of the pool's connections, then is refused as
@@ -220,10 +229,16 @@ class Gateway:
                                     interval=config.load.interval,
                                     source=LoadSource(config.load.source))
             self.metrics.attach_load(self.load)
+        directory = None
+        if config.media_dir is not None:
+            directory = MediaDirectory(config.media_dir)
+            directory.prepare()  # writable, and what a previous run left swept (D4)
+        self.media = MediaDelivery(directory)
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,
                                      pipeline_limits, load=self.load,
                                      admission=self.load is not None,
-                                     on_engine_dead=self.engine_died, tracer=self.tracer)
+                                     on_engine_dead=self.engine_died, tracer=self.tracer,
+                                     media=self.media)
         self.ssl_context = server_context(config.tls) if config.tls else None
         # The runtime tokens negotiation may grant are what this configuration implements;
         # a resubmission after a resume is compared as the profile reads an envelope.

@@ -73,11 +73,13 @@ PUBLIC: dict[str, str] = {
         "split_packets unpack_legacy_descriptors unpack_object_references "
     ),
     "gateway.profile": (
-        "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS Drop END_TABLE ERROR_CAUSES "
-        "EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS Listener NnrpPolicy Outcome "
-        "ProfileError Push RUNTIME_TOKENS EnvelopeResubmission SCHEMA_VERSION Silent TOKEN_COMPLETION "
-        "Terminal capability_document check_typed_body events "
-        "is_token_request parse_envelope runtime_tokens token_prompt "
+        "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS DEFAULT_MAX_ENVELOPE_BYTES "
+        "DEFAULT_MAX_MEDIA_BYTES Drop "
+        "END_TABLE ERROR_CAUSES EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS Listener "
+        "MEDIA_EXTENSIONS MediaFrame MediaPlan MediaSlot NnrpPolicy Outcome ProfileError Push RUNTIME_TOKENS "
+        "EnvelopeResubmission SCHEMA_VERSION Silent SubmitBody TOKEN_COMPLETION "
+        "Terminal capability_document events is_token_request media_frames parse_envelope "
+        "plan_media read_typed_body runtime_tokens sniff token_prompt "
     ),
     "gateway.upstream": (
         "BINDINGS Binding CHAT_PATH ChunkParser ChunkStream Completion ENGINE_DEAD_MESSAGE "
@@ -91,7 +93,8 @@ PUBLIC: dict[str, str] = {
         "to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
-        "ChatPipeline PipelineLimits Translator UpstreamRequest build_request profile_refusal "
+        "ChatPipeline MediaDelivery MediaDirectory PipelineLimits Translator UpstreamRequest "
+        "build_request profile_refusal "
         "token_count traceparent upstream_traceparent "
     ),
     "gateway.server": (
@@ -133,7 +136,7 @@ PUBLIC: dict[str, str] = {
     ),
 }
 #: Modules (not packages) re-export what they import; only their own names are public.
-_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.tools.client", "gateway.tools.cut"})
+_OWN_NAMES_ONLY = frozenset({"gateway.errors", "gateway.tools.cut"})
 
 
 def public_names(module_name: str) -> list[str]:

@@ -5,6 +5,10 @@ from ._handler import (
     PipelineLimits as PipelineLimits,
     profile_refusal as profile_refusal,
 )
+from ._media import (
+    MediaDelivery as MediaDelivery,
+    MediaDirectory as MediaDirectory,
+)
 from ._request import (
     UpstreamRequest as UpstreamRequest,
     build_request as build_request,

@@ -41,6 +41,7 @@ the text-completion path (``_token_completion``, rules in ``gateway.profile._tok
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -53,13 +54,16 @@ from gateway.observe import Tracer, build_record
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    DEFAULT_MAX_MEDIA_BYTES,
     TOKEN_COMPLETION,
     EndCause,
     ProfileError,
-    check_typed_body,
     events as ev,
     is_token_request,
     parse_envelope,
+    plan_media,
+    read_typed_body,
     token_prompt,
 )
 from gateway.upstream import (
@@ -83,6 +87,7 @@ from gateway.upstream import (
     to_profile_error,
 )
 
+from ._media import MediaDelivery
 from ._request import UpstreamRequest, build_request, upstream_headers, upstream_traceparent
 from ._translate import Translator, forces_tool_choice, token_count
 
@@ -98,7 +103,9 @@ class PipelineLimits:
     first_chunk_timeout: float = 120.0
     idle_timeout: float = 60.0
     total_timeout: float | None = None
-    max_envelope_bytes: int = 4 << 20
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+    #: A submit's media frames together (``gateway.profile._media`` rule M1).
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     max_event_bytes: int = 4 << 20
     #: vLLM runs with ``--scheduling-policy priority`` (declared: vLLM cannot be asked).
     priority_scheduling: bool = False
@@ -121,7 +128,8 @@ class ChatPipeline:
                  limits: PipelineLimits | None = None, *,
                  load: LoadMonitor | None = None, admission: bool = False,
                  on_engine_dead: Callable[[], None] | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None,
+                 media: MediaDelivery | None = None) -> None:
         self.client = client
         self.info = info
         self.capabilities = capabilities
@@ -134,6 +142,8 @@ class ChatPipeline:
         #: Tracing: the gateway's span is decided here, with the upstream
         #: request, so the traceparent vLLM gets and the exported span agree.
         self.tracer = tracer
+        #: How a request's media frames reach vLLM (``_media``: data URIs by default).
+        self.media = media or MediaDelivery()
 
     async def __call__(self, op: Operation) -> None:
         notes = op.notes
@@ -142,9 +152,11 @@ class ChatPipeline:
             if is_token_request(op.typed_body):
                 await self._token_completion(op)
                 return
-            envelope = parse_envelope(check_typed_body(op.typed_body, op.body_error),
-                                      max_bytes=self.limits.max_envelope_bytes,
+            submit = read_typed_body(op.typed_body, op.body_error,
+                                     max_media_bytes=self.limits.max_media_bytes)
+            envelope = parse_envelope(submit.envelope, max_bytes=self.limits.max_envelope_bytes,
                                       operations=self.operations)
+            media = plan_media(envelope.body, submit.media, nonce=secrets.token_hex(8))
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.policy.progress:
                 op.enable_progress()
@@ -175,20 +187,24 @@ class ChatPipeline:
             total = self._total_timeout(envelope.policy.timeout_ms)
             completed: bytes | None = None
             with trio.move_on_after(total):
-                if request.stream:
-                    translator = Translator(
-                        info.binding, usage_requested=request.usage_requested,
-                        include_openai_chunk=envelope.policy.include_openai_chunk,
-                        forced_tool_choice=forces_tool_choice(request.body))
-                    body = await self._stream(op, request, translator)
-                    _note_response(op, body)
-                    completed = ev.encode_event(ev.completed(body))
-                else:
-                    # vLLM's body as vLLM sent it: decoded once to be checked and read
-                    # (usage, metrics, the span's names), never encoded again.
-                    answer = await self._unary(op, request.body, request.headers)
-                    _note_response(op, answer.body)
-                    completed = ev.completed_text(answer.text)
+                # The request's media (if any) reach vLLM inside the body or as files
+                # that live as long as this exchange (``_media``).
+                async with self.media.deliver(media, request.body) as content:
+                    if request.stream:
+                        translator = Translator(
+                            info.binding, usage_requested=request.usage_requested,
+                            include_openai_chunk=envelope.policy.include_openai_chunk,
+                            forced_tool_choice=forces_tool_choice(request.body))
+                        body = await self._stream(op, request, translator, content)
+                        _note_response(op, body)
+                        completed = ev.encode_event(ev.completed(body))
+                    else:
+                        # vLLM's body as vLLM sent it: decoded once to be checked and
+                        # read (usage, metrics, the span's names), never encoded again.
+                        answer = await self._unary(op, request.body, request.headers,
+                                                   content=content)
+                        _note_response(op, answer.body)
+                        completed = ev.completed_text(answer.text)
             if completed is None:
                 raise UpstreamTimeout("total", total)
             await self._complete(op, completed)
@@ -319,8 +335,8 @@ class ChatPipeline:
 
     # ------------------------------------------------------------------ upstream
 
-    async def _stream(self, op: Operation, request: UpstreamRequest, translator: Translator
-                      ) -> dict[str, Any]:
+    async def _stream(self, op: Operation, request: UpstreamRequest, translator: Translator,
+                      content: bytes | None = None) -> dict[str, Any]:
         """Events as the chunks arrive; the completed body rebuilt once vLLM is done."""
         limits, notes = self.limits, op.notes
         notes.upstream_started = trio.current_time()
@@ -331,7 +347,7 @@ class ChatPipeline:
                                           first_chunk=limits.first_chunk_timeout,
                                           idle=limits.idle_timeout,
                                           max_event=limits.max_event_bytes,
-                                          holder=SlotHolding(op)) as stream:
+                                          holder=SlotHolding(op), content=content) as stream:
                 notes.upstream_status = 200
                 with op.aborts_upstream(stream.abort):
                     async for batch in stream:
@@ -357,7 +373,7 @@ class ChatPipeline:
         return translator.completed_body()
 
     async def _unary(self, op: Operation, body: dict[str, Any], headers: dict[str, str], *,
-                     path: str = CHAT_PATH) -> Completion:
+                     path: str = CHAT_PATH, content: bytes | None = None) -> Completion:
         """A non-streaming exchange (chat, or the token profile's text completion):
         vLLM's checked answer, its bytes as vLLM sent them and their decoded value."""
         notes = op.notes
@@ -369,7 +385,7 @@ class ChatPipeline:
             # first-chunk clock bounds the whole exchange.
             with trio.move_on_after(self.limits.first_chunk_timeout):
                 answer = await self.client.completion(body, headers, path=path,
-                                                      holder=SlotHolding(op))
+                                                      holder=SlotHolding(op), content=content)
         finally:
             notes.upstream_closed = trio.current_time()
         if answer is None:

@@ -12,15 +12,27 @@ from ._capabilities import (
 from ._envelope import (
     CAPABILITIES_OPERATION as CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS as CHAT_COMPLETIONS,
+    DEFAULT_MAX_ENVELOPE_BYTES as DEFAULT_MAX_ENVELOPE_BYTES,
     KNOWN_OPERATIONS as KNOWN_OPERATIONS,
     SCHEMA_VERSION as SCHEMA_VERSION,
     Envelope as Envelope,
     EnvelopeResubmission as EnvelopeResubmission,
     NnrpPolicy as NnrpPolicy,
-    check_typed_body as check_typed_body,
+    SubmitBody as SubmitBody,
     parse_envelope as parse_envelope,
+    read_typed_body as read_typed_body,
 )
 from ._errors import ProfileError as ProfileError
+from ._media import (
+    DEFAULT_MAX_MEDIA_BYTES as DEFAULT_MAX_MEDIA_BYTES,
+    MEDIA_EXTENSIONS as MEDIA_EXTENSIONS,
+    MediaFrame as MediaFrame,
+    MediaPlan as MediaPlan,
+    MediaSlot as MediaSlot,
+    media_frames as media_frames,
+    plan_media as plan_media,
+    sniff as sniff,
+)
 from ._outcomes import (
     CANCEL_CAUSES as CANCEL_CAUSES,
     END_TABLE as END_TABLE,

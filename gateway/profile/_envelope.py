@@ -26,6 +26,7 @@ import cattrs
 from gateway.nnrp import PayloadKind, ResubmissionRead, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
+from ._media import DEFAULT_MAX_MEDIA_BYTES, MediaFrame, media_frames
 
 SCHEMA_VERSION = "openai-compatible/1"
 CHAT_COMPLETIONS = "chat.completions.create"
@@ -118,14 +119,23 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def check_typed_body(typed_body: TypedBody | None, body_error: str | None) -> bytes:
-    """The frozen request mapping: exactly one STRUCTURED_EVENT frame, profile 0,
-    schema 0/0, SNAPSHOT (nnrp-wire.md section 4). Returns the JSON payload."""
+@attrs.frozen
+class SubmitBody:
+    """What a chat submit carries: the envelope's JSON and its media frames (``_media``)."""
+
+    envelope: bytes = attrs.field(repr=False)
+    media: tuple[MediaFrame, ...] = ()
+
+
+def read_typed_body(typed_body: TypedBody | None, body_error: str | None, *,
+                    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES) -> SubmitBody:
+    """The request mapping: frame 0 is the envelope, a STRUCTURED_EVENT frame, profile 0,
+    schema 0/0, SNAPSHOT (nnrp-wire.md section 4); any frames after it are media, the
+    gateway's extension (``_media`` rule M1)."""
     if typed_body is None:
         raise ProfileError("invalid_submit_body", f"typed body is malformed: {body_error}")
-    if len(typed_body.frames) != 1:
-        raise ProfileError("invalid_submit_body",
-                           f"expected exactly one typed frame, got {len(typed_body.frames)}")
+    if not typed_body.frames:
+        raise ProfileError("invalid_submit_body", "the submit carries no typed frame")
     descriptor, payload = typed_body.frames[0]
     expected = (0, int(PayloadKind.STRUCTURED_EVENT), 0, 0, 0, int(StreamSemantics.SNAPSHOT))
     actual = (descriptor.profile_id, descriptor.payload_kind, descriptor.descriptor_flags,
@@ -133,12 +143,14 @@ def check_typed_body(typed_body: TypedBody | None, body_error: str | None) -> by
     if actual != expected:
         raise ProfileError(
             "invalid_submit_body",
-            "typed frame must be profile 0, STRUCTURED_EVENT, flags 0, schema 0/0, SNAPSHOT; "
+            "typed frame 0 must be profile 0, STRUCTURED_EVENT, flags 0, schema 0/0, SNAPSHOT; "
             f"got profile {actual[0]}, kind {actual[1]:#x}, flags {actual[2]}, "
             f"schema {actual[3]}/{actual[4]}, semantics {actual[5]}")
     if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
         raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
-    return payload
+    if len(typed_body.frames) == 1:
+        return SubmitBody(payload)
+    return SubmitBody(payload, media_frames(typed_body.frames, max_bytes=max_media_bytes))
 
 
 def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,

@@ -282,7 +282,8 @@ class VllmClient:
     @asynccontextmanager
     async def chunks(self, body: dict[str, Any], headers: dict[str, str], *,
                      first_chunk: float, idle: float, max_event: int = DEFAULT_MAX_EVENT,
-                     holder: SlotHolder | None = None) -> AsyncIterator[ChunkStream]:
+                     holder: SlotHolder | None = None, content: bytes | None = None
+                     ) -> AsyncIterator[ChunkStream]:
         """POST a streaming /v1/chat/completions; yield its checked chunks (``_stream``).
 
         ``first_chunk`` bounds the wait for a slot, the status line and the first body
@@ -292,7 +293,7 @@ class VllmClient:
         """
         deadline = trio.current_time() + first_chunk
         async with self._response(body, headers, deadline, first_chunk,
-                                  holder=holder) as response:
+                                  holder=holder, content=content) as response:
             raw = BodyChunks(response, self._pulse)
             stream = ChunkStream(raw, first_chunk_deadline=deadline,
                                  first_chunk_timeout=first_chunk, idle_timeout=idle,
@@ -303,15 +304,15 @@ class VllmClient:
                 await raw.read_trailer()
 
     async def completion(self, body: dict[str, Any], headers: dict[str, str], *,
-                         path: str = CHAT_PATH, holder: SlotHolder | None = None
-                         ) -> Completion:
+                         path: str = CHAT_PATH, holder: SlotHolder | None = None,
+                         content: bytes | None = None) -> Completion:
         """POST a non-streaming completion; the checked answer: ``chat.completion`` from
         /v1/chat/completions, ``text_completion`` from /v1/completions. vLLM answers only
         when it has finished: the caller's scope bounds the wait. The body is read
         whole (one read where it has arrived: ``_transport``), checked as one piece
         (``parse_completion``), and kept as the bytes vLLM sent beside its decoded value."""
         async with self._response(body, headers, math.inf, math.inf, path,
-                                  holder=holder) as response:
+                                  holder=holder, content=content) as response:
             data = await _read_whole(response, MAX_JSON_BODY)
             self._pulse.last = trio.current_time()
             return Completion(data, parse_completion(data, _KINDS[path]))
@@ -319,10 +320,14 @@ class VllmClient:
     @asynccontextmanager
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
                         first_chunk: float, path: str = CHAT_PATH, *,
-                        holder: SlotHolder | None = None) -> AsyncIterator[httpx.Response]:
+                        holder: SlotHolder | None = None, content: bytes | None = None
+                        ) -> AsyncIterator[httpx.Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
-        ``deadline`` (the first-chunk clock, ``first_chunk`` seconds)."""
-        request = self._requests.build(path, json.dumps(body).encode(), headers)
+        ``deadline`` (the first-chunk clock, ``first_chunk`` seconds). ``content``: the
+        body already encoded (a request with media: ``gateway.pipeline._media``)."""
+        if content is None:
+            content = json.dumps(body).encode()
+        request = self._requests.build(path, content, headers)
         response: httpx.Response | None = None
         async with self._slots.checkout(self.config.queue_timeout, holder) as slot:
             with trio.move_on_at(deadline):

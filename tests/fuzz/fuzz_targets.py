@@ -18,7 +18,7 @@ import atheris
 
 with atheris.instrument_imports():
     from gateway import nnrp
-    from gateway.profile import ProfileError, check_typed_body, parse_envelope
+    from gateway.profile import ProfileError, parse_envelope, read_typed_body
     from gateway.transport import quic as _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
     from gateway.upstream._http1 import ProtocolError
@@ -50,7 +50,7 @@ def typed_body(data: bytes) -> None:
     except nnrp.TypedBodyError:
         return
     try:
-        check_typed_body(body, None)
+        read_typed_body(body, None)
     except ProfileError as error:
         assert error.code == "invalid_submit_body"
 

@@ -11,9 +11,9 @@ from gateway import nnrp
 from gateway.profile import (
     EnvelopeResubmission,
     ProfileError,
-    check_typed_body,
     events,
     parse_envelope,
+    read_typed_body,
 )
 
 GOOD = {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
@@ -97,17 +97,20 @@ def _typed(descriptor: nnrp.TypedDescriptor, payload: bytes = b"{}") -> nnrp.Typ
 ])
 def test_typed_body_must_be_the_frozen_mapping(descriptor: nnrp.TypedDescriptor) -> None:
     with pytest.raises(ProfileError) as info:
-        check_typed_body(_typed(descriptor), None)
+        read_typed_body(_typed(descriptor), None)
     assert info.value.code == "invalid_submit_body"
 
 
 def test_typed_body_frame_count_and_parse_errors() -> None:
+    # A second structured frame is no media frame (the media rules: tests/profile/test_media.py).
     two = nnrp.TypedBody((nnrp.TypedFrame(nnrp.TypedDescriptor(), b"{}"),) * 2)
-    with pytest.raises(ProfileError, match="exactly one typed frame"):
-        check_typed_body(two, None)
+    with pytest.raises(ProfileError, match="typed frame 1 must be a whole media frame"):
+        read_typed_body(two, None)
+    with pytest.raises(ProfileError, match="no typed frame"):
+        read_typed_body(nnrp.TypedBody(()), None)
     with pytest.raises(ProfileError, match="prelude"):
-        check_typed_body(None, "prelude body_flags and reserved must be 0")
-    assert check_typed_body(_typed(nnrp.TypedDescriptor(), b"abc"), None) == b"abc"
+        read_typed_body(None, "prelude body_flags and reserved must be 0")
+    assert read_typed_body(_typed(nnrp.TypedDescriptor(), b"abc"), None).envelope == b"abc"
 
 
 def test_error_event_shape_and_status() -> None:

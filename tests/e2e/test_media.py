@@ -1,0 +1,260 @@
+"""Media frames end to end (gateway/profile/_media.py, gateway/pipeline/_media.py): a
+submit carries the envelope and binary frames; vLLM (the replay server, which records
+what it receives) gets the exact bytes as a data URI or as a file in --media-dir, which
+is gone when the operation ends, whatever the end; every refusal leaves the session
+serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import trio
+
+from gateway import nnrp
+from gateway.pipeline import PipelineLimits
+from gateway.tools.client import ClientSession, connect
+from tests.support.media import (
+    AUDIO,
+    OPAQUE,
+    PNG,
+    VIDEO,
+    WAV,
+    data_uri_bytes,
+    image_part,
+    media_submit,
+    sent_content,
+    with_parts,
+)
+from tests.support.native import native_connection, open_session, poll_until
+from tests.support.scenarios import request_for
+from tests.support.stack import Stack, envelope, run_operation, start_stack
+
+STREAM = "stream_pair_plain"
+UNARY = "nonstream_pair_plain"
+
+
+def _media_envelope(scenario: str, *parts: dict[str, Any], tag: str = "media") -> bytes:
+    return envelope(with_parts(request_for(scenario), *parts),
+                    request_id=f"replay:{scenario}:{tag}")
+
+
+async def _submit(session: ClientSession, operation_id: int, payload: bytes,
+                  frames: list[tuple[int, bytes]]) -> tuple[list[Any], Any]:
+    meta, body = media_submit(operation_id, payload, frames)
+    operation = await session.submit_frame(meta, body)
+    with trio.fail_after(10):
+        events = [event async for event in operation.events()]
+    return events[:-1], events[-1]
+
+
+def _final(terminal: Any) -> dict[str, Any]:
+    assert isinstance(terminal, nnrp.ResultReceived), terminal
+    assert terminal.typed_body is not None
+    document: dict[str, Any] = json.loads(terminal.typed_body.frames[0].payload)
+    return document
+
+
+def _posts(stack: Stack) -> list[Any]:
+    return [r for r in stack.replay.requests if r.method == "POST"]
+
+
+async def test_an_image_frame_reaches_vllm_as_its_exact_bytes(stack: Stack,
+                                                              session: ClientSession) -> None:
+    payload = _media_envelope(STREAM, image_part("nnrp:frame/1"),
+                              image_part("nnrp:frame/1;type=image/x-custom"))
+    partials, terminal = await _submit(session, 1, payload, [(OPAQUE, PNG)])
+    assert _final(terminal)["type"] == "response.completed"
+    assert partials
+    (sent,) = _posts(stack)
+    parts = sent_content(sent)
+    assert parts[0] == {"type": "text", "text": "Hello"}
+    assert data_uri_bytes(parts[1]["image_url"]["url"]) == ("image/png", PNG)
+    assert data_uri_bytes(parts[2]["image_url"]["url"]) == ("image/x-custom", PNG)
+    assert b"nnrp:" not in sent.body and b"nnrp-media-" not in sent.body
+
+
+async def test_an_audio_frame_as_input_audio_is_base64_with_its_format(
+        stack: Stack, session: ClientSession) -> None:
+    part = {"type": "input_audio", "input_audio": {"data": "nnrp:frame/1"}}
+    _, terminal = await _submit(session, 1, _media_envelope(UNARY, part), [(AUDIO, WAV)])
+    assert _final(terminal)["type"] == "response.completed"
+    (sent,) = _posts(stack)
+    audio = sent_content(sent)[1]["input_audio"]
+    assert audio["format"] == "wav"
+    assert data_uri_bytes(f"data:audio/wav;base64,{audio['data']}")[1] == WAV
+
+
+def _native_media_request(frames: list[tuple[Any, bytes]], payload: bytes) -> Any:
+    from nnrp.client.transport import (
+        SubmitHeaderContext,
+        SubmitIdentity,
+        SubmitPolicy,
+        SubmitRequest,
+        TypedPayloadInputFrame,
+        TypedPayloadSubmitInput,
+    )
+    from nnrp.core.enums import PayloadKind
+    from nnrp.schema import StreamSemantics
+
+    typed = [TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
+                                    stream_semantics=StreamSemantics.SNAPSHOT)]
+    typed += [TypedPayloadInputFrame(0, kind, data) for kind, data in frames]
+    return SubmitRequest.typed_payload(TypedPayloadSubmitInput(
+        SubmitIdentity(1, 1, SubmitHeaderContext()), SubmitPolicy(), tuple(typed)))
+
+
+async def test_nnrp_pys_native_client_sends_an_image_and_an_audio_frame(stack: Stack) -> None:
+    pytest.importorskip("nnrp.client.native")
+    from nnrp.core.enums import PayloadKind
+
+    payload = _media_envelope(STREAM, image_part("nnrp:frame/1"),
+                              {"type": "audio_url", "audio_url": {"url": "nnrp:frame/2"}},
+                              tag="native")
+    uri = stack.uri()
+
+    def scenario() -> list[dict[str, Any]]:
+        with native_connection("tcp", uri) as connection:
+            session = open_session(connection)
+            session.submit_operation(_native_media_request(
+                [(PayloadKind.OPAQUE_BYTES, PNG), (PayloadKind.AUDIO_CHUNK, WAV)], payload))
+            events = poll_until(session, lambda events: any(
+                e["kind"] == "RESULT_PUSH" for e in events), timeout=15)
+            session.close()
+            return events
+
+    with trio.fail_after(60):
+        events = await trio.to_thread.run_sync(scenario)
+    (result,) = [e for e in events if e["kind"] == "RESULT_PUSH"]
+    assert result["status"] == 200
+    assert result["payload"]["type"] == "response.completed"
+    (sent,) = _posts(stack)
+    parts = sent_content(sent)
+    assert data_uri_bytes(parts[1]["image_url"]["url"]) == ("image/png", PNG)
+    assert data_uri_bytes(parts[2]["audio_url"]["url"]) == ("audio/wav", WAV)
+
+
+@pytest.mark.parametrize(("parts", "frames", "code", "says"), [
+    ([image_part("nnrp:frame/1")], [(OPAQUE, PNG), (OPAQUE, PNG)], "invalid_submit_body",
+     "media frame 2 is not referenced"),
+    ([image_part("nnrp:frame/2")], [(OPAQUE, PNG)], "invalid_body",
+     "messages[0].content[1].image_url.url: nnrp:frame/2 names a media frame"),
+    ([image_part("nnrp:frame/1")], [(AUDIO, WAV)], "invalid_body",
+     "frame 1 is AUDIO; a image part takes OPAQUE"),
+    ([image_part("nnrp:frame/1")], [(OPAQUE, b"what am I")], "invalid_body",
+     "add ;type=TYPE/SUBTYPE"),
+    ([{"type": "video_url", "video_url": {"url": "nnrp:frame/1"}}], [(VIDEO, PNG)],
+     "invalid_body", "frame 1 is image/png; a video part takes video/*"),
+    ([image_part("nnrp:frame/1")], [(OPAQUE, PNG * 200)], "invalid_submit_body",
+     "exceed the 4096-byte limit"),
+])
+async def test_each_refusal_names_its_cause_and_the_session_serves_on(
+        nursery: trio.Nursery, socket_dir: Path, parts: list[dict[str, Any]],
+        frames: list[tuple[int, bytes]], code: str, says: str) -> None:
+    stack = await start_stack(nursery, socket_dir,
+                              pipeline=PipelineLimits(max_media_bytes=4096))
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        _, terminal = await _submit(session, 1, _media_envelope(STREAM, *parts), frames)
+        error = _final(terminal)
+        assert error["type"] == "response.error"
+        assert error["error"]["code"] == code
+        assert says in error["error"]["message"]
+        assert _posts(stack) == []  # refused before vLLM was called
+        outcome = await run_operation(session, envelope(request_for(STREAM)))
+        assert outcome.final is not None and outcome.final["type"] == "response.completed"
+
+
+# ------------------------------------------------------------------ --media-dir
+
+
+@pytest.fixture
+def media_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "media"
+    path.mkdir()
+    (path / "nnrp-media-left-by-a-crash.png").write_bytes(b"old")
+    (path / "someone-elses.txt").write_bytes(b"kept")
+    return path.resolve()
+
+
+def _listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+async def _media_stack(nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> Stack:
+    return await start_stack(nursery, socket_dir, media_dir=media_dir,
+                             pipeline=PipelineLimits(first_chunk_timeout=3.0, idle_timeout=2.0))
+
+
+def _sent_file(stack: Stack) -> Path:
+    (sent,) = _posts(stack)
+    url = sent_content(sent)[1]["image_url"]["url"]
+    assert url.startswith("file:///"), url
+    return Path(urlsplit(url).path)
+
+
+async def test_media_dir_files_live_as_long_as_the_request(
+        nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> None:
+    stack = await _media_stack(nursery, socket_dir, media_dir)
+    # The start swept what an earlier run left, and only that.
+    assert _listing(media_dir) == ["someone-elses.txt"]
+    hold = stack.replay.hold(lambda request: request.method == "POST")
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        meta, body = media_submit(1, _media_envelope(STREAM, image_part("nnrp:frame/1"),
+                                                     image_part("nnrp:frame/1")),
+                                  [(OPAQUE, PNG)])
+        operation = await session.submit_frame(meta, body)
+        with trio.fail_after(5):
+            await stack.replay.wait_for_requests(1)
+        path = _sent_file(stack)
+        assert path.parent == media_dir and path.suffix == ".png"
+        assert path.read_bytes() == PNG  # while vLLM works on it
+        assert oct(path.stat().st_mode & 0o777) == "0o640"
+        (sent,) = _posts(stack)
+        assert sent_content(sent)[2]["image_url"]["url"] == path.as_uri()  # written once
+        hold.release()
+        with trio.fail_after(10):
+            events = [event async for event in operation.events()]
+        assert _final(events[-1])["type"] == "response.completed"
+    assert not path.exists()
+    assert _listing(media_dir) == ["someone-elses.txt"]
+
+
+@pytest.mark.parametrize("end", ["cancel", "vllm_error", "connection_dropped", "drain"])
+async def test_media_dir_files_are_gone_whatever_the_end(
+        nursery: trio.Nursery, socket_dir: Path, media_dir: Path, end: str) -> None:
+    stack = await _media_stack(nursery, socket_dir, media_dir)
+    scenario = "error_400_temperature" if end == "vllm_error" else STREAM
+    hold = stack.replay.hold(lambda request: request.method == "POST",
+                             after=0 if end == "vllm_error" else 1)
+    async with connect(stack.uri()) as client, trio.open_nursery() as background:
+        session = await client.open_session()
+        meta, body = media_submit(1, _media_envelope(scenario, image_part("nnrp:frame/1")),
+                                  [(OPAQUE, PNG)])
+        operation = await session.submit_frame(meta, body)
+        with trio.fail_after(5):
+            await stack.replay.wait_for_requests(1)
+        path = _sent_file(stack)
+        assert path.read_bytes() == PNG
+        if end == "cancel":
+            await operation.cancel()
+        elif end == "vllm_error":
+            hold.release()
+        elif end == "drain":
+            background.start_soon(stack.gateway.drain)
+            hold.release()
+        if end != "connection_dropped":
+            with trio.fail_after(10):
+                events = [event async for event in operation.events()]
+            assert not path.exists()  # gone before the operation's end was sent
+            if end == "vllm_error":
+                assert _final(events[-1])["error"]["code"] == "invalid_backend_request"
+    # connection_dropped: the client left with the request in flight (and vLLM held).
+    with trio.fail_after(10):
+        while path.exists():  # noqa: ASYNC110 - a file, not a trio event
+            await trio.sleep(0.01)
+    assert _listing(media_dir) == ["someone-elses.txt"]
