@@ -56,6 +56,7 @@ from gateway.pipeline import (
 from gateway.profile import (
     EnvelopeResubmission,
     Listener,
+    MediaCapabilities,
     capability_document,
     runtime_tokens,
 )
@@ -413,7 +414,9 @@ class Gateway:
             listeners=tuple(
                 Listener(e.transport, e.uri,
                          self.config.quic_alpn if e.transport == "quic" else None)
-                for e in self.endpoints))
+                for e in self.endpoints),
+            media=MediaCapabilities(max_bytes=self.config.pipeline.max_media_bytes,
+                                    delivery=self.media.mode))
 
     async def run(self, *, task_status: trio.TaskStatus[list[BoundEndpoint]]
                   = trio.TASK_STATUS_IGNORED) -> None:

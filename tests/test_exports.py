@@ -76,7 +76,7 @@ PUBLIC: dict[str, str] = {
         "CANCEL_CAUSES CAPABILITIES_OPERATION CHAT_COMPLETIONS DEFAULT_MAX_ENVELOPE_BYTES "
         "DEFAULT_MAX_MEDIA_BYTES Drop "
         "END_TABLE ERROR_CAUSES EXTENSIONS EndCause EndSpec Envelope KNOWN_OPERATIONS Listener "
-        "MEDIA_EXTENSIONS MediaFrame MediaPlan MediaSlot NnrpPolicy Outcome ProfileError Push RUNTIME_TOKENS "
+        "MEDIA_EXTENSIONS MediaCapabilities MediaFrame MediaPlan MediaSlot NnrpPolicy Outcome ProfileError Push RUNTIME_TOKENS "
         "EnvelopeResubmission SCHEMA_VERSION Silent SubmitBody TOKEN_COMPLETION "
         "Terminal capability_document events is_token_request media_frames parse_envelope "
         "plan_media read_typed_body runtime_tokens sniff token_prompt "

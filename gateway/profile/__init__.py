@@ -6,6 +6,7 @@ from ._capabilities import (
     EXTENSIONS as EXTENSIONS,
     RUNTIME_TOKENS as RUNTIME_TOKENS,
     Listener as Listener,
+    MediaCapabilities as MediaCapabilities,
     capability_document as capability_document,
     runtime_tokens as runtime_tokens,
 )

@@ -25,6 +25,12 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._envelope import CAPABILITIES_OPERATION, CHAT_COMPLETIONS, SCHEMA_VERSION
+from ._media import (
+    DEFAULT_MAX_MEDIA_BYTES,
+    MAX_MEDIA_FRAMES,
+    REFERENCE_FIELDS,
+    SIGNATURES,
+)
 
 
 @attrs.frozen
@@ -80,6 +86,23 @@ class Runtime:
     listeners: tuple[Listener, ...] = ()
 
 
+@attrs.frozen
+class MediaCapabilities:
+    """``gateway.media``: media frames beside the envelope (``_media``'s rules)."""
+
+    #: Where a content part may name a frame, and the reference's form.
+    parts: tuple[str, ...] = tuple(f"{part}.{field}"
+                                   for part, (field, _, _) in REFERENCE_FIELDS.items())
+    reference: str = "nnrp:frame/N[;type=TYPE/SUBTYPE]"
+    frame_kinds: tuple[str, ...] = ("OPAQUE", "AUDIO", "VIDEO")
+    #: The types recognised from the bytes; any other is given with ``;type=``.
+    recognised_types: tuple[str, ...] = tuple(media_type for media_type, _ in SIGNATURES)
+    max_frames: int = MAX_MEDIA_FRAMES
+    max_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    #: How the bytes reach vLLM: "data_uri" or "file" (``--media-dir``).
+    delivery: str = "data_uri"
+
+
 @attrs.frozen(kw_only=True)
 class CapabilityDocument:
     adapter: str
@@ -91,6 +114,7 @@ class CapabilityDocument:
     extensions: tuple[Extension, ...]
     backend: Backend | None = None
     nnrp: Runtime | None = None
+    media: MediaCapabilities | None = None
 
 
 #: The runtime capability tokens this gateway implements (answered in CAPABILITY_NEGOTIATION
@@ -127,6 +151,9 @@ EXTENSIONS = (
     Extension("nnrp.resume_after_sequence", False,
               "on a resubmission after a session resume: the last result_sequence the "
               "client holds; only later results are sent again"),
+    Extension("gateway.media", False,
+              "media as typed frames beside the envelope (OPAQUE, AUDIO, VIDEO), named "
+              "from content parts as nnrp:frame/N; the media block says where and how"),
 )
 
 _converter = cattrs.Converter()
@@ -136,14 +163,15 @@ _converter.register_unstructure_hook(Listener, make_dict_unstructure_fn(
     Listener, _converter, alpn=override(omit_if_default=True)))
 _converter.register_unstructure_hook(CapabilityDocument, make_dict_unstructure_fn(
     CapabilityDocument, _converter, backend=override(omit_if_default=True),
-    nnrp=override(omit_if_default=True)))
+    nnrp=override(omit_if_default=True), media=override(omit_if_default=True)))
 
 
 def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bool,
                         vllm_version: str | None = None, backend_family: str | None = None,
                         backend_evidence: str | None = None,
                         priority_scheduling: bool | None = None,
-                        listeners: tuple[Listener, ...] = ()) -> dict[str, Any]:
+                        listeners: tuple[Listener, ...] = (),
+                        media: MediaCapabilities | None = None) -> dict[str, Any]:
     document = CapabilityDocument(
         adapter=adapter,
         operations=(OperationCapabilities(CHAT_COMPLETIONS, streaming=True, non_streaming=True,
@@ -154,6 +182,7 @@ def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bo
                  if vllm_version is not None else None),
         nnrp=(Runtime("nnrp-1-preview4", tuple(sorted(runtime_tokens(
             priority_scheduling=priority_scheduling))), priority_scheduling, listeners)
-            if priority_scheduling is not None else None))
+            if priority_scheduling is not None else None),
+        media=media)
     data: dict[str, Any] = _converter.unstructure(document)
     return data

@@ -258,3 +258,19 @@ async def test_media_dir_files_are_gone_whatever_the_end(
         while path.exists():  # noqa: ASYNC110 - a file, not a trio event
             await trio.sleep(0.01)
     assert _listing(media_dir) == ["someone-elses.txt"]
+
+
+async def test_the_capability_document_says_how_media_travel(
+        nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> None:
+    by_default = await start_stack(nursery, socket_dir)
+    document = by_default.gateway.capabilities()
+    assert "gateway.media" in [extension["name"] for extension in document["extensions"]]
+    media = document["media"]
+    assert media["delivery"] == "data_uri"
+    assert media["reference"] == "nnrp:frame/N[;type=TYPE/SUBTYPE]"
+    assert "image_url.url" in media["parts"] and "input_audio.data" in media["parts"]
+    assert "image/png" in media["recognised_types"]
+    assert (media["max_bytes"], media["max_frames"]) == (64 << 20, 64)
+    (socket_dir / "files").mkdir()  # a listener of its own for the second gateway
+    with_files = await _media_stack(nursery, socket_dir / "files", media_dir)
+    assert with_files.gateway.capabilities()["media"]["delivery"] == "file"
