@@ -1,0 +1,133 @@
+"""Media delivery's parts alone (gateway/pipeline/_media.py): base64 in slices, the body
+spliced without passing media through json.dumps, the media directory's checks."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, strategies as st
+
+from gateway.errors import ConfigError
+from gateway.pipeline import MediaDelivery, MediaDirectory
+from gateway.pipeline._media import ENCODE_SLICE, FILE_PREFIX, encode_base64, encode_body
+from gateway.profile import MediaFrame, MediaPlan, MediaSlot
+
+PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(100)
+
+
+@pytest.mark.parametrize("size", [0, 1, ENCODE_SLICE - 1, ENCODE_SLICE, ENCODE_SLICE + 1,
+                                  3 * ENCODE_SLICE + 2])
+async def test_base64_in_slices_is_the_whole_encoding(size: int) -> None:
+    data = os.urandom(size)
+    assert b"".join(await encode_base64(data)) == base64.b64encode(data)
+
+
+async def test_a_big_encoding_yields_to_other_tasks_between_slices() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()  # the ticker has run once
+        before = ticks
+        await encode_base64(bytes(8 * ENCODE_SLICE))
+        nursery.cancel_scope.cancel()
+    assert ticks - before >= 7  # it ran between the slices, not only after them
+
+
+@given(st.dictionaries(st.text(max_size=5), st.text(max_size=20), max_size=4),
+       st.lists(st.binary(max_size=50), min_size=1, max_size=4))
+def test_the_spliced_body_is_the_json_of_the_body_with_the_values(
+        extra: dict[str, str], values: list[bytes]) -> None:
+    placeholders = [f"nnrp-media-nonce-{index}" for index in range(len(values))]
+    body = {"model": "m", "extra": extra, "parts": [{"url": p} for p in placeholders]}
+    pieces = {p: [b"data:x/y;base64,", base64.b64encode(v)] for p, v in zip(
+        placeholders, values, strict=True)}
+    decoded = json.loads(encode_body(body, pieces))
+    assert decoded["extra"] == extra
+    assert [part["url"] for part in decoded["parts"]] == [
+        "data:x/y;base64," + base64.b64encode(v).decode() for v in values]
+
+
+def test_without_replacements_the_body_is_plain_json() -> None:
+    assert encode_body({"a": "é"}, {}) == json.dumps({"a": "é"}).encode()
+
+
+def test_the_directory_must_exist_and_be_writable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        MediaDirectory(tmp_path / "missing").prepare()
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a directory"):
+        MediaDirectory(tmp_path / "a-file").prepare()
+    # Root writes through permission bits; /proc/self is a directory no one can write in.
+    with pytest.raises(ConfigError, match="not writable"):
+        MediaDirectory(Path("/proc/self")).prepare()
+
+
+def test_prepare_sweeps_only_its_own_leftovers(tmp_path: Path) -> None:
+    (tmp_path / f"{FILE_PREFIX}1.png").write_bytes(b"x")
+    (tmp_path / f"{FILE_PREFIX}2").write_bytes(b"y")
+    (tmp_path / "keep.png").write_bytes(b"z")
+    assert MediaDirectory(tmp_path).prepare() == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.png"]
+    assert MediaDirectory(tmp_path).prepare() == 0
+
+
+def test_a_written_file_holds_the_bytes_and_is_not_world_readable(tmp_path: Path) -> None:
+    path = MediaDirectory(tmp_path).write(PNG, "image/png")
+    assert path.read_bytes() == PNG
+    assert path.name.startswith(FILE_PREFIX) and path.suffix == ".png"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert MediaDirectory(tmp_path).write(b"?", "application/x-thing").suffix == ".bin"
+
+
+async def test_delivery_writes_each_frame_once_and_removes_it_on_any_exit(tmp_path: Path
+                                                                         ) -> None:
+    plan = MediaPlan((MediaFrame(1, 0x40, PNG),),
+                     (MediaSlot("nnrp-media-n-0", 1, "image/png", False),
+                      MediaSlot("nnrp-media-n-1", 1, "image/png", False),
+                      MediaSlot("nnrp-media-n-2", 1, "audio/wav", True)))
+    body = {"a": "nnrp-media-n-0", "b": "nnrp-media-n-1", "c": "nnrp-media-n-2"}
+    delivery = MediaDelivery(MediaDirectory(tmp_path))
+    assert delivery.mode == "file"
+
+    async def exchange() -> None:
+        async with delivery.deliver(plan, body) as content:
+            assert content is not None
+            sent = json.loads(content)
+            (written,) = _files(tmp_path)
+            assert sent["a"] == sent["b"] == written.as_uri()
+            assert base64.b64decode(sent["c"]) == PNG  # input_audio stays inline
+            raise RuntimeError("vLLM went away")
+
+    with pytest.raises(RuntimeError, match="vLLM went away"):
+        await exchange()
+    assert _files(tmp_path) == []
+
+
+def _files(directory: Path) -> list[Path]:
+    return list(directory.iterdir())
+
+
+async def test_data_uri_delivery_and_a_plan_without_slots() -> None:
+    delivery = MediaDelivery()
+    assert delivery.mode == "data_uri"
+    async with delivery.deliver(MediaPlan(), {"a": 1}) as content:
+        assert content is None  # the client encodes the body as ever
+    plan = MediaPlan((MediaFrame(1, 0x40, PNG),),
+                     (MediaSlot("nnrp-media-n-0", 1, "image/png", False),))
+    async with delivery.deliver(plan, {"url": "nnrp-media-n-0"}) as content:
+        assert content is not None
+        url = json.loads(content)["url"]
+    assert url == "data:image/png;base64," + base64.b64encode(PNG).decode()
