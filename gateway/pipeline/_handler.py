@@ -61,8 +61,8 @@ from gateway.profile import (
     ProfileError,
     events as ev,
     is_token_request,
-    parse_envelope,
     plan_media,
+    read_envelope,
     read_typed_body,
     token_prompt,
 )
@@ -154,9 +154,11 @@ class ChatPipeline:
                 return
             submit = read_typed_body(op.typed_body, op.body_error,
                                      max_media_bytes=self.limits.max_media_bytes)
-            envelope = parse_envelope(submit.envelope, max_bytes=self.limits.max_envelope_bytes,
-                                      operations=self.operations)
-            media = plan_media(envelope.body, submit.media, nonce=secrets.token_hex(8))
+            nonce = secrets.token_hex(8)  # the request's placeholders (_media M7, _literals L2)
+            envelope, cuts = read_envelope(submit.envelope, nonce=nonce,
+                                           max_bytes=self.limits.max_envelope_bytes,
+                                           operations=self.operations)
+            media = plan_media(envelope.body, submit.media, nonce=nonce)
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.policy.progress:
                 op.enable_progress()
@@ -189,7 +191,7 @@ class ChatPipeline:
             with trio.move_on_after(total):
                 # The request's media (if any) reach vLLM inside the body or as files
                 # that live as long as this exchange (``_media``).
-                async with self.media.deliver(media, request.body) as content:
+                async with self.media.deliver(media, request.body, cuts) as content:
                     if request.stream:
                         translator = Translator(
                             info.binding, usage_requested=request.usage_requested,

@@ -19,7 +19,9 @@ D2. **A media directory** (``--media-dir``: a directory vLLM reads, started with
     error, cancel, a dropped connection, a drain), in a shielded cleanup.
 D3. **The body is encoded once**: ``json.dumps`` of the body with its placeholders (the
     body holds no media bytes: it stays small), split at the placeholders and joined
-    with what each stands for. Media bytes never pass through ``json.dumps``.
+    with what each stands for: the media's deliveries, and the long literals cut from a
+    big envelope before it was parsed (``gateway.profile._literals``), as the client
+    wrote them. Media bytes never pass through ``json.dumps``.
 D4. **The directory at start** (``MediaDirectory.prepare``): it must exist and be
     writable (else a ``ConfigError``: one ``error:`` line, exit 2), and files a previous
     run left there (its own prefix only) are removed.
@@ -32,7 +34,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,16 +148,19 @@ class MediaDelivery:
         return "file" if self.directory is not None else "data_uri"
 
     @asynccontextmanager
-    async def deliver(self, plan: MediaPlan, body: dict[str, Any]
-                      ) -> AsyncIterator[bytes | None]:
-        """The encoded request body with the plan's media in it (None: no media, the
-        client encodes the body as ever); files written here are gone on exit."""
-        if not plan.slots:
+    async def deliver(self, plan: MediaPlan, body: dict[str, Any],
+                      cuts: Mapping[str, bytes] | None = None) -> AsyncIterator[bytes | None]:
+        """The encoded request body with the plan's media in it, and the long literals
+        cut from the envelope (``gateway.profile._literals``) back where they were; None
+        when there is neither (the client encodes the body as ever). Files written here
+        are gone on exit."""
+        if not plan.slots and not cuts:
             yield None
             return
         written: list[Path] = []
         try:
-            replacements = await self._replacements(plan, written)
+            replacements = {placeholder: [run] for placeholder, run in (cuts or {}).items()}
+            replacements.update(await self._replacements(plan, written))
             yield encode_body(body, replacements)
         finally:
             if written:

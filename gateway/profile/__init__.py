@@ -21,6 +21,7 @@ from ._envelope import (
     NnrpPolicy as NnrpPolicy,
     SubmitBody as SubmitBody,
     parse_envelope as parse_envelope,
+    read_envelope as read_envelope,
     read_typed_body as read_typed_body,
 )
 from ._errors import ProfileError as ProfileError

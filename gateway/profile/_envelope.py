@@ -26,6 +26,7 @@ import cattrs
 from gateway.nnrp import PayloadKind, ResubmissionRead, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
+from ._literals import cut_long_literals
 from ._media import DEFAULT_MAX_MEDIA_BYTES, MediaFrame, media_frames
 
 SCHEMA_VERSION = "openai-compatible/1"
@@ -157,13 +158,44 @@ def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTE
                    max_depth: int = DEFAULT_MAX_DEPTH,
                    operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})) -> Envelope:
     """Validate a UTF-8 JSON envelope; raise ProfileError with the profile's code."""
+    _check_size(payload, max_bytes)
+    return _validate(_decode(payload), max_depth, operations)
+
+
+def read_envelope(payload: bytes, *, nonce: str,
+                  max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+                  max_depth: int = DEFAULT_MAX_DEPTH,
+                  operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})
+                  ) -> tuple[Envelope, dict[str, bytes]]:
+    """``parse_envelope`` for a chat request: a big envelope's long literals are cut out
+    first and returned beside it (``_literals``: they go to vLLM as they came)."""
+    _check_size(payload, max_bytes)
+    shortened, cuts = cut_long_literals(payload, nonce=nonce)
+    document: Any = None
+    if cuts:
+        try:
+            document = _decode(shortened)
+        except ProfileError:  # a cut that was no string (_literals L3): parse it all
+            cuts = {}
+    if not cuts:
+        document = _decode(payload)
+    return _validate(document, max_depth, operations), cuts
+
+
+def _check_size(payload: bytes, max_bytes: int) -> None:
     if len(payload) > max_bytes:
         raise ProfileError("invalid_body",
                            f"envelope of {len(payload)} bytes exceeds the {max_bytes}-byte limit")
+
+
+def _decode(payload: bytes) -> Any:
     try:
-        document = json.loads(payload.decode("utf-8"))
+        return json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileError("invalid_body", f"envelope is not UTF-8 JSON: {exc}") from exc
+
+
+def _validate(document: Any, max_depth: int, operations: frozenset[str]) -> Envelope:
     if not isinstance(document, dict):
         raise ProfileError("invalid_body", "envelope must be a JSON object")
     if _depth(document, max_depth) > max_depth:

@@ -6,6 +6,7 @@ serving."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import trio
 
 from gateway import nnrp
 from gateway.pipeline import PipelineLimits
+from gateway.profile._literals import CUT_THRESHOLD
 from gateway.tools.client import ClientSession, connect
 from tests.support.media import (
     AUDIO,
@@ -274,3 +276,22 @@ async def test_the_capability_document_says_how_media_travel(
     (socket_dir / "files").mkdir()  # a listener of its own for the second gateway
     with_files = await _media_stack(nursery, socket_dir / "files", media_dir)
     assert with_files.gateway.capabilities()["media"]["delivery"] == "file"
+
+
+async def test_a_big_base64_envelope_reaches_vllm_as_the_client_wrote_it(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """The frozen profile's way: the image as a data URI inside the JSON. Past the cut
+    threshold its base64 is never parsed or re-encoded (gateway/profile/_literals.py),
+    yet vLLM receives the very bytes."""
+    image = PNG * (2 * CUT_THRESHOLD // len(PNG))
+    uri = "data:image/png;base64," + base64.b64encode(image).decode()
+    stack = await start_stack(nursery, socket_dir,
+                              pipeline=PipelineLimits(max_envelope_bytes=8 << 20),
+                              server=nnrp.ServerConfig(max_packet=8 << 20))
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        outcome = await run_operation(session, _media_envelope(STREAM, image_part(uri)))
+    assert outcome.final is not None and outcome.final["type"] == "response.completed"
+    (sent,) = _posts(stack)
+    assert f'"url": "{uri}"'.encode() in sent.body
+    assert data_uri_bytes(sent_content(sent)[1]["image_url"]["url"]) == ("image/png", image)
