@@ -60,14 +60,17 @@ test: lint typecheck unit conformance bench-smoke ## everything CI runs: lint, t
 
 # The quick tier, while working: lint, types, and the tests that open no socket and start
 # no process (the sans-IO layers, the profile, the pipeline's stages, the upstream's
-# parsers, the server's units), the property tests at a tenth of their examples
-# (tests/support/tiers.py). About a minute on the 2-core VM; `make test` runs it all.
+# parsers, the server's units, the transport's URIs and QUIC endpoint), the property
+# tests at a tenth of their examples (tests/support/tiers.py). About a minute on the
+# 2-core VM; `make test` runs it all.
 CHECK_TESTS := tests/nnrp tests/profile tests/pipeline tests/test_errors.py \
   tests/test_layers.py tests/test_exports.py tests/upstream/test_sse.py \
   tests/upstream/test_http1.py tests/upstream/test_http1_differential.py \
   tests/upstream/test_chunk_fast_path.py tests/upstream/test_slots.py \
-  tests/upstream/test_versions_errors.py tests/server/test_units.py \
-  tests/server/test_quic_sansio.py tests/server/test_outbox_fuzz.py
+  tests/upstream/test_versions_errors.py tests/server/test_outbox.py \
+  tests/server/test_operation.py tests/server/test_session.py \
+  tests/server/test_outbox_fuzz.py tests/transport/test_endpoints.py \
+  tests/transport/test_quic_endpoint.py
 check: lint typecheck ## the quick tier: lint, types, the sans-IO and unit tests (a minute)
 	NNRP_TESTS_TIER=check $(BIN)/pytest -q -p no:cacheprovider $(CHECK_TESTS)
 

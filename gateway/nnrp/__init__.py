@@ -3,14 +3,15 @@
 Bytes in, events out: nothing here imports trio or httpx (docs/architecture.md, rule 1).
 
 Layout (h11's): ``_constants`` (registries), ``_layout`` (how a metadata field is
-declared), ``_messages`` (one class per message type), ``_codec`` (header, packets,
-the incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
-machine reports), ``_server`` (a connection: handshake, sessions, the rule table),
-``_server_session`` (one session: operations and results), ``_server_controls`` (the
-runtime controls), ``_objects`` (a session's runtime objects), ``_resumption`` (the
-process's resumable sessions: tokens, windows, caps), ``_journal`` (what a resumable
-session keeps for a replay), ``_session_ids``, ``_client`` (the client's state machine),
-``_errors``.
+declared), ``_messages`` (one class per message type), ``_codec`` (header, packets, the
+incremental decoder), ``_body`` (typed bodies), ``_events`` (what the server state
+machine reports), ``_server`` (a connection: handshake, flow, the rule table),
+``_server_lifecycle`` (its sessions: open, resume, migrate, close), ``_server_session``
+(one session: operations and results), ``_server_operation`` (an operation's record and
+state table), ``_server_controls`` (the runtime controls), ``_objects`` (a session's
+runtime objects), ``_resumption`` (the process's resumable sessions: tokens, windows,
+caps), ``_journal`` (what a resumable session keeps for a replay), ``_session_ids``,
+``_client`` (the client's state machine), ``_errors``.
 """
 
 from ._body import (
@@ -293,11 +294,8 @@ from ._server_config import (
     SameBytes as SameBytes,
     ServerConfig as ServerConfig,
 )
-from ._server_session import (
-    OpState as OpState,
-    ServerSession as ServerSession,
-    SessionState as SessionState,
-)
+from ._server_operation import OpState as OpState
+from ._server_session import ServerSession as ServerSession, SessionState as SessionState
 from ._session_ids import SessionIds as SessionIds
 from ._tokens import (
     KNOWN_TOKENS as KNOWN_TOKENS,

@@ -13,7 +13,7 @@ Rules:
    A gap in the sequence, a frame for an unknown operation, or anything after the
    terminal is a ``RemoteProtocolError``: the server broke the ordering guarantee.
 5. ``close_session()`` sends SESSION_CLOSE; SESSION_CLOSE_ACK ends the session.
-6. Resume (gateway/nnrp/_server.py rule 4): ``open_session(resume=True)`` asks for it;
+6. Resume (gateway/nnrp/_server_lifecycle.py rule 4): ``open_session(resume=True)`` asks for it;
    ``resume_session(session_id, token)`` reopens a session on a new connection;
    ``submit(..., after_sequence=n)`` resubmits an operation whose results up to ``n``
    the client holds, and ``migrate_session`` moves a session here. After a resume or a

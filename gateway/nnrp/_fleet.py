@@ -54,7 +54,7 @@ F4. A forward opens with the client's first bytes sealed::
     and can tell it nothing. The proof comes in the owner's first answer: no round trip
     is added.
 F5. At most one forward per connection: a connection that arrived forwarded is never
-    forwarded again (``_server`` rule 4d); a token it carries that names another pod
+    forwarded again (``_server_lifecycle`` rule 4d); a token it carries that names another pod
     opens nothing there. A fleet cannot loop.
 F6. A fleet's session ids are random (``SessionIds(random_ids=True)``): pods number
     their sessions independently, and two sessions a client holds on two pods are

@@ -2,7 +2,7 @@
 how long a session waits for its client, and what one client may hold.
 
 ``SessionBook`` is the one owner of this state for a whole gateway process: every
-connection's ``ServerConnection`` asks it (``_server`` rule 4), and the I/O layer only
+connection's ``ServerConnection`` asks it (``_server_lifecycle`` rule 4), and the I/O layer only
 runs its timer (``next_deadline`` / ``expire``) and moves bytes. Time is the caller's
 clock (seconds, monotonic); randomness is the caller's source (the OS CSPRNG in
 production). Nothing here imports trio.
@@ -42,7 +42,7 @@ R4. Rotation without loss: every accepted resume or migration issues a new token
     session: the one the client is known to hold, and the newest. The older one is let
     go ``confirm_grace`` seconds after the client shows, on the connection the ACK went
     to, that it holds the newest (its first packet naming the session after the ACK, or
-    a PING: ``_server`` rule 4f, ``confirm``); the grace covers a client that sent that
+    a PING: ``_server_lifecycle`` rule 4f, ``confirm``); the grace covers a client that sent that
     packet before the ACK reached it (pipelining) and then lost the connection.
 R5. Lookups never change anything (``find``); a refused resume or migration (a wrong
     profile, a live holder, a full connection) spends nothing: the same token can try
@@ -68,7 +68,7 @@ R10. Expiry: a session still detached when its window passes ends (``WINDOW``): 
     layer cancels its operations (vLLM aborts). Its id and tokens are forgotten at once.
 R11. Workers and pods: a token that names another worker (its first byte) or, in a
     fleet, another pod (its route, ``_fleet`` F1) is ``Elsewhere`` (``where``,
-    ``find``); the connection is handed there at most once (``_server`` rule 4d), and a
+    ``find``); the connection is handed there at most once (``_server_lifecycle`` rule 4d), and a
     token naming no session where it points is refused there like any other. A fleet
     token that no fleet key authenticates and that this process did not issue (F2), or
     one naming a worker this pod does not have, is refused here.

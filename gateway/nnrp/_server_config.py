@@ -79,6 +79,6 @@ class ServerConfig:
     #: How a resubmission after a resume is compared with its request (the profile's).
     resubmission: ResubmissionRule = attrs.field(factory=SameBytes)
     #: Refused session opens and resumes (bad credentials, a token that opens nothing)
-    #: one connection may make at once, and per second after that (``_server`` rule 4e).
+    #: one connection may make at once, and per second after that (``_server_lifecycle`` rule 4e).
     refusal_burst: int = 8
     refusals_per_second: float = 1.0

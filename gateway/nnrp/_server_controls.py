@@ -121,13 +121,8 @@ from ._messages import (
     TraceContext,
 )
 from ._objects import DELTA_TOKEN, LIFECYCLE_TOKEN, ObjectFault, ObjectRefusal, Released
-from ._server_session import (
-    OpState,
-    PendingDeadline,
-    ServerOperation,
-    ServerSession,
-    diagnostic,
-)
+from ._server_operation import OpState, PendingDeadline, ServerOperation
+from ._server_session import ServerSession, diagnostic
 from ._tokens import pack_tokens, parse_tokens
 
 #: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from ._body import OPENAI_EVENT_FRAME, FrameShape
 from ._constants import DropReason, ErrorCode, ErrorScope, Stage
 from ._errors import LocalProtocolError
-from ._server_session import OpState, recoverable_error
+from ._server_operation import OpState
+from ._server_session import recoverable_error
 
 if TYPE_CHECKING:
     from ._flow import FlowControl

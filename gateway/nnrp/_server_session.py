@@ -51,7 +51,8 @@ Rules (numbered as in ``_server``, whose table routes every message):
       A migration resubmits nothing: what awaited goes on live (``stop_awaiting``).
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
-    this raises ``LocalProtocolError`` and writes nothing (``_OPERATION_TABLE``).
+    this raises ``LocalProtocolError`` and writes nothing (the transitions are
+    ``_server_operation``'s ``OPERATION_TABLE``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,6 @@ import hmac
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
-
-import attrs
 
 from ._body import (
     OPENAI_EVENT_FRAME,
@@ -118,6 +117,14 @@ from ._messages import (
     TraceContext,
 )
 from ._objects import ObjectTable
+from ._server_operation import (
+    OPERATION_TABLE,
+    OpAction,
+    OpState,
+    PendingDeadline,
+    PendingSupersede,
+    ServerOperation,
+)
 
 if TYPE_CHECKING:
     from ._flow import FlowControl
@@ -139,70 +146,6 @@ MAX_RELEASED = 1024
 class SessionState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
-
-
-class OpState(enum.Enum):
-    ACTIVE = "active"
-    #: A SUPERSEDE waits for its replacement: the client counts the operation ended, so
-    #: only its drop (or a cancel) may follow (rules 9, 15).
-    SUPERSEDING = "superseding"
-    CANCELLING = "cancelling"  # a cancel arrived: only RESULT_DROP_REASON may follow
-    DONE = "done"
-
-
-class OpAction(enum.Enum):
-    PARTIAL = "partial"
-    PROGRESS = "progress"
-    RESULT = "result"
-    DROP = "drop"
-    CANCEL = "cancel"
-    HOLD = "hold"  # a SUPERSEDE whose replacement has not arrived
-
-
-#: Operation transitions; a missing entry is a LocalProtocolError (rule 15).
-_OPERATION_TABLE: dict[tuple[OpState, OpAction], OpState] = {
-    (OpState.ACTIVE, OpAction.PARTIAL): OpState.ACTIVE,
-    (OpState.ACTIVE, OpAction.PROGRESS): OpState.ACTIVE,
-    (OpState.ACTIVE, OpAction.RESULT): OpState.DONE,
-    (OpState.ACTIVE, OpAction.DROP): OpState.DONE,
-    (OpState.ACTIVE, OpAction.CANCEL): OpState.CANCELLING,
-    (OpState.ACTIVE, OpAction.HOLD): OpState.SUPERSEDING,
-    (OpState.SUPERSEDING, OpAction.DROP): OpState.DONE,
-    (OpState.SUPERSEDING, OpAction.CANCEL): OpState.CANCELLING,
-    (OpState.CANCELLING, OpAction.DROP): OpState.DONE,
-    (OpState.CANCELLING, OpAction.CANCEL): OpState.CANCELLING,
-}
-
-
-@attrs.define
-class ServerOperation:
-    operation_id: int
-    frame_id: int
-    state: OpState = OpState.ACTIVE
-    sequence: int = 0
-    progress_sequence: int = 0
-    #: The trace the TRACE_CONTEXT before a drop names (the submit's, or a later one).
-    trace_id: int = 0
-    trace_flags: int = 0
-    #: (msg_type, control_sequence) already seen: exact repeats are ignored (rule 6).
-    controls: set[tuple[int, int]] = attrs.field(factory=set)
-    #: While SUPERSEDING: until when (``clock``) it waits for its replacement.
-    held_until: float = 0.0
-    #: Its frames reach no client now: awaiting its resubmission, or muted (rule 5a).
-    quiet: bool = False
-
-
-@attrs.frozen
-class PendingDeadline:
-    frame_id: int
-    deadline_unix_ms: int
-    drop_reason: int
-
-
-@attrs.frozen
-class PendingSupersede:
-    old_operation_id: int
-    diagnostic: bytes
 
 
 def diagnostic(text: str) -> bytes:
@@ -302,7 +245,7 @@ class ServerSession:
         return bool(self.awaiting)
 
     def stop_awaiting(self) -> None:
-        """A migration (``_server`` rule 4c): the client resubmits nothing, so what
+        """A migration (``_server_lifecycle`` rule 4c): the client resubmits nothing, so what
         awaited its resubmission goes on live (its held results are sent again)."""
         journal = self.journal
         for operation_id in list(self.awaiting):
@@ -409,7 +352,7 @@ class ServerSession:
                                              AbandonCause.RESUBMISSION_REFUSED))
 
     def replay_after_frame(self, last_result_frame_id: int) -> Replay:
-        """A migration (``_server`` rule 4c): what the journal holds of the operations on
+        """A migration (``_server_lifecycle`` rule 4c): what the journal holds of the operations on
         frames after the client's last, in frame order, of those that reach the client
         now (not awaiting, not muted). The client gave no position and drops repeats by
         sequence; what was trimmed while attached went out long before."""
@@ -581,7 +524,7 @@ class ServerSession:
         """Rule 7: after a cancel only RESULT_DROP_REASON may end the operation."""
         if operation.state not in (OpState.ACTIVE, OpState.SUPERSEDING):
             return
-        self.set_state(operation, _OPERATION_TABLE[(operation.state, OpAction.CANCEL)])
+        self.set_state(operation, OPERATION_TABLE[(operation.state, OpAction.CANCEL)])
         events.append(OperationCancelled(self.session_id, operation.operation_id,
                                          operation.frame_id, source, reason, diagnostic))
 
@@ -592,7 +535,7 @@ class ServerSession:
         so the adapter is told to stop its work now (``OperationSuperseding``)."""
         self.pending_supersedes[new_operation_id] = PendingSupersede(
             operation.operation_id, diagnostic)
-        self.set_state(operation, _OPERATION_TABLE[(operation.state, OpAction.HOLD)])
+        self.set_state(operation, OPERATION_TABLE[(operation.state, OpAction.HOLD)])
         operation.held_until = self.clock() + self.config.supersede_hold_ms / 1000
         events.append(OperationSuperseding(self.session_id, operation.operation_id,
                                            operation.frame_id))
@@ -603,7 +546,7 @@ class ServerSession:
             raise LocalProtocolError(
                 f"{action.value} for operation {operation_id} of session {self.session_id}, "
                 "which is not in flight")
-        next_state = _OPERATION_TABLE.get((operation.state, action))
+        next_state = OPERATION_TABLE.get((operation.state, action))
         if next_state is None:
             raise LocalProtocolError(
                 f"{action.value} not allowed for operation {operation_id} in state "

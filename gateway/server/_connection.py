@@ -21,7 +21,7 @@ no exception leaves ``Connection.run`` (``Cancelled`` excepted).
 The connection owns the sans-IO protocol state and the outbox; sessions own their
 operations; each operation reaches the wire only through its session's port. A resumable
 session outlives the connection: every decision about it is the sans-IO layer's
-(gateway/nnrp/_resumption.py, gateway/nnrp/_server.py rule 4), and this module carries
+(gateway/nnrp/_resumption.py, gateway/nnrp/_server_lifecycle.py rule 4), and this module carries
 out the events it returns: a session that detached (``_leave``), one resumed or
 migrated here (``_adopt``), replays to write (``OperationResumed``, ``SessionMigrated``),
 operations that end unseen (``OperationAbandoned``), a session another connection took
@@ -655,7 +655,7 @@ class Connection:
 
     def _migrated(self, event: SessionMigrated) -> None:
         """What is held of frames after the client's last goes out, then the session goes
-        on live (rule 4c of gateway.nnrp._server)."""
+        on live (rule 4c of gateway.nnrp._server_lifecycle)."""
         session = self._adopt(event.session_id, resumed=False)
         if event.replay:
             self._replayed(session, None, event.replay, event.replayed_events, None)

@@ -2,7 +2,7 @@
 a session resumes where it is held whichever worker the kernel, or whichever pod the
 load balancer, gave the new connection to.
 
-Rules (gateway/nnrp/_server.py rule 4d; gateway/nnrp/_resumption.py R11;
+Rules (gateway/nnrp/_server_lifecycle.py rule 4d; gateway/nnrp/_resumption.py R11;
 gateway/nnrp/_fleet.py; docs/resume.md, and its "A fleet of gateways"):
 
 1. A connection is relayed only when its first session message is a resume or a

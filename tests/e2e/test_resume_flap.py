@@ -2,7 +2,7 @@
 round trip and resets every 150-600 ms, 3 of 10 runs lost their stream, because any drop
 during the recovery (even before the token was sent) was taken as the server's refusal
 ("the sessions were not resumed (1 attempts: refused: server closed the connection)").
-Now only the server's word ends a session (gateway/tools/client.py, recovery rules 1-5);
+Now only the server's word ends a session (gateway/tools/client/_client.py, recovery rules 1-5);
 ``bench flap`` runs the real ``chat`` command the same way, 20 times."""
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def test_a_resume_naming_both_workers_is_relayed_at_most_once(tmp_path: Path) ->
     with a token naming worker 0, then another naming worker 1, and closes. Before, the
     worker that got the connection relayed it to worker 0, which relayed it back on the
     second token, and so on: the two workers bounced it between them forever (1,200 hops
-    a second). Now a connection is relayed at most once (gateway/nnrp/_server.py rule
-    4d; gateway/server/_relay.py rule 1): each resume gets its answer, and within a
+    a second). Now a connection is relayed at most once (gateway/nnrp/_server_lifecycle.py
+    rule 4d; gateway/server/_relay.py rule 1): each resume gets its answer, and within a
     second of the close no connection is left open, the relay count stays put and the
     workers are idle (their CPU over the next second). Run once on each worker: on
     worker 1 the first token is relayed (once); on worker 0 it is its own, and the

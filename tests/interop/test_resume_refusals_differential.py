@@ -36,7 +36,7 @@ Where they differ:
   nnrp-py 1.0.0rc4 with a server that also serves profile 1). The gateway serves
   profile 0 with schema 0/0 (the new session opens) and refuses because the session was
   opened with another one: a session keeps its profile (preview3 section 11.2: a resume
-  asks for what the session is; gateway/nnrp/_server.py rule 4b).
+  asks for what the session is; gateway/nnrp/_server_lifecycle.py rule 4b).
 * A refusal's ACK, as in tests/interop/test_resume_differential.py: nnrp-py's fills in
   its credit, ``max_in_flight`` and window; the gateway's, granting nothing, has 0 there;
   the diagnostics' words differ. A granting ACK differs in the credit alone.

@@ -1,5 +1,5 @@
 """A fleet of gateways, sans-IO (gateway/nnrp/_fleet.py F1-F6, gateway/nnrp/_resumption.py
-R11, gateway/nnrp/_server.py rule 4d): tokens whose route names the pod, authenticated
+R11, gateway/nnrp/_server_lifecycle.py rule 4d): tokens whose route names the pod, authenticated
 with the fleet's key; forward headers taken once; where a resume is handed, and where it
 is refused without a forward."""
 
@@ -13,7 +13,6 @@ from hypothesis import given, strategies as st
 
 from gateway import nnrp
 from gateway.nnrp._fleet import ADDRESS_PAD, FORWARD_SKEW, ROUTE_OVERHEAD, padded
-from gateway.transport import ListenError, fleet_uri
 from tests.support.resume import Clock, connection, counting_tokens, resume
 from tests.support.wire import of, pk, replies
 
@@ -344,23 +343,3 @@ def test_a_fleets_session_ids_are_random_unique_and_honour_a_request() -> None:
     crowded = nnrp.SessionIds(random_ids=True, randbelow=lambda _: next(draws))
     assert crowded.take(requested=5) == 5
     assert crowded.take() == 1
-
-
-@pytest.mark.parametrize(("advertise", "uri"), [
-    ("10.0.0.1:7702", "tcp://10.0.0.1:7702"),
-    ("fd00::12:7702", "tcp://[fd00::12]:7702"),  # the downward API's IPv6 pod IP
-    ("[fd00::12]:7702", "tcp://[fd00::12]:7702"),
-    ("gateway-0.gateway-fleet:7702", "tcp://gateway-0.gateway-fleet:7702"),
-])
-def test_the_fleet_listener_is_the_advertised_address(advertise: str, uri: str) -> None:
-    assert fleet_uri(advertise) == uri
-
-
-@pytest.mark.parametrize(("advertise", "says"), [
-    ("::1", "is HOST:PORT"), ("pod", "is HOST:PORT"), ("pod:x", "is HOST:PORT"),
-    ("10.0.0.1:0", "fixed port"), ("0.0.0.0:7702", "wildcard"), (":::7702", "wildcard"),
-    ("tcp://10.0.0.1:7702", "not a URL"),
-])
-def test_an_address_other_pods_cannot_reach_is_refused(advertise: str, says: str) -> None:
-    with pytest.raises(ListenError, match=says):
-        fleet_uri(advertise)

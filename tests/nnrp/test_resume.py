@@ -1,5 +1,5 @@
 """Resume and migration in the sans-IO layer (gateway/nnrp/_resumption.py R1-R12,
-gateway/nnrp/_server.py rule 4, gateway/nnrp/_server_session.py rule 5), with the real
+gateway/nnrp/_server_lifecycle.py rule 4, gateway/nnrp/_server_session.py rule 5), with the real
 ``SessionBook``, a clock the test moves and deterministic tokens: what goes on the wire
 for each answer, when a token opens what, and what a resubmission gets.
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gateway import nnrp
-from gateway.nnrp._server import MAX_HAND_OFF_BYTES
+from gateway.nnrp._server_lifecycle import MAX_HAND_OFF_BYTES
 from gateway.transport import READ_SIZE
 from tests.support.resume import (
     RESUMABLE,

@@ -21,7 +21,7 @@ from gateway.server import GatewayServer
 from gateway.tools.client import connect
 from gateway.tools.conformance import break_listener, refuses
 from gateway.tools.replay import ReplayServer
-from gateway.transport import ListenerFailed, ListenError, accept_failure_is_terminal
+from gateway.transport import ListenerFailed, ListenError
 from tests.support.waits import until
 
 if TYPE_CHECKING:
@@ -30,20 +30,6 @@ if TYPE_CHECKING:
 
 def script(**kw: Any) -> bytes:
     return json.dumps(kw).encode()
-
-
-@pytest.mark.parametrize(("error", "terminal"), [
-    (OSError(errno.EMFILE, "Too many open files"), False),
-    (OSError(errno.ENFILE, "File table overflow"), False),
-    (OSError(errno.ENOBUFS, "No buffer space available"), False),
-    (OSError(errno.ENOMEM, "Cannot allocate memory"), False),
-    (OSError(errno.EINVAL, "Invalid argument"), True),  # a shut-down listening socket
-    (OSError(errno.EBADF, "Bad file descriptor"), True),
-    (OSError(errno.ENOTSOCK, "Socket operation on non-socket"), True),
-    (trio.ClosedResourceError(), True),
-])
-def test_which_accept_failures_are_terminal(error: BaseException, terminal: bool) -> None:
-    assert accept_failure_is_terminal(error) is terminal
 
 
 async def test_a_failed_bind_closes_the_listeners_bound_before_it(socket_dir: Path) -> None:

@@ -30,7 +30,7 @@ async def test_an_operation_follows_its_session_off_a_connection_that_no_longer_
     operation waiting for room kept waiting on the old connection's full buffer (up to
     the write timeout). It looks again where its session is now."""
     from gateway import nnrp
-    from gateway.nnrp._server_session import ServerOperation
+    from gateway.nnrp._server_operation import ServerOperation
     from gateway.server._outbox import Outbox
     from gateway.server._session import Session
     from gateway.server._stats import ServerStats

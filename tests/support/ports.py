@@ -1,4 +1,5 @@
-"""An OperationPort that records what an operation sends: operations tested alone."""
+"""An OperationPort that records what an operation sends, and an operation on one: operations
+tested alone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import attrs
 import trio
 
 from gateway.nnrp import OPENAI_EVENT_FRAME, DropReason, FrameShape, Stage
+from gateway.server import Operation
 
 
 @attrs.define
@@ -85,3 +87,13 @@ class RecordingPort:
 
     def paused(self) -> bool:
         return self.unattended and self.at_bound
+
+
+def operation(port: RecordingPort, operation_id: int = 1, **kw: Any) -> Operation:
+    """An operation of connection 1, session 1, on ``port``; ``deadline_unix_ms`` and
+    ``deadline_drop_reason`` as keywords."""
+    return Operation(port, connection_id=1, transport="tcp", session_id=1,
+                     operation_id=operation_id, frame_id=operation_id, typed_body=None,
+                     body_error=None, header_trace_id=0, trace=None,
+                     deadline_unix_ms=kw.pop("deadline_unix_ms", None),
+                     deadline_drop_reason=kw.pop("deadline_drop_reason", 0))

@@ -1,4 +1,5 @@
-"""A real GatewayServer on free ports with a scripted handler (tests/server and tests/interop).
+"""A real GatewayServer on free ports with a scripted handler (tests/server,
+tests/transport and tests/interop).
 
 The handler reads its script from the operation's JSON payload:
 ``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool,

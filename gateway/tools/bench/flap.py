@@ -9,7 +9,7 @@ it passes when it exits 0 and prints exactly what a run on a quiet path prints (
 word once, in order). A first run without resets gives that reference.
 
 What it shows: the client keeps recovering through refused and reset connections and
-cut attempts (gateway/tools/client.py, recovery rules 1-5), and the gateway gives each
+cut attempts (gateway/tools/client/_client.py, recovery rules 1-5), and the gateway gives each
 resumed stream what it missed, once (gateway/nnrp/_resumption.py).
 """
 

@@ -1,14 +1,5 @@
-"""A trio NNRP client: connect, open sessions, submit typed operations, stream events.
-
-    async with connect("tcp://127.0.0.1:7700") as client:
-        session = await client.open_session()
-        operation = await session.submit(envelope_bytes)
-        async for event in operation.events():
-            ...                       # PartialReceived*, then ResultReceived or DropReceived
-        await session.close()
-
-``operation.cancel()`` sends a real CANCEL (or FRAME_CANCEL / ABORT); the terminal
-then arrives as ``DropReceived`` (peer_cancelled).
+"""The connection of the project's NNRP client (``NnrpClient``): its reader, the
+answers to session opens, resumes and migrations, and ``connect``.
 
 Resume (docs/resume.md): ``connect(uri, resume=True)`` opens sessions
 that may outlive their connection. When the connection drops, the client recovers by
@@ -42,14 +33,10 @@ arrives twice. Recovery rules:
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Literal
 
 import attrs
 import trio
@@ -60,17 +47,14 @@ from gateway.nnrp import (
     DropReceived,
     ErrorCode,
     ErrorReceived,
-    FrameSubmit,
     HelloAcked,
     OtherReceived,
     PartialReceived,
     Pong,
-    PressureLevel,
     ProtocolError,
     RepeatReceived,
     ResultReceived,
     RetryAfter,
-    SessionAckFlag,
     SessionCloseAcked,
     SessionMigrateAck,
     SessionOpenAnswered,
@@ -83,276 +67,13 @@ from gateway.transport import (
     connect as connect_transport,
 )
 
-OperationEvent = PartialReceived | ResultReceived | DropReceived
-
-
-@attrs.frozen
-class Trust:
-    """What the tools trust on a TLS endpoint (tcps://, wss://, quic://): the PEM file of
-    ``--ca-file``, or the system's store (None). On tcps and wss the file may hold the
-    server's own certificate, a CA-issued one too, or its CA (partial chains are
-    accepted); on quic, aioquic builds its own store with no such flag: its CA, or the
-    server's certificate when that is self-signed.
-    One file serves every client: an ``ssl.SSLContext`` for tcps/wss, aioquic's own store
-    for quic, DER for nnrp-py's native client. ``auth``: the token the tools' sessions
-    present in SESSION_OPEN (``--auth-token``; nnrp-py's native client has no way to)."""
-
-    ca_file: Path | None = None
-    auth: bytes = attrs.field(default=b"", repr=False)
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        if self.ca_file is None:
-            return None
-        context = ssl.create_default_context(cafile=str(self.ca_file))
-        # The file given as the trust anchor is trusted as one, even when it is a leaf
-        # its CA issued (OpenSSL otherwise wants a self-signed root at the chain's end:
-        # "unable to get local issuer certificate").
-        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-        return context
-
-    def quic(self) -> QuicClientOptions:
-        return QuicClientOptions(ca_file=self.ca_file)
-
-    def certificate_der(self) -> bytes | None:
-        """The file's first certificate, DER (nnrp-py's native QUIC client trusts one)."""
-        if self.ca_file is None:
-            return None
-        text = self.ca_file.read_text()
-        begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
-        if begin not in text:
-            raise ValueError(f"{self.ca_file} holds no PEM certificate")
-        start = text.index(begin)
-        return ssl.PEM_cert_to_DER_cert(text[start:text.index(end, start) + len(end)])
-
-
-class ClientError(Exception):
-    """The server refused something (a session, a submit) or the connection broke.
-    ``retry_later``: the server said to try again (a draining server, a session whose
-    old connection it has not yet seen die), or the connection broke (try again on a new
-    one)."""
-
-    def __init__(self, message: str, *, retry_later: bool = False) -> None:
-        super().__init__(message)
-        self.retry_later = retry_later
-
-
-class ConnectionLost(ClientError):
-    """The connection ended under a request: not an answer, so worth another attempt."""
-
-    def __init__(self, message: str = "server closed the connection") -> None:
-        super().__init__(message, retry_later=True)
-
-
-@attrs.frozen
-class ResumeTicket:
-    """What reopens a session on another connection: its id, its current token (a
-    secret: never printed), and how long the server keeps it after a drop."""
-
-    session_id: int
-    token: bytes = attrs.field(repr=False)
-    window_ms: int
-
-    @classmethod
-    def of(cls, answer: SessionOpenAnswered) -> ResumeTicket | None:
-        ack = answer.ack
-        if not ack.session_flags_ack & SessionAckFlag.RESUME_ENABLED:
-            return None
-        return cls(answer.session_id, answer.diagnostic[:ack.resume_token_bytes],
-                   ack.resume_window_ms)
-
-
-def resubmission(payload: bytes, after: int) -> bytes:
-    """``payload`` declaring the results the client holds (``nnrp.resume_after_sequence``);
-    a payload that is not a JSON object goes as it was (the server then replays from the
-    start and the repeats are dropped here)."""
-    try:
-        document = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return payload
-    if not isinstance(document, dict):
-        return payload
-    policy = document.get("nnrp")
-    document["nnrp"] = {**(policy if isinstance(policy, dict) else {}),
-                        "resume_after_sequence": after}
-    return json.dumps(document).encode()
-
-
-class ClientOperation:
-    """One submitted operation; iterate ``events()`` until its terminal."""
-
-    def __init__(self, session: ClientSession, operation_id: int, frame_id: int,
-                 payload: bytes | None = None) -> None:
-        self.session = session
-        self.operation_id = operation_id
-        self.frame_id = frame_id
-        #: What was submitted (to resubmit it after a resume); None: not resubmittable.
-        self.payload = payload
-        #: The last result_sequence received.
-        self.sequence = 0
-        #: The sequence it held when it was last resubmitted after a resume: the results
-        #: after it came on the new connection (None: never resubmitted).
-        self.resubmitted_after: int | None = None
-        #: The connection state its FRAME_SUBMIT was last encoded for (a recovery that
-        #: resubmitted it on a new connection set this: it is not sent there again).
-        self._submitted_on: ClientConnection | None = None
-        self._send, self._receive = trio.open_memory_channel[OperationEvent | ClientError](4096)
-        self.terminal: ResultReceived | DropReceived | None = None
-        #: Where its terminal came among what the connection received (``received``):
-        #: what came before a PONG was sent before the server read the PING (``ping``).
-        self.terminal_at: int | None = None
-        #: Set when the server said (RETRY_AFTER) when to try this operation again: its
-        #: refusal or failure is recoverable.
-        self.retry_after_ms: int | None = None
-
-    def events(self) -> _OperationEvents:
-        """Partial results in order, then the terminal; ends after the terminal.
-
-        An iterator object rather than an async generator: callers may stop early
-        (``break``) without leaving a suspended generator behind."""
-        return _OperationEvents(self)
-
-    async def cancel(self, how: Literal["cancel", "abort", "frame_cancel"] = "cancel", *,
-                     reason: int = 1, diagnostic: bytes = b"") -> None:
-        client = self.session.client
-        if how == "frame_cancel":
-            data = client.sans_io.frame_cancel(self.session.session_id, self.frame_id)
-        else:
-            data = client.sans_io.cancel(self.session.session_id, self.operation_id,
-                                         frame_id=self.frame_id, reason=reason,
-                                         abort=how == "abort", diagnostic=diagnostic)
-        await client.send(data)
-
-    async def trace_context(self, *, trace_id: int, span_id: int, trace_flags: int = 1,
-                            attributes: bytes = b"") -> None:
-        """Operation-scoped TRACE_CONTEXT (header.frame_id = this operation's frame)."""
-        client = self.session.client
-        await client.send(client.sans_io.trace_context(
-            self.session.session_id, trace_id=trace_id, span_id=span_id,
-            trace_flags=trace_flags, frame_id=self.frame_id, attributes=attributes))
-
-
-class _OperationEvents:
-    def __init__(self, operation: ClientOperation) -> None:
-        self.operation = operation
-
-    def __aiter__(self) -> _OperationEvents:
-        return self
-
-    async def __anext__(self) -> OperationEvent:
-        operation = self.operation
-        if operation.terminal is not None:
-            raise StopAsyncIteration
-        item = await operation._receive.receive()
-        if isinstance(item, ClientError):
-            raise item
-        if isinstance(item, ResultReceived | DropReceived):
-            operation.terminal = item
-        return item
-
-
-class ClientSession:
-    def __init__(self, client: NnrpClient, session_id: int, *,
-                 ticket: ResumeTicket | None = None, auth: bytes = b"") -> None:
-        self.client = client
-        self.session_id = session_id
-        self.operations: dict[int, ClientOperation] = {}
-        self._ids = itertools.count(1)
-        self.closed = trio.Event()
-        #: Set while the session is resumable (rotated on every resume).
-        self.ticket = ticket
-        self._auth = auth
-        #: How many times the session was resumed (or migrated) on a new connection.
-        self.resumes = 0
-        self.migrations = 0
-        #: Frames of the most recent operations that ended (their terminal is held): what
-        #: a migration sends again of them is a repeat (``ClientConnection.adopt_session``).
-        self.ended_frames: deque[int] = deque(maxlen=MAX_ENDED_FRAMES)
-
-    async def submit(self, payload: bytes, *, operation_id: int | None = None,
-                     frame_id: int | None = None, trace_id: int = 0) -> ClientOperation:
-        """FRAME_SUBMIT with one STRUCTURED_EVENT frame holding ``payload``."""
-        number = next(self._ids)
-        operation_id = operation_id or number
-        frame_id = frame_id or number
-        operation = ClientOperation(self, operation_id, frame_id, payload)
-        self.operations[frame_id] = operation
-        await self.client._submit(operation, lambda sans_io: sans_io.submit(
-            self.session_id, operation_id, frame_id, payload, trace_id=trace_id))
-        return operation
-
-    async def resubmit(self, payload: bytes, *, operation_id: int, frame_id: int,
-                       after: int = 0) -> ClientOperation:
-        """After ``resume_session``: an operation of the lost connection again, on its ids,
-        declaring the results it holds (those after ``after`` come; a server may send the
-        held ones again, which are dropped)."""
-        operation = ClientOperation(self, operation_id, frame_id, payload)
-        operation.sequence = operation.resubmitted_after = after
-        self.operations[frame_id] = operation
-        await self.client._submit(operation, lambda sans_io: sans_io.submit(
-            self.session_id, operation_id, frame_id, resubmission(payload, after) if after
-            else payload, after_sequence=after))
-        return operation
-
-    async def submit_frame(self, meta: FrameSubmit, body: bytes, *,
-                           frame_id: int | None = None) -> ClientOperation:
-        """FRAME_SUBMIT with metadata and typed body as given (another profile's request,
-        such as NNRP's token profile)."""
-        frame_id = frame_id or next(self._ids)
-        operation = ClientOperation(self, meta.operation_id, frame_id)
-        self.operations[frame_id] = operation
-        await self.client.send(self.client.sans_io.submit_frame(self.session_id, frame_id,
-                                                                meta, body))
-        return operation
-
-    async def trace_context(self, *, trace_id: int, span_id: int, trace_flags: int = 1,
-                            attributes: bytes = b"") -> None:
-        """Session-default TRACE_CONTEXT (header.frame_id 0)."""
-        await self.client.send(self.client.sans_io.trace_context(
-            self.session_id, trace_id=trace_id, span_id=span_id, trace_flags=trace_flags,
-            attributes=attributes))
-
-    async def backpressure(self, level: PressureLevel, *, operation_id: int = 0) -> None:
-        """BACKPRESSURE (soft, hard, paused) over this session's output."""
-        await self.client.send(self.client.sans_io.backpressure(
-            self.session_id, level, operation_id=operation_id))
-
-    async def credit(self, window: int, *, operation_id: int = 0) -> None:
-        """CREDIT_UPDATE: ``window`` more PARTIAL_RESULTs may come."""
-        await self.client.send(self.client.sans_io.credit_update(
-            self.session_id, window, operation_id=operation_id))
-
-    async def resume(self) -> None:
-        """FLOW_UPDATE resume: output flows again without a window."""
-        await self.client.send(self.client.sans_io.flow_resume(self.session_id))
-
-    async def close(self, *, abort: bool = False) -> None:
-        """SESSION_CLOSE, then wait for SESSION_CLOSE_ACK (bound it with a cancel scope)."""
-        await self.client.send(self.client.sans_io.close_session(self.session_id, abort=abort))
-        await self.closed.wait()
-
-    def resubmissions(self, sans_io: ClientConnection) -> list[bytes]:
-        """After a resume (on the connection ``sans_io`` speaks for): every operation in
-        flight again, declaring what it holds."""
-        packets = []
-        for operation in self.operations.values():
-            payload = operation.payload
-            if payload is None:
-                continue  # not resubmittable (another profile's frame): its results wait
-            operation.resubmitted_after = operation.sequence
-            operation._submitted_on = sans_io
-            packets.append(sans_io.submit(
-                self.session_id, operation.operation_id, operation.frame_id,
-                resubmission(payload, operation.sequence), after_sequence=operation.sequence))
-        return packets
-
+from ._session import ClientError, ClientOperation, ClientSession, ConnectionLost, ResumeTicket
 
 #: Opens a new transport to the same endpoint (reconnecting after a drop).
 Reconnect = Callable[[], Awaitable[PacketTransport]]
 #: The pause after the first failed recovery attempt, doubling up to ``MAX_BACKOFF``.
 MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
-#: Ended operations' frames a session remembers (module rule 3's repeats).
-MAX_ENDED_FRAMES = 1024
 #: How long a client that reconnects by itself tries to open its first session, or to
 #: complete its first hello, over a path that keeps dropping it (no window applies).
 DEFAULT_REOPEN = 10.0
@@ -504,8 +225,8 @@ class NnrpClient:
         lost (repeats are dropped)."""
         assert session.ticket is not None, "only a resumable session carries a token"
         if session.session_id in self.sessions:
-            # The server refuses it too (gateway/nnrp/_server.py rule 4c); asking would
-            # first put the moving session in place of this connection's own.
+            # The server refuses it too (gateway/nnrp/_server_lifecycle.py rule 4c);
+            # asking would first put the moving session in place of this connection's own.
             raise ClientError(f"session {session.session_id} is already open on this "
                               "connection; a session with that id cannot migrate here")
         old = session.client

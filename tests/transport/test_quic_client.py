@@ -131,8 +131,8 @@ async def test_alpn_is_what_the_client_offers(nursery: trio.Nursery, pki: Pki,
 async def test_the_default_listener_accepts_the_spec_alpn_and_none(nursery: trio.Nursery,
                                                                   pki: Pki) -> None:
     """No ``alpn`` given: the spec's nnrp/1 is selected when offered, and a client that
-    offers none (nnrp-py's native client; test_quic.py drives it against this default)
-    is served too (AlpnPolicy: why ANY is the default)."""
+    offers none (nnrp-py's native client; test_quic_listener.py drives it against this
+    default) is served too (AlpnPolicy: why ANY is the default)."""
     gateway = await start_quic_server(nursery, pki)
     assert QuicSettings(TlsConfig(pki.cert, pki.key)).alpn is AlpnPolicy.ANY
     for offer, selected in ((("nnrp/1",), "nnrp/1"), ((), None)):
