@@ -11,6 +11,14 @@ buffers the rest. It validates in the order that bounds memory first: the header
 are checked as soon as 40 bytes are in, *before* any body byte is buffered. Every
 error it raises is fatal to the connection; typed bodies are parsed separately (see
 ``_body``) because their errors are operation-level.
+
+One packet over the configured cap is not a framing error: a FRAME_SUBMIT within the
+protocol's own 64 MiB (section 1: only a bigger packet is fatal). The stream stays in
+step (its length is known), and the connection may carry other streams, so the decoder
+keeps its header and metadata, reads its body and discards it as it arrives (never
+buffered: the cap still bounds memory), and returns it as a packet whose ``discarded``
+says how many body bytes were dropped. The server refuses that one submit
+(``_server_session``); every other stream on the connection goes on.
 """
 
 from __future__ import annotations
@@ -121,6 +129,9 @@ class Packet(NamedTuple):
     view_id: int = 0
     route_id: int = 0
     trace_id: int = 0
+    #: A FRAME_SUBMIT over the decoder's cap: its body's size, read and dropped (the
+    #: module docstring); 0 for every packet that came whole.
+    discarded: int = 0
 
     @property
     def msg_type(self) -> MsgType:
@@ -191,6 +202,10 @@ def encode_openai_submit(session_id: int, frame_id: int, operation_id: int, payl
 RawHeader = tuple[Any, ...]
 
 
+class _OversizedSubmit(Exception):
+    """A FRAME_SUBMIT over the cap, within the protocol's: discarded, not fatal."""
+
+
 def _check_raw_header(values: RawHeader, max_packet: int) -> type[Message]:
     """Header checks on the raw unpacked tuple (no object is built on the hot path)."""
     (magic, version, wire_format, msg_type, header_len, flags, meta_len, body_len) = values[:8]
@@ -216,6 +231,8 @@ def _check_raw_header(values: RawHeader, max_packet: int) -> type[Message]:
             code=ErrorCode.MALFORMED_HEADER)
     total = HEADER_LEN + meta_len + body_len
     if total > max_packet:
+        if cls is FrameSubmit and total <= PROTOCOL_MAX_PACKET:
+            raise _OversizedSubmit
         raise RemoteProtocolError(
             f"{cls.MSG_TYPE.name}: packet of {total} bytes exceeds the {max_packet}-byte limit",
             code=ErrorCode.LIMIT_EXCEEDED)
@@ -240,6 +257,14 @@ def _build(values: RawHeader, cls: type[Message], data: bytes | bytearray | memo
                   values[12])
 
 
+def _build_head(values: RawHeader, cls: type[Message], data: bytes | bytearray | memoryview,
+                offset: int) -> Packet:
+    """An oversized submit's packet: its metadata, no body, the body's size discarded."""
+    message = cls.unpack(data, offset + HEADER_LEN)
+    return Packet(message, values[8], values[9], b"", values[5], values[10], values[11],
+                  values[12], discarded=values[7])
+
+
 def decode_packet(data: bytes | bytearray | memoryview,
                   max_packet: int = DEFAULT_MAX_PACKET) -> Packet:
     """Decode exactly one packet (a WebSocket message); trailing or missing bytes are errors."""
@@ -247,7 +272,13 @@ def decode_packet(data: bytes | bytearray | memoryview,
         raise RemoteProtocolError(f"message of {len(data)} bytes is shorter than a header",
                                   code=ErrorCode.MALFORMED_HEADER)
     values = HEADER.unpack_from(data, 0)
-    cls = _check_raw_header(values, max_packet)
+    try:
+        cls = _check_raw_header(values, max_packet)
+    except _OversizedSubmit:  # a message arrives whole: only the stream decoder skips
+        total = HEADER_LEN + values[6] + values[7]
+        raise RemoteProtocolError(
+            f"FRAME_SUBMIT: packet of {total} bytes exceeds the {max_packet}-byte limit",
+            code=ErrorCode.LIMIT_EXCEEDED) from None
     total = HEADER_LEN + values[6] + values[7]
     if total != len(data):
         raise RemoteProtocolError(f"message of {len(data)} bytes holds a {total}-byte packet",
@@ -275,6 +306,10 @@ class Decoder:
         self.max_packet = max_packet
         self._buffer = bytearray()
         self._pending: tuple[RawHeader, type[Message]] | None = None
+        #: The pending packet is an oversized FRAME_SUBMIT (module docstring).
+        self._oversized = False
+        #: Body bytes of an oversized submit still to be read and dropped.
+        self._discarding = 0
         self._error: RemoteProtocolError | None = None
 
     @property
@@ -303,14 +338,33 @@ class Decoder:
         unpack_header = HEADER.unpack_from
         try:
             while True:
+                if self._discarding:
+                    dropped = min(self._discarding, available - offset)
+                    self._discarding -= dropped
+                    offset += dropped
+                    if self._discarding:
+                        break
                 pending = self._pending
                 if pending is None:
                     if available - offset < HEADER_LEN:
                         break
                     values = unpack_header(source, offset)
-                    pending = (values, _check_raw_header(values, max_packet))
+                    try:
+                        pending = (values, _check_raw_header(values, max_packet))
+                    except _OversizedSubmit:
+                        pending = (values, FrameSubmit)
+                        self._oversized = True
                     self._pending = pending
                 values, cls = pending
+                if self._oversized:
+                    head = HEADER_LEN + values[6]
+                    if available - offset < head:
+                        break
+                    packets.append(_build_head(values, cls, source, offset))
+                    self._pending, self._oversized = None, False
+                    self._discarding = values[7]
+                    offset += head
+                    continue
                 total = HEADER_LEN + values[6] + values[7]
                 if available - offset < total:
                     break

@@ -73,6 +73,7 @@ from ._body import (
 )
 from ._codec import Packet, encode, encode_partial_result
 from ._constants import (
+    HEADER_LEN,
     CacheMissReason,
     ControlReason,
     DropFlag,
@@ -736,6 +737,10 @@ def request_bytes(body: TypedBody | None) -> bytes:
 
 
 def _parse_body(packet: Packet, submit: FrameSubmit) -> tuple[TypedBody | None, str | None]:
+    if packet.discarded:  # over the decoder's cap: read and dropped (``_codec``)
+        size = HEADER_LEN + FrameSubmit.LAYOUT.size + packet.discarded
+        return None, (f"the submit of {size} bytes exceeds this server's packet limit; "
+                      "its body was read and discarded")
     try:
         body = parse_typed_body(packet.body, payload_kind_bitmap=submit.payload_kind_bitmap,
                                 payload_frame_count=submit.payload_frame_count)

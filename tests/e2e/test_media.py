@@ -295,3 +295,28 @@ async def test_a_big_base64_envelope_reaches_vllm_as_the_client_wrote_it(
     (sent,) = _posts(stack)
     assert f'"url": "{uri}"'.encode() in sent.body
     assert data_uri_bytes(sent_content(sent)[1]["image_url"]["url"]) == ("image/png", image)
+
+
+async def test_a_submit_over_the_packet_limit_is_refused_alone(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """Its bytes are read and dropped; the stream beside it on the same connection and
+    session runs to its end, and the session serves the next request."""
+    stack = await start_stack(nursery, socket_dir, server=nnrp.ServerConfig(max_packet=65536))
+    hold = stack.replay.hold(lambda request: request.method == "POST", after=2)
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        streaming = await session.submit(envelope(request_for(STREAM)))
+        with trio.fail_after(5):
+            await stack.replay.wait_for_requests(1)
+        _, terminal = await _submit(session, 50, _media_envelope(
+            STREAM, image_part("nnrp:frame/1")), [(OPAQUE, PNG * 100)])
+        error = _final(terminal)
+        assert error["error"]["code"] == "invalid_submit_body"
+        assert "exceeds this server's packet limit" in error["error"]["message"]
+        hold.release()
+        with trio.fail_after(10):
+            events = [event async for event in streaming.events()]
+        assert _final(events[-1])["type"] == "response.completed"
+        outcome = await run_operation(session, envelope(request_for(UNARY)))
+        assert outcome.final is not None and outcome.final["type"] == "response.completed"
+    assert len(_posts(stack)) == 2  # the refused one never reached vLLM

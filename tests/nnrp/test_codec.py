@@ -136,6 +136,47 @@ def test_size_cap_is_enforced_before_the_body_is_buffered() -> None:
     assert decoder.buffered == 0
 
 
+def _submit(operation_id: int, body: bytes) -> bytes:
+    return nnrp.encode(nnrp.Packet(nnrp.FrameSubmit(
+        operation_id=operation_id, payload_kind_bitmap=0x10, payload_frame_count=1),
+        session_id=3, frame_id=operation_id, body=body))
+
+
+@pytest.mark.parametrize("step", [None, 1, 7, 1000])
+def test_an_oversized_submit_is_discarded_and_the_stream_goes_on(step: int | None) -> None:
+    """Over the cap but within the protocol's 64 MiB: its metadata comes out, its body is
+    dropped as it arrives (never buffered), and the next packets decode as ever."""
+    decoder = nnrp.Decoder(max_packet=1024)
+    big = _submit(7, bytes(5000))
+    stream = PING + big + _submit(8, b"x" * 100) + PING
+    if step is None:
+        packets = decoder.feed(stream)
+    else:
+        packets = []
+        for start in range(0, len(stream), step):
+            packets += decoder.feed(stream[start:start + step])
+            assert decoder.buffered <= 1024  # the cap still bounds what is held
+    assert [p.msg_type for p in packets] == [nnrp.MsgType.PING, nnrp.MsgType.FRAME_SUBMIT,
+                                             nnrp.MsgType.FRAME_SUBMIT, nnrp.MsgType.PING]
+    oversized, whole = packets[1], packets[2]
+    assert (oversized.message.operation_id, oversized.frame_id, oversized.session_id) == (7, 7, 3)
+    assert (oversized.body, oversized.discarded) == (b"", 5000)
+    assert (whole.body, whole.discarded) == (b"x" * 100, 0)
+    assert decoder.buffered == 0 and decoder.error is None
+
+
+def test_other_oversized_packets_and_submits_past_the_protocols_cap_stay_fatal() -> None:
+    with pytest.raises(nnrp.RemoteProtocolError, match="PARTIAL_RESULT: packet of"):
+        nnrp.Decoder(max_packet=1024).feed(nnrp.encode(nnrp.Packet(
+            nnrp.PartialResult(operation_id=1, body_bytes=2000), body=bytes(2000))))
+    past = _patched(_submit(1, b""), 16, "<I", 64 * 1024 * 1024)[:40]
+    with pytest.raises(nnrp.RemoteProtocolError, match="exceeds the 1024-byte limit"):
+        nnrp.Decoder(max_packet=1024).feed(past)
+    # A WebSocket message arrives whole: nothing to spare by skipping it.
+    with pytest.raises(nnrp.RemoteProtocolError, match="FRAME_SUBMIT: packet of"):
+        nnrp.decode_packet(_submit(1, bytes(2000)), max_packet=1024)
+
+
 def test_default_cap_and_protocol_bounds() -> None:
     assert nnrp.Decoder().max_packet == 16 * 1024 * 1024
     with pytest.raises(ValueError, match="max_packet"):
