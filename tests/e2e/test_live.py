@@ -16,27 +16,56 @@ The CPU build that installs on these machines is vLLM 0.32.0, bound as the 0.32.
 
 ``test_live_parity`` is the fidelity rule against the real thing: 50 requests, each sent
 directly over HTTP and through the gateway, answers compared field by field.
+
+Media (issue 36), against a second vLLM serving a tiny random-weight vision model
+(Idefics3: why that class is in deploy/live/make_tiny_vlm.py), run on its own (one vLLM
+at a time on these machines; the text checks skip without their variable):
+
+    HF_HUB_OFFLINE=1 /tmp/real-vllm/venv/bin/python deploy/live/make_tiny_vlm.py \
+        /tmp/real-vllm/tiny-vlm
+    mkdir -p /tmp/vlm-media
+    REAL_VLLM_MODEL=/tmp/real-vllm/tiny-vlm ../shared/tools/real-vllm/serve.sh 8071 \
+        --allowed-local-media-path /tmp/vlm-media &
+    NNRP_GATEWAY_LIVE_VLM_URL=http://127.0.0.1:8071 \
+        NNRP_GATEWAY_LIVE_VLM_MEDIA_DIR=/tmp/vlm-media .venv/bin/pytest -m live -k vlm
+
+An image goes through the gateway as an ``nnrp:frame/1`` media frame, once as a data
+URI and once as a file in ``--media-dir``. The model's text is noise; what is checked
+is that the request completed and that vLLM counted the image's tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
+from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
 from gateway.pipeline import PipelineLimits
 from gateway.tools.client import connect
+from tests.support.media import OPAQUE, image_part, media_submit, with_parts
 from tests.support.stack import chat, envelope, run_operation
 from tests.support.waits import until_async
 
 LIVE_URL = os.environ.get("NNRP_GATEWAY_LIVE_VLLM_URL")
-pytestmark = [pytest.mark.live,
-              pytest.mark.skipif(not LIVE_URL, reason="NNRP_GATEWAY_LIVE_VLLM_URL is not set")]
+#: The vision model's vLLM, and the directory it was started to read
+#: (``--allowed-local-media-path``), which the gateway is given as ``--media-dir``.
+VLM_URL = os.environ.get("NNRP_GATEWAY_LIVE_VLM_URL")
+_media_dir = os.environ.get("NNRP_GATEWAY_LIVE_VLM_MEDIA_DIR")
+VLM_MEDIA_DIR = Path(_media_dir).resolve() if _media_dir else None
+pytestmark = [pytest.mark.live, pytest.mark.skipif(
+    not (LIVE_URL or VLM_URL),
+    reason="neither NNRP_GATEWAY_LIVE_VLLM_URL nor NNRP_GATEWAY_LIVE_VLM_URL is set")]
+needs_text_vllm = pytest.mark.skipif(not LIVE_URL,
+                                     reason="NNRP_GATEWAY_LIVE_VLLM_URL is not set")
 
 
 @pytest.fixture
@@ -69,6 +98,7 @@ async def live_session(live_client: Any) -> Any:
     return gateway, await client.open_session()
 
 
+@needs_text_vllm
 async def test_live_stream_usage_and_completed(live_session: Any) -> None:
     gateway, session = live_session
     assert gateway.info.binding.family == "0.32.x"
@@ -83,6 +113,7 @@ async def test_live_stream_usage_and_completed(live_session: Any) -> None:
     assert outcome.final["body"]["choices"][0]["message"]["content"] == text
 
 
+@needs_text_vllm
 async def test_live_non_streaming_and_errors(live_session: Any) -> None:
     _, session = live_session
     unary = await run_operation(session, envelope(chat("example-model", max_tokens=4)))
@@ -94,6 +125,7 @@ async def test_live_non_streaming_and_errors(live_session: Any) -> None:
     assert bad.final["diagnostics"]["backend_status"] == 400
 
 
+@needs_text_vllm
 async def test_live_cancel_mid_stream(live_session: Any) -> None:
     _, session = live_session
     operation = await session.submit(envelope(chat("tiny", stream=True, max_tokens=400,
@@ -158,6 +190,7 @@ def _fields(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in ("id", "created", "metrics")}
 
 
+@needs_text_vllm
 async def test_live_parity(live_session: Any) -> None:
     assert LIVE_URL is not None
     _, session = live_session
@@ -195,9 +228,9 @@ async def test_live_parity(live_session: Any) -> None:
     print(json.dumps({"compared": compared}))
 
 
+@needs_text_vllm
 async def test_live_token_profile(live_session: Any) -> None:
     """NNRP's token profile against a real vLLM: a text completion of the chunks."""
-    from gateway import nnrp
     from gateway.tools.conformance import runner_token_submit
 
     _, session = live_session
@@ -220,6 +253,7 @@ async def _admission_rejections(http: httpx.AsyncClient) -> float:
                if line.startswith("vllm:admission_rejections_total{"))
 
 
+@needs_text_vllm
 async def test_live_vllm_refusals_are_retry_hints_and_nothing_is_lost(live_client: Any
                                                                       ) -> None:
     """12 concurrent operations (half streamed) against one running slot and three
@@ -227,8 +261,6 @@ async def test_live_vllm_refusals_are_retry_hints_and_nothing_is_lost(live_clien
     refusal reaches the client as backend_overload with ERROR_RECOVERABLE + RETRY_AFTER,
     every operation ends exactly once, and vLLM's own count of refusals is the
     gateway's."""
-    from gateway import nnrp
-
     assert LIVE_URL is not None
     _, records, client = live_client
     async with httpx.AsyncClient(base_url=LIVE_URL, timeout=30) as http:
@@ -267,6 +299,7 @@ async def test_live_vllm_refusals_are_retry_hints_and_nothing_is_lost(live_clien
     )}))
 
 
+@needs_text_vllm
 async def test_live_per_request_metrics_reach_the_record_and_the_body(live_client: Any
                                                                       ) -> None:
     _, records, client = live_client
@@ -297,6 +330,7 @@ async def _long_stream_running(session: Any) -> Any:
     return operation, events
 
 
+@needs_text_vllm
 async def test_live_keep_alive_comments_change_nothing_for_a_slow_stream(
         live_client: Any) -> None:
     """Queued behind a running 400-token stream, a stream waits seconds for its first
@@ -324,6 +358,7 @@ async def _at_least(value: Any, minimum: float) -> bool:
     return bool(await value() >= minimum)
 
 
+@needs_text_vllm
 async def test_live_priority_header_is_sent_and_honoured(live_client: Any) -> None:
     """Behind a running stream, a background operation (priority +10) queued first and an
     interactive one (-10) queued second: vLLM, scheduling by priority from the gateway's
@@ -377,6 +412,7 @@ async def test_live_priority_header_is_sent_and_honoured(live_client: Any) -> No
     assert finished["interactive"] < finished["background"]
 
 
+@needs_text_vllm
 def test_live_bench_streams_sets_the_gateways_cpu_beside_the_api_servers() -> None:
     """Issue 25's last row against the real thing: two streams (the tier's vLLM admits
     three unfinished requests), the API server found as its listening socket's owner."""
@@ -402,3 +438,89 @@ def test_live_bench_streams_sets_the_gateways_cpu_beside_the_api_servers() -> No
     versus = figures["events per SSE chunk, 2 streams, real vLLM"]
     assert 0 < versus["value"] < 1
     assert "chunks a request carry no text" in versus["spread"]
+
+
+# --------------------------------------------------------------------------- issue 36
+# An image as a media frame, to the vision model's vLLM (module docstring).
+
+def _png(width: int, height: int) -> bytes:
+    """A real (decodable) RGB PNG, a gradient, made with the standard library."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    rows = b"".join(b"\x00" + b"".join(bytes((x * 4 % 256, y * 4 % 256, 128))
+                                        for x in range(width)) for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
+async def _vlm_gateway(nursery: trio.Nursery, media_dir: Path | None) -> tuple[Gateway, Any]:
+    if VLM_URL is None:
+        pytest.skip("NNRP_GATEWAY_LIVE_VLM_URL is not set")
+    gateway = Gateway(GatewayConfig(listen=("tcp://127.0.0.1:0",), vllm_url=VLM_URL,
+                                    probe_interval=0.2, media_dir=media_dir))
+    endpoints = await nursery.start(gateway.run)
+    with trio.fail_after(60):
+        await gateway.probed.wait()
+    return gateway, endpoints[0].uri
+
+
+async def _image_against_text(uri: str, *, stream: bool) -> tuple[dict[str, Any],
+                                                                  dict[str, Any]]:
+    """The same request without and with an image (an ``nnrp:frame/1`` OPAQUE frame):
+    both answers' final documents."""
+    extra: dict[str, Any] = {"max_tokens": 4}
+    if stream:
+        extra.update(stream=True, stream_options={"include_usage": True})
+    async with connect(uri) as client:
+        session = await client.open_session()
+        with trio.fail_after(120):
+            text = await run_operation(session, envelope(chat("tiny", **extra)))
+            meta, body = media_submit(101, envelope(with_parts(
+                chat("tiny", **extra), image_part("nnrp:frame/1"))), [(OPAQUE, _png(64, 48))])
+            operation = await session.submit_frame(meta, body)
+            events = [event async for event in operation.events()]
+    assert text.final is not None
+    terminal = events[-1]
+    assert isinstance(terminal, nnrp.ResultReceived), terminal
+    assert terminal.typed_body is not None
+    image: dict[str, Any] = json.loads(terminal.typed_body.frames[0].payload)
+    return text.final, image
+
+
+def _media_files(directory: Path) -> list[Path]:
+    return list(directory.glob("nnrp-media-*"))
+
+
+def _usage(final: dict[str, Any]) -> dict[str, Any]:
+    assert final["type"] == "response.completed", final
+    usage: dict[str, Any] = final["body"]["usage"]
+    return usage
+
+
+async def test_live_vlm_image_frame_as_a_data_uri(nursery: trio.Nursery) -> None:
+    gateway, uri = await _vlm_gateway(nursery, None)
+    assert gateway.capabilities()["media"]["delivery"] == "data_uri"
+    text, image = await _image_against_text(uri, stream=False)
+    without, with_image = _usage(text), _usage(image)
+    assert image["body"]["choices"][0]["finish_reason"] == "length"
+    # vLLM put the image's 64 tokens (and the three around them) in the prompt.
+    assert with_image["prompt_tokens"] >= without["prompt_tokens"] + 64
+    print(json.dumps({"delivery": "data_uri", "prompt_tokens_without": without[
+        "prompt_tokens"], "prompt_tokens_with_image": with_image["prompt_tokens"]}))
+
+
+async def test_live_vlm_image_frame_through_the_media_dir(nursery: trio.Nursery) -> None:
+    if VLM_MEDIA_DIR is None:
+        pytest.skip("NNRP_GATEWAY_LIVE_VLM_MEDIA_DIR is not set")
+    gateway, uri = await _vlm_gateway(nursery, VLM_MEDIA_DIR)
+    assert gateway.capabilities()["media"]["delivery"] == "file"
+    text, image = await _image_against_text(uri, stream=True)
+    without, with_image = _usage(text), _usage(image)
+    assert with_image["prompt_tokens"] >= without["prompt_tokens"] + 64
+    # vLLM read the file while the request lived; it is gone now.
+    assert not _media_files(VLM_MEDIA_DIR)
+    print(json.dumps({"delivery": "file", "prompt_tokens_without": without["prompt_tokens"],
+                      "prompt_tokens_with_image": with_image["prompt_tokens"]}))
