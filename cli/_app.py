@@ -209,10 +209,16 @@ def _metavar(param: Any) -> str:
     return {int: "N", float: "NUMBER"}.get(annotation, "TEXT")
 
 
+def _default(param: Any, ctx: Any) -> Any:
+    """The default the option has now: ``serve``'s are read lazily from the gateway's
+    config classes (cli/_options.py), so a callable default is called."""
+    return param.get_default(ctx, call=True)
+
+
 def _default_text(param: Any, ctx: Any) -> str | None:
-    if param.is_flag or (param.multiple and not param.default):
+    default = _default(param, ctx)
+    if param.is_flag or (param.multiple and not default):
         return None
-    default = param.get_default(ctx, call=False)
     if default is None or default == "":
         return None
     if isinstance(default, (list, tuple)):
@@ -227,7 +233,7 @@ def _option_record(param: Any, ctx: Any) -> tuple[str, str] | None:
     ``--usage / --no-usage`` for one that is on (its help says what "on" does)."""
     if param.hidden or param.param_type_name != "option":
         return None
-    if param.is_flag and param.secondary_opts and param.default:
+    if param.is_flag and param.secondary_opts and _default(param, ctx):
         names = f"{', '.join(param.opts)} / {', '.join(param.secondary_opts)}"
     else:
         names = ", ".join(sorted(param.opts, key=len))
@@ -237,7 +243,7 @@ def _option_record(param: Any, ctx: Any) -> tuple[str, str] | None:
     default = _default_text(param, ctx)
     if default is not None:
         extra.append(f"default: {default}")
-    elif param.is_flag and param.default:
+    elif param.is_flag and _default(param, ctx):
         extra.append("default: on")
     if param.required:
         extra.append("required")

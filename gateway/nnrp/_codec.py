@@ -291,7 +291,7 @@ class Decoder:
 
     Args:
         max_packet: largest packet accepted (header + metadata + body). Defaults to
-            16 MiB; never more than the protocol's 64 MiB.
+            the protocol's 64 MiB (``DEFAULT_MAX_PACKET``); never more.
 
     Error handling: the first invalid packet raises ``RemoteProtocolError`` and the
     decoder stays broken (every later ``feed`` raises the same error): after a

@@ -15,8 +15,10 @@ HEADER_LEN = 40
 
 #: Largest packet the protocol allows (section 1); a bigger one is fatal.
 PROTOCOL_MAX_PACKET = 64 * 1024 * 1024
-#: Our default cap: generous for JSON envelopes, small enough to bound memory per connection.
-DEFAULT_MAX_PACKET = 16 * 1024 * 1024
+#: Our default cap: a submit may carry up to the protocol's largest packet (heavy media:
+#: docs/media.md); a connection buffers at most one packet (an oversized submit is
+#: discarded as it arrives: ``_codec``), so memory is this times the connections at most.
+DEFAULT_MAX_PACKET = PROTOCOL_MAX_PACKET
 
 
 class MsgType(IntEnum):

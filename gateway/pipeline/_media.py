@@ -99,6 +99,11 @@ class MediaDirectory:
 
     def prepare(self) -> int:
         """D4: check the directory and sweep what a previous run left; the count swept."""
+        self.check()
+        return self.sweep()
+
+    def check(self) -> None:
+        """D4: a directory this process can write in, or a ``ConfigError`` saying not."""
         if not self.path.is_dir():
             raise ConfigError(f"--media-dir {self.path}: not a directory")
         probe = self.path / f"{FILE_PREFIX}probe-{secrets.token_hex(8)}"
@@ -108,6 +113,9 @@ class MediaDirectory:
         except OSError as exc:
             raise ConfigError(f"--media-dir {self.path}: not writable "
                               f"({exc.strerror or exc})") from None
+
+    def sweep(self) -> int:
+        """D4: remove the files a previous run left (this prefix only); the count."""
         swept = 0
         for leftover in self.path.glob(f"{FILE_PREFIX}*"):
             try:

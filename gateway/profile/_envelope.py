@@ -37,7 +37,7 @@ KNOWN_OPERATIONS = frozenset({CHAT_COMPLETIONS, "responses.create", "models.list
 #: The gateway's own extension operation: the capability document over NNRP.
 CAPABILITIES_OPERATION = "gateway.capabilities"
 
-DEFAULT_MAX_ENVELOPE_BYTES = 4 << 20
+DEFAULT_MAX_ENVELOPE_BYTES = 64 << 20  # big base64 stays off the parse (_literals)
 DEFAULT_MAX_DEPTH = 64
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 

@@ -178,7 +178,7 @@ def test_other_oversized_packets_and_submits_past_the_protocols_cap_stay_fatal()
 
 
 def test_default_cap_and_protocol_bounds() -> None:
-    assert nnrp.Decoder().max_packet == 16 * 1024 * 1024
+    assert nnrp.Decoder().max_packet == 64 * 1024 * 1024
     with pytest.raises(ValueError, match="max_packet"):
         nnrp.Decoder(max_packet=64 * 1024 * 1024 + 1)
 

@@ -1,6 +1,15 @@
 """Conformance: the suite-owned openai-compatible/1 recipes over the wire, the wire
 scenarios, the host-route server scenarios (the target and the runner's side), the
-project's own recipes, and the wire target manifest."""
+project's own recipes, and the wire target manifest (``gateway.manifest``, which
+``serve`` writes, re-exported)."""
+
+from gateway.manifest import (
+    WILDCARD_HOSTS as WILDCARD_HOSTS,
+    ManifestError as ManifestError,
+    host_route_providers as host_route_providers,
+    target_manifest as target_manifest,
+    write_atomically as write_atomically,
+)
 
 from ._host_route import (
     break_listener as break_listener,
@@ -15,13 +24,6 @@ from ._host_route_runner import (
     run_host_route_case as run_host_route_case,
     select_host_routes as select_host_routes,
     validate_route as validate_route,
-)
-from ._manifest import (
-    WILDCARD_HOSTS as WILDCARD_HOSTS,
-    ManifestError as ManifestError,
-    host_route_providers as host_route_providers,
-    target_manifest as target_manifest,
-    write_atomically as write_atomically,
 )
 from ._native import (
     CA_ANCHOR_REFUSED as CA_ANCHOR_REFUSED,

@@ -60,9 +60,8 @@ import attrs
 import trio
 
 from gateway.app import Gateway, GatewayConfig
+from gateway.manifest import PROVIDERS, SECURITY_MODES, SUITE_VERSION, write_atomically
 from gateway.transport import ListenError, TlsConfig, parse_endpoint
-
-from ._manifest import PROVIDERS, SECURITY_MODES, SUITE_VERSION, write_atomically
 
 PROTOCOL_VERSION = "nnrp-1-preview4"
 #: What each step of a server scenario is, and the terminal it ends with (module table).

@@ -69,10 +69,10 @@ from typing import Any
 import trio
 
 from gateway import nnrp
+from gateway.manifest import SUITE_VERSION, transport_of
 from gateway.tools.client import Trust
 from gateway.transport import PacketTransport, connect as connect_transport
 
-from ._manifest import SUITE_VERSION, transport_of
 from ._suite import load_json, suite_dir
 from ._validate import INCONCLUSIVE, crossing_window_ms
 

@@ -1,4 +1,6 @@
-"""The wire target manifest (schema ``wire-conformance-target``) a suite runner polls for.
+"""The wire target manifest (schema ``wire-conformance-target``) a suite runner polls for:
+what ``serve --target-manifest`` writes once its listeners are bound (stdlib only; the
+conformance tools, ``gateway.tools.conformance``, read it and re-export it).
 
 Rules from the schema, per listener scheme:
 
@@ -14,7 +16,7 @@ Rules from the schema, per listener scheme:
 The schema's ``transports`` hold tcp with ``tls: false`` only; TLS over TCP has one form
 there, the tcp provider of ``host_route_providers`` with the ``tls_server_auth`` mode,
 which is where a tcps listener is listed (and which the host-route scenarios run:
-``_host_route``).
+gateway/tools/conformance/_host_route.py).
 
 The security block names DER files: the runner trusts ``trusted_certificate_der_path`` and
 checks ``server_name``. They are written next to the manifest from the serving PEM files:
@@ -31,8 +33,8 @@ listener bound on a wildcard address is written with that name as its host too (
 Capabilities: the openai-compatible level-1 wire profile, the runtime tokens the server
 implements (``ServerConfig.runtime_tokens``: the list capability negotiation grants and
 ``gateway.capabilities`` publishes), ``host.routes`` with the four providers the gateway
-binds (``host_route_providers``: the server-role scenarios ``_host_route`` runs), and
-``extension.<name>`` for each declared profile extension of the capability document
+binds (``host_route_providers``: the server-role scenarios the conformance tools run),
+and ``extension.<name>`` for each declared profile extension of the capability document
 (all non-critical: clients may ignore them).
 """
 
