@@ -211,6 +211,10 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     {{- end }}
     {{- end }}
     {{- end }}
+    {{- if .Values.media.enabled }}
+    - --media-dir
+    - {{ .Values.media.mountPath | quote }}
+    {{- end }}
     {{- range .Values.gateway.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -339,6 +343,10 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     - name: fleet-key
       mountPath: {{ include "nnrp-vllm-gateway.fleetKeyFile" . | dir }}
       readOnly: true
+    {{- end }}
+    {{- if .Values.media.enabled }}
+    - name: media
+      mountPath: {{ .Values.media.mountPath }}
     {{- end }}
     {{- with .Values.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
