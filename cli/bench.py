@@ -42,17 +42,25 @@ SAID = {"met": "met", "not met": "NOT MET", "not measurable": "not measurable he
 
 
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None, *,
-            end_with_verdict: bool = True) -> None:
+            end_with_verdict: bool = True, notes: tuple[str, ...] = (),
+            details: dict[str, Any] | None = None) -> None:
     """``figures`` as a table (or, with ``as_json``, a document), ending with the verdict
     line unless ``end_with_verdict`` is False (``bench run`` prints one for all its
-    scenarios)."""
+    scenarios); ``notes`` are printed above the table, ``details`` (the raw samples) go
+    into the document only."""
     from gateway.tools.bench.stats import tally, verdict
 
-    document = {"scenario": scenario, "machine": _machine(),
-                "figures": [figure.as_dict() for figure in figures],
-                "verdict": {**tally(figures), "line": verdict(figures)}}
+    document: dict[str, Any] = {"scenario": scenario, "machine": _machine(),
+                                "figures": [figure.as_dict() for figure in figures],
+                                "verdict": {**tally(figures), "line": verdict(figures)}}
+    if notes:
+        document["notes"] = list(notes)
+    if details:
+        document["details"] = details
     if _written(document, out, f"{scenario}.json", as_json):
         return
+    for note in notes:
+        typer.echo(note)
     typer.echo(f"{'figure':<80} {'value':>13}  {'goal':>10}  {'verdict':<19}  baseline")
     for figure in figures:
         goal = "" if figure.goal is None else f"{figure.goal:g}"
@@ -659,6 +667,31 @@ def value_command(
         plot(report, out / "value.png")
     if not _written(report.as_dict(), out, "value.json", as_json):
         typer.echo(text, nl=False)
+
+
+@bench_app.command("media")
+def media_command(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
+    """Images over NNRP as binary frames against base64 in JSON, per MiB at 1, 16 and 63
+    MiB (the largest a 64 MiB packet carries), against the replay vLLM: bytes on the
+    client's link, the gateway's CPU and its added latency, for data-URI and media-dir
+    delivery; and the stall 32 paced streams see while 63 MiB submits arrive."""
+    import trio
+
+    from gateway.tools.bench.media import NOTES, run_media_bench
+
+    if out is not None:
+        check_output_dir(out, "--out")
+    _quiet_logs()
+    holder: list[Any] = []
+
+    def work(progress: Callable[[str], None]) -> dict[str, list[Figure]]:
+        holder.append(trio.run(lambda: run_media_bench(
+            quick, progress, log_dir=out / "logs" if out else None)))
+        return {}
+
+    _with_progress(work, as_json)
+    report = holder[0]
+    _report("media", report.figures, as_json, out, notes=NOTES, details=report.as_dict())
 
 
 def _written(document: dict[str, Any], out: Path | None, name: str, as_json: bool) -> bool:

@@ -384,6 +384,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "cannot create the output directory"),
     ("bench-soak-out", ["bench", "soak", "--out", "{tmp}/a-file/b"], 2,
      "cannot create the output directory"),
+    ("bench-media-out", ["bench", "media", "--quick", "--out", "{tmp}/a-file/b"], 2,
+     "cannot create the output directory"),
     ("bench-flap-out", ["bench", "flap", "--out", "{tmp}/a-file/b"], 2, "--out"),
     ("bench-flap-resets", ["bench", "flap", "--reset-min", "1", "--reset-max", "0.5"], 2,
      "--reset-max"),
