@@ -43,7 +43,7 @@ PUBLIC: dict[str, str] = {
         "KNOWN_TOKENS LegacyDescriptor LocalProtocolError Lookup LossTolerance MAGIC "
         "MESSAGE_CLASSES MIGRATION_REFUSED MIN_KEY_BYTES MemoryLocationHint Message "
         "MigrateAccept MsgType NotGranted OPENAI_EVENT_FRAME ObjectDeclare ObjectDelta "
-        "ObjectDeltaFlag ObjectFault ObjectLimits ObjectPatch ObjectRef ObjectRefFlag "
+        "ObjectBytes ObjectDeltaFlag ObjectFault ObjectLimits ObjectPatch ObjectRef ObjectRefFlag "
         "ObjectReference ObjectRefusal ObjectRelease ObjectReleaseFlag ObjectReleaseReason "
         "ObjectTable OpState OpenedForward OperationAbandoned OperationCancelled "
         "OperationResumed OperationSubmitted OperationSuperseding OtherReceived OwnershipHint "

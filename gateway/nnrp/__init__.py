@@ -262,6 +262,7 @@ from ._messages import (
 )
 from ._objects import (
     FAULTS as FAULTS,
+    ObjectBytes as ObjectBytes,
     ObjectFault as ObjectFault,
     ObjectLimits as ObjectLimits,
     ObjectRefusal as ObjectRefusal,

@@ -16,8 +16,8 @@ O1. Negotiation. Object frames are served once the session has negotiated
 O2. OBJECT_DECLARE: a non-zero object_id not active in the session, the metadata's
     session_id the session's own. Bounded: ``max_objects`` active objects and
     ``max_object_bytes`` of declared ``byte_size`` in all (the session's declared cost).
-    A released id may be declared again: it is a new object. The server keeps none of an
-    object's bytes: nothing it serves could read them (docs/runtime-controls.md).
+    A released id may be declared again: it is a new object. Its bytes are kept only as
+    O9 says.
 O3. Versions. An object's version is the delta_sequence of its last applied PATCH or
     DELTA, 0 after its declaration. OBJECT_REF's object_version 0 means "the current
     one"; any other value must equal it.
@@ -29,10 +29,10 @@ O4. OBJECT_REF names an active object. The region flag (bit 2) says offset and l
     Bounded: ``max_object_references`` references in all. An operation that already
     ended: a normal race, nothing is recorded (as ``_server_controls`` rule 6); one never
     submitted: refused ``UNKNOWN_OPERATION``.
-O5. A dependency is a lifetime, not an input: no operation this server runs reads an
-    object (openai-compatible/1 gives objects no meaning for chat.completions.create, and
-    a request's input is its typed body). What it means is O6: an operation whose object
-    is invalidated is dropped. An operation's references end with it (``retire``).
+O5. A dependency is a lifetime: an operation whose object is invalidated is dropped (O6).
+    openai-compatible/1 gives objects no meaning for chat.completions.create; this
+    gateway's media extension reads an object's bytes (O9) where a request names it. An
+    operation's references end with it (``retire``).
 O6. OBJECT_RELEASE names an active object. Not final (flags bit0 clear): it ends the
     reference of operation_id (0: the session's), which must exist. Final: the object is
     released and every reference to it ends. Flags bit1 (invalidates dependents): each
@@ -47,6 +47,19 @@ O7. OBJECT_PATCH / OBJECT_DELTA ("send patches or deltas without resending the f
     the bytes (bit0, replaces region): this server reads none.
 O8. The table lives with its session (a resumed session keeps it) and is emptied when the
     session closes.
+O9. Bytes (the gateway's media: ``gateway.profile._media``). An object's bytes are kept
+    from the frames that say plainly what they are: an OBJECT_PATCH or OBJECT_DELTA with
+    replaces-region (bit0), not compressed (bit1), whose delta bytes are its region
+    (``delta_bytes == region_bytes``); they are written at ``region_offset``. A frame of
+    any other kind still applies (O7) but leaves the object's bytes unreadable (the
+    server would have to guess their meaning). The bytes are whole once every byte of
+    ``byte_size`` has been written; only then can a request read them (``read``: a copy
+    of the version it names, O3), and the request depends on the object as an OBJECT_REF
+    would make it (O4-O6: invalidated, it is dropped). The first kept write reserves
+    the whole ``byte_size`` from two bounds, the session's ``max_kept_bytes`` and the
+    process's ``ObjectBytes`` pool shared by every session; a frame that would pass
+    either is refused ``BYTE_LIMIT`` and changes nothing. Release and close give the
+    reservation back.
 """
 
 from __future__ import annotations
@@ -81,6 +94,9 @@ class ObjectFault(enum.Enum):
     NO_SUCH_REFERENCE = "no_such_reference"
     SEQUENCE_NOT_INCREASING = "sequence_not_increasing"
     OBJECT_FINISHED = "object_finished"
+    DELTA_SIZE = "delta_size"
+    #: O9: the object's bytes cannot be read (not all written, or not kept).
+    BYTES_UNREADABLE = "bytes_unreadable"
 
 
 #: The ERROR_RECOVERABLE code of each refusal: the one place that says it.
@@ -102,6 +118,8 @@ FAULTS: dict[ObjectFault, ErrorCode] = {
     ObjectFault.NO_SUCH_REFERENCE: ErrorCode.INVALID_STATE,
     ObjectFault.SEQUENCE_NOT_INCREASING: ErrorCode.INVALID_STATE,
     ObjectFault.OBJECT_FINISHED: ErrorCode.INVALID_STATE,
+    ObjectFault.DELTA_SIZE: ErrorCode.MALFORMED_BODY,
+    ObjectFault.BYTES_UNREADABLE: ErrorCode.INVALID_STATE,
 }
 
 
@@ -124,6 +142,25 @@ class ObjectLimits:
     max_objects: int = 256
     max_object_bytes: int = 1 << 30
     max_object_references: int = 256
+    #: O9: the bytes a session's objects may keep.
+    max_kept_bytes: int = 64 << 20
+
+
+class ObjectBytes:
+    """O9: the bytes every session's objects keep, together, in one process."""
+
+    def __init__(self, capacity: int = 1 << 30) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.capacity:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
 
 
 @attrs.frozen
@@ -140,18 +177,45 @@ class _Entry:
     finished: bool = False
     #: Operation ids holding a reference (0: the session's own).
     references: set[int] = attrs.field(factory=set)
+    #: O9: the kept bytes (reserved whole at the first kept write), what of them has
+    #: been written (merged [start, end) runs), and whether a frame made them unreadable.
+    data: bytearray | None = None
+    written: list[list[int]] = attrs.field(factory=list)
+    unreadable: bool = False
+
+    def write(self, offset: int, payload: bytes | memoryview) -> None:
+        assert self.data is not None
+        end = offset + len(payload)
+        self.data[offset:end] = payload
+        runs = sorted([*self.written, [offset, end]])
+        merged = [runs[0]]
+        for start, stop in runs[1:]:
+            if start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        self.written = merged
+
+    @property
+    def whole(self) -> bool:
+        size = self.declaration.byte_size
+        return size == 0 or self.written == [[0, size]]
 
 
 class ObjectTable:
     """The runtime objects of one session. Each method returns None (``Released`` for a
     release) when the frame was applied, or the refusal (nothing changed)."""
 
-    def __init__(self, session_id: int, limits: ObjectLimits) -> None:
+    def __init__(self, session_id: int, limits: ObjectLimits,
+                 pool: ObjectBytes | None = None) -> None:
         self.session_id = session_id
         self.limits = limits
+        #: O9: the process's bound (a table alone is bounded by its own limit only).
+        self.pool = pool if pool is not None else ObjectBytes()
         self._objects: dict[int, _Entry] = {}
         self._declared_bytes = 0
         self._reference_count = 0
+        self._kept_bytes = 0
 
     # ------------------------------------------------------------------ reading
 
@@ -165,6 +229,42 @@ class ObjectTable:
     @property
     def reference_count(self) -> int:
         return self._reference_count
+
+    @property
+    def kept_bytes(self) -> int:
+        """O9: the bytes this session's objects hold reserved."""
+        return self._kept_bytes
+
+    def read(self, object_id: int, version: int, operation_id: int
+             ) -> bytes | ObjectRefusal:
+        """O9: a copy of the object's bytes at ``version`` (0: the current one), read by
+        ``operation_id``, which now depends on the object (O4-O6)."""
+        entry, refusal = self._active(object_id)
+        if entry is None:
+            assert refusal is not None
+            return refusal
+        if version and version != entry.version:
+            return ObjectRefusal(ObjectFault.VERSION_MISMATCH,
+                                 f"object {object_id} is at version {entry.version}, "
+                                 f"not {version}")
+        if entry.unreadable or (entry.data is None and entry.declaration.byte_size):
+            return ObjectRefusal(ObjectFault.BYTES_UNREADABLE,
+                                 f"object {object_id}'s bytes are not kept: they came "
+                                 "compressed or as a delta that does not replace its region, "
+                                 "or not at all")
+        if not entry.whole:
+            return ObjectRefusal(ObjectFault.BYTES_UNREADABLE,
+                                 f"object {object_id} is not whole yet: "
+                                 f"{sum(end - start for start, end in entry.written)} of its "
+                                 f"{entry.declaration.byte_size} bytes written")
+        if operation_id not in entry.references:
+            if self._reference_count >= self.limits.max_object_references:
+                return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
+                                     f"session holds {self.limits.max_object_references} "
+                                     "object references (the limit)")
+            entry.references.add(operation_id)
+            self._reference_count += 1
+        return bytes(entry.data) if entry.data is not None else b""
 
     def version(self, object_id: int) -> int | None:
         """The object's version (O3), or None when it is not active."""
@@ -250,6 +350,7 @@ class ObjectTable:
             ended = sorted(entry.references)
             del self._objects[object_id]
             self._declared_bytes -= entry.declaration.byte_size
+            self._free(entry)
         else:
             if request.operation_id not in entry.references:
                 return ObjectRefusal(ObjectFault.NO_SUCH_REFERENCE,
@@ -262,8 +363,9 @@ class ObjectTable:
             return Released()
         return Released(tuple(operation_id for operation_id in ended if operation_id))
 
-    def apply_delta(self, request: ObjectPatch | ObjectDelta) -> ObjectRefusal | None:
-        """O7."""
+    def apply_delta(self, request: ObjectPatch | ObjectDelta,
+                    body: bytes | memoryview = b"") -> ObjectRefusal | None:
+        """O7, O9 (``body``: the frame's body, metadata then delta bytes)."""
         entry, refusal = self._active(request.object_id)
         if entry is None:
             return refusal
@@ -280,9 +382,50 @@ class ObjectTable:
             return ObjectRefusal(ObjectFault.REGION_OUT_OF_BOUNDS,
                                  f"region {request.region_offset}+{request.region_bytes} "
                                  f"passes object {object_id}'s {size} bytes")
+        kept = (request.flags & ObjectDeltaFlag.REPLACES_REGION
+                and not request.flags & ObjectDeltaFlag.COMPRESSED
+                and request.delta_bytes == request.region_bytes)
+        if kept and entry.data is None and not entry.unreadable:
+            refusal = self._reserve(entry)
+            if refusal is not None:
+                return refusal
+        if kept and entry.data is not None:
+            delta = memoryview(body)[request.metadata_bytes:]
+            if len(delta) != request.region_bytes:
+                return ObjectRefusal(ObjectFault.DELTA_SIZE,
+                                     f"{len(delta)} delta bytes for a region of "
+                                     f"{request.region_bytes}")
+            entry.write(request.region_offset, delta)
+        elif not kept:
+            entry.unreadable = True
+            self._free(entry)
         entry.version = request.delta_sequence
         entry.finished = bool(request.flags & ObjectDeltaFlag.FINAL_DELTA)
         return None
+
+    def _reserve(self, entry: _Entry) -> ObjectRefusal | None:
+        """O9: the whole object, from the session's bound and the process's."""
+        size = entry.declaration.byte_size
+        object_id = entry.declaration.object_id
+        if self._kept_bytes + size > self.limits.max_kept_bytes:
+            return ObjectRefusal(ObjectFault.BYTE_LIMIT,
+                                 f"object {object_id}'s {size} bytes would pass the "
+                                 f"session's {self.limits.max_kept_bytes} kept bytes")
+        if not self.pool.take(size):
+            return ObjectRefusal(ObjectFault.BYTE_LIMIT,
+                                 f"object {object_id}'s {size} bytes would pass this "
+                                 f"server's {self.pool.capacity} kept object bytes")
+        self._kept_bytes += size
+        entry.data = bytearray(size)
+        return None
+
+    def _free(self, entry: _Entry) -> None:
+        if entry.data is not None:
+            size = len(entry.data)
+            self._kept_bytes -= size
+            self.pool.give(size)
+            entry.data = None
+            entry.written = []
 
     # ------------------------------------------------------------------ operations (O5), close (O8)
 
@@ -296,6 +439,8 @@ class ObjectTable:
                 self._reference_count -= 1
 
     def clear(self) -> None:
+        for entry in self._objects.values():
+            self._free(entry)
         self._objects.clear()
         self._declared_bytes = 0
         self._reference_count = 0

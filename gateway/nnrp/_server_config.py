@@ -10,7 +10,7 @@ from typing import Protocol
 import attrs
 
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
-from ._objects import ObjectLimits
+from ._objects import ObjectBytes, ObjectLimits
 
 
 @attrs.frozen
@@ -76,6 +76,9 @@ class ServerConfig:
     admit_session: Callable[[], str | None] | None = None
     #: Each session's runtime-object bounds (``_objects`` rules O2, O4, O6).
     objects: ObjectLimits = attrs.field(factory=ObjectLimits)
+    #: The bytes every session's objects keep, together (``_objects`` O9): one pool per
+    #: config, so per process.
+    object_bytes: ObjectBytes = attrs.field(factory=ObjectBytes, eq=False, repr=False)
     #: How a resubmission after a resume is compared with its request (the profile's).
     resubmission: ResubmissionRule = attrs.field(factory=SameBytes)
     #: Refused session opens and resumes (bad credentials, a token that opens nothing)

@@ -530,4 +530,5 @@ def on_object_delta(session: ServerSession, packet: Packet, events: list[Event])
     request = packet.message
     assert isinstance(request, ObjectPatch | ObjectDelta)
     if not _not_negotiated(session, packet, events):
-        _objects_refused(session, packet, session.objects.apply_delta(request), events)
+        _objects_refused(session, packet, session.objects.apply_delta(request, packet.body),
+                         events)

@@ -215,7 +215,7 @@ class ServerSession:
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
         #: The session's runtime objects (``_objects``; served once negotiated).
-        self.objects = ObjectTable(session_id, config.objects)
+        self.objects = ObjectTable(session_id, config.objects, config.object_bytes)
 
     @property
     def advertises_credit(self) -> bool:

@@ -485,3 +485,84 @@ def test_object_reference_blocks_are_nnrp_pys_bytes(
     assert nnrp.unpack_object_references(region) == tuple(ours)
     assert [(b.object_kind, b.cache_namespace, b.cache_key_hi, b.cache_key_lo)
             for b in unpack_object_reference_blocks(region)] == blocks
+
+
+# --------------------------------------------------------------------------- kept bytes (O9)
+
+
+def _replace(object_id: int, sequence: int, offset: int, payload: bytes, **kw: Any) -> bytes:
+    return delta(object_id, sequence, patch=True, offset=offset, region=len(payload),
+                 payload=payload, flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION), **kw)
+
+
+def test_bytes_written_by_region_are_read_whole_at_a_version() -> None:
+    conn = connected()
+    session = conn.session(SESSION)
+    assert session is not None
+    conn.receive_data(declare(7, byte_size=12) + submit(300, 1))
+    table = session.objects
+    assert conn.receive_data(_replace(7, 1, 8, b"IJKL")) == []
+    refusal = table.read(7, 0, 300)
+    assert isinstance(refusal, nnrp.ObjectRefusal) and "4 of its 12 bytes" in refusal.text
+    conn.receive_data(_replace(7, 2, 0, b"ABCDEFGH"))  # out of order, then whole
+    assert table.read(7, 0, 300) == b"ABCDEFGHIJKL"
+    assert table.read(7, 2, 300) == b"ABCDEFGHIJKL"
+    assert table.references(7) == {300}  # the reader depends on it (O4-O6)
+    conn.receive_data(_replace(7, 3, 4, b"efgh"))
+    stale = table.read(7, 2, 300)
+    assert isinstance(stale, nnrp.ObjectRefusal) and stale.fault is nnrp.ObjectFault.VERSION_MISMATCH
+    assert table.read(7, 3, 300) == b"ABCDefghIJKL"
+    assert table.kept_bytes == 12
+
+
+def test_a_frame_whose_bytes_the_server_cannot_read_makes_the_object_unreadable() -> None:
+    conn = connected()
+    session = conn.session(SESSION)
+    assert session is not None
+    conn.receive_data(declare(7, byte_size=8) + declare(8, byte_size=8))
+    conn.receive_data(_replace(7, 1, 0, b"ABCDEFGH"))
+    conn.receive_data(delta(7, 2, payload=b"12345678"))  # a delta that replaces nothing
+    conn.receive_data(delta(8, 1, patch=True, payload=b"xy", region=8,
+                            flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION
+                                      | nnrp.ObjectDeltaFlag.COMPRESSED)))
+    for object_id in (7, 8):
+        refusal = session.objects.read(object_id, 0, 0)
+        assert isinstance(refusal, nnrp.ObjectRefusal)
+        assert refusal.fault is nnrp.ObjectFault.BYTES_UNREADABLE
+    assert session.objects.kept_bytes == 0  # nothing held for bytes no one can read
+
+
+def test_kept_bytes_are_bounded_per_session_and_per_process_and_given_back() -> None:
+    pool = nnrp.ObjectBytes(capacity=20)
+    conn = connected(objects=nnrp.ObjectLimits(max_kept_bytes=16), object_bytes=pool)
+    session = conn.session(SESSION)
+    assert session is not None
+    conn.receive_data(declare(7, byte_size=12) + declare(8, byte_size=8))
+    conn.receive_data(_replace(7, 1, 0, b"A" * 4))
+    assert (session.objects.kept_bytes, pool.used) == (12, 12)  # reserved whole
+    code, text = refused(conn.receive_data(_replace(8, 1, 0, b"B" * 8)))
+    assert code == nnrp.ErrorCode.LIMIT_EXCEEDED and "16 kept bytes" in text
+    assert session.objects.version(8) == 0  # the refused frame changed nothing
+    conn.receive_data(release(7))
+    assert (session.objects.kept_bytes, pool.used) == (0, 0)
+    other = connected(objects=nnrp.ObjectLimits(max_kept_bytes=16), object_bytes=pool)
+    other_session = other.session(SESSION)
+    assert other_session is not None
+    other.receive_data(declare(9, byte_size=16) + _replace(9, 1, 0, b"C" * 16))
+    code, text = refused(conn.receive_data(_replace(8, 1, 0, b"B" * 8)))
+    assert "this server's 20 kept object bytes" in text  # the process's pool, shared
+    other_session.objects.clear()
+    assert pool.used == 0
+
+
+def test_a_delta_whose_bytes_do_not_match_its_region_is_refused() -> None:
+    conn = connected()
+    conn.receive_data(declare(7, byte_size=8) + _replace(7, 1, 0, b"ABCD"))
+    raw = pk(nnrp.ObjectPatch(object_id=7, delta_sequence=2, region_offset=4, region_bytes=4,
+                              delta_bytes=4, metadata_bytes=2,
+                              flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
+             session_id=SESSION, body=b"mm" + b"EFGH")
+    assert conn.receive_data(raw) == []  # metadata first, then the delta bytes
+    session = conn.session(SESSION)
+    assert session is not None
+    assert session.objects.read(7, 0, 0) == b"ABCDEFGH"
