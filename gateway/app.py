@@ -66,6 +66,7 @@ from gateway.server import (
     GatewayServer,
     Operation,
     TokenAuthenticator,
+    observe_partials,
 )
 from gateway.transport import (
     AlpnPolicy,
@@ -85,6 +86,7 @@ from gateway.upstream import (
     UpstreamTimeout,
     VllmClient,
     VllmInfo,
+    observe_reads,
 )
 
 log = structlog.get_logger("gateway")
@@ -276,11 +278,13 @@ class Gateway:
         if self.server.registry is not None:
             self.metrics.attach_resume(self.server.registry)
         self.metrics.attach_quic(lambda: self.server.quic_listeners)
+        #: Benchmarks only (``serve --bench-residence``): installed for ``run``'s length.
+        self.residence = residence.ResidenceProbe() if config.bench_residence else None
         self.admin = AdminServer(AdminRoutes(
             self.readiness, self.capabilities,
             metrics_route(self.metrics.registry) if config.metrics else None,
             vllm_metrics=self.vllm_metrics if config.metrics else None,
-            residence=residence.enable().take if config.bench_residence else None))
+            residence=self.residence.take if self.residence is not None else None))
 
     async def vllm_metrics(self) -> bytes:
         """vLLM's /metrics for ``/metrics/vllm``, within ``VLLM_METRICS_TIMEOUT`` and
@@ -423,6 +427,9 @@ class Gateway:
         """Probe vLLM and serve NNRP until cancelled. UnsupportedVersion ends the run."""
         if self.tracer is not None:
             self.tracer.start()
+        if self.residence is not None:  # the probe attaches from outside the write path
+            observe_reads(self.residence.read)
+            observe_partials(self.residence.queued)
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.admin_listen:
@@ -438,6 +445,9 @@ class Gateway:
                          vllm_url=self.config.vllm_url)
                 task_status.started(self.endpoints)
         finally:
+            if self.residence is not None:
+                observe_reads(None)
+                observe_partials(None)
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self.client.aclose()
             if self.tracer is not None:

@@ -88,7 +88,8 @@ PUBLIC: dict[str, str] = {
         "SSEError SSEEvent SUPPORTED_BAND SlotHolder Standing TEXT_COMPLETION_PATH "
         "UnsupportedVersion UpstreamConfig UpstreamError UpstreamMalformed UpstreamOverloaded "
         "UpstreamStatus UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk "
-        "classify_refusal decide engine_dead is_streaming lax_bool lax_int output_token_limit "
+        "classify_refusal decide engine_dead is_streaming lax_bool lax_int observe_reads "
+        "output_token_limit "
         "parse_chunk parse_completion parse_load parse_metrics refusal_of select_binding "
         "to_profile_error usage_requested "
     ),
@@ -100,8 +101,8 @@ PUBLIC: dict[str, str] = {
     "gateway.server": (
         "AuthSourceError BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
         "Operation "
-        "OperationHandler OperationNotes OperationPort RefusalHandler "
-        "ServerStats Session SessionRegistry TokenAuthenticator "
+        "OperationHandler OperationNotes OperationPort PartialObserver RefusalHandler "
+        "ServerStats Session SessionRegistry TokenAuthenticator observe_partials "
     ),
     "gateway.observe": (
         "AdminRoutes AdminServer GatewayMetrics ObservationRecord "

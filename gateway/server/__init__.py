@@ -18,5 +18,10 @@ from ._operation import (
 )
 from ._resume import SessionRegistry as SessionRegistry
 from ._server import BoundEndpoint as BoundEndpoint, GatewayServer as GatewayServer
-from ._session import Observer as Observer, Session as Session
+from ._session import (
+    Observer as Observer,
+    PartialObserver as PartialObserver,
+    Session as Session,
+    observe_partials as observe_partials,
+)
 from ._stats import ServerStats as ServerStats

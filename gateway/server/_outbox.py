@@ -24,8 +24,10 @@ before. The connection writes directly only for its lone operation
 of them queued in a pass and writes it at once, so a client reading many streams on one
 connection gets one segment per pass, not one per stream.
 
-Under a benchmark's residence probe (``gateway.residence``) a packet may carry when its
-upstream bytes were read; ``written`` reports those once the batch is on the socket.
+What is written is told to ``on_written`` (bytes, packets), in order: a packet counts once
+all of it is on the socket. An observer may wrap that hook (a benchmark's residence
+probe does, from outside: ``gateway.residence``); the write path itself carries nothing
+for one.
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import trio
-
-from gateway import residence
 
 #: Writes what the kernel takes of the bytes at once and returns how many; 0 when its
 #: buffer is full; raises OSError for a broken socket (``gateway._sockio.send_now``).
@@ -56,7 +56,8 @@ class Outbox:
         self.high_water = high_water
         self.low_water = high_water // 2 if low_water is None else low_water
         self._send_now = send_now
-        self._on_written = on_written
+        #: Told (bytes, packets) as they reach the transport, packets in the order put.
+        self.on_written = on_written
         self._queue: list[bytes] = []
         self._bytes = 0
         #: Packets queued (a partly written one stays counted until its end is written).
@@ -67,9 +68,6 @@ class Outbox:
         #: A direct write fell short (the socket is full): until the writer has written
         #: a batch, flushes leave everything to it instead of retrying the write.
         self._backlogged = False
-        #: Read times of the queued packets that carry one (residence probe only).
-        self._read_at: list[int] = []
-        self._taken_read_at: list[int] = []
         self._closed = False
         self._has_data = trio.Event()
         self._has_room = trio.Event()
@@ -82,6 +80,11 @@ class Outbox:
         return self._bytes
 
     @property
+    def packets_unwritten(self) -> int:
+        """Packets put and not yet told to ``on_written`` (queued, or being written)."""
+        return self._packets + (self._taken_packets if self._writing else 0)
+
+    @property
     def closed(self) -> bool:
         """The writer has stopped: nothing put from now on reaches the peer."""
         return self._closed
@@ -92,14 +95,12 @@ class Outbox:
         passed its high-water mark, not until it is back under the low-water mark)."""
         return self._has_room.is_set() and not self._closed
 
-    def put(self, packet: bytes, *, read_at: int | None = None, defer: bool = False) -> None:
+    def put(self, packet: bytes, *, defer: bool = False) -> None:
         """Queue a packet for the writer (synchronous: order equals call order). Never
         blocks. ``defer`` does not wake the writer: the caller owes a ``flush()``, which
         may write it directly."""
         if self._closed:
             return
-        if read_at is not None:
-            self._read_at.append(read_at)
         self._queue.append(packet)
         self._bytes += len(packet)
         self._packets += 1
@@ -138,8 +139,7 @@ class Outbox:
             self._queue = []
             self._bytes -= sent
             packets, self._packets = self._packets, 0
-            read_at, self._read_at = self._read_at, []
-            self._done_writing(sent, packets, read_at)
+            self._done_writing(sent, packets)
             return
         # The kernel took part or nothing: the rest waits for the writer (who waits for
         # room). Packet boundaries do not matter here: a direct path is a byte stream.
@@ -147,7 +147,7 @@ class Outbox:
         if sent:
             self._queue = [data[sent:]]
             self._bytes -= sent
-            self._on_written(sent, 0)
+            self.on_written(sent, 0)
             if self._bytes <= self.low_water:
                 self._has_room.set()
         self._has_data.set()
@@ -196,8 +196,6 @@ class Outbox:
             await self._has_data.wait()
         batch, self._queue = self._queue, []
         self._taken_packets, self._packets = self._packets, 0
-        if self._read_at:
-            self._taken_read_at, self._read_at = self._read_at, []
         self._writing = True
         return batch
 
@@ -206,13 +204,10 @@ class Outbox:
         self._writing = self._backlogged = False
         nbytes = sum(map(len, batch))
         self._bytes -= nbytes
-        read_at, self._taken_read_at = self._taken_read_at, []
-        self._done_writing(nbytes, self._taken_packets, read_at)
+        self._done_writing(nbytes, self._taken_packets)
 
-    def _done_writing(self, nbytes: int, packets: int, read_at: list[int]) -> None:
-        if read_at and residence.PROBE is not None:
-            residence.PROBE.written(read_at)
-        self._on_written(nbytes, packets)
+    def _done_writing(self, nbytes: int, packets: int) -> None:
+        self.on_written(nbytes, packets)
         if self._bytes <= self.low_water:
             self._has_room.set()
         if not self._queue:

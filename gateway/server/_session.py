@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 import trio
 
-from gateway import residence
 from gateway.nnrp import (
     OPENAI_EVENT_FRAME,
     DropReason,
@@ -48,6 +47,19 @@ log = structlog.get_logger("gateway.server")
 
 #: Told of every operation once it has ended (the observation record is built from it).
 Observer = Callable[[Operation], None]
+#: Told of each PARTIAL_RESULT right after it is put on a connection's outbox.
+PartialObserver = Callable[["Outbox"], None]
+
+#: The process's partial observer: None but under a benchmark (``serve --bench-residence``
+#: installs the residence probe's for its run, ``observe_partials``). The write path keeps
+#: nothing for it; off, its cost is this one check per partial.
+_partial_observer: PartialObserver | None = None
+
+
+def observe_partials(observer: PartialObserver | None) -> None:
+    """Install ``observer`` for this process (None: remove it)."""
+    global _partial_observer
+    _partial_observer = observer
 
 
 class Link(Protocol):
@@ -289,10 +301,9 @@ class _Port:
         packet = session.protocol.send_partial(self.operation_id, body)
         link = session.link
         if packet is not None and link is not None:
-            if residence.PROBE is None:
-                link.outbox.put(packet, defer=defer)
-            else:  # a benchmark: the packet carries when its upstream bytes were read
-                link.outbox.put(packet, read_at=residence.PROBE.read_at(), defer=defer)
+            link.outbox.put(packet, defer=defer)
+            if _partial_observer is not None:  # a benchmark's probe (``observe_partials``)
+                _partial_observer(link.outbox)
 
     def flush(self) -> None:
         link = self._session.link

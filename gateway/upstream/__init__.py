@@ -57,7 +57,7 @@ from ._request_fields import (
 )
 from ._slots import SlotHolder as SlotHolder, Standing as Standing
 from ._sse import SSEDecoder as SSEDecoder, SSEError as SSEError, SSEEvent as SSEEvent
-from ._stream import ChunkStream as ChunkStream
+from ._stream import ChunkStream as ChunkStream, observe_reads as observe_reads
 from ._versions import (
     BINDINGS as BINDINGS,
     PRIORITY_HEADER as PRIORITY_HEADER,

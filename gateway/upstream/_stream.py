@@ -39,19 +39,28 @@ how vLLM learns to abort the request (vllm-http.md section 3).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import trio
-
-from gateway import residence
 
 from ._chunks import ChunkParser
 from ._errors import UpstreamMalformed, UpstreamTimeout
 from ._sse import SSEDecoder, SSEError
 
 Chunk = dict[str, Any]
+
+#: The process's read observer, called by the reading task after each body read: None
+#: but under a benchmark (``serve --bench-residence`` installs the residence probe's for
+#: its run, ``observe_reads``); off, its cost is this one check per read.
+_read_observer: Callable[[], None] | None = None
+
+
+def observe_reads(observer: Callable[[], None] | None) -> None:
+    """Install ``observer`` for this process (None: remove it)."""
+    global _read_observer
+    _read_observer = observer
 
 
 class ByteChunks(Protocol):
@@ -224,6 +233,6 @@ class ChunkStream:
             raise UpstreamMalformed("vLLM's stream ended before data: [DONE]") from None
         finally:
             self._read_deadline = math.inf
-        if residence.PROBE is not None:
-            residence.PROBE.read()
+        if _read_observer is not None:
+            _read_observer()
         return raw, deadline

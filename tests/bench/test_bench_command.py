@@ -231,7 +231,7 @@ def test_a_cut_stream_operation_is_checked_token_by_token() -> None:
 
 
 @pytest.mark.slow
-def test_bench_run_reports_issue_25s_rows_under_their_names(tmp_path: Path) -> None:
+def test_bench_run_reports_the_goal_rows_under_their_names(tmp_path: Path) -> None:
     from gateway.tools.bench import rows
 
     result = runner.invoke(app, ["bench", "run", "--quick", "--scenario", "unary", "--json",

@@ -103,7 +103,7 @@ def _latency(own: tuple[float, float, float], relay_p99: float) -> dict[str, lis
                "added by the hop (null relay) p99, 256 stream(s)")]}
 
 
-def test_issue_25s_rows_carry_the_noise_of_the_figures_they_are_made_of() -> None:
+def test_the_goal_rows_carry_the_noise_of_the_figures_they_are_made_of() -> None:
     made = {f.name: f for f in rows.run_rows(_latency((326, 211, 50), 96_000))}
     own, multiple = made[rows.OWN_WORK.name], made[rows.P99_MULTIPLE.name]
     assert (own.value, own.status) == (115, "not met")

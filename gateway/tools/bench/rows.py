@@ -1,11 +1,12 @@
-"""Issue 25's table, row by row, under the issue's own names: each row's figure, so its
-numbers can be followed across runs of ``bench run`` and ``bench live``.
+"""The gateway's cost against its goals, row by row: each row's figure under a name that
+says what it measures, so its numbers can be followed across runs of ``bench run`` and
+``bench live``.
 
 Rules:
 
-1. A row's name is the issue's words for it, exactly (``Row.name``); its goal and unit
-   are the issue's. A scenario's own figure keeps its own name beside it (the row is
-   made from it, never renames it).
+1. A row's name says what it measures, with the load it is measured under (``Row.name``),
+   and it keeps that name across runs; its goal and unit are beside it. A scenario's own
+   figure keeps its own name beside it (the row is made from it, never renames it).
 2. ``RUN_ROWS`` says, for each row ``bench run`` measures, which scenario's figures make
    it and how: ``as is``, ``minus`` (one figure less another of the same run) or
    ``over`` (one figure as a multiple of another of the same run). A row is reported
@@ -28,13 +29,13 @@ import attrs
 
 from .stats import Figure, Noise
 
-#: ``bench run``'s section (and results key) holding the issue's rows.
-SECTION = "issue 25"
+#: ``bench run``'s section (and results key) holding the rows.
+SECTION = "gateway cost against goals"
 
 
 @attrs.frozen
 class Row:
-    """One row of issue 25's table (rule 1)."""
+    """One row of the table (rule 1)."""
 
     name: str
     unit: str
@@ -53,7 +54,7 @@ P99_MULTIPLE = Row("added p99 at 256 streams x 100 ev/s, as a multiple of the nu
                    "added p99 in the same run", "x", 1.25)
 LIVE_RATIO = Row("gateway CPU per streamed event / vLLM API-server CPU per SSE chunk, same "
                  "run, real vLLM, 8-64 streams", "x", 0.5)
-#: Every row, in the issue's order.
+#: Every row, in the table's order.
 ROWS = (OWN_WORK, CPU_PACED, CPU_COALESCED, EVENTS_PER_S, UNARY_ADDED, P99_MULTIPLE,
         LIVE_RATIO)
 
@@ -83,7 +84,7 @@ RUN_ROWS = (
 
 
 def row_figure(row: Row, value: float, spread: str, noise: Noise | None = None) -> Figure:
-    """A row's figure: the issue's name, unit and goal (rule 1), and its noise (rule 3)."""
+    """A row's figure: its name, unit and goal (rule 1), and its noise (rule 3)."""
     return Figure(row.name, value, row.unit, goal=row.goal,
                   higher_is_better=row.higher_is_better, spread=spread, noise=noise)
 
@@ -123,7 +124,7 @@ def _made(rule: FromRun, figures: dict[str, Figure]) -> Figure | None:
 
 
 def run_rows(results: dict[str, list[Figure]]) -> list[Figure]:
-    """The issue's rows that ``results`` (a ``bench run``) measured, in the issue's order
+    """The rows that ``results`` (a ``bench run``) measured, in the table's order
     (rule 2)."""
     rows = []
     for rule in RUN_ROWS:

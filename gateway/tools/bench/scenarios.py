@@ -650,8 +650,8 @@ async def run_scenarios(names: list[str], quick: bool, progress: Progress
         args = ("--max-sessions-per-connection", "1024") if name == "scale" else ()
         async with Stack(gateway_args=args) as stack:
             results[name] = await SCENARIOS[name](stack, quick, progress)
-    # Issue 25's rows, under the issue's names, from the figures just measured.
-    issue_rows = rows.run_rows(results)
-    if issue_rows:
-        results[rows.SECTION] = issue_rows
+    # The cost-against-goals rows, made from the figures just measured.
+    goal_rows = rows.run_rows(results)
+    if goal_rows:
+        results[rows.SECTION] = goal_rows
     return results

@@ -1,5 +1,6 @@
-"""Issue 25's figures, without vLLM: the /proc parsing, the owner of a listening socket
-(this test process's own), the rows under the issue's names, events against chunks."""
+"""The bench's cost figures, without vLLM: the /proc parsing, the owner of a listening
+socket (this test process's own), the cost-against-goals rows under their names, events
+against chunks."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_only_a_loopback_vllm_can_be_measured() -> None:
         local_port("http://10.0.0.7:8001", "vLLM")
 
 
-def test_the_rows_are_named_exactly_as_the_issue_names_them() -> None:
+def test_the_rows_are_named_by_what_they_measure() -> None:
+    assert rows.SECTION == "gateway cost against goals"
     assert [row.name for row in rows.ROWS] == [
         "gateway's own work per event at 1 stream: added p50 minus the null relay's added "
         "p50, same run",
@@ -104,7 +106,7 @@ def test_the_rows_are_named_exactly_as_the_issue_names_them() -> None:
 
 
 def _run() -> dict[str, list[Figure]]:
-    """A full ``bench run``'s figures that the rows are made from (the issue's numbers)."""
+    """A full ``bench run``'s figures that the rows are made from."""
     return {
         "latency": [Figure("added event latency p50, 1 stream(s)", 326, "us"),
                     Figure("added by the hop (null relay) p50, 1 stream(s)", 211, "us"),
