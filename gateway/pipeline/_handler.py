@@ -158,7 +158,8 @@ class ChatPipeline:
             envelope, cuts = read_envelope(submit.envelope, nonce=nonce,
                                            max_bytes=self.limits.max_envelope_bytes,
                                            operations=self.operations)
-            media = plan_media(envelope.body, submit.media, nonce=nonce)
+            media = plan_media(envelope.body, submit.media, nonce=nonce,
+                               objects=op.read_object)
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.policy.progress:
                 op.enable_progress()

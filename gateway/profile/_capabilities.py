@@ -93,7 +93,7 @@ class MediaCapabilities:
     #: Where a content part may name a frame, and the reference's form.
     parts: tuple[str, ...] = tuple(f"{part}.{field}"
                                    for part, (field, _, _) in REFERENCE_FIELDS.items())
-    reference: str = "nnrp:frame/N[;type=TYPE/SUBTYPE]"
+    reference: str = "nnrp:frame/N or nnrp:object/ID[@VERSION], then [;type=TYPE/SUBTYPE]"
     frame_kinds: tuple[str, ...] = ("OPAQUE", "AUDIO", "VIDEO")
     #: The types recognised from the bytes; any other is given with ``;type=``.
     recognised_types: tuple[str, ...] = tuple(media_type for media_type, _ in SIGNATURES)

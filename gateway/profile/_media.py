@@ -38,12 +38,19 @@ M6. **``input_audio``** takes base64 data, not a URL (vLLM builds
 M7. **The body is rewritten in place**: each reference becomes a placeholder
     (``MediaSlot.placeholder``, unique to the request: a random nonce the client cannot
     know) that delivery replaces by the data URI, the base64 or the file URL.
+M8. **Session objects.** ``nnrp:object/ID`` names one of the session's runtime objects
+    (its bytes sent once, with OBJECT_DECLARE and OBJECT_PATCH, and used by any later
+    request of the session), at its current version or at ``@VERSION``
+    (``nnrp:object/7@3;type=image/png``). The session reads it (``objects``: the bytes,
+    whole, or why not, which refuses the request naming the part; ``gateway.nnrp._objects``
+    O9) and the request depends on it from then on. An object has no payload kind: any
+    part takes it, its type deciding (M4). Each object is read once per request.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -76,7 +83,13 @@ AUDIO_FORMATS = {"audio/wav": "wav", "audio/mpeg": "mp3", "audio/flac": "flac",
                  "audio/ogg": "ogg", "audio/webm": "webm", "audio/mp4": "m4a"}
 
 REFERENCE_PREFIX = "nnrp:"
-_FRAME_REFERENCE = re.compile(r"nnrp:frame/([1-9][0-9]{0,4})(?:;type=([^;]*))?")
+_REFERENCE = re.compile(r"nnrp:(?:frame/([1-9][0-9]{0,4})"
+                        r"|object/([1-9][0-9]{0,19})(?:@([1-9][0-9]{0,19}))?)"
+                        r"(?:;type=([^;]*))?")
+_ANY_KIND = frozenset({int(PayloadKind.OPAQUE), int(PayloadKind.AUDIO),
+                       int(PayloadKind.VIDEO)})
+#: M8: a session's objects, read by id and version (0: current): the bytes or why not.
+ObjectReader = Callable[[int, int], "bytes | str"]
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
 
 
@@ -177,11 +190,26 @@ def media_frames(frames: Sequence[tuple[Any, bytes]], *, max_bytes: int) -> tupl
     return tuple(checked)
 
 
-def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str) -> MediaPlan:
-    """M2-M7: find the references in ``body`` (rewritten in place: each becomes its
-    slot's placeholder), check them against ``frames``, and decide each one's type.
-    ``nonce`` makes the placeholders unique to this request (random, unguessable)."""
+def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str,
+               objects: ObjectReader | None = None) -> MediaPlan:
+    """M2-M8: find the references in ``body`` (rewritten in place: each becomes its
+    slot's placeholder), check them against ``frames`` (and the session's ``objects``),
+    and decide each one's type. ``nonce`` makes the placeholders unique to this request
+    (random, unguessable)."""
     by_index = {frame.index: frame for frame in frames}
+    read: dict[tuple[int, int], int] = {}  # M8: (object, version) -> its frame index
+
+    def object_frame(object_id: int, version: int, where: str) -> int:
+        index = read.get((object_id, version))
+        if index is None:
+            data = objects(object_id, version) if objects is not None else (
+                "this request has no session objects to read")
+            if isinstance(data, str):
+                raise ProfileError("invalid_body", f"{where}: nnrp:object/{object_id}: {data}")
+            index = read[(object_id, version)] = -1 - len(read)
+            by_index[index] = MediaFrame(index, int(PayloadKind.OPAQUE), data)
+        return index
+
     slots: list[MediaSlot] = []
     used: set[int] = set()
     messages = body.get("messages")
@@ -202,7 +230,7 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
                 continue
             assert isinstance(holder, dict)
             where = f"messages[{m}].content[{p}].{part_type}.{field}"
-            slot = _slot(value, where, by_index, kinds, family,
+            slot = _slot(value, where, by_index, kinds, family, object_frame,
                          inline=part_type == INLINE_PART,
                          placeholder=f"nnrp-media-{nonce}-{len(slots)}")
             holder[field] = slot.placeholder
@@ -216,28 +244,35 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
         raise ProfileError("invalid_submit_body",
                            f"media frame {unused[0]} is not referenced by any content part "
                            f"(as nnrp:frame/{unused[0]})")
-    return MediaPlan(tuple(frames), tuple(slots))
+    return MediaPlan(tuple(by_index.values()), tuple(slots))
 
 
 def _slot(value: str, where: str, frames: dict[int, MediaFrame], kinds: frozenset[int],
-          family: str, *, inline: bool, placeholder: str) -> MediaSlot:
-    reference = _FRAME_REFERENCE.fullmatch(value)
+          family: str, object_frame: Callable[[int, int, str], int], *, inline: bool,
+          placeholder: str) -> MediaSlot:
+    reference = _REFERENCE.fullmatch(value)
     if reference is None:
         raise ProfileError("invalid_body",
                            f"{where}: {value[:80]!r} is not a media reference this gateway "
-                           f"reads (nnrp:frame/N, optionally ;type=TYPE/SUBTYPE)")
-    index = int(reference.group(1))
+                           f"reads (nnrp:frame/N or nnrp:object/ID[@VERSION], optionally "
+                           f";type=TYPE/SUBTYPE)")
+    if reference.group(2) is not None:  # M8
+        index = object_frame(int(reference.group(2)), int(reference.group(3) or 0), where)
+        kinds = _ANY_KIND
+    else:
+        index = int(reference.group(1))
     frame = frames.get(index)
     if frame is None:
+        submitted = len([key for key in frames if key > 0])
         raise ProfileError("invalid_body",
                            f"{where}: nnrp:frame/{index} names a media frame the submit does "
-                           f"not carry ({len(frames)} media frames)")
+                           f"not carry ({submitted} media frames)")
     if frame.kind not in kinds:
         allowed = " or ".join(sorted(PayloadKind(kind).name or "" for kind in kinds))
         raise ProfileError("invalid_body",
                            f"{where}: frame {index} is {PayloadKind(frame.kind).name}; "
                            f"a {family} part takes {allowed}")
-    declared = reference.group(2)
+    declared = reference.group(4)
     if declared is not None:
         media_type = declared.strip().lower()
         if not _MEDIA_TYPE.fullmatch(media_type):
@@ -247,11 +282,13 @@ def _slot(value: str, where: str, frames: dict[int, MediaFrame], kinds: frozense
         sniffed = sniff(frame.data)
         if sniffed is None:
             raise ProfileError("invalid_body",
-                               f"{where}: frame {index}'s media type is not given and its bytes "
-                               f"are no format the gateway recognises; add ;type=TYPE/SUBTYPE")
+                               f"{where}: the media type of {value.partition(';')[0]} is not "
+                               f"given and its bytes are no format the gateway recognises; "
+                               f"add ;type=TYPE/SUBTYPE")
         media_type = sniffed
     if media_type.partition("/")[0] != family:
+        what = f"frame {index}" if index > 0 else value.partition(";")[0]
         raise ProfileError("invalid_body",
-                           f"{where}: frame {index} is {media_type}; a {family} part takes "
+                           f"{where}: {what} is {media_type}; a {family} part takes "
                            f"{family}/*")
     return MediaSlot(placeholder, index, media_type, inline)

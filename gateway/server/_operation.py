@@ -101,6 +101,12 @@ class OperationPort(Protocol):
         """Whether the session negotiated a runtime capability token."""
         ...
 
+    def read_object(self, object_id: int, version: int) -> bytes | str:
+        """A copy of one of the session's runtime objects, whole, at ``version`` (0: the
+        current one); the operation then depends on it (released with invalidation, the
+        operation is dropped). A string says why not (``gateway.nnrp._objects`` O9)."""
+        ...
+
     def supersede_hold_left(self) -> float | None:
         """Seconds a SUPERSEDE of this operation still waits for its replacement (0 or
         less: the wait is over); None when no SUPERSEDE waits."""
@@ -416,6 +422,10 @@ class Operation:
         self.stages.append((stage, trio.current_time()))
         if self._progress:
             self._send_progress(stage)
+
+    def read_object(self, object_id: int, version: int) -> bytes | str:
+        """The bytes of one of the session's runtime objects (``OperationPort``)."""
+        return self._port.read_object(object_id, version)
 
     def enable_progress(self) -> None:
         """The envelope asked for PROGRESS: send the stages so far, then each as it comes."""

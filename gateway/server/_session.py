@@ -345,5 +345,9 @@ class _Port:
     def negotiated(self, token: str) -> bool:
         return token in self._session.protocol.tokens
 
+    def read_object(self, object_id: int, version: int) -> bytes | str:
+        read = self._session.protocol.objects.read(object_id, version, self.operation_id)
+        return read if isinstance(read, bytes) else read.text
+
     def supersede_hold_left(self) -> float | None:
         return self._session.protocol.supersede_hold_left(self.operation_id)

@@ -269,7 +269,8 @@ async def test_the_capability_document_says_how_media_travel(
     assert "gateway.media" in [extension["name"] for extension in document["extensions"]]
     media = document["media"]
     assert media["delivery"] == "data_uri"
-    assert media["reference"] == "nnrp:frame/N[;type=TYPE/SUBTYPE]"
+    assert media["reference"] == (
+        "nnrp:frame/N or nnrp:object/ID[@VERSION], then [;type=TYPE/SUBTYPE]")
     assert "image_url.url" in media["parts"] and "input_audio.data" in media["parts"]
     assert "image/png" in media["recognised_types"]
     assert (media["max_bytes"], media["max_frames"]) == (64 << 20, 64)
@@ -320,3 +321,88 @@ async def test_a_submit_over_the_packet_limit_is_refused_alone(
         outcome = await run_operation(session, envelope(request_for(UNARY)))
         assert outcome.final is not None and outcome.final["type"] == "response.completed"
     assert len(_posts(stack)) == 2  # the refused one never reached vLLM
+
+
+# ------------------------------------------------------------------ session objects
+
+
+def _objects_once_used_twice(uri: str, payloads: list[bytes], release_payload: bytes
+                             ) -> dict[str, list[dict[str, Any]]]:
+    """nnrp-py's native client: negotiate objects, send the image once as object 7
+    (OBJECT_DECLARE, one replace-region OBJECT_PATCH), name it from two requests, then
+    release it (invalidating) while a third request that read it still streams."""
+    from nnrp.runtime.types import (
+        ObjectDeltaMetadata,
+        ObjectDescriptorMetadata,
+        ObjectReleaseMetadata,
+    )
+
+    from tests.support.native import openai_submit
+
+    tokens = ("object.cost", "object.delta", "object.lifecycle", "object.ownership")
+    with native_connection("tcp", uri) as connection:
+        session = open_session(connection)
+        connection.negotiate_runtime_capabilities(
+            session, profile_id=0, capability_count=len(tokens), body=nnrp.pack_tokens(tokens))
+        granted = poll_until(session, lambda events: any(
+            e["kind"] == "CAPABILITY_NEGOTIATION" for e in events))
+        (sid,) = {e["session_id"] for e in granted if e["kind"] == "CAPABILITY_NEGOTIATION"}
+        session.declare_object(ObjectDescriptorMetadata(7, 7, 1, 2, sid, len(PNG), 3, 1, 3,
+                                                         0, 0))
+        session.patch_object(ObjectDeltaMetadata(7, 1, 0, len(PNG), len(PNG), 0x01, 0), PNG)
+        results: dict[str, list[dict[str, Any]]] = {}
+        for number, payload in enumerate(payloads, start=1):
+            session.submit_operation(openai_submit(number, number, payload))
+            results[f"op{number}"] = poll_until(session, lambda events, n=number: any(
+                e.get("frame_id") == n and e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")
+                for e in events), timeout=15)
+        last = len(payloads) + 1
+        session.submit_operation(openai_submit(last, last, release_payload))
+        started = poll_until(session, lambda events: any(
+            e["kind"] == "PARTIAL_RESULT" for e in events), timeout=15)
+        session.release_object(ObjectReleaseMetadata(7, 0, 4, 1, 0x03, 0))  # invalidating
+        results["released"] = started + poll_until(session, lambda events: any(
+            e.get("frame_id") == last and e["kind"] in ("RESULT_PUSH", "RESULT_DROP_REASON")
+            for e in events), timeout=15)
+        session.close()
+    return results
+
+
+async def test_an_object_sent_once_serves_two_requests_and_its_release_drops_a_third(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    pytest.importorskip("nnrp.client.native")
+    from gateway.tools.replay import ReplayServer
+
+    # 25 ms a token: the third request still streams when the release lands.
+    stack = await start_stack(nursery, socket_dir, replay=ReplayServer(token_interval_ms=25.0))
+    payloads = [_media_envelope(UNARY, image_part("nnrp:object/7"), tag="first"),
+                _media_envelope(STREAM, image_part("nnrp:object/7@1"), tag="second")]
+    long = envelope(with_parts({"model": "example-model", "stream": True, "max_tokens": 40,
+                                "messages": [{"role": "user", "content": "Hello"}]},
+                               image_part("nnrp:object/7")), request_id="replay:long_stream:r")
+    with trio.fail_after(60):
+        results = await trio.to_thread.run_sync(_objects_once_used_twice, stack.uri(),
+                                                payloads, long)
+    for name in ("op1", "op2"):
+        (end,) = [e for e in results[name] if e["kind"] == "RESULT_PUSH"]
+        assert end["payload"]["type"] == "response.completed", end
+    (dropped,) = [e for e in results["released"] if e["kind"] == "RESULT_DROP_REASON"]
+    assert dropped["drop_reason"] == int(nnrp.DropReason.OBJECT_INVALIDATED)
+    sent = _posts(stack)
+    assert len(sent) == 3
+    for request in sent:  # the bytes crossed the client's link once, and reached vLLM thrice
+        assert data_uri_bytes(sent_content(request)[1]["image_url"]["url"]) == ("image/png",
+                                                                                  PNG)
+    with trio.fail_after(5):
+        await stack.replay.wait_until(lambda: stack.replay.disconnects)  # vLLM's call aborted
+
+
+async def test_an_object_a_request_cannot_read_refuses_it_naming_the_part(
+        stack: Stack, session: ClientSession) -> None:
+    _, terminal = await _submit(session, 1, _media_envelope(
+        STREAM, image_part("nnrp:object/5")), [])
+    error = _final(terminal)
+    assert error["error"]["code"] == "invalid_body"
+    assert error["error"]["message"] == (
+        "messages[0].content[1].image_url.url: nnrp:object/5: object 5 is not declared in "
+        "this session")

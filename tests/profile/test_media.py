@@ -120,7 +120,8 @@ def test_a_body_without_references_plans_nothing_and_is_unchanged() -> None:
 @pytest.mark.parametrize(("value", "says"), [
     ("nnrp:frame/0", "is not a media reference"),
     ("nnrp:frame/01", "is not a media reference"),
-    ("nnrp:object/3", "is not a media reference"),
+    ("nnrp:object/03", "is not a media reference"),
+    ("nnrp:object/3", "nnrp:object/3: this request has no session objects to read"),
     ("nnrp:frame/1;type=", "is not a media type"),
     ("nnrp:frame/1;type=png", "is not a media type"),
     ("nnrp:frame/2", "nnrp:frame/2 names a media frame the submit does not carry"),
@@ -222,3 +223,33 @@ def test_planning_either_refuses_or_accounts_for_every_reference(
         if part["type"] != "text":
             value = next(iter(part[part["type"]].values()))
             assert not value.startswith("nnrp:")
+
+
+def test_session_objects_are_read_once_per_version_and_typed_by_their_bytes() -> None:
+    reads: list[tuple[int, int]] = []
+
+    def objects(object_id: int, version: int) -> bytes | str:
+        reads.append((object_id, version))
+        return {(7, 0): PNG, (7, 2): WAV, (8, 0): b"plain"}.get(
+            (object_id, version), f"object {object_id} is not declared in this session")
+
+    body = _body(_part("image_url", "nnrp:object/7"), _part("image_url", "nnrp:object/7"),
+                 _part("audio_url", "nnrp:object/7@2"),
+                 _part("video_url", "nnrp:object/8;type=video/mp4"))
+    plan = plan_media(body, (), nonce="n", objects=objects)
+    assert reads == [(7, 0), (7, 2), (8, 0)]  # each (object, version) once
+    assert [s.media_type for s in plan.slots] == ["image/png", "image/png", "audio/wav",
+                                                  "video/mp4"]
+    frames = {frame.index: frame.data for frame in plan.frames}
+    assert [frames[slot.frame] for slot in plan.slots] == [PNG, PNG, WAV, b"plain"]
+    error = _refused_with(objects, _part("image_url", "nnrp:object/9"))
+    assert error.message == ("messages[1].content[1].image_url.url: nnrp:object/9: object 9 "
+                             "is not declared in this session")
+    error = _refused_with(objects, _part("image_url", "nnrp:object/7@2"))
+    assert "nnrp:object/7@2 is audio/wav; a image part takes image/*" in error.message
+
+
+def _refused_with(objects: Any, *parts: dict[str, Any]) -> ProfileError:
+    with pytest.raises(ProfileError) as info:
+        plan_media(_body(*parts), (), nonce="n", objects=objects)
+    return info.value

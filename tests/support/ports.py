@@ -77,6 +77,9 @@ class RecordingPort:
     def negotiated(self, token: str) -> bool:
         return token in self.tokens
 
+    def read_object(self, object_id: int, version: int) -> bytes | str:
+        return f"object {object_id} is not declared in this session"
+
     def supersede_hold_left(self) -> float | None:
         if not self.superseded:
             return None
