@@ -544,9 +544,8 @@ def stall_figures(result: StallResult) -> list[Figure]:
         f"{result.streams} streams", result.ratio, "x", goal=STALL_GOAL, noise=noise,
         spread=f"gap p99 with {result.p99('with'):.2f} ms (by round "
                f"{', '.join(f'{v:.2f}' for v in with_load)}), without {baseline:.2f} ms "
-               f"({', '.join(f'{v:.2f}' for v in without)}); longest gap "
-               f"{max(gaps['with'], default=0):.0f} ms with, "
-               f"{max(gaps['without'], default=0):.0f} without; paced "
+               f"({', '.join(f'{v:.2f}' for v in without)}); {len(gaps['with'])} gaps "
+               f"with, {len(gaps['without'])} without; paced "
                f"{INTERVAL_US // 1000} ms; sink write -> client p99 "
                f"{result.p99('with', 'delays'):.2f} ms with, "
                f"{result.p99('without', 'delays'):.2f} without; {sum(result.submits)} "
