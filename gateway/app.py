@@ -40,10 +40,12 @@ from gateway.observe import (
     AdminRoutes,
     AdminServer,
     GatewayMetrics,
+    RecordNotes,
     RouteUnavailable,
     Tracer,
     build_record,
     metrics_route,
+    notes_of,
     open_tracer,
 )
 from gateway.pipeline import (
@@ -263,6 +265,8 @@ class Gateway:
                                     limits=config.connection,
                                     max_connections=config.max_connections,
                                     refusal=profile_refusal, observer=self._observe,
+                                    # room for what the pipeline and the tracer note
+                                    notes=RecordNotes,
                                     ssl_context=self.ssl_context,
                                     quic=QuicSettings(config.tls, AlpnPolicy(config.quic_alpn),
                                                       idle_timeout=config.quic_idle_timeout,
@@ -339,8 +343,9 @@ class Gateway:
         """The canonical log line, the metrics and the trace spans, from one record per
         operation. One that ended before its upstream request was built gets its span
         decided here."""
-        if self.tracer is not None and op.notes.span is None:
-            op.notes.span = self.tracer.decide(op.trace)
+        notes = notes_of(op)
+        if self.tracer is not None and notes.span is None:
+            notes.span = self.tracer.decide(op.trace)
         record = build_record(op)
         self.metrics.observe(record)
         # One bound logger per line (the proxy binds on every call): asked whether the

@@ -96,19 +96,19 @@ PUBLIC: dict[str, str] = {
     "gateway.pipeline": (
         "ChatPipeline MediaDelivery MediaDirectory PipelineLimits Translator UpstreamRequest "
         "build_request profile_refusal "
-        "token_count traceparent upstream_traceparent "
+        "token_count traceparent upstream_traceparent vllm_priority "
     ),
     "gateway.server": (
-        "AuthSourceError BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer GatewaySpan Observer "
+        "AuthSourceError BoundEndpoint CancelInfo Connection ConnectionLimits GatewayServer Observer "
         "Operation "
         "OperationHandler OperationNotes OperationPort PartialObserver RefusalHandler "
         "ServerStats Session SessionRegistry TokenAuthenticator observe_partials "
     ),
     "gateway.observe": (
-        "AdminRoutes AdminServer GatewayMetrics ObservationRecord "
+        "AdminRoutes AdminServer GatewayMetrics GatewaySpan ObservationRecord RecordNotes "
         "RouteUnavailable SpanData SpanEvent Tracer Upstream build_record build_spans "
         "check_tracing configure_logging measure_tracing_cost metrics_route metrics_text "
-        "open_tracer "
+        "notes_of open_tracer "
         "tracing_problem "
     ),
     "gateway.tools.client": (

@@ -11,6 +11,9 @@
 * httpx is imported only where the docs say it is (``HTTPX``).
 * No module of ``gateway/`` or ``cli/`` is over ``MAX_LINES`` lines, declarative tables
   aside (``DECLARATIVE``, each with its reason).
+* The NNRP engine (``gateway.server``, ``gateway.nnrp``) imports nothing from
+  ``gateway.upstream`` or ``gateway.observe`` (nor OpenTelemetry): the handler, the
+  observer and the class of each operation's notes are wired in by ``gateway.app``.
 """
 
 from __future__ import annotations
@@ -218,6 +221,25 @@ def test_httpx_is_imported_where_the_docs_say() -> None:
     assert users == set(HTTPX)
 
 
+#: The NNRP engine, and what it may not import: vLLM's side and the observation side
+#: (their types too: vLLM's priority, OpenTelemetry's span), whatever the floors allow.
+ENGINE = ("gateway.server", "gateway.nnrp")
+NOT_IN_ENGINE = ("gateway.upstream", "gateway.observe", "opentelemetry")
+
+
+def engine_offences(path: Path, name: str | None = None) -> list[str]:
+    return [module for module in sorted(imports_of(path, name))
+            if any(module == banned or module.startswith(f"{banned}.")
+                   for banned in NOT_IN_ENGINE)]
+
+
+def test_the_engine_imports_no_upstream_and_no_observation() -> None:
+    engine = {name: path for name, path in sources().items() if unit_of(name) in ENGINE}
+    assert len(engine) > 20  # both units, every module
+    offences = {name: engine_offences(path, name) for name, path in engine.items()}
+    assert {name: found for name, found in offences.items() if found} == {}
+
+
 def test_the_rules_see_real_imports() -> None:
     # The scan itself must find what is there, or every rule above passes vacuously.
     connection = ROOT / "gateway" / "server" / "_connection.py"
@@ -226,6 +248,9 @@ def test_the_rules_see_real_imports() -> None:
     assert "gateway.tools.client" in imports_of(
         ROOT / "gateway" / "tools" / "conformance" / "_run.py")
     assert io_imports(ROOT / "gateway" / "transport" / "_quic_listener.py") == ["trio"]
+    # The pipeline imports both sides the engine may not: the engine rule would see it.
+    assert {"gateway.observe", "gateway.upstream"} <= set(
+        engine_offences(ROOT / "gateway" / "pipeline" / "_handler.py"))
 
 
 #: A module past this many lines is split along a seam it has (a mixin, a table, a

@@ -1,6 +1,7 @@
 """Observability: one observation record per operation feeds the NNRP diagnostics event,
 the canonical log line, the Prometheus metrics and (``serve --otel-traces``) the
-OpenTelemetry spans; plus the admin HTTP listener."""
+OpenTelemetry spans, from what each operation's ``RecordNotes`` hold (the engine's
+figures and the pipeline's findings); plus the admin HTTP listener."""
 
 from ._admin import (
     AdminRoutes as AdminRoutes,
@@ -11,6 +12,11 @@ from ._admin import (
 )
 from ._logging import configure_logging as configure_logging
 from ._metrics import GatewayMetrics as GatewayMetrics
+from ._notes import (
+    GatewaySpan as GatewaySpan,
+    RecordNotes as RecordNotes,
+    notes_of as notes_of,
+)
 from ._record import (
     ObservationRecord as ObservationRecord,
     build_record as build_record,

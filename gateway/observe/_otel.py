@@ -72,8 +72,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import gateway
 from gateway.errors import ConfigError
-from gateway.server import GatewaySpan
 
+from ._notes import GatewaySpan
 from ._spans import SCOPE, SpanData, Upstream, build_spans, span_parent
 
 if TYPE_CHECKING:

@@ -1,9 +1,13 @@
 """The observation record: one per operation, from one builder, feeding three outputs.
 
-    Operation + its OperationNotes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
-                                                         ├─▶ canonical JSON log line
-                                                         ├─▶ Prometheus metrics
-                                                         └─▶ OpenTelemetry spans (_spans)
+    Operation + its RecordNotes ─▶ ObservationRecord ─┬─▶ response.diagnostics (NNRP)
+                                                      ├─▶ canonical JSON log line
+                                                      ├─▶ Prometheus metrics
+                                                      └─▶ OpenTelemetry spans (_spans)
+
+The operation gives its ids, its trace context, how it ended, its stages and token
+budget; its notes (``_notes.RecordNotes``) what only observers read: the engine's
+figures (arrival, events, bytes, resumes) and what the pipeline learned.
 
 ``build_record`` is the only place a record is made: once when the operation has ended
 (the log line and the metrics), and, when the client asked for diagnostics, once more
@@ -28,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from gateway.profile import END_TABLE, EndCause, Outcome
-from gateway.server import GatewaySpan
+
+from ._notes import GatewaySpan, notes_of
 
 if TYPE_CHECKING:
     from gateway.server import Operation
@@ -135,9 +140,10 @@ def _backend_ms(metrics: dict[str, Any] | None, field: str) -> float | None:
 def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRecord:
     """The record of ``op`` as it stands (``cause`` overrides its end cause: the
     diagnostics event is built just before the terminal)."""
-    notes = op.notes
+    notes = notes_of(op)
     cause = cause or op.end_cause
     spec = END_TABLE[cause] if cause is not None else None
+    received = notes.received_at
     trace = op.trace
     cancel = op.cancel_info
     span = notes.span if notes.span is not None and notes.span.sampled else None
@@ -147,15 +153,15 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
                   and not spec.ended_from_outside else None)
     return ObservationRecord(
         outcome=spec.outcome if spec is not None else Outcome.OK,
-        transport=op.transport,
+        transport=notes.transport,
         connection_id=op.connection_id, session_id=op.session_id,
         operation_id=op.operation_id, frame_id=op.frame_id, model=notes.model,
         operation=notes.operation, request_id=notes.request_id, stream=notes.stream,
-        queue_delay_ms=_ms(op.received_at, op.started_at),
-        first_event_ms=_ms(op.received_at, op.first_event_at),
-        duration_ms=_ms(op.received_at, op.terminal_at),
-        events=op.events_sent, event_bytes=op.bytes_sent,
-        inter_event_gap_ms_max=round(op.max_gap * 1000, 3) if op.max_gap else None,
+        queue_delay_ms=_ms(received, notes.started_at),
+        first_event_ms=_ms(received, notes.first_event_at),
+        duration_ms=_ms(received, op.terminal_at),
+        events=op.events_sent, event_bytes=notes.bytes_sent,
+        inter_event_gap_ms_max=round(notes.max_gap * 1000, 3) if notes.max_gap else None,
         usage=notes.usage, upstream_status=notes.upstream_status,
         upstream_ms=_ms(notes.upstream_started, notes.upstream_closed),
         upstream_aborted=aborted,
@@ -170,12 +176,13 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         parent_span_id=(f"{span.parent_span_id:016x}"
                         if span and span.parent_span_id is not None else None),
         trace_attribute_bytes=trace.attribute_bytes if trace else 0,
-        stages={stage.name.lower(): round((at - op.received_at) * 1000, 3)
+        stages={stage.name.lower(): round((at - received) * 1000, 3)
                 for stage, at in op.stages} or None,
-        priority_updates=op.priority_updates or None,
+        priority_updates=notes.priority_updates or None,
         token_budget=op.token_budget,
         tokens_used=op.tokens_used if op.token_budget is not None else None,
-        resumed=op.reattached or None, replayed_events=op.replayed_events or None,
+        resumed=len(notes.reattached_at) or None,
+        replayed_events=notes.replayed_events or None,
         backend_queue_ms=_backend_ms(notes.backend_metrics, "queue_time_ms"),
         backend_ttft_ms=_backend_ms(notes.backend_metrics, "time_to_first_token_ms"),
         backend_generation_ms=_backend_ms(notes.backend_metrics, "generation_time_ms"),
@@ -183,9 +190,9 @@ def build_record(op: Operation, cause: EndCause | None = None) -> ObservationRec
         backend_tokens_per_second=_backend_ms(notes.backend_metrics, "tokens_per_second"),
         refusal_source=notes.refusal_source, refusal_reason=notes.refusal_reason,
         end_cause=cause,
-        received_unix_ns=op.received_unix_ns,
-        upstream_start_ms=_ms(op.received_at, notes.upstream_started),
-        cancel_ms=_ms(op.received_at, cancel.at) if cancel else None,
-        resume_ms=tuple(_ms(op.received_at, at) or 0.0 for at in op.reattached_at),
+        received_unix_ns=notes.received_unix_ns,
+        upstream_start_ms=_ms(received, notes.upstream_started),
+        cancel_ms=_ms(received, cancel.at) if cancel else None,
+        resume_ms=tuple(_ms(received, at) or 0.0 for at in notes.reattached_at),
         response_model=notes.response_model, response_id=notes.response_id,
         finish_reasons=notes.finish_reasons, span=span)

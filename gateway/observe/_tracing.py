@@ -23,8 +23,8 @@ from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
-    from gateway.server import GatewaySpan
 
+    from ._notes import GatewaySpan
     from ._otel import TracingCost
     from ._record import ObservationRecord
 

@@ -14,5 +14,6 @@ from ._request import (
     build_request as build_request,
     traceparent as traceparent,
     upstream_traceparent as upstream_traceparent,
+    vllm_priority as vllm_priority,
 )
 from ._translate import Translator as Translator, token_count as token_count

@@ -31,8 +31,8 @@ before vLLM is called while vLLM's published load is past the thresholds
 (from vLLM's queue when sampled, else ``overload_retry_after_ms``); a dead engine's
 500 tells the gateway (``engine_dead``), which stops calling vLLM ready until ``/health``
 recovers; the same message mid-stream only wakes the health check. vLLM's per-request
-``metrics`` (final chunk, or the body) go into the operation's notes, and so into the
-observation record.
+``metrics`` (final chunk, or the body) go into the operation's notes (``RecordNotes``:
+what the pipeline learns, for the observation record), and so into the record.
 
 A submit in NNRP's token profile (TOKEN_CHUNK frames, profile 2) is no envelope: it takes
 the text-completion path (``_token_completion``, rules in ``gateway.profile._token``).
@@ -50,7 +50,7 @@ import structlog
 import trio
 
 from gateway.nnrp import TOKEN_TEXT_FRAME, Stage
-from gateway.observe import Tracer, build_record
+from gateway.observe import Tracer, build_record, notes_of
 from gateway.profile import (
     CAPABILITIES_OPERATION,
     CHAT_COMPLETIONS,
@@ -88,7 +88,13 @@ from gateway.upstream import (
 )
 
 from ._media import MediaDelivery
-from ._request import UpstreamRequest, build_request, upstream_headers, upstream_traceparent
+from ._request import (
+    UpstreamRequest,
+    build_request,
+    upstream_headers,
+    upstream_traceparent,
+    vllm_priority,
+)
 from ._translate import Translator, forces_tool_choice, token_count
 
 if TYPE_CHECKING:
@@ -146,7 +152,7 @@ class ChatPipeline:
         self.media = media or MediaDelivery()
 
     async def __call__(self, op: Operation) -> None:
-        notes = op.notes
+        notes = notes_of(op)
         translator: Translator | None = None
         try:
             if is_token_request(op.typed_body):
@@ -230,8 +236,9 @@ class ChatPipeline:
 
     def _decide_span(self, op: Operation) -> None:
         """The gateway's span for this operation, once (``gateway.observe._spans`` rule 3)."""
-        if self.tracer is not None and op.notes.span is None:
-            op.notes.span = self.tracer.decide(op.trace)
+        notes = notes_of(op)
+        if self.tracer is not None and notes.span is None:
+            notes.span = self.tracer.decide(op.trace)
 
     def _admit(self, op: Operation) -> None:
         """Load-aware admission (``gateway.upstream._load``'s table): refused before
@@ -243,7 +250,8 @@ class ChatPipeline:
         if not decision.refused:
             return
         assert decision.reason is not None
-        op.notes.refusal_source, op.notes.refusal_reason = "gateway", str(decision.reason)
+        notes = notes_of(op)
+        notes.refusal_source, notes.refusal_reason = "gateway", str(decision.reason)
         raise ProfileError(EndCause.SCHEDULER_REJECTED,
                            f"vLLM is loaded past this gateway's threshold "
                            f"({decision.reason}); retry later or elsewhere",
@@ -259,7 +267,8 @@ class ChatPipeline:
             retry_after_ms = (self.load.retry_after_ms() if self.load is not None
                               else self.limits.overload_retry_after_ms)
         if refusal is not None:
-            op.notes.refusal_source, op.notes.refusal_reason = "vllm", str(refusal)
+            notes = notes_of(op)
+            notes.refusal_source, notes.refusal_reason = "vllm", str(refusal)
         if engine_dead(error):
             if isinstance(error, UpstreamStatus) and self.on_engine_dead is not None:
                 self.on_engine_dead()  # vLLM refused the request for it: not ready now
@@ -274,7 +283,7 @@ class ChatPipeline:
         """What runtime controls decided before dispatch, into the request; from here on
         the request is vLLM's and live updates come too late (``dispatched_at``)."""
         if self.limits.priority_scheduling:
-            priority = op.vllm_priority
+            priority = vllm_priority(op.priority_class, op.priority_delta)
             value: int | None = None
             if op.priority_requested:
                 value = priority or 0
@@ -303,7 +312,7 @@ class ChatPipeline:
         """NNRP's token profile as vLLM's text completion (``profile._token``). Failures
         propagate to ``__call__``, which ends the operation as for chat."""
         assert op.typed_body is not None
-        notes = op.notes
+        notes = notes_of(op)
         notes.operation = TOKEN_COMPLETION
         prompt = token_prompt(op.typed_body)
         op.stage(Stage.PREPROCESSING)
@@ -341,7 +350,7 @@ class ChatPipeline:
     async def _stream(self, op: Operation, request: UpstreamRequest, translator: Translator,
                       content: bytes | None = None) -> dict[str, Any]:
         """Events as the chunks arrive; the completed body rebuilt once vLLM is done."""
-        limits, notes = self.limits, op.notes
+        limits, notes = self.limits, notes_of(op)
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
         op.may_give_way = self.client.make_room
@@ -379,7 +388,7 @@ class ChatPipeline:
                      path: str = CHAT_PATH, content: bytes | None = None) -> Completion:
         """A non-streaming exchange (chat, or the token profile's text completion):
         vLLM's checked answer, its bytes as vLLM sent them and their decoded value."""
-        notes = op.notes
+        notes = notes_of(op)
         notes.upstream_started = trio.current_time()
         op.stage(Stage.EXECUTING)
         answer: Completion | None = None
@@ -411,7 +420,7 @@ class ChatPipeline:
     async def _fail(self, op: Operation, error: ProfileError) -> None:
         backend_status = error.diagnostics.get("backend_status")
         if isinstance(backend_status, int):
-            op.notes.upstream_status = backend_status
+            notes_of(op).upstream_status = backend_status
         await self._diagnostics(op, error.code)
         await op.close(error.code, ev.encode_event(ev.error_event(error)),
                        retry_after_ms=error.retry_after_ms)
@@ -419,17 +428,18 @@ class ChatPipeline:
     async def _diagnostics(self, op: Operation, cause: EndCause) -> None:
         """``response.diagnostics`` (extension vllm.diagnostics), built from the same
         observation record as the log line and the metrics, just before the terminal."""
-        if not op.notes.diagnostics:
+        notes = notes_of(op)
+        if not notes.diagnostics:
             return
         record = build_record(op, cause).as_dict()
         record["selected_model"] = record.pop("model", None)
-        await op.emit(ev.encode_event(ev.diagnostics({**record, **(op.notes.backend or {})})))
+        await op.emit(ev.encode_event(ev.diagnostics({**record, **(notes.backend or {})})))
 
 
 def _note_response(op: Operation, body: dict[str, Any]) -> None:
     """What vLLM's answer names, for the trace span's GenAI attributes: the model, the
     response id, each choice's finish reason (never its content)."""
-    notes = op.notes
+    notes = notes_of(op)
     model, response_id = body.get("model"), body.get("id")
     notes.response_model = model if isinstance(model, str) else None
     notes.response_id = response_id if isinstance(response_id, str) else None

@@ -13,6 +13,12 @@ context whose own gateway span was sampled sends the gateway's request to vLLM (
 operation span's CLIENT child, ``GatewaySpan.upstream_span_id``) as vLLM's parent, so
 vLLM's spans sit under that request: ``00-{trace_id:032x}-{upstream_span_id:016x}-01``.
 
+A priority class (the session's, or a PRIORITY_UPDATE's) becomes vLLM's ``priority``
+(``vllm_priority``): lower is served earlier, and 0 is vLLM's default, which the default
+class (balanced, what stock clients open) keeps, so NNRP traffic neither overtakes nor
+trails other clients of the same vLLM unless it asks: interactive -10, balanced 0,
+background 10; ``priority_delta`` fine-tunes.
+
 Every request of an operation also carries its NNRP session's opaque id
 (``Operation.session_uid``: random, drawn once per session, kept across resumes, unique
 across gateways) as ``X-Session-ID``, what a router in front of data-parallel vLLM
@@ -26,17 +32,27 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from gateway.nnrp import PriorityClass
 from gateway.profile import EndCause, ProfileError
 from gateway.upstream import RequestFieldError, is_streaming, usage_requested
 
 if TYPE_CHECKING:
     from gateway.nnrp import TraceInfo
+    from gateway.observe import GatewaySpan
     from gateway.profile import Envelope
-    from gateway.server import GatewaySpan
 
 
 #: The session affinity header (``X-Session-ID``; httpx sends names as given).
 SESSION_HEADER = "x-session-id"
+#: vLLM's ``priority`` a priority class away from balanced (module docstring).
+VLLM_PRIORITY_STEP = 10
+
+
+def vllm_priority(priority_class: int, priority_delta: int) -> int | None:
+    """vLLM's ``priority`` for an NNRP priority class and delta; None when it is vLLM's
+    default (0)."""
+    value = (priority_class - PriorityClass.BALANCED) * VLLM_PRIORITY_STEP + priority_delta
+    return value or None
 
 
 def traceparent(trace: TraceInfo | None) -> str | None:

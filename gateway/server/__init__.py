@@ -1,6 +1,8 @@
 """The NNRP engine: the server over its listeners, connections, sessions, operations and
 graceful shutdown. What moves the bytes (listeners, TLS, QUIC, carriers) is
-``gateway.transport``."""
+``gateway.transport``. It knows neither the upstream nor its observers: the operation
+handler, the observer and the class of each operation's notes are handed to
+``GatewayServer`` (``gateway.app`` wires the vLLM pipeline and the observation record)."""
 
 from ._auth import AuthSourceError as AuthSourceError, TokenAuthenticator as TokenAuthenticator
 from ._connection import (
@@ -10,7 +12,6 @@ from ._connection import (
 )
 from ._operation import (
     CancelInfo as CancelInfo,
-    GatewaySpan as GatewaySpan,
     Operation as Operation,
     OperationHandler as OperationHandler,
     OperationNotes as OperationNotes,

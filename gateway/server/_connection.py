@@ -87,7 +87,7 @@ from gateway.transport import (
     tune_tcp,
 )
 
-from ._operation import CancelInfo, Operation, OperationHandler
+from ._operation import CancelInfo, Operation, OperationHandler, OperationNotes
 from ._outbox import Outbox
 from ._relay import WORKER_MAGIC, RelayEnd, fields, relay, without_probes
 from ._session import Observer, Session, until_then_cancel
@@ -132,12 +132,15 @@ class Connection:
                  refusal: RefusalHandler | None = None, observer: Observer | None = None,
                  stats: ServerStats | None = None,
                  registry: SessionRegistry | None = None, ids: SessionIds | None = None,
-                 relayed: bool = False, forwarded: bool = False) -> None:
+                 relayed: bool = False, forwarded: bool = False,
+                 notes: type[OperationNotes] = OperationNotes) -> None:
         self.connection_id = next(_connection_ids)
         self.transport = transport
         self.handler = handler
         self.refusal = refusal or plain_refusal
         self.observer = observer
+        #: The class of each operation's notes (``GatewayServer``'s ``notes``).
+        self.notes = notes
         self.limits = limits
         self.registry = registry
         #: The sans-IO protocol state (connection, sessions, operations as NNRP sees them).
@@ -589,7 +592,7 @@ class Connection:
                                                      event.priority_delta):
             return
         if not schedules:
-            operation.priority_updates += 1
+            operation.notes.priority_updates += 1
         reason = ("live_priority_update_unsupported: the request has reached vLLM"
                   if schedules else "priority_update_unsupported: vLLM does not schedule "
                   "by priority here")
@@ -644,8 +647,7 @@ class Connection:
         session = self.registry.by_id[session_id]
         session.reattachments += 1
         for operation in session.operations.values():
-            operation.reattached += 1
-            operation.reattached_at.append(trio.current_time())
+            operation.notes.reattached_at.append(trio.current_time())
         self._attach(session)
         self.registry.sessions_changed()
         self.log.info("session resumed" if resumed else "session migrated here",
@@ -678,7 +680,7 @@ class Connection:
         operation = (session.operations.get(operation_id) if operation_id is not None
                      else None)
         if operation is not None:
-            operation.replayed_events += events
+            operation.notes.replayed_events += events
         stats = self.registry.stats
         stats.replayed_events_total += events
         stats.replayed_bytes_total += sum(map(len, packets))
@@ -713,7 +715,8 @@ class Connection:
             header_trace_id=event.header_trace_id, trace=event.trace,
             deadline_unix_ms=event.deadline_unix_ms,
             deadline_drop_reason=event.deadline_drop_reason,
-            priority_class=event.priority_class, token_budget=event.token_budget))
+            priority_class=event.priority_class, token_budget=event.token_budget,
+            notes=self.notes))
 
     async def _close_session(self, event: SessionCloseRequested) -> None:
         session = self.sessions[event.session_id]

@@ -16,10 +16,17 @@ the client is told when to retry, is ``END_TABLE``'s decision (gateway.profile).
 
 Runtime controls reach it from the connection: a deadline tightens its scope; a
 priority or a token budget is taken before dispatch (the handler reads them when it
-builds the upstream request) and a budget also applies live, counted in tokens as they
-stream; PROGRESS stages are recorded for the observation record and sent when the
-client asked for them (negotiated ``control.progress_partial``, or the envelope's
-``nnrp.progress``).
+builds the upstream request: what a priority class becomes there is the handler's
+business) and a budget also applies live, counted in tokens as they stream; PROGRESS
+stages are recorded and sent when the client asked for them (negotiated
+``control.progress_partial``, or the envelope's ``nnrp.progress``).
+
+The operation holds what running it needs. What only its observers read (when it
+arrived, started and sent its events, the bytes, its session's resumes, the replays,
+the PRIORITY_UPDATEs) the engine writes into its ``notes`` as it happens and never reads
+back; an observer may give every operation a subclass of ``OperationNotes`` that also
+holds what its handler notes (``GatewayServer(notes=...)``; the app's is
+``gateway.observe.RecordNotes``). The engine knows no handler's or observer's types.
 
 A SUPERSEDE whose replacement has not arrived (``supersede``) ends the operation's work at
 once, as a cancel does (its scope cancelled, its upstream closed: vLLM stops generating
@@ -37,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import structlog
@@ -49,7 +56,6 @@ from gateway.nnrp import (
     DropReason,
     FrameShape,
     LocalProtocolError,
-    PriorityClass,
     Stage,
     TraceInfo,
     TypedBody,
@@ -125,50 +131,25 @@ class OperationPort(Protocol):
 
 @attrs.define
 class OperationNotes:
-    """What the operation's handler learned (the pipeline fills it in as it goes)."""
+    """What the engine notes of one operation for its observers (the observation record)
+    and never reads back, written as it happens: the transport it came by, when it
+    arrived (monotonic, and on the wall clock: trio's clock has no epoch), when its
+    handler started, its first and last event, the widest gap between two, the bytes it
+    sent, the PRIORITY_UPDATEs it got, when its session was resumed or migrated while it
+    ran, and the events replayed to the client. An observer's subclass adds what the
+    handler notes (``GatewayServer(notes=...)``)."""
 
-    model: str | None = None
-    operation: str | None = None
-    request_id: str | None = None
-    stream: bool | None = None
-    traceparent: str | None = None
-    upstream_status: int | None = None
-    upstream_started: float | None = None
-    upstream_first_byte: float | None = None
-    upstream_closed: float | None = None
-    usage: dict[str, Any] | None = None
-    diagnostics: bool = False
-    backend: dict[str, str] | None = None
-    #: vLLM's per-request ``metrics`` (0.32+, ``--enable-per-request-metrics``), as sent.
-    backend_metrics: dict[str, Any] | None = None
-    #: An overload refusal: who refused ("vllm", or "gateway" for load-aware admission)
-    #: and why (the counter's reason label).
-    refusal_source: str | None = None
-    refusal_reason: str | None = None
-    #: What vLLM's answer named (the completed body's ``model``, ``id`` and each
-    #: choice's ``finish_reason``): the trace span's GenAI attributes.
-    response_model: str | None = None
-    response_id: str | None = None
-    finish_reasons: tuple[str, ...] | None = None
-    #: The gateway's own span, when tracing decided one at dispatch (or later).
-    span: GatewaySpan | None = None
-
-
-@attrs.frozen
-class GatewaySpan:
-    """The ids of the gateway's span for one operation (OpenTelemetry's sizes: a 128-bit
-    trace id, a 64-bit span id), decided once, when the upstream request is built, so
-    the ``traceparent`` vLLM gets and the exported span agree. ``parent_span_id`` is the
-    client's NNRP span when it sent a TRACE_CONTEXT; ``sampled`` is the sampler's word
-    (an unsampled span is never exported). ``upstream_span_id`` is its CLIENT child's,
-    the request to vLLM: decided with it, so that when the gateway starts the trace,
-    vLLM's ``traceparent`` can name that child and vLLM's spans sit under the request."""
-
-    trace_id: int
-    span_id: int
-    parent_span_id: int | None
-    sampled: bool
-    upstream_span_id: int
+    transport: str
+    received_at: float = attrs.field(factory=trio.current_time)
+    received_unix_ns: int = attrs.field(factory=time.time_ns)
+    started_at: float | None = None
+    first_event_at: float | None = None
+    last_event_at: float | None = None
+    max_gap: float = 0.0
+    bytes_sent: int = 0
+    priority_updates: int = 0
+    reattached_at: list[float] = attrs.field(factory=list)
+    replayed_events: int = 0
 
 
 @attrs.frozen
@@ -183,11 +164,6 @@ class CancelInfo:
 
 #: The retry time of a recoverable failure whose cause says nothing better.
 DEFAULT_RETRY_AFTER_MS = 1000
-#: vLLM's ``priority`` per NNRP priority class: lower is served earlier, and 0 is vLLM's
-#: default, which the default class (balanced, what stock clients open) keeps, so NNRP
-#: traffic neither overtakes nor trails other clients of the same vLLM unless it asks:
-#: interactive -10, balanced 0, background 10; priority_delta fine-tunes.
-VLLM_PRIORITY_STEP = 10
 
 #: Which end cause an expired DEADLINE / EXPIRE_AT gives (their drop reasons differ).
 _DEADLINE_CAUSES = {DropReason.DEADLINE_EXPIRED: EndCause.DEADLINE_EXPIRED,
@@ -195,21 +171,24 @@ _DEADLINE_CAUSES = {DropReason.DEADLINE_EXPIRED: EndCause.DEADLINE_EXPIRED,
 
 
 class Operation:
-    """One operation. A handler reads the ids (``session_uid`` among them), ``transport``,
-    ``typed_body`` (or ``body_error``), ``trace`` (the best trace context so far) and
-    ``deadline_unix_ms``; it calls ``emit`` per event and ends with exactly one
-    ``close``. It runs inside ``cancel_scope``; ``notes`` is where it writes what it
-    learned."""
+    """One operation. A handler reads the ids (``session_uid`` among them), ``typed_body``
+    (or ``body_error``), ``trace`` (the best trace context so far), ``deadline_unix_ms``
+    and what runtime controls asked before dispatch (``priority_class``,
+    ``priority_delta``, ``token_budget``); it calls ``emit`` per event and ends with
+    exactly one ``close``. It runs inside ``cancel_scope``. ``notes`` (made for it from
+    the class ``notes``, with its ``transport``) is where the engine, and the handler
+    when the class has room for it, write what observers read."""
 
     def __init__(self, port: OperationPort, *, connection_id: int, transport: str,
                  session_id: int, operation_id: int, frame_id: int,
                  typed_body: TypedBody | None, body_error: str | None, header_trace_id: int,
                  trace: TraceInfo | None, deadline_unix_ms: int | None,
                  deadline_drop_reason: int, priority_class: int = 0,
-                 token_budget: int | None = None) -> None:
+                 token_budget: int | None = None,
+                 notes: type[OperationNotes] = OperationNotes) -> None:
         self._port = port
+        self.notes = notes(transport)
         self.connection_id = connection_id
-        self.transport = transport
         self.session_id = session_id
         #: Its session's opaque id, unique across gateways and kept across resumes
         #: (``Session.uid``; set when the session starts it).
@@ -220,39 +199,25 @@ class Operation:
         self.body_error = body_error
         self.header_trace_id = header_trace_id
         self.trace = trace
-        self.operation_trace: TraceInfo | None = None
+        self._operation_trace: TraceInfo | None = None
         self.deadline_unix_ms: int | None = None
         self.deadline_drop_reason = DropReason(deadline_drop_reason
                                                or DropReason.DEADLINE_EXPIRED)
         self.cancel_scope = trio.CancelScope()
-        self.notes = OperationNotes()
         #: Why it ended (None while it runs); set from outside by ``cancel``.
         self.end_cause: EndCause | None = None
         self.cancel_info: CancelInfo | None = None
-        self.received_at = trio.current_time()
-        #: The same moment on the wall clock (a trace span's start; trio's clock has no
-        #: epoch).
-        self.received_unix_ns = time.time_ns()
-        self.started_at: float | None = None
-        self.first_event_at: float | None = None
-        self.last_event_at: float | None = None
-        self.max_gap = 0.0
+        #: When its terminal went (or it ended with nothing to send); None while it runs.
         self.terminal_at: float | None = None
         self.events_sent = 0
-        self.bytes_sent = 0
         #: The session's priority class and what PRIORITY_UPDATE asked (before dispatch).
         self.priority_class = priority_class
         self.priority_delta = 0
-        self.priority_updates = 0
         self.priority_requested = False
         #: When the handler sent the upstream request: live updates come too late then.
         self.dispatched_at: float | None = None
         self.token_budget = token_budget
         self.tokens_used = 0
-        #: Resumes and migrations it lived through, and the events replayed to the client.
-        self.reattached = 0
-        self.reattached_at: list[float] = []
-        self.replayed_events = 0
         #: Closes the upstream exchange at once when the operation is cancelled.
         self._abort_upstream: Callable[[], object] | None = None
         #: A SUPERSEDE waits for its replacement: the work has stopped (``supersede``).
@@ -263,7 +228,7 @@ class Operation:
         #: room while nobody does (the handler's upstream slot may then serve a live
         #: request that waits: upstream/_slots.py).
         self.may_give_way: Callable[[], object] | None = None
-        #: Stage transitions (monotonic time) for the record; PROGRESS when asked for.
+        #: Stage transitions (monotonic time): PROGRESS when asked for, and the record's.
         self.stages: list[tuple[Stage, float]] = []
         self._progress = port.negotiated("control.progress_partial")
         if deadline_unix_ms:
@@ -276,7 +241,7 @@ class Operation:
     async def run(self, handler: OperationHandler) -> None:
         """Run ``handler`` to this operation's terminal; end it here if the handler did not
         (cancelled, expired, or a bug). Never raises but ``Cancelled``."""
-        self.started_at = trio.current_time()
+        self.notes.started_at = trio.current_time()
         self.stage(Stage.ADMITTED)
         with self.cancel_scope:
             try:
@@ -379,20 +344,14 @@ class Operation:
 
     def request_priority(self, priority_class: int, priority_delta: int) -> bool:
         """PRIORITY_UPDATE: taken if the upstream request has not gone yet (the handler
-        reads ``vllm_priority`` when it builds it); False means too late."""
-        self.priority_updates += 1
+        reads ``priority_class`` and ``priority_delta`` when it builds it); False means
+        too late."""
+        self.notes.priority_updates += 1
         if self.dispatched_at is not None:
             return False
         self.priority_class, self.priority_delta = priority_class, priority_delta
         self.priority_requested = True
         return True
-
-    @property
-    def vllm_priority(self) -> int | None:
-        """vLLM's ``priority`` for this operation; None when it is vLLM's default (0)."""
-        value = ((self.priority_class - PriorityClass.BALANCED) * VLLM_PRIORITY_STEP
-                 + self.priority_delta)
-        return value or None
 
     def update_budget(self, token_budget: int, *, increment: bool) -> None:
         """BUDGET_UPDATE's token budget. Before dispatch it caps the request; after, the
@@ -444,9 +403,9 @@ class Operation:
     def update_trace(self, trace: TraceInfo, *, operation_scoped: bool) -> None:
         """A TRACE_CONTEXT arrived; operation scope beats the session default."""
         if operation_scoped:
-            self.operation_trace = trace
+            self._operation_trace = trace
             self.trace = trace
-        elif self.operation_trace is None:
+        elif self._operation_trace is None:
             self.trace = trace
 
     # ------------------------------------------------------------------ outputs
@@ -511,14 +470,17 @@ class Operation:
         if not self.events_sent:
             self.stage(Stage.PRODUCING_PARTIAL)
         self._port.send_partial(body, defer=not flush)
-        now = trio.current_time()
-        if self.first_event_at is None:
-            self.first_event_at = now
-        elif self.last_event_at is not None:
-            self.max_gap = max(self.max_gap, now - self.last_event_at)
-        self.last_event_at = now
+        # The observers' figures, in the notes: no more work an event than as attributes.
+        notes, now = self.notes, trio.current_time()
+        last = notes.last_event_at
+        if last is None:
+            if notes.first_event_at is None:
+                notes.first_event_at = now
+        elif now - last > notes.max_gap:
+            notes.max_gap = now - last
+        notes.last_event_at = now
         self.events_sent += 1
-        self.bytes_sent += len(body)
+        notes.bytes_sent += len(body)
 
     def flush(self) -> None:
         """Write the events emitted with ``flush=False`` (synchronous)."""
@@ -545,12 +507,12 @@ class Operation:
         self._port.send_result(terminal.status, payload, retry, frame)
         self.end_cause = cause
         self._mark_terminal()
-        self.bytes_sent += len(payload)
+        self.notes.bytes_sent += len(payload)
 
     def _mark_terminal(self) -> None:
         self.terminal_at = trio.current_time()
-        if self.first_event_at is None:
-            self.first_event_at = self.terminal_at
+        if self.notes.first_event_at is None:
+            self.notes.first_event_at = self.terminal_at
 
 
 #: Causes after which the client already holds the operation as ended (its own control).

@@ -68,6 +68,7 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
+from ._operation import OperationNotes
 from ._relay import forwarded, relayed
 from ._resume import SessionRegistry
 from ._stats import ServerStats
@@ -115,6 +116,8 @@ class GatewayServer:
         max_connections: beyond this, a new connection gets ERROR SERVER_BUSY and is closed.
         refusal: the answer to a refused submit (the profile's).
         observer: told of every operation once it has ended (logs and metrics).
+        notes: the class of each operation's notes: ``OperationNotes``, or an observer's
+            subclass with room for what its handler notes (the app's ``RecordNotes``).
         quic: certificate and limits for ``quic://`` listeners (none without it).
         inherited: listeners a ``--workers`` supervisor bound for this process, by URI as
             configured (``gateway.transport.bind_shared``); the others are bound here.
@@ -128,10 +131,12 @@ class GatewayServer:
                  ssl_context: ssl.SSLContext | None = None,
                  quic: QuicSettings | None = None,
                  inherited: Sequence[Inherited] = (),
-                 resume: ResumePolicy | None = None) -> None:
+                 resume: ResumePolicy | None = None,
+                 notes: type[OperationNotes] = OperationNotes) -> None:
         self.handler = handler
         self._inherited = {listener.uri: listener for listener in inherited}
         self.observer = observer
+        self.notes = notes
         self.config = config or ServerConfig()
         self.limits = limits or ConnectionLimits()
         self.max_connections = max_connections
@@ -507,7 +512,7 @@ class GatewayServer:
         connection = Connection(transport, self.handler, self.config, self.limits,
                                 refusal=self.refusal, observer=self.observer, stats=self.stats,
                                 registry=self.registry, ids=self.ids, relayed=relayed,
-                                forwarded=forwarded)
+                                forwarded=forwarded, notes=self.notes)
         if self._drain_deadline is not None:  # module rule 3: taken in the drain's terms
             if self._drains is None:  # the drain is over: nobody would drain it
                 self.stats.connections_refused += 1

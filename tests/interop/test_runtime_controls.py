@@ -107,7 +107,7 @@ def budget_applied(stack: Stack, _events: list[dict[str, Any]]) -> bool:
 
 
 def priority_refused(stack: Stack, _events: list[dict[str, Any]]) -> bool:
-    return any(op.priority_updates for op in live_operations(stack.gateway))
+    return any(op.notes.priority_updates for op in live_operations(stack.gateway))
 
 
 def hint_ignored(stack: Stack, _events: list[dict[str, Any]]) -> bool:

@@ -17,6 +17,7 @@ from gateway.observe import (
     AdminRoutes,
     AdminServer,
     GatewayMetrics,
+    RecordNotes,
     RouteUnavailable,
     build_record,
     configure_logging,
@@ -32,12 +33,12 @@ def ended(cause: EndCause, **notes: Any) -> Operation:
     op = Operation(RecordingPort(), connection_id=3, transport="ipc", session_id=2, operation_id=9,
                    frame_id=4, typed_body=None, body_error=None, header_trace_id=0,
                    trace=TraceInfo(0xAB, 0xCD, 0, 1, 12), deadline_unix_ms=None,
-                   deadline_drop_reason=0)
+                   deadline_drop_reason=0, notes=RecordNotes)
     for key, value in notes.items():
         setattr(op.notes, key, value)
-    op.started_at = op.received_at + 0.001
+    op.notes.started_at = op.notes.received_at + 0.001
     op.end_cause = cause
-    op.terminal_at = op.received_at + 0.010
+    op.terminal_at = op.notes.received_at + 0.010
     return op
 
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 
 from gateway.errors import ConfigError
 from gateway.nnrp import CancelSource, TraceInfo
-from gateway.observe import Upstream, build_record, build_spans
+from gateway.observe import GatewaySpan, RecordNotes, Upstream, build_record, build_spans
 from gateway.observe._otel import (
     COLLECTOR_HINT,
     EXPORTER_LOGGERS,
@@ -43,7 +43,7 @@ from gateway.observe._spans import MAX_ATTRIBUTE_CHARS
 from gateway.observe._tracing import open_tracer, tracing_disabled
 from gateway.pipeline import traceparent, upstream_traceparent
 from gateway.profile import EndCause
-from gateway.server import CancelInfo, GatewaySpan, Operation
+from gateway.server import CancelInfo, Operation
 from tests.support.ports import RecordingPort
 from tests.support.processes import free_port
 
@@ -58,14 +58,14 @@ def ended(cause: EndCause, *, trace: TraceInfo | None = TRACE,
     op = Operation(RecordingPort(), connection_id=3, transport="ipc", session_id=2,
                    operation_id=9, frame_id=4, typed_body=None, body_error=None,
                    header_trace_id=0, trace=trace, deadline_unix_ms=None,
-                   deadline_drop_reason=0)
+                   deadline_drop_reason=0, notes=RecordNotes)
     op.notes.span = span
     for key, value in notes.items():
         setattr(op.notes, key, value)
-    op.received_unix_ns = 1_000_000_000
-    op.started_at = op.received_at + 0.001
+    op.notes.received_unix_ns = 1_000_000_000
+    op.notes.started_at = op.notes.received_at + 0.001
     op.end_cause = cause
-    op.terminal_at = op.received_at + 0.010
+    op.terminal_at = op.notes.received_at + 0.010
     return op
 
 
@@ -79,9 +79,9 @@ async def test_a_completed_stream_is_an_operation_span_and_its_upstream_child() 
                request_id="r1", stream=True, usage={"prompt_tokens": 3, "completion_tokens": 5},
                upstream_status=200, response_model="tiny-1", response_id="chatcmpl-1",
                finish_reasons=("stop",))
-    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
-                                                           op.received_at + 0.008)
-    op.first_event_at, op.events_sent = op.received_at + 0.004, 3
+    op.notes.upstream_started, op.notes.upstream_closed = (op.notes.received_at + 0.002,
+                                                           op.notes.received_at + 0.008)
+    op.notes.first_event_at, op.events_sent = op.notes.received_at + 0.004, 3
     operation, upstream = spans_of(op)
     assert (operation.name, operation.kind) == ("chat.completions.create tiny", "server")
     assert (operation.trace_id, operation.span_id, operation.parent_span_id) == (0xAB, 0xEF, 0xCD)
@@ -149,8 +149,8 @@ async def test_the_status_and_end_events_follow_the_end_cause(cause: EndCause, e
 async def test_vllms_4xx_is_an_error_of_the_client_span_only() -> None:
     op = ended(EndCause.UNSUPPORTED_MODEL, model="nope", operation="chat.completions.create",
                upstream_status=404)
-    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
-                                                           op.received_at + 0.003)
+    op.notes.upstream_started, op.notes.upstream_closed = (op.notes.received_at + 0.002,
+                                                           op.notes.received_at + 0.003)
     operation, upstream = spans_of(op)
     assert operation.error is None and "error.type" not in operation.attributes
     assert upstream.error == "unsupported_model"
@@ -160,8 +160,9 @@ async def test_vllms_4xx_is_an_error_of_the_client_span_only() -> None:
 
 async def test_a_cancel_and_a_resume_are_events_at_their_time() -> None:
     op = ended(EndCause.PEER_CANCELLED)
-    op.cancel_info = CancelInfo(CancelSource.ABORT, 4, b"SECRET words", at=op.received_at + 0.006)
-    op.reattached, op.reattached_at = 1, [op.received_at + 0.003]
+    op.cancel_info = CancelInfo(CancelSource.ABORT, 4, b"SECRET words",
+                                at=op.notes.received_at + 0.006)
+    op.notes.reattached_at = [op.notes.received_at + 0.003]
     (operation,) = spans_of(op)
     assert [(e.name, e.at_ns, dict(e.attributes)) for e in operation.events] == [
         ("nnrp.resume", 1_003_000_000, {}),
@@ -303,8 +304,8 @@ async def test_decide_names_the_upstream_span_before_it_exists() -> None:
     root = traces.decide(None)
     assert root.upstream_span_id not in (0, root.span_id)
     op = ended(EndCause.COMPLETED, span=root, model="tiny", operation="chat.completions.create")
-    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
-                                                           op.received_at + 0.003)
+    op.notes.upstream_started, op.notes.upstream_closed = (op.notes.received_at + 0.002,
+                                                           op.notes.received_at + 0.003)
     operation, upstream = spans_of(op)
     assert (upstream.span_id, upstream.parent_span_id) == (root.upstream_span_id,
                                                            operation.span_id)
@@ -324,8 +325,8 @@ async def test_a_clients_model_and_operation_strings_are_bounded() -> None:
     huge = "m" * 5000
     op = ended(EndCause.COMPLETED, model=huge, operation="chat.completions.create",
                request_id="r" * 5000, response_model="x" * 900, finish_reasons=("y" * 900,))
-    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
-                                                           op.received_at + 0.003)
+    op.notes.upstream_started, op.notes.upstream_closed = (op.notes.received_at + 0.002,
+                                                           op.notes.received_at + 0.003)
     operation, upstream = spans_of(op)
     assert (operation.name, upstream.name) == ("chat.completions.create other", "chat other")
     for span in (operation, upstream):
@@ -453,8 +454,8 @@ def opened(monkeypatch: pytest.MonkeyPatch, exported: list[int] | None = None,
 def upstream_op() -> Operation:
     """An operation with a request to vLLM: two spans, SERVER and CLIENT."""
     op = ended(EndCause.COMPLETED, model="tiny", operation="chat.completions.create")
-    op.notes.upstream_started, op.notes.upstream_closed = (op.received_at + 0.002,
-                                                           op.received_at + 0.003)
+    op.notes.upstream_started, op.notes.upstream_closed = (op.notes.received_at + 0.002,
+                                                           op.notes.received_at + 0.003)
     return op
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.nnrp import TraceInfo
-from gateway.pipeline import Translator, build_request, traceparent
+from gateway.pipeline import Translator, build_request, traceparent, vllm_priority
 from gateway.pipeline._request import SESSION_HEADER
 from gateway.pipeline._translate import forces_tool_choice
 from gateway.profile import parse_envelope
@@ -68,6 +68,13 @@ def test_the_session_uid_goes_as_x_session_id_and_nowhere_else() -> None:
                                 "x-session-id": "0123456789abcdef"}
     assert without.headers == {"x-request-id": "nnrp-3-1-2"}
     assert with_uid.body == without.body  # a header only: the body stays the client's
+
+
+def test_a_priority_class_becomes_vllms_priority() -> None:
+    assert vllm_priority(0, 0) == -10  # interactive: one step ahead of vLLM's default
+    assert vllm_priority(1, 0) is None  # balanced, what stock clients open: vLLM's default
+    assert vllm_priority(2, -3) == 7  # background, fine-tuned by the delta
+    assert vllm_priority(1, 4) == 4
 
 
 def test_non_stream_body_is_sent_as_is() -> None:

@@ -173,14 +173,14 @@ async def test_close_refuses_a_cause_that_is_not_a_handlers_terminal() -> None:
 
 async def test_priority_is_taken_before_dispatch_only() -> None:
     op = operation(RecordingPort())
-    assert op.vllm_priority == -10  # interactive: one step ahead of vLLM's default
+    assert (op.priority_class, op.priority_delta, op.priority_requested) == (0, 0, False)
     assert op.request_priority(1, 0)
-    assert op.vllm_priority is None  # balanced, what stock clients open: vLLM's default
     assert op.request_priority(2, -3)
-    assert op.vllm_priority == 7 and op.priority_requested
+    assert (op.priority_class, op.priority_delta, op.priority_requested) == (2, -3, True)
     op.dispatched_at = 1.0
     assert not op.request_priority(0, 0)
-    assert op.priority_updates == 3 and op.vllm_priority == 7
+    assert (op.priority_class, op.priority_delta) == (2, -3)
+    assert op.notes.priority_updates == 3  # each counted, for the record
 
 
 async def test_a_token_budget_caps_what_streams_and_can_end_it_live() -> None:

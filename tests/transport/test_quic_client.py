@@ -59,7 +59,7 @@ async def test_our_client_streams_over_quic(nursery: trio.Nursery, pki: Pki) -> 
     assert [type(e).__name__ for e in events] == ["PartialReceived"] * 50 + ["ResultReceived"]
     assert [json.loads(e.body)["n"] for e in events[:-1]] == list(range(50))
     (seen,) = gateway.seen.operations
-    assert seen.transport == "quic"
+    assert seen.notes.transport == "quic"
     assert seen.header_trace_id == 0xABC
     assert gateway.stats.connections_total == 1
 
@@ -80,7 +80,7 @@ async def test_our_client_over_ipv6_through_a_retry(nursery: trio.Nursery, pki: 
     assert gateway.stats.retries == 1
     assert gateway.stats.invalid_tokens == 0
     (seen,) = gateway.seen.operations
-    assert seen.transport == "quic"
+    assert seen.notes.transport == "quic"
 
 
 async def test_a_large_write_is_paced_by_the_send_buffer(nursery: trio.Nursery,

@@ -86,7 +86,7 @@ async def test_native_client_streams_over_quic(nursery: trio.Nursery, pki: Pki) 
     assert frames[-1]["kind"] == "RESULT_PUSH"
     assert frames[-1]["payload"]["header_trace_id"] == 0xABC
     (operation,) = gateway.seen.operations
-    assert operation.transport == "quic"
+    assert operation.notes.transport == "quic"
     assert gateway.stats.connections_total == 1
 
 
@@ -161,7 +161,7 @@ async def test_native_two_sessions_on_one_quic_connection(nursery: trio.Nursery,
     assert {op.session_id for op in gateway.seen.operations} == {1, 2}
     assert gateway.stats.connections_total == 1  # both sessions shared one QUIC connection
     # Both streamed at once: their events interleaved in time.
-    starts = sorted(op.started_at for op in gateway.seen.operations)
+    starts = sorted(op.notes.started_at for op in gateway.seen.operations)
     assert starts[1] - starts[0] < 0.1
 
 
