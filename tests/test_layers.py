@@ -207,8 +207,8 @@ def test_sans_io_layers_import_no_io(part: str) -> None:
 #: The serving core's httpx users, each for a reason the docs give (gateway/upstream
 #: __init__, docs/architecture.md); gateway.tools may use it freely.
 HTTPX = {
-    "gateway.upstream._client": "the vLLM client: httpx's API",
-    "gateway.upstream._transport": "each plain-HTTP slot's connection, an httpx transport",
+    "gateway.upstream._client": "the vLLM client's probes, on a pool of their own",
+    "gateway.upstream._https": "an https:// vLLM's request slots (http:// is the project's)",
     "gateway.workers._supervisor": "asks each worker's admin listener on its unix socket",
     "cli.main": "`record` says which vLLM did not answer (the recorder's httpx error)",
     "cli.bench": "`bench live` says which vLLM did not answer (the benchmark's httpx error)",

@@ -1,9 +1,11 @@
-"""vLLM over HTTP: the client (httpx's API, over the project's own HTTP/1.1 transport for
-http://), the checked chunk stream, the SSE decoder, chunk checks and version bindings.
+"""vLLM over HTTP: the client (for an http:// vLLM's requests the project's own HTTP/1.1
+client, for https:// and the probes httpx: ``_client``'s rules), the checked chunk
+stream, the SSE decoder, chunk checks and version bindings.
 
-httpx is imported by ``_client`` and ``_transport`` only; in the serving core, besides
-them, only the workers' supervisor uses it (to ask each worker's admin listener over its
-unix socket), and in ``gateway.tools`` whatever tool talks HTTP (tests/test_layers.py).
+httpx is imported by ``_client`` (the probes) and ``_https`` (an https:// vLLM's requests)
+only; in the serving core, besides them, only the workers' supervisor uses it (to ask each
+worker's admin listener over its unix socket), and in ``gateway.tools`` whatever tool
+talks HTTP (tests/test_layers.py).
 """
 
 from ._admission import LoadMonitor as LoadMonitor

@@ -1,20 +1,41 @@
-"""The vLLM HTTP client, on httpx. Of the upstream's modules only this one and
-``_transport`` (each plain-HTTP request slot's connection, an httpx transport) import
-httpx (who else does, and why: the package docstring).
+"""The vLLM HTTP client.
 
     chunks(body, headers, ...)     a streamed completion as checked chunks (``_stream``)
     completion(body, headers, ...) a non-streaming completion as a checked body
     probe(), health_check()        GET /version, /v1/models, /health on their own pool
 
-Timeouts: a request's httpx per-read timeout is off (``read=None``); the first-chunk and
-idle deadlines are the stream's clocks (``_stream.ChunkStream.clocks``), the total
-deadline a scope owned by the caller (conventions.md A4). httpx keeps the connect
-timeout, which on a request surfaces as ``UpstreamOverloaded`` (vLLM is there but does
-not accept in time), and a write bound. Probes have their own bounded timeouts
-(``probe_timeout``); a probe that times out is ``UpstreamUnavailable``.
+Which HTTP carries what (rules; docs/architecture.md, "The upstream path"):
+
+1. An http:// vLLM's completion requests, the gateway's hot path, go over the project's
+   own HTTP/1.1 client (``_transport`` over the sans-IO ``_http1``): no httpx between
+   the socket and the SSE decoder. Measured against httpx and httpcore on the same path
+   (the replay vLLM, runs alternating, docs/benchmarks.md "The upstream path decided"):
+   1.17-1.55 times less gateway CPU per paced event at 16 and 256 streams, a fourteenth
+   of the added latency at 256 streams x 100 events/s (p50), a third of a non-streaming
+   request's, and none of httpcore's pool rescans (``_slots``).
+2. An https:// vLLM's completion requests go through httpx (``_https``): TLS, and not the
+   loopback case the project optimises for.
+3. The probes (/version, /v1/models, /health, /metrics, /load) go through httpx for both
+   schemes, on a pool of their own: a few requests a second, where httpx's API pays.
+4. Each request path has its own tests on the branch production takes: the http:// one
+   against real sockets (tests/upstream/test_transport.py, and h11 as the referee of
+   ``_http1`` in tests/upstream/test_http1_differential.py), the https:// one through
+   respx under the slot's httpx client; the client's own behaviour on both
+   (tests/upstream/test_client_faults.py). ``VllmClient``'s ``transport`` (a test's mock)
+   reaches httpx's clients only: the https:// slots and the probe pool.
+5. Both request paths answer alike (``_Slot``, ``_Response``): the same failures under
+   httpx's names (``_transport.TransportError``), the same body readers, so this module
+   reads every response one way.
+
+Timeouts: a request has no per-read timeout; the first-chunk and idle deadlines are the
+stream's clocks (``_stream.ChunkStream.clocks``), the total deadline a scope owned by
+the caller (conventions.md A4). A request keeps a connect timeout, which surfaces as
+``UpstreamOverloaded`` (vLLM is there but does not accept in time), and a write bound
+(``WRITE_TIMEOUT``). Probes have their own bounded timeouts (``probe_timeout``); a probe
+that times out is ``UpstreamUnavailable``.
 
 Cancellation: leaving ``chunks`` early (a cancelled scope, an exception) closes the
-response before it is fully read, so httpx closes the socket instead of pooling it, and
+response before it is fully read, so its socket is closed instead of kept for reuse, and
 vLLM aborts the request on disconnect (vllm-http.md section 3).
 
 Reuse: a stream that reached ``data: [DONE]`` reads the rest of its body (the chunked
@@ -25,10 +46,9 @@ terminator) on the way out of ``chunks``, so its connection goes back to its slo
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -45,10 +65,19 @@ from ._errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from ._http1 import request_bytes
+from ._https import HttpxRequests, HttpxResponse, HttpxSlot
 from ._slots import ConnectionSlots, SlotHolder
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
-from ._transport import BODY_EXTENSION, BodyTooLarge, LoopbackBody, LoopbackTransport
+from ._transport import (
+    BodyTooLarge,
+    ConnectError,
+    ConnectTimeout,
+    Http1Connection,
+    LocalProtocolError,
+    TransportError,
+)
 from ._versions import Binding, select_binding
 
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
@@ -60,6 +89,8 @@ TRAILER_WAIT = 0.25
 #: Idle connections are closed before vLLM's server would (uvicorn's keep-alive timeout,
 #: 5 s in vLLM), so a request is never sent on a connection the server is closing.
 KEEPALIVE_EXPIRY = 4.0
+#: A request's bytes must be written within this (a big one waits for vLLM to read it).
+WRITE_TIMEOUT = 30.0
 
 
 CHAT_PATH = "/v1/chat/completions"
@@ -119,7 +150,8 @@ class PoolFigures:
 
 
 class VllmClient:
-    """Loopback HTTP/1.1 client for vLLM's OpenAI server."""
+    """Loopback HTTP/1.1 client for vLLM's OpenAI server. ``transport`` (a test's mock)
+    goes under httpx's clients only: the probe pool, an https:// vLLM's slots (rule 4)."""
 
     def __init__(self, config: UpstreamConfig,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
@@ -141,28 +173,32 @@ class VllmClient:
                                     keepalive_expiry=KEEPALIVE_EXPIRY),
                 headers=headers, trust_env=False, transport=transport)
 
-        # Requests: no httpx read or pool timeout; waiting for a slot counts against the
-        # operation's own first-chunk, idle and total deadlines (trio scopes). Each slot's
-        # one connection is a LoopbackTransport for http:// (the hot path, ``_transport``).
-        request_timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
-                                        write=30.0, pool=None)
-        # A plain-HTTP slot is the loopback transport itself, called without httpx's
-        # client around it (auth, redirects, cookies: none apply to vLLM on loopback).
-        plain = transport is None and httpx.URL(config.base_url).scheme == "http"
-        self._slots: ConnectionSlots[_Slot] = ConnectionSlots(
-            config.pool_size,
-            (lambda: LoopbackTransport(KEEPALIVE_EXPIRY)) if plain
-            else (lambda: _ClientSlot(pool(request_timeout, 1))),
-            detached_share=config.detached_share)
-        self._pulse = _Pulse()
-        self._refused = trio.Event()
         # Probes get their own pool: behind busy request slots a /health call would queue
         # and time out, and a busy vLLM would be declared dead (found by the 1,000-stream
         # soak). A bounded read timeout, so a hung /health cannot stall the watch loop.
         self._probe_client = pool(httpx.Timeout(config.probe_timeout,
                                                 connect=config.connect_timeout), 2)
-        self._requests = _RequestTemplate(config.base_url, self._probe_client.headers,
-                                          request_timeout)
+        # Requests: no read or pool timeout; waiting for a slot counts against the
+        # operation's own first-chunk, idle and total deadlines (trio scopes). A connect
+        # timeout, and a bound on writing the request. Each slot is one connection: the
+        # project's own for http:// (rule 1), an httpx client's for https:// (rule 2).
+        url = httpx.URL(config.base_url)
+        static = _static_headers(url, self._probe_client.headers)
+        new_slot: Callable[[], _Slot]
+        if url.scheme == "http":
+            requests = Http1Requests(config.base_url, static)
+            new_slot = lambda: Http1Slot(requests, Http1Connection(  # noqa: E731
+                url.host, url.port or 80, connect_timeout=config.connect_timeout,
+                write_timeout=WRITE_TIMEOUT, keepalive_expiry=KEEPALIVE_EXPIRY))
+        else:
+            timeout = httpx.Timeout(connect=config.connect_timeout, read=None,
+                                    write=WRITE_TIMEOUT, pool=None)
+            https = HttpxRequests(config.base_url, static, timeout)
+            new_slot = lambda: HttpxSlot(pool(timeout, 1), https)  # noqa: E731
+        self._slots: ConnectionSlots[_Slot] = ConnectionSlots(
+            config.pool_size, new_slot, detached_share=config.detached_share)
+        self._pulse = _Pulse()
+        self._refused = trio.Event()
 
     async def aclose(self) -> None:
         await self._slots.aclose()
@@ -230,7 +266,7 @@ class VllmClient:
             async with self._probe_client.stream("GET", path) as response:
                 if response.status_code != 200:
                     raise UpstreamStatus(response.status_code,
-                                         await _read_bounded(response))
+                                         await _read_bounded(HttpxResponse(response)))
                 async for chunk in response.aiter_raw():
                     data += chunk
                     if len(data) > max_bytes:
@@ -321,31 +357,30 @@ class VllmClient:
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
                         first_chunk: float, path: str = CHAT_PATH, *,
                         holder: SlotHolder | None = None, content: bytes | None = None
-                        ) -> AsyncIterator[httpx.Response]:
+                        ) -> AsyncIterator[_Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds). ``content``: the
         body already encoded (a request with media: ``gateway.pipeline._media``)."""
         if content is None:
             content = json.dumps(body).encode()
-        request = self._requests.build(path, content, headers)
-        response: httpx.Response | None = None
+        response: _Response | None = None
         async with self._slots.checkout(self.config.queue_timeout, holder) as slot:
             with trio.move_on_at(deadline):
                 try:
-                    response = await slot.send(request)
-                except httpx.ConnectTimeout as exc:  # alive but not accepting in time
+                    response = await slot.send(path, content, headers)
+                except ConnectTimeout as exc:  # alive but not accepting in time
                     raise UpstreamOverloaded(
                         f"vLLM did not accept a connection within "
                         f"{self.config.connect_timeout} s") from exc
-                except httpx.TransportError as exc:
-                    if isinstance(exc, httpx.ConnectError):
+                except TransportError as exc:
+                    if isinstance(exc, ConnectError):
                         self.recheck()
-                    raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+                    raise UpstreamUnavailable(f"{exc.name}: {exc}") from exc
             if response is None:
                 raise UpstreamTimeout("first_chunk", first_chunk)
             try:
-                if response.status_code != 200:
-                    raise UpstreamStatus(response.status_code, await _read_bounded(response))
+                if response.status != 200:
+                    raise UpstreamStatus(response.status, await _read_bounded(response))
                 yield response
             finally:
                 # Closing an unfinished response closes its socket: that is vLLM's abort.
@@ -353,58 +388,88 @@ class VllmClient:
                     await response.aclose()
 
 
-class _Slot(Protocol):
-    """One request at a time on one connection (``_slots``)."""
+class _Response(Protocol):
+    """A response whose head has been read (``_transport.Http1Response``,
+    ``_https.HttpxResponse``): its status, then its raw body (chunked framing removed),
+    read as it comes or whole. Failures are ``TransportError``s; ``aclose`` always."""
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """The response, its body not yet read."""
+    status: int
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def read_all(self, max_bytes: int) -> bytes:
+        """The whole body; ``BodyTooLarge`` past ``max_bytes``."""
+        ...
+
+    def abort(self) -> bool:
+        """Close the socket now, from any task; False when there is none (a mock)."""
         ...
 
     async def aclose(self) -> None: ...
 
 
-class _ClientSlot:
-    """A slot on an httpx client of its own (https://, or a transport given for tests)."""
+class _Slot(Protocol):
+    """One request at a time on one connection (``_slots``)."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self._client = client
+    async def send(self, path: str, body: bytes, headers: dict[str, str]) -> _Response:
+        """POST ``body`` to ``path``: the response, its body not yet read."""
+        ...
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        return await self._client.send(request, stream=True)
+    async def aclose(self) -> None: ...
+
+
+def _static_headers(url: httpx.URL, client_headers: httpx.Headers
+                    ) -> list[tuple[bytes, bytes]]:
+    """The headers every completion request carries, as httpx's client would send them:
+    its defaults and the gateway's, the content type, and credentials in the URL
+    (http://user:pass@host) as Basic auth (over an API key's header, as httpx's client
+    does). Built once per client (build once what can be)."""
+    defaults = httpx.Headers(client_headers)
+    defaults["content-type"] = "application/json"
+    if url.username or url.password:
+        credentials = f"{url.username}:{url.password}".encode()
+        defaults["authorization"] = "Basic " + base64.b64encode(credentials).decode()
+    return list(defaults.raw)
+
+
+class Http1Requests:
+    """An http:// client's request bytes, as httpx would write the same request
+    (tests/upstream/test_transport.py compares): ``Host`` first, the static headers, the
+    request's own, then ``Content-Length``. A path's target and the headers before the
+    request's own are built once."""
+
+    def __init__(self, base_url: str, static: list[tuple[bytes, bytes]]) -> None:
+        self._base = base_url.rstrip("/")
+        self._first = [(b"Host", httpx.URL(base_url).netloc), *static]
+        self._targets: dict[str, bytes] = {}
+
+    def encode(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+        target = self._targets.get(path)
+        if target is None:
+            target = self._targets[path] = httpx.URL(self._base + path).raw_path
+        fields = self._first + [(name.encode(), value.encode())
+                                for name, value in headers.items()]
+        fields.append((b"Content-Length", str(len(body)).encode()))
+        try:
+            return request_bytes("POST", target, fields, body)
+        except ValueError as exc:  # a header that would split the request
+            raise LocalProtocolError(str(exc)) from exc
+
+
+class Http1Slot:
+    """One request slot of an http:// vLLM: one of the project's own connections."""
+
+    def __init__(self, requests: Http1Requests, connection: Http1Connection) -> None:
+        self._requests = requests
+        self._connection = connection
+
+    async def send(self, path: str, body: bytes, headers: dict[str, str]) -> _Response:
+        return await self._connection.send("POST", self._requests.encode(path, body, headers))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-class _RequestTemplate:
-    """What every completion request shares, built once: the URL per path, the static
-    headers (the clients' defaults and the content type) and the timeouts. httpx's
-    ``build_request`` merges all three again for every request, about half of a
-    request's construction (build once what can be)."""
-
-    def __init__(self, base_url: str, client_headers: httpx.Headers, timeout: httpx.Timeout
-                 ) -> None:
-        self._base = base_url.rstrip("/")
-        self._urls: dict[str, httpx.URL] = {}
-        defaults = httpx.Headers(client_headers)  # httpx's defaults and the gateway's
-        defaults["content-type"] = "application/json"
-        url = httpx.URL(base_url)
-        if url.username or url.password:
-            # Credentials in the URL (http://user:pass@host) are Basic auth, as httpx's
-            # client made them (over an API key's header, as there); the requests go to
-            # the transport without that client.
-            credentials = f"{url.username}:{url.password}".encode()
-            defaults["authorization"] = "Basic " + base64.b64encode(credentials).decode()
-        self._static = list(defaults.raw)
-        self._timeout = timeout.as_dict()
-
-    def build(self, path: str, content: bytes, headers: dict[str, str]) -> httpx.Request:
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self._base + path)
-        return httpx.Request("POST", url, content=content, extensions={
-            "timeout": self._timeout}, headers=self._static + [
-                (name.encode(), value.encode()) for name, value in headers.items()])
+        await self._connection.aclose()
 
 
 @attrs.define
@@ -421,46 +486,33 @@ class BodyChunks:
     suspended generator for trio to finalize (the pipeline leaves early on purpose).
     """
 
-    def __init__(self, response: httpx.Response, pulse: _Pulse) -> None:
-        # The loopback transport's own body iterator when there is one (no httpx layers
-        # per read); httpx's otherwise (https://, a mock transport).
-        body: AsyncIterator[bytes] | None = response.extensions.get(BODY_EXTENSION)
-        self._chunks = body if body is not None else response.aiter_raw()
-        self._pulse = pulse
+    def __init__(self, response: _Response, pulse: _Pulse) -> None:
         self._response = response
+        self._pulse = pulse
 
     def abort(self) -> bool:
         """Close the response's socket now, synchronously, from any task: vLLM sees the
         disconnect (and aborts the request) without waiting for the reading task to be
-        scheduled, which at 256 busy streams can take many milliseconds. The
-        socket comes from the response's ``network_stream`` extension (httpx's convention,
-        which ``LoopbackTransport`` and httpcore both follow); the reading
+        scheduled, which at 256 busy streams can take many milliseconds. The reading
         task's pending read then fails, and closing the response later is harmless.
         False when there is no socket to close (a mock transport)."""
-        network_stream = self._response.extensions.get("network_stream")
-        sock = network_stream.get_extra_info("socket") if network_stream else None
-        if sock is None:
-            return False
-        # It runs in the connection's reader task: a failure here must not end that.
-        with contextlib.suppress(OSError):
-            sock.close()
-        return True
+        return self._response.abort()
 
     async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
         """After ``data: [DONE]``: read the little that is left (the chunked-encoding
         terminator) so the connection goes back to the pool. Breaking off at [DONE]
-        instead left every response unfinished, so httpx closed its socket and each
+        instead left every response unfinished, so its socket was closed and each
         request paid a new connect; 1,000 streams reconnecting together then met connect
         timeouts (1,000-stream soak). More than ``max_bytes`` or a slower end and the
         connection is closed as before. True when the body ended cleanly."""
         received = 0
         with trio.move_on_after(TRAILER_WAIT):
             try:
-                async for chunk in self._chunks:
+                async for chunk in self._response:
                     received += len(chunk)
                     if received > max_bytes:
                         return False
-            except httpx.TransportError:
+            except TransportError:
                 return False
             return True
         return False
@@ -470,46 +522,37 @@ class BodyChunks:
 
     async def __anext__(self) -> bytes:
         try:
-            chunk = await self._chunks.__anext__()
+            chunk = await self._response.__anext__()
             self._pulse.last = trio.current_time()
             return chunk
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             # A reset mid-body: the stream is broken, not merely unavailable.
             raise UpstreamMalformed(
-                f"vLLM connection broke mid-response: {type(exc).__name__}",
+                f"vLLM connection broke mid-response: {exc.name}",
                 kind="connection_lost") from exc
 
 
-async def _read_whole(response: httpx.Response, max_bytes: int) -> bytes:
-    """A 200 answer's whole body, at most ``max_bytes``: in one piece from the loopback
-    transport (``LoopbackBody.read_all``), else gathered from httpx's chunks."""
-    whole: LoopbackBody | None = response.extensions.get(BODY_EXTENSION)
+async def _read_whole(response: _Response, max_bytes: int) -> bytes:
+    """A 200 answer's whole body, at most ``max_bytes`` (``read_all``: in one piece from
+    the project's own connection where it has arrived)."""
     try:
-        if whole is not None:
-            return await whole.read_all(max_bytes)
-        pieces, size = [], 0
-        async for chunk in response.aiter_raw():
-            pieces.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise BodyTooLarge(f"body exceeds {max_bytes} bytes")
-        return b"".join(pieces)
+        return await response.read_all(max_bytes)
     except BodyTooLarge as exc:
         raise UpstreamMalformed(f"completion body exceeds {max_bytes >> 20} MiB") from exc
-    except httpx.TransportError as exc:
+    except TransportError as exc:
         # A reset mid-body: the answer is broken, not merely unavailable (as a stream's).
         raise UpstreamMalformed(
-            f"vLLM connection broke mid-response: {type(exc).__name__}",
+            f"vLLM connection broke mid-response: {exc.name}",
             kind="connection_lost") from exc
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
+async def _read_bounded(response: _Response) -> bytes:
     data = bytearray()
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response:
             data += chunk
             if len(data) >= MAX_ERROR_BODY:
                 break
-    except httpx.TransportError:
+    except TransportError:
         pass  # the status is what matters; keep what arrived
     return bytes(data[:MAX_ERROR_BODY])

@@ -31,7 +31,8 @@ class Closeable(Protocol):
     async def aclose(self) -> None: ...
 
 
-#: A slot's client, built by ``_client``: a ``LoopbackTransport`` or an httpx client.
+#: A slot's client, built by ``_client``: one connection of its own (http://) or an httpx
+#: client of one connection (https://).
 ClientT = TypeVar("ClientT", bound=Closeable)
 
 

@@ -1,33 +1,33 @@
-"""An httpx transport for one plain-HTTP loopback connection, on trio, with ``_http1``.
+"""The project's own HTTP/1.1 client for an http:// vLLM: one connection, on trio, with
+``_http1`` reading the bytes. No httpx below ``_client`` on this path (why: ``_client``'s
+rules); https:// goes through httpx (``_https``).
 
-Each plain-HTTP request slot (``_slots``) is one of these, holding one connection, and
-``send`` is called without an httpx client around it (``_client``). httpx keeps its
-API (requests, responses, errors, timeouts) and the gateway's code stays on it; below,
-the bytes go straight from the socket into ``_http1`` instead of through httpcore's
-pool, its trio backend and h11 (that read path, the socket read included, was about a
-third of the CPU per streamed event in a profile at 256 paced streams; the parts are in
-docs/benchmarks.md, "The upstream read path"). https:// URLs keep httpx's own transport
-(``VllmClient`` chooses).
+    connection = Http1Connection(host, port, connect_timeout=2.0, write_timeout=30.0)
+    response = await connection.send("POST", request_bytes(...))   # head read, body not
+    async for raw in response: ...      # or: await response.read_all(max_bytes)
+    await response.aclose()             # always: it decides the connection's reuse
 
-What it guarantees, as httpcore did for the gateway:
+Each plain-HTTP request slot (``_slots``) is one ``Http1Connection``. What it guarantees:
 
-* Errors are httpx's: ``ConnectError`` / ``ConnectTimeout`` before a request is sent,
-  ``WriteError`` / ``WriteTimeout``, ``ReadError`` / ``ReadTimeout``, and
-  ``RemoteProtocolError`` for bytes that are not HTTP/1.1 or a connection closed early.
+* Failures are ``TransportError``s, named as httpx names the same failure (the names
+  reach vLLM's error messages and logs, so they read the same for both schemes):
+  ``ConnectError`` / ``ConnectTimeout`` before a request is sent, ``WriteError`` /
+  ``WriteTimeout``, ``ReadError``, ``RemoteProtocolError`` for bytes that are not
+  HTTP/1.1 or a connection closed early, ``LocalProtocolError`` for a request header
+  that would split the request. There is no read timeout: the stream's clocks time the
+  reads (``_stream``), the caller's scopes the rest.
 * A connection is reused only after a response read to its exact end (``_http1`` R4),
-  and only if the server has not closed it meanwhile (a readable idle socket is closed
-  and replaced, as httpcore does); otherwise it is closed when the response is.
-* ``response.extensions["network_stream"].get_extra_info("socket")`` is the socket, for
-  the synchronous abort (``BodyChunks.abort``); a read pending when it closes fails as
-  ``ReadError``.
-* ``response.extensions[BODY_EXTENSION]`` iterates the raw body as ``aiter_raw()`` does
-  (the bytes as read, chunked framing removed), one read per step, through
-  ``gateway._sockio``: the streamed-event path has nothing else between the socket and
-  the SSE decoder. Unlike ``aiter_raw()`` it neither guards against a second
-  iteration nor releases the connection at the body's end: the caller closes the
-  response, which does (``VllmClient._response`` always does). ``read_all`` takes a
-  whole body at once instead (a non-streaming answer): a fixed-length one in one read
-  where it has arrived, bounded before any of it is read.
+  and only if the server has not closed it meanwhile (an idle socket that is readable is
+  closed and replaced) and it has not been idle past ``keepalive_expiry``; otherwise it
+  is closed when the response is.
+* ``Http1Response.abort()`` closes the socket synchronously, from any task (a cancel's
+  abort, ``_client.BodyChunks.abort``); a read pending then fails as ``ReadError``.
+* The body iterates as the bytes are read (chunked framing removed), one read of the
+  socket per step, through ``gateway._sockio``: the streamed-event path has nothing else
+  between the socket and the SSE decoder, and a read returns everything the socket holds
+  (a stream that fell behind catches up in one pass). ``read_all`` takes a whole body
+  instead (a non-streaming answer): a fixed-length one in one read where it has arrived,
+  refused past its bound before a byte of it is read.
 * The request's bytes and the response head also go through ``gateway._sockio`` (what
   the kernel takes at once; the rest through trio's ``send_all`` within the write
   timeout): per request, no trio socket layers and no pass of the scheduler after the
@@ -36,76 +36,97 @@ What it guarantees, as httpcore did for the gateway:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
-import httpx
 import trio
 
 from gateway import _sockio
 
-from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head, request_bytes
+from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head
 
 READ_SIZE = 64 * 1024
-#: The largest single read of a whole body (``LoopbackBody.read_all``): a fixed-length body
-#: up to this size is asked for in one read, so it comes in one when it has arrived.
+#: The largest single read of a whole body (``Http1Response.read_all``): a fixed-length
+#: body up to this size is asked for in one read, so it comes in one when it has arrived.
 WHOLE_READ_MAX = 4 << 20
-#: The response extension holding the body's own iterator: a reader that takes its
-#: chunks from it skips httpx's two generator layers per read (``aiter_raw``); closing
-#: the response still closes it.
-BODY_EXTENSION = "gateway.body"
 #: Interim (1xx) heads accepted before the final one.
 MAX_INTERIM = 8
 
 
-class _NetworkStream:
-    """What ``response.extensions["network_stream"]`` offers (httpcore's shape)."""
+class TransportError(Exception):
+    """The connection failed. ``name`` is httpx's name for the same failure (the class's
+    own name here; ``_https`` gives the name of the httpx error it stands for)."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
-
-    def get_extra_info(self, name: str) -> Any:
-        return self._stream.socket if name == "socket" else None
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name or type(self).__name__
 
 
-class LoopbackTransport(httpx.AsyncBaseTransport):
-    """One HTTP/1.1 connection to ``http://host:port``, reused while it is sound."""
+class ConnectError(TransportError):
+    """No connection: refused, unreachable, or it failed while opening."""
 
-    def __init__(self, keepalive_expiry: float = math.inf) -> None:
+
+class ConnectTimeout(TransportError):
+    """The server did not accept the connection within the connect timeout."""
+
+
+class WriteError(TransportError):
+    pass
+
+
+class WriteTimeout(TransportError):
+    pass
+
+
+class ReadError(TransportError):
+    pass
+
+
+class RemoteProtocolError(TransportError):
+    """The server's bytes are not HTTP/1.1 (``_http1``), or it closed early."""
+
+
+class LocalProtocolError(TransportError):
+    """The request itself cannot be sent (a header with a line break or NUL)."""
+
+
+class BodyTooLarge(Exception):
+    """A body longer than its reader's bound (``read_all``)."""
+
+
+class Http1Connection:
+    """One HTTP/1.1 connection to ``host:port``, one request at a time, reused while it is
+    sound."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout: float | None = None,
+                 write_timeout: float | None = None,
+                 keepalive_expiry: float = math.inf) -> None:
+        self.host = host
+        self.port = port
+        self._connect_timeout = math.inf if connect_timeout is None else connect_timeout
+        self._write_timeout = write_timeout
+        #: An idle connection older than this is closed, not reused (the server's
+        #: keep-alive timeout would close it about then).
+        self._expiry = keepalive_expiry
         self._stream: trio.SocketStream | None = None
         self._busy = False
         self._closed = False
-        #: An idle connection older than this is closed, not reused (the server's
-        #: keep-alive timeout would close it about then; httpx leaves expiry to us).
-        self._expiry = keepalive_expiry
         self._idle_since = math.inf
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """As ``httpx.AsyncClient.send(request, stream=True)`` would answer, for the
-        request slot that is this transport (``_client``): the response, bound to its
-        request, its body not yet read."""
-        response = await self.handle_async_request(request)
-        response.request = request
-        return response
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def send(self, method: str, data: bytes) -> Http1Response:
+        """Send a request (its whole bytes: ``_http1.request_bytes``) and read the head of
+        its final response; the body is not read yet."""
         if self._busy:
-            raise RuntimeError("one request at a time on a LoopbackTransport")
+            raise RuntimeError("one request at a time on an Http1Connection")
         if self._closed:
-            raise httpx.ConnectError("transport closed", request=request)
-        timeouts = request.extensions.get("timeout", {})
+            raise ConnectError("connection closed")
         self._busy = True
         try:
-            stream = await self._connection(request, timeouts.get("connect"))
+            stream = await self._connection()
             self._idle_since = math.inf
-            body = request.content  # the gateway always sends a bytes body
-            try:
-                data = request_bytes(request.method, request.url.raw_path,
-                                     list(request.headers.raw), body)
-            except ValueError as exc:
-                raise httpx.LocalProtocolError(str(exc), request=request) from exc
-            await self._send_request(stream, data, request, timeouts.get("write"))
-            head, rest = await self._read_head(stream, request, timeouts.get("read"))
+            await self._send_request(stream, data)
+            head, rest = await self._read_head(stream, method)
         except BaseException:
             self._busy = False
             await self._discard()
@@ -114,17 +135,9 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         if rest and decoder.done:  # no body, yet bytes came with the head: not reusable
             decoder.feed(rest)
             rest = b""
-        response_body = LoopbackBody(self, stream, decoder, head, rest, request,
-                              timeouts.get("read"))
-        return httpx.Response(
-            head.status, headers=head.headers, stream=response_body,
-            extensions={"http_version": b"HTTP/" + head.http_version,
-                        "reason_phrase": head.reason,
-                        "network_stream": _NetworkStream(stream),
-                        BODY_EXTENSION: response_body})
+        return Http1Response(self, stream, decoder, head, rest)
 
-    async def _connection(self, request: httpx.Request, limit_s: float | None
-                          ) -> trio.SocketStream:
+    async def _connection(self) -> trio.SocketStream:
         stream = self._stream
         if stream is not None and (
                 stream.socket.fileno() == -1  # closed under us (an abort)
@@ -132,20 +145,16 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
                 or stream.socket.is_readable()):  # idle yet readable: the server closed it
             await self._discard()
         if self._stream is None:
-            host = request.url.host
-            port = request.url.port or 80
             try:
-                with trio.fail_after(math.inf if limit_s is None else limit_s):
-                    self._stream = await trio.open_tcp_stream(host, port)
+                with trio.fail_after(self._connect_timeout):
+                    self._stream = await trio.open_tcp_stream(self.host, self.port)
             except trio.TooSlowError as exc:
-                raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out",
-                                           request=request) from exc
+                raise ConnectTimeout(f"connect to {self.host}:{self.port} timed out") from exc
             except OSError as exc:
-                raise httpx.ConnectError(str(exc), request=request) from exc
+                raise ConnectError(str(exc)) from exc
         return self._stream
 
-    async def _send_request(self, stream: trio.SocketStream, data: bytes,
-                            request: httpx.Request, limit_s: float | None) -> None:
+    async def _send_request(self, stream: trio.SocketStream, data: bytes) -> None:
         """The request's bytes: what the kernel takes at once goes without trio's send
         layers and the pass they yield (a request fits a loopback socket's buffer),
         the rest through ``send_all`` within the write timeout. Not a checkpoint by
@@ -153,38 +162,35 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
         try:
             sent = _sockio.send_now(stream.socket, data)
         except OSError as exc:
-            raise httpx.WriteError(f"{type(exc).__name__}: {exc}", request=request) from exc
+            raise WriteError(f"{type(exc).__name__}: {exc}") from exc
         if sent < len(data):
-            await _timed(stream.send_all(data[sent:]), limit_s, httpx.WriteTimeout,
-                         httpx.WriteError, request)
+            await _timed(stream.send_all(data[sent:]), self._write_timeout, WriteTimeout,
+                         WriteError)
 
-    async def _read_head(self, stream: trio.SocketStream, request: httpx.Request,
-                         limit_s: float | None) -> tuple[ResponseHead, bytes]:
+    async def _read_head(self, stream: trio.SocketStream, method: str
+                         ) -> tuple[ResponseHead, bytes]:
         received = bytearray()
         interim = 0
         while True:
             try:
-                parsed = parse_head(received, request_method=request.method)
+                parsed = parse_head(received, request_method=method)
             except ProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+                raise RemoteProtocolError(str(exc)) from exc
             if parsed is not None:
                 head, length = parsed
                 del received[:length]
                 if head.status == 101:  # never asked for: an upgrade is not HTTP any more
-                    raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols",
-                                                    request=request)
+                    raise RemoteProtocolError("unexpected 101 Switching Protocols")
                 if 100 <= head.status < 200:  # an interim answer: the real one follows
                     interim += 1
                     if interim > MAX_INTERIM:
-                        raise httpx.RemoteProtocolError("too many interim responses",
-                                                        request=request)
+                        raise RemoteProtocolError("too many interim responses")
                     continue
                 return head, bytes(received)
-            data = await _timed(_sockio.receive_some(stream.socket, READ_SIZE), limit_s,
-                                httpx.ReadTimeout, httpx.ReadError, request)
+            data = await _timed(_sockio.receive_some(stream.socket, READ_SIZE), None,
+                                ReadError, ReadError)
             if not data:
-                raise httpx.RemoteProtocolError("server disconnected without sending a "
-                                                "response", request=request)
+                raise RemoteProtocolError("server disconnected without sending a response")
             received += data
 
     def _release(self, stream: trio.SocketStream, reusable: bool) -> trio.SocketStream | None:
@@ -209,21 +215,18 @@ class LoopbackTransport(httpx.AsyncBaseTransport):
             await self._discard()
 
 
-class BodyTooLarge(Exception):
-    """A body longer than its reader's bound (``LoopbackBody.read_all``)."""
+class Http1Response:
+    """A response whose head has been read: ``status``, ``head``, and its body, read by
+    iterating (the bytes as they come) or by ``read_all``. ``aclose`` always, once."""
 
-
-class LoopbackBody(httpx.AsyncByteStream):
-    def __init__(self, transport: LoopbackTransport, stream: trio.SocketStream,
-                 decoder: BodyDecoder, head: ResponseHead, rest: bytes,
-                 request: httpx.Request, timeout: float | None) -> None:
-        self._transport = transport
+    def __init__(self, connection: Http1Connection, stream: trio.SocketStream,
+                 decoder: BodyDecoder, head: ResponseHead, rest: bytes) -> None:
+        self.status = head.status
+        self.head = head
+        self._connection = connection
         self._stream = stream
         self._decoder = decoder
-        self._head = head
         self._rest = rest
-        self._request = request
-        self._timeout = timeout
         self._released = False
         #: The last read was short, so the socket has most likely been drained: the next
         #: read waits for it first instead of failing with EAGAIN (``_sockio``).
@@ -231,7 +234,7 @@ class LoopbackBody(httpx.AsyncByteStream):
 
     # A plain iterator, not an async generator: the gateway leaves streams early on
     # purpose, and a suspended generator would be left for trio to finalize.
-    def __aiter__(self) -> LoopbackBody:
+    def __aiter__(self) -> Http1Response:
         return self
 
     async def __anext__(self) -> bytes:
@@ -251,7 +254,7 @@ class LoopbackBody(httpx.AsyncByteStream):
                 if body:
                     return body
         except ProtocolError as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            raise RemoteProtocolError(str(exc)) from exc
         raise StopAsyncIteration
 
     async def read_all(self, max_bytes: int) -> bytes:
@@ -285,36 +288,44 @@ class LoopbackBody(httpx.AsyncByteStream):
                 if size > max_bytes:
                     raise BodyTooLarge(f"body exceeds {max_bytes} bytes")
         except ProtocolError as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            raise RemoteProtocolError(str(exc)) from exc
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # [] is b""
 
     async def _receive(self, max_bytes: int = READ_SIZE) -> bytes:
         data: bytes = await _timed(
             _sockio.receive_some(self._stream.socket, max_bytes, likely_empty=self._drained),
-            self._timeout, httpx.ReadTimeout, httpx.ReadError, self._request)
+            None, ReadError, ReadError)
         self._drained = len(data) < max_bytes
         return data
+
+    def abort(self) -> bool:
+        """Close the socket now, synchronously, from any task: the server sees the
+        disconnect at once; the reading task's pending read then fails, and ``aclose``
+        later is harmless. True: there was a socket to close."""
+        with contextlib.suppress(OSError):  # it runs in another connection's task
+            self._stream.socket.close()
+        return True
 
     async def aclose(self) -> None:
         if self._released:
             return
         self._released = True
-        reusable = self._head.keep_alive and self._decoder.reusable
-        stream = self._transport._release(self._stream, reusable)
+        reusable = self.head.keep_alive and self._decoder.reusable
+        stream = self._connection._release(self._stream, reusable)
         if stream is not None:
             await trio.aclose_forcefully(stream)
 
 
-async def _timed(work: Any, limit_s: float | None, timed_out: type[httpx.TimeoutException],
-                 failed: type[httpx.TransportError], request: httpx.Request) -> Any:
+async def _timed(work: Any, limit_s: float | None, timed_out: type[TransportError],
+                 failed: type[TransportError]) -> Any:
     """``await work`` within ``limit_s`` seconds (None: no limit), its failures as
-    httpx's."""
+    ``failed`` (and running out of time as ``timed_out``)."""
     try:
         if limit_s is None:
             return await work
         with trio.fail_after(limit_s):
             return await work
     except trio.TooSlowError as exc:
-        raise timed_out("timed out", request=request) from exc
+        raise timed_out("timed out") from exc
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        raise failed(f"{type(exc).__name__}: {exc}", request=request) from exc
+        raise failed(f"{type(exc).__name__}: {exc}") from exc

@@ -10,7 +10,7 @@ from gateway.upstream._http1 import BodyDecoder, ProtocolError, ResponseHead, pa
 def read_response(parts: Iterable[bytes], *, request_method: str = "POST"
                   ) -> tuple[ResponseHead | None, bytes, BodyDecoder | None]:
     """The final head, the body read so far and its decoder (None, b"", None while the
-    head is incomplete), as ``LoopbackTransport`` reads them: interim (1xx) heads are
+    head is incomplete), as ``Http1Connection`` reads them: interim (1xx) heads are
     passed over, a 101 is refused, the bytes after the final head go to the decoder."""
     received = b""
     head = decoder = None

@@ -1,9 +1,14 @@
-"""The upstream client alone, on transport-level faults, through respx (no sockets): what each
-failure becomes, and that the first-chunk and idle clocks time reads only."""
+"""The upstream client alone on transport-level faults, on both request paths (the
+client's rule 4): http:// against a scripted loopback server (the project's own HTTP/1.1
+client, as production runs it), https:// through respx under the slot's httpx client (no
+sockets: the one request path on httpx). What each failure becomes, and that the
+first-chunk and idle clocks time reads only."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -23,68 +28,115 @@ from gateway.upstream import (
     to_profile_error,
 )
 from gateway.upstream._slots import ConnectionSlots
+from tests.support.scripted_http import RESET, Step, fixed_reply, scripted, sse_reply
 
 BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
 CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
          b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
 DONE = b"data: [DONE]\n\n"
+SCHEMES = ["http", "https"]
 
 
 class Body(httpx.AsyncByteStream):
-    """A response body scripted as (delay, bytes-or-exception) steps."""
+    """A response body scripted as (delay, bytes-or-exception) steps, for respx; the
+    exception ``RESET`` is httpx's ReadError there (what a reset is under httpx)."""
 
-    def __init__(self, *steps: tuple[float, bytes | Exception]) -> None:
+    def __init__(self, *steps: Step) -> None:
         self.steps = steps
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for delay, step in self.steps:
             await trio.sleep(delay)  # the scripted body's pace
             if isinstance(step, Exception):
-                raise step
+                raise httpx.ReadError("reset by peer") if step is RESET else step
             yield step
 
 
-def client_for(*, response: httpx.Response | None = None, error: Exception | None = None
-               ) -> VllmClient:
-    router = respx.Router(base_url="http://vllm", assert_all_called=False)
-    route = router.post("/v1/chat/completions")
-    if error is not None:
-        route.mock(side_effect=error)
-    else:
-        route.mock(return_value=response)
-    return VllmClient(UpstreamConfig("http://vllm"),
-                      transport=httpx.MockTransport(router.async_handler))
-
-
-def sse(*steps: tuple[float, bytes | Exception]) -> httpx.Response:
-    return httpx.Response(200, headers={"content-type": "text/event-stream"},
-                          stream=Body(*steps))
+@asynccontextmanager
+async def answering(scheme: str, status: int = 200, *steps: Step, whole: bytes | None = None
+                    ) -> AsyncIterator[VllmClient]:
+    """A client whose vLLM answers every POST with ``status`` and a body: ``whole``
+    (Content-Length), or else ``steps``, streamed (one HTTP chunk, or one body part,
+    per step)."""
+    if scheme == "https":
+        router = respx.Router(base_url="https://vllm", assert_all_called=False)
+        response = (httpx.Response(status, stream=Body((0, whole))) if whole is not None
+                    else httpx.Response(status, headers={"content-type": "text/event-stream"},
+                                        stream=Body(*steps)))
+        router.post(path__regex=r"^/v1/").mock(return_value=response)
+        client = VllmClient(UpstreamConfig("https://vllm"),
+                            transport=httpx.MockTransport(router.async_handler))
+        try:
+            yield client
+        finally:
+            await client.aclose()
+        return
+    reply = (fixed_reply(status, whole) if whole is not None
+             else sse_reply(*steps, head=b"HTTP/1.1 %d X\r\ncontent-type: text/event-stream"
+                            b"\r\ntransfer-encoding: chunked\r\n\r\n" % status))
+    async with scripted([reply]) as server:
+        client = VllmClient(UpstreamConfig(server.url))
+        try:
+            yield client
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
 
 
 async def read_all(client: VllmClient, *, first_chunk: float = 5, idle: float = 5
                    ) -> list[dict[str, object]]:
     chunks: list[dict[str, object]] = []
-    try:
-        async with client.chunks(BODY, {}, first_chunk=first_chunk, idle=idle) as stream:
-            async for batch in stream:
-                chunks += batch
-    finally:
-        await client.aclose()
+    async with client.chunks(BODY, {}, first_chunk=first_chunk, idle=idle) as stream:
+        async for batch in stream:
+            chunks += batch
     return chunks
 
 
+async def streamed(scheme: str, *steps: Step, first_chunk: float = 5, idle: float = 5,
+                   status: int = 200) -> list[dict[str, object]]:
+    async with answering(scheme, status, *steps) as client:
+        return await read_all(client, first_chunk=first_chunk, idle=idle)
+
+
+def respx_client(error: Exception) -> VllmClient:
+    router = respx.Router(base_url="https://vllm", assert_all_called=False)
+    router.post("/v1/chat/completions").mock(side_effect=error)
+    return VllmClient(UpstreamConfig("https://vllm"),
+                      transport=httpx.MockTransport(router.async_handler))
+
+
+def unused_port() -> int:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        return int(unused.getsockname()[1])
+
+
 async def test_connect_refused_is_unavailable() -> None:
-    client = client_for(error=httpx.ConnectError("[Errno 111] Connection refused"))
-    with pytest.raises(UpstreamUnavailable, match="ConnectError"):
-        await read_all(client)
+    for client in (VllmClient(UpstreamConfig(f"http://127.0.0.1:{unused_port()}")),
+                   respx_client(httpx.ConnectError("[Errno 111] Connection refused"))):
+        try:
+            with pytest.raises(UpstreamUnavailable, match=r"ConnectError: "):
+                await read_all(client)
+        finally:
+            await client.aclose()
 
 
-async def test_connect_timeout_is_overload_not_unavailable() -> None:
+async def test_connect_timeout_is_overload_not_unavailable(
+        autojump_clock: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """A port that does not accept in time is a vLLM too busy to (its accept queue is
     full), not one that is gone: recoverable overload, and readiness keeps it."""
-    client = client_for(error=httpx.ConnectTimeout("timed out"))
-    with pytest.raises(UpstreamOverloaded, match="did not accept"):
-        await read_all(client)
+    async def never_accepted(*args: object, **kwargs: object) -> trio.SocketStream:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    monkeypatch.setattr(trio, "open_tcp_stream", never_accepted)
+    for client in (VllmClient(UpstreamConfig("http://127.0.0.1:9")),
+                   respx_client(httpx.ConnectTimeout("timed out"))):
+        try:
+            with pytest.raises(UpstreamOverloaded, match="did not accept"):
+                await read_all(client)
+        finally:
+            await client.aclose()
     assert to_profile_error(UpstreamOverloaded("x")).code is EndCause.BACKEND_OVERLOAD
 
 
@@ -132,72 +184,77 @@ async def test_idle_clients_are_pruned_oldest_first(autojump_clock: object) -> N
     await slots.aclose()
 
 
-async def test_a_status_is_parsed_before_any_chunk() -> None:
-    client = client_for(response=httpx.Response(400, stream=Body((0, (
-        b'{"error":{"message":"bad temperature","type":"BadRequestError",'
-        b'"param":"temperature","code":400}}')))))
-    with pytest.raises(UpstreamStatus) as info:
-        await read_all(client)
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_status_is_parsed_before_any_chunk(scheme: str) -> None:
+    error = (b'{"error":{"message":"bad temperature","type":"BadRequestError",'
+             b'"param":"temperature","code":400}}')
+    async with answering(scheme, 400, whole=error) as client:
+        with pytest.raises(UpstreamStatus) as info:
+            await read_all(client)
     assert (info.value.status, info.value.param) == (400, "temperature")
 
 
-async def test_a_reset_mid_stream_is_malformed_not_unavailable() -> None:
-    client = client_for(response=sse((0, CHUNK), (0, httpx.ReadError("reset by peer"))))
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_reset_mid_stream_is_malformed_not_unavailable(scheme: str) -> None:
     with pytest.raises(UpstreamMalformed, match="broke mid-response") as info:
-        await read_all(client)
+        await streamed(scheme, (0, CHUNK), (0.05, RESET))
     assert info.value.kind == "connection_lost"
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("tail", [b'data: {"id":"c","obj', b"data: [DONE]",
                                   b"data: [DONE]\n"])
-async def test_a_truncated_body_without_done_is_malformed(tail: bytes) -> None:
+async def test_a_truncated_body_without_done_is_malformed(scheme: str, tail: bytes) -> None:
     # An event exists once its blank line has come; the spec discards one the stream
     # ends inside, and vLLM always ends "data: [DONE]\n\n": a [DONE] without its blank
     # line is a body cut short, never the end of the answer.
-    client = client_for(response=sse((0, CHUNK), (0, tail)))
     with pytest.raises(UpstreamMalformed, match=r"ended before data: \[DONE\]"):
-        await read_all(client)
+        await streamed(scheme, (0, CHUNK), (0, tail))
 
 
-async def test_a_silent_first_chunk_is_a_first_chunk_timeout(autojump_clock: object) -> None:
-    client = client_for(response=sse((60, CHUNK), (0, DONE)))
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_silent_first_chunk_is_a_first_chunk_timeout(
+        scheme: str, autojump_clock: object) -> None:
     with pytest.raises(UpstreamTimeout) as info:
-        await read_all(client, first_chunk=2, idle=100)
+        await streamed(scheme, (60, CHUNK), (0, DONE), first_chunk=2, idle=100)
     assert info.value.kind == "first_chunk"
 
 
-async def test_a_silent_gap_is_an_idle_timeout(autojump_clock: object) -> None:
-    client = client_for(response=sse((0, CHUNK), (30, CHUNK), (0, DONE)))
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_silent_gap_is_an_idle_timeout(scheme: str, autojump_clock: object) -> None:
     with pytest.raises(UpstreamTimeout) as info:
-        await read_all(client, first_chunk=100, idle=5)
+        await streamed(scheme, (0, CHUNK), (30, CHUNK), (0, DONE), first_chunk=100, idle=5)
     assert info.value.kind == "idle"
 
 
-async def test_a_slow_consumer_never_counts_as_vllm_idle(autojump_clock: object) -> None:
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_slow_consumer_never_counts_as_vllm_idle(
+        scheme: str, autojump_clock: object) -> None:
     # The consumer takes 10 s per batch (a slow NNRP reader); vLLM answers each read at
     # once. The idle clock is 1 s: only time spent *waiting on vLLM* may count against it.
-    client = client_for(response=sse((0, CHUNK), (0, CHUNK), (0, CHUNK), (0, DONE)))
     seen = 0
-    async with client.chunks(BODY, {}, first_chunk=1, idle=1) as stream:
+    steps = ((0, CHUNK), (0, CHUNK), (0, CHUNK), (0, DONE))
+    async with (answering(scheme, 200, *steps) as client,
+                client.chunks(BODY, {}, first_chunk=1, idle=1) as stream):
         async for batch in stream:
             seen += len(batch)
             await trio.sleep(10)  # the slow consumer (virtual time)
-    await client.aclose()
     assert seen == 3
 
 
-async def test_a_chunk_split_anywhere_gives_the_same_chunks() -> None:
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_chunk_split_anywhere_gives_the_same_chunks(scheme: str) -> None:
     # Cuts inside "data:", inside the JSON, between the two newlines, inside [DONE]
-    # (every cut is the SSE decoder's own test; these are the stream's seams).
+    # (every cut is the SSE decoder's own test; these are the stream's seams). The
+    # second part comes a little later, so it is a read of its own.
     whole = CHUNK * 3 + DONE
     for cut in (1, 4, 6, 40, len(CHUNK) - 1, len(CHUNK), 2 * len(CHUNK) + 3, len(whole) - 5):
-        client = client_for(response=sse((0, whole[:cut]), (0, whole[cut:])))
-        chunks = await read_all(client)
+        chunks = await streamed(scheme, (0, whole[:cut]), (0.005, whole[cut:]))
         assert len(chunks) == 3, cut
 
 
-async def test_a_non_streaming_body_is_checked() -> None:
-    client = client_for(response=httpx.Response(200, stream=Body((0, b'{"object":"list"}'))))
-    with pytest.raises(UpstreamMalformed, match=r"not 'chat\.completion'"):
-        await client.completion({"model": "m", "messages": []}, {})
-    await client.aclose()
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_non_streaming_body_is_checked(scheme: str) -> None:
+    async with answering(scheme, 200, whole=b'{"object":"list"}') as client:
+        with pytest.raises(UpstreamMalformed, match=r"not 'chat\.completion'"):
+            await client.completion({"model": "m", "messages": []}, {})

@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 import respx
 import trio
 
 from gateway.tools.replay import ReplayServer
 from gateway.upstream import UpstreamConfig, VllmClient
+from tests.support.scripted_http import ScriptedServer, scripted
 
 BODY = {"model": "example-model", "stream": True,
         "messages": [{"role": "user", "content": "reuse"}]}
@@ -59,28 +61,62 @@ async def test_a_stream_left_before_done_closes_its_connection(nursery: trio.Nur
         assert replay.connections == 2
 
 
-async def test_a_body_that_stalls_after_done_is_given_up_quickly() -> None:
+CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+         b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+class StallsAfterDone(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield CHUNK
+        yield DONE
+        await trio.sleep(30)  # the stall: the terminator never comes
+
+
+async def stalls_after_done(stream: trio.SocketStream) -> None:
+    await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                          b"transfer-encoding: chunked\r\n\r\n")
+    for event in (CHUNK, DONE):
+        await stream.send_all(b"%x\r\n%s\r\n" % (len(event), event))
+    await trio.sleep(30)  # the stall: the terminator never comes
+
+
+@asynccontextmanager
+async def stalling_vllm(scheme: str) -> AsyncIterator[tuple[VllmClient, ScriptedServer | None]]:
+    """A vLLM that stalls after [DONE]: over the project's own http:// client, or through
+    respx under an https:// slot's httpx client."""
+    if scheme == "https":
+        router = respx.Router(base_url="https://vllm")
+        router.post("/v1/chat/completions").mock(side_effect=lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=StallsAfterDone()))
+        client = VllmClient(UpstreamConfig("https://vllm"), transport=httpx.MockTransport(
+            router.async_handler))
+        try:
+            yield client, None
+        finally:
+            await client.aclose()
+        return
+    async with scripted([stalls_after_done, stalls_after_done]) as server:
+        client = VllmClient(UpstreamConfig(server.url))
+        try:
+            yield client, server
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_a_body_that_stalls_after_done_is_given_up_quickly(scheme: str) -> None:
     # vLLM sends the chunked terminator right after [DONE]; a server that does not is not
     # waited for past TRAILER_WAIT (and its connection is then closed, not pooled).
-    class StallsAfterDone(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            yield (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
-                   b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n')
-            yield b"data: [DONE]\n\n"
-            await trio.sleep(30)  # the stall: the terminator never comes
-
-    router = respx.Router(base_url="http://vllm")
-    router.post("/v1/chat/completions").mock(return_value=httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=StallsAfterDone()))
-    client = VllmClient(UpstreamConfig("http://vllm"), transport=httpx.MockTransport(
-        router.async_handler))
-    try:
-        with trio.fail_after(1):  # TRAILER_WAIT (0.25 s), not the body's remaining 30 s
-            async with client.chunks(BODY, {}, first_chunk=5, idle=5) as stream:
-                batches = [batch async for batch in stream]
-        assert [chunk["choices"][0]["delta"]["content"] for [chunk] in batches] == ["hi"]
-    finally:
-        await client.aclose()
+    async with stalling_vllm(scheme) as (client, server):
+        for _ in range(2):
+            with trio.fail_after(1):  # TRAILER_WAIT (0.25 s), not the body's remaining 30 s
+                async with client.chunks(BODY, {}, first_chunk=5, idle=5) as stream:
+                    batches = [batch async for batch in stream]
+            assert [chunk["choices"][0]["delta"]["content"] for [chunk] in batches] == ["hi"]
+        if server is not None:
+            assert server.connections == 2  # not reused
 
 
 async def test_concurrent_streams_never_open_more_than_the_pool(nursery: trio.Nursery) -> None:
@@ -103,8 +139,8 @@ async def test_concurrent_streams_never_open_more_than_the_pool(nursery: trio.Nu
 
 
 async def test_credentials_in_the_url_are_sent_as_basic_auth(nursery: trio.Nursery) -> None:
-    # The request slots call the transport without httpx's client, which used to turn
-    # http://user:pass@host into an Authorization header; the template does it now.
+    # The http:// request slots are the project's own client, not httpx's, which turned
+    # http://user:pass@host into an Authorization header; the static headers do it now.
     replay = ReplayServer()
     url = await nursery.start(replay.serve)
     client = VllmClient(UpstreamConfig(url.replace("http://", "http://us%40er:p%3Ass@")))
