@@ -1,6 +1,5 @@
 """``bench media``: what an image costs on its way to vLLM, as binary NNRP frames against
-base64 in JSON, per MiB of media (issue 36 item 6; docs/media.md says how the gateway
-handles it).
+base64 in JSON, per MiB of media (docs/media.md says how the gateway handles it).
 
 Processes: the replay vLLM as a sink (``_media_load.MediaSink``: it stamps each
 request's last byte with ``time.monotonic_ns()``, one clock for the host), two gateways
