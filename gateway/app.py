@@ -236,7 +236,9 @@ class Gateway:
             self.metrics.attach_load(self.load)
         directory = None
         if config.media_dir is not None:
-            directory = MediaDirectory(config.media_dir)
+            # A --workers worker sweeps only its own files (_media D4).
+            directory = MediaDirectory(config.media_dir, worker=config.resume.worker
+                                       if config.resume.relays else None)
             directory.prepare()  # writable, and what a previous run left swept (D4)
         self.media = MediaDelivery(directory)
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,

@@ -165,7 +165,8 @@ class ChatPipeline:
                                            max_bytes=self.limits.max_envelope_bytes,
                                            operations=self.operations)
             media = plan_media(envelope.body, submit.media, nonce=nonce,
-                               objects=op.read_object)
+                               objects=op.read_object,
+                               max_bytes=self.limits.max_media_bytes)
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.policy.progress:
                 op.enable_progress()

@@ -23,8 +23,11 @@ D3. **The body is encoded once**: ``json.dumps`` of the body with its placeholde
     big envelope before it was parsed (``gateway.profile._literals``), as the client
     wrote them. Media bytes never pass through ``json.dumps``.
 D4. **The directory at start** (``MediaDirectory.prepare``): it must exist and be
-    writable (else a ``ConfigError``: one ``error:`` line, exit 2), and files a previous
-    run left there (its own prefix only) are removed.
+    writable (else a ``ConfigError``: one ``error:`` line, exit 2), and the files a
+    previous run of this process left there are removed, its own only: with
+    ``--workers`` each worker names its files ``nnrp-media-w<index>-...`` and sweeps
+    those (a worker restarted must not take a live sibling's files from vLLM); worker 0
+    also takes a single-process run's leftovers.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ if TYPE_CHECKING:
     from gateway.profile import MediaPlan, MediaSlot
 
 log = structlog.get_logger("gateway.pipeline.media")
+
+#: D3: a placeholder, whole (``gateway.profile._media`` M7, ``_literals`` L2): the number
+#: is matched to its end, so ``...-1`` never takes the place of ``...-10``.
+_PLACEHOLDER = re.compile(rb"nnrp-(?:media|cut)-[0-9a-z]+-[0-9]+")
 
 #: D1: bytes of media encoded between two checkpoints (a multiple of 3: the slices'
 #: base64 joins into the whole's). About a millisecond of base64 on this VM.
@@ -80,12 +87,14 @@ def encode_body(body: dict[str, Any], replacements: dict[str, list[bytes]]) -> b
     text = json.dumps(body).encode()
     if not replacements:
         return text
-    pattern = re.compile(b"|".join(re.escape(p.encode()) for p in replacements))
     pieces: list[bytes] = []
     end = 0
-    for match in pattern.finditer(text):
+    for match in _PLACEHOLDER.finditer(text):
+        replacement = replacements.get(match.group().decode())
+        if replacement is None:  # the client's own text that looks like one: kept
+            continue
         pieces.append(text[end:match.start()])
-        pieces += replacements[match.group().decode()]
+        pieces += replacement
         end = match.end()
     pieces.append(text[end:])
     return b"".join(pieces)
@@ -94,8 +103,19 @@ def encode_body(body: dict[str, Any], replacements: dict[str, list[bytes]]) -> b
 class MediaDirectory:
     """D2/D4: where ``--media-dir`` files go."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, worker: int | None = None) -> None:
         self.path = path.resolve()
+        #: D4: this process's part of the names (None: the only process).
+        self.owner = "" if worker is None else f"w{worker}-"
+        self.worker = worker
+
+    def _mine(self, name: str) -> bool:
+        if not name.startswith(FILE_PREFIX):
+            return False
+        rest = name[len(FILE_PREFIX):]
+        if self.worker is None:
+            return True
+        return rest.startswith(self.owner) or (self.worker == 0 and not rest.startswith("w"))
 
     def prepare(self) -> int:
         """D4: check the directory and sweep what a previous run left; the count swept."""
@@ -118,6 +138,8 @@ class MediaDirectory:
         """D4: remove the files a previous run left (this prefix only); the count."""
         swept = 0
         for leftover in self.path.glob(f"{FILE_PREFIX}*"):
+            if not self._mine(leftover.name):
+                continue
             try:
                 leftover.unlink()
                 swept += 1
@@ -130,7 +152,7 @@ class MediaDirectory:
     def write(self, data: bytes, media_type: str) -> Path:
         """One file, created exclusively (in a worker thread: ``deliver``)."""
         extension = MEDIA_EXTENSIONS.get(media_type, "bin")
-        path = self.path / f"{FILE_PREFIX}{secrets.token_hex(12)}.{extension}"
+        path = self.path / f"{FILE_PREFIX}{self.owner}{secrets.token_hex(12)}.{extension}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
             view = memoryview(data)

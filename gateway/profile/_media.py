@@ -30,7 +30,10 @@ M4. **Types.** The media type is the reference's ``;type=`` or else the one the 
     It must be of the part's family (``image/`` for an image part, and so on); a part
     whose type is neither given nor recognised is refused, naming the part.
 M5. **Every frame is used.** A media frame no part references is refused (the client
-    meant something by it); a frame may be referenced by several parts.
+    meant something by it); a frame may be referenced by several parts. What the parts
+    deliver is bounded too, since each delivers its frame's bytes again (a data URI per
+    part): at most ``MAX_MEDIA_REFERENCES`` parts, and their bytes together, counted per
+    part, at most the configured ``max_media_bytes``.
 M6. **``input_audio``** takes base64 data, not a URL (vLLM builds
     ``data:audio/{format};base64,`` from it): its reference is delivered as bare base64
     whatever the delivery mode, and ``format`` is set from the type when the part has
@@ -61,6 +64,8 @@ from ._errors import ProfileError
 
 #: M1: media frames per submit.
 MAX_MEDIA_FRAMES = 64
+#: M5: content parts naming media, per request.
+MAX_MEDIA_REFERENCES = 64
 DEFAULT_MAX_MEDIA_BYTES = 64 << 20
 #: M1: the payload kinds a media frame may have.
 MEDIA_KINDS = frozenset({int(PayloadKind.OPAQUE), int(PayloadKind.AUDIO),
@@ -86,8 +91,6 @@ REFERENCE_PREFIX = "nnrp:"
 _REFERENCE = re.compile(r"nnrp:(?:frame/([1-9][0-9]{0,4})"
                         r"|object/([1-9][0-9]{0,19})(?:@([1-9][0-9]{0,19}))?)"
                         r"(?:;type=([^;]*))?")
-_ANY_KIND = frozenset({int(PayloadKind.OPAQUE), int(PayloadKind.AUDIO),
-                       int(PayloadKind.VIDEO)})
 #: M8: a session's objects, read by id and version (0: current): the bytes or why not.
 ObjectReader = Callable[[int, int], "bytes | str"]
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
@@ -191,7 +194,8 @@ def media_frames(frames: Sequence[tuple[Any, bytes]], *, max_bytes: int) -> tupl
 
 
 def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str,
-               objects: ObjectReader | None = None) -> MediaPlan:
+               objects: ObjectReader | None = None,
+               max_bytes: int = DEFAULT_MAX_MEDIA_BYTES) -> MediaPlan:
     """M2-M8: find the references in ``body`` (rewritten in place: each becomes its
     slot's placeholder), check them against ``frames`` (and the session's ``objects``),
     and decide each one's type. ``nonce`` makes the placeholders unique to this request
@@ -230,6 +234,10 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
                 continue
             assert isinstance(holder, dict)
             where = f"messages[{m}].content[{p}].{part_type}.{field}"
+            if len(slots) == MAX_MEDIA_REFERENCES:
+                raise ProfileError("invalid_body",
+                                   f"{where}: more than {MAX_MEDIA_REFERENCES} content parts "
+                                   "name media in one request")
             slot = _slot(value, where, by_index, kinds, family, object_frame,
                          inline=part_type == INLINE_PART,
                          placeholder=f"nnrp-media-{nonce}-{len(slots)}")
@@ -244,6 +252,12 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
         raise ProfileError("invalid_submit_body",
                            f"media frame {unused[0]} is not referenced by any content part "
                            f"(as nnrp:frame/{unused[0]})")
+    delivered = sum(len(by_index[slot.frame].data) for slot in slots)
+    if delivered > max_bytes:
+        raise ProfileError("invalid_body",
+                           f"the media parts deliver {delivered} bytes to vLLM, past the "
+                           f"{max_bytes}-byte limit (a frame or object named by several "
+                           "parts counts for each)")
     return MediaPlan(tuple(by_index.values()), tuple(slots))
 
 
@@ -258,7 +272,7 @@ def _slot(value: str, where: str, frames: dict[int, MediaFrame], kinds: frozense
                            f";type=TYPE/SUBTYPE)")
     if reference.group(2) is not None:  # M8
         index = object_frame(int(reference.group(2)), int(reference.group(3) or 0), where)
-        kinds = _ANY_KIND
+        kinds = MEDIA_KINDS
     else:
         index = int(reference.group(1))
     frame = frames.get(index)

@@ -47,7 +47,7 @@ async def test_a_big_encoding_yields_to_other_tasks_between_slices() -> None:
 
 
 @given(st.dictionaries(st.text(max_size=5), st.text(max_size=20), max_size=4),
-       st.lists(st.binary(max_size=50), min_size=1, max_size=4))
+       st.lists(st.binary(max_size=50), min_size=1, max_size=14))
 def test_the_spliced_body_is_the_json_of_the_body_with_the_values(
         extra: dict[str, str], values: list[bytes]) -> None:
     placeholders = [f"nnrp-media-nonce-{index}" for index in range(len(values))]
@@ -58,6 +58,17 @@ def test_the_spliced_body_is_the_json_of_the_body_with_the_values(
     assert decoded["extra"] == extra
     assert [part["url"] for part in decoded["parts"]] == [
         "data:x/y;base64," + base64.b64encode(v).decode() for v in values]
+
+
+def test_a_placeholder_is_never_taken_for_a_longer_one() -> None:
+    """Twelve: ``...-1`` is a prefix of ``...-10`` (a review found the tenth part given
+    the first's bytes and a trailing digit)."""
+    placeholders = [f"nnrp-media-5eed-{index}" for index in range(12)]
+    body = {"parts": placeholders, "text": "nnrp-media-other-1 is the client's text"}
+    encoded = encode_body(body, {p: [f"value{index}".encode()] for index, p in
+                                 enumerate(placeholders)})
+    assert json.loads(encoded) == {"parts": [f"value{index}" for index in range(12)],
+                                   "text": "nnrp-media-other-1 is the client's text"}
 
 
 def test_without_replacements_the_body_is_plain_json() -> None:
@@ -82,6 +93,18 @@ def test_prepare_sweeps_only_its_own_leftovers(tmp_path: Path) -> None:
     assert MediaDirectory(tmp_path).prepare() == 2
     assert [p.name for p in tmp_path.iterdir()] == ["keep.png"]
     assert MediaDirectory(tmp_path).prepare() == 0
+
+
+def test_a_worker_sweeps_only_its_own_files(tmp_path: Path) -> None:
+    """A worker the supervisor restarts must not take a live sibling's files from vLLM."""
+    one = MediaDirectory(tmp_path, worker=1).write(PNG, "image/png")
+    zero = MediaDirectory(tmp_path, worker=0).write(PNG, "image/png")
+    single = MediaDirectory(tmp_path).write(PNG, "image/png")
+    assert one.name.startswith(f"{FILE_PREFIX}w1-") and zero.name.startswith(f"{FILE_PREFIX}w0-")
+    assert MediaDirectory(tmp_path, worker=1).prepare() == 1
+    assert not one.exists() and zero.exists() and single.exists()
+    assert MediaDirectory(tmp_path, worker=0).prepare() == 2  # its own, and a single run's
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_written_file_holds_the_bytes_and_is_not_world_readable(tmp_path: Path) -> None:

@@ -253,3 +253,16 @@ def _refused_with(objects: Any, *parts: dict[str, Any]) -> ProfileError:
     with pytest.raises(ProfileError) as info:
         plan_media(_body(*parts), (), nonce="n", objects=objects)
     return info.value
+
+
+def test_what_the_parts_deliver_is_bounded_per_part() -> None:
+    """A frame named many times is delivered many times (a data URI each): counted so."""
+    def parts(count: int) -> dict[str, Any]:
+        return _body(*[_part("image_url", "nnrp:frame/1") for _ in range(count)])
+
+    assert len(_plan(parts(3), (OPAQUE, PNG)).slots) == 3
+    with pytest.raises(ProfileError, match="deliver 96 bytes to vLLM, past the 95-byte"):
+        plan_media(parts(3), (MediaFrame(1, OPAQUE, PNG),), nonce="n", max_bytes=95)
+    assert len(plan_media(parts(64), (MediaFrame(1, OPAQUE, PNG),), nonce="n").slots) == 64
+    with pytest.raises(ProfileError, match="more than 64 content parts name media"):
+        plan_media(parts(65), (MediaFrame(1, OPAQUE, PNG),), nonce="n")
