@@ -41,7 +41,7 @@ PUBLIC: dict[str, str] = {
         "HeaderFlag HelloAcked HintFlag HolderProbed HttpAnswerError InFlightPolicy InputProfile "
         "Journal "
         "KNOWN_TOKENS LegacyDescriptor LocalProtocolError Lookup LossTolerance MAGIC "
-        "MESSAGE_CLASSES MIGRATION_REFUSED MIN_KEY_BYTES MemoryLocationHint Message "
+        "MAX_RUNS MESSAGE_CLASSES MIGRATION_REFUSED MIN_KEY_BYTES MemoryLocationHint Message "
         "MigrateAccept MsgType NotGranted OPENAI_EVENT_FRAME ObjectDeclare ObjectDelta "
         "ObjectBytes ObjectDeltaFlag ObjectFault ObjectLimits ObjectPatch ObjectRef ObjectRefFlag "
         "ObjectReference ObjectRefusal ObjectRelease ObjectReleaseFlag ObjectReleaseReason "

@@ -262,6 +262,7 @@ from ._messages import (
 )
 from ._objects import (
     FAULTS as FAULTS,
+    MAX_RUNS as MAX_RUNS,
     ObjectBytes as ObjectBytes,
     ObjectFault as ObjectFault,
     ObjectLimits as ObjectLimits,

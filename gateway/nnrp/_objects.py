@@ -8,7 +8,7 @@ application, and no acknowledgement message exists. So success is silent, and a 
 is ERROR_RECOVERABLE on the frame (``_server`` rule 3), the code ``FAULTS`` gives; a
 refused frame changes nothing.
 
-Rules (cited as O1..O8):
+Rules (cited as O1..O9):
 
 O1. Negotiation. Object frames are served once the session has negotiated
     ``object.lifecycle`` (CAPABILITY_NEGOTIATION); OBJECT_PATCH and OBJECT_DELTA also need
@@ -53,23 +53,32 @@ O9. Bytes (the gateway's media: ``gateway.profile._media``). An object's bytes a
     (``delta_bytes == region_bytes``); they are written at ``region_offset``. A frame of
     any other kind still applies (O7) but leaves the object's bytes unreadable (the
     server would have to guess their meaning). The bytes are whole once every byte of
-    ``byte_size`` has been written; only then can a request read them (``read``: a copy
-    of the version it names, O3), and the request depends on the object as an OBJECT_REF
-    would make it (O4-O6: invalidated, it is dropped). The first kept write reserves
-    the whole ``byte_size`` from two bounds, the session's ``max_kept_bytes`` and the
-    process's ``ObjectBytes`` pool shared by every session; a frame that would pass
-    either is refused ``BYTE_LIMIT`` and changes nothing. Release and close give the
-    reservation back.
+    ``byte_size`` has been written; only then can a request read them (``read``, at the
+    version it names, O3), and a request in flight then depends on the object as an
+    OBJECT_REF would make it (O4-O6: invalidated, it is dropped). Whole and read, the
+    bytes are frozen: every reader of that version shares one immutable copy, and the
+    next patch starts a new one. What has been written is kept as merged runs, at most
+    ``MAX_RUNS`` apart (a frame that would scatter more is refused ``FRAGMENTED``: runs
+    cost memory and each write a search). The first kept write reserves the whole
+    ``byte_size`` from two bounds, the session's ``max_kept_bytes`` and the process's
+    ``ObjectBytes`` pool shared by every session; a frame that would pass either is
+    refused ``BYTE_LIMIT``. A refused frame changes nothing. The reservation goes back
+    when the object is released or made unreadable, and when its session ends, however
+    it ends (closed, its connection lost, its resume window over, the process stopping).
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 
 import attrs
 
 from ._constants import ErrorCode, ObjectDeltaFlag, ObjectRefFlag, ObjectReleaseFlag
 from ._messages import ObjectDeclare, ObjectDelta, ObjectPatch, ObjectRef, ObjectRelease
+
+#: O9: separate written regions an object may have before it is whole.
+MAX_RUNS = 256
 
 #: The tokens that serve object frames (O1).
 LIFECYCLE_TOKEN = "object.lifecycle"
@@ -95,6 +104,7 @@ class ObjectFault(enum.Enum):
     SEQUENCE_NOT_INCREASING = "sequence_not_increasing"
     OBJECT_FINISHED = "object_finished"
     DELTA_SIZE = "delta_size"
+    FRAGMENTED = "fragmented"
     #: O9: the object's bytes cannot be read (not all written, or not kept).
     BYTES_UNREADABLE = "bytes_unreadable"
 
@@ -119,6 +129,7 @@ FAULTS: dict[ObjectFault, ErrorCode] = {
     ObjectFault.SEQUENCE_NOT_INCREASING: ErrorCode.INVALID_STATE,
     ObjectFault.OBJECT_FINISHED: ErrorCode.INVALID_STATE,
     ObjectFault.DELTA_SIZE: ErrorCode.MALFORMED_BODY,
+    ObjectFault.FRAGMENTED: ErrorCode.LIMIT_EXCEEDED,
     ObjectFault.BYTES_UNREADABLE: ErrorCode.INVALID_STATE,
 }
 
@@ -177,29 +188,52 @@ class _Entry:
     finished: bool = False
     #: Operation ids holding a reference (0: the session's own).
     references: set[int] = attrs.field(factory=set)
-    #: O9: the kept bytes (reserved whole at the first kept write), what of them has
-    #: been written (merged [start, end) runs), and whether a frame made them unreadable.
+    #: O9: the kept bytes, reserved whole at the first kept write: being written
+    #: (``data``) or whole and shared by its readers (``frozen``), never both for long;
+    #: what has been written, as merged [start, end) runs; whether a frame made the bytes
+    #: unreadable.
     data: bytearray | None = None
-    written: list[list[int]] = attrs.field(factory=list)
+    frozen: bytes | None = None
+    starts: list[int] = attrs.field(factory=list)
+    ends: list[int] = attrs.field(factory=list)
     unreadable: bool = False
 
+    @property
+    def reserved(self) -> bool:
+        return self.data is not None or self.frozen is not None
+
+    def runs_after(self, offset: int, end: int) -> tuple[int, int, int]:
+        """The runs ``[offset, end)`` would merge with (``starts[i:j]``), and how many
+        runs there would be then."""
+        first = bisect.bisect_left(self.ends, offset)
+        last = bisect.bisect_right(self.starts, end)
+        return first, last, len(self.starts) - (last - first) + 1
+
     def write(self, offset: int, payload: bytes | memoryview) -> None:
+        if self.frozen is not None:  # a new version over a whole one: its own copy
+            self.data, self.frozen = bytearray(self.frozen), None
         assert self.data is not None
         end = offset + len(payload)
         self.data[offset:end] = payload
-        runs = sorted([*self.written, [offset, end]])
-        merged = [runs[0]]
-        for start, stop in runs[1:]:
-            if start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], stop)
-            else:
-                merged.append([start, stop])
-        self.written = merged
+        first, last, _ = self.runs_after(offset, end)
+        if first < last:
+            offset, end = min(offset, self.starts[first]), max(end, self.ends[last - 1])
+        self.starts[first:last], self.ends[first:last] = [offset], [end]
+
+    @property
+    def written(self) -> int:
+        return sum(end - start for start, end in zip(self.starts, self.ends, strict=True))
 
     @property
     def whole(self) -> bool:
         size = self.declaration.byte_size
-        return size == 0 or self.written == [[0, size]]
+        return size == 0 or (self.starts == [0] and self.ends == [size])
+
+    def shared(self) -> bytes:
+        """The whole bytes, frozen once for every reader of this version."""
+        if self.frozen is None:
+            self.frozen, self.data = bytes(self.data or b""), None
+        return self.frozen
 
 
 class ObjectTable:
@@ -235,10 +269,11 @@ class ObjectTable:
         """O9: the bytes this session's objects hold reserved."""
         return self._kept_bytes
 
-    def read(self, object_id: int, version: int, operation_id: int
-             ) -> bytes | ObjectRefusal:
-        """O9: a copy of the object's bytes at ``version`` (0: the current one), read by
-        ``operation_id``, which now depends on the object (O4-O6)."""
+    def read(self, object_id: int, version: int, operation_id: int, *,
+             operation_in_flight: bool = True) -> bytes | ObjectRefusal:
+        """O9: the object's bytes at ``version`` (0: the current one), shared, never to be
+        changed, read by ``operation_id``, which now depends on the object (O4-O6) if it
+        is still in flight (one that ended meanwhile holds nothing: ``retire`` ran)."""
         entry, refusal = self._active(object_id)
         if entry is None:
             assert refusal is not None
@@ -247,24 +282,23 @@ class ObjectTable:
             return ObjectRefusal(ObjectFault.VERSION_MISMATCH,
                                  f"object {object_id} is at version {entry.version}, "
                                  f"not {version}")
-        if entry.unreadable or (entry.data is None and entry.declaration.byte_size):
+        if entry.unreadable or (not entry.reserved and entry.declaration.byte_size):
             return ObjectRefusal(ObjectFault.BYTES_UNREADABLE,
                                  f"object {object_id}'s bytes are not kept: they came "
                                  "compressed or as a delta that does not replace its region, "
                                  "or not at all")
         if not entry.whole:
             return ObjectRefusal(ObjectFault.BYTES_UNREADABLE,
-                                 f"object {object_id} is not whole yet: "
-                                 f"{sum(end - start for start, end in entry.written)} of its "
-                                 f"{entry.declaration.byte_size} bytes written")
-        if operation_id not in entry.references:
+                                 f"object {object_id} is not whole yet: {entry.written} of "
+                                 f"its {entry.declaration.byte_size} bytes written")
+        if operation_in_flight and operation_id not in entry.references:
             if self._reference_count >= self.limits.max_object_references:
                 return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
                                      f"session holds {self.limits.max_object_references} "
                                      "object references (the limit)")
             entry.references.add(operation_id)
             self._reference_count += 1
-        return bytes(entry.data) if entry.data is not None else b""
+        return entry.shared()
 
     def version(self, object_id: int) -> int | None:
         """The object's version (O3), or None when it is not active."""
@@ -385,16 +419,22 @@ class ObjectTable:
         kept = (request.flags & ObjectDeltaFlag.REPLACES_REGION
                 and not request.flags & ObjectDeltaFlag.COMPRESSED
                 and request.delta_bytes == request.region_bytes)
-        if kept and entry.data is None and not entry.unreadable:
-            refusal = self._reserve(entry)
-            if refusal is not None:
-                return refusal
-        if kept and entry.data is not None:
-            delta = memoryview(body)[request.metadata_bytes:]
+        delta = memoryview(body)[request.metadata_bytes:]
+        if kept and not entry.unreadable:
             if len(delta) != request.region_bytes:
                 return ObjectRefusal(ObjectFault.DELTA_SIZE,
                                      f"{len(delta)} delta bytes for a region of "
                                      f"{request.region_bytes}")
+            if entry.runs_after(request.region_offset,
+                                request.region_offset + request.region_bytes)[2] > MAX_RUNS:
+                return ObjectRefusal(ObjectFault.FRAGMENTED,
+                                     f"object {object_id}'s bytes would lie in more than "
+                                     f"{MAX_RUNS} separate regions: send larger or "
+                                     "adjacent ones")
+            if not entry.reserved:
+                refusal = self._reserve(entry)
+                if refusal is not None:
+                    return refusal
             entry.write(request.region_offset, delta)
         elif not kept:
             entry.unreadable = True
@@ -420,12 +460,12 @@ class ObjectTable:
         return None
 
     def _free(self, entry: _Entry) -> None:
-        if entry.data is not None:
-            size = len(entry.data)
+        if entry.reserved:
+            size = entry.declaration.byte_size
             self._kept_bytes -= size
             self.pool.give(size)
-            entry.data = None
-            entry.written = []
+            entry.data = entry.frozen = None
+            entry.starts, entry.ends = [], []
 
     # ------------------------------------------------------------------ operations (O5), close (O8)
 

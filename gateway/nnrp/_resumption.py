@@ -534,6 +534,7 @@ class SessionBook:
         record.phase = Phase.ENDED
         record.holder = record.confirm_on = None
         record.deadline = None
+        record.session.objects.clear()  # expired or closed: its kept bytes go (_objects O9)
         for held in list(record.tokens):
             self._drop_token(record, held)
         session_id = record.session.session_id

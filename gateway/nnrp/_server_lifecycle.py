@@ -217,6 +217,7 @@ class SessionLifecycle:
             self.book.end(record)
         else:
             self.ids.release(session.session_id)
+        session.objects.clear()  # its kept bytes go back to the process (_objects O9)
         session.connection = None
 
     @property

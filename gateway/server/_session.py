@@ -346,7 +346,10 @@ class _Port:
         return token in self._session.protocol.tokens
 
     def read_object(self, object_id: int, version: int) -> bytes | str:
-        read = self._session.protocol.objects.read(object_id, version, self.operation_id)
+        protocol = self._session.protocol
+        read = protocol.objects.read(
+            object_id, version, self.operation_id,
+            operation_in_flight=self.operation_id in protocol.operations)
         return read if isinstance(read, bytes) else read.text
 
     def supersede_hold_left(self) -> float | None:

@@ -566,3 +566,88 @@ def test_a_delta_whose_bytes_do_not_match_its_region_is_refused() -> None:
     session = conn.session(SESSION)
     assert session is not None
     assert session.objects.read(7, 0, 0) == b"ABCDEFGH"
+
+
+@pytest.mark.parametrize("end", ["close", "connection_lost", "fatal_error", "expired",
+                                 "drained"])
+def test_every_end_of_a_session_gives_its_kept_bytes_back(end: str) -> None:
+    """However a session ends, its reservation returns to the process's pool (a review
+    found a connection lost or a window expired keeping it for good)."""
+    from tests.support.resume import RESUMABLE, Clock, book, connection
+
+    pool = nnrp.ObjectBytes(capacity=64)
+    clock = Clock()
+    sessions = book(clock, window=10.0)
+    conn = connection(sessions, runtime_tokens=frozenset(OBJECT_TOKENS), object_bytes=pool)
+    conn.receive_data(pk(RESUMABLE) + negotiate())
+    conn.receive_data(declare(7, byte_size=16) + _replace(7, 1, 0, b"A" * 16))
+    assert pool.used == 16
+    if end == "close":
+        conn.receive_data(pk(nnrp.SessionClose(), session_id=SESSION))
+    elif end == "connection_lost":
+        conn.connection_lost(detach=False)
+    elif end == "fatal_error":
+        conn.receive_data(b"\0" * 40)  # not NNRP: the connection fails
+    elif end == "expired":
+        conn.connection_lost()  # detached, waiting for its client ...
+        assert pool.used == 16
+        clock.now += 10.0
+        sessions.expire()  # ... which never came
+    else:
+        conn.connection_lost()
+        sessions.close()  # the process stops
+    assert pool.used == 0
+
+
+def test_readers_share_one_frozen_copy_and_a_patch_starts_a_new_version() -> None:
+    conn = connected()
+    session = conn.session(SESSION)
+    assert session is not None
+    conn.receive_data(declare(7, byte_size=8) + _replace(7, 1, 0, b"ABCDEFGH"))
+    first, second = (session.objects.read(7, 0, 0) for _ in range(2))
+    assert first == b"ABCDEFGH" and first is second  # no copy per reader
+    conn.receive_data(_replace(7, 2, 2, b"cd"))
+    assert first == b"ABCDEFGH"  # what a reader holds never changes
+    assert session.objects.read(7, 0, 0) == b"ABcdEFGH"
+    assert session.objects.kept_bytes == 8
+
+
+def test_scattered_regions_are_bounded_and_merge_as_they_meet() -> None:
+    conn = connected()
+    session = conn.session(SESSION)
+    assert session is not None
+    size = 2 * nnrp.MAX_RUNS + 2
+    conn.receive_data(declare(7, byte_size=size))
+    for run in range(nnrp.MAX_RUNS):  # every other byte: MAX_RUNS separate regions
+        assert conn.receive_data(_replace(7, run + 1, 2 * run, b"x")) == []
+    code, text = refused(conn.receive_data(_replace(7, 1000, size - 1, b"y")))
+    assert code == nnrp.ErrorCode.LIMIT_EXCEEDED and "fragmented" in text
+    assert session.objects.version(7) == nnrp.MAX_RUNS  # the refused frame changed nothing
+    # Filling the gaps merges them; the object becomes whole.
+    for run in range(nnrp.MAX_RUNS):
+        conn.receive_data(_replace(7, 2000 + run, 2 * run + 1, b"-"))
+    conn.receive_data(_replace(7, 3000, size - 2, b"yz"))
+    assert session.objects.read(7, 0, 0) == b"x-" * nnrp.MAX_RUNS + b"yz"
+
+
+def test_metadata_comes_first_and_a_late_reader_holds_no_reference() -> None:
+    conn = connected()
+    session = conn.session(SESSION)
+    assert session is not None
+    conn.receive_data(declare(7, byte_size=8))
+    bad = pk(nnrp.ObjectPatch(object_id=7, delta_sequence=1, region_offset=0, region_bytes=4,
+                              delta_bytes=4, metadata_bytes=2,
+                              flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
+             session_id=SESSION, body=b"m" * 6)
+    assert conn.receive_data(bad) == []  # 4 delta bytes after 2 of metadata: fine
+    pool = session.objects.pool
+    assert pool.used == 8
+    # A fragmenting frame is refused before anything is reserved for a new object.
+    conn.receive_data(declare(9, byte_size=8))
+    assert pool.used == 8
+    fresh = connected()
+    fresh_session = fresh.session(SESSION)
+    assert fresh_session is not None
+    fresh.receive_data(declare(8, byte_size=8) + _replace(8, 1, 0, b"ABCDEFGH"))
+    assert fresh_session.objects.read(8, 0, 99, operation_in_flight=False) == b"ABCDEFGH"
+    assert fresh_session.objects.references(8) == frozenset()  # an ended reader holds none
