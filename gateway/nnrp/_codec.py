@@ -272,17 +272,17 @@ def decode_packet(data: bytes | bytearray | memoryview,
         raise RemoteProtocolError(f"message of {len(data)} bytes is shorter than a header",
                                   code=ErrorCode.MALFORMED_HEADER)
     values = HEADER.unpack_from(data, 0)
+    oversized = False
     try:
         cls = _check_raw_header(values, max_packet)
-    except _OversizedSubmit:  # a message arrives whole: only the stream decoder skips
-        total = HEADER_LEN + values[6] + values[7]
-        raise RemoteProtocolError(
-            f"FRAME_SUBMIT: packet of {total} bytes exceeds the {max_packet}-byte limit",
-            code=ErrorCode.LIMIT_EXCEEDED) from None
+    except _OversizedSubmit:  # arrived whole (the carrier bounds it): refused, not fatal
+        cls, oversized = FrameSubmit, True
     total = HEADER_LEN + values[6] + values[7]
     if total != len(data):
         raise RemoteProtocolError(f"message of {len(data)} bytes holds a {total}-byte packet",
                                   code=ErrorCode.MALFORMED_HEADER)
+    if oversized:
+        return _build_head(values, cls, data, 0)
     return _build(values, cls, data, 0)
 
 

@@ -42,6 +42,7 @@ import trio
 import trio_websocket
 
 from gateway.nnrp import (
+    PROTOCOL_MAX_PACKET,
     ErrorCode,
     ErrorScope,
     ForwardOutcome,
@@ -337,8 +338,12 @@ class GatewayServer:
                        for listener in listeners]
         # The listener lives here, under the accept scope; connections live in the
         # connection nursery, so stopping accepting never cuts a session short.
+        # A message holds one packet, up to the protocol's largest (trio-websocket's
+        # default, 1 MiB, closed a connection for any bigger submit); one over this
+        # gateway's --max-frame-bytes is refused alone (gateway.nnrp._codec).
         server = trio_websocket.WebSocketServer(on_request, wrapped,
-                                                handler_nursery=self._connection_nursery)
+                                                handler_nursery=self._connection_nursery,
+                                                max_message_size=PROTOCOL_MAX_PACKET)
         sockname = listeners[0].socket.getsockname()
         endpoint = BoundEndpoint(spec, bound_uri(spec, sockname), spec.host, sockname[1])
         log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)

@@ -406,3 +406,26 @@ async def test_an_object_a_request_cannot_read_refuses_it_naming_the_part(
     assert error["error"]["message"] == (
         "messages[0].content[1].image_url.url: nnrp:object/5: object 5 is not declared in "
         "this session")
+
+
+@pytest.mark.parametrize("transport", ["ws", "tcp"])
+async def test_a_big_media_submit_works_over_websocket_too_and_one_over_the_limit_alone(
+        nursery: trio.Nursery, socket_dir: Path, transport: str) -> None:
+    """A 3 MiB image over ws:// (trio-websocket's default message cap is 1 MiB: it once
+    closed the connection), and over every carrier a submit past --max-frame-bytes is
+    refused on its own operation, the session serving on."""
+    image = PNG * ((3 << 20) // len(PNG))
+    stack = await start_stack(nursery, socket_dir,
+                              server=nnrp.ServerConfig(max_packet=4 << 20))
+    async with connect(stack.uri("websocket" if transport == "ws" else "tcp")) as client:
+        session = await client.open_session()
+        _, terminal = await _submit(session, 1, _media_envelope(
+            UNARY, image_part("nnrp:frame/1")), [(OPAQUE, image)])
+        assert _final(terminal)["type"] == "response.completed"
+        _, terminal = await _submit(session, 2, _media_envelope(
+            UNARY, image_part("nnrp:frame/1")), [(OPAQUE, image + image)])
+        assert _final(terminal)["error"]["code"] == "invalid_submit_body"
+        outcome = await run_operation(session, envelope(request_for(UNARY)))
+        assert outcome.final is not None and outcome.final["type"] == "response.completed"
+    (first, *_) = _posts(stack)
+    assert data_uri_bytes(sent_content(first)[1]["image_url"]["url"])[1] == image

@@ -172,9 +172,9 @@ def test_other_oversized_packets_and_submits_past_the_protocols_cap_stay_fatal()
     past = _patched(_submit(1, b""), 16, "<I", 64 * 1024 * 1024)[:40]
     with pytest.raises(nnrp.RemoteProtocolError, match="exceeds the 1024-byte limit"):
         nnrp.Decoder(max_packet=1024).feed(past)
-    # A WebSocket message arrives whole: nothing to spare by skipping it.
-    with pytest.raises(nnrp.RemoteProtocolError, match="FRAME_SUBMIT: packet of"):
-        nnrp.decode_packet(_submit(1, bytes(2000)), max_packet=1024)
+    # A WebSocket message arrives whole (its carrier bounds it): refused the same way.
+    packet = nnrp.decode_packet(_submit(1, bytes(2000)), max_packet=1024)
+    assert (packet.message.operation_id, packet.body, packet.discarded) == (1, b"", 2000)
 
 
 def test_default_cap_and_protocol_bounds() -> None:
