@@ -26,7 +26,7 @@ import cattrs
 from gateway.nnrp import PayloadKind, ResubmissionRead, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
-from ._literals import cut_long_literals
+from ._literals import PLACEHOLDER_PREFIX, cut_long_literals
 from ._media import DEFAULT_MAX_MEDIA_BYTES, MediaFrame, media_frames
 
 SCHEMA_VERSION = "openai-compatible/1"
@@ -177,9 +177,22 @@ def read_envelope(payload: bytes, *, nonce: str,
             document = _decode(shortened)
         except ProfileError:  # a cut that was no string (_literals L3): parse it all
             cuts = {}
+        else:
+            if _cut_where_read(document):  # _literals L3: checked as written
+                cuts = {}
     if not cuts:
         document = _decode(payload)
     return _validate(document, max_depth, operations), cuts
+
+
+def _cut_where_read(document: Any) -> bool:
+    """Whether a placeholder stands in a field the gateway reads (``_literals`` L3)."""
+    if not isinstance(document, dict):
+        return False
+    body = document.get("body")
+    read = [document.get(name) for name in ("schema_version", "operation", "request_id")]
+    read += [body.get("model") if isinstance(body, dict) else None, document.get("nnrp")]
+    return PLACEHOLDER_PREFIX in json.dumps(read)
 
 
 def _check_size(payload: bytes, max_bytes: int) -> None:

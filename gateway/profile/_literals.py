@@ -10,8 +10,9 @@ keep the GIL throughout, so a worker thread stalls every other stream just as lo
 copied once, and never decoded, parsed or escaped. The rules:
 
 L1. Only an envelope of at least ``CUT_THRESHOLD`` bytes is scanned; only a run of at
-    least ``MIN_LITERAL`` bytes between two quotes, all ASCII and not ending in a
-    backslash (so the closing quote is not escaped), is cut. The scan asks, from each
+    least ``MIN_LITERAL`` bytes between two quotes, all printable ASCII (no control
+    character, which JSON would refuse in a string) and not ending in a backslash (so
+    the closing quote is not escaped), is cut. The scan asks, from each
     quote, whether the next ``MIN_LITERAL`` bytes hold another (``rfind``): a document of
     many short strings costs one ``rfind`` per ``MIN_LITERAL`` bytes, not a step per
     quote.
@@ -21,7 +22,10 @@ L3. The scan does not track which quotes open strings. A run that follows an esc
     quote lies inside a string all the same, and splices back exactly; a run that
     follows a closing quote is JSON structure, and its placeholder between two strings
     can never parse: then the whole envelope is parsed as it came (slow, but right), and
-    nothing is cut. So a document parses to the same value, cut or not.
+    nothing is cut. Likewise when a placeholder lands in a field the gateway itself
+    reads (``READ_FIELDS``: the schema, operation, request id, model, the ``nnrp``
+    policy), which must be checked as the client wrote it. So a document parses to the
+    same value, and is checked the same, cut or not.
 L4. The placeholders stay in the parsed body wherever the runs were (a string value, or
     part of one, or a key); the request sent to vLLM is the body's JSON with each
     placeholder replaced by its run's bytes (``gateway.pipeline._media``, D3): vLLM gets
@@ -37,6 +41,8 @@ CUT_THRESHOLD = 1 << 20
 #: spliced back as it was).
 MIN_LITERAL = 64 << 10
 PLACEHOLDER_PREFIX = "nnrp-cut-"
+#: L1: what a run may not hold (JSON refuses raw control characters in a string).
+_CONTROL = bytes(range(0x20))
 
 
 def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITERAL,
@@ -59,7 +65,8 @@ def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITE
         if closing < 0:
             break
         run = payload[quote + 1:closing]
-        if run.isascii() and not run.endswith(b"\\"):
+        if (run.isascii() and not run.endswith(b"\\")
+                and len(run.translate(None, _CONTROL)) == len(run)):
             placeholder = f"{PLACEHOLDER_PREFIX}{nonce}-{len(cuts)}"
             pieces += [payload[kept_from:quote + 1], placeholder.encode()]
             cuts[placeholder] = run

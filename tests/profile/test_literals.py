@@ -50,6 +50,7 @@ def test_small_envelopes_and_short_strings_are_left_alone() -> None:
 @pytest.mark.parametrize("run", [
     "é" * MIN_LITERAL,  # not ASCII: json.loads checks it
     "a" * MIN_LITERAL + "\\",  # ends in a backslash: its closing quote is escaped
+    "a" * MIN_LITERAL + "\n",  # a raw control character: JSON refuses it in a string
 ])
 def test_runs_the_scan_cannot_vouch_for_are_parsed(run: str) -> None:
     payload = b'{"k": "' + run.encode() + b'", "pad": "' + b"p" * CUT_THRESHOLD + b'"}'
@@ -93,3 +94,28 @@ def test_cut_parse_splice_is_the_whole_parse(document: Any) -> None:
         return  # L3: the caller parses the whole document instead
     respliced = encode_body(parsed, {p: [r] for p, r in cuts.items()})
     assert json.loads(respliced) == {"x": document}
+
+
+@pytest.mark.parametrize("where", ["request_id", "model", "operation", "nnrp"])
+def test_a_long_literal_in_a_field_the_gateway_reads_is_checked_as_written(where: str
+                                                                           ) -> None:
+    """A 64 KiB request_id must be refused for what it is, not pass as a placeholder."""
+    long = "r" * CUT_THRESHOLD
+    document: dict[str, Any] = {"schema_version": "openai-compatible/1",
+                                "operation": "chat.completions.create",
+                                "body": {"model": "m", "messages": [{"role": "user",
+                                                                    "content": "hi"}]}}
+    if where == "model":
+        document["body"]["model"] = long
+    elif where == "nnrp":
+        document["nnrp"] = {"unknown": long}
+    else:
+        document[where] = long
+    payload = json.dumps(document).encode()
+    if where == "model":
+        envelope, cuts = read_envelope(payload, nonce="n", max_bytes=1 << 30)
+        assert cuts == {} and envelope.model == long  # parsed whole, as written
+        return
+    with pytest.raises(ProfileError) as info:
+        read_envelope(payload, nonce="n", max_bytes=1 << 30)
+    assert "nnrp-cut" not in info.value.message
