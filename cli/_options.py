@@ -183,6 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("media_dir", Path | None, VLLM, "PATH", field="media_dir",
             example="/var/run/nnrp-media",
             help="Media frames to vLLM as files here (docs/media.md)."),
+    Setting("media_dir_bytes", int, VLLM, "BYTES", field="media_dir_bytes", min=1,
+            help="Bytes a process may hold in --media-dir at once."),
     Setting("upstream_pool_size", int, VLLM, "N", field="upstream_pool_size", min=1,
             help="HTTP connections to vLLM at most (per worker)."),
     Setting("upstream_queue_timeout", float, VLLM, "SECONDS",

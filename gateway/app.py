@@ -49,6 +49,7 @@ from gateway.observe import (
     open_tracer,
 )
 from gateway.pipeline import (
+    MEDIA_DIR_CAPACITY,
     ChatPipeline,
     MediaDelivery,
     MediaDirectory,
@@ -178,6 +179,8 @@ class GatewayConfig:
     #: Media frames reach vLLM as files here (a directory vLLM reads:
     #: ``--allowed-local-media-path``), not as data URIs (gateway/pipeline/_media.py).
     media_dir: Path | None = None
+    #: The bytes a process may hold in ``media_dir`` at once (gateway/pipeline/_media.py D2).
+    media_dir_bytes: int = MEDIA_DIR_CAPACITY
     upstream_connect_timeout: float = 2.0
     upstream_pool_size: int = 256
     #: A request waits this long for one of the pool's connections, then is refused as
@@ -238,7 +241,8 @@ class Gateway:
         if config.media_dir is not None:
             # A --workers worker sweeps only its own files (_media D4).
             directory = MediaDirectory(config.media_dir, worker=config.resume.worker
-                                       if config.resume.relays else None)
+                                       if config.resume.relays else None,
+                                       capacity=config.media_dir_bytes)
             directory.prepare()  # writable, and what a previous run left swept (D4)
         self.media = MediaDelivery(directory)
         self.pipeline = ChatPipeline(self.client, self.ready_info, self.capabilities,

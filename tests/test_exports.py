@@ -94,7 +94,7 @@ PUBLIC: dict[str, str] = {
         "to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
-        "ChatPipeline MediaDelivery MediaDirectory PipelineLimits Translator UpstreamRequest "
+        "ChatPipeline MEDIA_DIR_CAPACITY MediaDelivery MediaDirectory PipelineLimits Translator UpstreamRequest "
         "build_request profile_refusal "
         "token_count traceparent upstream_traceparent vllm_priority "
     ),

@@ -6,6 +6,7 @@ from ._handler import (
     profile_refusal as profile_refusal,
 )
 from ._media import (
+    MEDIA_DIR_CAPACITY as MEDIA_DIR_CAPACITY,
     MediaDelivery as MediaDelivery,
     MediaDirectory as MediaDirectory,
 )

@@ -16,7 +16,11 @@ D2. **A media directory** (``--media-dir``: a directory vLLM reads, started with
     ``file://PATH``: nothing is encoded and the client's bytes are copied once.
     ``input_audio`` still travels as base64 (vLLM reads no file for it). The files are
     removed when the operation's upstream exchange ends, whatever the end (success,
-    error, cancel, a dropped connection, a drain), in a shielded cleanup.
+    error, cancel, a dropped connection, a drain), in a shielded cleanup. The bytes a
+    process has in the directory at once are bounded (``--media-dir-bytes``: keep it,
+    times the workers, under the volume's size, whose overflow evicts the pod): a
+    request whose files would pass it is refused before anything is written, as a
+    gateway at capacity (``scheduler_rejected``, retry later).
 D3. **The body is encoded once**: ``json.dumps`` of the body with its placeholders (the
     body holds no media bytes: it stays small), split at the placeholders and joined
     with what each stands for: the media's deliveries, and the long literals cut from a
@@ -46,7 +50,7 @@ import structlog
 import trio
 
 from gateway.errors import ConfigError
-from gateway.profile import MEDIA_EXTENSIONS
+from gateway.profile import MEDIA_EXTENSIONS, EndCause, ProfileError
 
 if TYPE_CHECKING:
     from gateway.profile import MediaPlan, MediaSlot
@@ -62,6 +66,10 @@ _PLACEHOLDER = re.compile(rb"nnrp-(?:media|cut)-[0-9a-z]+-[0-9]+")
 ENCODE_SLICE = 3 * 64 * 1024
 #: D2: the files' name prefix (D4 sweeps only these).
 FILE_PREFIX = "nnrp-media-"
+#: D2: the bytes a process may have in the directory at once, by default.
+MEDIA_DIR_CAPACITY = 1 << 30
+#: D2: when a request refused for a full directory may try again.
+FULL_RETRY_AFTER_MS = 1000
 #: D2: how long the cleanup may take once the operation is cancelled.
 CLEANUP_TIMEOUT = 5.0
 #: D2: readable by vLLM's container, which shares the directory, not by the world
@@ -103,8 +111,12 @@ def encode_body(body: dict[str, Any], replacements: dict[str, list[bytes]]) -> b
 class MediaDirectory:
     """D2/D4: where ``--media-dir`` files go."""
 
-    def __init__(self, path: Path, *, worker: int | None = None) -> None:
+    def __init__(self, path: Path, *, worker: int | None = None,
+                 capacity: int = MEDIA_DIR_CAPACITY) -> None:
         self.path = path.resolve()
+        #: D2: the bytes this process may have in the directory at once, and has.
+        self.capacity = capacity
+        self.used = 0
         #: D4: this process's part of the names (None: the only process).
         self.owner = "" if worker is None else f"w{worker}-"
         self.worker = worker
@@ -188,6 +200,7 @@ class MediaDelivery:
             yield None
             return
         written: list[Path] = []
+        reserved = self._reserve(plan)
         try:
             replacements = {placeholder: [run] for placeholder, run in (cuts or {}).items()}
             replacements.update(await self._replacements(plan, written))
@@ -196,6 +209,25 @@ class MediaDelivery:
             if written:
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                     await trio.to_thread.run_sync(_remove, written)
+            if self.directory is not None:
+                self.directory.used -= reserved
+
+    def _reserve(self, plan: MediaPlan) -> int:
+        """D2: room in the directory for the plan's files, or the request refused."""
+        directory = self.directory
+        if directory is None:
+            return 0
+        frames = {frame.index: frame for frame in plan.frames}
+        size = sum(len(frames[index].data)
+                   for index in {slot.frame for slot in plan.slots if not slot.inline})
+        if directory.used + size > directory.capacity:
+            raise ProfileError(EndCause.SCHEDULER_REJECTED,
+                               f"the media directory holds {directory.used} bytes of requests "
+                               f"in flight; {size} more would pass its {directory.capacity} "
+                               "(--media-dir-bytes): retry later",
+                               retry_after_ms=FULL_RETRY_AFTER_MS)
+        directory.used += size
+        return size
 
     async def _replacements(self, plan: MediaPlan, written: list[Path]
                             ) -> dict[str, list[bytes]]:

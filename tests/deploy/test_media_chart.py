@@ -34,6 +34,7 @@ def test_media_on_shares_one_directory_at_one_path() -> None:
     gateway, _ = gateway_container(manifests)
     vllm = _vllm(manifests)
     assert _after(gateway["args"], "--media-dir") == "/media"
+    assert _after(gateway["args"], "--media-dir-bytes") == "1073741824"
     assert _after(vllm["args"], "--allowed-local-media-path") == "/media"
     assert _mounts(gateway)["media"] == {"name": "media", "mountPath": "/media"}
     assert _mounts(vllm)["media"] == {"name": "media", "mountPath": "/media", "readOnly": True}

@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 from gateway.errors import ConfigError
 from gateway.pipeline import MediaDelivery, MediaDirectory
 from gateway.pipeline._media import ENCODE_SLICE, FILE_PREFIX, encode_base64, encode_body
-from gateway.profile import MediaFrame, MediaPlan, MediaSlot
+from gateway.profile import MediaFrame, MediaPlan, MediaSlot, ProfileError
 
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(100)
 
@@ -154,3 +154,23 @@ async def test_data_uri_delivery_and_a_plan_without_slots() -> None:
         assert content is not None
         url = json.loads(content)["url"]
     assert url == "data:image/png;base64," + base64.b64encode(PNG).decode()
+
+
+async def test_the_directory_holds_at_most_its_capacity_and_gives_it_back(tmp_path: Path
+                                                                         ) -> None:
+    """A request whose files would pass it is refused before anything is written (a full
+    emptyDir evicts the pod); what a request held is given back when it ends."""
+    plan = MediaPlan((MediaFrame(1, 0x40, PNG),),
+                     (MediaSlot("nnrp-media-n-0", 1, "image/png", False),
+                      MediaSlot("nnrp-media-n-1", 1, "image/png", False)))
+    directory = MediaDirectory(tmp_path, capacity=len(PNG) + 10)
+    delivery = MediaDelivery(directory)
+    async with delivery.deliver(plan, {"a": "nnrp-media-n-0", "b": "nnrp-media-n-1"}):
+        assert directory.used == len(PNG)  # one file for the frame, named twice
+        with pytest.raises(ProfileError) as info:
+            async with delivery.deliver(plan, {"a": "nnrp-media-n-0"}):
+                pass
+        assert info.value.code == "scheduler_rejected"
+        assert info.value.retry_after_ms == 1000
+        assert len(_files(tmp_path)) == 1
+    assert directory.used == 0 and _files(tmp_path) == []

@@ -214,6 +214,8 @@ worker is one process, busy up to one core, some 60-100Mi resident under load). 
     {{- if .Values.media.enabled }}
     - --media-dir
     - {{ .Values.media.mountPath | quote }}
+    - --media-dir-bytes
+    - {{ .Values.media.maxBytes | int64 | quote }}
     {{- end }}
     {{- range .Values.gateway.extraArgs }}
     - {{ . | quote }}
