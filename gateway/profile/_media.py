@@ -26,7 +26,7 @@ M3. **Kinds.** An image part takes an OPAQUE frame; a video part VIDEO or OPAQUE
     audio part (``audio_url``, ``input_audio``) AUDIO or OPAQUE. Otherwise refused,
     naming the part and the frame.
 M4. **Types.** The media type is the reference's ``;type=`` or else the one the bytes'
-    signature names (``SIGNATURES``: PNG, JPEG, GIF, WebP, WAV, MP3, FLAC, MP4, WebM).
+    signature names (``MEDIA_TYPES``: PNG, JPEG, GIF, WebP, WAV, MP3, FLAC, MP4, WebM).
     It must be of the part's family (``image/`` for an image part, and so on); a part
     whose type is neither given nor recognised is refused, naming the part.
 M5. **Every frame is used.** A media frame no part references is refused (the client
@@ -37,7 +37,7 @@ M5. **Every frame is used.** A media frame no part references is refused (the cl
 M6. **``input_audio``** takes base64 data, not a URL (vLLM builds
     ``data:audio/{format};base64,`` from it): its reference is delivered as bare base64
     whatever the delivery mode, and ``format`` is set from the type when the part has
-    none (``AUDIO_FORMATS``).
+    none (``MEDIA_TYPES``).
 M7. **The body is rewritten in place**: each reference becomes a placeholder
     (``MediaSlot.placeholder``, unique to the request: a random nonce the client cannot
     know) that delivery replaces by the data URI, the base64 or the file URL.
@@ -83,10 +83,6 @@ REFERENCE_FIELDS: dict[str, tuple[str, frozenset[int], str]] = {
 }
 #: M6: the part whose reference is delivered as bare base64.
 INLINE_PART = "input_audio"
-#: M6: ``input_audio.format`` for a type.
-AUDIO_FORMATS = {"audio/wav": "wav", "audio/mpeg": "mp3", "audio/flac": "flac",
-                 "audio/ogg": "ogg", "audio/webm": "webm", "audio/mp4": "m4a"}
-
 REFERENCE_PREFIX = "nnrp:"
 _REFERENCE = re.compile(r"nnrp:(?:frame/([1-9][0-9]{0,4})"
                         r"|object/([1-9][0-9]{0,19})(?:@([1-9][0-9]{0,19}))?)"
@@ -96,33 +92,52 @@ ObjectReader = Callable[[int, int], "bytes | str"]
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
 
 
-def _riff(form: bytes) -> Any:
-    return lambda data: data[:4] == b"RIFF" and data[8:12] == form
+Signature = Callable[[bytes], bool]
 
 
-def _mp3(data: bytes | memoryview) -> bool:
-    head = bytes(data[:3])
+def _riff(form: bytes) -> Signature:
+    return lambda head: head[:4] == b"RIFF" and head[8:12] == form
+
+
+def _mp3(head: bytes) -> bool:
     # An ID3v2 tag, or an MPEG audio frame sync (11 set bits) of layer III.
-    return head == b"ID3" or (len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE6 == 0xE2)
+    return head[:3] == b"ID3" or (len(head) >= 2 and head[0] == 0xFF
+                                  and head[1] & 0xE6 == 0xE2)
 
 
-#: M4: media types by their bytes' signature, checked in order.
-SIGNATURES: tuple[tuple[str, Any], ...] = (
-    ("image/png", lambda data: data[:8] == b"\x89PNG\r\n\x1a\n"),
-    ("image/jpeg", lambda data: data[:3] == b"\xff\xd8\xff"),
-    ("image/gif", lambda data: data[:6] in (b"GIF87a", b"GIF89a")),
-    ("image/webp", _riff(b"WEBP")),
-    ("audio/wav", _riff(b"WAVE")),
-    ("audio/flac", lambda data: data[:4] == b"fLaC"),
-    ("audio/mpeg", _mp3),
-    ("video/mp4", lambda data: data[4:8] == b"ftyp"),
-    ("video/webm", lambda data: data[:4] == b"\x1a\x45\xdf\xa3"),
+@attrs.frozen
+class MediaType:
+    """One media type the gateway knows: how its bytes begin (M4; None: only declared),
+    its file name extension in ``--media-dir`` (vLLM reads the bytes, not the name; a
+    familiar name helps whoever looks in the directory), its ``input_audio.format``
+    (M6)."""
+
+    name: str
+    extension: str
+    signature: Signature | None = None
+    audio_format: str | None = None
+
+
+#: M4, M6, the files' names: one row per type, the signatures checked in this order.
+MEDIA_TYPES: tuple[MediaType, ...] = (
+    MediaType("image/png", "png", lambda head: head[:8] == b"\x89PNG\r\n\x1a\n"),
+    MediaType("image/jpeg", "jpg", lambda head: head[:3] == b"\xff\xd8\xff"),
+    MediaType("image/gif", "gif", lambda head: head[:6] in (b"GIF87a", b"GIF89a")),
+    MediaType("image/webp", "webp", _riff(b"WEBP")),
+    MediaType("audio/wav", "wav", _riff(b"WAVE"), "wav"),
+    MediaType("audio/flac", "flac", lambda head: head[:4] == b"fLaC", "flac"),
+    MediaType("audio/mpeg", "mp3", _mp3, "mp3"),
+    MediaType("video/mp4", "mp4", lambda head: head[4:8] == b"ftyp"),
+    MediaType("video/webm", "webm", lambda head: head[:4] == b"\x1a\x45\xdf\xa3"),
+    MediaType("audio/ogg", "ogg", audio_format="ogg"),
+    MediaType("audio/webm", "webm", audio_format="webm"),
+    MediaType("audio/mp4", "m4a", audio_format="m4a"),
 )
-#: File name extensions for ``--media-dir`` (vLLM reads the bytes, not the name; a
-#: familiar name helps whoever looks in the directory).
-MEDIA_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif",
-              "image/webp": "webp", "audio/wav": "wav", "audio/flac": "flac",
-              "audio/mpeg": "mp3", "video/mp4": "mp4", "video/webm": "webm"}
+#: Views of ``MEDIA_TYPES``: the recognised types with their signatures, the files'
+#: extensions, the audio formats.
+SIGNATURES = tuple((row.name, row.signature) for row in MEDIA_TYPES if row.signature)
+MEDIA_EXTENSIONS = {row.name: row.extension for row in MEDIA_TYPES}
+AUDIO_FORMATS = {row.name: row.audio_format for row in MEDIA_TYPES if row.audio_format}
 
 
 def sniff(data: bytes | memoryview) -> str | None:
