@@ -96,7 +96,7 @@ def test_the_links_in_the_docs_are_found() -> None:
     assert {"docs/runtime-controls.md", "docs/resume.md#a-fleet-of-gateways",
             "#troubleshooting"} <= readme
     quic = set(links((ROOT / "docs" / "quic.md").read_text()))
-    assert {"benchmarks.md#quic-beside-tcp-issue-13",
+    assert {"benchmarks.md#quic-beside-tcp",
             "configuration.md#tls-session-auth-and-secrets"} <= quic
     configuration = set(links((ROOT / "docs" / "configuration.md").read_text()))
     assert {"../deploy/gateway.example.toml", "protocol.md#conformance"} <= configuration
