@@ -291,13 +291,10 @@ class ObjectTable:
             return ObjectRefusal(ObjectFault.BYTES_UNREADABLE,
                                  f"object {object_id} is not whole yet: {entry.written} of "
                                  f"its {entry.declaration.byte_size} bytes written")
-        if operation_in_flight and operation_id not in entry.references:
-            if self._reference_count >= self.limits.max_object_references:
-                return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
-                                     f"session holds {self.limits.max_object_references} "
-                                     "object references (the limit)")
-            entry.references.add(operation_id)
-            self._reference_count += 1
+        if operation_in_flight:
+            refusal = self._depend(entry, operation_id)
+            if refusal is not None:
+                return refusal
         return entry.shared()
 
     def version(self, object_id: int) -> int | None:
@@ -363,8 +360,13 @@ class ObjectTable:
             return ObjectRefusal(ObjectFault.UNKNOWN_OPERATION,
                                  f"operation {operation_id} was never submitted in this "
                                  "session: reference an operation in flight")
+        return self._depend(entry, operation_id)
+
+    def _depend(self, entry: _Entry, operation_id: int) -> ObjectRefusal | None:
+        """O4: ``operation_id`` (0: the session) holds a reference to the object, within
+        the session's bound; an exact repeat holds nothing more."""
         if operation_id in entry.references:
-            return None  # an exact repeat holds nothing more
+            return None
         if self._reference_count >= self.limits.max_object_references:
             return ObjectRefusal(ObjectFault.REFERENCE_LIMIT,
                                  f"session holds {self.limits.max_object_references} object "

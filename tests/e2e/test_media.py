@@ -31,7 +31,7 @@ from tests.support.media import (
     sent_content,
     with_parts,
 )
-from tests.support.native import native_connection, open_session, poll_until
+from tests.support.native import native_connection, open_session, openai_submit, poll_until
 from tests.support.scenarios import request_for
 from tests.support.stack import Stack, envelope, run_operation, start_stack
 
@@ -90,25 +90,6 @@ async def test_an_audio_frame_as_input_audio_is_base64_with_its_format(
     assert data_uri_bytes(f"data:audio/wav;base64,{audio['data']}")[1] == WAV
 
 
-def _native_media_request(frames: list[tuple[Any, bytes]], payload: bytes) -> Any:
-    from nnrp.client.transport import (
-        SubmitHeaderContext,
-        SubmitIdentity,
-        SubmitPolicy,
-        SubmitRequest,
-        TypedPayloadInputFrame,
-        TypedPayloadSubmitInput,
-    )
-    from nnrp.core.enums import PayloadKind
-    from nnrp.schema import StreamSemantics
-
-    typed = [TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
-                                    stream_semantics=StreamSemantics.SNAPSHOT)]
-    typed += [TypedPayloadInputFrame(0, kind, data) for kind, data in frames]
-    return SubmitRequest.typed_payload(TypedPayloadSubmitInput(
-        SubmitIdentity(1, 1, SubmitHeaderContext()), SubmitPolicy(), tuple(typed)))
-
-
 async def test_nnrp_pys_native_client_sends_an_image_and_an_audio_frame(stack: Stack) -> None:
     pytest.importorskip("nnrp.client.native")
     from nnrp.core.enums import PayloadKind
@@ -121,8 +102,8 @@ async def test_nnrp_pys_native_client_sends_an_image_and_an_audio_frame(stack: S
     def scenario() -> list[dict[str, Any]]:
         with native_connection("tcp", uri) as connection:
             session = open_session(connection)
-            session.submit_operation(_native_media_request(
-                [(PayloadKind.OPAQUE_BYTES, PNG), (PayloadKind.AUDIO_CHUNK, WAV)], payload))
+            session.submit_operation(openai_submit(1, 1, payload, media=[
+                (PayloadKind.OPAQUE_BYTES, PNG), (PayloadKind.AUDIO_CHUNK, WAV)]))
             events = poll_until(session, lambda events: any(
                 e["kind"] == "RESULT_PUSH" for e in events), timeout=15)
             session.close()
@@ -336,8 +317,6 @@ def _objects_once_used_twice(uri: str, payloads: list[bytes], release_payload: b
         ObjectDescriptorMetadata,
         ObjectReleaseMetadata,
     )
-
-    from tests.support.native import openai_submit
 
     tokens = ("object.cost", "object.delta", "object.lifecycle", "object.ownership")
     with native_connection("tcp", uri) as connection:

@@ -1,13 +1,17 @@
 """What a benchmark reads of another process: its exact CPU time, its children, its RSS,
 and which process owns a listening TCP socket (vLLM's API server, a gateway started
 elsewhere): the parsing is pure (``stat_cpu_ticks``, ``listening_inodes``,
-``socket_inode``), the rest reads /proc."""
+``socket_inode``), the rest reads /proc; and when a server it started is ready."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
+
+import httpx
+import trio
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: The clock id's low bits: the scheduler's runtime (linux/posix-timers.h); a process,
@@ -108,3 +112,16 @@ def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
 def process_rss(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as statm:
         return int(statm.read().split()[1]) * _PAGE
+
+
+async def until_http_ready(url: str, process: subprocess.Popen[bytes], name: str) -> None:
+    """Until ``url`` answers 200 (a started server's readiness), within a minute; an
+    error naming ``name`` if its process exits first."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        with trio.fail_after(60):
+            while process.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url, timeout=1)).status_code == 200:
+                        return
+                await trio.sleep(0.05)
+    raise RuntimeError(f"the {name} exited ({process.returncode}) before it was ready")

@@ -57,7 +57,7 @@ from gateway import nnrp
 from gateway.tools.client import ClientSession, connect
 
 from . import _media_load as load
-from ._procs import process_cpu_seconds
+from ._procs import process_cpu_seconds, until_http_ready
 from ._stack import envelope, fan_out, free_port, open_sessions
 from .stats import Figure, Noise, percentile
 
@@ -121,7 +121,7 @@ class MediaStack:
         self.sink_url = f"http://127.0.0.1:{port}"
         sink = self._start([sys.executable, "-m", load.__name__, "sink", str(port)],
                            "sink.log")
-        await _until_ready(f"{self.sink_url}/health", sink, "sink")
+        await until_http_ready(f"{self.sink_url}/health", sink, "sink")
         exe = _gateway_exe()
         for mode, extra in (("data_uri", ()), ("media_dir", ("--media-dir", str(media_dir)))):
             listen, admin = free_port(), free_port()
@@ -132,7 +132,7 @@ class MediaStack:
                  "--admin-listen", f"127.0.0.1:{admin}", "--log-level", "warning",
                  *GATEWAY_LIMITS, *extra], f"gateway-{mode}.log")
             self.pids[mode] = gateway.pid
-            await _until_ready(f"http://127.0.0.1:{admin}/readyz", gateway, f"gateway ({mode})")
+            await until_http_ready(f"http://127.0.0.1:{admin}/readyz", gateway, f"gateway ({mode})")
 
     async def stop(self) -> None:
         for process in reversed(self.processes):
@@ -155,18 +155,6 @@ class MediaStack:
 def _gateway_exe() -> str:
     exe = Path(sys.executable).parent / "nnrp-gateway"
     return str(exe) if exe.exists() else "nnrp-gateway"
-
-
-async def _until_ready(url: str, process: subprocess.Popen[bytes], name: str) -> None:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        with trio.fail_after(60):
-            while process.poll() is None:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(url, timeout=1)).status_code == 200:
-                        return
-                await trio.sleep(0.05)
-    raise RuntimeError(f"the {name} exited ({process.returncode}) before it was ready "
-                       "(its log: --out DIR/logs)")
 
 
 @contextlib.asynccontextmanager

@@ -50,6 +50,7 @@ from gateway import nnrp
 from gateway.tools.client import ClientError, connect
 from gateway.tools.cut import StreamCutProxy
 
+from ._procs import until_http_ready
 from ._stack import free_port
 
 Progress = Callable[[str], None]
@@ -346,7 +347,8 @@ async def gateways(vllm_url: str, count: int, log_dir: Path, *, fleet: bool
             with (log_dir / f"gateway-{index}.log").open("wb") as log:
                 processes.append(subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
                     args, stdout=log, stderr=log))
-            await _ready(f"http://127.0.0.1:{admin}/readyz", processes[-1])
+            await until_http_ready(f"http://127.0.0.1:{admin}/readyz", processes[-1],
+                                   "gateway")
             endpoints.append(f"127.0.0.1:{port}")
         yield endpoints
     finally:
@@ -357,17 +359,6 @@ async def gateways(vllm_url: str, count: int, log_dir: Path, *, fleet: bool
                 await trio.to_thread.run_sync(process.wait, 15)
             except subprocess.TimeoutExpired:
                 process.kill()
-
-
-async def _ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    async with httpx.AsyncClient(trust_env=False) as client:
-        with trio.fail_after(60):
-            while process.poll() is None:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(url, timeout=1)).status_code == 200:
-                        return
-                await trio.sleep(0.1)
-    raise RuntimeError(f"the gateway exited ({process.returncode}) before it was ready")
 
 
 async def fleet_cost(endpoints: list[str], model: str, resumes: int, tokens: int) -> FleetCost:

@@ -4,6 +4,7 @@ serving path never imports it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,8 +92,10 @@ def native_client_options(endpoint: str, *, trusted_der: bytes | None = None) ->
 
 
 def native_openai_submit(operation_id: int, frame_id: int, payload: bytes, *,
-                         trace_id: int = 0) -> Any:
-    """The openai-compatible/1 request: one STRUCTURED_EVENT frame, profile 0, SNAPSHOT."""
+                         trace_id: int = 0, media: Sequence[tuple[Any, bytes]] = ()) -> Any:
+    """The openai-compatible/1 request: one STRUCTURED_EVENT frame, profile 0, SNAPSHOT;
+    then ``media``, (nnrp-py's payload kind, bytes) each, as the gateway's media frames
+    (docs/media.md)."""
     from nnrp.client.transport import (
         SubmitHeaderContext,
         SubmitIdentity,
@@ -104,8 +107,9 @@ def native_openai_submit(operation_id: int, frame_id: int, payload: bytes, *,
     from nnrp.core.enums import PayloadKind
     from nnrp.schema import StreamSemantics
 
-    frame = TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
-                                   stream_semantics=StreamSemantics.SNAPSHOT)
+    frames = [TypedPayloadInputFrame(0, PayloadKind.STRUCTURED_EVENT, payload,
+                                     stream_semantics=StreamSemantics.SNAPSHOT)]
+    frames += [TypedPayloadInputFrame(0, kind, data) for kind, data in media]
     return SubmitRequest.typed_payload(TypedPayloadSubmitInput(
         SubmitIdentity(operation_id, frame_id, SubmitHeaderContext(trace_id=trace_id)),
-        SubmitPolicy(), (frame,)))
+        SubmitPolicy(), tuple(frames)))
