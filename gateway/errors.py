@@ -1,4 +1,4 @@
-"""The gateway's one error tree (conventions.md, style principle 7).
+"""The gateway's one error tree (docs/reference/conventions.md, style principle 7).
 
     GatewayError
     ├── ProtocolError            gateway.nnrp: the NNRP rules were broken

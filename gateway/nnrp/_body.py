@@ -1,4 +1,5 @@
-"""Typed bodies of FRAME_SUBMIT and RESULT_PUSH (nnrp-wire.md section 3, "Body prelude").
+"""Typed bodies of FRAME_SUBMIT and RESULT_PUSH (docs/reference/nnrp-wire.md section 3, "Body
+prelude").
 
     body = prelude (32 B: six u32 region lengths, body_flags, reserved)
          ‖ inline_object ‖ object_reference ‖ typed_descriptor ‖ typed_frame
@@ -252,7 +253,8 @@ class FrameShape(NamedTuple):
     stream_semantics: int
 
 
-#: openai-compatible/1: one JSON event, profile 0, schema 0/0, SNAPSHOT (nnrp-wire.md s. 4).
+#: openai-compatible/1: one JSON event, profile 0, schema 0/0, SNAPSHOT
+#: (docs/reference/nnrp-wire.md s. 4).
 OPENAI_EVENT_FRAME = FrameShape(0, int(PayloadKind.STRUCTURED_EVENT), 0, 0, 0,
                                 int(StreamSemantics.SNAPSHOT))
 #: The token profile's complete text: profile 2, TOKEN_CHUNK, schema 0x1001 v3, terminal.

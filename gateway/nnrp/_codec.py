@@ -2,7 +2,7 @@
 
     packet = header (40 B) ‖ metadata (meta_len) ‖ body (body_len)
 
-No other framing exists on any transport (nnrp-wire.md section 0); over WebSocket a
+No other framing exists on any transport (docs/reference/nnrp-wire.md section 0); over WebSocket a
 binary message holds exactly one packet.
 
 The decoder is sans-IO: ``Decoder.feed(bytes)`` returns every complete packet and
@@ -163,7 +163,7 @@ def encode_partial_result(session_id: int, frame_id: int, operation_id: int, seq
     """Fast path for the hottest frame: one PARTIAL_RESULT of the openai mapping.
 
     result_sequence = delta_sequence = ``sequence``, object_id 0, flags 0
-    (nnrp-wire.md section 4, "Non-terminal events"). Byte-identical to ``encode``.
+    (docs/reference/nnrp-wire.md section 4, "Non-terminal events"). Byte-identical to ``encode``.
     """
     return _PARTIAL_RESULT.pack(
         MAGIC, VERSION_MAJOR, WIRE_FORMAT, MsgType.PARTIAL_RESULT, HEADER_LEN, 0,
@@ -186,7 +186,8 @@ def encode_openai_submit(session_id: int, frame_id: int, operation_id: int, payl
                          trace_id: int = 0) -> bytes:
     """Fast path for the openai-compatible/1 request: FRAME_SUBMIT with one STRUCTURED_EVENT
     frame (profile 0, schema 0/0, SNAPSHOT), header, metadata, prelude and descriptor packed
-    in one call. Byte-identical to ``encode`` with ``pack_single_frame`` (nnrp-wire.md 4)."""
+    in one call. Byte-identical to ``encode`` with ``pack_single_frame``
+    (docs/reference/nnrp-wire.md 4)."""
     values = _SUBMIT_VALUES.copy()
     values[_SUBMIT_OP_INDEX] = operation_id
     size = len(payload)

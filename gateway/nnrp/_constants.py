@@ -1,7 +1,7 @@
 """NNRP/1 preview4 registries: message types, flags, error codes and enum ranges.
 
 Every number here is a wire value; each comment names the section of
-``nnrp-wire.md`` (the project's digest of the spec) it comes from.
+``docs/reference/nnrp-wire.md`` (the project's digest of the spec) it comes from.
 """
 
 from __future__ import annotations

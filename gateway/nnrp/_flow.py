@@ -1,6 +1,7 @@
 """Flow control the client asks for: its credits, BACKPRESSURE and FLOW_UPDATE gate our output.
 
-Rules (nnrp-wire.md section 3; the reference adapter's pressure.py for what a window counts):
+Rules (docs/reference/nnrp-wire.md section 3; the reference adapter's pressure.py for what a
+window counts):
 
 1. Windows exist per connection, per session and per operation. A BACKPRESSURE or
    CREDIT_UPDATE names its scope with flags (bit0 connection, bit1 operation with scope_id

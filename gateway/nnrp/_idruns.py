@@ -1,6 +1,7 @@
 """A set of ids kept as sorted, disjoint runs of consecutive values.
 
-A session must refuse a repeated frame_id or operation_id for its whole life (nnrp-wire.md
+A session must refuse a repeated frame_id or operation_id for its whole life
+(docs/reference/nnrp-wire.md
 "FRAME_SUBMIT"), so it remembers every id it has seen. As a plain set that memory grew by
 one entry per operation, without bound on a long-lived session (found by the 1,000-stream
 soak). Peers allocate ids by counting (our client does), so as runs a session holds one

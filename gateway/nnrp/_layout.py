@@ -18,7 +18,7 @@ with its struct code and, where the spec has one, its registry::
 * the *pack* struct writes reserved fields as pad bytes (always zero), so encoding is one
   ``pack`` call over the named fields;
 * the *unpack* struct reads reserved fields as integers, so decoding rejects a non-zero
-  one (nnrp-wire.md section 0: "A receiver MUST reject them");
+  one (docs/reference/nnrp-wire.md section 0: "A receiver MUST reject them");
 * registries (``allowed=``: an IntEnum, a range or a set) and flag masks (``mask=``) are
   checked on the raw unpacked tuple before any object is built. All of a layout's checks
   are compiled into one boolean expression (as attrs generates ``__init__``), so the hot

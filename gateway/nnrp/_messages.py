@@ -2,7 +2,7 @@
 
 One frozen attrs class per message type, its fields in wire order, each declared once
 with its struct code and registry (``wire`` and ``reserved`` from ``_layout``; the
-layouts are section 3 of nnrp-wire.md). Messages that share a layout (CANCEL and
+layouts are section 3 of docs/reference/nnrp-wire.md). Messages that share a layout (CANCEL and
 ABORT, say) share a private base; the concrete classes only bind ``MSG_TYPE``.
 
 Each class offers ``LAYOUT`` (``LAYOUT.size`` is the exact meta_len), ``check`` (rules
@@ -342,7 +342,8 @@ class FrameSubmit(WireMessage):
     section_count: int = wire("H")
     frame_class: int = wire("B")
     input_profile: int = wire("B", allowed=InputProfile)
-    # The SDK's builder sets raw_u16 (1) even without tensors (nnrp-wire.md section 6).
+    # The SDK's builder sets raw_u16 (1) even without tensors (docs/reference/nnrp-wire.md section
+    # 6).
     tile_index_mode: int = wire("B", int(TileIndexMode.RAW_U16), allowed=TileIndexMode)
     _reserved_byte: ClassVar[Reserved] = reserved("B")
     latency_budget_ms: int = wire("H")

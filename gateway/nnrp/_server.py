@@ -16,7 +16,8 @@ to 10, 12 to 14 and 17 ``_server_controls``' (17: the runtime objects, whose tab
 1. Connection start. ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK)
    and CLIENT_HELLO. Anything else before the hello (garbage, a bad magic, a
    SESSION_OPEN) closes the connection *without a reply*, as the reference server does
-   (nnrp-wire.md section 5). A hello whose profile bitmap does not meet ours also closes
+   (docs/reference/nnrp-wire.md section 5). A hello whose profile bitmap does not meet ours also
+   closes
    it silently (section 1, step 3).
 2. Only malformed or unknown input closes a connection in ``READY``: framing and header
    errors, an unknown msg_type, a second CLIENT_HELLO. Every operation still in flight,

@@ -28,7 +28,8 @@ Rules (numbered as in ``_server``, whose table routes every message):
       resumable session's operations goes to its journal (``_journal``) either way;
       the outputs below return what goes on the wire now, and nothing when nothing does.
    b. After a resume (``resumed``), every operation the journal holds waits for the
-      client to resubmit it (``awaiting``; session-recovery.md: nnrp-py's client takes
+      client to resubmit it (``awaiting``; docs/reference/session-recovery.md: nnrp-py's client
+      takes
       results for an operation of a resumed session only once it has resubmitted it). A
       FRAME_SUBMIT naming such an operation *and its original frame* is its
       resubmission, checked in this order (``_on_resubmission``):

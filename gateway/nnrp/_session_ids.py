@@ -9,7 +9,7 @@ differential test in tests/interop/test_resume_differential.py).
 Rules:
 
 I1. A SESSION_OPEN's ``requested_session_id`` is granted when no session of the process
-    holds it (nnrp-wire.md section 3: 0 means the server picks).
+    holds it (docs/reference/nnrp-wire.md section 3: 0 means the server picks).
 I2. Otherwise the lowest free id from 1, as nnrp-py's native server picks (it refuses a
     requested id that is taken, limit_reached; this gateway gives another one: the
     client learns its id from the ACK either way); None when every id is taken.

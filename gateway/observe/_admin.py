@@ -2,7 +2,7 @@
 
 * ``/healthz``: 200 while the process serves; never depends on vLLM (a liveness or
   native-sidecar startup probe that did would restart-loop or deadlock the pod during
-  model load; conventions.md A1).
+  model load; docs/reference/conventions.md A1).
 * ``/readyz``: 200 when every NNRP listener is bound, vLLM is probed and healthy, and the
   gateway is not draining; otherwise 503 with the reasons as JSON.
 * ``/metrics``: Prometheus text, only when metrics are enabled; without the ``*_created``

@@ -1,6 +1,6 @@
 """The capability document: what this gateway claims, built from configuration and the probe.
 
-Shape (reference-adapter.md section 6; schema api-profile-capabilities): profile,
+Shape (docs/reference/reference-adapter.md section 6; schema api-profile-capabilities): profile,
 schema_version, compatibility_levels [1], operations with streaming / non_streaming /
 tool_calls / cancellation, models, extensions; beside them, as the project's own keys,
 ``backend`` (vLLM's version and binding) and ``nnrp`` (the runtime-control tokens and

@@ -1,4 +1,5 @@
-"""The openai-compatible/1 request envelope (nnrp-wire.md section 4, reference-adapter.md 6).
+"""The openai-compatible/1 request envelope (docs/reference/nnrp-wire.md section 4,
+docs/reference/reference-adapter.md 6).
 
     {"schema_version": "openai-compatible/1", "operation": "chat.completions.create",
      "request_id"?: str, "body": {OpenAI request}, "nnrp"?: {"timeout_ms", "diagnostics",
@@ -131,7 +132,7 @@ class SubmitBody:
 def read_typed_body(typed_body: TypedBody | None, body_error: str | None, *,
                     max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES) -> SubmitBody:
     """The request mapping: frame 0 is the envelope, a STRUCTURED_EVENT frame, profile 0,
-    schema 0/0, SNAPSHOT (nnrp-wire.md section 4); any frames after it are media, the
+    schema 0/0, SNAPSHOT (docs/reference/nnrp-wire.md section 4); any frames after it are media, the
     gateway's extension (``_media`` rule M1)."""
     if typed_body is None:
         raise ProfileError("invalid_submit_body", f"typed body is malformed: {body_error}")

@@ -1,7 +1,7 @@
 """Profile event builders: each returns the compact JSON body of one event.
 
-Encoding follows the reference adapter (reference-adapter.md section 6 and the live
-capture of nnrp-wire.md section 6): compact separators, sorted keys, UTF-8 as is.
+Encoding follows the reference adapter (docs/reference/reference-adapter.md section 6 and the live
+capture of docs/reference/nnrp-wire.md section 6): compact separators, sorted keys, UTF-8 as is.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ _JSON_WHITESPACE = b" \t\r\n"
 def completed_text(body_json: bytes) -> bytes:
     """The encoded ``response.completed`` of a non-streaming answer, its body vLLM's
     JSON text as vLLM sent it: the profile changes none of a completion's fields
-    (reference-adapter.md section 6: "vLLM's response for non-streaming"), so the body
+    (docs/reference/reference-adapter.md section 6: "vLLM's response for non-streaming"), so the
+    body
     is passed through rather than decoded and encoded again. The event's own keys are
     compact and sorted as every event's; inside the body the order and spacing are
     vLLM's (it renders compact JSON: Starlette's JSONResponse). ``body_json`` must be

@@ -2,7 +2,7 @@
 here without I/O (``plan_media``), delivered to vLLM by the pipeline
 (``gateway.pipeline._media``: a data URI, or a file in ``--media-dir``).
 
-The openai-compatible/1 mapping carries one STRUCTURED_EVENT frame (nnrp-wire.md
+The openai-compatible/1 mapping carries one STRUCTURED_EVENT frame (docs/reference/nnrp-wire.md
 section 4); base64 inside that JSON is the only way the frozen profile has to send an
 image, a third larger on the client's link and parsed whole. This gateway extension
 (``gateway.media`` in the capability document) lets the same submit carry the bytes as

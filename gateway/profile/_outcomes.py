@@ -16,7 +16,8 @@ first and only event) are backend_overload, recoverable; the gateway's load-awar
 refusal, before vLLM is called, is scheduler_rejected, recoverable and shed (not an
 upstream error: vLLM was never asked).
 
-Statuses follow nnrp-wire.md section 4 (completed 200, overload 503, timeout 504, other
+Statuses follow docs/reference/nnrp-wire.md section 4 (completed 200, overload 503, timeout 504,
+other
 errors 500; validation errors 4xx). Drops follow the same section: CANCEL/ABORT/
 FRAME_CANCEL -> peer_cancelled; DEADLINE -> deadline_expired; EXPIRE_AT -> superseded (the
 wire case priority-deadline expects code 2, section 7); SUPERSEDE -> superseded; a spent
@@ -61,7 +62,7 @@ class EndCause(enum.StrEnum):
     OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"
     # Refused before vLLM is called: vLLM's published load is past the configured
     # thresholds (load-aware admission, gateway.upstream._load). The profile's transient
-    # code for a scheduler's refusal (nnrp-wire.md section 4).
+    # code for a scheduler's refusal (docs/reference/nnrp-wire.md section 4).
     SCHEDULER_REJECTED = "scheduler_rejected"
     # What vLLM said, or did not say.
     INVALID_BACKEND_REQUEST = "invalid_backend_request"

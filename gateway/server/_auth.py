@@ -1,5 +1,6 @@
 """Session authentication: a shared bearer token (or a file of them) checked against the
-SESSION_OPEN auth bytes (nnrp-wire.md section 3), refused with session error auth_failed.
+SESSION_OPEN auth bytes (docs/reference/nnrp-wire.md section 3), refused with session error
+auth_failed.
 
 Authentication fails closed: a source that was given never means authentication off. An
 empty token, or a token file that holds none (empty, or comments only: an empty

@@ -1,6 +1,6 @@
 """One NNRP operation, from its FRAME_SUBMIT to its single terminal: what a handler sees.
 
-The operation owns its whole lifecycle (conventions.md: one owner per lifecycle):
+The operation owns its whole lifecycle (docs/reference/conventions.md: one owner per lifecycle):
 
     submitted ─▶ run(handler) ─▶ emit()* ─▶ close(cause, payload)     the handler ends it
                       │                                               (or returns without

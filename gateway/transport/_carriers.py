@@ -3,7 +3,7 @@
 * Stream transports (TCP, unix sockets) carry packets back to back: reads return any
   number of bytes, and a burst of packets leaves in one ``send_all``.
 * WebSocket carries one packet per binary message; a text message is a protocol
-  error (nnrp-wire.md section 1).
+  error (docs/reference/nnrp-wire.md section 1).
 * QUIC carries packets back to back on the client's first bidirectional stream, a byte
   stream as TCP is: ``_quic_listener.QuicTransport`` (server) and
   ``_quic_client.QuicClientTransport`` (client) are stream transports too.
@@ -26,7 +26,7 @@ from gateway.nnrp import PeerCredentials, TransportId
 
 #: Bytes asked for per read: large enough that a burst of submits is one syscall.
 READ_SIZE = 64 * 1024
-#: The SESSION_MIGRATE transport id of each carrier kind (nnrp-wire.md section 1).
+#: The SESSION_MIGRATE transport id of each carrier kind (docs/reference/nnrp-wire.md section 1).
 TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
                  "websocket": TransportId.WEBSOCKET}
 
@@ -185,7 +185,8 @@ PEER_GONE_MS = 60_000
 
 
 def tune_tcp(stream: trio.abc.Stream) -> None:
-    """Small packets (one token event each) must not wait for Nagle (nnrp-py.md section 5),
+    """Small packets (one token event each) must not wait for Nagle (docs/reference/nnrp-py.md
+    section 5),
     and a peer that vanishes without a FIN is found within about a minute, which ends its
     operations (or detaches its resumable sessions): by TCP keepalive when the connection
     is idle (30 s, then 3 probes 10 s apart), and by ``TCP_USER_TIMEOUT`` while results

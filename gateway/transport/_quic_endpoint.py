@@ -1,7 +1,8 @@
 """The QUIC endpoint, sans-IO: aioquic's ``QuicConnection`` behind one datagram-in,
 datagrams-out step (the trio side is ``_quic_listener``).
 
-NNRP over QUIC (nnrp-wire.md section 1): TLS 1.3 is mandatory (QUIC has no other TLS), the
+NNRP over QUIC (docs/reference/nnrp-wire.md section 1): TLS 1.3 is mandatory (QUIC has no other
+TLS), the
 client opens one bidirectional stream and writes packets back to back on it. nnrp-py's
 native client (quinn 0.11 + rustls) uses the first client-initiated bidirectional stream
 (id 0), offers no ALPN, opens no unidirectional streams and never sends DATAGRAM frames;

@@ -12,7 +12,7 @@ import attrs
 
 from ._tls import TlsConfig
 
-#: The ALPN older SDKs offer (nnrp-core constant; nnrp-wire.md section 1).
+#: The ALPN older SDKs offer (nnrp-core constant; docs/reference/nnrp-wire.md section 1).
 NNRP_ALPN = "nnrp/1"
 #: The client's first bidirectional stream carries the NNRP byte stream (both sides).
 NNRP_STREAM_ID = 0
@@ -25,7 +25,8 @@ class AlpnPolicy(Enum):
 
     * ``ANY`` (default): either of the two below; ``nnrp/1`` is selected when offered.
     * ``NONE``: the client offers no ALPN at all (nnrp-py's native client).
-    * ``NNRP``: the client must offer ``nnrp/1`` (the spec's ALPN, nnrp-wire.md section
+    * ``NNRP``: the client must offer ``nnrp/1`` (the spec's ALPN, docs/reference/nnrp-wire.md
+    section
       1; older SDKs); it is selected.
 
     Why ``ANY`` is the default: the spec names ``nnrp/1``, and nnrp-py's native client

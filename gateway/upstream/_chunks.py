@@ -2,7 +2,7 @@
 
 Every chunk needs a non-empty ``id`` and ``model``, an integer ``created`` >= 0,
 ``object`` exactly ``chat.completion.chunk`` and a structurally valid ``choices``
-list. ``{"error": {...}}`` is vLLM's in-stream error event (vllm-http.md section 1).
+list. ``{"error": {...}}`` is vLLM's in-stream error event (docs/reference/vllm-http.md section 1).
 Text must be Unicode: JSON may escape a lone surrogate (``"\\ud800"``), which no UTF-8
 frame can carry. A violation raises ``UpstreamMalformed`` naming what was wrong, so the
 operation ends with ``backend_error`` instead of forwarding garbage.

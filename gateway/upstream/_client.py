@@ -29,14 +29,14 @@ Which HTTP carries what (rules; docs/architecture.md, "The upstream path"):
 
 Timeouts: a request has no per-read timeout; the first-chunk and idle deadlines are the
 stream's clocks (``_stream.ChunkStream.clocks``), the total deadline a scope owned by
-the caller (conventions.md A4). A request keeps a connect timeout, which surfaces as
+the caller (docs/reference/conventions.md A4). A request keeps a connect timeout, which surfaces as
 ``UpstreamOverloaded`` (vLLM is there but does not accept in time), and a write bound
 (``WRITE_TIMEOUT``). Probes have their own bounded timeouts (``probe_timeout``); a probe
 that times out is ``UpstreamUnavailable``.
 
 Cancellation: leaving ``chunks`` early (a cancelled scope, an exception) closes the
 response before it is fully read, so its socket is closed instead of kept for reuse, and
-vLLM aborts the request on disconnect (vllm-http.md section 3).
+vLLM aborts the request on disconnect (docs/reference/vllm-http.md section 3).
 
 Reuse: a stream that reached ``data: [DONE]`` reads the rest of its body (the chunked
 terminator) on the way out of ``chunks``, so its connection goes back to its slot

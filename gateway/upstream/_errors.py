@@ -174,7 +174,8 @@ def _str_or_none(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-#: What vLLM's HTTP status says about a request (vllm-http.md section 2; 422 is 0.26's
+#: What vLLM's HTTP status says about a request (docs/reference/vllm-http.md section 2; 422 is
+#: 0.26's
 #: media-fetch failure). Anything else is backend_error.
 _STATUS_CAUSES = {400: EndCause.INVALID_BACKEND_REQUEST, 401: EndCause.BACKEND_AUTH_FAILED,
                   404: EndCause.UNSUPPORTED_MODEL, 422: EndCause.INVALID_BACKEND_REQUEST,

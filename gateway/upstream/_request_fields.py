@@ -1,6 +1,7 @@
 """The request fields the gateway reads itself, read the way vLLM's request model reads them.
 
-vLLM validates the JSON body with pydantic in lax mode (vllm-http.md; measured on 0.32 and
+vLLM validates the JSON body with pydantic in lax mode (docs/reference/vllm-http.md; measured on
+0.32 and
 checked against pydantic 2.14 offline). The gateway decides the wire mode, the usage event
 and a budget's token cap from some of the same fields, so it must reach vLLM's decision or
 refuse the request before vLLM is called: never generate and then fail.

@@ -4,12 +4,13 @@ Bytes in, events out; any chunking of the byte stream gives the same events.
 
 Lines end with LF, CRLF or CR and nothing else (WHATWG SSE "Parsing an event
 stream"). ``str.splitlines`` must not be used: it also splits on U+2028, U+0085, \\x1c
-and friends, which occur raw inside JSON token text (conventions.md A4, the bug
+and friends, which occur raw inside JSON token text (docs/reference/conventions.md A4, the bug
 httpx-sse fixed in 0.4.2). Decoding works on bytes, so a multi-byte UTF-8 sequence
 split across reads is never a problem: only complete lines are decoded.
 
 vLLM sends ``data: <json>\\n\\n`` per event and ends with ``data: [DONE]\\n\\n``, after an
-error too (vllm-http.md); comments, ``event:``, ``id:`` and ``retry:`` fields are parsed
+error too (docs/reference/vllm-http.md); comments, ``event:``, ``id:`` and ``retry:`` fields are
+parsed
 per the spec and ignored here. vLLM 0.32's ``--sse-keep-alive-interval`` writes
 ``: keep-alive\\n\\n`` comments while a stream is idle (queued, in prefill, between
 tokens; ``vllm/entrypoints/serve/utils/sse_keep_alive.py``): ``pending`` lets the

@@ -33,7 +33,7 @@ admission refusal after its 200, ``_errors``).
 End of stream: ``data: [DONE]`` ends the iteration. A body that ends before it, or a
 reset mid-body, is ``UpstreamMalformed``; an SSE or chunk rule broken is too. Leaving the
 ``chunks`` context before ``[DONE]`` (a cancel, an error) closes the socket, which is
-how vLLM learns to abort the request (vllm-http.md section 3).
+how vLLM learns to abort the request (docs/reference/vllm-http.md section 3).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """vLLM version bindings: which wire differences each supported family has.
 
 The gateway talks to vLLM's public HTTP API only; vLLM is not a Python dependency. Its
-OpenAI frontend still differs between releases (vllm-http.md sections 1-2), so a probe of
+OpenAI frontend still differs between releases (docs/reference/vllm-http.md sections 1-2), so a
+probe of
 ``GET /version`` at start-up picks one binding that normalises them:
 
 * 0.18.x (anchor 0.18.1): no prompt_text, no system_fingerprint; ``"tool_calls":[]``

@@ -1,6 +1,7 @@
 """Recipes, capability tokens and execution plans, the way the suite's runner builds them.
 
-Capability tokens from a capability document (conformance.md section 1): ``api.level<N>``
+Capability tokens from a capability document (docs/reference/conformance.md section 1):
+``api.level<N>``
 per compatibility level, ``api.<operation>`` per operation, ``api.streaming``,
 ``api.non_streaming``, ``api.tool_calls``, ``api.cancellation`` when any operation
 claims them, ``api.extension.<name>`` per extension. A recipe is selected when all its

@@ -1,6 +1,7 @@
 """The suite's validation rules, applied strictly.
 
-For each case (conformance.md section 1, "What the validator checks"): the terminal kind
+For each case (docs/reference/conformance.md section 1, "What the validator checks"): the terminal
+kind
 matches; the expected events appear in order, each at least ``min_count`` times (default
 1, or 0 when optional); ``fields`` are a JSON subset of the matched event (``openai_chunk``
 ignored); error and cancelled terminals carry ``response.error`` / ``response.cancelled``.

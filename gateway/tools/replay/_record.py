@@ -19,7 +19,7 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}
 
-#: Scenarios of vllm-http.md section 7 that a real server can be asked for directly.
+#: Scenarios of docs/reference/vllm-http.md section 7 that a real server can be asked for directly.
 SCENARIOS: dict[str, dict[str, Any]] = {
     "stream_length": {"stream": True, "max_tokens": 8},
     "stream_usage": {"stream": True, "max_tokens": 5, "stream_options": {"include_usage": True}},

@@ -3,7 +3,8 @@
 ``_record.record_forced``), which the 0.18-0.26 families keep playing. Each says which in
 its note (``NOTES``).
 
-These scenarios are built here in exactly vLLM's 0.26 wire shape (vllm-http.md section
+These scenarios are built here in exactly vLLM's 0.26 wire shape (docs/reference/vllm-http.md
+section
 1): compact chunks with fields in declaration order, the role chunk first, one event per
 HTTP chunk, the finish chunk carrying the last fragment, the usage chunk with
 ``"choices":[]``, then ``data: [DONE]``. Also the dynamic text stream used when a
@@ -241,7 +242,7 @@ def synthesized() -> list[Transcript]:
         delta_chunk(r, m, _tool_args(0, '{"city": "Rome"}'), finish="tool_calls"),
         usage_chunk(r, m, 50, 14), DONE,
     ], _request(stream=True, tools=[WEATHER_TOOL]),
-        "tool parsing starts only after reasoning ends (vllm-http.md section 1)"))
+        "tool parsing starts only after reasoning ends (docs/reference/vllm-http.md section 1)"))
     name = "stream_reasoning_hidden"
     r = rid.format(name)
     out.append(_stream(name, [
@@ -298,7 +299,7 @@ NOTES = {name: _recorded_from_032(name, what) for name, what in {
     "stream_reasoning_hidden": "include_reasoning:false: the reasoning tokens are produced "
                                "but not sent",
     "stream_reasoning_then_tool_call": "tool parsing starts only after reasoning ends "
-                                       "(vllm-http.md section 1)",
+                                       "(docs/reference/vllm-http.md section 1)",
     "nonstream_reasoning": "non-streaming with --reasoning-parser",
     "stream_n2_interleaved": "n=2: choice indices interleave",
     "stream_finish_abort": "server-side abort (POST /pause?mode=abort) ends the stream "

@@ -6,7 +6,7 @@ response_headers, ...}``; each further line is one HTTP body chunk as the client
 received it: ``{"t_ms": ms since the request was sent, "b64": base64 bytes}``.
 
 Variants: a transcript (recorded on 0.32, or written for 0.26) is rewritten into each
-family's shape (vllm-http.md sections 1-2; ``family_transcripts``: from 0.32 on, a
+family's shape (docs/reference/vllm-http.md sections 1-2; ``family_transcripts``: from 0.32 on, a
 scenario's 0.32 recording ``<scenario>_032`` replaces its hand-written 0.26 original):
 non-streaming bodies get exactly the family's declared fields (the gateway's
 ``ResponseShape`` tables, read from each release's models: 0.22 adds ``prompt_text``
@@ -195,7 +195,7 @@ def _conform_choice(choice: dict[str, Any], shape: ResponseShape) -> dict[str, A
 def derive(transcript: Transcript, family: str) -> Transcript:
     """The transcript as a vLLM of ``family`` would have sent it: bodies carry exactly the
     family's declared fields (``gateway.upstream``'s ``ResponseShape``, read from each
-    release), and the stream differences of vllm-http.md section 1."""
+    release), and the stream differences of docs/reference/vllm-http.md section 1."""
     if family not in FAMILIES:
         raise ValueError(f"unknown vLLM family {family!r}")
     if family == "0.33" and transcript.vllm_version == VERSIONS[family]:
