@@ -1,6 +1,6 @@
 """Envelope -> upstream HTTP request; NNRP trace context -> W3C ``traceparent``.
 
-Frozen traceparent rules (architecture.md, "The mapping"): an eligible context has a
+Frozen traceparent rules (docs/reference/original-plan.md, "The mapping"): an eligible context has a
 non-zero trace_id and span_id; it becomes exactly one header
 ``00-0000000000000000{trace_id:016x}-{span_id:016x}-{flags&1:02x}`` (the 64-bit NNRP
 trace id zero-extended to W3C's 128 bits, only the sampled bit kept), frozen when the

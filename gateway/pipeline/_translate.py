@@ -1,6 +1,7 @@
 """Chunk -> profile events, and vLLM's non-streaming body rebuilt from the chunks.
 
-A pure class fed one checked chunk at a time (architecture.md rule 2). The rule it keeps:
+A pure class fed one checked chunk at a time (docs/reference/original-plan.md rule 2). The rule it
+keeps:
 **every field vLLM sends reaches the client**, in a profile event, in a declared
 non-critical extension field, or at least in the rebuilt ``response.completed`` body.
 

@@ -1,7 +1,8 @@
 """How an operation ends: one table from end cause to terminal, outcome, log level, metric.
 
 Every operation ends exactly once, for one ``EndCause``. ``END_TABLE`` is the only place
-that says what that cause means on the wire and in the books (architecture.md rule 4):
+that says what that cause means on the wire and in the books (docs/reference/original-plan.md rule
+4):
 
 * the **terminal**: a RESULT_PUSH with a status (and, for errors, the ``response.error``
   type), a RESULT_DROP_REASON with a drop reason, or nothing at all (the peer is gone);

@@ -1,6 +1,7 @@
 """One NNRP connection: a nursery with a reader, a writer, and its sessions' operations.
 
-Malformed input policy (architecture.md rule 5; docs/reference/nnrp-wire.md section 5):
+Malformed input policy (docs/reference/original-plan.md rule 5; docs/reference/nnrp-wire.md
+section 5):
 
     | input                                        | outcome                                   |
     |----------------------------------------------|-------------------------------------------|

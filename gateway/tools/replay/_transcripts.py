@@ -1,6 +1,6 @@
 """Recorded vLLM HTTP exchanges, and the per-version variants derived from them.
 
-Format (JSONL, the same as ../shared/vllm-captures): line 1 is a header
+Format (JSONL, as the vLLM captures it was recorded from): line 1 is a header
 ``{scenario, vllm_version, method, path, request_headers, request_body, status,
 response_headers, ...}``; each further line is one HTTP body chunk as the client
 received it: ``{"t_ms": ms since the request was sent, "b64": base64 bytes}``.
