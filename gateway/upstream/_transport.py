@@ -164,8 +164,10 @@ class Http1Connection:
         except OSError as exc:
             raise WriteError(f"{type(exc).__name__}: {exc}") from exc
         if sent < len(data):
-            await _timed(stream.send_all(data[sent:]), self._write_timeout, WriteTimeout,
-                         WriteError)
+            # A view, not a slice: a big request (media) is not copied again to send
+            # what the kernel did not take at once.
+            await _timed(stream.send_all(memoryview(data)[sent:]), self._write_timeout,
+                         WriteTimeout, WriteError)
 
     async def _read_head(self, stream: trio.SocketStream, method: str
                          ) -> tuple[ResponseHead, bytes]:
