@@ -9,5 +9,8 @@ from gateway.tools.bench.object_rss import measure
 def test_the_measurement_reports_and_gives_back() -> None:
     figures = measure(2, 1 << 20)
     assert figures["kept_mib"] == 2.0
-    assert figures["rss_grown_mib"] > 0
+    # RSS itself is the benchmark's figure, not an assertion: a small run may reuse pages
+    # the process already holds and grow it by nothing.
+    assert set(figures) == {"kept_mib", "rss_grown_mib", "rss_per_kept_byte",
+                            "rss_left_after_clear_mib", "pool_used_after_clear"}
     assert figures["pool_used_after_clear"] == 0
