@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,16 +41,51 @@ SAID = {"met": "met", "not met": "NOT MET", "not measurable": "not measurable he
         None: ""}
 
 
+def _yardstick(quick: bool) -> float:
+    """The bench's bare trio wake-up, measured once before it (``stats`` rule 6)."""
+    import trio
+
+    from gateway.tools.bench._wake import yardstick
+
+    return trio.run(yardstick, quick)
+
+
+def _wake(figures: Iterable[Figure]) -> dict[str, Any] | None:
+    """The run's yardstick as the JSON results carry it, from the figures that carry it."""
+    from gateway.tools.bench._wake import YARDSTICK
+
+    wake = next((figure.wake for figure in figures if figure.wake), None)
+    return None if wake is None else {"us": round(wake, 3), "pacing": YARDSTICK}
+
+
+def _wake_line(figures: Iterable[Figure]) -> str:
+    """The line that opens a report: what "wake-ups" are read against."""
+    wake = _wake(figures)
+    if wake is None:
+        return "wake-ups: not measured in this run"
+    return (f"wake-ups: each time figure over this run's bare trio wake-up, {wake['pacing']}"
+            f", {wake['us']:.1f} us of CPU on this machine")
+
+
+def _said_wakes(wakes: float | None) -> str:
+    """A figure in wake-ups as the report prints it: three significant digits, whole
+    numbers from 100 up."""
+    if wakes is None:
+        return ""
+    return f"{wakes:,.0f}" if abs(wakes) >= 100 else f"{wakes:.3g}"
+
+
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None, *,
-            end_with_verdict: bool = True, notes: tuple[str, ...] = (),
+            whole: bool = True, notes: tuple[str, ...] = (),
             details: dict[str, Any] | None = None) -> None:
-    """``figures`` as a table (or, with ``as_json``, a document), ending with the verdict
-    line unless ``end_with_verdict`` is False (``bench run`` prints one for all its
-    scenarios); ``notes`` are printed above the table, ``details`` (the raw samples) go
-    into the document only."""
+    """``figures`` as a table (or, with ``as_json``, a document), opened by the yardstick's
+    line and ended by the verdict's unless ``whole`` is False (a section of ``bench
+    run``'s report, which prints both once); ``notes`` are printed above the table,
+    ``details`` (the raw samples) go into the document only."""
     from gateway.tools.bench.stats import tally, verdict
 
     document: dict[str, Any] = {"scenario": scenario, "machine": _machine(),
+                                "wake": _wake(figures),
                                 "figures": [figure.as_dict() for figure in figures],
                                 "verdict": {**tally(figures), "line": verdict(figures)}}
     if notes:
@@ -59,26 +94,32 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
         document["details"] = details
     if _written(document, out, f"{scenario}.json", as_json):
         return
+    if whole:
+        typer.echo(_wake_line(figures))
     for note in notes:
         typer.echo(note)
-    typer.echo(f"{'figure':<80} {'value':>13}  {'goal':>10}  {'verdict':<19}  baseline")
+    typer.echo(f"{'figure':<80} {'value':>13} {'wake-ups':>9}  {'goal':>10}  "
+               f"{'verdict':<19}  baseline")
     for figure in figures:
         goal = "" if figure.goal is None else f"{figure.goal:g}"
         status = figure.status
-        if status == "not measurable":
+        wakes = figure.wakes
+        if status == "not measurable":  # no value to read as a result (stats rule 2)
             assert figure.noise is not None
-            value, beside = "", figure.noise.raw(figure.unit)
+            value, wakes, beside = "", None, figure.noise.raw(figure.unit)
         else:
             value = f"{figure.value:>9.2f} {figure.unit:<3}"
             beside = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio "
                       f"{figure.ratio:.2f})" if figure.baseline else "")
-        typer.echo(f"{figure.name:<80} {value:>13}  {goal:>10}  {SAID[status]:<19}  "
-                   f"{beside}".rstrip())
+        in_wakes = _said_wakes(wakes)
+        typer.echo(f"{figure.name:<80} {value:>13} {in_wakes:>9}  {goal:>10}  "
+                   f"{SAID[status]:<19}  {beside}".rstrip())
         if figure.noise is not None and status != "not measurable":
-            typer.echo(f"{'':<4}{figure.noise.raw(figure.unit)} ({figure.noise.how})")
+            typer.echo(f"{'':<4}{figure.noise.raw(figure.unit, figure.margin)} "
+                       f"({figure.noise.how})")
         if figure.spread:
             typer.echo(f"{'':<4}{figure.spread}")
-    if end_with_verdict:
+    if whole:
         typer.echo(verdict(figures))
 
 
@@ -91,10 +132,11 @@ def _machine() -> dict[str, object]:
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
     from gateway.tools.bench.codec import run_codec_bench
+    from gateway.tools.bench.stats import against_wake
 
     if out is not None:
         check_output_dir(out, "--out")
-    _report("codec", run_codec_bench(quick), as_json, out)
+    _report("codec", against_wake(run_codec_bench(quick), _yardstick(quick)), as_json, out)
 
 
 @bench_app.command("wire")
@@ -103,12 +145,14 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     (real sockets; TCP, and QUIC beside it with the TCP figure as its baseline)."""
     import trio
 
+    from gateway.tools.bench.stats import against_wake
     from gateway.tools.bench.wire import run_wire_bench
 
     if out is not None:
         check_output_dir(out, "--out")
     _quiet_logs()
-    _report("wire", trio.run(run_wire_bench, quick), as_json, out)
+    _report("wire", against_wake(trio.run(run_wire_bench, quick), _yardstick(quick)),
+            as_json, out)
 
 
 def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
@@ -117,26 +161,30 @@ def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> Non
     out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
     every = [figure for figures in results.values() for figure in figures]
-    document = {"command": command, "machine": machine,
+    document = {"command": command, "machine": machine, "wake": _wake(every),
                 "scenarios": {name: [f.as_dict() for f in figures]
                               for name, figures in results.items()},
                 "verdict": {**tally(every), "line": verdict(every)}}
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
-    lines = [f"# nnrp-gateway bench results\n\n`{command}` on {machine}\n"]
+    lines = [f"# nnrp-gateway bench results\n\n`{command}` on {machine}\n\n"
+             f"{_wake_line(every)}\n"]
     for name, figures in results.items():
-        lines.append(f"\n## {name}\n\n| figure | value | goal | verdict | baseline | spread |\n"
-                     "|---|---:|---:|---|---:|---|")
+        lines.append(f"\n## {name}\n\n| figure | value | wake-ups | goal | verdict | baseline "
+                     "| spread |\n|---|---:|---:|---:|---|---:|---|")
         for f in figures:
             goal = "" if f.goal is None else f"{f.goal:g}"
             status = f.status
             said = {"not met": "**not met**"}.get(status or "", SAID[status])
             value = f"{f.value:.2f} {f.unit}"
+            wakes = _said_wakes(f.wakes)
             if f.noise is not None:
                 value = (f.noise.raw(f.unit) if status == "not measurable" else
                          f"{value} (this run's noise {f.noise.floor:,.0f} "
                          f"{f.noise.unit or f.unit})")
+                wakes = "" if status == "not measurable" else wakes
             base = f"{f.baseline:.1f} ({f.baseline_name})" if f.baseline else ""
-            lines.append(f"| {f.name} | {value} | {goal} | {said} | {base} | {f.spread} |")
+            lines.append(f"| {f.name} | {value} | {wakes} | {goal} | {said} | {base} "
+                         f"| {f.spread} |")
     lines.append(f"\n{verdict(every)}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     _plots(out, results)
@@ -271,10 +319,12 @@ def run_scenarios_command(
         typer.echo(json.dumps({name: [f.as_dict() for f in figures]
                                for name, figures in results.items()}, indent=2))
         return
+    every = [f for figures in results.values() for f in figures]
+    typer.echo(_wake_line(every))
     for name, figures in results.items():
         typer.echo(f"\n== {name}")
-        _report(name, figures, False, None, end_with_verdict=False)
-    typer.echo(f"\n{verdict(f for figures in results.values() for f in figures)}")
+        _report(name, figures, False, None, whole=False)
+    typer.echo(f"\n{verdict(every)}")
 
 
 @bench_app.command("live")
@@ -301,6 +351,7 @@ def live_command(
 
     from gateway.tools.bench.live_cost import LiveCostUnavailable, local_port, owners
     from gateway.tools.bench.scenarios import live
+    from gateway.tools.bench.stats import against_wake
     from gateway.tools.client import ClientError
 
     from .ops import check_endpoint, connection_failure
@@ -327,9 +378,11 @@ def live_command(
             raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url,
                             code=1) from None
     _quiet_logs()
+    wake = _yardstick(quick)
     try:
         results = _with_progress(
-            lambda p: {"live": trio.run(live, vllm_url, endpoint, model, quick, p, streams)},
+            lambda p: {"live": against_wake(
+                trio.run(live, vllm_url, endpoint, model, quick, p, streams), wake)},
             as_json)
     except LiveCostUnavailable as exc:
         raise UserError(f"--streams cannot measure the gateway: {exc}",
@@ -678,6 +731,7 @@ def media_command(quick: Quick = False, as_json: AsJson = False, out: Out = None
     import trio
 
     from gateway.tools.bench.media import NOTES, run_media_bench
+    from gateway.tools.bench.stats import against_wake
 
     if out is not None:
         check_output_dir(out, "--out")
@@ -691,7 +745,8 @@ def media_command(quick: Quick = False, as_json: AsJson = False, out: Out = None
 
     _with_progress(work, as_json)
     report = holder[0]
-    _report("media", report.figures, as_json, out, notes=NOTES, details=report.as_dict())
+    _report("media", against_wake(report.figures, _yardstick(quick)), as_json, out,
+            notes=NOTES, details=report.as_dict())
 
 
 def _written(document: dict[str, Any], out: Path | None, name: str, as_json: bool) -> bool:

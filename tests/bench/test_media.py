@@ -34,7 +34,7 @@ def test_the_added_latency_carries_the_noise_of_its_halves() -> None:
     added, noise = result.added("data_uri")
     assert added == 23.0 - 11.0
     assert noise.floor == 6.0  # the gateway's p50 moved from 20 to 26 between halves
-    assert noise.measurable
+    assert noise.measurable()
 
 
 def test_a_stall_within_the_runs_noise_is_not_measurable_never_met() -> None:
@@ -68,7 +68,12 @@ def test_bench_media_quick_reports_every_figure(tmp_path: Path) -> None:
         assert 1.0 <= link["value"] < 1.01  # the bytes and a few hundred more
         assert link["baseline"] == pytest.approx(4 / 3, rel=0.01)  # base64
         for way in ways:
-            assert figures[f"gateway CPU per MiB, {way}, {size}"]["value"] > 0
+            cpu = figures[f"gateway CPU per MiB, {way}, {size}"]
+            assert cpu["value"] > 0
+            # In the run's bare trio wake-ups too (stats rule 6), measured once.
+            assert cpu["wakes"] == pytest.approx(cpu["value"] * 1000 / cpu["wake_us"],
+                                                 rel=1e-3)
+            assert cpu["wake_us"] == document["wake"]["us"] > 0
             latency = figures[f"added latency per MiB, {way}, {size}"]
             through, direct = latency["noise"]["first"], latency["noise"]["second"]
             assert through > 0

@@ -1,6 +1,8 @@
-"""The bench's verdict rule: a figure that is one noisy measurement less another is judged
-only when it is above the run's own noise, and the printed report and the JSON results
-say the same verdict for every figure."""
+"""The bench's verdict rule (``stats``, rules 1-7): a figure that is one noisy measurement
+less another is judged only when it is above the run's own noise, and met only with a
+margin to its goal above that noise; every time figure also reads in the run's bare trio
+wake-ups; the printed report and the JSON results say the same verdict for every
+figure."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from gateway.tools.bench import rows
 from gateway.tools.bench.stats import (
     Figure,
     Noise,
+    against_wake,
     judge,
     percentile_difference,
     round_spread,
@@ -41,7 +44,9 @@ def _added(first: float, second: float, floor: float, goal: float | None = 150.0
     (900, 810, 120, 150, "not measurable"),  # 90 us, below this run's 120 us of noise
     (930, 810, 120, 150, "not measurable"),  # at the floor is within it
     (1_000, 810, 120, 150, "not met"),  # 190 us, above the noise and beyond the goal
-    (950, 810, 120, 150, "met"),  # 140 us, above the noise and within the goal
+    (850, 690, 20, 150, "not met"),  # 160 us: beyond the goal by less than the noise
+    (850, 810, 20, 150, "met"),  # 40 us, 110 us within the goal: more than the noise
+    (950, 810, 120, 150, "not met"),  # 140 us, within the goal by 10 us: inside the noise
     (950, 810, 120, None, None),  # measurable, but nothing to judge it against
     (700, 810, 120, None, "not measurable"),  # the null relay's negative p99 (issue 39)
     (950, 810, math.nan, 150, "not measurable"),  # a floor the run could not measure
@@ -65,14 +70,57 @@ def test_a_figure_that_is_no_difference_is_judged_against_its_goal_alone() -> No
 
 def test_a_ratio_of_two_differences_needs_both_above_the_noise() -> None:
     over = Noise(181_000, 96_000, 40_000, ("gateway p99", "relay p99"), combine="over")
-    assert over.measurable
+    assert over.measurable()
     assert judge(181 / 96, 1.25, noise=over) == "not met"
+    assert over.margin(1.25) == 1.25 * 96_000 - 181_000  # beyond the goal's bound
+    clear = Noise(100_000, 96_000, 10_000, ("gateway p99", "relay p99"), combine="over")
+    assert clear.margin(1.25) == 20_000 and judge(100 / 96, 1.25, noise=clear) == "met"
+    close = Noise(110_000, 96_000, 10_000, ("gateway p99", "relay p99"), combine="over")
+    assert judge(110 / 96, 1.25, noise=close) == "not met"  # 10,000 us short: the noise
     relay_in_noise = Noise(181_000, -2_300, 40_000, ("gateway p99", "relay p99"),
                            combine="over")
     assert judge(181_000 / -2_300, 1.25, noise=relay_in_noise) == "not measurable"
     gateway_in_noise = Noise(30_000, 96_000, 40_000, ("gateway p99", "relay p99"),
                              combine="over")
     assert judge(30 / 96, 1.25, noise=gateway_in_noise) == "not measurable"
+
+
+@pytest.mark.parametrize(("with_load", "without", "floor", "expected"), [
+    (11.2, 10.4, 0.4, "met"),  # the bound 13.0 ms stands 1.8 ms over it: above the noise
+    (12.9, 10.4, 0.4, "not met"),  # 0.1 ms under the bound: within the noise of it
+    (20.0, 10.4, 0.4, "not met"),  # beyond the bound
+    (11.0, 10.0, 3.0, "not measurable"),  # the bound 2.5 ms from the control: noise 3 ms
+    (9.0, 10.0, math.nan, "not measurable"),  # one round: no noise measured
+])
+def test_a_path_over_its_control_is_judged_where_the_run_can_tell_the_goals_bound(
+        with_load: float, without: float, floor: float, expected: str) -> None:
+    # bench media's stall: the gap p99 with big submits over the gap p99 without.
+    noise = Noise(with_load, without, floor, ("gap p99 with", "gap p99 without"),
+                  combine="ratio", unit="ms")
+    assert judge(with_load / without, 1.25, noise=noise) == expected
+    assert not noise.measurable()  # no goal: no bound to tell from the control
+
+
+def test_a_higher_is_better_difference_is_met_only_by_more_than_the_noise() -> None:
+    def saved(first: float, floor: float) -> str | None:
+        return judge(first - 100, 50, higher_is_better=True,
+                     noise=Noise(first, 100, floor, ("resent", "resumed")))
+
+    assert saved(200, 20) == "met"  # 100 saved, 50 over the goal
+    assert saved(160, 20) == "not met"  # 60 saved: 10 over the goal, inside the noise
+    assert saved(140, 20) == "not met"
+    assert saved(110, 20) == "not measurable"
+
+
+def test_a_time_figure_reads_in_the_runs_bare_trio_wake_ups() -> None:
+    figures = against_wake([
+        Figure("per event", 120.0, "us"), Figure("cancel", 1.5, "ms"),
+        Figure("start-up", 1.2, "s"), Figure("multiple", 1.9, "x"),
+        Figure("rate", 27_600, "events/s"), Figure("size", 32, "KiB")], 60.0)
+    assert [f.wakes for f in figures] == [2.0, 25.0, 20_000.0, None, None, None]
+    assert figures[0].as_dict()["wakes"] == 2.0 and figures[0].as_dict()["wake_us"] == 60
+    assert figures[3].as_dict()["wakes"] is None and figures[3].as_dict()["wake_us"] is None
+    assert Figure("per event", 120.0, "us").wakes is None  # no yardstick in the run
 
 
 def test_the_noise_floor_is_how_far_one_path_moved_between_its_own_rounds() -> None:
@@ -83,11 +131,11 @@ def test_the_noise_floor_is_how_far_one_path_moved_between_its_own_rounds() -> N
     added, noise = percentile_difference(gateway, direct, 0.5, ("gateway", "direct"))
     # Each figure over both rounds (six samples), the floor the larger round spread.
     assert (noise.first, noise.second, noise.floor) == (110.0, 50.0, 10.0)
-    assert added == 60.0 and noise.measurable
+    assert added == 60.0 and noise.measurable()
     assert noise.names == ("gateway p50", "direct p50")
     assert "two rounds of the same path" in noise.how
     _, unmeasured = percentile_difference(gateway, [direct[0], []], 0.5, ("a", "b"))
-    assert math.isnan(unmeasured.floor) and not unmeasured.measurable
+    assert math.isnan(unmeasured.floor) and not unmeasured.measurable()
 
 
 def _latency(own: tuple[float, float, float], relay_p99: float) -> dict[str, list[Figure]]:
@@ -125,7 +173,7 @@ def test_the_goal_rows_carry_the_noise_of_the_figures_they_are_made_of() -> None
 def _every_status() -> list[Figure]:
     return [
         _added(1_690, 2_568, 100, 1_000, "added event latency p99, 1 stream(s)"),
-        _added(950, 810, 120, 150, "added event latency p50, 1 stream(s)"),
+        _added(850, 810, 20, 150, "added event latency p50, 1 stream(s)"),
         _added(1_000, 810, 120, 150, "added event latency p50, 32 stream(s)"),
         _added(700, 810, 120, None, "added by the hop (null relay) p99, 1 stream(s)"),
         Figure("events/s through the gateway, 256 stream(s)", 27_600, "events/s",
@@ -210,3 +258,59 @@ def test_bench_run_ends_with_the_verdict_its_results_json_carries(
     assert as_json.exit_code == 0, as_json.output
     assert {f["name"]: f["status"] for f in json.loads(as_json.stdout)["latency"]} == {
         f["name"]: f["status"] for f in document["scenarios"]["latency"]}
+
+
+def test_a_negative_added_latency_is_never_met_in_any_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 39: `bench run --quick` printed -878 us of added latency as a met goal.
+    from gateway.tools.bench import scenarios
+
+    negative = [
+        _added(1_690, 2_568, 100, 1_000, "added event latency p99, 1 stream(s)"),
+        _added(700, 810, 0.0, 150, "added event latency p50, 1 stream(s)"),  # no noise
+        _added(700, 810, math.nan, 5_000, "added event latency p99, 32 stream(s)"),
+        _added(700, 810, 40, None, "added by the hop (null relay) p50, 1 stream(s)")]
+    clear = _added(850, 810, 20, 150, "added event latency p50, 32 stream(s)")
+    run = {"latency": [*negative, clear],
+           "unary": [_added(58_772, 59_210, 899, 300, "non-streaming added latency p50")]}
+    run[rows.SECTION] = rows.run_rows(run)  # the row made from the negative unary figure
+    results = {name: against_wake(figures, 60.0) for name, figures in run.items()}
+
+    async def measured(names: list[str], quick: bool, progress: object
+                       ) -> dict[str, list[Figure]]:
+        await trio.lowlevel.checkpoint()
+        return results
+
+    monkeypatch.setattr(scenarios, "run_scenarios", measured)
+    printed = CliRunner().invoke(app, ["bench", "run", "--quick", "--out", str(tmp_path)])
+    assert printed.exit_code == 0, printed.output
+    as_json = CliRunner().invoke(app, ["bench", "run", "--quick", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    document = json.loads((tmp_path / "results.json").read_text())
+    every = [f for figures in results.values() for f in figures]
+    said = _printed_statuses(printed.stdout, every)
+    for figures in (document["scenarios"], json.loads(as_json.stdout)):
+        judged = [f for section in figures.values() for f in section]
+        assert len(judged) == len(every)
+        for figure in judged:
+            if figure["value"] < 0:
+                assert figure["status"] == "not measurable", figure["name"]
+                assert figure["goal_met"] is None and not figure["noise"]["measurable"]
+                assert said[figure["name"]] == "not measurable here"
+    summary = (tmp_path / "summary.md").read_text()
+    assert not [line for line in summary.splitlines() if "| -" in line and "| met |" in line]
+    # The clear one is met, and every figure carries its noise, margin and wake-ups.
+    (met,) = [f for f in document["scenarios"]["latency"] if f["status"] == "met"]
+    assert met["name"] == clear.name and met["noise"]["margin"] == 110
+    assert met["noise"]["floor"] == 20 and met["wakes"] == pytest.approx(40 / 60, abs=1e-3)
+    assert document["wake"] == {"us": 60.0, "pacing": "back to back"}
+    lines = printed.stdout.strip().splitlines()
+    assert lines[0] == ("wake-ups: each time figure over this run's bare trio wake-up, back "
+                        "to back, 60.0 us of CPU on this machine")
+    (line,) = [line for line in lines if line.startswith(clear.name + " ")]
+    assert " 0.667 " in line and "met" in line
+    assert "this run's noise 20 us, margin to the goal 110 us" in printed.stdout
+    assert lines[-1] == document["verdict"]["line"] == (
+        "verdict: 1 goals met, 0 not met, 6 not measurable here; 1 more figure(s) without "
+        "a goal within this run's noise")
+    assert "| wake-ups |" in summary and "| 0.667 |" in summary

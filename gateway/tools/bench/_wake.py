@@ -72,3 +72,13 @@ async def wake_cost(gap_s: float, wakes: int) -> float:
         with trio.CancelScope(shield=True):
             await child.wait()
     return spent / wakes * 1e6
+
+
+#: The yardstick's pacing: back to back, as a busy gateway runs (``yardstick``).
+YARDSTICK = "back to back"
+
+
+async def yardstick(quick: bool) -> float:
+    """The run's bare trio wake-up (``stats`` rule 6), back to back: measured once a run,
+    every time figure of the run is also read as so many of it."""
+    return await wake_cost(0.0, 1000 if quick else 3000)

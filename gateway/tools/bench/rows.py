@@ -14,8 +14,10 @@ Rules:
    not 256, and a ``--scenario`` run has only its scenarios): never a stand-in.
 3. A row made from figures that are differences of two noisy measurements (the added
    latencies) carries their noise (``stats.Noise``): ``as is`` keeps the figure's,
-   ``minus`` and ``over`` take the larger floor of the two; a row whose difference (for
-   ``over``, either difference) is within it is "not measurable", never met.
+   ``minus`` and ``over`` take the larger floor of the two, and the row is judged by the
+   bench's one verdict rule (``stats``, rules 2-4): a difference (for ``over``, either
+   difference) within the floor is "not measurable here", never met, and a row is met
+   only with a margin to its goal above the floor.
 4. ``LIVE_RATIO`` is ``bench live --streams N``'s row (``live_cost``): the gateway's CPU
    per streamed event over vLLM's API-server CPU per SSE chunk, both from the kernel's
    per-process CPU clocks in the same run.

@@ -7,7 +7,10 @@ the backend writes its send time into each token (the ``timestamped`` scenario),
 client subtracts it on receipt. "Added" latency is the gateway path's percentile minus the
 direct path's, from the same run. Each path is measured in two rounds, and an added figure
 carries the run's noise (how far one path's percentile moved between its own rounds): at or
-below it, the figure is "not measurable" here, never a goal met (``stats.judge``).
+below it, the figure is "not measurable" here, never a goal met, and it is met only with a
+margin to its goal above it (``stats``, the bench's verdict rule). The run measures a bare
+trio wake-up once (``_wake.yardstick``), for the cost scenario's figures and as every time
+figure's yardstick (``stats`` rule 6).
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_sec
 from ._resume_scenario import resume
 from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
 from ._tracing import tracing
-from ._wake import wake_cost
+from ._wake import YARDSTICK, wake_cost, yardstick
 from .live_cost import carries_output, live_cost, local_port, owners
-from .stats import Figure, percentile, percentile_difference
+from .stats import Figure, against_wake, percentile, percentile_difference
 
 
 async def _gateway_stream(session: ClientSession, request_id: str, latencies: list[float]
@@ -126,7 +129,7 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
     Each path runs twice, in the order gateway, relay, direct, direct, relay, gateway (a
     drift over the run falls on every path alike); a figure is the percentile over both
     rounds, and how far one path's percentile moved between its two rounds is the run's
-    noise, which an added figure must clear to be measurable (``stats.judge``)."""
+    noise, which an added figure must clear to be measurable (``stats`` rules 1-4)."""
     figures = []
     events = 40 if quick else 200
     for streams in ((1, 32) if quick else (1, 256)):
@@ -177,9 +180,11 @@ async def latency(stack: Stack, quick: bool, progress: Progress) -> list[Figure]
                 spread="gateway minus null relay, same run", noise=work_noise))
             measured = residence.get(f"p{p}_us")
             if measured is not None:
+                # Beside the added latency only when that is a figure to read (stats rule 2).
                 figures.append(Figure(
                     f"residence in the gateway p{p}, {streams} stream(s)", measured, "us",
-                    baseline=added, baseline_name="added event latency",
+                    baseline=added if noise.measurable() else None,
+                    baseline_name="added event latency",
                     spread=_residence_spread(residence)))
         # Judged against its goal in ``cost``, where the pacing is the same at 256 streams.
         figures.append(_cpu_figure(cpu, len(every_via), streams,
@@ -202,19 +207,22 @@ def _cpu_figure(cpu: float, events: int, streams: int, shape: str,
                   spread=f"{cpu:.2f} CPU s for {events} events; " + _residence_spread(residence))
 
 
-async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
+async def cost(stack: Stack, quick: bool, progress: Progress, back_to_back: float
+               ) -> list[Figure]:
     """2. What the gateway costs per streamed event at 1, 16 and 256 streams, in the two
     shapes vLLM sends: paced, one event per upstream read (``--stream-interval 1``), and
     coalesced, an instant backend writing 64 events at a time. CPU per event and the
-    residence time, both measured on the gateway process."""
+    residence time, both measured on the gateway process. ``back_to_back``: the run's
+    yardstick, a bare trio wake-up back to back (``_wake.yardstick``)."""
     figures = []
     # The yardstick first: what a bare trio process pays per wake-up on this machine,
-    # paced as one stream is and back to back, as a busy gateway runs (``_wake``).
-    progress("cost: a bare trio wake-up on this machine")
+    # paced as one stream is and back to back, as a busy gateway runs (``_wake``); the
+    # back-to-back one the run has measured already.
+    progress("cost: a bare trio wake-up on this machine, paced")
     scale = 3 if quick else 1
     wakes = {"paced 10 ms": await wake_cost(0.010, 300 // scale),
              "paced 1 ms": await wake_cost(0.001, 1000 // scale),
-             "back to back": await wake_cost(0.0, 3000 // scale)}
+             YARDSTICK: back_to_back}
     for pacing, microseconds in wakes.items():
         figures.append(Figure(
             f"bare trio wake-up CPU on this machine, {pacing}", microseconds, "us",
@@ -228,7 +236,7 @@ async def cost(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
         for shape, interval in (("paced", interval_us), ("coalesced", 0)):
             # One paced stream sleeps between events as the 1 ms echo does; more streams,
             # or a coalesced burst, keep the process busy: the back-to-back wake-up.
-            pacing = "paced 1 ms" if streams == 1 and shape == "paced" else "back to back"
+            pacing = "paced 1 ms" if streams == 1 and shape == "paced" else YARDSTICK
             progress(f"cost: {streams} stream(s), {shape}")
             received: list[float] = []
             run = time.monotonic_ns()
@@ -279,7 +287,7 @@ async def throughput(stack: Stack, quick: bool, progress: Progress) -> list[Figu
 async def unary(stack: Stack, quick: bool, progress: Progress) -> list[Figure]:
     """4. Non-streaming requests: requests/s and added latency vs direct HTTP. Each path
     runs in two rounds of half the time (gateway, direct, direct, gateway); how far one
-    path's p50 moved between its rounds is the run's noise (``stats.judge``)."""
+    path's p50 moved between its rounds is the run's noise (``stats`` rules 1-4)."""
     seconds = 2.0 if quick else 8.0
     progress(f"non-streaming: {seconds:.0f} s each path, in two rounds")
     via: list[list[float]] = [[], []]
@@ -632,16 +640,22 @@ async def workers(quick: bool, progress: Progress) -> list[Figure]:
 
 
 SCENARIOS: dict[str, Callable[[Stack, bool, Progress], Any]] = {
-    "latency": latency, "cost": cost, "throughput": throughput, "unary": unary,
+    "latency": latency, "throughput": throughput, "unary": unary,
     "cancellation": cancellation, "pause": pause, "scale": scale}
+#: Scenarios that also read the run's yardstick, a bare trio wake-up back to back.
+YARDSTICKED: dict[str, Callable[[Stack, bool, Progress, float], Any]] = {"cost": cost}
 #: Scenarios that start their own stacks (one per configuration they compare).
 STAGED: dict[str, Callable[[bool, Progress], Any]] = {"workers": workers, "resume": resume,
                                                       "tracing": tracing}
-assert set(SCENARIOS) | set(STAGED) == set(SCENARIO_NAMES)
+assert set(SCENARIOS) | set(YARDSTICKED) | set(STAGED) == set(SCENARIO_NAMES)
 
 
 async def run_scenarios(names: list[str], quick: bool, progress: Progress
                         ) -> dict[str, list[Figure]]:
+    """Each scenario of ``names``, then the goal rows made from their figures; every
+    figure carries the run's yardstick (``stats`` rule 6), measured once, first."""
+    progress(f"a bare trio wake-up on this machine, {YARDSTICK} (the run's yardstick)")
+    wake = await yardstick(quick)
     results: dict[str, list[Figure]] = {}
     for name in names:
         if name in STAGED:
@@ -649,9 +663,11 @@ async def run_scenarios(names: list[str], quick: bool, progress: Progress
             continue
         args = ("--max-sessions-per-connection", "1024") if name == "scale" else ()
         async with Stack(gateway_args=args) as stack:
-            results[name] = await SCENARIOS[name](stack, quick, progress)
+            results[name] = await (YARDSTICKED[name](stack, quick, progress, wake)
+                                   if name in YARDSTICKED else
+                                   SCENARIOS[name](stack, quick, progress))
     # The cost-against-goals rows, made from the figures just measured.
     goal_rows = rows.run_rows(results)
     if goal_rows:
         results[rows.SECTION] = goal_rows
-    return results
+    return {name: against_wake(figures, wake) for name, figures in results.items()}

@@ -1,12 +1,33 @@
 """Small measurement helpers: timing loops, percentiles, RSS, and the verdict rule.
 
-The verdict rule (``judge``): a figure made of two noisy measurements of the same run,
-one less the other (the gateway path's percentile less the direct path's), or one such
-difference over another, is *measurable* only when each difference is above the run's
-own noise floor (``Noise``): a difference at or below it (a negative one always is) says
-nothing about the gateway, so it is "not measurable", never "met" nor "not met". A
-measurable figure, and every figure that is not a difference, is "met" or "not met"
-against its goal; a figure without a goal has no verdict, unless it is not measurable.
+The verdict rule, one for every bench that prints figures against goals (``bench run``,
+``live``, ``wire``, ``codec``, ``media``; ``judge`` applies it, ``Noise`` carries what it
+needs):
+
+1. A figure made of noisy measurements of the same run (one path's percentile less
+   another's: an "added" figure; or a path's figure against its control's) carries its
+   noise (``Noise.floor``): how far the same measurement moved over the run's repeats (its
+   rounds, or the halves of its rounds), or the control's spread between its rounds.
+2. A difference (``combine="minus"``: the figure is ``first`` less ``second``) at or below
+   its noise, a negative one always, is "not measurable here": it says nothing about the
+   gateway, so it is never "met" nor "not met", with a goal or without. So is a figure
+   whose noise the run could not measure (one round: NaN).
+3. A ratio of two differences (``"over"``) is measurable when each difference is above
+   the noise; a ratio of a path's figure to its control's (``"ratio"``) when the goal's
+   bound stands further than the noise from the control (the run can tell the bound from
+   "no change").
+4. A measurable figure is "met" only when it is on the goal's side by a margin above the
+   noise (``Noise.margin``: its distance from the goal, in the measurements' unit);
+   otherwise "not met": a figure within the noise of its goal has not shown it meets it.
+5. A figure without noise (one measurement: a CPU clock, a rate, a size) is "met" or "not
+   met" against its goal as it stands; a figure without a goal has no verdict, unless
+   rule 2 or 3 makes it not measurable.
+6. A time figure also reads as so many of the same run's bare trio wake-ups
+   (``against_wake``; ``_wake.yardstick`` measures one, once a run): what a wake-up costs
+   depends on the machine more than on the gateway, so the ratio is what compares runs
+   on different machines and days.
+7. A bench's report ends with one line (``verdict``): the goals met, not met and not
+   measurable here.
 """
 
 from __future__ import annotations
@@ -25,63 +46,82 @@ Status = Literal["met", "not met", "not measurable"]
 
 @attrs.frozen
 class Noise:
-    """What a figure made of two noisy measurements of one run was made from: ``first``
-    less ``second`` (``combine="minus"``), or ``first`` over ``second`` where each is
-    itself such a difference (``"over"``), and ``floor``, how far the run's own repeated
-    measurements moved (``how`` says which): a difference must be above it to mean
-    anything."""
+    """What a figure made of noisy measurements of one run was made from (rule 1):
+    ``first`` less ``second`` (``combine="minus"``), ``first`` over ``second`` where each
+    is itself such a difference (``"over"``), or a path's ``first`` over its control's
+    ``second`` (``"ratio"``); and ``floor``, how far the run's own repeated measurements
+    moved (``how`` says which)."""
 
     first: float
     second: float
     floor: float
     names: tuple[str, str] = ("", "")
     how: str = ""
-    combine: Literal["minus", "over"] = "minus"
-    #: The unit of ``first``, ``second`` and ``floor`` when not the figure's (``"over"``).
+    combine: Literal["minus", "over", "ratio"] = "minus"
+    #: The unit of ``first``, ``second`` and ``floor`` when not the figure's (``"over"``,
+    #: ``"ratio"``).
     unit: str = ""
 
-    @property
-    def measurable(self) -> bool:
-        """The difference (each difference, for ``"over"``) is above the floor; a
-        negative one never is, and neither is one whose floor could not be measured."""
+    def measurable(self, goal: float | None = None) -> bool:
+        """Rules 2 and 3: above the floor; a floor the run could not measure never is,
+        and a ``"ratio"`` without a goal has no bound to tell from its control."""
+        floor = max(self.floor, 0.0)
         if not math.isfinite(self.floor):
             return False
         if self.combine == "minus":
-            return self.first - self.second > max(self.floor, 0.0)
-        return self.first > max(self.floor, 0.0) and self.second > max(self.floor, 0.0)
+            return self.first - self.second > floor
+        if self.combine == "over":
+            return self.first > floor and self.second > floor
+        return goal is not None and abs(goal * self.second - self.second) > floor
 
-    def raw(self, unit: str) -> str:
-        """The two measurements and the floor, as the report prints them beside the
-        figure."""
+    def margin(self, goal: float, higher_is_better: bool = False) -> float:
+        """Rule 4: how far the figure is on its goal's side (negative: beyond it), in the
+        measurements' unit: the bound on ``first`` the goal sets, less ``first``."""
+        bound = self.second + goal if self.combine == "minus" else goal * self.second
+        return self.first - bound if higher_is_better else bound - self.first
+
+    def raw(self, unit: str, margin: float | None = None) -> str:
+        """The two measurements and the floor (and the margin to the goal, when given),
+        as the report prints them beside the figure."""
         first, second = self.names
         unit = self.unit or unit
-        return (f"{first} {self.first:,.0f} {unit}, {second} {self.second:,.0f} {unit}; "
+        said = (f"{first} {self.first:,.0f} {unit}, {second} {self.second:,.0f} {unit}; "
                 f"this run's noise {self.floor:,.0f} {unit}")
+        return said if margin is None else f"{said}, margin to the goal {margin:,.0f} {unit}"
 
-    def as_dict(self, unit: str) -> dict[str, object]:
+    def as_dict(self, unit: str, goal: float | None = None,
+                higher_is_better: bool = False) -> dict[str, object]:
         """``unit``: the figure's, for a noise that does not name its own."""
+        margin = None if goal is None else _finite(self.margin(goal, higher_is_better))
         return {"first": _finite(self.first), "second": _finite(self.second),
                 "names": list(self.names), "combine": self.combine,
                 "floor": _finite(self.floor), "unit": self.unit or unit, "how": self.how,
-                "measurable": self.measurable}
+                "measurable": self.measurable(goal), "margin": margin}
 
 
 def judge(value: float, goal: float | None, *, higher_is_better: bool = False,
           noise: Noise | None = None) -> Status | None:
-    """The verdict rule (module docstring): "not measurable" for a difference at or below
-    the run's noise, else "met" or "not met" against ``goal`` (None: no goal)."""
-    if noise is not None and not noise.measurable:
-        return "not measurable"
+    """The verdict rule (the module's rules 2-5)."""
+    if noise is not None and not noise.measurable(goal):
+        return "not measurable"  # rules 2 and 3
     if goal is None:
         return None
-    met = value >= goal if higher_is_better else value <= goal
+    if noise is not None:  # rule 4
+        return "met" if noise.margin(goal, higher_is_better) > max(noise.floor, 0.0) \
+            else "not met"
+    met = value >= goal if higher_is_better else value <= goal  # rule 5
     return "met" if met else "not met"
+
+
+#: Rule 6: the time units a figure can be in, as microseconds (a bare wake-up's unit).
+MICROSECONDS = {"us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 @attrs.frozen
 class Figure:
     """One measured figure with its goal and an optional side-by-side baseline;
-    ``noise`` when it is a difference of two noisy measurements (``judge``)."""
+    ``noise`` when it is made of noisy measurements (rule 1); ``wake``, the same run's
+    bare trio wake-up in microseconds (rule 6)."""
 
     name: str
     value: float
@@ -92,6 +132,7 @@ class Figure:
     baseline_name: str = ""
     spread: str = ""
     noise: Noise | None = None
+    wake: float | None = None
 
     @property
     def status(self) -> Status | None:
@@ -111,13 +152,38 @@ class Figure:
             return None
         return self.value / self.baseline
 
+    @property
+    def margin(self) -> float | None:
+        """Rule 4's margin, in the noise's unit; None without noise or goal."""
+        if self.noise is None or self.goal is None:
+            return None
+        return self.noise.margin(self.goal, self.higher_is_better)
+
+    @property
+    def wakes(self) -> float | None:
+        """Rule 6: the figure in bare trio wake-ups; None for a figure that is no time,
+        or a run without the yardstick."""
+        scale = MICROSECONDS.get(self.unit)
+        if scale is None or not self.wake:
+            return None
+        return self.value * scale / self.wake
+
     def as_dict(self) -> dict[str, object]:
+        wakes = self.wakes
         return {"name": self.name, "value": _finite(self.value), "unit": self.unit,
                 "goal": self.goal, "status": self.status, "goal_met": self.goal_met,
-                "noise": None if self.noise is None else self.noise.as_dict(self.unit),
+                "noise": None if self.noise is None else self.noise.as_dict(
+                    self.unit, self.goal, self.higher_is_better),
                 "baseline": self.baseline, "baseline_name": self.baseline_name,
                 "ratio": None if self.ratio is None else _finite(self.ratio),
+                "wake_us": None if wakes is None else self.wake,
+                "wakes": None if wakes is None else _finite(wakes),
                 "spread": self.spread}
+
+
+def against_wake(figures: Iterable[Figure], wake_us: float) -> list[Figure]:
+    """``figures``, each carrying the run's bare trio wake-up (rule 6)."""
+    return [attrs.evolve(figure, wake=wake_us) for figure in figures]
 
 
 def _finite(value: float) -> float | None:
