@@ -67,14 +67,6 @@ def _wake_line(figures: Iterable[Figure]) -> str:
             f", {wake['us']:.1f} us of CPU on this machine")
 
 
-def _said_wakes(wakes: float | None) -> str:
-    """A figure in wake-ups as the report prints it: three significant digits, whole
-    numbers from 100 up."""
-    if wakes is None:
-        return ""
-    return f"{wakes:,.0f}" if abs(wakes) >= 100 else f"{wakes:.3g}"
-
-
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None, *,
             whole: bool = True, notes: tuple[str, ...] = (),
             details: dict[str, Any] | None = None) -> None:
@@ -82,7 +74,7 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     line and ended by the verdict's unless ``whole`` is False (a section of ``bench
     run``'s report, which prints both once); ``notes`` are printed above the table,
     ``details`` (the raw samples) go into the document only."""
-    from gateway.tools.bench.stats import tally, verdict
+    from gateway.tools.bench.stats import printed, tally, verdict
 
     document: dict[str, Any] = {"scenario": scenario, "machine": _machine(),
                                 "wake": _wake(figures),
@@ -111,7 +103,7 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
             value = f"{figure.value:>9.2f} {figure.unit:<3}"
             beside = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio "
                       f"{figure.ratio:.2f})" if figure.baseline else "")
-        in_wakes = _said_wakes(wakes)
+        in_wakes = "" if wakes is None else printed(wakes)
         typer.echo(f"{figure.name:<80} {value:>13} {in_wakes:>9}  {goal:>10}  "
                    f"{SAID[status]:<19}  {beside}".rstrip())
         if figure.noise is not None and status != "not measurable":
@@ -156,7 +148,7 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
 
 
 def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
-    from gateway.tools.bench.stats import tally, verdict
+    from gateway.tools.bench.stats import printed, tally, verdict
 
     out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
@@ -176,10 +168,10 @@ def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> Non
             status = f.status
             said = {"not met": "**not met**"}.get(status or "", SAID[status])
             value = f"{f.value:.2f} {f.unit}"
-            wakes = _said_wakes(f.wakes)
+            wakes = "" if f.wakes is None else printed(f.wakes)
             if f.noise is not None:
                 value = (f.noise.raw(f.unit) if status == "not measurable" else
-                         f"{value} (this run's noise {f.noise.floor:,.0f} "
+                         f"{value} (this run's noise {printed(f.noise.floor)} "
                          f"{f.noise.unit or f.unit})")
                 wakes = "" if status == "not measurable" else wakes
             base = f"{f.baseline:.1f} ({f.baseline_name})" if f.baseline else ""

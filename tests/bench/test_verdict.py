@@ -314,3 +314,19 @@ def test_a_negative_added_latency_is_never_met_in_any_output(
         "verdict: 1 goals met, 0 not met, 6 not measurable here; 1 more figure(s) without "
         "a goal within this run's noise")
     assert "| wake-ups |" in summary and "| 0.667 |" in summary
+
+
+@pytest.mark.parametrize(("via", "direct", "expected"), [
+    ([30.0, 30.0, 30.1, 30.1], [30.0] * 4, "met"),  # 0.8 ms under the bound, no noise
+    ([40.0] * 4, [30.0] * 4, "not met"),  # beyond 1.03 x direct
+    ([30.0, 30.0, 40.0, 40.0], [30.0] * 4, "not measurable"),  # moved 10 ms: the bound 0.9
+    ([30.0], [30.0], "not measurable"),  # one round: no halves to compare
+])
+def test_bench_live_judges_a_path_over_direct_by_the_same_rule(
+        via: list[float], direct: list[float], expected: str) -> None:
+    from gateway.tools.bench.scenarios import LIVE_GOAL, live_figures
+
+    milliseconds, ratio = live_figures("TTFT", via, direct)
+    assert milliseconds.unit == "ms" and milliseconds.status is None  # read, not judged
+    assert (ratio.goal, ratio.status) == (LIVE_GOAL, expected)
+    assert ratio.noise is not None and ratio.noise.combine == "ratio"

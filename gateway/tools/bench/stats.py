@@ -85,9 +85,9 @@ class Noise:
         as the report prints them beside the figure."""
         first, second = self.names
         unit = self.unit or unit
-        said = (f"{first} {self.first:,.0f} {unit}, {second} {self.second:,.0f} {unit}; "
-                f"this run's noise {self.floor:,.0f} {unit}")
-        return said if margin is None else f"{said}, margin to the goal {margin:,.0f} {unit}"
+        said = (f"{first} {printed(self.first)} {unit}, {second} {printed(self.second)} {unit}; "
+                f"this run's noise {printed(self.floor)} {unit}")
+        return said if margin is None else f"{said}, margin to the goal {printed(margin)} {unit}"
 
     def as_dict(self, unit: str, goal: float | None = None,
                 higher_is_better: bool = False) -> dict[str, object]:
@@ -169,14 +169,14 @@ class Figure:
         return self.value * scale / self.wake
 
     def as_dict(self) -> dict[str, object]:
-        wakes = self.wakes
+        wakes, wake = self.wakes, self.wake
         return {"name": self.name, "value": _finite(self.value), "unit": self.unit,
                 "goal": self.goal, "status": self.status, "goal_met": self.goal_met,
                 "noise": None if self.noise is None else self.noise.as_dict(
                     self.unit, self.goal, self.higher_is_better),
                 "baseline": self.baseline, "baseline_name": self.baseline_name,
                 "ratio": None if self.ratio is None else _finite(self.ratio),
-                "wake_us": None if wakes is None else self.wake,
+                "wake_us": None if wakes is None or wake is None else _finite(wake),
                 "wakes": None if wakes is None else _finite(wakes),
                 "spread": self.spread}
 
@@ -184,6 +184,12 @@ class Figure:
 def against_wake(figures: Iterable[Figure], wake_us: float) -> list[Figure]:
     """``figures``, each carrying the run's bare trio wake-up (rule 6)."""
     return [attrs.evolve(figure, wake=wake_us) for figure in figures]
+
+
+def printed(value: float) -> str:
+    """``value`` as a report prints a measurement beside another: three significant
+    digits, whole numbers (with thousands separators) from 100 up."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _finite(value: float) -> float | None:
