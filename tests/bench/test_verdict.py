@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -226,11 +227,11 @@ def test_the_printed_report_and_the_json_say_the_same(
     assert (noisy["noise"]["first"], noisy["noise"]["second"]) == (1_690, 2_568)
 
 
-def test_bench_run_ends_with_the_verdict_its_results_json_carries(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _bench_run(results: dict[str, list[Figure]], tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, dict[str, Any]]:
+    """``bench run --quick`` as if it had measured ``results``: its printed report, its
+    ``--json`` output, and the results.json its ``--out`` wrote."""
     from gateway.tools.bench import scenarios
-
-    results = {"latency": _every_status()[:4], "throughput": _every_status()[4:]}
 
     async def measured(names: list[str], quick: bool, progress: object
                        ) -> dict[str, list[Figure]]:
@@ -240,13 +241,22 @@ def test_bench_run_ends_with_the_verdict_its_results_json_carries(
     monkeypatch.setattr(scenarios, "run_scenarios", measured)
     printed = CliRunner().invoke(app, ["bench", "run", "--quick", "--out", str(tmp_path)])
     assert printed.exit_code == 0, printed.output
-    document = json.loads((tmp_path / "results.json").read_text())
-    lines = printed.stdout.strip().splitlines()
+    as_json = CliRunner().invoke(app, ["bench", "run", "--quick", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    return (printed.stdout, as_json.stdout,
+            json.loads((tmp_path / "results.json").read_text()))
+
+
+def test_bench_run_ends_with_the_verdict_its_results_json_carries(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results = {"latency": _every_status()[:4], "throughput": _every_status()[4:]}
+    printed, as_json, document = _bench_run(results, tmp_path, monkeypatch)
+    lines = printed.strip().splitlines()
     assert lines[-1] == document["verdict"]["line"] == (
         "verdict: 2 goals met, 2 not met, 1 not measurable here; 1 more figure(s) without "
         "a goal within this run's noise")
     every = [f for figures in results.values() for f in figures]
-    said = _printed_statuses(printed.stdout, every)
+    said = _printed_statuses(printed, every)
     for name, figures in document["scenarios"].items():
         for figure in figures:
             assert said[figure["name"]] == SAID[figure["status"]], (name, figure["name"])
@@ -254,17 +264,13 @@ def test_bench_run_ends_with_the_verdict_its_results_json_carries(
     assert summary.rstrip().endswith(document["verdict"]["line"])
     assert "| added event latency p99, 1 stream(s) | gateway p50 1,690 us" in summary
     assert "| not measurable here |" in summary
-    as_json = CliRunner().invoke(app, ["bench", "run", "--quick", "--json"])
-    assert as_json.exit_code == 0, as_json.output
-    assert {f["name"]: f["status"] for f in json.loads(as_json.stdout)["latency"]} == {
+    assert {f["name"]: f["status"] for f in json.loads(as_json)["latency"]} == {
         f["name"]: f["status"] for f in document["scenarios"]["latency"]}
 
 
 def test_a_negative_added_latency_is_never_met_in_any_output(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Issue 39: `bench run --quick` printed -878 us of added latency as a met goal.
-    from gateway.tools.bench import scenarios
-
     negative = [
         _added(1_690, 2_568, 100, 1_000, "added event latency p99, 1 stream(s)"),
         _added(700, 810, 0.0, 150, "added event latency p50, 1 stream(s)"),  # no noise
@@ -275,21 +281,10 @@ def test_a_negative_added_latency_is_never_met_in_any_output(
            "unary": [_added(58_772, 59_210, 899, 300, "non-streaming added latency p50")]}
     run[rows.SECTION] = rows.run_rows(run)  # the row made from the negative unary figure
     results = {name: against_wake(figures, 60.0) for name, figures in run.items()}
-
-    async def measured(names: list[str], quick: bool, progress: object
-                       ) -> dict[str, list[Figure]]:
-        await trio.lowlevel.checkpoint()
-        return results
-
-    monkeypatch.setattr(scenarios, "run_scenarios", measured)
-    printed = CliRunner().invoke(app, ["bench", "run", "--quick", "--out", str(tmp_path)])
-    assert printed.exit_code == 0, printed.output
-    as_json = CliRunner().invoke(app, ["bench", "run", "--quick", "--json"])
-    assert as_json.exit_code == 0, as_json.output
-    document = json.loads((tmp_path / "results.json").read_text())
+    printed, as_json, document = _bench_run(results, tmp_path, monkeypatch)
     every = [f for figures in results.values() for f in figures]
-    said = _printed_statuses(printed.stdout, every)
-    for figures in (document["scenarios"], json.loads(as_json.stdout)):
+    said = _printed_statuses(printed, every)
+    for figures in (document["scenarios"], json.loads(as_json)):
         judged = [f for section in figures.values() for f in section]
         assert len(judged) == len(every)
         for figure in judged:
@@ -304,12 +299,12 @@ def test_a_negative_added_latency_is_never_met_in_any_output(
     assert met["name"] == clear.name and met["noise"]["margin"] == 110
     assert met["noise"]["floor"] == 20 and met["wakes"] == pytest.approx(40 / 60, abs=1e-3)
     assert document["wake"] == {"us": 60.0, "pacing": "back to back"}
-    lines = printed.stdout.strip().splitlines()
+    lines = printed.strip().splitlines()
     assert lines[0] == ("wake-ups: each time figure over this run's bare trio wake-up, back "
                         "to back, 60.0 us of CPU on this machine")
     (line,) = [line for line in lines if line.startswith(clear.name + " ")]
     assert " 0.667 " in line and "met" in line
-    assert "this run's noise 20 us, margin to the goal 110 us" in printed.stdout
+    assert "this run's noise 20 us, margin to the goal 110 us" in printed
     assert lines[-1] == document["verdict"]["line"] == (
         "verdict: 1 goals met, 0 not met, 6 not measurable here; 1 more figure(s) without "
         "a goal within this run's noise")
