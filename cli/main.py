@@ -392,7 +392,7 @@ async def _demo() -> int:
                             usage = payload["usage"]
                     elif isinstance(event, nnrp.ResultReceived):
                         assert event.typed_body is not None
-                        final = json.loads(event.typed_body.frames[0].payload)
+                        final = json.loads(bytes(event.typed_body.frames[0].payload))
                         typer.echo(f"\n[{final['type']}, status {event.meta.status_code}, "
                                    f"usage: {usage_text(usage)}]")
                         status = 0 if final["type"] == "response.completed" else 1

@@ -482,7 +482,7 @@ async def _read_answer(operation: ClientOperation, parts: list[str]) -> str | No
         if isinstance(event, nnrp.PartialReceived):
             _show(json.loads(event.body), parts)
         elif isinstance(event, nnrp.ResultReceived) and event.typed_body is not None:
-            final = json.loads(event.typed_body.frames[0].payload)
+            final = json.loads(bytes(event.typed_body.frames[0].payload))
             if final["type"] == "response.error":
                 error = final["error"]
                 problem = f"the answer failed ({error['code']}: {error['message']})"

@@ -56,7 +56,7 @@ async def receive_some(sock: trio.socket.SocketType, max_bytes: int, *,
             continue
 
 
-def send_now(sock: trio.socket.SocketType, data: bytes) -> int:
+def send_now(sock: trio.socket.SocketType, data: bytes | memoryview) -> int:
     """Write what the kernel takes of ``data`` now; 0 when its buffer is full.
 
     Raises ``OSError`` for a broken or closed socket.

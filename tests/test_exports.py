@@ -26,7 +26,7 @@ PUBLIC: dict[str, str] = {
         "server_configuration "
     ),
     "gateway.nnrp": (
-        "AbandonCause Abort Backpressure Binding Budget BudgetFlag BudgetPolicy BudgetRequested "
+        "AbandonCause Abort Backpressure Binding Body Budget BudgetFlag BudgetPolicy BudgetRequested "
         "BudgetUpdate CacheAck CacheAckStatus CacheInvalidate CacheInvalidateScope CacheMiss "
         "CacheMissReason CacheObjectKind CachePut CacheReference CacheReuseScope Cancel "
         "CancelFlag CancelSource CapabilitiesNegotiated CapabilityFlag CapabilityNegotiation "
@@ -66,7 +66,7 @@ PUBLIC: dict[str, str] = {
         "SubmitMode SubmitRefused Supersede SupersedeFlag TOKEN_SCHEMA_ID TOKEN_SCHEMA_VERSION "
         "TOKEN_TEXT_FRAME TileIndexMode TraceContext TraceContextUpdated TraceFlag TraceInfo "
         "TransportId TransportProbe TransportProbeAck TypedBody TypedBodyError TypedDescriptor "
-        "TypedFrame VERSION_MAJOR WIRE_FORMAT Wakeable Window WireMessage "
+        "TypedFrame VERSION_MAJOR VIEW_MIN_BODY WIRE_FORMAT Wakeable Window WireMessage "
         "check_object_references decode_packet encode encode_openai_submit "
         "encode_partial_result forward_head_size forward_rest_size key_material message_type "
         "pack_single_frame pack_tokens pack_typed_body parse_tokens parse_typed_body "
@@ -84,7 +84,8 @@ PUBLIC: dict[str, str] = {
     "gateway.upstream": (
         "BINDINGS Binding CHAT_PATH ChunkParser ChunkStream Completion ENGINE_DEAD_MESSAGE "
         "LoadDecision LoadError LoadMonitor LoadPolicy LoadSample LoadSource LoadState "
-        "PRIORITY_HEADER RefusalReason RefuseReason RequestFieldError ResponseShape SSEDecoder "
+        "PRIORITY_HEADER RefusalReason RefuseReason RequestBody RequestFieldError ResponseShape "
+        "SSEDecoder "
         "SSEError SSEEvent SUPPORTED_BAND SlotHolder Standing TEXT_COMPLETION_PATH "
         "UnsupportedVersion UpstreamConfig UpstreamError UpstreamMalformed UpstreamOverloaded "
         "UpstreamStatus UpstreamTimeout UpstreamUnavailable VllmClient VllmInfo check_chunk "

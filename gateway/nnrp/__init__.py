@@ -48,6 +48,8 @@ from ._client import (
     SessionOpenAnswered as SessionOpenAnswered,
 )
 from ._codec import (
+    VIEW_MIN_BODY as VIEW_MIN_BODY,
+    Body as Body,
     Decoder as Decoder,
     Header as Header,
     Packet as Packet,

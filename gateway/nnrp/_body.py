@@ -207,10 +207,11 @@ def unpack_legacy_descriptors(region: bytes | memoryview) -> tuple[LegacyDescrip
 
 
 class TypedFrame(NamedTuple):
-    """One typed payload frame: its descriptor and its bytes."""
+    """One typed payload frame: its descriptor and its bytes (a read-only view of the
+    packet's body when that is one: a big body is never copied, ``_codec``)."""
 
     descriptor: TypedDescriptor
-    payload: bytes
+    payload: bytes | memoryview
 
 
 class TypedBody(NamedTuple):
@@ -275,9 +276,10 @@ def pack_single_frame(payload: bytes, *, profile_id: int = 0,
     ))
 
 
-def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_count: int
-                     ) -> TypedBody:
-    """Parse and check a typed body against its metadata's bitmap and frame count."""
+def parse_typed_body(body: bytes | memoryview, *, payload_kind_bitmap: int,
+                     payload_frame_count: int) -> TypedBody:
+    """Parse and check a typed body against its metadata's bitmap and frame count. The
+    frames of a body that is a view are views of it (no copy); of ``bytes``, ``bytes``."""
     if payload_frame_count == 1 and len(body) >= PRELUDE_LEN + DESCRIPTOR_LEN:
         # Fast path for the openai mapping: one frame, no object or extension regions.
         (inline, objref, desc_len, frame_len, ext_desc, ext_payload, body_flags,
@@ -305,6 +307,7 @@ def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_cou
         raise TypedBodyError(
             f"typed_descriptor region is {prelude.typed_descriptor} bytes, payload_frame_count "
             f"{payload_frame_count} needs {DESCRIPTOR_LEN * payload_frame_count}")
+    viewed = isinstance(body, memoryview)
     view = memoryview(body)
     cursor = PRELUDE_LEN
     regions = []
@@ -326,7 +329,8 @@ def parse_typed_body(body: bytes, *, payload_kind_bitmap: int, payload_frame_cou
         if end > len(frame_region):
             raise TypedBodyError(f"descriptor {index} runs to {end}, past the "
                                  f"{len(frame_region)}-byte typed_frame region")
-        frames.append(TypedFrame(descriptor, bytes(frame_region[descriptor.offset:end])))
+        payload = frame_region[descriptor.offset:end]
+        frames.append(TypedFrame(descriptor, payload if viewed else bytes(payload)))
         kinds |= descriptor.payload_kind
         end_of_previous = end
     if kinds != payload_kind_bitmap & ~int(PayloadKind.TENSOR):

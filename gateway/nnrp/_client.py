@@ -424,6 +424,8 @@ class ClientConnection:
 
     def _handle(self, packet: Packet) -> ClientEvent:
         message: Message = packet.message
+        #: The client owns what it hands its caller: a view of a big body becomes bytes.
+        body = bytes(packet.body)
         if self.state is ClientState.AWAIT_HELLO_ACK and not isinstance(message, Error):
             if not isinstance(message, ServerHelloAck):
                 raise RemoteProtocolError(f"expected SERVER_HELLO_ACK, got {packet.msg_type.name}",
@@ -436,14 +438,14 @@ class ClientConnection:
                 raise RemoteProtocolError("unsolicited SESSION_OPEN_ACK",
                                           code=ErrorCode.INVALID_STATE)
             self._opening -= 1
-            event = SessionOpenAnswered(packet.session_id, message, packet.body)
+            event = SessionOpenAnswered(packet.session_id, message, body)
             if event.opened:
                 self._sessions[packet.session_id] = _ClientSession(packet.session_id)
             return event
         if isinstance(message, Error):
             if message.is_fatal:
                 self.state = ClientState.CLOSED
-            return ErrorReceived(packet.session_id, message, packet.body)
+            return ErrorReceived(packet.session_id, message, body)
         if isinstance(message, SessionCloseAck):
             self._sessions.pop(packet.session_id, None)
             return SessionCloseAcked(packet.session_id, message)
@@ -470,13 +472,13 @@ class ClientConnection:
                     code=ErrorCode.INVALID_STATE)
             operation.sequence = expected
             return PartialReceived(packet.session_id, operation.operation_id, packet.frame_id,
-                                   expected, packet.body)
+                                   expected, body)
         if isinstance(message, ResultPush):
             operation = self._terminal(packet, None)
             typed = None
-            if message.payload_frame_count or packet.body:
+            if message.payload_frame_count or body:
                 try:
-                    typed = parse_typed_body(packet.body,
+                    typed = parse_typed_body(body,
                                              payload_kind_bitmap=message.payload_kind_bitmap,
                                              payload_frame_count=message.payload_frame_count)
                 except TypedBodyError as exc:
@@ -487,7 +489,7 @@ class ClientConnection:
         if isinstance(message, ResultDropReason):
             operation = self._terminal(packet, message.operation_id)
             return DropReceived(packet.session_id, operation.operation_id, packet.frame_id,
-                                message.drop_reason, packet.body)
+                                message.drop_reason, body)
         if packet.msg_type.name == "RESULT_DROP":
             operation = self._terminal(packet, None)
             return DropReceived(packet.session_id, operation.operation_id, packet.frame_id, 0,

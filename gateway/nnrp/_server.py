@@ -456,7 +456,7 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         fatal = bool(error.is_fatal)
         if fatal:
             self.state = ConnState.CLOSED
-        events.append(PeerError(error, packet.body, fatal))
+        events.append(PeerError(error, bytes(packet.body), fatal))
 
     # ------------------------------------------------------------------ outputs
 

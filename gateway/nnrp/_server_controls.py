@@ -206,7 +206,7 @@ def on_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> No
         for awaited in list(session.awaiting):
             session.end_awaiting(awaited, events)
         for each in list(session.operations.values()):
-            session.cancel(each, CancelSource.SESSION_CANCEL, request.reason, packet.body,
+            session.cancel(each, CancelSource.SESSION_CANCEL, request.reason, bytes(packet.body),
                            events)
         return
     if session.end_awaiting(request.operation_id, events) and (
@@ -217,7 +217,7 @@ def on_cancel(session: ServerSession, packet: Packet, events: list[Event]) -> No
     if operation is None:
         return
     source = CancelSource.ABORT if isinstance(request, Abort) else CancelSource.CANCEL
-    session.cancel(operation, source, request.reason, packet.body, events)
+    session.cancel(operation, source, request.reason, bytes(packet.body), events)
 
 
 # --------------------------------------------------------------------------- deadlines (rule 8)
@@ -281,7 +281,7 @@ def on_supersede(session: ServerSession, packet: Packet, events: list[Event]) ->
     if abort_now or new_id in session.seen_operations or new_id == 0:
         # The replacement was admitted already (or none is coming, or the client says not
         # to wait): the old operation goes now (rule 9).
-        session.cancel(old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED, packet.body,
+        session.cancel(old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED, bytes(packet.body),
                        events)
         return
     waiting = session.pending_supersedes.get(new_id)
@@ -299,7 +299,7 @@ def on_supersede(session: ServerSession, packet: Packet, events: list[Event]) ->
     # The client counts the old operation superseded already: nothing more of it may
     # reach the client but its drop (rule 15). It waits for its replacement, at most
     # supersede_hold_ms.
-    session.hold(old, new_id, packet.body, events)
+    session.hold(old, new_id, bytes(packet.body), events)
 
 
 # --------------------------------------------------------------------------- adapter's (rule 10)
@@ -364,7 +364,7 @@ def on_hint(session: ServerSession, packet: Packet, events: list[Event]) -> None
 def on_capabilities(session: ServerSession, packet: Packet, events: list[Event]) -> None:
     request = packet.message
     assert isinstance(request, CapabilityNegotiation)
-    offered = parse_tokens(packet.body, request.capability_count)
+    offered = parse_tokens(bytes(packet.body), request.capability_count)
     if offered is None:
         events.append(FrameIgnored(session.session_id, int(MsgType.CAPABILITY_NEGOTIATION),
                                    "the offer is not a canonical token list"))
@@ -395,7 +395,7 @@ def on_capabilities(session: ServerSession, packet: Packet, events: list[Event])
 def on_degrade(session: ServerSession, packet: Packet, events: list[Event]) -> None:
     request = packet.message
     assert isinstance(request, DegradeProfile)
-    kept = parse_tokens(packet.body, request.capability_count)
+    kept = parse_tokens(bytes(packet.body), request.capability_count)
     if kept is None:
         events.append(FrameIgnored(session.session_id, int(MsgType.DEGRADE_PROFILE),
                                    "the degrade is not a canonical token list"))

@@ -250,8 +250,9 @@ class SessionLifecycle:
     def _on_session_open(self, packet: Packet, events: list[Event]) -> None:
         request = packet.message
         assert isinstance(request, SessionOpen)
-        token = packet.body[:request.resume_token_bytes]
-        auth = packet.body[request.resume_token_bytes:
+        opening = bytes(packet.body)
+        token = opening[:request.resume_token_bytes]
+        auth = opening[request.resume_token_bytes:
                            request.resume_token_bytes + request.auth_bytes]
         may_hand_off = self.may_hand_off
         self._session_messages += 1

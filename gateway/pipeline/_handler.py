@@ -72,6 +72,7 @@ from gateway.upstream import (
     TEXT_COMPLETION_PATH,
     Completion,
     LoadMonitor,
+    RequestBody,
     RequestFieldError,
     Standing,
     UpstreamError,
@@ -349,7 +350,7 @@ class ChatPipeline:
     # ------------------------------------------------------------------ upstream
 
     async def _stream(self, op: Operation, request: UpstreamRequest, translator: Translator,
-                      content: bytes | None = None) -> dict[str, Any]:
+                      content: RequestBody | None = None) -> dict[str, Any]:
         """Events as the chunks arrive; the completed body rebuilt once vLLM is done."""
         limits, notes = self.limits, notes_of(op)
         notes.upstream_started = trio.current_time()
@@ -386,7 +387,7 @@ class ChatPipeline:
         return translator.completed_body()
 
     async def _unary(self, op: Operation, body: dict[str, Any], headers: dict[str, str], *,
-                     path: str = CHAT_PATH, content: bytes | None = None) -> Completion:
+                     path: str = CHAT_PATH, content: RequestBody | None = None) -> Completion:
         """A non-streaming exchange (chat, or the token profile's text completion):
         vLLM's checked answer, its bytes as vLLM sent them and their decoded value."""
         notes = notes_of(op)

@@ -25,7 +25,9 @@ D3. **The body is encoded once**: ``json.dumps`` of the body with its placeholde
     body holds no media bytes: it stays small), split at the placeholders and joined
     with what each stands for: the media's deliveries, and the long literals cut from a
     big envelope before it was parsed (``gateway.profile._literals``), as the client
-    wrote them. Media bytes never pass through ``json.dumps``.
+    wrote them. Media bytes never pass through ``json.dumps``, and the result is never
+    joined: it goes to vLLM as its pieces (a joined 84 MiB body, and the head added to
+    it, held the event loop for 0.3-0.6 s: docs/benchmarks.md, "Media").
 D4. **The directory at start** (``MediaDirectory.prepare``): it must exist and be
     writable (else a ``ConfigError``: one ``error:`` line, exit 2), and the files a
     previous run of this process left there are removed, its own only: with
@@ -41,7 +43,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,10 @@ if TYPE_CHECKING:
     from gateway.profile import MediaPlan, MediaSlot
 
 log = structlog.get_logger("gateway.pipeline.media")
+
+#: A piece of an encoded request (D3): JSON text, base64, a path, or a cut literal (a
+#: view of the envelope).
+Piece = bytes | memoryview
 
 #: D3: a placeholder, whole (``gateway.profile._media`` M7, ``_literals`` L2): the number
 #: is matched to its end, so ``...-1`` never takes the place of ``...-10``.
@@ -77,7 +83,7 @@ CLEANUP_TIMEOUT = 5.0
 FILE_MODE = 0o640
 
 
-async def encode_base64(data: bytes) -> list[bytes]:
+async def encode_base64(data: bytes | memoryview) -> list[bytes]:
     """D1: base64 of ``data`` in pieces, a slice at a time with a checkpoint between
     slices (the pieces are joined once, with the body: ``encode_body``)."""
     view = memoryview(data)
@@ -89,13 +95,16 @@ async def encode_base64(data: bytes) -> list[bytes]:
     return pieces
 
 
-def encode_body(body: dict[str, Any], replacements: dict[str, list[bytes]]) -> bytes:
+def encode_body(body: dict[str, Any], replacements: Mapping[str, Sequence[Piece]]
+                ) -> tuple[Piece, ...]:
     """D3: the body as JSON, each placeholder string replaced by its pieces (which must
-    be valid inside a JSON string: base64, a data URI, a path)."""
+    be valid inside a JSON string: base64, a data URI, a path). The pieces are not
+    joined: the request goes to vLLM piece by piece (``upstream._http1.RequestBody``),
+    so a big one is never copied whole on the event loop."""
     text = json.dumps(body).encode()
     if not replacements:
-        return text
-    pieces: list[bytes] = []
+        return (text,)
+    pieces: list[Piece] = []
     end = 0
     for match in _PLACEHOLDER.finditer(text):
         replacement = replacements.get(match.group().decode())
@@ -105,7 +114,7 @@ def encode_body(body: dict[str, Any], replacements: dict[str, list[bytes]]) -> b
         pieces += replacement
         end = match.end()
     pieces.append(text[end:])
-    return b"".join(pieces)
+    return tuple(pieces)
 
 
 class MediaDirectory:
@@ -161,7 +170,7 @@ class MediaDirectory:
             log.info("media directory swept", path=str(self.path), files=swept)
         return swept
 
-    def write(self, data: bytes, media_type: str) -> Path:
+    def write(self, data: bytes | memoryview, media_type: str) -> Path:
         """One file, created exclusively (in a worker thread: ``deliver``)."""
         extension = MEDIA_EXTENSIONS.get(media_type, "bin")
         path = self.path / f"{FILE_PREFIX}{self.owner}{secrets.token_hex(12)}.{extension}"
@@ -191,7 +200,8 @@ class MediaDelivery:
 
     @asynccontextmanager
     async def deliver(self, plan: MediaPlan, body: dict[str, Any],
-                      cuts: Mapping[str, bytes] | None = None) -> AsyncIterator[bytes | None]:
+                      cuts: Mapping[str, Piece] | None = None
+                      ) -> AsyncIterator[tuple[Piece, ...] | None]:
         """The encoded request body with the plan's media in it, and the long literals
         cut from the envelope (``gateway.profile._literals``) back where they were; None
         when there is neither (the client encodes the body as ever). Files written here
@@ -230,11 +240,11 @@ class MediaDelivery:
         return size
 
     async def _replacements(self, plan: MediaPlan, written: list[Path]
-                            ) -> dict[str, list[bytes]]:
+                            ) -> dict[str, list[Piece]]:
         frames = {frame.index: frame for frame in plan.frames}
-        encoded: dict[tuple[int, str, bool], list[bytes]] = {}
+        encoded: dict[tuple[int, str, bool], list[Piece]] = {}
         files: dict[int, Path] = {}
-        replacements = {}
+        replacements: dict[str, list[Piece]] = {}
         for slot in plan.slots:
             data = frames[slot.frame].data
             if self.directory is not None and not slot.inline:

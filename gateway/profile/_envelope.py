@@ -150,9 +150,12 @@ def read_typed_body(typed_body: TypedBody | None, body_error: str | None, *,
             f"schema {actual[3]}/{actual[4]}, semantics {actual[5]}")
     if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
         raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
+    # The envelope is read as ``bytes`` (JSON and the literal scan need them): a copy
+    # only when the body is a view (a big submit, ``nnrp._codec``); media frames stay views.
+    envelope = bytes(payload)
     if len(typed_body.frames) == 1:
-        return SubmitBody(payload)
-    return SubmitBody(payload, media_frames(typed_body.frames, max_bytes=max_media_bytes))
+        return SubmitBody(envelope)
+    return SubmitBody(envelope, media_frames(typed_body.frames, max_bytes=max_media_bytes))
 
 
 def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
@@ -167,7 +170,7 @@ def read_envelope(payload: bytes, *, nonce: str,
                   max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
                   max_depth: int = DEFAULT_MAX_DEPTH,
                   operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})
-                  ) -> tuple[Envelope, dict[str, bytes]]:
+                  ) -> tuple[Envelope, dict[str, memoryview]]:
     """``parse_envelope`` for a chat request: a big envelope's long literals are cut out
     first and returned beside it (``_literals``: they go to vLLM as they came)."""
     _check_size(payload, max_bytes)

@@ -155,7 +155,8 @@ class MediaFrame:
 
     index: int
     kind: int
-    data: bytes = attrs.field(repr=False)
+    #: The frame's bytes: a view of the submit's body when that is one (``nnrp._codec``).
+    data: bytes | memoryview = attrs.field(repr=False)
 
 
 @attrs.frozen
@@ -179,7 +180,8 @@ class MediaPlan:
         return sum(len(frame.data) for frame in self.frames)
 
 
-def media_frames(frames: Sequence[tuple[Any, bytes]], *, max_bytes: int) -> tuple[MediaFrame, ...]:
+def media_frames(frames: Sequence[tuple[Any, bytes | memoryview]], *, max_bytes: int
+                 ) -> tuple[MediaFrame, ...]:
     """M1: the submit's frames after the envelope, checked (``frames`` are the typed
     body's (descriptor, payload) pairs, the envelope first)."""
     media = frames[1:]

@@ -37,6 +37,7 @@ from ._errors import (
     refusal_of as refusal_of,
     to_profile_error as to_profile_error,
 )
+from ._http1 import RequestBody as RequestBody
 from ._load import (
     LoadDecision as LoadDecision,
     LoadError as LoadError,

@@ -65,7 +65,7 @@ from ._errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from ._http1 import request_bytes
+from ._http1 import RequestBody, body_length, request_bytes
 from ._https import HttpxRequests, HttpxResponse, HttpxSlot
 from ._slots import ConnectionSlots, SlotHolder
 from ._sse import DEFAULT_MAX_EVENT
@@ -318,7 +318,7 @@ class VllmClient:
     @asynccontextmanager
     async def chunks(self, body: dict[str, Any], headers: dict[str, str], *,
                      first_chunk: float, idle: float, max_event: int = DEFAULT_MAX_EVENT,
-                     holder: SlotHolder | None = None, content: bytes | None = None
+                     holder: SlotHolder | None = None, content: RequestBody | None = None
                      ) -> AsyncIterator[ChunkStream]:
         """POST a streaming /v1/chat/completions; yield its checked chunks (``_stream``).
 
@@ -341,7 +341,7 @@ class VllmClient:
 
     async def completion(self, body: dict[str, Any], headers: dict[str, str], *,
                          path: str = CHAT_PATH, holder: SlotHolder | None = None,
-                         content: bytes | None = None) -> Completion:
+                         content: RequestBody | None = None) -> Completion:
         """POST a non-streaming completion; the checked answer: ``chat.completion`` from
         /v1/chat/completions, ``text_completion`` from /v1/completions. vLLM answers only
         when it has finished: the caller's scope bounds the wait. The body is read
@@ -356,7 +356,7 @@ class VllmClient:
     @asynccontextmanager
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
                         first_chunk: float, path: str = CHAT_PATH, *,
-                        holder: SlotHolder | None = None, content: bytes | None = None
+                        holder: SlotHolder | None = None, content: RequestBody | None = None
                         ) -> AsyncIterator[_Response]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds). ``content``: the
@@ -413,7 +413,8 @@ class _Response(Protocol):
 class _Slot(Protocol):
     """One request at a time on one connection (``_slots``)."""
 
-    async def send(self, path: str, body: bytes, headers: dict[str, str]) -> _Response:
+    async def send(self, path: str, body: RequestBody, headers: dict[str, str]
+                   ) -> _Response:
         """POST ``body`` to ``path``: the response, its body not yet read."""
         ...
 
@@ -445,13 +446,13 @@ class Http1Requests:
         self._first = [(b"Host", httpx.URL(base_url).netloc), *static]
         self._targets: dict[str, bytes] = {}
 
-    def encode(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    def encode(self, path: str, body: RequestBody, headers: dict[str, str]) -> RequestBody:
         target = self._targets.get(path)
         if target is None:
             target = self._targets[path] = httpx.URL(self._base + path).raw_path
         fields = self._first + [(name.encode(), value.encode())
                                 for name, value in headers.items()]
-        fields.append((b"Content-Length", str(len(body)).encode()))
+        fields.append((b"Content-Length", str(body_length(body)).encode()))
         try:
             return request_bytes("POST", target, fields, body)
         except ValueError as exc:  # a header that would split the request
@@ -465,7 +466,8 @@ class Http1Slot:
         self._requests = requests
         self._connection = connection
 
-    async def send(self, path: str, body: bytes, headers: dict[str, str]) -> _Response:
+    async def send(self, path: str, body: RequestBody, headers: dict[str, str]
+                   ) -> _Response:
         return await self._connection.send("POST", self._requests.encode(path, body, headers))
 
     async def aclose(self) -> None:

@@ -48,16 +48,29 @@ class ProtocolError(Exception):
     """The server's bytes are not HTTP/1.1 as R1-R3 read it."""
 
 
+#: A request's body: one buffer, or pieces sent one after another and never joined (a
+#: request with media: its JSON between the placeholders, each base64 slice, each cut
+#: literal; ``gateway.pipeline._media`` D3).
+RequestBody = bytes | tuple[bytes | memoryview, ...]
+
+
+def body_length(body: RequestBody) -> int:
+    return len(body) if isinstance(body, bytes) else sum(len(piece) for piece in body)
+
+
 def request_bytes(method: str, target: bytes, headers: list[tuple[bytes, bytes]],
-                  body: bytes) -> bytes:
-    """The request's head and body in one buffer (headers as the caller built them)."""
+                  body: RequestBody) -> RequestBody:
+    """The request: head and body in one buffer, or for a body in pieces, the head
+    followed by the pieces (headers as the caller built them)."""
     lines = [method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
         if any(c in field for field in (name, value) for c in (b"\r", b"\n", b"\0")):
             raise ValueError("header with a line break or NUL")
         lines += [name, b": ", value, b"\r\n"]
     lines.append(b"\r\n")
-    return b"".join(lines) + body
+    if isinstance(body, bytes):
+        return b"".join(lines) + body
+    return (b"".join(lines), *body)
 
 
 @attrs.frozen

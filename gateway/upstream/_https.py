@@ -17,7 +17,7 @@ it is the only one on httpx.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -32,6 +32,9 @@ from ._transport import (
     WriteError,
     WriteTimeout,
 )
+
+if TYPE_CHECKING:
+    from ._http1 import RequestBody
 
 #: The ``_transport`` error each httpx error becomes; any other httpx transport error is a
 #: plain ``TransportError`` under its httpx name.
@@ -60,7 +63,12 @@ class HttpxRequests:
         self._static = static
         self._timeout = timeout.as_dict()
 
-    def build(self, path: str, content: bytes, headers: dict[str, str]) -> httpx.Request:
+    def build(self, path: str, content: RequestBody, headers: dict[str, str]
+              ) -> httpx.Request:
+        """httpx takes one buffer (an iterable would go chunked): a body in pieces is
+        joined here, the https:// path's one copy of a big request."""
+        if not isinstance(content, bytes):
+            content = b"".join(content)
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = httpx.URL(self._base + path)
@@ -76,7 +84,7 @@ class HttpxSlot:
         self._client = client
         self._requests = requests
 
-    async def send(self, path: str, body: bytes, headers: dict[str, str]) -> HttpxResponse:
+    async def send(self, path: str, body: RequestBody, headers: dict[str, str]) -> HttpxResponse:
         """POST ``body`` to ``path``; the response, its body not yet read."""
         request = self._requests.build(path, body, headers)
         try:

@@ -44,7 +44,7 @@ import trio
 
 from gateway import _sockio
 
-from ._http1 import BodyDecoder, ProtocolError, ResponseHead, parse_head
+from ._http1 import BodyDecoder, ProtocolError, RequestBody, ResponseHead, parse_head
 
 READ_SIZE = 64 * 1024
 #: The largest single read of a whole body (``Http1Response.read_all``): a fixed-length
@@ -114,7 +114,7 @@ class Http1Connection:
         self._closed = False
         self._idle_since = math.inf
 
-    async def send(self, method: str, data: bytes) -> Http1Response:
+    async def send(self, method: str, data: RequestBody) -> Http1Response:
         """Send a request (its whole bytes: ``_http1.request_bytes``) and read the head of
         its final response; the body is not read yet."""
         if self._busy:
@@ -154,20 +154,24 @@ class Http1Connection:
                 raise ConnectError(str(exc)) from exc
         return self._stream
 
-    async def _send_request(self, stream: trio.SocketStream, data: bytes) -> None:
-        """The request's bytes: what the kernel takes at once goes without trio's send
-        layers and the pass they yield (a request fits a loopback socket's buffer),
-        the rest through ``send_all`` within the write timeout. Not a checkpoint by
-        itself when it all fits: the head's read that follows is one."""
-        try:
-            sent = _sockio.send_now(stream.socket, data)
-        except OSError as exc:
-            raise WriteError(f"{type(exc).__name__}: {exc}") from exc
-        if sent < len(data):
-            # A view, not a slice: a big request (media) is not copied again to send
-            # what the kernel did not take at once.
-            await _timed(stream.send_all(memoryview(data)[sent:]), self._write_timeout,
-                         WriteTimeout, WriteError)
+    async def _send_request(self, stream: trio.SocketStream, data: RequestBody) -> None:
+        """The request's bytes (one buffer, or pieces in order): what the kernel takes
+        at once goes without trio's send layers and the pass they yield (a request
+        fits a loopback socket's buffer), the rest through ``send_all`` within the
+        write timeout. Not a checkpoint by itself when it all fits: the head's read that
+        follows is one. A big request (media) is never joined or copied to be sent:
+        each piece goes as it is, and what the kernel did not take of one as a view."""
+        pieces = (data,) if isinstance(data, bytes) else data
+        for index, piece in enumerate(pieces):
+            try:
+                sent = _sockio.send_now(stream.socket, piece)
+            except OSError as exc:
+                raise WriteError(f"{type(exc).__name__}: {exc}") from exc
+            if sent < len(piece):
+                rest = (memoryview(piece)[sent:], *pieces[index + 1:])
+                await _timed(_send_each(stream, rest), self._write_timeout, WriteTimeout,
+                             WriteError)
+                return
 
     async def _read_head(self, stream: trio.SocketStream, method: str
                          ) -> tuple[ResponseHead, bytes]:
@@ -316,6 +320,12 @@ class Http1Response:
         stream = self._connection._release(self._stream, reusable)
         if stream is not None:
             await trio.aclose_forcefully(stream)
+
+
+async def _send_each(stream: trio.SocketStream, pieces: tuple[bytes | memoryview, ...]
+                     ) -> None:
+    for piece in pieces:
+        await stream.send_all(piece)
 
 
 async def _timed(work: Any, limit_s: float | None, timed_out: type[TransportError],

@@ -165,6 +165,57 @@ def test_an_oversized_submit_is_discarded_and_the_stream_goes_on(step: int | Non
     assert decoder.buffered == 0 and decoder.error is None
 
 
+@pytest.mark.parametrize("step", [None, 1, 4093, 65536])
+def test_a_big_body_is_a_view_of_the_bytes_it_arrived_in_never_a_copy(step: int | None
+                                                                      ) -> None:
+    """A body of VIEW_MIN_BODY bytes or more comes out as a read-only view of the
+    decoder's buffer, which the decoder then gives up: later feeds do not touch it, and
+    the packets after it decode as ever (the trailing bytes go to a new buffer)."""
+    big_body = bytes(range(256)) * (nnrp.VIEW_MIN_BODY // 256 + 3)
+    small_body = b"s" * (nnrp.VIEW_MIN_BODY - 1)
+    stream = PING + _submit(7, big_body) + _submit(8, small_body) + PING + _submit(9, big_body)
+    decoder = nnrp.Decoder()
+    packets = []
+    chunks = [stream] if step is None else [stream[i:i + step]
+                                            for i in range(0, len(stream), step)]
+    for chunk in chunks:
+        packets += decoder.feed(chunk)
+    assert [p.msg_type for p in packets] == [nnrp.MsgType.PING, nnrp.MsgType.FRAME_SUBMIT,
+                                             nnrp.MsgType.FRAME_SUBMIT, nnrp.MsgType.PING,
+                                             nnrp.MsgType.FRAME_SUBMIT]
+    first, small, last = packets[1], packets[2], packets[4]
+    for packet in (first, last):
+        assert isinstance(packet.body, memoryview) and packet.body.readonly
+        assert packet.body == big_body  # untouched by every feed after it
+        with pytest.raises(TypeError):
+            packet.body[0] = 0  # type: ignore[index]
+    assert type(small.body) is bytes and small.body == small_body  # a small body: bytes
+    assert decoder.buffered == 0 and decoder.error is None
+
+
+def test_a_big_body_of_a_message_passed_whole_is_a_view_only_of_immutable_bytes() -> None:
+    """A WebSocket message (``decode_packet``) or a whole read: a view of ``bytes``; a
+    ``bytearray`` or a view the caller passed may change after, so it is copied."""
+    body = b"b" * nnrp.VIEW_MIN_BODY
+    message = _submit(7, body)
+    for data, viewed in ((message, True), (bytearray(message), False),
+                         (memoryview(message), False)):
+        for packet in (nnrp.decode_packet(data), nnrp.Decoder().feed(data)[0]):
+            assert isinstance(packet.body, memoryview) is viewed
+            assert packet.body == body
+
+
+def test_typed_frames_of_a_viewed_body_are_views_of_it() -> None:
+    payloads = [b"{}", b"\x89PNG" + bytes(nnrp.VIEW_MIN_BODY)]
+    descriptors = [nnrp.TypedDescriptor(payload_kind=kind, stream_semantics=1)
+                   for kind in (0x10, 0x40)]
+    body = nnrp.pack_typed_body(list(zip(descriptors, payloads, strict=True)))
+    for passed, viewed in ((body, False), (memoryview(body).toreadonly(), True)):
+        typed = nnrp.parse_typed_body(passed, payload_kind_bitmap=0x50, payload_frame_count=2)
+        assert [frame.payload for frame in typed.frames] == payloads
+        assert all(isinstance(frame.payload, memoryview) is viewed for frame in typed.frames)
+
+
 def test_other_oversized_packets_and_submits_past_the_protocols_cap_stay_fatal() -> None:
     with pytest.raises(nnrp.RemoteProtocolError, match="PARTIAL_RESULT: packet of"):
         nnrp.Decoder(max_packet=1024).feed(nnrp.encode(nnrp.Packet(

@@ -54,7 +54,7 @@ def test_the_spliced_body_is_the_json_of_the_body_with_the_values(
     body = {"model": "m", "extra": extra, "parts": [{"url": p} for p in placeholders]}
     pieces = {p: [b"data:x/y;base64,", base64.b64encode(v)] for p, v in zip(
         placeholders, values, strict=True)}
-    decoded = json.loads(encode_body(body, pieces))
+    decoded = json.loads(b"".join(encode_body(body, pieces)))
     assert decoded["extra"] == extra
     assert [part["url"] for part in decoded["parts"]] == [
         "data:x/y;base64," + base64.b64encode(v).decode() for v in values]
@@ -67,12 +67,12 @@ def test_a_placeholder_is_never_taken_for_a_longer_one() -> None:
     body = {"parts": placeholders, "text": "nnrp-media-other-1 is the client's text"}
     encoded = encode_body(body, {p: [f"value{index}".encode()] for index, p in
                                  enumerate(placeholders)})
-    assert json.loads(encoded) == {"parts": [f"value{index}" for index in range(12)],
+    assert json.loads(b"".join(encoded)) == {"parts": [f"value{index}" for index in range(12)],
                                    "text": "nnrp-media-other-1 is the client's text"}
 
 
 def test_without_replacements_the_body_is_plain_json() -> None:
-    assert encode_body({"a": "é"}, {}) == json.dumps({"a": "é"}).encode()
+    assert encode_body({"a": "é"}, {}) == (json.dumps({"a": "é"}).encode(),)
 
 
 def test_the_directory_must_exist_and_be_writable(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ async def test_delivery_writes_each_frame_once_and_removes_it_on_any_exit(tmp_pa
     async def exchange() -> None:
         async with delivery.deliver(plan, body) as content:
             assert content is not None
-            sent = json.loads(content)
+            sent = json.loads(b"".join(content))
             (written,) = _files(tmp_path)
             assert sent["a"] == sent["b"] == written.as_uri()
             assert base64.b64decode(sent["c"]) == PNG  # input_audio stays inline
@@ -152,7 +152,7 @@ async def test_data_uri_delivery_and_a_plan_without_slots() -> None:
                      (MediaSlot("nnrp-media-n-0", 1, "image/png", False),))
     async with delivery.deliver(plan, {"url": "nnrp-media-n-0"}) as content:
         assert content is not None
-        url = json.loads(content)["url"]
+        url = json.loads(b"".join(content))["url"]
     assert url == "data:image/png;base64," + base64.b64encode(PNG).decode()
 
 

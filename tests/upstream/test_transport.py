@@ -19,7 +19,7 @@ import trio.testing
 
 from gateway.upstream import UpstreamConfig, UpstreamMalformed, UpstreamUnavailable, VllmClient
 from gateway.upstream._client import Http1Requests, _static_headers
-from gateway.upstream._http1 import request_bytes
+from gateway.upstream._http1 import body_length, request_bytes
 from gateway.upstream._https import HttpxRequests
 from gateway.upstream._transport import (
     ConnectError,
@@ -210,6 +210,29 @@ async def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole(
     ((sent, size),) = taken
     assert sent < size  # the rest went through send_all
     assert server.requests[0].endswith(body)
+    assert b"content-length: %d" % len(body) in server.requests[0].lower()
+
+
+@pytest.mark.parametrize("big_at", [0, 1, 3])
+async def test_a_request_in_pieces_arrives_whole_in_order(big_at: int) -> None:
+    """A request with media goes as its pieces (``_http1.RequestBody``), never joined:
+    views and bytes, small ones, and an 8 MiB one the kernel takes only in part
+    wherever it stands, the rest through send_all after what was taken."""
+    pieces: list[bytes | memoryview] = [b'{"a": "', memoryview(b"xyz" * 1000)[1:],
+                                        b"", b'"}']
+    big = bytes(range(251)) * (32 << 10)
+    pieces.insert(big_at, memoryview(big)[3:])
+    body = b"".join(pieces)
+    data = request_bytes("POST", b"/v1/chat/completions", [
+        (b"Host", b"vllm"), (b"Content-Length", b"%d" % body_length(tuple(pieces)))],
+        tuple(pieces))
+    assert isinstance(data, tuple) and data[1:] == tuple(pieces)  # the head, then as given
+    async with serving([OK]) as (server, connection):
+        with trio.fail_after(20):
+            response = await connection.send("POST", data)
+            await response.aclose()
+    assert response.status == 200
+    assert server.requests[0].endswith(b"\r\n\r\n" + body)
     assert b"content-length: %d" % len(body) in server.requests[0].lower()
 
 

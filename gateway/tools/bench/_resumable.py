@@ -286,7 +286,7 @@ def _completed_text(terminal: nnrp.ResultReceived | nnrp.DropReceived | None) ->
             or terminal.typed_body is None or not terminal.typed_body.frames):
         return None
     try:
-        document = json.loads(terminal.typed_body.frames[0].payload)
+        document = json.loads(bytes(terminal.typed_body.frames[0].payload))
         if document.get("type") != "response.completed":
             return None
         content = document["body"]["choices"][0]["message"]["content"]

@@ -175,7 +175,7 @@ def _terminal(result: nnrp.ResultReceived) -> tuple[str, str]:
     if result.typed_body is None or not result.typed_body.frames:
         return "(no body)", ""
     try:
-        document = json.loads(result.typed_body.frames[0].payload)
+        document = json.loads(bytes(result.typed_body.frames[0].payload))
     except ValueError:
         return "(not JSON)", ""
     if document.get("type") == "response.error":

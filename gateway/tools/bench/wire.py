@@ -37,7 +37,7 @@ _DONE = b'{"type":"response.completed","body":{}}'
 async def bench_handler(op: Operation) -> None:
     """Trivial handler: ``{"events": N}`` partials, then a completed terminal."""
     assert op.typed_body is not None
-    count = json.loads(op.typed_body.frames[0].payload).get("events", 0)
+    count = json.loads(bytes(op.typed_body.frames[0].payload)).get("events", 0)
     for _ in range(count):
         await op.emit(_DELTA)
     await op.close(EndCause.COMPLETED, _DONE)

@@ -180,7 +180,7 @@ async def _run_builtin_case(session: ClientSession, request: CaseRequest) -> Obs
             elif isinstance(event, nnrp.ResultReceived):
                 observation.status = event.meta.status_code
                 assert event.typed_body is not None
-                final = json.loads(event.typed_body.frames[0].payload)
+                final = json.loads(bytes(event.typed_body.frames[0].payload))
                 observation.frames.append({"frame": "RESULT_PUSH",
                                            "status": observation.status, "t_ms": t_ms,
                                            "type": final.get("type"),
@@ -299,7 +299,7 @@ def run_native(endpoint: str, requests: list[CaseRequest], trust: Trust) -> list
                             bytes(event.tail.body),
                             payload_kind_bitmap=int(meta.payload_kind_bitmap),
                             payload_frame_count=meta.payload_frame_count)
-                        final = json.loads(typed.frames[0].payload)
+                        final = json.loads(bytes(typed.frames[0].payload))
                         observation.frames.append({"frame": "RESULT_PUSH", "t_ms": t_ms,
                                                    "status": meta.status_code,
                                                    "type": final.get("type")})

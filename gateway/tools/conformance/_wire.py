@@ -264,7 +264,7 @@ def _result_fields(event: nnrp.ResultReceived) -> dict[str, Any]:
     final: Any = None
     if frame is not None:
         try:
-            final = json.loads(frame.payload)
+            final = json.loads(bytes(frame.payload))
         except json.JSONDecodeError:
             final = None
     semantics = {1: "snapshot", 2: "append"}
