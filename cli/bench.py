@@ -706,6 +706,7 @@ def value_command(
 
     _with_progress(work, as_json)
     report = holder[0]
+    report.wake_us = _yardstick(quick=False)
     text = markdown(report)
     if out is not None:
         (out / "value.md").write_text(text)

@@ -69,4 +69,9 @@ def test_bench_value_against_the_replay_vllm(tmp_path: Path) -> None:
     assert phases["http", 0]["attempts"] == 2
     fleet = report["fleet"]
     assert fleet["same_pod_p50_ms"] > 0 and fleet["other_pod_p50_ms"] > 0
+    # Also in the run's bare trio wake-ups (stats rule 6); no goal, and the verdict says so.
+    assert fleet["same_pod_p50_wakes"] == pytest.approx(
+        fleet["same_pod_p50_ms"] * 1000 / report["wake_us"], abs=0.1)
+    assert (tmp_path / "value.md").read_text().rstrip().endswith(
+        "verdict: 0 goals met, 0 not met, 0 not measurable here")
     assert "| 2 | NNRP resume | 4 | 2/2 |" in (tmp_path / "value.md").read_text()

@@ -19,7 +19,8 @@ again, and the wall time until every answer was whole.
 And the cost a fleet adds: two gateways of one fleet (``--fleet-advertise``) on the same
 vLLM; a session opened on one, dropped, and resumed either on the same gateway or on the
 other (which forwards it): the time from the new connection to the first result after
-the resume, p50 of each, the same run.
+the resume, p50 of each, the same run, also in the run's bare trio wake-ups (``stats``
+rule 6). No figure here has a goal: the report's verdict line (``stats`` rule 7) says so.
 
 Answers are seeded (temperature 1, one seed) and ``ignore_eos``, so each is exactly
 ``tokens`` long and a re-sent request gets the same answer: the HTTP client checks it
@@ -52,6 +53,7 @@ from gateway.tools.cut import StreamCutProxy
 
 from ._procs import until_http_ready
 from ._stack import free_port
+from .stats import verdict
 
 Progress = Callable[[str], None]
 PROMPT = "Tell me, at length, what a session protocol for model serving should do."
@@ -148,13 +150,26 @@ class ValueReport:
     vllm_version: str = ""
     #: Text chunks of one answer (where the cuts fall).
     text_chunks: int = 0
+    #: The run's bare trio wake-up, microseconds (``stats`` rule 6).
+    wake_us: float | None = None
+
+    def fleet_summary(self) -> dict[str, Any] | None:
+        """The fleet's resume latencies, each also in the run's wake-ups."""
+        if self.fleet is None:
+            return None
+        summary = self.fleet.summary()
+        for pod in ("same_pod", "other_pod"):
+            p50 = summary[f"{pod}_p50_ms"]
+            summary[f"{pod}_p50_wakes"] = (None if p50 is None or not self.wake_us else
+                                           round(p50 * 1000 / self.wake_us, 1))
+        return summary
 
     def as_dict(self) -> dict[str, Any]:
         return {"vllm_url": self.vllm_url, "vllm_version": self.vllm_version,
                 "model": self.model, "tokens": self.tokens, "answers": self.answers,
-                "text_chunks": self.text_chunks,
+                "text_chunks": self.text_chunks, "wake_us": self.wake_us,
                 "phases": [phase.as_dict() for phase in self.phases],
-                "fleet": self.fleet.summary() if self.fleet else None,
+                "fleet": self.fleet_summary(),
                 "fleet_samples_ms": attrs.asdict(self.fleet) if self.fleet else None}
 
 
@@ -454,13 +469,18 @@ def markdown(report: ValueReport) -> str:
             f"| {phase.prompt_tokens_again:g} ({phase.vllm.get('prefix_cache_hits', 0):g}) "
             f"| {phase.vllm_requests:g} "
             f"| {phase.wall_seconds} |")
-    if report.fleet is not None:
-        summary = report.fleet.summary()
+    summary = report.fleet_summary()
+    if summary is not None:
         lines += ["", f"Resume latency (new connection to first result after it), p50 of "
                   f"{summary['resumes_each']} each: same pod {summary['same_pod_p50_ms']} ms, "
                   f"through another pod of the fleet {summary['other_pod_p50_ms']} ms "
                   f"(x{summary['ratio']}); p90 {summary['same_pod_p90_ms']} and "
                   f"{summary['other_pod_p90_ms']} ms."]
+        if report.wake_us:
+            lines.append(f"In this run's bare trio wake-ups ({report.wake_us:.1f} us back to "
+                         f"back): same pod {summary['same_pod_p50_wakes']}, another pod "
+                         f"{summary['other_pod_p50_wakes']}.")
+    lines += ["", verdict(())]  # no goals here: the line says so, as every bench's ends
     return "\n".join(lines) + "\n"
 
 
