@@ -28,7 +28,8 @@ PUBLIC: dict[str, str] = {
     "gateway.nnrp": (
         "AbandonCause Abort Backpressure Binding Body Budget BudgetFlag BudgetPolicy BudgetRequested "
         "BudgetUpdate CacheAck CacheAckStatus CacheInvalidate CacheInvalidateScope CacheMiss "
-        "CacheMissReason CacheObjectKind CachePut CacheReference CacheReuseScope Cancel "
+        "CacheLimits CacheMissReason CacheMissed CacheObjectKind CachePut CacheReference "
+        "CacheReuseScope CacheTable Cancel "
         "CancelFlag CancelSource CapabilitiesNegotiated CapabilityFlag CapabilityNegotiation "
         "ClientConnection ClientEvent ClientHello ClientState Close CloseAckStatus CloseReason "
         "ConnState ConnectionFailed ControlReason CreditUpdate DEFAULT_MAX_PACKET "
@@ -51,6 +52,7 @@ PUBLIC: dict[str, str] = {
         "PartialReceived PartialResult PatchAckStatus PatchRejectReason PayloadKind PeerClosed "
         "PeerCredentials PeerError Phase Ping Pong Prelude PressureFlag PressureLevel "
         "PressureReason PriorityClass PriorityRequested PriorityUpdate Progress ProtocolError "
+        "PutOutcome "
         "RECORD_COST RecoverableFlag RefusalReason Released RemoteProtocolError RepeatReceived "
         "Replay ReplayGap ResubmissionRead ResubmissionRule ResultClass ResultDrop "
         "ResultDropReason ResultFlag ResultHint ResultHintBudgetPolicy ResultHintCongestion "

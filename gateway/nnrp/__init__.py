@@ -9,8 +9,9 @@ machine reports), ``_server`` (a connection: handshake, flow, the rule table),
 ``_server_lifecycle`` (its sessions: open, resume, migrate, close), ``_server_session``
 (one session: operations and results), ``_server_operation`` (an operation's record and
 state table), ``_server_controls`` (the runtime controls), ``_objects`` (a session's
-runtime objects), ``_resumption`` (the process's resumable sessions: tokens, windows,
-caps), ``_journal`` (what a resumable session keeps for a replay), ``_session_ids``,
+runtime objects), ``_cache`` (a session's CACHE_PUT objects), ``_resumption`` (the
+process's resumable sessions: tokens, windows, caps), ``_journal`` (what a resumable
+session keeps for a replay), ``_session_ids``,
 ``_client`` (the client's state machine), ``_errors``.
 """
 
@@ -32,6 +33,12 @@ from ._body import (
     parse_typed_body as parse_typed_body,
     unpack_legacy_descriptors as unpack_legacy_descriptors,
     unpack_object_references as unpack_object_references,
+)
+from ._cache import (
+    CacheLimits as CacheLimits,
+    CacheMissed as CacheMissed,
+    CacheTable as CacheTable,
+    PutOutcome as PutOutcome,
 )
 from ._client import (
     ClientConnection as ClientConnection,

@@ -65,15 +65,20 @@ O9. Bytes (the gateway's media: ``gateway.profile._media``). An object's bytes a
     refused ``BYTE_LIMIT``. A refused frame changes nothing. The reservation goes back
     when the object is released or made unreadable, and when its session ends, however
     it ends (closed, its connection lost, its resume window over, the process stopping).
+    The session's cache (``cache``, ``_cache`` C3) keeps its CACHE_PUT objects' bytes in
+    the same reservation: one session, one bound, whichever frames brought the bytes.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+import time
+from collections.abc import Callable
 
 import attrs
 
+from ._cache import CacheLimits, CacheTable
 from ._constants import ErrorCode, ObjectDeltaFlag, ObjectRefFlag, ObjectReleaseFlag
 from ._messages import ObjectDeclare, ObjectDelta, ObjectPatch, ObjectRef, ObjectRelease
 
@@ -241,7 +246,8 @@ class ObjectTable:
     release) when the frame was applied, or the refusal (nothing changed)."""
 
     def __init__(self, session_id: int, limits: ObjectLimits,
-                 pool: ObjectBytes | None = None) -> None:
+                 pool: ObjectBytes | None = None, *, cache: CacheLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.session_id = session_id
         self.limits = limits
         #: O9: the process's bound (a table alone is bounded by its own limit only).
@@ -250,6 +256,8 @@ class ObjectTable:
         self._declared_bytes = 0
         self._reference_count = 0
         self._kept_bytes = 0
+        #: The session's CACHE_PUT objects, their bytes kept within this table's bounds.
+        self.cache = CacheTable(self, cache, clock=clock)
 
     # ------------------------------------------------------------------ reading
 
@@ -266,8 +274,26 @@ class ObjectTable:
 
     @property
     def kept_bytes(self) -> int:
-        """O9: the bytes this session's objects hold reserved."""
+        """O9: the bytes this session's objects, and its cache, hold reserved."""
         return self._kept_bytes
+
+    @property
+    def max_kept_bytes(self) -> int:
+        return self.limits.max_kept_bytes
+
+    def take_kept(self, size: int) -> ErrorCode | None:
+        """O9: reserve ``size`` bytes from the session's bound and the process's pool;
+        None, or LIMIT_EXCEEDED (the session's bound) or SERVER_BUSY (the pool's)."""
+        if self._kept_bytes + size > self.limits.max_kept_bytes:
+            return ErrorCode.LIMIT_EXCEEDED
+        if not self.pool.take(size):
+            return ErrorCode.SERVER_BUSY
+        self._kept_bytes += size
+        return None
+
+    def give_kept(self, size: int) -> None:
+        self._kept_bytes -= size
+        self.pool.give(size)
 
     def read(self, object_id: int, version: int, operation_id: int, *,
              operation_in_flight: bool = True) -> bytes | ObjectRefusal:
@@ -449,30 +475,29 @@ class ObjectTable:
         """O9: the whole object, from the session's bound and the process's."""
         size = entry.declaration.byte_size
         object_id = entry.declaration.object_id
-        if self._kept_bytes + size > self.limits.max_kept_bytes:
+        passed = self.take_kept(size)
+        if passed is ErrorCode.LIMIT_EXCEEDED:
             return ObjectRefusal(ObjectFault.BYTE_LIMIT,
                                  f"object {object_id}'s {size} bytes would pass the "
                                  f"session's {self.limits.max_kept_bytes} kept bytes")
-        if not self.pool.take(size):
+        if passed is not None:
             return ObjectRefusal(ObjectFault.BYTE_LIMIT,
                                  f"object {object_id}'s {size} bytes would pass this "
                                  f"server's {self.pool.capacity} kept object bytes")
-        self._kept_bytes += size
         entry.data = bytearray(size)
         return None
 
     def _free(self, entry: _Entry) -> None:
         if entry.reserved:
-            size = entry.declaration.byte_size
-            self._kept_bytes -= size
-            self.pool.give(size)
+            self.give_kept(entry.declaration.byte_size)
             entry.data = entry.frozen = None
             entry.starts, entry.ends = [], []
 
     # ------------------------------------------------------------------ operations (O5), close (O8)
 
     def retire(self, operation_id: int) -> None:
-        """The operation ended: its references end with it."""
+        """The operation ended: its references (and its cache dependencies) end with it."""
+        self.cache.retire(operation_id)
         if not self._reference_count:
             return  # the hot path: most sessions reference nothing
         for entry in self._objects.values():
@@ -481,6 +506,8 @@ class ObjectTable:
                 self._reference_count -= 1
 
     def clear(self) -> None:
+        """The session ended (O8, O9): its objects and its cache go, their bytes given back."""
+        self.cache.clear()
         for entry in self._objects.values():
             self._free(entry)
         self._objects.clear()

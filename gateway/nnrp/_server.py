@@ -10,8 +10,8 @@ session's own state and frames are ``_server_session``, the runtime controls
 Rules (the ``_RULES`` table at the bottom has one row per preview4 message type; each
 row names its acceptance scope and its handler, and each handler cites its rule; rule 4
 and 16's SESSION_CLOSE are ``_server_lifecycle``'s, 5 and 15 ``_server_session``'s, 6
-to 10, 12 to 14 and 17 ``_server_controls``' (17: the runtime objects, whose table is
-``_objects``)):
+to 10, 12 to 14, 17 and 19 ``_server_controls``' (17: the runtime objects, whose table
+is ``_objects``; 19: the session's cache, ``_cache``)):
 
 1. Connection start. ``AWAIT_HELLO`` accepts TRANSPORT_PROBE (answered with PROBE_ACK)
    and CLIENT_HELLO. Anything else before the hello (garbage, a bad magic, a
@@ -546,6 +546,7 @@ _RULES: dict[MsgType, ConnectionRule | SessionRule] = {
     MsgType.SESSION_PATCH: SessionRule(Scope.SESSION, C.on_session_patch),
     MsgType.CACHE_PUT: SessionRule(Scope.SESSION, C.on_cache_put),
     MsgType.CACHE_REFERENCE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_cache_reference),
+    MsgType.CACHE_INVALIDATE: SessionRule(Scope.SESSION_OR_ONLY_ONE, C.on_cache_invalidate),
     MsgType.OBJECT_DECLARE: SessionRule(Scope.SESSION, C.on_object_declare),
     MsgType.OBJECT_REF: SessionRule(Scope.SESSION, C.on_object_ref),
     MsgType.OBJECT_RELEASE: SessionRule(Scope.SESSION, C.on_object_release),

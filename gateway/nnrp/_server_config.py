@@ -9,6 +9,7 @@ from typing import Protocol
 
 import attrs
 
+from ._cache import CacheLimits
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
 from ._objects import ObjectBytes, ObjectLimits
 
@@ -79,6 +80,8 @@ class ServerConfig:
     #: The bytes every session's objects keep, together (``_objects`` O9): one pool per
     #: config, so per process.
     object_bytes: ObjectBytes = attrs.field(factory=ObjectBytes, eq=False, repr=False)
+    #: Each session's cache bounds (``_cache`` C2, C3; its bytes count as kept bytes).
+    cache: CacheLimits = attrs.field(factory=CacheLimits)
     #: How a resubmission after a resume is compared with its request (the profile's).
     resubmission: ResubmissionRule = attrs.field(factory=SameBytes)
     #: Refused session opens and resumes (bad credentials, a token that opens nothing)

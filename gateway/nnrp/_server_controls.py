@@ -48,9 +48,8 @@ Rules (numbered as in ``_server``):
     advertised (CREDIT_UPDATE, or BACKPRESSURE hard when none are left) at once and on
     every change.
 13. Features this server does not have are refused in their own message's form:
-    SESSION_PATCH gets SESSION_PATCH_ACK rejected, CACHE_PUT gets CACHE_ACK rejected,
-    CACHE_REFERENCE gets CACHE_MISS not_found. CACHE_INVALIDATE, the client's
-    PROGRESS, PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER,
+    SESSION_PATCH gets SESSION_PATCH_ACK rejected. The client's PROGRESS,
+    PARTIAL_RESULT, RESULT_DROP_REASON, ERROR_RECOVERABLE, RETRY_AFTER,
     CACHE_MISS, CACHE_ACK, PONG, and messages only a server sends are noted and ignored
     (``FrameIgnored``, with the reason ``IGNORED`` gives; the connection routes them).
 14. TRACE_CONTEXT with header.frame_id 0 sets the session default; a non-zero frame_id
@@ -63,14 +62,23 @@ Rules (numbered as in ``_server``):
     dependents cancels each operation in flight that referenced the object: it ends
     with RESULT_DROP_REASON object_invalidated (rule 7's path, ``CancelSource``
     OBJECT_INVALIDATED).
+19. The session's cache (CACHE_PUT, CACHE_REFERENCE, CACHE_INVALIDATE) is ``_cache``'s
+    table, rules C1 to C8: CACHE_PUT is answered CACHE_ACK (accepted, replaced or
+    rejected with its detail code), a CACHE_REFERENCE to a held entry with nothing and
+    to any other with CACHE_MISS, a CACHE_INVALIDATE with nothing. An entry replaced or
+    invalidated drops the operations that depended on it as rule 17's release does.
+    None needs negotiation (nnrp-py's server takes them so; ``cache.reference`` is
+    granted to a client that asks).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._codec import Packet, encode
 from ._constants import (
     BudgetFlag,
-    CacheAckStatus,
+    CacheInvalidateScope,
     CacheMissReason,
     CapabilityFlag,
     ControlReason,
@@ -99,6 +107,7 @@ from ._messages import (
     Abort,
     BudgetUpdate,
     CacheAck,
+    CacheInvalidate,
     CacheMiss,
     CachePut,
     CacheReference,
@@ -125,10 +134,12 @@ from ._server_operation import OpState, PendingDeadline, ServerOperation
 from ._server_session import ServerSession, diagnostic
 from ._tokens import pack_tokens, parse_tokens
 
+if TYPE_CHECKING:
+    from ._cache import CacheKey
+
 #: Why a frame is noted and ignored (rule 13): the FrameIgnored reason.
 IGNORED: dict[MsgType, str] = {
     MsgType.PONG: "a PONG answers nothing we sent",
-    MsgType.CACHE_INVALIDATE: "this server keeps no cache",
     MsgType.CACHE_ACK: "this server sends no CACHE_PUT",
     MsgType.CACHE_MISS: "this server sends no CACHE_REFERENCE",
     MsgType.PROGRESS: "the openai-compatible profile has no client-side progress",
@@ -446,24 +457,58 @@ def on_session_patch(session: ServerSession, packet: Packet, events: list[Event]
     events.append(SendBytes(encode(Packet(ack, session_id=session.session_id))))
 
 
+# --------------------------------------------------------------------------- cache (rule 19)
+
+
+def _drop_dependents(session: ServerSession, operation_ids: tuple[int, ...], what: str,
+                     events: list[Event]) -> None:
+    """C5 (and O6): what the operations depended on is gone, and so is their result."""
+    for operation_id in operation_ids:
+        operation = session.operations.get(operation_id)
+        if operation is not None:
+            session.cancel(operation, CancelSource.OBJECT_INVALIDATED,
+                           ControlReason.DEPENDENCY_FAILED, diagnostic(what), events)
+
+
+def _key_text(key: CacheKey) -> str:
+    namespace, key_hi, key_lo = key
+    return f"cache entry {namespace}/{key_hi:016x}{key_lo:016x}"
+
+
 def on_cache_put(session: ServerSession, packet: Packet, events: list[Event]) -> None:
     request = packet.message
     assert isinstance(request, CachePut)
-    ack = CacheAck(cache_namespace=request.cache_namespace,
-                   status=int(CacheAckStatus.REJECTED), cache_key_hi=request.cache_key_hi,
-                   cache_key_lo=request.cache_key_lo,
-                   detail_code=int(ErrorCode.UNSUPPORTED_CAPABILITY))
+    cache = session.objects.cache
+    outcome = cache.put(request, packet.body)
+    ack = CacheAck(cache_namespace=request.cache_namespace, status=int(outcome.status),
+                   cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo,
+                   accepted_ttl_ms=outcome.ttl_ms, max_object_bytes=cache.max_object_bytes,
+                   detail_code=outcome.detail_code)
     events.append(SendBytes(encode(Packet(ack, session_id=session.session_id))))
+    key = (request.cache_namespace, request.cache_key_hi, request.cache_key_lo)
+    _drop_dependents(session, outcome.invalidated, f"{_key_text(key)} was replaced", events)
 
 
 def on_cache_reference(session: ServerSession, packet: Packet, events: list[Event]) -> None:
     request = packet.message
     assert isinstance(request, CacheReference)
+    found = session.objects.cache.lookup(
+        (request.cache_namespace, request.cache_key_hi, request.cache_key_lo))
+    if not isinstance(found, CacheMissReason):
+        return  # held: the protocol has no hit message (C4)
     miss = CacheMiss(cache_namespace=request.cache_namespace,
-                     profile_id=request.profile_id,
-                     miss_reason=int(CacheMissReason.NOT_FOUND),
+                     profile_id=request.profile_id, miss_reason=int(found),
                      cache_key_hi=request.cache_key_hi, cache_key_lo=request.cache_key_lo)
     events.append(SendBytes(encode(Packet(miss, session_id=session.session_id))))
+
+
+def on_cache_invalidate(session: ServerSession, packet: Packet, events: list[Event]) -> None:
+    request = packet.message
+    assert isinstance(request, CacheInvalidate)
+    invalidated = session.objects.cache.invalidate(request)
+    scope = CacheInvalidateScope(request.scope).name.lower()
+    _drop_dependents(session, invalidated, f"the cache was invalidated ({scope} scope)",
+                     events)
 
 
 # --------------------------------------------------------------------------- objects (rule 17)

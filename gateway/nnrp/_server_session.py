@@ -16,10 +16,13 @@ Rules (numbered as in ``_server``, whose table routes every message):
    frame_id cannot be answered on its frame and gets ERROR_RECOVERABLE. A typed body
    that does not parse still becomes an operation (the profile answers
    ``invalid_submit_body``). A submit whose body references cached objects (its
-   object_reference region) depends on what this server does not hold (it keeps no
-   cache): each reference is answered CACHE_MISS not_found, then the submit is refused
-   ``object_reference_unresolved`` before it becomes an operation. An operation's runtime
-   object references (OBJECT_REF, ``_objects`` rule O5) end when it ends.
+   object_reference region) runs when the session's cache (``_cache`` C6) holds each
+   one, of its kind, and depends on them from then on (invalidated, it is dropped
+   ``object_invalidated``). Each block that does not resolve is answered CACHE_MISS
+   (not_found, expired, schema_mismatch) on the submit's frame, then the submit is
+   refused ``object_reference_unresolved`` before it becomes an operation. An
+   operation's runtime object references (OBJECT_REF, ``_objects`` rule O5) and cache
+   dependencies end when it ends.
 
    a. Delivery. A session is attached to one connection or none (``connection``). An
       operation's frames go to the client only while the session is attached and the
@@ -75,7 +78,6 @@ from ._body import (
 from ._codec import Packet, encode, encode_partial_result
 from ._constants import (
     HEADER_LEN,
-    CacheMissReason,
     ControlReason,
     DropFlag,
     DropReason,
@@ -216,7 +218,8 @@ class ServerSession:
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
         #: The session's runtime objects (``_objects``; served once negotiated).
-        self.objects = ObjectTable(session_id, config.objects, config.object_bytes)
+        self.objects = ObjectTable(session_id, config.objects, config.object_bytes,
+                                   cache=config.cache, clock=clock)
 
     @property
     def advertises_credit(self) -> bool:
@@ -486,18 +489,24 @@ class ServerSession:
         references = typed_body.object_references if typed_body is not None else ()
         if not references:
             return None
-        for reference in references:
-            miss = CacheMiss(cache_namespace=reference.cache_namespace,
-                             profile_id=self.profile[0],
-                             miss_reason=int(CacheMissReason.NOT_FOUND),
-                             cache_key_hi=reference.cache_key_hi,
-                             cache_key_lo=reference.cache_key_lo)
-            events.append(SendBytes(encode(Packet(miss, session_id=self.session_id,
+        missed = self.objects.cache.resolve(
+            (((reference.cache_namespace, reference.cache_key_hi, reference.cache_key_lo),
+              reference.object_kind) for reference in references), operation_id)
+        if not missed:
+            return None  # it runs, depending on each entry (_cache C6)
+        for miss in missed:
+            namespace, key_hi, key_lo = miss.key
+            message = CacheMiss(cache_namespace=namespace, profile_id=self.profile[0],
+                                miss_reason=int(miss.reason), cache_key_hi=key_hi,
+                                cache_key_lo=key_lo)
+            events.append(SendBytes(encode(Packet(message, session_id=self.session_id,
                                                   frame_id=frame_id))))
+        reasons = ", ".join(sorted({miss.reason.name.lower() for miss in missed}))
         return (RefusalReason.OBJECT_REFERENCE_UNRESOLVED,
-                f"operation {operation_id} references {len(references)} cached object(s) "
-                "in its object_reference region; this server holds no cache (each was "
-                "answered CACHE_MISS not_found): send the request inline")
+                f"operation {operation_id} references {len(missed)} cached object(s) in "
+                f"its object_reference region that this session does not hold ({reasons}; "
+                "each was answered CACHE_MISS): CACHE_PUT them first, or send the request "
+                "inline")
 
     def release_held(self, operation_id: int, events: list[Event]) -> None:
         """A submit that will not run: what was held for it goes (rules 8, 9). Its held

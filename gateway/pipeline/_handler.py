@@ -166,7 +166,7 @@ class ChatPipeline:
                                            max_bytes=self.limits.max_envelope_bytes,
                                            operations=self.operations)
             media = plan_media(envelope.body, submit.media, nonce=nonce,
-                               objects=op.read_object,
+                               objects=op.read_object, cached=op.read_cached,
                                max_bytes=self.limits.max_media_bytes)
             notes.operation, notes.model = envelope.operation, envelope.model or None
             if envelope.policy.progress:

@@ -93,7 +93,8 @@ class MediaCapabilities:
     #: Where a content part may name a frame, and the reference's form.
     parts: tuple[str, ...] = tuple(f"{part}.{field}"
                                    for part, (field, _, _) in REFERENCE_FIELDS.items())
-    reference: str = "nnrp:frame/N or nnrp:object/ID[@VERSION], then [;type=TYPE/SUBTYPE]"
+    reference: str = ("nnrp:frame/N, nnrp:object/ID[@VERSION] or nnrp:cache/NS/KEY, then "
+                      "[;type=TYPE/SUBTYPE]")
     frame_kinds: tuple[str, ...] = ("OPAQUE", "AUDIO", "VIDEO")
     #: The types recognised from the bytes; any other is given with ``;type=``.
     recognised_types: tuple[str, ...] = tuple(media_type for media_type, _ in SIGNATURES)
@@ -119,16 +120,18 @@ class CapabilityDocument:
 
 #: The runtime capability tokens this gateway implements (answered in CAPABILITY_NEGOTIATION
 #: and listed in the document). ``control.priority_update`` only when vLLM schedules by
-#: priority; hints and cache references are not served. The object tokens are the
-#: session's object table (gateway.nnrp._objects): declared, referenced, released,
-#: patched, each bounded, costs accounted; no operation takes an object as input
-#: (docs/runtime-controls.md, "Runtime objects").
+#: priority; hints are not served. The object tokens are the session's object table
+#: (gateway.nnrp._objects): declared, referenced, released, patched, each bounded, costs
+#: accounted; a request reads one as media (docs/media.md). ``cache.reference``: the
+#: session's cache (gateway.nnrp._cache): CACHE_PUT kept, CACHE_REFERENCE and a submit's
+#: reference blocks resolved, CACHE_INVALIDATE honoured (docs/runtime-controls.md).
 RUNTIME_TOKENS = frozenset({
     "control.cancel_abort", "control.supersede", "control.deadline_expire",
     "control.progress_partial", "control.credit_backpressure", "control.capability_costs",
     "control.trace_context", "control.result_drop_reason", "control.degrade_profile",
     "control.budget_update", "control.recoverable_error",
     "object.lifecycle", "object.delta", "object.cost", "object.ownership",
+    "cache.reference",
 })
 
 

@@ -148,8 +148,12 @@ def read_typed_body(typed_body: TypedBody | None, body_error: str | None, *,
             "typed frame 0 must be profile 0, STRUCTURED_EVENT, flags 0, schema 0/0, SNAPSHOT; "
             f"got profile {actual[0]}, kind {actual[1]:#x}, flags {actual[2]}, "
             f"schema {actual[3]}/{actual[4]}, semantics {actual[5]}")
-    if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
-        raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
+    # Object references were resolved by the session before the operation existed
+    # (gateway.nnrp._cache C6): they are its dependencies, and a content part reads one
+    # by naming it (nnrp:cache/NS/KEY, ``_media`` M9).
+    if typed_body.inline_object or typed_body.extension_payload:
+        raise ProfileError("invalid_submit_body",
+                           "inline-object and extension regions are not allowed")
     # The envelope is read as ``bytes`` (JSON and the literal scan need them): a copy
     # only when the body is a view (a big submit, ``nnrp._codec``); media frames stay views.
     envelope = bytes(payload)

@@ -48,6 +48,14 @@ M8. **Session objects.** ``nnrp:object/ID`` names one of the session's runtime o
     whole, or why not, which refuses the request naming the part; ``gateway.nnrp._objects``
     O9) and the request depends on it from then on. An object has no payload kind: any
     part takes it, its type deciding (M4). Each object is read once per request.
+M9. **Cached objects.** ``nnrp:cache/NS/KEY`` names an object the session put in its cache
+    (CACHE_PUT: NS its cache_namespace in decimal, KEY its 128-bit key as 32 hex digits,
+    cache_key_hi then cache_key_lo: ``nnrp:cache/7/00000000000000010000000000000002``).
+    It is read as M8 reads an object (``cached``: the bytes, or why not; the request
+    depends on the entry from then on, ``gateway.nnrp._cache`` C6), once per request,
+    and any part takes it, its type deciding. A submit that lists the entry in its
+    object-reference region has it checked before it runs; one that does not may still
+    name it here.
 """
 
 from __future__ import annotations
@@ -85,10 +93,16 @@ REFERENCE_FIELDS: dict[str, tuple[str, frozenset[int], str]] = {
 INLINE_PART = "input_audio"
 REFERENCE_PREFIX = "nnrp:"
 _REFERENCE = re.compile(r"nnrp:(?:frame/([1-9][0-9]{0,4})"
-                        r"|object/([1-9][0-9]{0,19})(?:@([1-9][0-9]{0,19}))?)"
+                        r"|object/([1-9][0-9]{0,19})(?:@([1-9][0-9]{0,19}))?"
+                        r"|cache/(0|[1-9][0-9]{0,9})/([0-9a-fA-F]{32}))"
                         r"(?:;type=([^;]*))?")
 #: M8: a session's objects, read by id and version (0: current): the bytes or why not.
 ObjectReader = Callable[[int, int], "bytes | str"]
+#: M9: a session's cache, read by namespace and key (hi, lo): the bytes or why not.
+CacheReader = Callable[[int, int, int], "bytes | str"]
+#: What a request may name (M2, M8, M9), for its refusals.
+_FORMS = ("nnrp:frame/N, nnrp:object/ID[@VERSION] or nnrp:cache/NS/KEY (32 hex digits), "
+          "optionally ;type=TYPE/SUBTYPE")
 _MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
 
 
@@ -211,23 +225,30 @@ def media_frames(frames: Sequence[tuple[Any, bytes | memoryview]], *, max_bytes:
 
 
 def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str,
-               objects: ObjectReader | None = None,
+               objects: ObjectReader | None = None, cached: CacheReader | None = None,
                max_bytes: int = DEFAULT_MAX_MEDIA_BYTES) -> MediaPlan:
-    """M2-M8: find the references in ``body`` (rewritten in place: each becomes its
-    slot's placeholder), check them against ``frames`` (and the session's ``objects``),
-    and decide each one's type. ``nonce`` makes the placeholders unique to this request
-    (random, unguessable)."""
+    """M2-M9: find the references in ``body`` (rewritten in place: each becomes its
+    slot's placeholder), check them against ``frames`` (and the session's ``objects``
+    and ``cached`` entries), and decide each one's type. ``nonce`` makes the
+    placeholders unique to this request (random, unguessable)."""
     by_index = {frame.index: frame for frame in frames}
-    read: dict[tuple[int, int], int] = {}  # M8: (object, version) -> its frame index
+    # M8, M9: what was read, (object, version) or (namespace, key), -> its frame index
+    read: dict[tuple[int, ...], int] = {}
 
-    def object_frame(object_id: int, version: int, where: str) -> int:
-        index = read.get((object_id, version))
+    def object_frame(source: tuple[int, ...], where: str) -> int:
+        index = read.get(source)
         if index is None:
-            data = objects(object_id, version) if objects is not None else (
-                "this request has no session objects to read")
+            if len(source) == 2:
+                name = f"nnrp:object/{source[0]}"
+                data = objects(*source) if objects is not None else (
+                    "this request has no session objects to read")
+            else:
+                name = f"nnrp:cache/{source[0]}/{source[1]:016x}{source[2]:016x}"
+                data = cached(*source) if cached is not None else (
+                    "this request has no session cache to read")
             if isinstance(data, str):
-                raise ProfileError("invalid_body", f"{where}: nnrp:object/{object_id}: {data}")
-            index = read[(object_id, version)] = -1 - len(read)
+                raise ProfileError("invalid_body", f"{where}: {name}: {data}")
+            index = read[source] = -1 - len(read)
             by_index[index] = MediaFrame(index, int(PayloadKind.OPAQUE), data)
         return index
 
@@ -279,16 +300,22 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
 
 
 def _slot(value: str, where: str, frames: dict[int, MediaFrame], kinds: frozenset[int],
-          family: str, object_frame: Callable[[int, int, str], int], *, inline: bool,
+          family: str, object_frame: Callable[[tuple[int, ...], str], int], *, inline: bool,
           placeholder: str) -> MediaSlot:
     reference = _REFERENCE.fullmatch(value)
     if reference is None:
         raise ProfileError("invalid_body",
                            f"{where}: {value[:80]!r} is not a media reference this gateway "
-                           f"reads (nnrp:frame/N or nnrp:object/ID[@VERSION], optionally "
-                           f";type=TYPE/SUBTYPE)")
+                           f"reads ({_FORMS})")
     if reference.group(2) is not None:  # M8
-        index = object_frame(int(reference.group(2)), int(reference.group(3) or 0), where)
+        index = object_frame((int(reference.group(2)), int(reference.group(3) or 0)), where)
+        kinds = MEDIA_KINDS
+    elif reference.group(4) is not None:  # M9
+        namespace, key = int(reference.group(4)), reference.group(5)
+        if namespace > 0xFFFFFFFF:
+            raise ProfileError("invalid_body",
+                               f"{where}: cache namespace {namespace} is not a u32")
+        index = object_frame((namespace, int(key[:16], 16), int(key[16:], 16)), where)
         kinds = MEDIA_KINDS
     else:
         index = int(reference.group(1))
@@ -303,7 +330,7 @@ def _slot(value: str, where: str, frames: dict[int, MediaFrame], kinds: frozense
         raise ProfileError("invalid_body",
                            f"{where}: frame {index} is {PayloadKind(frame.kind).name}; "
                            f"a {family} part takes {allowed}")
-    declared = reference.group(4)
+    declared = reference.group(6)
     if declared is not None:
         media_type = declared.strip().lower()
         if not _MEDIA_TYPE.fullmatch(media_type):

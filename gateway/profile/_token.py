@@ -46,8 +46,12 @@ def is_token_request(typed_body: TypedBody | None) -> bool:
 
 def token_prompt(typed_body: TypedBody) -> str:
     """The prompt a token-profile submit carries (module rules)."""
-    if typed_body.inline_object or typed_body.object_references or typed_body.extension_payload:
-        raise ProfileError("invalid_submit_body", "object and extension regions are not allowed")
+    # Object references were resolved by the session before the operation existed
+    # (gateway.nnrp._cache C6): they are its dependencies, and a content part reads one
+    # by naming it (nnrp:cache/NS/KEY, ``_media`` M9).
+    if typed_body.inline_object or typed_body.extension_payload:
+        raise ProfileError("invalid_submit_body",
+                           "inline-object and extension regions are not allowed")
     pieces = []
     for descriptor, payload in typed_body.frames:
         if (descriptor.profile_id, descriptor.payload_kind, descriptor.schema_id,

@@ -113,6 +113,12 @@ class OperationPort(Protocol):
         operation is dropped). A string says why not (``gateway.nnrp._objects`` O9)."""
         ...
 
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+        """The bytes of an object the session put in its cache (CACHE_PUT); the operation
+        then depends on the entry (invalidated or replaced, the operation is dropped). A
+        string says why not (``gateway.nnrp._cache`` C6)."""
+        ...
+
     def supersede_hold_left(self) -> float | None:
         """Seconds a SUPERSEDE of this operation still waits for its replacement (0 or
         less: the wait is over); None when no SUPERSEDE waits."""
@@ -385,6 +391,10 @@ class Operation:
     def read_object(self, object_id: int, version: int) -> bytes | str:
         """The bytes of one of the session's runtime objects (``OperationPort``)."""
         return self._port.read_object(object_id, version)
+
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+        """The bytes of one of the session's cached objects (``OperationPort``)."""
+        return self._port.read_cached(namespace, key_hi, key_lo)
 
     def enable_progress(self) -> None:
         """The envelope asked for PROGRESS: send the stages so far, then each as it comes."""

@@ -352,5 +352,15 @@ class _Port:
             operation_in_flight=self.operation_id in protocol.operations)
         return read if isinstance(read, bytes) else read.text
 
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+        protocol = self._session.protocol
+        read = protocol.objects.cache.read(
+            (namespace, key_hi, key_lo), self.operation_id,
+            operation_in_flight=self.operation_id in protocol.operations)
+        if isinstance(read, bytes):
+            return read
+        return (f"the session's cache holds no such entry ({read.name.lower()}: never put, "
+                "expired or invalidated); CACHE_PUT it first")
+
     def supersede_hold_left(self) -> float | None:
         return self._session.protocol.supersede_hold_left(self.operation_id)

@@ -29,6 +29,16 @@ CASE_TESTS = {
     "l1.result_push.object_reference.resolve": (
         "tests.interop.test_runtime_objects::test_a_submit_referencing_cached_objects_over_the_wire",
         "tests.nnrp.test_objects::test_a_submit_referencing_cached_objects_gets_cache_misses_then_its_refusal",
+        "tests.interop.test_cache_objects::test_a_cached_image_reaches_vllm_from_two_requests_then_is_invalidated",
+        "tests.nnrp.test_cache::test_a_submit_naming_held_entries_runs_and_a_missing_one_is_refused",
+        "tests.nnrp.test_cache::test_an_expired_reference_misses_expired",
+    ),
+    "l1.cache.lifecycle.roundtrip": (
+        "tests.nnrp.test_cache::test_cache_put_and_ack_are_nnrp_pys_bytes",
+        "tests.nnrp.test_cache::test_a_put_is_acked_and_referenced_silently_and_a_missing_key_misses",
+        "tests.nnrp.test_cache::test_invalidate_drops_what_its_scope_names_silently",
+        "tests.interop.test_cache_objects::test_a_cached_image_reaches_vllm_from_two_requests_then_is_invalidated",
+        "tests.interop.test_cache_objects::test_the_referee_answers_no_cache_frame_and_fails_a_session_on_cache_put",
     ),
     "l1.frame_submit.message.parse_emit": (
         "tests.nnrp.test_objects::test_frame_submit_parse_emit_keeps_object_references",
@@ -78,3 +88,18 @@ def test_the_object_tokens_are_claimed_where_clients_and_runners_look() -> None:
                                runtime_tokens=tokens)
     assert schema_errors(manifest, "wire-conformance-target.schema.json") == []
     assert set(OBJECT_TOKENS) <= set(manifest["wire_conformance"]["capabilities"])
+
+
+def test_the_cache_token_is_claimed_and_selects_no_scenario_the_gateway_fails() -> None:
+    """``cache.reference`` (the session's cache, gateway/nnrp/_cache.py) is granted,
+    listed and claimed. The one wire scenario that requires it,
+    capability-route-cache, also requires ``control.route_execution_hint``, which is not
+    claimed: a runner reading the manifest still does not select it. ``cache.lifecycle``
+    (the protocol cases' feature) is no token nnrp-py's library knows: never granted."""
+    from gateway.nnrp import KNOWN_TOKENS
+    from gateway.profile import runtime_tokens
+
+    tokens = runtime_tokens(priority_scheduling=False)
+    assert "cache.reference" in tokens and "cache.reference" in KNOWN_TOKENS
+    assert "cache.lifecycle" not in KNOWN_TOKENS | tokens
+    assert "control.route_execution_hint" not in tokens

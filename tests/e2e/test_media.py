@@ -251,7 +251,7 @@ async def test_the_capability_document_says_how_media_travel(
     media = document["media"]
     assert media["delivery"] == "data_uri"
     assert media["reference"] == (
-        "nnrp:frame/N or nnrp:object/ID[@VERSION], then [;type=TYPE/SUBTYPE]")
+        "nnrp:frame/N, nnrp:object/ID[@VERSION] or nnrp:cache/NS/KEY, then [;type=TYPE/SUBTYPE]")
     assert "image_url.url" in media["parts"] and "input_audio.data" in media["parts"]
     assert "image/png" in media["recognised_types"]
     assert (media["max_bytes"], media["max_frames"]) == (64 << 20, 64)

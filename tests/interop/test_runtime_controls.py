@@ -167,8 +167,8 @@ def execution_hint(connection: Any, session: Any) -> None:
                                            flags=int(nnrp.HintFlag.MUST_HONOR))
 
 
-#: Two tokens the gateway implements and one it does not (no cache).
-OFFER = ("cache.reference", "control.cancel_abort", "control.trace_context")
+#: Two tokens the gateway implements and one it does not (it routes nowhere).
+OFFER = ("control.cancel_abort", "control.route_execution_hint", "control.trace_context")
 
 
 def negotiate(connection: Any, session: Any) -> None:
@@ -349,7 +349,7 @@ async def test_each_client_api_against_the_gateway(quic_stack: tuple[Stack, Pki]
         assert len(deltas) <= 5
         assert record.tokens_used == 5
     if name == "negotiate":
-        # Downgrade allowed: the answer is the subset we implement (cache.reference is not).
+        # Downgrade allowed: the answer is the subset we implement (route hints are not).
         (reply,) = [e for e in events if e["kind"] == "DEGRADE_PROFILE"]
         assert nnrp.parse_tokens(reply["body"], 2) == ("control.cancel_abort",
                                                        "control.trace_context")

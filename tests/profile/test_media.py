@@ -125,6 +125,10 @@ def test_a_body_without_references_plans_nothing_and_is_unchanged() -> None:
     ("nnrp:frame/1;type=", "is not a media type"),
     ("nnrp:frame/1;type=png", "is not a media type"),
     ("nnrp:frame/2", "nnrp:frame/2 names a media frame the submit does not carry"),
+    ("nnrp:cache/7/" + "0" * 31, "is not a media reference"),
+    ("nnrp:cache/07/" + "0" * 32, "is not a media reference"),
+    ("nnrp:cache/4294967296/" + "0" * 32, "cache namespace 4294967296 is not a u32"),
+    ("nnrp:cache/7/" + "0" * 32, "this request has no session cache to read"),
 ])
 def test_bad_references_are_refused_naming_the_part(value: str, says: str) -> None:
     error = _refused(_body(_part("image_url", value)), (OPAQUE, PNG))
@@ -247,6 +251,33 @@ def test_session_objects_are_read_once_per_version_and_typed_by_their_bytes() ->
                              "is not declared in this session")
     error = _refused_with(objects, _part("image_url", "nnrp:object/7@2"))
     assert "nnrp:object/7@2 is audio/wav; a image part takes image/*" in error.message
+
+
+def test_cached_objects_are_read_by_namespace_and_key_once_per_request() -> None:
+    """M9: ``nnrp:cache/NS/KEY``, KEY being cache_key_hi then cache_key_lo in hex."""
+    reads: list[tuple[int, int, int]] = []
+
+    def cached(namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+        reads.append((namespace, key_hi, key_lo))
+        return {(7, 1, 0xABCDEF): PNG, (0, 0, 0): WAV}.get(
+            (namespace, key_hi, key_lo), "the session's cache holds no such entry")
+
+    key = "0000000000000001" + "0000000000abcdef"
+    body = _body(_part("image_url", f"nnrp:cache/7/{key}"),
+                 _part("image_url", f"nnrp:cache/7/{key.upper()}"),
+                 _part("audio_url", "nnrp:cache/0/" + "0" * 32),
+                 _part("image_url", "nnrp:object/7"))
+    plan = plan_media(body, (), nonce="n", objects=lambda _i, _v: PNG, cached=cached)
+    assert reads == [(7, 1, 0xABCDEF), (0, 0, 0)]  # each entry once
+    assert [s.media_type for s in plan.slots] == ["image/png", "image/png", "audio/wav",
+                                                  "image/png"]
+    assert plan.slots[0].frame == plan.slots[1].frame != plan.slots[3].frame
+    with pytest.raises(ProfileError) as info:
+        plan_media(_body(_part("image_url", "nnrp:cache/7/" + "f" * 32)), (), nonce="n",
+                   cached=cached)
+    assert info.value.message == (
+        "messages[1].content[1].image_url.url: nnrp:cache/7/" + "f" * 32
+        + ": the session's cache holds no such entry")
 
 
 def _refused_with(objects: Any, *parts: dict[str, Any]) -> ProfileError:

@@ -80,6 +80,9 @@ class RecordingPort:
     def read_object(self, object_id: int, version: int) -> bytes | str:
         return f"object {object_id} is not declared in this session"
 
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+        return "the session's cache holds no such entry"
+
     def supersede_hold_left(self) -> float | None:
         if not self.superseded:
             return None
