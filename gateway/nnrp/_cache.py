@@ -53,6 +53,10 @@ C7. Readers share one immutable copy of an entry's bytes (``read``), never a cop
 C8. The cache lives with its session (a resumed session keeps it) and is emptied, its
     bytes given back, whenever the session ends (``_objects.ObjectTable.clear``: closed,
     its connection lost, its resume window over, the process stopping).
+
+Negotiation grants ``cache.reference`` (``gateway.profile.RUNTIME_TOKENS``); the frames are
+served without it too, as nnrp-py's server takes them: C4's miss is the wire suite's
+capability-route-cache answer to a client that negotiated nothing.
 """
 
 from __future__ import annotations
@@ -73,10 +77,6 @@ from ._constants import (
 if TYPE_CHECKING:
     from ._messages import CacheInvalidate, CachePut
 
-#: The token that says a session may use the cache (granted by negotiation; the frames
-#: are served without it, as nnrp-py's server takes them: C4's miss is the
-#: capability-route-cache wire case's answer to a client that negotiated nothing).
-CACHE_TOKEN = "cache.reference"
 #: A u32 field's largest value (the ack's max_object_bytes, accepted_ttl_ms).
 _U32 = 0xFFFFFFFF
 

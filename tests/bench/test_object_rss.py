@@ -3,11 +3,17 @@ lives in docs/media.md, not in an assertion)."""
 
 from __future__ import annotations
 
-from gateway.tools.bench.object_rss import measure
+from collections.abc import Callable
+
+import pytest
+
+from gateway.tools.bench.object_rss import measure, measure_cache
 
 
-def test_the_measurement_reports_and_gives_back() -> None:
-    figures = measure(2, 1 << 20)
+@pytest.mark.parametrize("how", [measure, measure_cache])
+def test_the_measurement_reports_and_gives_back(
+        how: Callable[[int, int], dict[str, float]]) -> None:
+    figures = how(2, 1 << 20)
     assert figures["kept_mib"] == 2.0
     # RSS itself is the benchmark's figure, not an assertion: a small run may reuse pages
     # the process already holds and grow it by nothing.
