@@ -65,14 +65,15 @@ class Noise:
     def measurable(self, goal: float | None = None) -> bool:
         """Rules 2 and 3: above the floor; a floor the run could not measure never is,
         and a ``"ratio"`` without a goal has no bound to tell from its control."""
-        floor = max(self.floor, 0.0)
         if not math.isfinite(self.floor):
             return False
+        floor = max(self.floor, 0.0)
         if self.combine == "minus":
             return self.first - self.second > floor
         if self.combine == "over":
             return self.first > floor and self.second > floor
-        return goal is not None and abs(goal * self.second - self.second) > floor
+        # The goal's bound on ``first`` against "no change", ``first`` equal to ``second``.
+        return goal is not None and abs(goal - 1) * self.second > floor
 
     def margin(self, goal: float, higher_is_better: bool = False) -> float:
         """Rule 4: how far the figure is on its goal's side (negative: beyond it), in the
