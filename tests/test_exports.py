@@ -54,7 +54,7 @@ PUBLIC: dict[str, str] = {
         "PressureReason PriorityClass PriorityRequested PriorityUpdate Progress ProtocolError "
         "PutOutcome "
         "RECORD_COST RecoverableFlag RefusalReason Released RemoteProtocolError RepeatReceived "
-        "Replay ReplayGap ResubmissionRead ResubmissionRule ResultClass ResultDrop "
+        "Replay ReplayGap RequestKeyWanted ResubmissionRead ResubmissionRule ResultClass ResultDrop "
         "ResultDropReason ResultFlag ResultHint ResultHintBudgetPolicy ResultHintCongestion "
         "ResultHintReason ResultPush ResultReceived ResumeGrant ResumePolicy ResumeRecord "
         "ResumeStats RetryAfter RetryScopeFlag Role Route RouteHint RuntimeObjectKind "

@@ -175,6 +175,7 @@ from ._events import (
     PeerError as PeerError,
     PriorityRequested as PriorityRequested,
     RefusalReason as RefusalReason,
+    RequestKeyWanted as RequestKeyWanted,
     SendBytes as SendBytes,
     SessionCloseRequested as SessionCloseRequested,
     SessionMigrated as SessionMigrated,

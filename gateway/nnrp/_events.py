@@ -187,6 +187,19 @@ class OperationSubmitted:
 
 
 @attrs.frozen
+class RequestKeyWanted:
+    """A big submit's request key is wanted before it can be handled
+    (``_server_session`` rule 5c): the I/O layer computes
+    ``config.resubmission.read(body)`` off the event loop and hands it to
+    ``ServerConnection.request_keyed``; until then the connection handles nothing more
+    of what the client sent. Nothing but a connection failure comes after it in its
+    batch."""
+
+    session_id: int
+    body: TypedBody = attrs.field(repr=False)
+
+
+@attrs.frozen
 class OperationResumed:
     """After a resume, the client resubmitted an operation whose results the server holds,
     on its original frame, asking for the same request (``_server_session`` rule 5b):
@@ -353,7 +366,7 @@ Event = (
     SendBytes | HandshakeCompleted | SessionOpened | SessionResumed | SessionMigrated
     | HandedOff | HolderProbed | SessionTaken
     | SessionOpenRefused | OperationSubmitted | OperationResumed | OperationAbandoned
-    | SubmitRefused
+    | SubmitRefused | RequestKeyWanted
     | OperationCancelled | OperationSuperseding | DeadlineUpdated | TraceContextUpdated
     | PriorityRequested | BudgetRequested | FlowChanged | CapabilitiesNegotiated | FrameIgnored
     | SessionCloseRequested | PeerClosed | PeerError | ConnectionFailed

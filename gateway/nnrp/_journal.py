@@ -14,11 +14,11 @@ J2. A replay re-sends the packets byte for byte, so the client sees every sequen
     packet still held. A position the client declares before the earliest packet held
     is a gap and cannot be replayed (``ReplayGap``); one past the last result produced
     is not a position (``position_problem``).
-J3. No request body is kept. A record holds the submit's payload only while the
-    operation runs (the operation holds it anyway); when it ends, the payload is
-    reduced to its key (``RequestKeys``: a digest of the request, without the resume
-    position), which is all a resubmission is compared with. Nothing grows with the
-    requests a session has made but that key and the results the bounds allow.
+J3. No request body is kept. A record holds its request's key from the start (the
+    ``ResubmissionRule``'s: a digest of the request, without the resume position),
+    computed when the submit is read, by the I/O layer off the event loop for a big one
+    (``_server_session`` rule 5c), and all a resubmission is compared with. Nothing grows with
+    the requests a session has made but that key and the results the bounds allow.
 J4. Memory is bounded per session (``limit``) and by every ``Budget`` the journal
     counts against (the client's, and the ``pooled`` one of the process); the pooled bound
     applies to a session only above its ``floor`` (its share of the process's bound), so
@@ -38,9 +38,8 @@ J4. Memory is bounded per session (``limit``) and by every ``Budget`` the journa
 
 from __future__ import annotations
 
-import hashlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import attrs
@@ -101,16 +100,13 @@ class OperationRecord:
     first ``head`` index entries are trimmed (the indexes are compacted in batches)."""
 
     __slots__ = ("data", "dropped_through", "ended", "ends", "frame_id", "head", "held",
-                 "key", "last_sequence", "operation_id", "pinned", "request", "sequences",
-                 "start")
+                 "key", "last_sequence", "operation_id", "pinned", "sequences", "start")
 
-    def __init__(self, operation_id: int, frame_id: int, request: bytes) -> None:
+    def __init__(self, operation_id: int, frame_id: int, key: bytes) -> None:
         self.operation_id = operation_id
         self.frame_id = frame_id
-        #: The submit's payload while the operation runs, then None (rule J3).
-        self.request: bytes | None = request
-        #: Its request key, once computed (at the latest when the operation ends).
-        self.key: bytes | None = None
+        #: Its request's key: all a resubmission is compared with (rule J3).
+        self.key = key
         self.data = bytearray()
         #: Offset of ``data[0]`` in the operation's stream of packets (what was trimmed).
         self.start = 0
@@ -204,7 +200,6 @@ class Journal:
     records were dropped whole since the session last collected them."""
 
     def __init__(self, limit: int, budgets: Iterable[Budget] = (), *,
-                 request_key: Callable[[bytes], bytes] | None = None,
                  pooled: Iterable[Budget] = (), floor: int = 0) -> None:
         self.limit = limit
         #: The bounds it always counts against, and those only above its ``floor`` (J4).
@@ -214,12 +209,12 @@ class Journal:
         self.held = 0
         self.records: dict[int, OperationRecord] = {}
         self.released: list[int] = []
-        self._request_key = request_key or raw_request_key
 
     # ------------------------------------------------------------------ keeping (J1, J3)
 
-    def start(self, operation_id: int, frame_id: int, request: bytes) -> None:
-        record = OperationRecord(operation_id, frame_id, request)
+    def start(self, operation_id: int, frame_id: int, key: bytes) -> None:
+        """An operation begins; ``key``: its request's (rule J3)."""
+        record = OperationRecord(operation_id, frame_id, key)
         self.records[operation_id] = record
         self._count(record.held)
 
@@ -230,28 +225,19 @@ class Journal:
             self._count(record.add(packet, sequence))
 
     def end(self, operation_id: int, packets: list[bytes]) -> None:
-        """The operation's terminal packets: kept, and its request reduced to its key."""
+        """The operation's terminal packets: kept."""
         record = self.records.get(operation_id)
         if record is None:
             return  # dropped whole already (J4): nothing of it is replayable
         for packet in packets:
             self._count(record.add(packet, 0))
         record.ended = True
-        self.key_of(record)
 
     def pin(self, operation_id: int, pinned: bool) -> None:
         """Whether the operation's record may be trimmed (rule J4), if it is still held."""
         record = self.records.get(operation_id)
         if record is not None:
             record.pinned = pinned
-
-    def key_of(self, record: OperationRecord) -> bytes:
-        """The record's request key, computed once (rule J3)."""
-        if record.key is None:
-            record.key = self._request_key(record.request or b"")
-        if record.ended:
-            record.request = None
-        return record.key
 
     # ------------------------------------------------------------------ replay (J2)
 
@@ -341,7 +327,3 @@ class Journal:
         for budget in self.pooled:
             budget.count(nbytes)
 
-
-def raw_request_key(payload: bytes) -> bytes:
-    """Without a profile's rule: a resubmission must be the same bytes."""
-    return hashlib.sha256(payload).digest()

@@ -378,7 +378,6 @@ class SessionBook:
         token = self._issue(record)
         self.records[session.session_id] = record
         session.journal = Journal(policy.session_bytes, (share.budget,),
-                                  request_key=session.config.resubmission.key,
                                   pooled=(self.total,), floor=self.floor)
         session.resumable = True
         return ResumeGrant(token, policy.window_ms)

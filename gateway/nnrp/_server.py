@@ -86,6 +86,7 @@ from ._events import (
     HandshakeCompleted,
     PeerClosed,
     PeerError,
+    RequestKeyWanted,
     SendBytes,
 )
 from ._flow import FlowControl
@@ -103,10 +104,10 @@ from ._messages import (
     TransportProbeAck,
 )
 from ._resumption import PeerCredentials, ResumeRecord, SessionBook
-from ._server_config import ServerConfig
+from ._server_config import ResubmissionRead, ServerConfig
 from ._server_lifecycle import SessionLifecycle, error_packet, session_not_open
 from ._server_outputs import SessionOutputs
-from ._server_session import ServerSession, SessionState
+from ._server_session import KeyWanted, ServerSession, SessionState
 from ._session_ids import SessionIds
 
 if TYPE_CHECKING:
@@ -178,6 +179,10 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         #: Rule 18: when something last arrived, and when the probe went (None: none).
         self.last_received = clock()
         self.probe_sent_at: float | None = None
+        #: ``_server_session`` rule 5c: the submit whose key is awaited, with the packets
+        #: that came after it (handled once ``request_keyed`` brings the key).
+        self._wanted: KeyWanted | None = None
+        self._held: list[Packet] = []
 
     @property
     def is_closed(self) -> bool:
@@ -279,13 +284,35 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         """A transport-level violation (a WebSocket text message, say)."""
         return self._fail(error)
 
+    def request_keyed(self, read: ResubmissionRead) -> list[Event]:
+        """The key ``RequestKeyWanted`` asked for (``_server_session`` rule 5c): its submit
+        is handled now, then what came after it, in order."""
+        wanted, held = self._wanted, self._held
+        if wanted is None:
+            raise LocalProtocolError("no request key is awaited")
+        self._wanted, self._held = None, []
+        if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
+            return []
+        wanted.session.supplied_read = read
+        try:
+            return self._handle_all(held)
+        finally:
+            wanted.session.supplied_read = None  # the submit was refused before its key
+
     def _handle_all(self, packets: list[Packet]) -> list[Event]:
         events: list[Event] = []
-        for packet in packets:
+        if self._wanted is not None:  # behind a submit whose key is awaited (rule 5c)
+            self._held += packets
+            return events
+        for index, packet in enumerate(packets):
             if self._unconfirmed:
                 self._confirm(packet)  # rule 4f: a packet after the ACK
             try:
                 self._dispatch(packet, events)
+            except KeyWanted as wanted:
+                self._wanted, self._held = wanted, packets[index:]
+                events.append(RequestKeyWanted(wanted.session.session_id, wanted.body))
+                break
             except RemoteProtocolError as exc:
                 events.append(self._fail(exc))
             if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from ._cache import CacheLimits
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
 from ._objects import ObjectBytes, ObjectLimits
+
+if TYPE_CHECKING:
+    from ._body import TypedBody
 
 
 @attrs.frozen
@@ -28,21 +31,24 @@ class ResubmissionRead:
 
 class ResubmissionRule(Protocol):
     """How a profile tells a resubmission from another request (``_journal`` rule J3):
-    a key of the request without what may differ in a resubmission (the position)."""
+    a key of the request without what may differ in a resubmission (the position). A
+    pure function of the submit's typed body (None: one that did not parse), run in a
+    worker thread for a big one (``_server_session`` rule 5c): it must never raise."""
 
-    def key(self, payload: bytes) -> bytes: ...
-
-    def read(self, payload: bytes) -> ResubmissionRead: ...
+    def read(self, body: TypedBody | None) -> ResubmissionRead: ...
 
 
 class SameBytes:
-    """Without a profile: a resubmission is the same bytes, and declares no position."""
+    """Without a profile: a resubmission is the same bytes, and declares no position.
+    Each frame's bytes are hashed where they lie (hashlib releases the GIL on a big
+    one), its length first, so that no two bodies' frames run together."""
 
-    def key(self, payload: bytes) -> bytes:
-        return hashlib.sha256(payload).digest()
-
-    def read(self, payload: bytes) -> ResubmissionRead:
-        return ResubmissionRead(self.key(payload))
+    def read(self, body: TypedBody | None) -> ResubmissionRead:
+        digest = hashlib.sha256()
+        for _, payload in body.frames if body is not None else ():
+            digest.update(len(payload).to_bytes(8, "big"))
+            digest.update(payload)
+        return ResubmissionRead(digest.digest())
 
 
 @attrs.frozen
@@ -84,6 +90,9 @@ class ServerConfig:
     cache: CacheLimits = attrs.field(factory=CacheLimits)
     #: How a resubmission after a resume is compared with its request (the profile's).
     resubmission: ResubmissionRule = attrs.field(factory=SameBytes)
+    #: A submit whose frames hold this many bytes or more has its request key computed
+    #: by the I/O layer, off the event loop (``_server_session`` rule 5c); a smaller one's here.
+    key_off_loop_bytes: int = 1 << 20
     #: Refused session opens and resumes (bad credentials, a token that opens nothing)
     #: one connection may make at once, and per second after that (``_server_lifecycle`` rule 4e).
     refusal_burst: int = 8

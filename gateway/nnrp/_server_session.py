@@ -53,6 +53,13 @@ Rules (numbered as in ``_server``, whose table routes every message):
       ended one gets its held terminal again. Either way its terminal is then the
       client's, and a resubmission of it reuses an ended frame (ERROR_RECOVERABLE).
       A migration resubmits nothing: what awaited goes on live (``stop_awaiting``).
+   c. Keys. A resumable session's submit, and every resubmission, has its request
+      keyed when it is read (``ServerConfig.resubmission``; ``_journal`` J3): here for a
+      small one; one whose frames hold ``key_off_loop_bytes`` or more raises
+      ``KeyWanted`` before anything of it is done, and the connection holds it, and all
+      that came after it, until the I/O layer has computed the key off the event loop
+      and handed it back (``supplied_read``); then it is handled as if it had just
+      arrived, and the rest in order. A session that is not resumable keys nothing.
 15. Exactly one terminal per operation, nothing after it. A drop is preceded by
     TRACE_CONTEXT with header.frame_id 0 (wire case cancel-abort). A send that breaks
     this raises ``LocalProtocolError`` and writes nothing (the transitions are
@@ -132,7 +139,7 @@ from ._server_operation import (
 
 if TYPE_CHECKING:
     from ._flow import FlowControl
-    from ._server_config import ServerConfig
+    from ._server_config import ResubmissionRead, ServerConfig
 
 
 class Carrier(Protocol):
@@ -145,6 +152,15 @@ class Carrier(Protocol):
 MAX_DIAGNOSTIC = 1024
 #: Operations whose results were let go that a resubmission is still answered for.
 MAX_RELEASED = 1024
+
+
+class KeyWanted(Exception):
+    """Rule 5c: this submit's key must be computed off the event loop first."""
+
+    def __init__(self, session: ServerSession, body: TypedBody) -> None:
+        super().__init__(f"session {session.session_id}: a request key is wanted")
+        self.session = session
+        self.body = body
 
 
 class SessionState(enum.Enum):
@@ -217,6 +233,8 @@ class ServerSession:
         self.muted: set[int] = set()
         #: Operations no longer replayable, oldest first (bounded: ``MAX_RELEASED``).
         self.released: dict[int, int] = {}
+        #: Rule 5c: the key of the submit handled next, computed off the event loop.
+        self.supplied_read: ResubmissionRead | None = None
         #: The session's runtime objects (``_objects``; served once negotiated).
         self.objects = ObjectTable(session_id, config.objects, config.object_bytes,
                                    cache=config.cache, clock=clock)
@@ -315,13 +333,12 @@ class ServerSession:
                                       events)
             return
         typed_body, body_error = _parse_body(packet, submit)
-        payload = request_bytes(typed_body)
-        read = self.config.resubmission.read(payload)
+        read = self._request_read(typed_body)
         if read.problem is not None:
             self._refuse_resubmission(operation_id, frame_id,
                                       RefusalReason.INVALID_NNRP_POLICY, read.problem, events)
             return
-        if body_error is not None or not hmac.compare_digest(read.key, journal.key_of(record)):
+        if body_error is not None or not hmac.compare_digest(read.key, record.key):
             self._refuse_resubmission(operation_id, frame_id,
                                       RefusalReason.RESUBMISSION_DIFFERS,
                                       "the resubmission is not the request it resubmits",
@@ -420,8 +437,6 @@ class ServerSession:
                 f"FRAME_SUBMIT frame_id {frame_id} is zero or already used in this session"))
             self.release_held(operation_id, events)
             return
-        self.seen_frames.add(frame_id)
-        self.max_frame_id = max(self.max_frame_id, frame_id)
         superseding = self.pending_supersedes.get(operation_id)
         replaces_live = (superseding is not None
                          and superseding.old_operation_id in self.operations)
@@ -439,6 +454,11 @@ class ServerSession:
             refusal = (RefusalReason.OPERATION_LIMIT,
                        f"session has {self.max_in_flight} operations in flight (the limit)")
         typed_body, body_error = (None, None) if refusal else _parse_body(packet, submit)
+        read = None
+        if refusal is None and self.journal is not None:
+            read = self._request_read(typed_body)  # rule 5c: before anything is done
+        self.seen_frames.add(frame_id)
+        self.max_frame_id = max(self.max_frame_id, frame_id)
         if refusal is None:
             refusal = self._object_refusal(operation_id, frame_id, typed_body, events)
         if refusal is not None:
@@ -454,8 +474,8 @@ class ServerSession:
                                     trace_flags=trace.trace_flags if trace else 0)
         self.operations[operation_id] = operation
         self.by_frame[frame_id] = operation_id
-        if self.journal is not None:
-            self.journal.start(operation_id, frame_id, request_bytes(typed_body))
+        if self.journal is not None and read is not None:
+            self.journal.start(operation_id, frame_id, read.key)
         deadline: int | None = None
         drop_reason = 0
         pending = self.pending_deadlines.pop(operation_id, None)
@@ -479,6 +499,16 @@ class ServerSession:
                 self.cancel(old, CancelSource.SUPERSEDE, ControlReason.SUPERSEDED,
                             superseding.diagnostic, events)
         self.advertise_credit(events)
+
+    def _request_read(self, body: TypedBody | None) -> ResubmissionRead:
+        """Rule 5c: the request's key (and the position it declares)."""
+        read, self.supplied_read = self.supplied_read, None
+        if read is not None:
+            return read
+        if body is not None and sum(
+                len(frame.payload) for frame in body.frames) >= self.config.key_off_loop_bytes:
+            raise KeyWanted(self, body)
+        return self.config.resubmission.read(body)
 
     def _object_refusal(self, operation_id: int, frame_id: int, typed_body: TypedBody | None,
                         events: list[Event]) -> tuple[RefusalReason, str] | None:
@@ -737,13 +767,6 @@ class ServerSession:
                ) -> SendBytes:
         """ERROR_RECOVERABLE about this session (rule 3)."""
         return recoverable_error(code, scope, self.session_id, frame_id, text)
-
-
-def request_bytes(body: TypedBody | None) -> bytes:
-    """The request a submit carries: its frames' payloads (one frame: the same object)."""
-    if body is None:
-        return b""
-    return b"".join(frame.payload for frame in body.frames)
 
 
 def _parse_body(packet: Packet, submit: FrameSubmit) -> tuple[TypedBody | None, str | None]:

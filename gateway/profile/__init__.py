@@ -17,7 +17,6 @@ from ._envelope import (
     KNOWN_OPERATIONS as KNOWN_OPERATIONS,
     SCHEMA_VERSION as SCHEMA_VERSION,
     Envelope as Envelope,
-    EnvelopeResubmission as EnvelopeResubmission,
     NnrpPolicy as NnrpPolicy,
     SubmitBody as SubmitBody,
     parse_envelope as parse_envelope,
@@ -47,6 +46,7 @@ from ._outcomes import (
     Silent as Silent,
     Terminal as Terminal,
 )
+from ._resubmission import EnvelopeResubmission as EnvelopeResubmission
 from ._token import (
     TOKEN_COMPLETION as TOKEN_COMPLETION,
     is_token_request as is_token_request,

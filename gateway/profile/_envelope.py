@@ -16,7 +16,6 @@ is not a boolean. Every refusal names the field (``nnrp.timeout_ms must be ...``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from gateway.nnrp import PayloadKind, ResubmissionRead, StreamSemantics, TypedBody
+from gateway.nnrp import PayloadKind, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
 from ._literals import PLACEHOLDER_PREFIX, cut_long_literals
@@ -75,8 +74,6 @@ class NnrpPolicy:
 _POLICY_RULES = {"timeout_ms": "an integer >= 0", "cancel_after_events": "an integer >= 0",
                  "diagnostics": "a boolean", "include_openai_chunk": "a boolean",
                  "progress": "a boolean", "resume_after_sequence": "an integer >= 0"}
-#: The one policy field a resubmission may add or change (it says where to continue).
-RESUME_POSITION = "resume_after_sequence"
 
 
 def _strict(kind: type) -> Any:
@@ -271,56 +268,3 @@ def _policy_problem(error: cattrs.ClassValidationError) -> str:
             if name in _POLICY_RULES:
                 return f"nnrp.{name} must be {_POLICY_RULES[name]}"
     return "nnrp policy is invalid"
-
-
-class EnvelopeResubmission:
-    """How a resubmission after a resume is told from another request (the sans-IO
-    ``ResubmissionRule``; gateway/nnrp/_journal.py J3): the key of an envelope is the
-    SHA-256 of its JSON with its keys in one order and without
-    ``nnrp.resume_after_sequence``, the one field a resubmission may add or change (it
-    says where to continue); a payload that is not a JSON object is keyed by its bytes.
-    Only the key of a request is kept, never the request."""
-
-    def key(self, payload: bytes) -> bytes:
-        return self._read(payload)[0]
-
-    def read(self, payload: bytes) -> ResubmissionRead:
-        key, position, problem = self._read(payload)
-        return ResubmissionRead(key, position, problem)
-
-    def _read(self, payload: bytes) -> tuple[bytes, int | None, str | None]:
-        document = _document(payload)
-        if document is None:
-            return b"raw:" + hashlib.sha256(payload).digest(), None, None
-        position: int | None = None
-        problem = None
-        policy = document.get("nnrp")
-        if isinstance(policy, dict) and RESUME_POSITION in policy:
-            value = policy.pop(RESUME_POSITION)
-            if not policy:
-                del document["nnrp"]
-            if type(value) is int and value >= 0:
-                position = value
-            else:
-                problem = (f"nnrp.{RESUME_POSITION} must be "
-                           f"{_POLICY_RULES[RESUME_POSITION]}, not {json.dumps(value)[:40]}")
-        try:
-            canonical = _canonical(document).encode("utf-8", "surrogatepass")
-        except (ValueError, RecursionError):  # nested past what can be written back
-            return b"raw:" + hashlib.sha256(payload).digest(), position, problem
-        return b"json:" + hashlib.sha256(canonical).digest(), position, problem
-
-
-def _canonical(document: dict[str, Any]) -> str:
-    """The document with its keys in one order, and nothing equal that is not the same
-    JSON: Python's ``==`` takes ``true`` for ``1`` and ``1`` for ``1.0``."""
-    return json.dumps(document, sort_keys=True, ensure_ascii=False)
-
-
-def _document(payload: bytes) -> dict[str, Any] | None:
-    try:
-        document = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        # ValueError: JSONDecodeError, or an integer past Python's digit limit.
-        return None
-    return document if isinstance(document, dict) else None

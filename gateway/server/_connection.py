@@ -65,6 +65,7 @@ from gateway.nnrp import (
     PeerError,
     PriorityRequested,
     RemoteProtocolError,
+    RequestKeyWanted,
     SendBytes,
     ServerConfig,
     ServerConnection,
@@ -436,18 +437,31 @@ class Connection:
                 self._preamble += data
             events = (protocol.receive_message(data) if self.transport.message_based
                       else protocol.receive_data(data))
-            for event in events:
-                if isinstance(event, ConnectionFailed):
-                    await self._fail(event)
-                    return
-                if isinstance(event, PeerClosed):
-                    return
-                if isinstance(event, HandedOff):
-                    self._handed_off = event
-                    return
-                self._handle(event)
-                if isinstance(event, PeerError) and event.fatal:
-                    return
+            while True:
+                wanted: RequestKeyWanted | None = None
+                for event in events:
+                    if isinstance(event, ConnectionFailed):
+                        await self._fail(event)
+                        return
+                    if isinstance(event, PeerClosed):
+                        return
+                    if isinstance(event, HandedOff):
+                        self._handed_off = event
+                        return
+                    if isinstance(event, RequestKeyWanted):
+                        wanted = event  # nothing but a failure after it
+                        continue
+                    self._handle(event)
+                    if isinstance(event, PeerError) and event.fatal:
+                        return
+                if wanted is None:
+                    break
+                # ``_server_session`` rule 5c: a big request's key, computed where hashing
+                # (which releases the GIL) holds no other connection's events; what
+                # this client sent after it waits, in order, as while its bytes arrive.
+                read = await trio.to_thread.run_sync(
+                    protocol.config.resubmission.read, wanted.body, abandon_on_cancel=True)
+                events = protocol.request_keyed(read)
             if not protocol.may_hand_off:
                 self._preamble = None
 
@@ -559,7 +573,7 @@ class Connection:
                 self._session_refused(event)
             case PeerError():
                 self.log.info("peer sent ERROR", code=event.error.code, fatal=event.fatal)
-            case ConnectionFailed() | PeerClosed() | HandedOff():
+            case ConnectionFailed() | PeerClosed() | HandedOff() | RequestKeyWanted():
                 pass  # the reader ends the connection on these before they get here
             case _:
                 assert_never(event)

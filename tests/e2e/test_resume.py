@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from gateway.tools.conformance import native_client_options
 from gateway.tools.replay import ReplayServer
 from gateway.transport import QuicClientOptions, TlsConfig
 from tests.support.cut import DatagramCutProxy, StreamCutProxy
+from tests.support.media import PNG, image_part, with_parts
 from tests.support.native import describe, openai_submit
 from tests.support.otlp import OtlpReceiver
 from tests.support.quic import Pki, make_pki
@@ -338,6 +340,82 @@ async def test_a_resume_the_kernel_gives_to_another_worker_is_relayed_to_the_hol
     assert relayer is not None and relayer.stats.relayed_total == 1
     assert holder.stats.resumed_total == 1
     assert len([r for r in replay.requests if r.method == "POST"]) == 1
+
+
+async def test_a_resubmitted_big_image_is_replayed_and_one_byte_changed_is_another_request(
+        nursery: trio.Nursery, socket_dir: Path) -> None:
+    """Issue 36 item 4: two operations, each with a 6 MiB image as a media frame, whose
+    keys are computed off the event loop (``_server_session`` rule 5c) when each submit
+    is read, and when each resubmission is. After the cut, nnrp-py's native client
+    resubmits the first with the same image, declaring the results it holds
+    (``nnrp.resume_after_sequence``: before, a submit with media frames was keyed by its
+    joined bytes, so this was another request): the rest is replayed and it goes on to
+    its 200; the second with one byte of its image changed: 409 resubmission_differs,
+    and vLLM's request for it is aborted."""
+    from nnrp.core.enums import PayloadKind
+
+    path = await route(nursery, socket_dir, "tcp")
+    token = trio.lowlevel.current_trio_token()
+    image = PNG + os.urandom(6 << 20)
+    changed = bytearray(image)
+    changed[len(image) // 2] ^= 0xFF
+    body = with_parts(chat(stream=True, max_tokens=200), image_part("nnrp:frame/1"))
+
+    def submit(session: Any, operation_id: int, frame_id: int, data: bytes,
+               held: int | None = None) -> None:
+        payload = envelope(body, request_id=f"resume-media-{operation_id}", nnrp_policy=None
+                           if held is None else {"resume_after_sequence": held})
+        session.submit_operation(openai_submit(operation_id, frame_id, payload,
+                                               media=[(PayloadKind.OPAQUE_BYTES, data)]))
+
+    hold = path.stack.replay.hold(lambda request: request.method == "POST", after=30)
+    nursery.start_soon(release_when_resumed, path.registry, hold)
+
+    def first_connection() -> tuple[Any, list[dict[str, Any]]]:
+        opened = connect_native_client_connection(path.native(path.via))
+        connection = opened.__enter__()
+        session = asyncio.run(connection.open_session(RESUME))
+        submit(session, 7001, 1, image)
+        submit(session, 7002, 2, image)
+        events: list[dict[str, Any]] = []
+        while min(sum(e["kind"] == "PARTIAL_RESULT" and e["operation_id"] == operation_id
+                      for e in events) for operation_id in (7001, 7002)) < 20:
+            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+        trio.from_thread.run_sync(path.cut, trio_token=token)
+        ticket = session.recovery_ticket()
+        with contextlib.suppress(Exception):  # its connection is gone: closing it fails
+            opened.__exit__(None, None, None)
+        return ticket, events
+
+    with trio.fail_after(60):
+        ticket, before = await trio.to_thread.run_sync(first_connection)
+        await until(lambda: path.registry.detached == 1)
+    held = max(e["sequence"] for e in before
+               if e["kind"] == "PARTIAL_RESULT" and e["operation_id"] == 7001)
+
+    def second_connection() -> list[dict[str, Any]]:
+        with connect_native_client_connection(path.native(path.direct)) as connection:
+            session = asyncio.run(connection.resume_session(ticket, RESUME))
+            submit(session, 7001, 1, image, held=held)
+            submit(session, 7002, 2, bytes(changed))
+            events: list[dict[str, Any]] = []
+            while {e["frame_id"] for e in events if e["kind"] == "RESULT_PUSH"} != {1, 2}:
+                events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+            session.close()
+            return events
+
+    with trio.fail_after(60):
+        after = await trio.to_thread.run_sync(second_connection)
+    (replayed,) = [e for e in after if e["kind"] == "RESULT_PUSH" and e["frame_id"] == 1]
+    (refused,) = [e for e in after if e["kind"] == "RESULT_PUSH" and e["frame_id"] == 2]
+    assert replayed["status"] == 200
+    assert sorted(partials_of([e for e in before + after if e.get("operation_id") == 7001])
+                  ) == list(range(1, 201))
+    assert min(e["sequence"] for e in after if e["kind"] == "PARTIAL_RESULT") == held + 1
+    assert refused["status"] == 409
+    assert refused["payload"]["error"]["code"] == "resubmission_differs"
+    assert len([r for r in path.stack.replay.requests if r.method == "POST"]) == 2
+    await until(lambda: len(path.stack.replay.disconnects) == 1)  # 7002's, abandoned
 
 
 async def test_the_chat_command_resumes_after_its_connection_drops(

@@ -504,7 +504,7 @@ async def test_request_bodies_are_not_kept_once_their_operations_end(
                 assert journal.held <= settings.session_bytes
                 kept = list(journal.records.values())
                 assert len(kept) == count + 1 and all(r.ended for r in kept)
-                assert all(r.request is None and r.key is not None for r in kept)
+                assert all(not hasattr(r, "request") and len(r.key) < 64 for r in kept)
                 await session.close()
     finally:
         if not tracing:

@@ -106,22 +106,15 @@ def test_what_is_held_is_counted_with_its_indexes_in_every_bound() -> None:
     assert journal.held == client.held == total.held == 0
 
 
-def test_a_request_is_reduced_to_its_key_when_its_operation_ends() -> None:
-    keys: list[bytes] = []
-
-    def key(payload: bytes) -> bytes:
-        keys.append(payload)
-        return b"K" + payload[:3]
-
-    journal = Journal(1 << 20, request_key=key)
-    body = b'{"messages": "' + b"m" * 4096 + b'"}'
-    journal.start(1, 1, body)
+def test_a_record_holds_its_requests_key_and_never_the_request() -> None:
+    """J3: the key comes with the start (computed when the submit was read)."""
+    journal = Journal(1 << 20)
+    journal.start(1, 1, b"K" * 32)
     record = journal.records[1]
-    assert record.request is body  # the operation holds it anyway: no copy
+    assert record.key == b"K" * 32
+    assert not hasattr(record, "request")
     journal.end(1, [packet("push")])
-    assert record.request is None and record.key == b'K{"m'
-    assert keys == [body]
-    assert journal.key_of(record) == b'K{"m' and len(keys) == 1  # computed once
+    assert record.key == b"K" * 32 and record.held == RECORD_COST + 10 + PACKET_COST
 
 
 def test_the_shared_budget_wakes_the_sessions_waiting_for_room_and_only_them() -> None:

@@ -664,8 +664,77 @@ def test_no_request_body_is_kept_once_its_operation_ends() -> None:
     session = conn.session(1)
     assert session is not None and session.journal is not None
     record = session.journal.records[1]
-    assert record.request is None and record.key is not None and len(record.key) < 64
+    assert not hasattr(record, "request") and len(record.key) < 64
     assert session.journal.held < 2048
+
+
+def keyed(conn: nnrp.ServerConnection, events: list[Any]) -> list[Any]:
+    """What the I/O layer does with each ``RequestKeyWanted`` (rule 5c), here on this
+    thread: the events that came before it, and those after its key came back."""
+    assert of(events, nnrp.RequestKeyWanted)
+    handled: list[Any] = []
+    while events and isinstance(wanted := events[-1], nnrp.RequestKeyWanted):
+        handled += events[:-1]
+        events = conn.request_keyed(conn.config.resubmission.read(wanted.body))
+    return handled + events
+
+
+BIG = json.dumps({"schema_version": 1, "operation": "chat.completions.create",
+                  "body": {"model": "m", "messages": [{"role": "user", "content": [
+                      {"type": "text", "text": "x" * 2000}]}], "stream": True}}).encode()
+
+
+def test_a_big_submit_is_held_with_what_follows_until_its_key_comes_back() -> None:
+    """Rule 5c: the key of a big request is computed off the event loop; nothing the
+    client sent after it is handled before it, and then all of it is, in order."""
+    sessions = book()
+    conn, _ = opened(sessions, key_off_loop_bytes=1000)
+    events = conn.receive_data(submit(1, 1, BIG) + pk(nnrp.Ping()) + submit(2, 2))
+    assert [type(event) for event in events] == [nnrp.RequestKeyWanted]
+    assert not replies(conn.receive_data(pk(nnrp.Ping())))  # still behind it
+    events = keyed(conn, events)
+    assert [e.operation_id for e in of(events, nnrp.OperationSubmitted)] == [1, 2]
+    assert [p.msg_type for p in replies(events)].count(nnrp.MsgType.PONG) == 2
+    session = conn.session(1)
+    assert session is not None and session.journal is not None
+    assert session.journal.records[1].key == conn.config.resubmission.read(
+        nnrp.parse_typed_body(nnrp.pack_single_frame(BIG), payload_kind_bitmap=0x10,
+                              payload_frame_count=1)).key
+    with pytest.raises(nnrp.LocalProtocolError, match="no request key"):
+        conn.request_keyed(nnrp.ResubmissionRead(b"k"))
+
+
+def test_a_session_that_is_not_resumable_keys_nothing() -> None:
+    conn = connection(book(), key_off_loop_bytes=1000)
+    conn.receive_data(pk(attrs.evolve(RESUMABLE, session_flags=0)))
+    assert of(conn.receive_data(submit(1, 1, BIG)), nnrp.OperationSubmitted)
+
+
+def test_a_big_resubmission_is_compared_by_the_key_computed_off_the_loop() -> None:
+    """Rule 5c with 5b: the same request (with its position) is replayed; one character
+    changed is another request (409), the same as a small one."""
+    sessions = book()
+    first, token = opened(sessions, key_off_loop_bytes=1000)
+    keyed(first, first.receive_data(submit(7001, 1, BIG) + submit(7002, 2, BIG)))
+    for operation_id in (7001, 7002):
+        first.send_partial(1, operation_id, b"p1")
+        first.send_partial(1, operation_id, b"p2")
+    cut(first)
+    second, _ = resumed(sessions, token, key_off_loop_bytes=1000)
+    events = keyed(second, second.receive_data(submit(7001, 1, with_position(1, BIG))))
+    (event,) = of(events, nnrp.OperationResumed)
+    assert (event.after, len(event.replay)) == (1, 1)
+    other = BIG.replace(b"xxx", b"xyx", 1)
+    events = keyed(second, second.receive_data(submit(7002, 2, other)))
+    assert of(events, nnrp.SubmitRefused)[0].reason is nnrp.RefusalReason.RESUBMISSION_DIFFERS
+
+
+def test_a_connection_lost_while_a_key_is_computed_handles_nothing_more() -> None:
+    sessions = book()
+    conn, _ = opened(sessions, key_off_loop_bytes=1000)
+    events = conn.receive_data(submit(1, 1, BIG))
+    cut(conn)
+    assert keyed(conn, events) == []
 
 
 # --------------------------------------------------------------------------- migrate (R9)

@@ -9,7 +9,6 @@ import pytest
 
 from gateway import nnrp
 from gateway.profile import (
-    EnvelopeResubmission,
     ProfileError,
     events,
     parse_envelope,
@@ -138,64 +137,3 @@ def test_text_delta_fast_path_matches_the_general_encoder(delta: str) -> None:
     assert events.encode_event(event) == events._encoder.encode(event).encode("utf-8")
     with_chunk = {**events.text_delta(0, delta), "openai_chunk": {"id": "x"}}
     assert json.loads(events.encode_event(with_chunk))["openai_chunk"] == {"id": "x"}
-
-
-def resubmitted(document: dict[str, Any], position: Any) -> bytes:
-    return json.dumps({**document, "nnrp": {"resume_after_sequence": position}}).encode()
-
-
-RULE = EnvelopeResubmission()
-
-
-def same_request(original: bytes, resubmission: bytes) -> bool:
-    return RULE.read(resubmission).key == RULE.key(original)
-
-
-def test_a_resubmission_is_the_same_request_with_a_position_added() -> None:
-    original = {**GOOD, "body": {**GOOD["body"], "stream": True, "temperature": 0.5}}
-    # Keys in another order, other whitespace: the same JSON.
-    reordered = json.dumps(dict(reversed(list(original.items()))), indent=2).encode()
-    assert same_request(json.dumps(original).encode(), reordered)
-    read = RULE.read(resubmitted(original, 7))
-    assert read.key == RULE.key(json.dumps(original).encode())
-    assert (read.position, read.problem) == (7, None)
-
-
-@pytest.mark.parametrize("position", [-1, 1.5, "7", True, None, [1]])
-def test_a_malformed_position_is_a_problem_naming_the_field_not_another_request(
-        position: Any) -> None:
-    """Finding 12 of issue 34: such a resubmission is refused 400 naming the field, and
-    the operation it names goes on waiting (not abandoned as another request)."""
-    original = {**GOOD, "body": {**GOOD["body"], "stream": True}}
-    read = RULE.read(resubmitted(original, position))
-    assert read.key == RULE.key(json.dumps(original).encode())
-    assert read.position is None
-    assert read.problem is not None and "nnrp.resume_after_sequence" in read.problem
-
-
-@pytest.mark.parametrize(("field", "value"), [
-    ("stream", 1),  # Python's == takes true for 1
-    ("temperature", 1),  # ... and 1 for 1.0
-    ("max_tokens", 16.0),
-    ("model", "other"),
-])
-def test_a_resubmission_that_changes_a_value_or_its_json_type_is_another_request(
-        field: str, value: Any) -> None:
-    original = {**GOOD, "body": {**GOOD["body"], "stream": True, "temperature": 1.0,
-                                 "max_tokens": 16}}
-    changed = {**original, "body": {**original["body"], field: value}}
-    assert not same_request(json.dumps(original).encode(), resubmitted(changed, 3))
-
-
-def test_a_payload_that_is_not_json_is_keyed_by_its_bytes() -> None:
-    assert same_request(b"\xff not json", b"\xff not json")
-    assert not same_request(b"\xff not json", b"\xff not json ")
-    assert RULE.key(b"[1]") != RULE.key(b"[1] ")  # not an object: bytes
-
-
-def test_a_resubmission_python_cannot_read_back_is_another_request_not_a_crash() -> None:
-    original = json.dumps(GOOD).encode()
-    too_deep = b'{"nnrp": {"resume_after_sequence": 1}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    too_long = b'{"nnrp": {"resume_after_sequence": 1}, "x": ' + b"9" * 5000 + b"}"
-    for payload in (too_deep, too_long):
-        assert not same_request(original, payload)
