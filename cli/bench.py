@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -41,32 +41,6 @@ SAID = {"met": "met", "not met": "NOT MET", "not measurable": "not measurable he
         None: ""}
 
 
-def _yardstick(quick: bool) -> float:
-    """The bench's bare trio wake-up, measured once before it (``stats`` rule 6)."""
-    import trio
-
-    from gateway.tools.bench._wake import yardstick
-
-    return trio.run(yardstick, quick)
-
-
-def _wake(figures: Iterable[Figure]) -> dict[str, Any] | None:
-    """The run's yardstick as the JSON results carry it, from the figures that carry it."""
-    from gateway.tools.bench._wake import YARDSTICK
-
-    wake = next((figure.wake for figure in figures if figure.wake), None)
-    return None if wake is None else {"us": round(wake, 3), "pacing": YARDSTICK}
-
-
-def _wake_line(figures: Iterable[Figure]) -> str:
-    """The line that opens a report: what "wake-ups" are read against."""
-    wake = _wake(figures)
-    if wake is None:
-        return "wake-ups: not measured in this run"
-    return (f"wake-ups: each time figure over this run's bare trio wake-up, {wake['pacing']}"
-            f", {wake['us']:.1f} us of CPU on this machine")
-
-
 def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | None, *,
             whole: bool = True, notes: tuple[str, ...] = (),
             details: dict[str, Any] | None = None) -> None:
@@ -74,10 +48,11 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     line and ended by the verdict's unless ``whole`` is False (a section of ``bench
     run``'s report, which prints both once); ``notes`` are printed above the table,
     ``details`` (the raw samples) go into the document only."""
+    from gateway.tools.bench import wake
     from gateway.tools.bench.stats import printed, tally, verdict
 
     document: dict[str, Any] = {"scenario": scenario, "machine": _machine(),
-                                "wake": _wake(figures),
+                                "wake": wake.described(figures),
                                 "figures": [figure.as_dict() for figure in figures],
                                 "verdict": {**tally(figures), "line": verdict(figures)}}
     if notes:
@@ -87,7 +62,7 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     if _written(document, out, f"{scenario}.json", as_json):
         return
     if whole:
-        typer.echo(_wake_line(figures))
+        typer.echo(wake.line(figures))
     for note in notes:
         typer.echo(note)
     typer.echo(f"{'figure':<80} {'value':>13} {'wake-ups':>9}  {'goal':>10}  "
@@ -123,12 +98,13 @@ def _machine() -> dict[str, object]:
 @bench_app.command("codec")
 def codec(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None:
     """Encode/decode cost per PARTIAL_RESULT and FRAME_SUBMIT, against nnrp-py's codec."""
+    from gateway.tools.bench import wake
     from gateway.tools.bench.codec import run_codec_bench
     from gateway.tools.bench.stats import against_wake
 
     if out is not None:
         check_output_dir(out, "--out")
-    _report("codec", against_wake(run_codec_bench(quick), _yardstick(quick)), as_json, out)
+    _report("codec", against_wake(run_codec_bench(quick), wake.measure(quick)), as_json, out)
 
 
 @bench_app.command("wire")
@@ -137,29 +113,31 @@ def wire(quick: Quick = False, as_json: AsJson = False, out: Out = None) -> None
     (real sockets; TCP, and QUIC beside it with the TCP figure as its baseline)."""
     import trio
 
+    from gateway.tools.bench import wake
     from gateway.tools.bench.stats import against_wake
     from gateway.tools.bench.wire import run_wire_bench
 
     if out is not None:
         check_output_dir(out, "--out")
     _quiet_logs()
-    _report("wire", against_wake(trio.run(run_wire_bench, quick), _yardstick(quick)),
+    _report("wire", against_wake(trio.run(run_wire_bench, quick), wake.measure(quick)),
             as_json, out)
 
 
 def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> None:
+    from gateway.tools.bench import wake
     from gateway.tools.bench.stats import printed, tally, verdict
 
     out.mkdir(parents=True, exist_ok=True)
     machine = _machine()
     every = [figure for figures in results.values() for figure in figures]
-    document = {"command": command, "machine": machine, "wake": _wake(every),
+    document = {"command": command, "machine": machine, "wake": wake.described(every),
                 "scenarios": {name: [f.as_dict() for f in figures]
                               for name, figures in results.items()},
                 "verdict": {**tally(every), "line": verdict(every)}}
     (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = [f"# nnrp-gateway bench results\n\n`{command}` on {machine}\n\n"
-             f"{_wake_line(every)}\n"]
+             f"{wake.line(every)}\n"]
     for name, figures in results.items():
         lines.append(f"\n## {name}\n\n| figure | value | wake-ups | goal | verdict | baseline "
                      "| spread |\n|---|---:|---:|---:|---|---:|---|")
@@ -291,6 +269,7 @@ def run_scenarios_command(
     resume (cut connections resumed; what a detached stream holds)."""
     import trio
 
+    from gateway.tools.bench import wake
     from gateway.tools.bench.scenarios import run_scenarios
     from gateway.tools.bench.stats import verdict
 
@@ -312,7 +291,7 @@ def run_scenarios_command(
                                for name, figures in results.items()}, indent=2))
         return
     every = [f for figures in results.values() for f in figures]
-    typer.echo(_wake_line(every))
+    typer.echo(wake.line(every))
     for name, figures in results.items():
         typer.echo(f"\n== {name}")
         _report(name, figures, False, None, whole=False)
@@ -341,6 +320,7 @@ def live_command(
     import httpx
     import trio
 
+    from gateway.tools.bench import wake
     from gateway.tools.bench.live_cost import LiveCostUnavailable, local_port, owners
     from gateway.tools.bench.scenarios import live
     from gateway.tools.bench.stats import against_wake
@@ -370,11 +350,11 @@ def live_command(
             raise UserError(f"--streams cannot measure vLLM: {exc}", vllm_url,
                             code=1) from None
     _quiet_logs()
-    wake = _yardstick(quick)
+    wake_us = wake.measure(quick)
     try:
         results = _with_progress(
             lambda p: {"live": against_wake(
-                trio.run(live, vllm_url, endpoint, model, quick, p, streams), wake)},
+                trio.run(live, vllm_url, endpoint, model, quick, p, streams), wake_us)},
             as_json)
     except LiveCostUnavailable as exc:
         raise UserError(f"--streams cannot measure the gateway: {exc}",
@@ -578,21 +558,18 @@ def journal_command(
         min=0, metavar="N", help="Requests on one resumable session (0: skip).")] = 160,
     request_mib: Annotated[float, typer.Option(
         min=0.01, metavar="MIB", help="Each request's size.")] = 1.0,
-    key_mib: Annotated[float, typer.Option(
-        min=0, metavar="MIB", help="The envelope whose key is timed (0: skip).")] = 48.0,
     as_json: AsJson = False,
 ) -> None:
     """What resume's memory costs: the RSS per byte its journals count (sessions holding
     results while detached), and a gateway's RSS and held bytes after --requests requests
-    of --request-mib on one resumable session; and what keying a --key-mib envelope
-    costs the event loop, before and now."""
+    of --request-mib on one resumable session."""
     import trio
 
     from gateway.tools.bench.journal import journal
 
     _quiet_logs()
     report = trio.run(lambda: journal(sessions, events, requests=requests,
-                                      request_mib=request_mib, key_mib=key_mib))
+                                      request_mib=request_mib))
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
@@ -606,14 +583,6 @@ def journal_command(
                    f"{report.gateway_rss_after_mib} MiB, resume_held_bytes "
                    f"{report.gateway_held_bytes / 2**20:.2f} MiB (bound "
                    f"{report.session_bytes / 2**20:g} MiB)")
-    if key_mib:
-        typer.echo(f"the key of a {key_mib:g} MiB envelope: before, on the event loop "
-                   f"{report.key_whole_on_loop_s * 1000:.0f} ms (the loop stalls for all of "
-                   f"it; in a thread, its longest gap "
-                   f"{report.key_whole_in_thread_gap_s * 1000:.0f} ms); now "
-                   f"{report.key_s * 1000:.0f} ms in a thread, the loop's longest gap "
-                   f"{report.key_gap_s * 1000:.1f} ms (a thread that only sleeps: "
-                   f"{report.key_idle_gap_s * 1000:.1f} ms)")
 
 
 @bench_app.command("flap")
@@ -689,6 +658,7 @@ def value_command(
     import httpx
     import trio
 
+    from gateway.tools.bench import wake
     from gateway.tools.bench.value import markdown, measure_value, plot
 
     check_http_url(vllm_url, source(ctx, "vllm_url"))
@@ -717,7 +687,7 @@ def value_command(
 
     _with_progress(work, as_json)
     report = holder[0]
-    report.wake_us = _yardstick(quick=False)
+    report.wake_us = wake.measure(quick=False)
     text = markdown(report)
     if out is not None:
         (out / "value.md").write_text(text)
@@ -734,6 +704,7 @@ def media_command(quick: Quick = False, as_json: AsJson = False, out: Out = None
     delivery; and the stall 32 paced streams see while 63 MiB submits arrive."""
     import trio
 
+    from gateway.tools.bench import wake
     from gateway.tools.bench.media import NOTES, run_media_bench
     from gateway.tools.bench.stats import against_wake
 
@@ -749,7 +720,7 @@ def media_command(quick: Quick = False, as_json: AsJson = False, out: Out = None
 
     _with_progress(work, as_json)
     report = holder[0]
-    _report("media", against_wake(report.figures, _yardstick(quick)), as_json, out,
+    _report("media", against_wake(report.figures, wake.measure(quick)), as_json, out,
             notes=NOTES, details=report.as_dict())
 
 

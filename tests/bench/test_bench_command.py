@@ -121,7 +121,7 @@ def test_a_bare_trio_wake_up_is_measured_on_an_echo_process_that_then_goes() -> 
 
     import trio
 
-    from gateway.tools.bench._wake import wake_cost
+    from gateway.tools.bench.wake import wake_cost
 
     def children() -> set[str]:
         tasks = Path(f"/proc/{os.getpid()}/task")

@@ -9,7 +9,7 @@ direct path's, from the same run. Each path is measured in two rounds, and an ad
 carries the run's noise (how far one path's percentile moved between its own rounds): at or
 below it, the figure is "not measurable" here, never a goal met, and it is met only with a
 margin to its goal above it (``stats``, the bench's verdict rule). The run measures a bare
-trio wake-up once (``_wake.yardstick``), for the cost scenario's figures and as every time
+trio wake-up once (``wake.yardstick``), for the cost scenario's figures and as every time
 figure's yardstick (``stats`` rule 6).
 """
 
@@ -37,7 +37,6 @@ from ._procs import process_cpu_seconds, process_rss, process_tree, tree_cpu_sec
 from ._resume_scenario import resume
 from ._stack import Progress, Stack, chat_body, envelope, fan_out, open_sessions
 from ._tracing import tracing
-from ._wake import YARDSTICK, wake_cost, yardstick
 from .live_cost import carries_output, live_cost, local_port, owners
 from .stats import (
     Figure,
@@ -47,6 +46,7 @@ from .stats import (
     percentile_difference,
     round_spread,
 )
+from .wake import YARDSTICK, wake_cost, yardstick
 
 
 async def _gateway_stream(session: ClientSession, request_id: str, latencies: list[float]
@@ -206,7 +206,7 @@ def _cpu_figure(cpu: float, events: int, streams: int, shape: str,
     """Gateway CPU (the kernel's per-process clock) per streamed event, over the whole run
     of the streams: each request's setup and terminal and the background work (health
     checks) are in it, a few microseconds an event at 256 streams. ``wake``: a bare trio
-    wake-up's CPU on this machine and how it was paced, as the baseline (``_wake``)."""
+    wake-up's CPU on this machine and how it was paced, as the baseline (``wake``)."""
     goal = 10.0 if judged and streams == 256 and shape == "paced" else None
     return Figure(f"gateway CPU per event, {streams} stream(s), {shape}",
                   cpu / max(events, 1) * 1e6, "us", goal=goal,
@@ -221,10 +221,10 @@ async def cost(stack: Stack, quick: bool, progress: Progress, back_to_back: floa
     shapes vLLM sends: paced, one event per upstream read (``--stream-interval 1``), and
     coalesced, an instant backend writing 64 events at a time. CPU per event and the
     residence time, both measured on the gateway process. ``back_to_back``: the run's
-    yardstick, a bare trio wake-up back to back (``_wake.yardstick``)."""
+    yardstick, a bare trio wake-up back to back (``wake.yardstick``)."""
     figures = []
     # The yardstick first: what a bare trio process pays per wake-up on this machine,
-    # paced as one stream is and back to back, as a busy gateway runs (``_wake``); the
+    # paced as one stream is and back to back, as a busy gateway runs (``wake``); the
     # back-to-back one the run has measured already.
     progress("cost: a bare trio wake-up on this machine, paced")
     scale = 3 if quick else 1

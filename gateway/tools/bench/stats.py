@@ -23,7 +23,7 @@ needs):
    met" against its goal as it stands; a figure without a goal has no verdict, unless
    rule 2 or 3 makes it not measurable.
 6. A time figure also reads as so many of the same run's bare trio wake-ups
-   (``against_wake``; ``_wake.yardstick`` measures one, once a run): what a wake-up costs
+   (``against_wake``; ``wake.yardstick`` measures one, once a run): what a wake-up costs
    depends on the machine more than on the gateway, so the ratio is what compares runs
    on different machines and days.
 7. A bench's report ends with one line (``verdict``): the goals met, not met and not

@@ -1,4 +1,5 @@
-"""This machine's price of a wake-up: the yardstick for the gateway's CPU per event.
+"""This machine's price of a wake-up: the yardstick for the gateway's CPU per event, and
+for every time figure of a bench (``stats`` rule 6).
 
 A paced event costs the gateway one wake-up of its process (epoll, trio's run loop, the
 read, the write) and then its own work. What a wake-up costs depends on the machine more
@@ -18,10 +19,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._procs import process_cpu_seconds
+
+if TYPE_CHECKING:
+    from .stats import Figure
 
 _ECHO = """
 import socket, sys, trio
@@ -82,3 +88,23 @@ async def yardstick(quick: bool) -> float:
     """The run's bare trio wake-up (``stats`` rule 6), back to back: measured once a run,
     every time figure of the run is also read as so many of it."""
     return await wake_cost(0.0, 1000 if quick else 3000)
+
+
+def measure(quick: bool) -> float:
+    """``yardstick``, for a bench that measures it before its own run."""
+    return trio.run(yardstick, quick)
+
+
+def described(figures: Iterable[Figure]) -> dict[str, Any] | None:
+    """The run's yardstick as the JSON results carry it, from the figures that carry it."""
+    wake = next((figure.wake for figure in figures if figure.wake), None)
+    return None if wake is None else {"us": round(wake, 3), "pacing": YARDSTICK}
+
+
+def line(figures: Iterable[Figure]) -> str:
+    """The line that opens a report: what its "wake-ups" are read against."""
+    wake = described(figures)
+    if wake is None:
+        return "wake-ups: not measured in this run"
+    return (f"wake-ups: each time figure over this run's bare trio wake-up, {wake['pacing']}"
+            f", {wake['us']:.1f} us of CPU on this machine")
