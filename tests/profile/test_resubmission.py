@@ -211,6 +211,19 @@ def test_another_request_has_another_key_cut_or_whole(document: dict[str, Any],
 
 
 @settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.sampled_from("AB+/=é"), min_size=50, max_size=120), st.data())
+def test_any_character_changed_in_a_cut_literal_is_another_request(
+        literal: str, data: st.DataObject) -> None:
+    index = data.draw(st.integers(0, len(literal) - 1))
+    other = data.draw(st.sampled_from("AB+/=é").filter(lambda c: c != literal[index]))
+    changed = literal[:index] + other + literal[index + 1:]
+    one, two = ({**GOOD, "image": value} for value in (literal, changed))
+    written = [json.dumps(document, ensure_ascii=False).encode() for document in (one, two)]
+    assert key(written[0], rule=CUT) != key(written[1], rule=CUT)
+    assert key(written[0], rule=CUT) == key(written[0], rule=WHOLE)
+
+
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=400))
 def test_any_bytes_are_keyed_never_raise(payload: bytes) -> None:
     for rule in (CUT, WHOLE, RULE):
