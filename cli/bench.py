@@ -558,18 +558,21 @@ def journal_command(
         min=0, metavar="N", help="Requests on one resumable session (0: skip).")] = 160,
     request_mib: Annotated[float, typer.Option(
         min=0.01, metavar="MIB", help="Each request's size.")] = 1.0,
+    key_mib: Annotated[float, typer.Option(
+        min=0, metavar="MIB", help="The envelope whose key is timed (0: skip).")] = 48.0,
     as_json: AsJson = False,
 ) -> None:
     """What resume's memory costs: the RSS per byte its journals count (sessions holding
     results while detached), and a gateway's RSS and held bytes after --requests requests
-    of --request-mib on one resumable session."""
+    of --request-mib on one resumable session; and what keying a --key-mib envelope
+    costs the event loop, before and now."""
     import trio
 
     from gateway.tools.bench.journal import journal
 
     _quiet_logs()
     report = trio.run(lambda: journal(sessions, events, requests=requests,
-                                      request_mib=request_mib))
+                                      request_mib=request_mib, key_mib=key_mib))
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=2))
         return
@@ -583,6 +586,14 @@ def journal_command(
                    f"{report.gateway_rss_after_mib} MiB, resume_held_bytes "
                    f"{report.gateway_held_bytes / 2**20:.2f} MiB (bound "
                    f"{report.session_bytes / 2**20:g} MiB)")
+    if key_mib:
+        typer.echo(f"the key of a {key_mib:g} MiB envelope: before, on the event loop "
+                   f"{report.key_whole_on_loop_s * 1000:.0f} ms (the loop stalls for all of "
+                   f"it; in a thread, its longest gap "
+                   f"{report.key_whole_in_thread_gap_s * 1000:.0f} ms); now "
+                   f"{report.key_s * 1000:.0f} ms in a thread, the loop's longest gap "
+                   f"{report.key_gap_s * 1000:.1f} ms (a thread that only sleeps: "
+                   f"{report.key_idle_gap_s * 1000:.1f} ms)")
 
 
 @bench_app.command("flap")
