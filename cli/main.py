@@ -66,7 +66,7 @@ def top(
     ctx: typer.Context,
     show_version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version,
-        help="Print the version and the vLLM lines served, and exit.")] = False,
+        help="Print the version, the vLLM lines served and the build, and exit.")] = False,
     debug: Annotated[bool, typer.Option(
         "--debug", envvar="NNRP_GATEWAY_DEBUG",
         help="Show the Python traceback of an error instead of one line.")] = False,
@@ -82,10 +82,13 @@ VllmUrl = Annotated[str, typer.Option(
 
 
 def version() -> None:
-    """Print the gateway's version and the vLLM lines it serves."""
+    """Print the gateway's version, the vLLM lines it serves, and its build (pure Python,
+    or compiled: gateway/compiled.py)."""
+    from gateway.compiled import described
     from gateway.upstream import SUPPORTED_BAND
 
-    typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})")
+    typer.echo(f"nnrp-vllm-gateway {gateway.__version__} (serves {SUPPORTED_BAND})\n"
+               f"build: {described()}")
 
 
 class ForcedSet(StrEnum):

@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: a top-level module (``gateway.errors``) or cli.
 FLOORS: dict[str, int] = {
     # shared leaves: the error root, socket helpers, the benchmark probe, the version,
-    # the wire target manifest (serve writes it, the conformance tools read it)
+    # the wire target manifest (serve writes it, the conformance tools read it), the
+    # compiled build's table (the build, --version and the capability document read it)
     "gateway": 0, "gateway.errors": 0, "gateway._sockio": 0, "gateway.residence": 0,
-    "gateway.manifest": 0,
+    "gateway.manifest": 0, "gateway.compiled": 0,
     "gateway.nnrp": 1,  # sans-IO NNRP/1
     "gateway.profile": 2,  # openai-compatible/1, pure
     "gateway.transport": 3,  # bytes to and from NNRP clients

@@ -7,8 +7,14 @@ rule 8) or for a replacement not yet arrived (a SUPERSEDE, rule 9)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from typing import Any
 
 import attrs
+
+#: Field factories typed Any: compiled, a typed class-body default fails its check
+#: (gateway/compiled.py rule 3).
+_new_set: Callable[[], Any] = set
 
 
 class OpState(enum.Enum):
@@ -55,7 +61,7 @@ class ServerOperation:
     trace_id: int = 0
     trace_flags: int = 0
     #: (msg_type, control_sequence) already seen: exact repeats are ignored (rule 6).
-    controls: set[tuple[int, int]] = attrs.field(factory=set)
+    controls: set[tuple[int, int]] = attrs.field(factory=_new_set)
     #: While SUPERSEDING: until when (``clock``) it waits for its replacement.
     held_until: float = 0.0
     #: Its frames reach no client now: awaiting its resubmission, or muted (rule 5a).

@@ -221,11 +221,11 @@ class ChatPipeline:
             await self._complete(op, completed)
         except ProfileError as error:
             await self._fail(op, error)
-        except UpstreamError as error:
+        except UpstreamError as failure:  # not error, a ProfileError (compiled.py 4)
             if translator is not None:
-                for event in translator.abort(str(error)):
+                for event in translator.abort(str(failure)):
                     await op.emit(ev.encode_event(event))
-            await self._fail(op, self._upstream_failure(op, error))
+            await self._fail(op, self._upstream_failure(op, failure))
         except Exception as exc:  # a bug or an input we did not foresee: say so, once
             log.exception("pipeline failed", operation_id=op.operation_id)
             if not op.is_terminal:

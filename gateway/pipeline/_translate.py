@@ -50,12 +50,18 @@ names the fields a stream never carries (null then):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from gateway.profile import events as ev
 from gateway.upstream import Binding, UpstreamMalformed
+
+#: Field factories typed Any: compiled, a typed class-body default fails its check
+#: (gateway/compiled.py rule 3).
+_new_list: Callable[[], Any] = list
+_new_dict: Callable[[], Any] = dict
 
 #: Chunk fields with a rule of their own; any other is carried over as it comes.
 _CHUNK_OWN = frozenset({"id", "object", "created", "model", "choices", "usage"})
@@ -75,7 +81,7 @@ class _ToolCall:
     index: int
     call_id: str
     name: str
-    arguments: list[str] = attrs.field(factory=list)
+    arguments: list[str] = attrs.field(factory=_new_list)
     done: bool = False
 
     @property
@@ -88,15 +94,15 @@ class _Choice:
     index: int
     role: str = "assistant"
     content: list[str] | None = None  # None until a delta carries a content string
-    reasoning: list[str] = attrs.field(factory=list)
-    tool_calls: dict[int, _ToolCall] = attrs.field(factory=dict)
+    reasoning: list[str] = attrs.field(factory=_new_list)
+    tool_calls: dict[int, _ToolCall] = attrs.field(factory=_new_dict)
     finish_reason: str | None = None
     stop_reason: Any = None
     logprobs: list[Any] | None = None
     token_ids: list[Any] | None = None
     #: Delta and choice fields without a rule of their own, as rule 8 carries them.
-    message_extra: dict[str, Any] = attrs.field(factory=dict)
-    choice_extra: dict[str, Any] = attrs.field(factory=dict)
+    message_extra: dict[str, Any] = attrs.field(factory=_new_dict)
+    choice_extra: dict[str, Any] = attrs.field(factory=_new_dict)
 
 
 def _carry(into: dict[str, Any], key: str, value: Any, *, join_strings: bool) -> None:

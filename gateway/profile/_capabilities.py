@@ -3,8 +3,9 @@
 Shape (docs/reference/reference-adapter.md section 6; schema api-profile-capabilities): profile,
 schema_version, compatibility_levels [1], operations with streaming / non_streaming /
 tool_calls / cancellation, models, extensions; beside them, as the project's own keys,
-``backend`` (vLLM's version and binding) and ``nnrp`` (the runtime-control tokens and
-every bound listener, quic:// included). ``tool_calls`` is true only when the
+``backend`` (vLLM's version and binding), ``nnrp`` (the runtime-control tokens and
+every bound listener, quic:// included) and ``build`` (``pure`` or ``compiled``: whether
+the per-event modules run compiled here, gateway/compiled.py). ``tool_calls`` is true only when the
 operator declares that vLLM runs with a tool parser (``--enable-auto-tool-choice
 --tool-call-parser``): a sidecar cannot see vLLM's flags.
 
@@ -23,6 +24,8 @@ from typing import Any
 import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
+
+from gateway.compiled import build
 
 from ._envelope import CAPABILITIES_OPERATION, CHAT_COMPLETIONS, SCHEMA_VERSION
 from ._media import (
@@ -116,6 +119,7 @@ class CapabilityDocument:
     backend: Backend | None = None
     nnrp: Runtime | None = None
     media: MediaCapabilities | None = None
+    build: str | None = None
 
 
 #: The runtime capability tokens this gateway implements (answered in CAPABILITY_NEGOTIATION
@@ -186,6 +190,6 @@ def capability_document(*, adapter: str, models: tuple[str, ...], tool_calls: bo
         nnrp=(Runtime("nnrp-1-preview4", tuple(sorted(runtime_tokens(
             priority_scheduling=priority_scheduling))), priority_scheduling, listeners)
             if priority_scheduling is not None else None),
-        media=media)
+        media=media, build=build())
     data: dict[str, Any] = _converter.unstructure(document)
     return data

@@ -56,7 +56,9 @@ from ._errors import UpstreamMalformed
 #: such escape, no walk of the decoded value.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # in decoded text (a pair decodes to one)
+#: In decoded text (a pair decodes to one); built with chr(): mypyc refuses a lone
+#: surrogate in a literal (gateway/compiled.py rule 2).
+_SURROGATE = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")
 
 #: The string scanner json.loads itself uses (C where built), for rule 3 below: the
 #: same decoding and the same refusals. Not in typeshed's stub, hence the annotation.
@@ -164,9 +166,10 @@ def _parse_in_general(data: str) -> dict[str, Any]:
         chunk = json.loads(data)
     except json.JSONDecodeError as exc:
         raise UpstreamMalformed(f"stream chunk is not JSON: {exc.msg} at {exc.pos}") from exc
-    except ValueError as exc:  # an integer past Python's digit limit (int() in json.loads)
-        raise UpstreamMalformed(f"stream chunk holds a number that cannot be read: {exc}"
-                                ) from exc
+    except ValueError as unreadable:  # a number past Python's digit limit (int() in
+        # json.loads); its own name: compiled, ``exc`` is a JSONDecodeError (compiled.py 4)
+        raise UpstreamMalformed(f"stream chunk holds a number that cannot be read: "
+                                f"{unreadable}") from unreadable
     if not isinstance(chunk, dict):
         raise UpstreamMalformed("stream chunk is not a JSON object")
     if "\\u" in data and _SURROGATE_ESCAPE.search(data) and _has_lone_surrogate(chunk):
@@ -288,8 +291,10 @@ def parse_completion(data: bytes, kind: str = "chat.completion") -> dict[str, An
         # Decoded strictly first: json.loads(bytes) lets a UTF-8-encoded surrogate
         # through ('surrogatepass'), which no escape check would see.
         text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UpstreamMalformed(f"completion body is not UTF-8 text: {exc}") from exc
+    except UnicodeDecodeError as undecodable:  # not exc, a JSONDecodeError below (rule 4
+        # of gateway/compiled.py)
+        raise UpstreamMalformed(f"completion body is not UTF-8 text: {undecodable}"
+                                ) from undecodable
     try:
         body = json.loads(text)
     except json.JSONDecodeError as exc:

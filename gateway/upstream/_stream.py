@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import trio
 
 from ._chunks import ChunkParser
+from ._clocks import stream_clocks
 from ._errors import UpstreamMalformed, UpstreamTimeout
 from ._sse import SSEDecoder, SSEError
 
@@ -104,60 +105,11 @@ class ChunkStream:
         #: Chunks delivered so far.
         self.chunks_delivered = 0
 
-    @asynccontextmanager
-    async def clocks(self) -> AsyncIterator[None]:
+    def clocks(self) -> AbstractAsyncContextManager[None]:
         """The first-chunk and idle clocks around the consumer's iteration: a read
-        pending at its deadline ends the block with ``UpstreamTimeout``."""
-        expired = False
-
-        async def watchdog(scope: trio.CancelScope) -> None:
-            nonlocal expired
-            while True:
-                now = trio.current_time()
-                pending = self._read_deadline
-                if pending <= now:
-                    # The read may have been woken with vLLM's bytes in this same pass of
-                    # the scheduler without having run yet (a deadline scope around the
-                    # read would not fire then either): let it run first. Every task made
-                    # runnable before now runs before this one runs again.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    if self._read_deadline == pending:  # the same read, still pending
-                        expired = True
-                        scope.cancel()
-                        return
-                    continue
-                # Never sleep past a deadline: the pending read's, the first read's (it
-                # may begin any time), or now + idle, before which no read begun from
-                # now on can end.
-                wake = min(now + self._idle_timeout, self._read_deadline)
-                if self.first_byte_at is None and self._first_chunk_deadline > now:
-                    wake = min(wake, self._first_chunk_deadline)
-                if self._carried_deadline is not None and self._carried_deadline > now:
-                    wake = min(wake, self._carried_deadline)
-                await trio.sleep_until(wake)
-
-        self._clocked = True
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watchdog, nursery.cancel_scope)
-                yield
-                nursery.cancel_scope.cancel()  # done: the watchdog too
-        except BaseExceptionGroup as group:
-            # The watchdog raises nothing but an outer scope's Cancelled, so the group
-            # holds what the consumer raised (an upstream error, an outer cancel) and
-            # perhaps that Cancelled: the caller sees the consumer's exception unwrapped.
-            # A Cancelled left out beside it is not lost: cancellation is level-triggered
-            # and the next checkpoint in the cancelled scope delivers it again.
-            _, others = group.split(trio.Cancelled)
-            leaves = group.exceptions if others is None else others.exceptions
-            if len(leaves) != 1:
-                raise
-            leaf = leaves[0]
-            raise leaf from leaf.__cause__  # its own cause kept, the group left out
-        if expired:
-            if self.first_byte_at is None:
-                raise UpstreamTimeout("first_chunk", self._first_chunk_timeout)
-            raise UpstreamTimeout("idle", self._idle_timeout)
+        pending at its deadline ends the block with ``UpstreamTimeout`` (``_clocks``:
+        an async generator, which stays interpreted; gateway/compiled.py rule 1)."""
+        return stream_clocks(self)
 
     def abort(self) -> bool:
         """End the exchange now, from any task (an NNRP cancel): the upstream socket is
@@ -193,8 +145,8 @@ class ChunkStream:
                     break
                 try:
                     batch.append(self._parse(event.data))
-                except UpstreamMalformed as exc:
-                    fault = exc
+                except UpstreamMalformed as bad:  # not exc, an SSEError (compiled.py 4)
+                    fault = bad
                     break
             if fault is not None:
                 # One read may hold good chunks and then a fault (vLLM's error chunk, a

@@ -1,0 +1,93 @@
+"""The compiled build: the modules mypyc compiles, and whether this install runs them so.
+
+An install is pure Python unless it was built with ``NNRP_GATEWAY_COMPILE=1``
+(``hatch_build.py``): then each module of ``COMPILED_MODULES`` is also a C extension
+beside its source, which Python imports first. The modules are the path one streamed
+event takes, from vLLM's socket to the client's: what runs once per read or per event.
+The same source is both builds: the published wheel is pure, and a test keeps every
+module below compilable (tests/test_compiled.py, without building; the compiled leg
+builds and runs the tests on it: ``make compiled``).
+
+What compiling asks of these modules, each rule free for pure Python:
+
+1. No async generator: mypyc cannot compile one. ``ChunkStream.clocks`` (an
+   ``asynccontextmanager``) lives in ``gateway/upstream/_clocks.py``, which stays
+   interpreted; it runs once per stream.
+2. No lone surrogate in a string literal (mypyc refuses one): built with ``chr()``.
+3. An ``attrs.field(factory=...)`` names a factory typed ``Callable[[], Any]``. Compiled,
+   a class-body default is checked against the field's type when the class is made, and
+   attrs' field marker is no list: the import failed.
+4. One name is bound by ``except ... as`` clauses of one exception type only: compiled, a
+   name has one type, and binding it to another raised TypeError.
+5. No class of these modules is subclassed by an interpreted one (mypyc refuses it at run
+   time) unless attrs makes it (attrs classes stay Python classes). So ``_layout``
+   (``WireMessage``, the attrs messages' base) and ``_server_outputs``
+   (``ServerConnection``'s mixin) are not in the table, nor ``_transport`` and
+   ``_client``, whose reads go through ``_sockio`` and ``_http1``.
+6. A test that replaces a function of these modules (a compiled caller calls it
+   directly) or reads their frames (py-spy sees none) skips on a compiled build, and
+   says so (``tests/support/build.py``).
+
+Stdlib only, and nothing here imports the modules it names: ``--version`` reads the
+files beside them (an extension module is imported before a source of the same name).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+from pathlib import Path
+
+#: The per-event path, in the order an event takes it.
+COMPILED_MODULES: tuple[str, ...] = (
+    "gateway._sockio",  # the socket reads and writes
+    "gateway.upstream._http1",  # the response body's framing
+    "gateway.upstream._sse",  # SSE lines to events
+    "gateway.upstream._chunks",  # an event's JSON to a checked chunk
+    "gateway.upstream._errors",  # what the three above raise
+    "gateway.upstream._stream",  # one read's chunks, and its clocks' deadlines
+    "gateway.pipeline._translate",  # chunk to profile events, encoded
+    "gateway.pipeline._handler",  # the operation's read loop
+    "gateway.profile._events",  # profile events to JSON bytes
+    "gateway.server._operation",  # Operation.emit
+    "gateway.server._session",  # the operation's port to its session
+    "gateway.server._outbox",  # the connection's queued writes
+    "gateway.nnrp._server_session",  # the session's PARTIAL_RESULT and journal
+    "gateway.nnrp._server_operation",  # its operations' states
+    "gateway.nnrp._flow",  # the client's windows
+    "gateway.nnrp._codec",  # the frame's bytes
+    "gateway.nnrp._messages",  # the frame's metadata
+    "gateway.nnrp._body",  # the event frame's shape
+    "gateway.nnrp._constants",  # the registries they read
+    "gateway.nnrp._errors",  # what the engine raises
+)
+
+#: What each build is called in ``--version``, the capability document and the benches.
+PURE, COMPILED, MIXED = "pure", "compiled", "mixed"
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compiled_file(module: str) -> Path | None:
+    """The extension ``module`` is imported from in this install, or None (its source)."""
+    *package, name = module.split(".")
+    folder = _ROOT.joinpath(*package)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if (folder / f"{name}{suffix}").is_file():
+            return folder / f"{name}{suffix}"
+    return None
+
+
+def build() -> str:
+    """``compiled`` when every module of the table is an extension here, ``pure`` when
+    none is, ``mixed`` otherwise (an install that lost some: never built so)."""
+    found = sum(compiled_file(module) is not None for module in COMPILED_MODULES)
+    return PURE if found == 0 else COMPILED if found == len(COMPILED_MODULES) else MIXED
+
+
+def described() -> str:
+    """One line for people: the build, and what was compiled by what."""
+    kind = build()
+    if kind == PURE:
+        return "pure Python"
+    found = sum(compiled_file(module) is not None for module in COMPILED_MODULES)
+    return f"{kind}: {found} of {len(COMPILED_MODULES)} per-event modules by mypyc"
