@@ -435,8 +435,9 @@ def _check_drain(ctx: typer.Context, config: GatewayConfig) -> None:
 # ------------------------------------------------------------------------------ environment
 
 #: Variables read by the code itself, not (only) through an option's ``envvar``: cli/_app.py
-#: reads DEBUG_ENV before any option is parsed; ``health`` reads serve's admin listener.
-READ_DIRECTLY = frozenset({DEBUG_ENV, "NNRP_GATEWAY_ADMIN_LISTEN"})
+#: reads DEBUG_ENV before any option is parsed; ``health`` reads serve's admin listener;
+#: the pipeline reads the plain text delta's switch (``gateway.pipeline._plain_delta``).
+READ_DIRECTLY = frozenset({DEBUG_ENV, "NNRP_GATEWAY_ADMIN_LISTEN", "NNRP_GATEWAY_PLAIN_DELTA"})
 
 
 def known_variables(command: Any) -> frozenset[str]:

@@ -89,6 +89,7 @@ from gateway.upstream import (
 )
 
 from ._media import MediaDelivery
+from ._plain_delta import PlainDelta, plain_delta_mode
 from ._request import (
     UpstreamRequest,
     build_request,
@@ -151,6 +152,9 @@ class ChatPipeline:
         self.tracer = tracer
         #: How a request's media frames reach vLLM (``_media``: data URIs by default).
         self.media = media or MediaDelivery()
+        #: The plain text delta read fused (``_plain_delta``; off: every read the
+        #: general way), from ``NNRP_GATEWAY_PLAIN_DELTA``.
+        self.fused_plain_delta = plain_delta_mode()
 
     async def __call__(self, op: Operation) -> None:
         notes = notes_of(op)
@@ -363,12 +367,21 @@ class ChatPipeline:
                                           max_event=limits.max_event_bytes,
                                           holder=SlotHolding(op), content=content) as stream:
                 notes.upstream_status = 200
+                reads = (stream.fused(PlainDelta(translator)) if self.fused_plain_delta
+                         else stream)
                 with op.aborts_upstream(stream.abort):
-                    async for batch in stream:
+                    async for batch in reads:
                         if notes.upstream_first_byte is None:
                             notes.upstream_first_byte = stream.first_byte_at
                         # The events of one upstream read leave in one write.
                         try:
+                            if isinstance(batch, tuple):  # PlainEvents: as below, fused
+                                for body in batch:
+                                    if not op.spend_tokens(0 if body is None else 1):
+                                        await trio.lowlevel.checkpoint()
+                                    if body is not None:
+                                        await op.emit(body, flush=False)
+                                continue
                             for chunk in batch:
                                 if not op.spend_tokens(token_count(chunk)):
                                     await trio.lowlevel.checkpoint()  # budget spent: ends

@@ -213,6 +213,22 @@ class Translator:
                     return [ev.encode_text_delta(choice.index, content)]
         return [ev.encode_event(event) for event in self.feed(chunk)]
 
+    def take_plain(self, index: int, texts: list[str]) -> bool:
+        """``feed_encoded``'s short way for plain text deltas of choice ``index``, one
+        per text, without their events (``_plain_delta`` rule 2): the same state; False,
+        and nothing done, where that way does not apply."""
+        choice = self.choices.get(index)
+        if choice is None or self.include_openai_chunk:
+            return False
+        self.chunks += len(texts)
+        content = choice.content
+        if content is None:
+            content = choice.content = []
+        for text in texts:
+            if text:
+                content.append(text)
+        return True
+
     def _choice(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         index = data["index"]
         choice = self.choices.get(index)

@@ -124,7 +124,7 @@ class ChunkParser:
     read (rule 4), so most chunks cost two comparisons and one search. What it keeps is a
     cache: its answer depends on its input alone, as ``parse_chunk``'s does."""
 
-    __slots__ = ("_fields", "_head", "_ids", "_tail")
+    __slots__ = ("_fields", "_head", "_ids", "_kept", "_tail")
 
     def __init__(self) -> None:
         self._head: str | None = None
@@ -132,6 +132,14 @@ class ChunkParser:
         #: The kept chunk's id, created, model and index, as the dict holds them.
         self._fields: tuple[str, int, str, int] = ("", 0, "", 0)
         self._ids = False
+        self._kept: tuple[str, str, int] | None = None
+
+    @property
+    def kept(self) -> tuple[str, str, int] | None:
+        """Rule 4's kept head and tail and the choice index the head names (None: none
+        kept yet), for a reader of whole reads that applies the same rule
+        (``gateway.pipeline._plain_delta``): a new tuple each time a head is kept."""
+        return self._kept
 
     def __call__(self, data: str) -> dict[str, Any]:
         head, tail = self._head, self._tail
@@ -157,6 +165,7 @@ class ChunkParser:
         self._tail = _TAIL_WITH_IDS if self._ids else _TAIL
         self._fields = (plain["id"], plain["created"], plain["model"],
                         plain["choices"][0]["index"])
+        self._kept = (self._head, self._tail, self._fields[3])
         return plain
 
 

@@ -73,6 +73,13 @@ class SSEDecoder:
         blank line that dispatches them. False after a read of comments only."""
         return bool(self._buffer or self._data or self._event_type)
 
+    @property
+    def between_events(self) -> bool:
+        """Nothing held back and no CR waiting for its LF: a read of whole one-line
+        ``data:`` events, ending with a blank line and holding no CR, is then read as
+        those events alone and leaves this state as it was (``_feed_whole_events``)."""
+        return not self._buffer and not self._data and not self._pending_cr
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         events: list[SSEEvent] = []
         if not chunk:

@@ -39,9 +39,9 @@ how vLLM learns to abort the request (docs/reference/vllm-http.md section 3).
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sized
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import trio
 
@@ -51,6 +51,14 @@ from ._errors import UpstreamMalformed, UpstreamTimeout
 from ._sse import SSEDecoder, SSEError
 
 Chunk = dict[str, Any]
+
+#: What a fused reader makes of one read; its length is the chunks it stands for.
+Fused = TypeVar("Fused", bound=Sized)
+#: A fused reader (``ChunkStream.fused``): one read's bytes and this stream's SSE decoder
+#: and chunk parser in; what the read's chunks became, or None, with nothing changed,
+#: for the general path. It answers only a read that the general path would turn into
+#: chunks alone (no end, no fault) and leaves decoder and parser as that path would.
+FusedReader: TypeAlias = Callable[[bytes, SSEDecoder, ChunkParser], "Fused | None"]
 
 #: The process's read observer, called by the reading task after each body read: None
 #: but under a benchmark (``serve --bench-residence`` installs the residence probe's for
@@ -120,12 +128,30 @@ class ChunkStream:
     def __aiter__(self) -> ChunkStream:
         return self
 
+    def fused(self, reader: FusedReader[Fused]) -> FusedChunks[Fused]:
+        """This stream's reads, each offered to ``reader`` first: what it makes of a
+        read, or the read's chunks as iterating the stream gives them."""
+        return FusedChunks(self, reader)
+
     async def __anext__(self) -> list[Chunk]:
+        batch: list[Chunk] | Sized = await self._next(None)
+        assert isinstance(batch, list)
+        return batch
+
+    async def _next(self, reader: FusedReader[Fused] | None) -> list[Chunk] | Fused:
         if self._pending is not None:
             error, self._pending = self._pending, None
             raise error
         while not self.done:
             raw, deadline = await self._read()
+            if reader is not None:
+                fused = reader(raw, self._decoder, self._parse)
+                if fused is not None:  # chunks, as below, and nothing else
+                    self._carried_deadline = None
+                    if self.first_byte_at is None:
+                        self.first_byte_at = trio.current_time()
+                    self.chunks_delivered += len(fused)
+                    return fused
             fault: UpstreamMalformed | None = None
             try:
                 events = self._decoder.feed(raw)
@@ -188,3 +214,21 @@ class ChunkStream:
         if _read_observer is not None:
             _read_observer()
         return raw, deadline
+
+
+class FusedChunks(Generic[Fused]):
+    """A ``ChunkStream``'s reads with a fused reader first (``ChunkStream.fused``): each
+    read as what the reader made of it, or as its list of chunks. Iterate it inside the
+    stream's ``clocks()``, as the stream itself."""
+
+    __slots__ = ("_reader", "_stream")
+
+    def __init__(self, stream: ChunkStream, reader: FusedReader[Fused]) -> None:
+        self._stream = stream
+        self._reader = reader
+
+    def __aiter__(self) -> FusedChunks[Fused]:
+        return self
+
+    async def __anext__(self) -> list[Chunk] | Fused:
+        return await self._stream._next(self._reader)

@@ -1,0 +1,157 @@
+"""The plain text delta fused: one upstream read in, its events' PARTIAL_RESULT bodies out.
+
+Most reads of a stream hold one event, vLLM's plain text delta: ``data: `` and the chunk
+(``upstream._chunks`` rule 1's shape) and a blank line. The general path decodes the
+SSE line, reads the chunk by its kept head into a dict (``_chunks`` rule 4), counts its
+token, translates it (``Translator.feed_encoded``'s short way) and encodes the event.
+``PlainDelta`` goes from the read's bytes to the event's bytes without any of the
+objects between, under these rules:
+
+1. Where: exactly where ``_chunks`` rule 4 applies to every event of the read. The
+   stream's chunk parser has kept a head and a tail; the SSE decoder holds nothing
+   (``SSEDecoder.between_events``); the read is one or more blocks, each
+   ``data: `` + head + text + tail + a blank line, the text holding no quote, backslash
+   or control byte and being UTF-8. Those bytes are exactly what the SSE decoder's
+   whole-events way reads as one event each (no CR or LF but the blank lines: the head
+   and tail hold none, the text neither), leaving its state as it was, and what the
+   kept head reads as a chunk with that text as its content (a UTF-8 byte below 0x80 is
+   always its own character, so a byte test is the text's test). A block longer than
+   the decoder's line cap goes the general way, which refuses it.
+2. Then the translator: the short way of ``feed_encoded`` applies to such a chunk when
+   its choice has been seen and the client did not ask for ``include_openai_chunk``
+   (``Translator.take_plain``); its only effect is the text kept for the completed
+   body, and the chunk count. The token count is one per chunk with text (no token ids,
+   no logprobs: ``token_count``).
+3. The event: a text with no quote, backslash or control character is its own JSON
+   string (the profile's encoder escapes nothing else, ``ensure_ascii`` off), so the
+   body is ``{"delta":"`` + the text's bytes as vLLM sent them + ``","index":N,"type":
+   "response.output_text.delta"}``: ``encode_text_delta``'s bytes. An empty text makes
+   no event (``_translate`` rule 1), only the chunk.
+4. All or nothing: a read that breaks any rule above in any block goes the general way
+   whole, and nothing here has changed anything then (the translator is asked last).
+5. What happens after the body is the general path's own: the handler spends the
+   token (``Operation.spend_tokens``) and emits the body (``Operation.emit``), which
+   gives it its result_sequence, journal entry, flow credit, notes and observers, and
+   the session encodes the PARTIAL_RESULT. Nothing per event depends on a mode
+   (tracing, resumable sessions, flow control, progress): the span, the journal and the
+   windows are the session's and the operation's, reached the same way either way.
+6. The switch: ``NNRP_GATEWAY_PLAIN_DELTA`` is ``fused`` (the default) or ``general``
+   (every read the general way), read when the pipeline is made (``plain_delta_mode``).
+
+``tests/pipeline/test_plain_delta.py`` holds the proof: the packets a client receives
+are the same bytes with the switch on and off, over every recorded transcript of every
+vLLM family and hypothesis-generated streams; and docs/benchmarks.md the measurement.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.upstream import ChunkParser, SSEDecoder
+
+    from ._translate import Translator
+
+#: Rule 6: the variable, and its values.
+PLAIN_DELTA_ENV = "NNRP_GATEWAY_PLAIN_DELTA"
+_MODES = ("fused", "general")
+
+#: What the text may not hold (rule 1): a quote or a backslash (not its own JSON
+#: string), a control byte (not JSON; CR and LF among them: not one SSE line).
+_NOT_BARE = re.compile(rb'["\\\x00-\x1f]')
+_SSE_DATA = b"data: "
+_BLANK_LINE = b"\n\n"
+_EVENT_HEAD = b'{"delta":"'
+
+
+def plain_delta_mode(environ: Mapping[str, str] = os.environ) -> bool:
+    """Rule 6: whether the fused path is on (``NNRP_GATEWAY_PLAIN_DELTA``)."""
+    value = environ.get(PLAIN_DELTA_ENV, "fused").strip().lower() or "fused"
+    if value not in _MODES:
+        raise ConfigError(f"{PLAIN_DELTA_ENV}={value!r}: use one of {', '.join(_MODES)}")
+    return value == "fused"
+
+
+#: What one read of plain text deltas became: per chunk, its event's body, or None for
+#: an empty text (no event, no token). A tuple, where the general path's is a list.
+PlainEvents = tuple[bytes | None, ...]
+
+
+class PlainDelta:
+    """One stream's fused reader (``ChunkStream.fused``), feeding ``translator``."""
+
+    __slots__ = ("_event_tail", "_index", "_kept", "_longest", "_prefix", "_suffix",
+                 "_translator")
+
+    def __init__(self, translator: Translator) -> None:
+        self._translator = translator
+        #: The parser's kept head, tail and index the bytes below were made from.
+        self._kept: tuple[str, str, int] | None = None
+        self._index = 0
+        self._prefix = b""  # data: + head
+        self._suffix = b""  # tail + blank line
+        self._event_tail = b""  # the body after the text (rule 3)
+        self._longest = 0  # the longest block (data: + head + text) the decoder takes
+
+    def __call__(self, raw: bytes, decoder: SSEDecoder, parser: ChunkParser
+                 ) -> PlainEvents | None:
+        kept = parser.kept
+        if kept is None or not decoder.between_events:
+            return None
+        if kept is not self._kept:
+            self._keep(kept, decoder.max_line)
+        prefix, suffix = self._prefix, self._suffix
+        if not (raw.startswith(prefix) and raw.endswith(suffix)):
+            return None
+        start, end = len(prefix), len(raw) - len(suffix)
+        if end < start:
+            return None  # the head and the tail overlap: no chunk
+        if _NOT_BARE.search(raw, start, end) is not None:
+            # A quote between them: another event (or a text that is not bare).
+            return self._several(raw)
+        if end > self._longest:
+            return None
+        text = raw[start:end]
+        try:
+            texts = [text.decode("utf-8")]
+        except UnicodeDecodeError:
+            return None
+        if not self._translator.take_plain(self._index, texts):
+            return None
+        return (_EVENT_HEAD + text + self._event_tail,) if text else (None,)
+
+    def _several(self, raw: bytes) -> PlainEvents | None:
+        """A read of several events, each of them the plain delta."""
+        prefix = self._prefix
+        blocks = raw.split(self._suffix)
+        blocks.pop()  # the b"" after the last one
+        start, longest = len(prefix), self._longest
+        texts: list[str] = []
+        for block in blocks:
+            if (not block.startswith(prefix) or len(block) > longest
+                    or _NOT_BARE.search(block, start) is not None):
+                return None
+            try:
+                texts.append(block[start:].decode("utf-8"))
+            except UnicodeDecodeError:
+                return None
+        if not self._translator.take_plain(self._index, texts):
+            return None
+        event_tail = self._event_tail
+        return tuple(_EVENT_HEAD + block[start:] + event_tail if text else None
+                     for block, text in zip(blocks, texts, strict=True))
+
+    def _keep(self, kept: tuple[str, str, int], max_line: int) -> None:
+        head, tail, index = kept
+        self._kept, self._index = kept, index
+        self._prefix = _SSE_DATA + head.encode()
+        self._suffix = tail.encode() + _BLANK_LINE
+        self._event_tail = (f'","index":{index},"type":"response.output_text.delta"}}'
+                            .encode())
+        # The decoder's cap is on the SSE line: the block and the tail (rule 1).
+        self._longest = max_line - len(self._suffix) + len(_BLANK_LINE)

@@ -1,0 +1,335 @@
+"""The plain text delta fused (``gateway.pipeline._plain_delta``) against the general path.
+
+The referee is what a client receives: every byte after its session opened, through the
+operation's terminal and the session's close, from a gateway with the fused path on and
+one with it off (``ChatPipeline.fused_plain_delta``), both over real sockets in front of
+the same replayed vLLM. Over every recorded stream of every vLLM family (the bundled
+transcripts and the raw 0.32 captures of /work/shared when present), as recorded and
+re-split at random points, and over hypothesis-generated streams (any text, escaped or
+raw, empty deltas, lone surrogates, both tails, several events per read, any split),
+the bytes are the same. A direct test shows the fused reader is not dead weight: it
+reads most reads of the recorded streams, and declines what it must.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from gateway import nnrp
+from gateway.app import Gateway, GatewayConfig
+from gateway.errors import ConfigError
+from gateway.pipeline import PipelineLimits, Translator
+from gateway.pipeline._plain_delta import PlainDelta, plain_delta_mode
+from gateway.tools.replay import (
+    FAMILIES,
+    ReplayServer,
+    Transcript,
+    family_transcripts,
+    load_transcript,
+)
+from gateway.upstream import (
+    ChunkParser,
+    SSEDecoder,
+    SSEError,
+    UpstreamMalformed,
+    select_binding,
+)
+from tests.support.stack import envelope
+from tests.support.tiers import examples
+
+CAPTURES = Path(os.environ.get("NNRP_TESTS_CAPTURES", "/work/shared/vllm-captures/0.32.0"))
+
+
+def captured() -> dict[str, Transcript]:
+    """The raw 0.32 captures, where this machine has them (the bundled ``*_032``
+    transcripts are recordings of the same build in any case)."""
+    if not CAPTURES.is_dir():
+        return {}
+    return {f"capture_{path.stem}": load_transcript(path)
+            for path in sorted(CAPTURES.glob("*.jsonl"))}
+
+
+def streams(family: str) -> dict[str, Transcript]:
+    """Every streamed transcript ``family`` plays (0.32 on: the raw captures too)."""
+    found = dict(family_transcripts(family))
+    if family in ("0.32", "0.33"):
+        found.update(captured())
+    return {name: transcript for name, transcript in sorted(found.items())
+            if transcript.streaming}
+
+
+# --------------------------------------------------------------------------- the stack
+
+
+async def start_gateway(nursery: trio.Nursery, url: str, *, fused: bool) -> Gateway:
+    gateway = Gateway(GatewayConfig(
+        listen=("tcp://127.0.0.1:0",), vllm_url=url, probe_interval=0.05,
+        health_interval=0.2, allow_untested_vllm=True,
+        pipeline=PipelineLimits(first_chunk_timeout=3.0, idle_timeout=2.0)))
+    gateway.pipeline.fused_plain_delta = fused
+    await nursery.start(gateway.run)
+    with trio.fail_after(5):
+        await gateway.probed.wait()
+    return gateway
+
+
+async def received(gateway: Gateway, payload: bytes) -> bytes:
+    """Every byte the gateway sends after the session opened (a resumable one, so its
+    journal keeps every event), through the terminal and the close's answer. Asked
+    once vLLM is ready again (a recorded engine death makes it unready a while)."""
+    with trio.fail_after(5):
+        while gateway.ready_info() is None:
+            await trio.sleep(0.01)
+    uri = next(e.uri for e in gateway.endpoints if e.transport == "tcp")
+    host, port = uri.removeprefix("tcp://").rsplit(":", 1)
+    client = nnrp.ClientConnection()
+    stream = await trio.open_tcp_stream(host, int(port))
+    async with stream:
+        await stream.send_all(client.hello())
+        session_id = 0
+        while not session_id:
+            for event in client.receive_data(await stream.receive_some()):
+                if isinstance(event, nnrp.HelloAcked):
+                    await stream.send_all(client.open_session(resume=True))
+                elif isinstance(event, nnrp.SessionOpenAnswered):
+                    assert event.opened, event
+                    session_id = event.session_id
+        await stream.send_all(client.submit(session_id, 1, 1, payload))
+        seen = bytearray()
+        ended = closed = False
+        with trio.fail_after(20):
+            while not closed:
+                data = await stream.receive_some()
+                assert data, "the gateway closed the connection"
+                seen += data
+                for event in client.receive_data(data):
+                    if isinstance(event, nnrp.ResultReceived | nnrp.DropReceived):
+                        ended = True
+                        await stream.send_all(client.close_session(session_id))
+                    closed = closed or isinstance(event, nnrp.SessionCloseAcked)
+        assert ended
+        return bytes(seen)
+
+
+async def both_ways(replay: ReplayServer, requests: list[tuple[str, dict[str, Any]]]
+                    ) -> int:
+    """Each request once through a fused gateway and once through a general one; the
+    bytes must be the same. How many operations streamed at least one event."""
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(replay.serve)
+        fused = await start_gateway(nursery, url, fused=True)
+        general = await start_gateway(nursery, url, fused=False)
+        streamed = 0
+        for name, body in requests:
+            payload = envelope(body, request_id=f"replay:{name}:same")
+            expected = await received(general, payload)
+            replay.revive()  # after a recorded engine death, as a restarted vLLM
+            got = await received(fused, payload)
+            replay.revive()
+            assert got == expected, name
+            streamed += b'"response.output_text.delta"' in expected
+        nursery.cancel_scope.cancel()
+    return streamed
+
+
+def request_of(transcript: Transcript) -> dict[str, Any]:
+    body = dict(transcript.request_body)
+    return body if "messages" in body else {**body, "messages": [
+        {"role": "user", "content": "Hello"}]}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("rechunk_seed", [None, 7])
+async def test_every_recorded_stream_reaches_the_client_the_same_either_way(
+        family: str, rechunk_seed: int | None) -> None:
+    replay = ReplayServer(family=family, speed=100, rechunk_seed=rechunk_seed)
+    found = streams(family)
+    replay.transcripts.update(found)
+    requests = [(name, request_of(transcript)) for name, transcript in found.items()]
+    assert len(requests) >= 20
+    assert await both_ways(replay, requests) >= 10
+
+
+# --------------------------------------------------------------------------- generated
+
+_SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),)
+_ID, _CREATED, _MODEL = "chatcmpl-generated", 1796034842, "example-model"
+
+#: Text a token may be: any code point, surrogates included (escaped: see ``delta``).
+texts = st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF),
+                max_size=6)
+
+
+def delta(text: str, how: int, *, index: int, token_ids: bool) -> bytes:
+    """One SSE event of vLLM's plain text delta: the text as vLLM writes it (UTF-8 as
+    is), all ASCII, or raw (a control character or quote left bare: not JSON)."""
+    if how == 0:
+        content = json.dumps(text, ensure_ascii=False)
+    elif how == 1:
+        content = json.dumps(text, ensure_ascii=True)
+    else:
+        content = '"' + text + '"'
+    tail = ',"token_ids":null' if token_ids else ""
+    chunk = (f'{{"id":"{_ID}","object":"chat.completion.chunk","created":{_CREATED},'
+             f'"model":"{_MODEL}","choices":[{{"index":{index},"delta":{{"content":'
+             f'{content}}},"logprobs":null,"finish_reason":null{tail}}}]}}')
+    return b"data: " + chunk.encode("utf-8", "surrogatepass") + b"\n\n"
+
+
+def generated_stream(events: list[tuple[str, int, int, bool]], cuts: list[int]) -> bytes:
+    role = {"id": _ID, "object": "chat.completion.chunk", "created": _CREATED,
+            "model": _MODEL, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                              "content": ""},
+                                          "logprobs": None, "finish_reason": None}]}
+    finish = {**role, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                   "finish_reason": "stop", "stop_reason": None}]}
+    body = b"data: " + json.dumps(role, separators=(",", ":")).encode() + b"\n\n"
+    for text, how, index, token_ids in events:
+        body += delta(text, how, index=index, token_ids=token_ids)
+    body += b"data: " + json.dumps(finish, separators=(",", ":")).encode() + b"\n\n"
+    return body + b"data: [DONE]\n\n"
+
+
+def split(body: bytes, cuts: list[int], whole_events: bool) -> tuple[tuple[float, bytes], ...]:
+    """The body as HTTP chunks: at the given points, or (``whole_events``) a few whole
+    events per chunk, so that several plain deltas arrive in one read."""
+    if whole_events:
+        events = [event + b"\n\n" for event in body.split(b"\n\n")[:-1]]
+        sizes = [1 + cut % 3 for cut in cuts] or [1]
+        pieces, at = [], 0
+        while at < len(events):
+            size = sizes[len(pieces) % len(sizes)]
+            pieces.append(b"".join(events[at:at + size]))
+            at += size
+    else:
+        points = sorted({cut % len(body) for cut in cuts} - {0})
+        pieces = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    return tuple((2.0 * i, piece) for i, piece in enumerate(pieces))
+
+
+@settings(max_examples=examples(60), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(st.tuples(texts, st.sampled_from([0, 0, 0, 1, 2]),
+                                 st.sampled_from([0, 0, 0, 1]), st.booleans()),
+                       min_size=1, max_size=12),
+       cuts=st.lists(st.integers(0, 1 << 16), max_size=8), whole_events=st.booleans())
+@example(events=[("a", 0, 0, True), ("", 0, 0, True), ("é\u2028\x7f", 0, 0, True),
+                 ('q"b\\', 0, 0, True), ("x", 0, 0, False)], cuts=[1, 2], whole_events=True)
+@example(events=[("hi", 0, 0, True), ("\ud800", 1, 0, True), ("z", 0, 0, True)], cuts=[],
+         whole_events=True)
+@example(events=[("hi", 0, 0, True), ("a\tb", 2, 0, True), ("z", 0, 0, True)], cuts=[5],
+         whole_events=False)
+def test_generated_streams_reach_the_client_the_same_either_way(
+        events: list[tuple[str, int, int, bool]], cuts: list[int], whole_events: bool
+        ) -> None:
+    body = generated_stream(events, cuts)
+    transcript = Transcript("generated", "0.26.0", 200, _SSE_HEADERS,
+                            split(body, cuts, whole_events),
+                            {"model": _MODEL, "stream": True,
+                             "messages": [{"role": "user", "content": "Hello"}]})
+    replay = ReplayServer(family="0.26", speed=1.0)
+    replay.transcripts["generated"] = transcript
+    trio.run(both_ways, replay, [("generated", dict(transcript.request_body))])
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def reads_taken(transcript: Transcript) -> tuple[int, int]:
+    """A transcript's recorded reads through one stream's decoder and parser, each
+    offered to the fused reader first, as ``ChunkStream.fused`` does: how many it took,
+    and how many it left that it should have taken, judged from the general path's
+    view: one event, a plain text delta of a choice already seen, with the head and tail
+    kept before it and a text that needs no escape."""
+    binding, _ = select_binding(transcript.vllm_version)
+    translator = Translator(binding, usage_requested=False)
+    reader, decoder, parser = PlainDelta(translator), SSEDecoder(), ChunkParser()
+    taken = missed = 0
+    for _, raw in transcript.chunks:
+        kept, seen = parser.kept, set(translator.choices)
+        if reader(raw, decoder, parser) is not None:
+            taken += 1
+            continue
+        try:
+            events = decoder.feed(raw)
+            for event in events:
+                if event.is_done:
+                    return taken, missed
+                chunk = parser(event.data)
+                translator.feed_encoded(chunk)
+                missed += (len(events) == 1 and kept is not None and is_plain(chunk, seen)
+                           and event.data.startswith(kept[0])
+                           and event.data.endswith(kept[1])
+                           and bare(chunk["choices"][0]["delta"]["content"]))
+        except (SSEError, UpstreamMalformed):
+            break  # the stream ends here
+    return taken, missed
+
+
+def bare(text: str) -> bool:
+    """The text is its own JSON string (as vLLM writes it)."""
+    return json.dumps(text, ensure_ascii=False) == f'"{text}"'
+
+
+def is_plain(chunk: dict[str, Any], seen: set[int]) -> bool:
+    if list(chunk) != ["id", "object", "created", "model", "choices"]:
+        return False
+    if len(chunk["choices"]) != 1:
+        return False
+    choice = chunk["choices"][0]
+    return (choice["index"] in seen and choice["delta"].keys() == {"content"}
+            and choice.keys() <= {"index", "delta", "logprobs", "finish_reason", "token_ids"}
+            and all(choice.get(key) is None for key in ("logprobs", "finish_reason",
+                                                        "token_ids")))
+
+
+def test_the_fused_reader_takes_every_read_it_may_in_the_recorded_streams() -> None:
+    taken = missed = 0
+    for family in FAMILIES:
+        for transcript in streams(family).values():
+            if transcript.status == 200:
+                counts = reads_taken(transcript)
+                taken, missed = taken + counts[0], missed + counts[1]
+    assert missed == 0 and taken >= 100, (taken, missed)
+
+
+def test_the_fused_reader_declines_what_the_general_path_must_read() -> None:
+    binding, _ = select_binding("0.26.0")
+    translator = Translator(binding, usage_requested=False)
+    reader, decoder, parser = PlainDelta(translator), SSEDecoder(), ChunkParser()
+    first = generated_stream([("a", 0, 0, True)], []).split(b"\n\n")
+    role, plain = first[0] + b"\n\n", first[1] + b"\n\n"
+    assert reader(plain, decoder, parser) is None  # no head kept yet
+    for event in decoder.feed(role + plain):
+        translator.feed_encoded(parser(event.data))
+    assert reader(delta("b", 0, index=0, token_ids=True), decoder, parser) == (
+        b'{"delta":"b","index":0,"type":"response.output_text.delta"}',)
+    assert reader(delta("", 0, index=0, token_ids=True), decoder, parser) == (None,)
+    for declined in (delta("a\nb", 0, index=0, token_ids=True),  # an escape
+                     delta("x", 0, index=0, token_ids=False),  # the other tail
+                     delta("x", 0, index=1, token_ids=True),  # another head
+                     delta("x", 0, index=0, token_ids=True)[:-1],  # no blank line
+                     delta("x", 0, index=0, token_ids=True) + b"data: [DONE]\n\n",
+                     delta("é", 0, index=0, token_ids=True).replace(b"\xa9", b"("),
+                     delta("x", 0, index=0, token_ids=True).replace(b"\n\n", b"\r\n\r\n")):
+        assert reader(declined, decoder, parser) is None, declined
+    two = delta("p", 0, index=0, token_ids=True) + delta("q", 0, index=0, token_ids=True)
+    assert reader(two, decoder, parser) is not None
+    assert translator.choices[0].content == ["a", "b", "p", "q"]
+    decoder.feed(b"data: {")  # part of an event held: the decoder is not between events
+    assert reader(delta("x", 0, index=0, token_ids=True), decoder, parser) is None
+
+
+def test_the_switch() -> None:
+    assert plain_delta_mode({}) is True
+    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "general"}) is False
+    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "Fused"}) is True
+    with pytest.raises(ConfigError, match="NNRP_GATEWAY_PLAIN_DELTA='off'"):
+        plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "off"})
