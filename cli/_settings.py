@@ -276,6 +276,7 @@ def check_serve(ctx: typer.Context, values: Mapping[str, Any]) -> GatewayConfig:
     fleet = _check_fleet(ctx, config, values["fleet_advertise"], values["fleet_key_file"])
     _check_drain(ctx, config)
     _check_media_dir(ctx, config)
+    _check_plain_delta()
     return fill(config, {"tls": tls, "server.authenticate": authenticate, "fleet": fleet})
 
 
@@ -420,6 +421,18 @@ def _check_media_dir(ctx: typer.Context, config: GatewayConfig) -> None:
     except ConfigError as exc:
         raise UserError(str(exc).removeprefix("--media-dir "),
                         source(ctx, "media_dir")) from None
+
+
+def _check_plain_delta() -> None:
+    """The plain text delta's switch, which the pipeline reads itself (``READ_DIRECTLY``):
+    a value it cannot use is the operator's to fix, before anything binds."""
+    from gateway.errors import ConfigError
+    from gateway.pipeline import plain_delta_mode
+
+    try:
+        plain_delta_mode()
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None  # it names the variable
 
 
 def _check_drain(ctx: typer.Context, config: GatewayConfig) -> None:

@@ -97,8 +97,9 @@ PUBLIC: dict[str, str] = {
         "to_profile_error usage_requested "
     ),
     "gateway.pipeline": (
-        "ChatPipeline MEDIA_DIR_CAPACITY MediaDelivery MediaDirectory PipelineLimits Translator UpstreamRequest "
-        "build_request profile_refusal "
+        "ChatPipeline MEDIA_DIR_CAPACITY MediaDelivery MediaDirectory PipelineLimits PlainDelta Translator "
+        "UpstreamRequest "
+        "build_request plain_delta_mode profile_refusal "
         "token_count traceparent upstream_traceparent vllm_priority "
     ),
     "gateway.server": (

@@ -10,6 +10,7 @@ from ._media import (
     MediaDelivery as MediaDelivery,
     MediaDirectory as MediaDirectory,
 )
+from ._plain_delta import PlainDelta as PlainDelta, plain_delta_mode as plain_delta_mode
 from ._request import (
     UpstreamRequest as UpstreamRequest,
     build_request as build_request,

@@ -36,7 +36,8 @@ objects between, under these rules:
    (tracing, resumable sessions, flow control, progress): the span, the journal and the
    windows are the session's and the operation's, reached the same way either way.
 6. The switch: ``NNRP_GATEWAY_PLAIN_DELTA`` is ``fused`` (the default) or ``general``
-   (every read the general way), read when the pipeline is made (``plain_delta_mode``).
+   (every read the general way), read when the pipeline is made (``plain_delta_mode``);
+   ``serve`` refuses any other value before it binds (cli/_settings.py).
 
 ``tests/pipeline/test_plain_delta.py`` holds the proof: the packets a client receives
 are the same bytes with the switch on and off, over every recorded transcript of every
@@ -73,7 +74,7 @@ def plain_delta_mode(environ: Mapping[str, str] = os.environ) -> bool:
     """Rule 6: whether the fused path is on (``NNRP_GATEWAY_PLAIN_DELTA``)."""
     value = environ.get(PLAIN_DELTA_ENV, "fused").strip().lower() or "fused"
     if value not in _MODES:
-        raise ConfigError(f"{PLAIN_DELTA_ENV}={value!r}: use one of {', '.join(_MODES)}")
+        raise ConfigError(f"{PLAIN_DELTA_ENV} is {value!r}, not one of {', '.join(_MODES)}")
     return value == "fused"
 
 

@@ -331,5 +331,5 @@ def test_the_switch() -> None:
     assert plain_delta_mode({}) is True
     assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "general"}) is False
     assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "Fused"}) is True
-    with pytest.raises(ConfigError, match="NNRP_GATEWAY_PLAIN_DELTA='off'"):
+    with pytest.raises(ConfigError, match="NNRP_GATEWAY_PLAIN_DELTA is 'off', not one of fused, general"):
         plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "off"})

@@ -63,13 +63,15 @@ def run_codec_bench(quick: bool = False) -> list[Figure]:
         "submit_decode": per_call_us(decode_submit, min_time=min_time),
     }
     ours["pipeline_event"] = per_call_us(_pipeline_event(), min_time=min_time)
+    ours["pipeline_fused"] = per_call_us(_pipeline_event_fused(), min_time=min_time)
     theirs = _reference_codec(min_time)
     goals = {"partial_encode": 2.0, "partial_decode": 2.0, "submit_encode": 10.0,
-             "submit_decode": 10.0, "pipeline_event": None}
+             "submit_decode": 10.0, "pipeline_event": None, "pipeline_fused": None}
     names = {"partial_encode": "PARTIAL_RESULT encode", "partial_decode": "PARTIAL_RESULT decode",
              "submit_encode": "FRAME_SUBMIT encode (typed body)",
              "submit_decode": "FRAME_SUBMIT decode + validate",
-             "pipeline_event": "pipeline per streamed event (SSE -> checks -> event -> frame)"}
+             "pipeline_event": "pipeline per streamed event (SSE -> checks -> event -> frame)",
+             "pipeline_fused": "pipeline per streamed event, plain delta fused (read -> frame)"}
     return [Figure(names[key], value, "us", goal=goals.get(key),
                    baseline=theirs.get(key), baseline_name="nnrp-py nnrp.core", spread=spread)
             for key, (value, spread) in ours.items()]
@@ -103,6 +105,31 @@ def _pipeline_event() -> Callable[[], object]:
             chunk = parse_chunk(sse.data)
             token_count(chunk)
             for body in translator.feed_encoded(chunk):
+                nnrp.encode_partial_result(1, 1, 1, 5, body)
+        return None
+
+    return one
+
+
+def _pipeline_event_fused() -> Callable[[], object]:
+    """``_pipeline_event``'s chunk as the handler reads it now: the plain text delta
+    fused (``gateway.pipeline.PlainDelta``), the upstream read's bytes to the event's
+    body, then the frame."""
+    from gateway.pipeline import PlainDelta, Translator
+    from gateway.upstream import BINDINGS, ChunkParser, SSEDecoder
+
+    decoder = SSEDecoder()
+    parse_chunk = ChunkParser()
+    translator = Translator(BINDINGS[-1], usage_requested=False)
+    for chunk in (_SSE_ROLE_CHUNK, _SSE_CHUNK):  # the first plain delta keeps the head
+        translator.feed(parse_chunk(chunk[6:-2].decode()))
+    reader = PlainDelta(translator)
+    if reader(_SSE_CHUNK, decoder, parse_chunk) is None:
+        raise RuntimeError("the fused plain delta did not take the bench's chunk")
+
+    def one() -> object:
+        for body in reader(_SSE_CHUNK, decoder, parse_chunk) or ():
+            if body is not None:
                 nnrp.encode_partial_result(1, 1, 1, 5, body)
         return None
 
