@@ -102,7 +102,7 @@ class PlainDelta:
     def __call__(self, raw: bytes, decoder: SSEDecoder, parser: ChunkParser
                  ) -> PlainEvents | None:
         kept = parser.kept
-        if kept is None or not decoder.between_events:
+        if kept is None or not decoder.between_events:  # rule 1's where
             return None
         if kept is not self._kept:
             self._keep(kept, decoder.max_line)
@@ -116,15 +116,15 @@ class PlainDelta:
             # A quote between them: another event (or a text that is not bare).
             return self._several(raw)
         if end > self._longest:
-            return None
+            return None  # the general way refuses it (rule 1)
         text = raw[start:end]
         try:
             texts = [text.decode("utf-8")]
         except UnicodeDecodeError:
             return None
-        if not self._translator.take_plain(self._index, texts):
+        if not self._translator.take_plain(self._index, texts):  # rule 2, asked last (4)
             return None
-        return (_EVENT_HEAD + text + self._event_tail,) if text else (None,)
+        return (_EVENT_HEAD + text + self._event_tail,) if text else (None,)  # rule 3
 
     def _several(self, raw: bytes) -> PlainEvents | None:
         """A read of several events, each of them the plain delta."""

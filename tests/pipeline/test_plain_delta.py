@@ -43,6 +43,7 @@ from gateway.upstream import (
 )
 from tests.support.stack import envelope
 from tests.support.tiers import examples
+from tests.support.waits import until
 
 CAPTURES = Path(os.environ.get("NNRP_TESTS_CAPTURES", "/work/shared/vllm-captures/0.32.0"))
 
@@ -85,8 +86,7 @@ async def received(gateway: Gateway, payload: bytes) -> bytes:
     journal keeps every event), through the terminal and the close's answer. Asked
     once vLLM is ready again (a recorded engine death makes it unready a while)."""
     with trio.fail_after(5):
-        while gateway.ready_info() is None:
-            await trio.sleep(0.01)
+        await until(lambda: gateway.ready_info() is not None)
     uri = next(e.uri for e in gateway.endpoints if e.transport == "tcp")
     host, port = uri.removeprefix("tcp://").rsplit(":", 1)
     client = nnrp.ClientConnection()
