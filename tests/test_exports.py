@@ -81,7 +81,8 @@ PUBLIC: dict[str, str] = {
         "MEDIA_EXTENSIONS MediaCapabilities MediaFrame MediaPlan MediaSlot NnrpPolicy Outcome ProfileError Push RUNTIME_TOKENS "
         "EnvelopeResubmission SCHEMA_VERSION Silent SubmitBody TOKEN_COMPLETION "
         "Terminal capability_document events is_token_request media_frames parse_envelope "
-        "plan_media read_envelope read_typed_body runtime_tokens sniff token_prompt "
+        "plan_media read_envelope read_envelope_steps read_typed_body runtime_tokens sniff "
+        "token_prompt "
     ),
     "gateway.upstream": (
         "BINDINGS Binding CHAT_PATH ChunkParser ChunkStream Completion ENGINE_DEAD_MESSAGE "

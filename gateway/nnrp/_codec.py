@@ -20,18 +20,24 @@ buffered: the cap still bounds memory), and returns it as a packet whose ``disca
 says how many body bytes were dropped. The server refuses that one submit
 (``_server_session``); every other stream on the connection goes on.
 
-A big body is never copied once it is in (issue: a 63 MiB submit copied whole on the
-event loop held every other stream for a tenth of a second): a body of at least
-``VIEW_MIN_BODY`` bytes is handed on as a read-only ``memoryview`` of the bytes it
-arrived in: the decoder's buffer (which the decoder then lets go, starting a new one for
-what follows), or an immutable ``bytes`` the caller passed (a WebSocket message). A
-smaller body is copied into ``bytes`` (cheaper for what reads it than a view). The
-buffer still grows as bytes arrive, never ahead of them: a header announcing 64 MiB
-costs nothing until the bytes come.
+A big body is never copied once it is in (a 63 MiB submit copied whole on the event
+loop held every other stream for a tenth of a second: docs/benchmarks.md, "Media"): a
+body of at least ``VIEW_MIN_BODY`` bytes is handed on as a read-only ``memoryview`` of
+the memory it arrived in. A packet that big not complete in the bytes at hand gets its
+own memory, exactly its size, as an anonymous ``mmap``: each read is copied into it
+once, and nothing else is ever copied or reallocated (a growing ``bytearray`` copied
+what it held at some reallocations and held up to twice the packet at its peak). The
+kernel gives a page only when a byte is written to it, so a header announcing 64 MiB
+costs no memory until the bytes come. A packet complete in the decoder's buffer is a
+view of that buffer (which the decoder then lets go, starting a new one for what
+follows), one complete in an immutable ``bytes`` the caller passed (a WebSocket
+message) a view of that. A smaller body is copied into ``bytes`` (cheaper for what
+reads it than a view).
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 from typing import Any, NamedTuple
 
@@ -335,6 +341,10 @@ class Decoder:
         self._oversized = False
         #: Body bytes of an oversized submit still to be read and dropped.
         self._discarding = 0
+        #: The pending big packet's own memory (the module docstring), and how much of
+        #: it has arrived.
+        self._filling: mmap.mmap | None = None
+        self._filled = 0
         self._error: RemoteProtocolError | None = None
 
     @property
@@ -345,7 +355,7 @@ class Decoder:
     @property
     def buffered(self) -> int:
         """Bytes held for an incomplete packet."""
-        return len(self._buffer)
+        return len(self._buffer) + self._filled
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Add bytes; return every packet they complete, in order."""
@@ -371,6 +381,21 @@ class Decoder:
                     offset += dropped
                     if self._discarding:
                         break
+                if self._filling is not None:
+                    filling, filled = self._filling, self._filled
+                    taken = min(len(filling) - filled, available - offset)
+                    with memoryview(source) as arrived:
+                        filling[filled:filled + taken] = arrived[offset:offset + taken]
+                    offset += taken
+                    if filled + taken < len(filling):
+                        self._filled = filled + taken
+                        break
+                    assert self._pending is not None  # set with the filling, kept till done
+                    values, cls = self._pending
+                    self._filling, self._filled, self._pending = None, 0, None
+                    whole = memoryview(filling).toreadonly()
+                    packets.append(_build(values, cls, whole, 0, whole))
+                    continue
                 pending = self._pending
                 if pending is None:
                     if available - offset < HEADER_LEN:
@@ -394,6 +419,13 @@ class Decoder:
                     continue
                 total = HEADER_LEN + values[6] + values[7]
                 if available - offset < total:
+                    if values[7] >= VIEW_MIN_BODY:
+                        # Its own memory, filled as it arrives (the module docstring).
+                        filling = mmap.mmap(-1, total)
+                        with memoryview(source) as arrived:
+                            filling[:available - offset] = arrived[offset:available]
+                        self._filling, self._filled = filling, available - offset
+                        offset = available
                     break
                 if shared is None and values[7] >= VIEW_MIN_BODY and source is self._buffer:
                     shared = memoryview(self._buffer).toreadonly()
@@ -403,6 +435,7 @@ class Decoder:
         except RemoteProtocolError as exc:
             self._error = exc
             self._buffer = bytearray()
+            self._filling, self._filled = None, 0
             if packets:
                 # Deliver what was valid; the next feed() raises.
                 return packets

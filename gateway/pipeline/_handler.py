@@ -62,7 +62,7 @@ from gateway.profile import (
     events as ev,
     is_token_request,
     plan_media,
-    read_envelope,
+    read_envelope_steps,
     read_typed_body,
     token_prompt,
 )
@@ -88,7 +88,7 @@ from gateway.upstream import (
     to_profile_error,
 )
 
-from ._media import MediaDelivery
+from ._media import MediaDelivery, stepped
 from ._plain_delta import PlainDelta, plain_delta_mode
 from ._request import (
     UpstreamRequest,
@@ -166,9 +166,9 @@ class ChatPipeline:
             submit = read_typed_body(op.typed_body, op.body_error,
                                      max_media_bytes=self.limits.max_media_bytes)
             nonce = secrets.token_hex(8)  # the request's placeholders (_media M7, _literals L2)
-            envelope, cuts = read_envelope(submit.envelope, nonce=nonce,
-                                           max_bytes=self.limits.max_envelope_bytes,
-                                           operations=self.operations)
+            envelope, cuts = await stepped(read_envelope_steps(
+                submit.envelope, nonce=nonce, max_bytes=self.limits.max_envelope_bytes,
+                operations=self.operations))
             media = plan_media(envelope.body, submit.media, nonce=nonce,
                                objects=op.read_object, cached=op.read_cached,
                                max_bytes=self.limits.max_media_bytes)
@@ -375,18 +375,20 @@ class ChatPipeline:
                             notes.upstream_first_byte = stream.first_byte_at
                         # The events of one upstream read leave in one write.
                         try:
+                            # An else, not a continue: no jump may leave a try with a
+                            # finally in a compiled module (gateway/compiled.py rule 6).
                             if isinstance(batch, tuple):  # PlainEvents: as below, fused
                                 for body in batch:
                                     if not op.spend_tokens(0 if body is None else 1):
                                         await trio.lowlevel.checkpoint()
                                     if body is not None:
                                         await op.emit(body, flush=False)
-                                continue
-                            for chunk in batch:
-                                if not op.spend_tokens(token_count(chunk)):
-                                    await trio.lowlevel.checkpoint()  # budget spent: ends
-                                for encoded in translator.feed_encoded(chunk):
-                                    await op.emit(encoded, flush=False)
+                            else:
+                                for chunk in batch:
+                                    if not op.spend_tokens(token_count(chunk)):
+                                        await trio.lowlevel.checkpoint()  # budget spent
+                                    for encoded in translator.feed_encoded(chunk):
+                                        await op.emit(encoded, flush=False)
                         finally:
                             op.flush()
         finally:

@@ -43,10 +43,10 @@ import json
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 import trio
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from gateway.profile import MediaPlan, MediaSlot
 
 log = structlog.get_logger("gateway.pipeline.media")
+
+T = TypeVar("T")
 
 #: A piece of an encoded request (D3): JSON text, base64, a path, or a cut literal (a
 #: view of the envelope).
@@ -81,6 +83,17 @@ CLEANUP_TIMEOUT = 5.0
 #: D2: readable by vLLM's container, which shares the directory, not by the world
 #: beyond the pod (the directory itself should be the pod's own).
 FILE_MODE = 0o640
+
+
+async def stepped(steps: Generator[None, None, T]) -> T:
+    """Run a sans-IO reader's steps (``gateway.profile._literals`` L5) with a checkpoint
+    between two: a big envelope is read without holding the event loop."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await trio.lowlevel.checkpoint()
 
 
 async def encode_base64(data: bytes | memoryview) -> list[bytes]:

@@ -21,6 +21,7 @@ from ._envelope import (
     SubmitBody as SubmitBody,
     parse_envelope as parse_envelope,
     read_envelope as read_envelope,
+    read_envelope_steps as read_envelope_steps,
     read_typed_body as read_typed_body,
 )
 from ._errors import ProfileError as ProfileError

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Generator
 from typing import Any
 
 import attrs
@@ -26,7 +27,14 @@ import cattrs
 from gateway.nnrp import PayloadKind, StreamSemantics, TypedBody
 
 from ._errors import ProfileError
-from ._literals import PLACEHOLDER_PREFIX, cut_long_literals
+from ._literals import (
+    CUT_THRESHOLD,
+    PLACEHOLDER_PREFIX,
+    Text,
+    copy_steps,
+    cut_steps,
+    finish,
+)
 from ._media import DEFAULT_MAX_MEDIA_BYTES, MediaFrame, media_frames
 
 SCHEMA_VERSION = "openai-compatible/1"
@@ -122,7 +130,8 @@ def _depth(value: Any, limit: int) -> int:
 class SubmitBody:
     """What a chat submit carries: the envelope's JSON and its media frames (``_media``)."""
 
-    envelope: bytes = attrs.field(repr=False)
+    #: A view of the submit's body when that is one (``nnrp._codec``: a big submit).
+    envelope: bytes | memoryview = attrs.field(repr=False)
     media: tuple[MediaFrame, ...] = ()
 
 
@@ -151,12 +160,9 @@ def read_typed_body(typed_body: TypedBody | None, body_error: str | None, *,
     if typed_body.inline_object or typed_body.extension_payload:
         raise ProfileError("invalid_submit_body",
                            "inline-object and extension regions are not allowed")
-    # The envelope is read as ``bytes`` (JSON and the literal scan need them): a copy
-    # only when the body is a view (a big submit, ``nnrp._codec``); media frames stay views.
-    envelope = bytes(payload)
     if len(typed_body.frames) == 1:
-        return SubmitBody(envelope)
-    return SubmitBody(envelope, media_frames(typed_body.frames, max_bytes=max_media_bytes))
+        return SubmitBody(payload)
+    return SubmitBody(payload, media_frames(typed_body.frames, max_bytes=max_media_bytes))
 
 
 def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
@@ -167,26 +173,44 @@ def parse_envelope(payload: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTE
     return _validate(_decode(payload), max_depth, operations)
 
 
-def read_envelope(payload: bytes, *, nonce: str,
+def read_envelope(payload: bytes | memoryview, *, nonce: str,
                   max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
                   max_depth: int = DEFAULT_MAX_DEPTH,
                   operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})
                   ) -> tuple[Envelope, dict[str, memoryview]]:
     """``parse_envelope`` for a chat request: a big envelope's long literals are cut out
     first and returned beside it (``_literals``: they go to vLLM as they came)."""
+    return finish(read_envelope_steps(payload, nonce=nonce, max_bytes=max_bytes,
+                                      max_depth=max_depth, operations=operations))
+
+
+def read_envelope_steps(payload: bytes | memoryview, *, nonce: str,
+                        max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+                        max_depth: int = DEFAULT_MAX_DEPTH,
+                        operations: frozenset[str] = frozenset({CHAT_COMPLETIONS})
+                        ) -> Generator[None, None, tuple[Envelope, dict[str, memoryview]]]:
+    """``read_envelope`` in steps (``_literals`` L5): the caller may let others run
+    between two, so a big envelope never holds the event loop for its length."""
     _check_size(payload, max_bytes)
-    shortened, cuts = cut_long_literals(payload, nonce=nonce)
-    document: Any = None
-    if cuts:
-        try:
-            document = _decode(shortened)
-        except ProfileError:  # a cut that was no string (_literals L3): parse it all
+    text: Text
+    if not isinstance(payload, memoryview):
+        text = payload
+    elif len(payload) >= CUT_THRESHOLD:  # a big submit's: searched in a copy (L5)
+        text = yield from copy_steps(payload)
+    else:
+        text = bytes(payload)
+    shortened, cuts = yield from cut_steps(text, nonce=nonce)
+    if not cuts:  # nothing cut: ``shortened`` is the whole document
+        return _validate(_decode(shortened), max_depth, operations), cuts
+    try:
+        document = _decode(shortened)
+    except ProfileError:  # a cut that was no string (_literals L3): parse it all
+        cuts = {}
+    else:
+        if _cut_where_read(document):  # _literals L3: checked as written
             cuts = {}
-        else:
-            if _cut_where_read(document):  # _literals L3: checked as written
-                cuts = {}
-    if not cuts:
-        document = _decode(payload)
+    if not cuts:  # parsed whole (slow, but right: _literals L3)
+        document = _decode(text if isinstance(text, bytes) else text[:])
     return _validate(document, max_depth, operations), cuts
 
 
@@ -200,7 +224,7 @@ def _cut_where_read(document: Any) -> bool:
     return PLACEHOLDER_PREFIX in json.dumps(read)
 
 
-def _check_size(payload: bytes, max_bytes: int) -> None:
+def _check_size(payload: bytes | memoryview, max_bytes: int) -> None:
     if len(payload) > max_bytes:
         raise ProfileError("invalid_body",
                            f"envelope of {len(payload)} bytes exceeds the {max_bytes}-byte limit")

@@ -7,7 +7,7 @@ vLLM, hold the event loop for their whole length: ``json.loads`` and ``json.dump
 keep the GIL throughout, so a worker thread stalls every other stream just as long
 (measured: a 48 MiB parse in a thread left the loop's thread unscheduled for all of its
 279 ms). Cut out, those bytes are found with ``bytes.find`` / ``rfind`` (memchr speed),
-copied once, and never decoded, parsed or escaped. The rules:
+and never copied, decoded, parsed or escaped. The rules:
 
 L1. Only an envelope of at least ``CUT_THRESHOLD`` bytes is scanned; only a run of at
     least ``MIN_LITERAL`` bytes between two quotes, all printable ASCII (no control
@@ -30,9 +30,18 @@ L4. The placeholders stay in the parsed body wherever the runs were (a string va
     part of one, or a key); the request sent to vLLM is the body's JSON with each
     placeholder replaced by its run's bytes (``gateway.pipeline._media``, D3): vLLM gets
     the client's bytes.
+L5. A big envelope is read in steps: ``cut_steps`` (and ``copy_steps``, which copies a
+    big submit's envelope out of the packet: searching needs ``bytes`` methods) yield
+    after each ``STEP_BYTES`` they copy or check, so the caller can let the event loop
+    run between them (``gateway.pipeline``): a 46 MiB envelope held it for 150 ms in
+    one step. ``cut_long_literals`` runs them to the end at once.
 """
 
 from __future__ import annotations
+
+import mmap
+from collections.abc import Generator
+from typing import TypeVar
 
 #: L1: envelopes smaller than this are parsed as they are.
 CUT_THRESHOLD = 1 << 20
@@ -44,17 +53,30 @@ PLACEHOLDER_PREFIX = "nnrp-cut-"
 #: L1: what a run may not hold (JSON refuses raw control characters in a string).
 _CONTROL = bytes(range(0x20))
 _BACKSLASH = ord("\\")
-#: L1: a run is checked this much at a time (``bytes`` methods need a copy; a window's
-#: is small, where a whole run's would be the run again).
-_CHECK_WINDOW = 1 << 20
+#: L5: the bytes a step copies or checks (about a millisecond on this VM). A run is
+#: checked a window at a time besides: ``bytes`` methods need a copy, and a window's is
+#: small where a whole run's would be the run again.
+STEP_BYTES = 1 << 20
+
+#: What ``cut_steps`` searches: ``bytes``, or a copy of a big envelope (``copy_steps``).
+Text = bytes | mmap.mmap
+T = TypeVar("T")
 
 
 def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITERAL,
                       threshold: int = CUT_THRESHOLD
                       ) -> tuple[bytes, dict[str, memoryview]]:
     """L1/L2: the document with its long runs replaced by placeholders, and the runs."""
+    return finish(cut_steps(payload, nonce=nonce, min_literal=min_literal,
+                            threshold=threshold))
+
+
+def cut_steps(payload: Text, *, nonce: str, min_literal: int = MIN_LITERAL,
+              threshold: int = CUT_THRESHOLD
+              ) -> Generator[None, None, tuple[bytes, dict[str, memoryview]]]:
+    """``cut_long_literals`` in steps (L5)."""
     if len(payload) < threshold:
-        return payload, {}
+        return payload[:] if isinstance(payload, mmap.mmap) else payload, {}
     find, rfind = payload.find, payload.rfind
     pieces: list[bytes] = []
     cuts: dict[str, memoryview] = {}
@@ -71,24 +93,46 @@ def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITE
             break
         # The run is checked where it lies and kept as a view of the payload: a cut
         # megabyte is never copied (the request is sent in pieces, ``_media`` D3).
-        if payload[closing - 1] != _BACKSLASH and _printable(payload, quote + 1, closing):
+        printable = yield from _printable(payload, quote + 1, closing)
+        if payload[closing - 1] != _BACKSLASH and printable:
             placeholder = f"{PLACEHOLDER_PREFIX}{nonce}-{len(cuts)}"
             pieces += [payload[kept_from:quote + 1], placeholder.encode()]
             cuts[placeholder] = memoryview(payload)[quote + 1:closing]
             kept_from = closing
         quote = closing
     if not cuts:
-        return payload, {}
+        return payload[:] if isinstance(payload, mmap.mmap) else payload, {}
     pieces.append(payload[kept_from:])
     return b"".join(pieces), cuts
 
 
-def _printable(payload: bytes, start: int, end: int) -> bool:
-    """L1: ``payload[start:end]`` is all printable ASCII (measured: the fastest check
-    CPython has is ``isascii`` and ``translate`` on a copy; a regex is three times
-    slower)."""
-    for window in range(start, end, _CHECK_WINDOW):
-        run = payload[window:min(window + _CHECK_WINDOW, end)]
+def copy_steps(view: memoryview) -> Generator[None, None, mmap.mmap]:
+    """L5: ``view``'s bytes in memory of their own that ``cut_steps`` can search, copied a
+    window at a time (an anonymous map: its pages come as they are written, no zeroed
+    allocation up front)."""
+    copy = mmap.mmap(-1, max(len(view), 1))
+    for start in range(0, len(view), STEP_BYTES):
+        copy[start:start + STEP_BYTES] = view[start:start + STEP_BYTES]
+        yield
+    return copy
+
+
+def finish(steps: Generator[None, None, T]) -> T:
+    """Run ``steps`` to their end at once (a small document, or a caller with no loop)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def _printable(payload: Text, start: int, end: int) -> Generator[None, None, bool]:
+    """L1: ``payload[start:end]`` is all printable ASCII, a step per window (measured:
+    the fastest check CPython has is ``isascii`` and ``translate`` on a copy; a regex is
+    three times slower)."""
+    for window in range(start, end, STEP_BYTES):
+        run = payload[window:min(window + STEP_BYTES, end)]
         if not run.isascii() or len(run.translate(None, _CONTROL)) != len(run):
             return False
+        yield
     return True

@@ -193,6 +193,19 @@ def test_a_big_body_is_a_view_of_the_bytes_it_arrived_in_never_a_copy(step: int 
     assert decoder.buffered == 0 and decoder.error is None
 
 
+def test_a_big_packet_arriving_holds_what_arrived_and_stops_at_its_end() -> None:
+    """Its own memory is filled read by read: what is held is what came (never what the
+    header announced), and the bytes after it, in the same read, decode as ever."""
+    body = bytes(range(256)) * 1024
+    packet = _submit(7, body)
+    decoder = nnrp.Decoder()
+    assert decoder.feed(packet[:100]) == [] and decoder.buffered == 100
+    assert decoder.feed(packet[100:-10]) == [] and decoder.buffered == len(packet) - 10
+    (big, ping) = decoder.feed(packet[-10:] + PING)
+    assert big.body == body and ping.msg_type is nnrp.MsgType.PING
+    assert decoder.buffered == 0
+
+
 def test_a_big_body_of_a_message_passed_whole_is_a_view_only_of_immutable_bytes() -> None:
     """A WebSocket message (``decode_packet``) or a whole read: a view of ``bytes``; a
     ``bytearray`` or a view the caller passed may change after, so it is copied."""

@@ -12,8 +12,13 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gateway.pipeline._media import encode_body
-from gateway.profile import ProfileError, read_envelope
-from gateway.profile._literals import CUT_THRESHOLD, MIN_LITERAL, cut_long_literals
+from gateway.profile import ProfileError, read_envelope, read_envelope_steps
+from gateway.profile._literals import (
+    CUT_THRESHOLD,
+    MIN_LITERAL,
+    STEP_BYTES,
+    cut_long_literals,
+)
 
 
 def _envelope(body: dict[str, Any]) -> bytes:
@@ -121,3 +126,31 @@ def test_a_long_literal_in_a_field_the_gateway_reads_is_checked_as_written(where
     with pytest.raises(ProfileError) as info:
         read_envelope(payload, nonce="n", max_bytes=1 << 30)
     assert "nnrp-cut" not in info.value.message
+
+
+@pytest.mark.parametrize("document", ["image", "no literal", "literal in a read field"])
+def test_a_big_envelope_of_a_viewed_submit_is_read_in_steps_to_the_same_result(
+        document: str) -> None:
+    """L5: read from the packet's view, a big envelope is copied and checked a step at a
+    time (the caller's loop runs between two), and reads as the bytes read at once do,
+    cut, parsed whole, or refused the cut (L3)."""
+    blob = base64.b64encode(os.urandom(3 * STEP_BYTES)).decode()
+    body = {"image": _image_body("data:image/png;base64," + blob),
+            "no literal": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                           "stop": ["ab"] * STEP_BYTES},
+            "literal in a read field": {"model": blob, "messages": [
+                {"role": "user", "content": "hi"}]}}[document]
+    payload = _envelope(body)
+    steps = read_envelope_steps(memoryview(payload).toreadonly(), nonce="n", max_bytes=1 << 30)
+    taken = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            stepped, stepped_cuts = done.value
+            break
+        taken += 1
+    envelope, cuts = read_envelope(payload, nonce="n", max_bytes=1 << 30)
+    assert (stepped.body, stepped_cuts) == (envelope.body, cuts)
+    assert taken >= len(payload) // STEP_BYTES  # the copy alone: a step per window
+    assert bool(cuts) is (document == "image")
