@@ -1,10 +1,19 @@
 # nnrp-vllm-gateway: the sidecar image. Multi-stage: a builder makes a virtual environment
 # holding the wheel; the runtime stage is the slim base plus that environment only.
 FROM python:3.12.8-slim-bookworm AS builder
+# The compiled build (gateway/compiled.py): mypyc compiles the per-event modules, which
+# needs a C compiler in this stage only (the runtime stage copies the venv, no compiler).
+# The compiler is the base image's Debian release's, unpinned (DL3008): a point release
+# would remove the pinned version from the mirror.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
+    PIP_NO_CACHE_DIR=1 \
+    NNRP_GATEWAY_COMPILE=1
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md hatch_build.py ./
 COPY gateway ./gateway
 COPY cli ./cli
 COPY recipes ./recipes

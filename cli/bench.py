@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gateway.compiled import build
 from gateway.tools.bench import SCENARIO_NAMES
 
 from ._app import GatewayTyper, UserError, source
@@ -92,7 +93,7 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
 
 def _machine() -> dict[str, object]:
     return {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "build": build()}
 
 
 @bench_app.command("codec")

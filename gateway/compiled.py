@@ -19,12 +19,17 @@ What compiling asks of these modules, each rule free for pure Python:
    attrs' field marker is no list: the import failed.
 4. One name is bound by ``except ... as`` clauses of one exception type only: compiled, a
    name has one type, and binding it to another raised TypeError.
-5. No class of these modules is subclassed by an interpreted one (mypyc refuses it at run
-   time) unless attrs makes it (attrs classes stay Python classes). So ``_layout``
-   (``WireMessage``, the attrs messages' base) and ``_server_outputs``
-   (``ServerConnection``'s mixin) are not in the table, nor ``_transport`` and
-   ``_client``, whose reads go through ``_sockio`` and ``_http1``.
-6. A test that replaces a function of these modules (a compiled caller calls it
+5. ``Final`` on module constants read per event is welcome (compiled, a ``Final`` is
+   inlined; otherwise a read is a lookup in the module's dict), never required.
+6. No ``continue`` or ``break`` leaves a ``try`` that has a ``finally`` (mypyc: not
+   implemented); an ``if``/``else`` says the same.
+7. No class of these modules that mypyc makes native (undecorated, with builtin or
+   native bases) is subclassed by a Python class: mypyc refuses an interpreted subclass
+   at run time and an attrs one at build time. So ``_layout`` (``WireMessage``, the attrs
+   messages' base) and ``_server_outputs`` (``ServerConnection``'s mixin) are not in the
+   table. ``_transport`` and ``_client`` are not either: their per-read work is
+   ``_sockio``'s and ``_http1``'s.
+8. A test that replaces a function of these modules (a compiled caller calls it
    directly) or reads their frames (py-spy sees none) skips on a compiled build, and
    says so (``tests/support/build.py``).
 
@@ -45,6 +50,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gateway.upstream._chunks",  # an event's JSON to a checked chunk
     "gateway.upstream._errors",  # what the three above raise
     "gateway.upstream._stream",  # one read's chunks, and its clocks' deadlines
+    "gateway.pipeline._plain_delta",  # the plain text delta's read, fused
     "gateway.pipeline._translate",  # chunk to profile events, encoded
     "gateway.pipeline._handler",  # the operation's read loop
     "gateway.profile._events",  # profile events to JSON bytes

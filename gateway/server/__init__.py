@@ -10,11 +10,11 @@ from ._connection import (
     ConnectionLimits as ConnectionLimits,
     RefusalHandler as RefusalHandler,
 )
+from ._notes import OperationNotes as OperationNotes
 from ._operation import (
     CancelInfo as CancelInfo,
     Operation as Operation,
     OperationHandler as OperationHandler,
-    OperationNotes as OperationNotes,
     OperationPort as OperationPort,
 )
 from ._resume import SessionRegistry as SessionRegistry

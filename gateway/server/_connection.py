@@ -89,7 +89,8 @@ from gateway.transport import (
     tune_tcp,
 )
 
-from ._operation import CancelInfo, Operation, OperationHandler, OperationNotes
+from ._notes import OperationNotes
+from ._operation import CancelInfo, Operation, OperationHandler
 from ._outbox import Outbox
 from ._relay import WORKER_MAGIC, RelayEnd, fields, relay, without_probes
 from ._session import Observer, Session, until_then_cancel

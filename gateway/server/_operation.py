@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import structlog
@@ -62,11 +62,7 @@ from gateway.nnrp import (
 )
 from gateway.profile import END_TABLE, Drop, EndCause, Outcome, Push
 
-#: Field factories typed Any: compiled, a typed class-body default fails its check
-#: (gateway/compiled.py rule 3).
-_now: Callable[[], Any] = trio.current_time
-_unix_ns: Callable[[], Any] = time.time_ns
-_new_list: Callable[[], Any] = list
+from ._notes import OperationNotes
 
 log = structlog.get_logger("gateway.server")
 
@@ -139,29 +135,6 @@ class OperationPort(Protocol):
         """Whether, reaching no client, it must wait for its session's journal to make
         room before it may produce more."""
         ...
-
-
-@attrs.define
-class OperationNotes:
-    """What the engine notes of one operation for its observers (the observation record)
-    and never reads back, written as it happens: the transport it came by, when it
-    arrived (monotonic, and on the wall clock: trio's clock has no epoch), when its
-    handler started, its first and last event, the widest gap between two, the bytes it
-    sent, the PRIORITY_UPDATEs it got, when its session was resumed or migrated while it
-    ran, and the events replayed to the client. An observer's subclass adds what the
-    handler notes (``GatewayServer(notes=...)``)."""
-
-    transport: str
-    received_at: float = attrs.field(factory=_now)
-    received_unix_ns: int = attrs.field(factory=_unix_ns)
-    started_at: float | None = None
-    first_event_at: float | None = None
-    last_event_at: float | None = None
-    max_gap: float = 0.0
-    bytes_sent: int = 0
-    priority_updates: int = 0
-    reattached_at: list[float] = attrs.field(factory=_new_list)
-    replayed_events: int = 0
 
 
 @attrs.frozen

@@ -69,7 +69,7 @@ from gateway.transport import (
 )
 
 from ._connection import Connection, ConnectionLimits, RefusalHandler
-from ._operation import OperationNotes
+from ._notes import OperationNotes
 from ._relay import forwarded, relayed
 from ._resume import SessionRegistry
 from ._stats import ServerStats

@@ -23,6 +23,7 @@ from gateway.tools.bench.flame import (
     to_collapsed,
     top_frames_table,
 )
+from tests.support.build import pure_only
 
 runner = CliRunner()
 
@@ -123,6 +124,7 @@ def test_a_frame_too_narrow_to_see_is_left_out_but_counts_in_its_parent() -> Non
 
 
 @pytest.mark.slow
+@pure_only("py-spy reads Python frames, and the pipeline's per-event ones are compiled")
 def test_bench_profile_quick_records_a_flame_graph_of_the_gateway(tmp_path: Path) -> None:
     from gateway.tools.bench.profile import can_attach
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from cli.bench import SAID, _report
 from cli.main import app
+from gateway.compiled import build, described
 from gateway.tools.bench import rows
 from gateway.tools.bench.stats import (
     Figure,
@@ -300,8 +301,10 @@ def test_a_negative_added_latency_is_never_met_in_any_output(
     assert met["noise"]["floor"] == 20 and met["wakes"] == pytest.approx(40 / 60, abs=1e-3)
     assert document["wake"] == {"us": 60.0, "pacing": "back to back"}
     lines = printed.strip().splitlines()
-    assert lines[0] == ("wake-ups: each time figure over this run's bare trio wake-up, back "
-                        "to back, 60.0 us of CPU on this machine")
+    assert lines[:2] == [f"build: {described()}",  # what was measured: pure or compiled
+                         "wake-ups: each time figure over this run's bare trio wake-up, back "
+                         "to back, 60.0 us of CPU on this machine"]
+    assert document["machine"]["build"] == build()
     (line,) = [line for line in lines if line.startswith(clear.name + " ")]
     assert " 0.667 " in line and "met" in line
     assert "this run's noise 20 us, margin to the goal 110 us" in printed

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -398,11 +399,18 @@ def test_dockerfile_is_hadolint_clean() -> None:
 
 @pytest.mark.slow
 def test_image_install_steps(tmp_path: Path) -> None:
-    """What the Dockerfile's builder does: build the wheel, install it into a fresh venv."""
+    """What the Dockerfile's builder does: build the wheel, install it into a fresh venv.
+    Without NNRP_GATEWAY_COMPILE the wheel is pure: no compiled file (gateway/compiled.py),
+    whatever a compiled build left on this machine, and it says so."""
+    pure = {k: v for k, v in os.environ.items() if k != "NNRP_GATEWAY_COMPILE"}
     build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir",
-                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True)
+                            str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True,
+                           env=pure)
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert [n for n in archive.namelist() if n.endswith((".so", ".pyd", ".c"))] == []
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     pip = subprocess.run([str(env_dir / "bin" / "pip"), "install", "--quiet", str(wheel)],
@@ -415,6 +423,7 @@ def test_image_install_steps(tmp_path: Path) -> None:
                              env=installed)
     assert version.returncode == 0
     assert "nnrp-vllm-gateway 0.1.0" in version.stdout
+    assert "build: pure Python" in version.stdout
     health = subprocess.run([exe, "health", "--help"], capture_output=True, text=True,
                             env=installed)
     assert health.returncode == 0

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gateway import compiled
+
 from ._procs import process_cpu_seconds
 
 if TYPE_CHECKING:
@@ -102,9 +104,10 @@ def described(figures: Iterable[Figure]) -> dict[str, Any] | None:
 
 
 def line(figures: Iterable[Figure]) -> str:
-    """The line that opens a report: what its "wake-ups" are read against."""
+    """The lines that open a report: the build measured (pure Python or compiled,
+    gateway/compiled.py) and what its "wake-ups" are read against."""
     wake = described(figures)
     if wake is None:
-        return "wake-ups: not measured in this run"
-    return (f"wake-ups: each time figure over this run's bare trio wake-up, {wake['pacing']}"
-            f", {wake['us']:.1f} us of CPU on this machine")
+        return f"build: {compiled.described()}\nwake-ups: not measured in this run"
+    return (f"build: {compiled.described()}\nwake-ups: each time figure over this run's "
+            f"bare trio wake-up, {wake['pacing']}, {wake['us']:.1f} us of CPU on this machine")
