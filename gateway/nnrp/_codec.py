@@ -353,6 +353,12 @@ class Decoder:
         return self._error
 
     @property
+    def awaited(self) -> int:
+        """Bytes the big packet being read still needs (0 when none is): a hint for how
+        much the next read may take at once."""
+        return len(self._filling) - self._filled if self._filling is not None else 0
+
+    @property
     def buffered(self) -> int:
         """Bytes held for an incomplete packet."""
         return len(self._buffer) + self._filled

@@ -247,6 +247,11 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
 
     # ------------------------------------------------------------------ inputs
 
+    @property
+    def awaited(self) -> int:
+        """Bytes a big packet being read still needs (``Decoder.awaited``)."""
+        return self._decoder.awaited
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """Bytes from a stream transport (TCP, unix socket, a QUIC stream)."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):

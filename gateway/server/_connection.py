@@ -421,7 +421,7 @@ class Connection:
             # Stop reading while our output backs up: the peer then feels TCP backpressure.
             await self.outbox.wait_for_room()
             try:
-                data = await self.transport.receive()
+                data = await self.transport.receive(protocol.awaited)
             except TextMessageError as exc:
                 await self._fail(protocol.protocol_failure(
                     RemoteProtocolError(str(exc), code=ErrorCode.MALFORMED_HEADER)))

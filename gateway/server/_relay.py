@@ -216,7 +216,7 @@ class RelayedTransport(StreamTransport):
     def credentials(self) -> PeerCredentials:
         return self._credentials
 
-    async def receive(self) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | None:
         if self.first:
             first, self.first = self.first, b""
             return first

@@ -26,6 +26,9 @@ from gateway.nnrp import PeerCredentials, TransportId
 
 #: Bytes asked for per read: large enough that a burst of submits is one syscall.
 READ_SIZE = 64 * 1024
+#: The most a stream transport reads at once while a big packet arrives (``receive``):
+#: a millisecond or so of copying on this VM, so no read holds the loop for longer.
+BIG_READ = 1 << 20
 #: The SESSION_MIGRATE transport id of each carrier kind (docs/reference/nnrp-wire.md section 1).
 TRANSPORT_IDS = {"quic": TransportId.QUIC, "tcp": TransportId.TCP, "ipc": TransportId.IPC,
                  "websocket": TransportId.WEBSOCKET}
@@ -45,8 +48,10 @@ class PacketTransport(Protocol):
     #: or None: then every write goes through ``send`` (gateway/server/_outbox.py).
     send_now: Callable[[bytes], int] | None
 
-    async def receive(self) -> bytes | None:
-        """Next bytes (or message); None at end of stream."""
+    async def receive(self, awaited: int = 0) -> bytes | None:
+        """Next bytes (or message); None at end of stream. ``awaited``: the bytes a big
+        packet being read still needs (``nnrp.Decoder.awaited``): a stream transport
+        reads up to that much at once (at most ``BIG_READ``), not a read's usual size."""
         ...
 
     async def send(self, packets: list[bytes]) -> None:
@@ -110,16 +115,19 @@ class StreamTransport:
             None if self._socket is None else functools.partial(_sockio.send_now,
                                                                  self._socket))
 
-    async def receive(self) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | None:
+        # A big packet is read in big reads: a 63 MiB submit in 64 KiB ones cost a
+        # thousand passes through the loop (docs/benchmarks.md, "Media").
+        size = min(max(awaited, READ_SIZE), BIG_READ)
         try:
             if self._socket is None:  # TLS
-                data = bytes(await self.stream.receive_some(READ_SIZE))
+                data = bytes(await self.stream.receive_some(size))
             else:
                 # A CANCEL is read the moment it lands, with the fewest layers between
                 # (gateway/_sockio.py); after a short read the socket is most likely empty.
-                data = await _sockio.receive_some(self._socket, READ_SIZE,
+                data = await _sockio.receive_some(self._socket, size,
                                                   likely_empty=self._drained)
-                self._drained = len(data) < READ_SIZE
+                self._drained = len(data) < size
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return None
         return data or None
@@ -149,7 +157,7 @@ class WebSocketTransport:
         #: The stream under a client's connection, closed here whatever trio-websocket did.
         self._stream = stream
 
-    async def receive(self) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | None:
         try:
             message = await self.connection.get_message()
         except trio_websocket.ConnectionClosed:

@@ -163,7 +163,7 @@ class QuicClientTransport:
         """The ALPN the server selected (None: none offered or none selected)."""
         return self.handshake.alpn_protocol if self.handshake is not None else None
 
-    async def receive(self) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | None:
         while not self._inbound:
             if self._receive_ended or self.ended is not None:
                 return None

@@ -92,7 +92,7 @@ class QuicTransport:
         """Encrypted always; QUIC takes no client certificate here (no mutual TLS)."""
         return PeerCredentials(peer_address(self.peer), secure=True)
 
-    async def receive(self) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | None:
         session, peer = self._session, self._session.peer
         while not peer.inbound:
             if peer.receive_ended:
