@@ -11,7 +11,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help demo otel test check lint typecheck unit conformance bench bench-smoke fuzz flake-check compiled clean
+.PHONY: help demo otel test check lint typecheck unit conformance bench bench-smoke fuzz flake-check compiled compiled-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' \
@@ -56,7 +56,7 @@ demo: $(RUNTIME_STAMP) ## the gateway and a replay vLLM; one chat answer streame
 otel: $(RUNTIME_STAMP) ## OpenTelemetry's SDK and OTLP exporter into .venv, for --otel-traces
 	$(call install,-e '.[otel]')
 
-test: lint typecheck unit conformance bench-smoke ## everything CI runs: lint, typecheck, unit, conformance, bench-smoke
+test: lint typecheck unit conformance bench-smoke compiled-check ## everything CI runs: lint, typecheck, unit, conformance, bench-smoke, compiled-check
 
 # The quick tier, while working: lint, types, and the tests that open no socket and start
 # no process (the sans-IO layers, the profile, the pipeline's stages, the upstream's
@@ -179,6 +179,7 @@ fuzz: $(TEST_STAMP) ## atheris on the untrusted-input parsers, FUZZ_SECONDS each
 # and alert-rule tests skip here. Needs uv (`make test` puts it into .venv).
 COMPILED_VENV := .venv-compiled
 COMPILED_TESTS ?= tests/test_compiled.py $(CHECK_TESTS) tests/e2e
+COMPILED_TIER ?=
 compiled: $(TEST_STAMP) ## the compiled build in .venv-compiled, and the unit and e2e tiers on it
 	rm -rf out/compiled
 	NNRP_GATEWAY_COMPILE=1 $(BIN)/uv build --quiet --wheel --out-dir out/compiled .
@@ -187,8 +188,18 @@ compiled: $(TEST_STAMP) ## the compiled build in .venv-compiled, and the unit an
 	$(BIN)/uv pip install --quiet --python $(COMPILED_VENV)/bin/python --reinstall-package \
 	  nnrp-vllm-gateway "$$(ls out/compiled/*.whl)[test]"
 	$(COMPILED_VENV)/bin/nnrp-gateway --version
-	NNRP_TESTS_COMPILED=1 NNRP_REQUIRE_HAPROXY= NNRP_REQUIRE_PROMTOOL= \
-	  $(COMPILED_VENV)/bin/pytest -q -p no:cacheprovider --import-mode=append $(COMPILED_TESTS)
+	NNRP_TESTS_COMPILED=1 NNRP_TESTS_TIER=$(COMPILED_TIER) NNRP_REQUIRE_HAPROXY= \
+	  NNRP_REQUIRE_PROMTOOL= $(COMPILED_VENV)/bin/pytest -q -p no:cacheprovider \
+	  --import-mode=append $(COMPILED_TESTS)
+
+# `make test`'s compiled leg, bounded (3.5 minutes on the 2-core VM, most of it the
+# build): the static checks, the unit tier at a tenth of its property examples, and the
+# e2e tests that compare every recorded transcript at the client; the whole e2e tier on
+# the compiled build is `make compiled` (another 4 minutes).
+compiled-check: COMPILED_TESTS = tests/test_compiled.py $(CHECK_TESTS) \
+  tests/e2e/test_fidelity.py tests/e2e/test_recorded_032.py tests/e2e/test_pipeline.py
+compiled-check: COMPILED_TIER = check
+compiled-check: compiled ## make test's compiled leg: the build, the unit tier, the recorded-transcript e2e tests
 
 clean: ## remove .venv, .venv-compiled and the tools' caches
 	rm -rf $(VENV) $(COMPILED_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
