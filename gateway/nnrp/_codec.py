@@ -427,7 +427,12 @@ class Decoder:
                 if available - offset < total:
                     if values[7] >= VIEW_MIN_BODY:
                         # Its own memory, filled as it arrives (the module docstring).
-                        filling = mmap.mmap(-1, total)
+                        try:
+                            filling = mmap.mmap(-1, total)
+                        except OSError as exc:  # no memory, or no mapping, left here
+                            raise RemoteProtocolError(
+                                f"no memory for a packet of {total} bytes: {exc}",
+                                code=ErrorCode.SERVER_BUSY) from exc
                         with memoryview(source) as arrived:
                             filling[:available - offset] = arrived[offset:available]
                         self._filling, self._filled = filling, available - offset

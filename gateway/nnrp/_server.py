@@ -298,11 +298,15 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         self._wanted, self._held = None, []
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
+        # The key is the awaited submit's alone: set for it, cleared before what follows
+        # (a submit refused before its key is read, a drain begun meanwhile say, must not
+        # leave it to the next submit held behind it).
         wanted.session.supplied_read = read
         try:
-            return self._handle_all(held)
+            events = self._handle_all(held[:1])
         finally:
-            wanted.session.supplied_read = None  # the submit was refused before its key
+            wanted.session.supplied_read = None
+        return events + self._handle_all(held[1:])
 
     def _handle_all(self, packets: list[Packet]) -> list[Event]:
         events: list[Event] = []

@@ -99,7 +99,7 @@ _REFERENCE = re.compile(r"nnrp:(?:frame/([1-9][0-9]{0,4})"
 #: M8: a session's objects, read by id and version (0: current): the bytes or why not.
 ObjectReader = Callable[[int, int], "bytes | str"]
 #: M9: a session's cache, read by namespace and key (hi, lo): the bytes or why not.
-CacheReader = Callable[[int, int, int], "bytes | str"]
+CacheReader = Callable[[int, int, int], "bytes | memoryview | str"]
 #: What a request may name (M2, M8, M9), for its refusals.
 _FORMS = ("nnrp:frame/N, nnrp:object/ID[@VERSION] or nnrp:cache/NS/KEY (32 hex digits), "
           "optionally ;type=TYPE/SUBTYPE")
@@ -238,6 +238,7 @@ def plan_media(body: dict[str, Any], frames: Sequence[MediaFrame], *, nonce: str
     def object_frame(source: tuple[int, ...], where: str) -> int:
         index = read.get(source)
         if index is None:
+            data: bytes | memoryview | str
             if len(source) == 2:
                 name = f"nnrp:object/{source[0]}"
                 data = objects(*source) if objects is not None else (

@@ -59,7 +59,8 @@ class EndCause(enum.StrEnum):
     SERVER_DRAINING = "server_draining"
     RESUBMISSION_DIFFERS = "resubmission_differs"  # not the request it resubmits
     RESULTS_UNAVAILABLE = "results_unavailable"  # resubmitted, but not replayable
-    # Its body references cached objects the gateway does not hold (no cache).
+    # Its body references cached objects the session does not hold (never put, expired,
+    # invalidated, or of another kind: gateway.nnrp._cache C6).
     OBJECT_REFERENCE_UNRESOLVED = "object_reference_unresolved"
     # Refused before vLLM is called: vLLM's published load is past the configured
     # thresholds (load-aware admission, gateway.upstream._load). The profile's transient
@@ -194,8 +195,8 @@ END_TABLE: dict[EndCause, EndSpec] = {
                                    recoverable=True),
     C.RESUBMISSION_DIFFERS: _invalid(409),
     C.RESULTS_UNAVAILABLE: _invalid(410),
-    # The gateway holds no cache: what the request's body references cannot be had here
-    # (each reference was answered CACHE_MISS not_found first).
+    # What the request's body references is not in the session's cache (each missing
+    # reference was answered CACHE_MISS first, with its reason: gateway.nnrp._cache C6).
     C.OBJECT_REFERENCE_UNRESOLVED: _invalid(404),
     C.INVALID_BACKEND_REQUEST: _upstream(400, "invalid_request_error", Outcome.UPSTREAM_ERROR,
                                          "info"),

@@ -13,7 +13,8 @@ K1. **What is keyed.** The request's value: the envelope's JSON (its keys in one
     resubmission may add or change (it says where to continue: read back beside the
     key, or why it is no position); then each typed frame's descriptor (all but its
     offset and length) and, for the frames after the envelope (media, ``_media`` M1)
-    and the body's object and extension regions, their SHA-256. A payload that is not a
+    and the body's object (inline and referenced: what a submit depends on, C6 of
+    ``gateway.nnrp._cache``) and extension regions, their SHA-256. A payload that is not a
     JSON object, or that Python cannot write back, is keyed by its bytes (``raw:``),
     with the rest as above.
 K2. **Long strings by digest.** In the keyed JSON, every string (a value or a key) of
@@ -84,7 +85,8 @@ class EnvelopeResubmission:
             if index:
                 rest.update(hashlib.sha256(payload).digest())
         if body is not None:
-            for region in (body.inline_object, body.extension_descriptor,
+            references = b"".join(reference.pack() for reference in body.object_references)
+            for region in (body.inline_object, references, body.extension_descriptor,
                            body.extension_payload):
                 rest.update(hashlib.sha256(region).digest())
         envelope = frames[0].payload if frames else b""

@@ -115,7 +115,8 @@ class OperationPort(Protocol):
         operation is dropped). A string says why not (``gateway.nnrp._objects`` O9)."""
         ...
 
-    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int
+                    ) -> bytes | memoryview | str:
         """The bytes of an object the session put in its cache (CACHE_PUT); the operation
         then depends on the entry (invalidated or replaced, the operation is dropped). A
         string says why not (``gateway.nnrp._cache`` C6)."""
@@ -371,7 +372,8 @@ class Operation:
         """The bytes of one of the session's runtime objects (``OperationPort``)."""
         return self._port.read_object(object_id, version)
 
-    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int
+                    ) -> bytes | memoryview | str:
         """The bytes of one of the session's cached objects (``OperationPort``)."""
         return self._port.read_cached(namespace, key_hi, key_lo)
 

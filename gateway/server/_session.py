@@ -29,6 +29,7 @@ import trio
 
 from gateway.nnrp import (
     OPENAI_EVENT_FRAME,
+    CacheMissReason,
     DropReason,
     FrameShape,
     ServerConnection,
@@ -352,12 +353,13 @@ class _Port:
             operation_in_flight=self.operation_id in protocol.operations)
         return read if isinstance(read, bytes) else read.text
 
-    def read_cached(self, namespace: int, key_hi: int, key_lo: int) -> bytes | str:
+    def read_cached(self, namespace: int, key_hi: int, key_lo: int
+                    ) -> bytes | memoryview | str:
         protocol = self._session.protocol
         read = protocol.objects.cache.read(
             (namespace, key_hi, key_lo), self.operation_id,
             operation_in_flight=self.operation_id in protocol.operations)
-        if isinstance(read, bytes):
+        if not isinstance(read, CacheMissReason):
             return read
         return (f"the session's cache holds no such entry ({read.name.lower()}: never put, "
                 "expired or invalidated); CACHE_PUT it first")

@@ -206,6 +206,38 @@ def test_a_big_packet_arriving_holds_what_arrived_and_stops_at_its_end() -> None
     assert decoder.buffered == 0
 
 
+def test_a_big_packet_completed_in_the_decoders_buffer_is_a_view_of_it() -> None:
+    """The buffer branch: a header split across reads is buffered, and the read that
+    completes the packet (a big body in one read) leaves it a view of that buffer, which
+    the decoder gives up; what follows decodes from a new one."""
+    body = b"v" * nnrp.VIEW_MIN_BODY
+    stream = _submit(7, body) + PING
+    decoder = nnrp.Decoder()
+    assert decoder.feed(stream[:10]) == [] and decoder.buffered == 10
+    (big, ping) = decoder.feed(stream[10:])
+    assert isinstance(big.body, memoryview) and big.body.readonly and big.body == body
+    assert ping.msg_type is nnrp.MsgType.PING and decoder.buffered == 0
+    decoder.feed(PING[:5])  # the new buffer: the old one stays as the packet's
+    assert big.body == body and decoder.feed(PING[5:])[0].msg_type is nnrp.MsgType.PING
+
+
+def test_no_memory_for_a_big_packet_fails_its_connection_cleanly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmap
+
+    def refused(*args: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    decoder = nnrp.Decoder()
+    packet = _submit(7, bytes(nnrp.VIEW_MIN_BODY))
+    with pytest.raises(nnrp.RemoteProtocolError, match="no memory for a packet") as info:
+        decoder.feed(packet[:1000])
+    assert info.value.code is nnrp.ErrorCode.SERVER_BUSY
+    with pytest.raises(nnrp.RemoteProtocolError):
+        decoder.feed(PING)  # broken for good, as after any framing error
+
+
 def test_a_big_body_of_a_message_passed_whole_is_a_view_only_of_immutable_bytes() -> None:
     """A WebSocket message (``decode_packet``) or a whole read: a view of ``bytes``; a
     ``bytearray`` or a view the caller passed may change after, so it is copied."""

@@ -729,6 +729,27 @@ def test_a_big_resubmission_is_compared_by_the_key_computed_off_the_loop() -> No
     assert of(events, nnrp.SubmitRefused)[0].reason is nnrp.RefusalReason.RESUBMISSION_DIFFERS
 
 
+def test_a_key_is_its_submits_alone_even_when_that_submit_is_refused_before_reading_it(
+        ) -> None:
+    """A review found it: a big submit refused once its key came (a drain begun while the
+    key was computed) left the key to the next submit held behind it, here a small
+    resubmission, refused 409 and abandoned with it, its results lost."""
+    sessions = book()
+    first, token = opened(sessions, key_off_loop_bytes=1000)
+    first.receive_data(submit(7002, 2))
+    first.send_partial(1, 7002, b"p1")
+    cut(first)
+    second, _ = resumed(sessions, token, key_off_loop_bytes=1000)
+    events = second.receive_data(submit(3, 3, BIG) + submit(7002, 2))
+    assert [type(event) for event in events] == [nnrp.RequestKeyWanted]
+    second.start_draining()  # SIGTERM while a worker thread computes the key
+    events = keyed(second, events)
+    assert [(r.operation_id, r.reason) for r in of(events, nnrp.SubmitRefused)] == [
+        (3, nnrp.RefusalReason.DRAINING)]
+    (resumed_event,) = of(events, nnrp.OperationResumed)
+    assert resumed_event.operation_id == 7002
+
+
 def test_a_connection_lost_while_a_key_is_computed_handles_nothing_more() -> None:
     sessions = book()
     conn, _ = opened(sessions, key_off_loop_bytes=1000)

@@ -263,3 +263,18 @@ def test_a_literal_with_escapes_is_parsed_whole_and_keys_as_its_value() -> None:
 def test_rule_sizes_that_would_cut_a_short_string_are_refused() -> None:
     with pytest.raises(ValueError, match="12 x long_string"):
         EnvelopeResubmission(min_literal=100, long_string=10)
+
+
+def test_a_submit_naming_other_cached_objects_is_another_request() -> None:
+    """K1: the object_reference region is what a submit depends on (gateway/nnrp/_cache.py
+    C6); a review found it left out of the key, so a resubmission naming other objects
+    was replayed as the same request."""
+    envelope = json.dumps({"body": {"model": "m"}}).encode()
+    plain = body(envelope)
+    references = [nnrp.ObjectReference(int(nnrp.CacheObjectKind.CAMERA_BLOCK), 7, 1, key_lo)
+                  for key_lo in (2, 3)]
+    keys = {RULE.key(plain._replace(object_references=(reference,)))
+            for reference in references}
+    assert len(keys | {RULE.key(plain)}) == 3
+    assert RULE.key(plain._replace(object_references=(references[0],))) == RULE.key(
+        body(envelope)._replace(object_references=(references[0],)))
