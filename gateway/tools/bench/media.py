@@ -29,7 +29,10 @@ Measured:
 4. **the stall other streams see**: the inter-event gap p99 of ``STREAMS`` paced text
    streams through one gateway while big submits arrive back to back on another
    connection (the load process), against the same streams without them, in the order
-   without, with, with, without; the ratio's goal is ``STALL_GOAL``.
+   without, with, with, without; the ratio's goal is ``STALL_GOAL``. A control runs the
+   same with the load sent to the *other* gateway (another process on the same machine):
+   what the machine's contention alone costs the streams (the load client, the kernel's
+   copies and the other gateway share its cores), which no gateway can remove.
 
 The client's own encoding (base64 and JSON for the POST, packing for NNRP) is done
 before the clock starts: both sides are timed from a ready request.
@@ -425,7 +428,9 @@ async def _load(endpoint: str, way: str, mib: float, result: StallResult
 
 async def measure_stall(stack: MediaStack, name: str, mode: str, load_way: str,
                         load_mib: float, *, quick: bool, run: str,
-                        progress: Progress) -> StallResult:
+                        progress: Progress, load_mode: str | None = None) -> StallResult:
+    """The streams through the ``mode`` gateway; the load to the ``load_mode`` one (the
+    same by default; another for the control, rule 4)."""
     streams = 8 if quick else STREAMS
     tokens = QUICK_STREAM_TOKENS if quick else STREAM_TOKENS
     result = StallResult(name, load_way, load_mib, streams)
@@ -443,7 +448,8 @@ async def measure_stall(stack: MediaStack, name: str, mode: str, load_way: str,
                     sessions, prefix, gaps, delays, index))  # noqa: B023 - awaited here
 
             if condition == "with":
-                async with _load(stack.endpoints[mode], load_way, load_mib, result):
+                async with _load(stack.endpoints[load_mode or mode], load_way, load_mib,
+                                 result):
                     await paced_streams()
             else:
                 await paced_streams()
@@ -573,10 +579,16 @@ async def run_media_bench(quick: bool, progress: Progress, log_dir: Path | None 
         for mib in sizes:
             rounds = QUICK_ROUNDS if quick else ROUNDS[mib]
             report.sizes.append(await measure_size(stack, mib, rounds, run, progress))
-        for name, mode, way, mib in (
-                ("data URI", "data_uri", "frames", biggest),
-                ("media dir", "media_dir", "frames", biggest),
-                ("base64 envelope", "data_uri", "envelope", min(biggest, ENVELOPE_MAX_MIB))):
-            report.stalls.append(await measure_stall(stack, name, mode, way, mib, quick=quick,
-                                                     run=run, progress=progress))
+        stalls: list[tuple[str, str, str, float, str | None]] = [
+            ("data URI", "data_uri", "frames", biggest, None),
+            ("media dir", "media_dir", "frames", biggest, None),
+            ("base64 envelope", "data_uri", "envelope", min(biggest, ENVELOPE_MAX_MIB), None)]
+        if not quick:  # the control (rule 4): the same load, sent to the other gateway
+            stalls.append(("control, load to the other gateway", "data_uri", "frames",
+                           biggest, "media_dir"))
+        for name, mode, way, load_mib, load_mode in stalls:
+            report.stalls.append(await measure_stall(stack, name, mode, way, load_mib,
+                                                     quick=quick,
+                                                     run=run, progress=progress,
+                                                     load_mode=load_mode))
     return report
