@@ -139,6 +139,30 @@ def partials_of(events: list[dict[str, Any]]) -> dict[int, bytes]:
     return seen
 
 
+def stream_until_cut(path: Route, trio_token: Any,
+                     submits: dict[int, Callable[[Any], None]], partials: int = 20
+                     ) -> tuple[Any, list[dict[str, Any]]]:
+    """The first connection, in a worker thread: nnrp-py's native client opens a
+    resumable session through ``path``'s proxy, runs ``submits`` (operation id -> how
+    it is submitted) in order, reads until every one of those operations has
+    ``partials`` partial results, and the proxy cuts the connection. Returns the
+    session's recovery ticket and the events read before the cut."""
+    opened = connect_native_client_connection(path.native(path.via))
+    connection = opened.__enter__()
+    session = asyncio.run(connection.open_session(RESUME))
+    for submit in submits.values():
+        submit(session)
+    events: list[dict[str, Any]] = []
+    while min(sum(e["kind"] == "PARTIAL_RESULT" and e["operation_id"] == operation_id
+                  for e in events) for operation_id in submits) < partials:
+        events += [describe(e) for e in session.poll_events(timeout_ms=20)]
+    trio.from_thread.run_sync(path.cut, trio_token=trio_token)
+    ticket = session.recovery_ticket()
+    with contextlib.suppress(Exception):  # its connection is gone: closing it fails
+        opened.__exit__(None, None, None)
+    return ticket, events
+
+
 async def release_when_resumed(registry: Any, hold: Any, counter: str = "resumed_total"
                                ) -> None:
     """The held generation goes on once ``registry`` has counted the resume (or the
@@ -160,22 +184,9 @@ async def test_a_native_client_resumes_a_stream_after_its_connection_drops(
     hold = path.stack.replay.hold(lambda request: request.method == "POST", after=30)
     nursery.start_soon(release_when_resumed, path.registry, hold)
 
-    def first_connection() -> tuple[Any, list[dict[str, Any]]]:
-        opened = connect_native_client_connection(path.native(path.via))
-        connection = opened.__enter__()
-        session = asyncio.run(connection.open_session(RESUME))
-        session.submit_operation(openai_submit(7001, 1, payload))
-        events: list[dict[str, Any]] = []
-        while sum(e["kind"] == "PARTIAL_RESULT" for e in events) < 20:
-            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-        trio.from_thread.run_sync(path.cut, trio_token=token)
-        ticket = session.recovery_ticket()
-        with contextlib.suppress(Exception):  # its connection is gone: closing it fails
-            opened.__exit__(None, None, None)
-        return ticket, events
-
     with trio.fail_after(30):
-        ticket, before = await trio.to_thread.run_sync(first_connection)
+        ticket, before = await trio.to_thread.run_sync(stream_until_cut, path, token, {
+            7001: lambda session: session.submit_operation(openai_submit(7001, 1, payload))})
         assert ticket is not None and ticket.resume_window_ms == 120_000
         await until(lambda: path.registry.detached == 1)
 
@@ -371,24 +382,10 @@ async def test_a_resubmitted_big_image_is_replayed_and_one_byte_changed_is_anoth
     hold = path.stack.replay.hold(lambda request: request.method == "POST", after=30)
     nursery.start_soon(release_when_resumed, path.registry, hold)
 
-    def first_connection() -> tuple[Any, list[dict[str, Any]]]:
-        opened = connect_native_client_connection(path.native(path.via))
-        connection = opened.__enter__()
-        session = asyncio.run(connection.open_session(RESUME))
-        submit(session, 7001, 1, image)
-        submit(session, 7002, 2, image)
-        events: list[dict[str, Any]] = []
-        while min(sum(e["kind"] == "PARTIAL_RESULT" and e["operation_id"] == operation_id
-                      for e in events) for operation_id in (7001, 7002)) < 20:
-            events += [describe(e) for e in session.poll_events(timeout_ms=20)]
-        trio.from_thread.run_sync(path.cut, trio_token=token)
-        ticket = session.recovery_ticket()
-        with contextlib.suppress(Exception):  # its connection is gone: closing it fails
-            opened.__exit__(None, None, None)
-        return ticket, events
-
     with trio.fail_after(60):
-        ticket, before = await trio.to_thread.run_sync(first_connection)
+        ticket, before = await trio.to_thread.run_sync(stream_until_cut, path, token, {
+            7001: lambda session: submit(session, 7001, 1, image),
+            7002: lambda session: submit(session, 7002, 2, image)})
         await until(lambda: path.registry.detached == 1)
     held = max(e["sequence"] for e in before
                if e["kind"] == "PARTIAL_RESULT" and e["operation_id"] == 7001)

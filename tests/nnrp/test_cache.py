@@ -16,7 +16,7 @@ import pytest
 from nnrp.core.messages.control import CacheAckMetadata, CachePutMetadata
 
 from gateway import nnrp
-from tests.support.resume import RESUMABLE, Clock, book, connection
+from tests.support.resume import RESUMABLE, SESSION_ENDS, Clock, book, connection, end_session
 from tests.support.wire import of, pk, replies
 
 HELLO = nnrp.ClientHello(profile_bitmap=0b11)
@@ -334,8 +334,7 @@ def test_a_reader_depends_on_the_entry_until_it_ends() -> None:
 # --------------------------------------------------------------------------- C8
 
 
-@pytest.mark.parametrize("end", ["close", "connection_lost", "fatal_error", "expired",
-                                 "drained"])
+@pytest.mark.parametrize("end", SESSION_ENDS)
 def test_every_end_of_a_session_gives_its_cached_bytes_back(end: str) -> None:
     pool = nnrp.ObjectBytes(capacity=64)
     clock = Clock()
@@ -343,20 +342,7 @@ def test_every_end_of_a_session_gives_its_cached_bytes_back(end: str) -> None:
     conn = connection(sessions, object_bytes=pool)
     conn.receive_data(pk(RESUMABLE) + put(1, b"A" * 16))
     assert pool.used == 16
-    if end == "close":
-        conn.receive_data(pk(nnrp.SessionClose(), session_id=SESSION))
-    elif end == "connection_lost":
-        conn.connection_lost(detach=False)
-    elif end == "fatal_error":
-        conn.receive_data(b"\0" * 40)  # not NNRP: the connection fails
-    elif end == "expired":
-        conn.connection_lost()  # detached, waiting for its client ...
-        assert pool.used == 16
-        clock.now += 10.0
-        sessions.expire()  # ... which never came
-    else:
-        conn.connection_lost()
-        sessions.close()  # the process stops
+    end_session(conn, sessions, clock, end, session_id=SESSION, pool=pool)
     assert pool.used == 0
 
 

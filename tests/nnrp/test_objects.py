@@ -22,6 +22,7 @@ from nnrp.core.packet import pack_object_reference_blocks, unpack_object_referen
 from gateway import nnrp
 from gateway.profile import CANCEL_CAUSES, END_TABLE, Drop, EndCause, Push
 from tests.support.golden import CASES
+from tests.support.resume import SESSION_ENDS
 from tests.support.tiers import examples
 from tests.support.wire import of, pk, replies
 
@@ -568,12 +569,11 @@ def test_a_delta_whose_bytes_do_not_match_its_region_is_refused() -> None:
     assert session.objects.read(7, 0, 0) == b"ABCDEFGH"
 
 
-@pytest.mark.parametrize("end", ["close", "connection_lost", "fatal_error", "expired",
-                                 "drained"])
+@pytest.mark.parametrize("end", SESSION_ENDS)
 def test_every_end_of_a_session_gives_its_kept_bytes_back(end: str) -> None:
     """However a session ends, its reservation returns to the process's pool (a review
     found a connection lost or a window expired keeping it for good)."""
-    from tests.support.resume import RESUMABLE, Clock, book, connection
+    from tests.support.resume import RESUMABLE, Clock, book, connection, end_session
 
     pool = nnrp.ObjectBytes(capacity=64)
     clock = Clock()
@@ -582,20 +582,7 @@ def test_every_end_of_a_session_gives_its_kept_bytes_back(end: str) -> None:
     conn.receive_data(pk(RESUMABLE) + negotiate())
     conn.receive_data(declare(7, byte_size=16) + _replace(7, 1, 0, b"A" * 16))
     assert pool.used == 16
-    if end == "close":
-        conn.receive_data(pk(nnrp.SessionClose(), session_id=SESSION))
-    elif end == "connection_lost":
-        conn.connection_lost(detach=False)
-    elif end == "fatal_error":
-        conn.receive_data(b"\0" * 40)  # not NNRP: the connection fails
-    elif end == "expired":
-        conn.connection_lost()  # detached, waiting for its client ...
-        assert pool.used == 16
-        clock.now += 10.0
-        sessions.expire()  # ... which never came
-    else:
-        conn.connection_lost()
-        sessions.close()  # the process stops
+    end_session(conn, sessions, clock, end, session_id=SESSION, pool=pool)
     assert pool.used == 0
 
 

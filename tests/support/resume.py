@@ -54,6 +54,35 @@ def cut(conn: nnrp.ServerConnection) -> nnrp.SessionsLost:
     return conn.connection_lost()
 
 
+#: Every way a session ends: its SESSION_CLOSE, its connection lost without detaching,
+#: a fatal error on its connection, its resume window over while detached, the process
+#: stopping (the book closed).
+SESSION_ENDS = ("close", "connection_lost", "fatal_error", "expired", "drained")
+
+
+def end_session(conn: nnrp.ServerConnection, sessions: nnrp.SessionBook, clock: Clock,
+                end: str, *, session_id: int, pool: nnrp.ObjectBytes) -> None:
+    """End session ``session_id`` of ``conn`` (resumable, opened over ``sessions``) in the
+    way ``end`` (one of ``SESSION_ENDS``) names. While it waits detached for a client
+    that never comes, what it holds of ``pool`` is still held."""
+    if end == "close":
+        conn.receive_data(nnrp.encode(nnrp.Packet(nnrp.SessionClose(), session_id=session_id)))
+    elif end == "connection_lost":
+        conn.connection_lost(detach=False)
+    elif end == "fatal_error":
+        conn.receive_data(b"\0" * 40)  # not NNRP: the connection fails
+    elif end == "expired":
+        held = pool.used
+        conn.connection_lost()  # detached, waiting for its client ...
+        assert pool.used == held
+        clock.now += sessions.policy.window
+        sessions.expire()  # ... which never came
+    else:
+        assert end == "drained", end
+        conn.connection_lost()
+        sessions.close()  # the process stops
+
+
 def resume(token: bytes, session_id: int = 1, *, auth: bytes = b"",
            flags: int = nnrp.SessionFlag.ALLOW_RESUME, **fields: Any) -> bytes:
     request = attrs.evolve(RESUMABLE, requested_session_id=session_id, session_flags=flags,
