@@ -429,10 +429,10 @@ class Decoder:
                         # Its own memory, filled as it arrives (the module docstring).
                         try:
                             filling = mmap.mmap(-1, total)
-                        except OSError as exc:  # no memory, or no mapping, left here
+                        except OSError as no_memory:  # nor a mapping left here
                             raise RemoteProtocolError(
-                                f"no memory for a packet of {total} bytes: {exc}",
-                                code=ErrorCode.SERVER_BUSY) from exc
+                                f"no memory for a packet of {total} bytes: {no_memory}",
+                                code=ErrorCode.SERVER_BUSY) from no_memory
                         with memoryview(source) as arrived:
                             filling[:available - offset] = arrived[offset:available]
                         self._filling, self._filled = filling, available - offset
