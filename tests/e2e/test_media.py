@@ -31,7 +31,13 @@ from tests.support.media import (
     sent_content,
     with_parts,
 )
-from tests.support.native import native_connection, open_session, openai_submit, poll_until
+from tests.support.native import (
+    native_connection,
+    negotiate_tokens,
+    open_session,
+    openai_submit,
+    poll_until,
+)
 from tests.support.scenarios import request_for
 from tests.support.stack import Stack, envelope, run_operation, start_stack
 
@@ -321,10 +327,7 @@ def _objects_once_used_twice(uri: str, payloads: list[bytes], release_payload: b
     tokens = ("object.cost", "object.delta", "object.lifecycle", "object.ownership")
     with native_connection("tcp", uri) as connection:
         session = open_session(connection)
-        connection.negotiate_runtime_capabilities(
-            session, profile_id=0, capability_count=len(tokens), body=nnrp.pack_tokens(tokens))
-        granted = poll_until(session, lambda events: any(
-            e["kind"] == "CAPABILITY_NEGOTIATION" for e in events))
+        granted = negotiate_tokens(connection, session, tokens)
         (sid,) = {e["session_id"] for e in granted if e["kind"] == "CAPABILITY_NEGOTIATION"}
         session.declare_object(ObjectDescriptorMetadata(7, 7, 1, 2, sid, len(PNG), 3, 1, 3,
                                                          0, 0))

@@ -36,6 +36,7 @@ from tests.support.media import PNG, data_uri_bytes, image_part, sent_content, w
 from tests.support.native import (
     REFEREE_START_LIMIT,
     native_connection,
+    negotiate_tokens,
     next_event,
     open_session,
     openai_submit,
@@ -188,10 +189,7 @@ async def test_a_request_naming_an_entry_not_held_is_refused_naming_the_part(
 def native_cache_session(uri: str) -> dict[str, list[dict[str, Any]]]:
     with native_connection("tcp", uri) as connection:
         session = open_session(connection)
-        connection.negotiate_runtime_capabilities(
-            session, profile_id=0, capability_count=len(TOKENS), body=nnrp.pack_tokens(TOKENS))
-        granted = poll_until(session, lambda events: any(
-            e["kind"] == "CAPABILITY_NEGOTIATION" for e in events))
+        granted = negotiate_tokens(connection, session, TOKENS)
         session.reference_cache(CacheReferenceMetadata(KEY[0], KEY[1], KEY[2], 0, 1, 0, 0, 0,
                                                        0, 0))
         missed = poll_until(session, lambda events: any(

@@ -98,6 +98,15 @@ def open_session(connection: Any) -> Any:
     return asyncio.run(connection.open_session(NativeClientSessionOptions()))
 
 
+def negotiate_tokens(connection: Any, session: Any, tokens: tuple[str, ...]
+                     ) -> list[dict[str, Any]]:
+    """CAPABILITY_NEGOTIATION of ``tokens``, and the events up to the server's answer."""
+    connection.negotiate_runtime_capabilities(
+        session, profile_id=0, capability_count=len(tokens), body=ours.pack_tokens(tokens))
+    return poll_until(session, lambda events: any(
+        e["kind"] == "CAPABILITY_NEGOTIATION" for e in events))
+
+
 def trace_metadata(trace_id: int, span_id: int, body: bytes) -> TraceContextMetadata:
     return TraceContextMetadata(trace_id, span_id, 0, 0, 1, len(body))
 
