@@ -40,7 +40,7 @@ L5. A big envelope is read in steps: ``cut_steps`` (and ``copy_steps``, which co
 from __future__ import annotations
 
 import mmap
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
 #: L1: envelopes smaller than this are parsed as they are.
@@ -61,6 +61,8 @@ STEP_BYTES = 1 << 20
 #: What ``cut_steps`` searches: ``bytes``, or a copy of a big envelope (``copy_steps``).
 Text = bytes | mmap.mmap
 T = TypeVar("T")
+#: ``bytes.find`` / ``rfind``'s shape (sub, start, end), over whatever holds the text.
+Finder = Callable[[bytes, int, int], int]
 
 
 def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITERAL,
@@ -71,26 +73,37 @@ def cut_long_literals(payload: bytes, *, nonce: str, min_literal: int = MIN_LITE
                             threshold=threshold))
 
 
+def long_runs(find: Finder, rfind: Finder, size: int, min_literal: int
+              ) -> Iterator[tuple[int, int]]:
+    """L1's scan: each (opening, closing) quote pair at least ``min_literal`` bytes apart
+    with no quote between, found from each quote by asking whether the next
+    ``min_literal`` bytes hold another (``rfind``). Whether a run is cut is the caller's
+    rule (here L1's; ``_resubmission`` K3's); the scan goes on after its closing quote
+    either way."""
+    quote = find(b'"', 0, size)
+    while 0 <= quote < size - min_literal:
+        window_end = quote + 1 + min_literal
+        later = rfind(b'"', quote + 1, window_end)
+        if later >= 0:  # too short a run: go on from the window's last quote
+            quote = later
+            continue
+        closing = find(b'"', window_end, size)
+        if closing < 0:
+            return
+        yield quote, closing
+        quote = closing
+
+
 def cut_steps(payload: Text, *, nonce: str, min_literal: int = MIN_LITERAL,
               threshold: int = CUT_THRESHOLD
               ) -> Generator[None, None, tuple[bytes, dict[str, memoryview]]]:
     """``cut_long_literals`` in steps (L5)."""
     if len(payload) < threshold:
         return payload[:] if isinstance(payload, mmap.mmap) else payload, {}
-    find, rfind = payload.find, payload.rfind
     pieces: list[bytes] = []
     cuts: dict[str, memoryview] = {}
     kept_from = 0
-    quote = find(b'"')
-    while 0 <= quote < len(payload) - min_literal:
-        window_end = quote + 1 + min_literal
-        later = rfind(b'"', quote + 1, window_end)
-        if later >= 0:  # too short a run: go on from the window's last quote
-            quote = later
-            continue
-        closing = find(b'"', window_end)
-        if closing < 0:
-            break
+    for quote, closing in long_runs(payload.find, payload.rfind, len(payload), min_literal):
         # The run is checked where it lies and kept as a view of the payload: a cut
         # megabyte is never copied (the request is sent in pieces, ``_media`` D3).
         printable = yield from _printable(payload, quote + 1, closing)
@@ -99,7 +112,6 @@ def cut_steps(payload: Text, *, nonce: str, min_literal: int = MIN_LITERAL,
             pieces += [payload[kept_from:quote + 1], placeholder.encode()]
             cuts[placeholder] = memoryview(payload)[quote + 1:closing]
             kept_from = closing
-        quote = closing
     if not cuts:
         return payload[:] if isinstance(payload, mmap.mmap) else payload, {}
     pieces.append(payload[kept_from:])

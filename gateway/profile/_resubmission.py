@@ -41,6 +41,7 @@ K4. **Bounded holds.** The envelope may be a view of the packet (a big body is n
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -49,7 +50,7 @@ from typing import Any
 
 from gateway.nnrp import ResubmissionRead, TypedBody
 
-from ._literals import CUT_THRESHOLD, MIN_LITERAL, PLACEHOLDER_PREFIX
+from ._literals import CUT_THRESHOLD, MIN_LITERAL, PLACEHOLDER_PREFIX, long_runs
 
 #: K2: strings this long or longer are keyed by their digest. Below any string a cut run
 #: can end (a ``MIN_LITERAL``-byte run is at least ``MIN_LITERAL / 12`` characters: a
@@ -172,23 +173,13 @@ def _shortened(view: memoryview, min_literal: int, runs: _Runs) -> bytes | None:
     when none is cut."""
     pieces: list[bytes] = []
     kept_from = 0
-    size = len(view)
-    quote = _find(view, b'"', 0, size)
-    while 0 <= quote < size - min_literal:
-        window_end = quote + 1 + min_literal
-        later = bytes(view[quote + 1:window_end]).rfind(b'"')
-        if later >= 0:  # too short a run: go on from the window's last quote
-            quote += 1 + later
-            continue
-        closing = _find(view, b'"', window_end, size)
-        if closing < 0:
-            break
+    for quote, closing in long_runs(functools.partial(_find, view),
+                                    functools.partial(_rfind, view), len(view), min_literal):
         if _find(view, b"\\", quote + 1, closing) < 0:
             pieces += [bytes(view[kept_from:quote + 1]),
                        f"{runs.marker}{len(runs.spans)}".encode()]
             runs.spans.append((quote + 1, closing))
             kept_from = closing
-        quote = closing
     if not runs.spans:
         return None
     pieces.append(bytes(view[kept_from:]))
@@ -204,6 +195,12 @@ def _find(view: memoryview, needle: bytes, start: int, end: int) -> int:
             return start + found
         start = stop
     return -1
+
+
+def _rfind(view: memoryview, needle: bytes, start: int, end: int) -> int:
+    """``bytes.rfind`` over a view's window (the scan's windows are ``MIN_LITERAL``)."""
+    found = bytes(view[start:end]).rfind(needle)
+    return start + found if found >= 0 else -1
 
 
 # ---------------------------------------------------------------------- K2: the keyed JSON
