@@ -255,7 +255,8 @@ class Gateway:
         # a resubmission after a resume is compared as the profile reads an envelope.
         server_config = attrs.evolve(config.server, runtime_tokens=runtime_tokens(
             priority_scheduling=config.pipeline.priority_scheduling),
-            resubmission=EnvelopeResubmission())
+            resubmission=EnvelopeResubmission(),
+            spill=directory.spill if directory is not None else None)  # _media D5
         if self.load is not None and config.load.refuse_sessions:
             server_config = attrs.evolve(server_config, admit_session=self._admit_session)
         #: This pod in its fleet (None: a single pod); its key is re-read on SIGHUP.

@@ -9,9 +9,9 @@ machine reports), ``_server`` (a connection: handshake, flow, the rule table),
 ``_server_lifecycle`` (its sessions: open, resume, migrate, close), ``_server_session``
 (one session: operations and results), ``_server_operation`` (an operation's record and
 state table), ``_server_controls`` (the runtime controls), ``_objects`` (a session's
-runtime objects), ``_cache`` (a session's CACHE_PUT objects), ``_resumption`` (the
-process's resumable sessions: tokens, windows, caps), ``_journal`` (what a resumable
-session keeps for a replay), ``_session_ids``,
+runtime objects), ``_cache`` (a session's CACHE_PUT objects), ``_spill`` (a big submit
+held in a file), ``_resumption`` (the process's resumable sessions: tokens, windows,
+caps), ``_journal`` (what a resumable session keeps for a replay), ``_session_ids``,
 ``_client`` (the client's state machine), ``_errors``.
 """
 
@@ -309,6 +309,14 @@ from ._server_config import (
 from ._server_operation import OpState as OpState
 from ._server_session import ServerSession as ServerSession, SessionState as SessionState
 from ._session_ids import SessionIds as SessionIds
+from ._spill import (
+    SPILL_SLICE as SPILL_SLICE,
+    SpillMap as SpillMap,
+    SpillMemory as SpillMemory,
+    spill_digest_update as spill_digest_update,
+    spill_release as spill_release,
+    spill_sha256 as spill_sha256,
+)
 from ._tokens import (
     KNOWN_TOKENS as KNOWN_TOKENS,
     pack_tokens as pack_tokens,

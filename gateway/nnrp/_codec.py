@@ -33,13 +33,18 @@ view of that buffer (which the decoder then lets go, starting a new one for what
 follows), one complete in an immutable ``bytes`` the caller passed (a WebSocket
 message) a view of that. A smaller body is copied into ``bytes`` (cheaper for what
 reads it than a view).
+
+With a media directory, a big FRAME_SUBMIT's own memory is a file's instead
+(``Decoder``'s ``spill``; ``_spill`` S1-S2): the same views, and each page the decoder
+fills leaves the process as soon as it is full, so a 64 MiB image costs the gateway's
+resident memory a read, not the image.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 
@@ -59,6 +64,10 @@ from ._constants import (
 )
 from ._errors import LocalProtocolError, RemoteProtocolError
 from ._messages import MESSAGE_CLASSES, FrameSubmit, Message, PartialResult
+from ._spill import SpillMap
+
+if TYPE_CHECKING:
+    from ._spill import SpillMemory
 
 HEADER = struct.Struct("<4sBBBBIIIIIHHQ")
 assert HEADER.size == HEADER_LEN
@@ -323,6 +332,8 @@ class Decoder:
     Args:
         max_packet: largest packet accepted (header + metadata + body). Defaults to
             the protocol's 64 MiB (``DEFAULT_MAX_PACKET``); never more.
+        spill: where a big FRAME_SUBMIT's own memory comes from when not from the
+            process (``_spill``; None, or the factory's None: an anonymous map).
 
     Error handling: the first invalid packet raises ``RemoteProtocolError`` and the
     decoder stays broken (every later ``feed`` raises the same error): after a
@@ -331,10 +342,12 @@ class Decoder:
     next call.
     """
 
-    def __init__(self, max_packet: int = DEFAULT_MAX_PACKET) -> None:
+    def __init__(self, max_packet: int = DEFAULT_MAX_PACKET, *,
+                 spill: SpillMemory | None = None) -> None:
         if not HEADER_LEN <= max_packet <= PROTOCOL_MAX_PACKET:
             raise ValueError(f"max_packet must be between {HEADER_LEN} and {PROTOCOL_MAX_PACKET}")
         self.max_packet = max_packet
+        self._spill = spill
         self._buffer = bytearray()
         self._pending: tuple[RawHeader, type[Message]] | None = None
         #: The pending packet is an oversized FRAME_SUBMIT (module docstring).
@@ -346,6 +359,19 @@ class Decoder:
         self._filling: mmap.mmap | None = None
         self._filled = 0
         self._error: RemoteProtocolError | None = None
+
+    def _memory(self, total: int, cls: type[Message]) -> mmap.mmap:
+        """A big packet's own memory: a spill's for a submit when there is one, else
+        the process's (the module docstring)."""
+        if cls is FrameSubmit and self._spill is not None:
+            spilled = self._spill(total)
+            if spilled is not None:
+                return spilled
+        try:
+            return mmap.mmap(-1, total)
+        except OSError as no_memory:  # nor a mapping left here
+            raise RemoteProtocolError(f"no memory for a packet of {total} bytes: {no_memory}",
+                                      code=ErrorCode.SERVER_BUSY) from no_memory
 
     @property
     def error(self) -> RemoteProtocolError | None:
@@ -392,6 +418,8 @@ class Decoder:
                     taken = min(len(filling) - filled, available - offset)
                     with memoryview(source) as arrived:
                         filling[filled:filled + taken] = arrived[offset:offset + taken]
+                    if isinstance(filling, SpillMap):
+                        filling.settle(filled, filled + taken)  # _spill S2
                     offset += taken
                     if filled + taken < len(filling):
                         self._filled = filled + taken
@@ -427,14 +455,11 @@ class Decoder:
                 if available - offset < total:
                     if values[7] >= VIEW_MIN_BODY:
                         # Its own memory, filled as it arrives (the module docstring).
-                        try:
-                            filling = mmap.mmap(-1, total)
-                        except OSError as no_memory:  # nor a mapping left here
-                            raise RemoteProtocolError(
-                                f"no memory for a packet of {total} bytes: {no_memory}",
-                                code=ErrorCode.SERVER_BUSY) from no_memory
+                        filling = self._memory(total, cls)
                         with memoryview(source) as arrived:
                             filling[:available - offset] = arrived[offset:available]
+                        if isinstance(filling, SpillMap):
+                            filling.settle(0, available - offset)  # _spill S2
                         self._filling, self._filled = filling, available - offset
                         offset = available
                     break

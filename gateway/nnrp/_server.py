@@ -166,7 +166,7 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         self.forwarded = forwarded
         self._clock = clock
         self._wall_clock = wall_clock  # DEADLINE / EXPIRE_AT are Unix times
-        self._decoder = Decoder(self.config.max_packet)
+        self._decoder = Decoder(self.config.max_packet, spill=self.config.spill)
         self._sessions: dict[int, ServerSession] = {}
         self.hello: ClientHello | None = None
         # Rule 4's own state (``SessionLifecycle`` says what each is).

@@ -12,6 +12,7 @@ import attrs
 from ._cache import CacheLimits
 from ._constants import DEFAULT_MAX_PACKET, StandardProfile
 from ._objects import ObjectBytes, ObjectLimits
+from ._spill import SpillMemory, spill_digest_update
 
 if TYPE_CHECKING:
     from ._body import TypedBody
@@ -47,7 +48,7 @@ class SameBytes:
         digest = hashlib.sha256()
         for _, payload in body.frames if body is not None else ():
             digest.update(len(payload).to_bytes(8, "big"))
-            digest.update(payload)
+            spill_digest_update(digest, payload)  # a spill's in slices (_spill S3)
         return ResubmissionRead(digest.digest())
 
 
@@ -93,6 +94,9 @@ class ServerConfig:
     #: A submit whose frames hold this many bytes or more has its request key computed
     #: by the I/O layer, off the event loop (``_server_session`` rule 5c); a smaller one's here.
     key_off_loop_bytes: int = 1 << 20
+    #: Where a big FRAME_SUBMIT's bytes are held while it is read and served, when not in
+    #: the process's memory (``_spill``: the media directory's files; None: memory).
+    spill: SpillMemory | None = attrs.field(default=None, eq=False, repr=False)
     #: Refused session opens and resumes (bad credentials, a token that opens nothing)
     #: one connection may make at once, and per second after that (``_server_lifecycle`` rule 4e).
     refusal_burst: int = 8

@@ -34,15 +34,29 @@ D4. **The directory at start** (``MediaDirectory.prepare``): it must exist and b
     ``--workers`` each worker names its files ``nnrp-media-w<index>-...`` and sweeps
     those (a worker restarted must not take a live sibling's files from vLLM); worker 0
     also takes a single-process run's leftovers.
+D5. **A big submit is read into the directory** (``MediaDirectory.spill``,
+    ``gateway.nnrp._spill`` S1-S4): the decoder holds a FRAME_SUBMIT of 64 KiB or more
+    that does not arrive in one read in a file of this directory, unlinked as it is
+    made (``O_TMPFILE``; where the filesystem has none, made and unlinked at once), its
+    blocks allocated first; the pages it fills leave the process as they fill, and D2's
+    write and D1's base64 read it a slice at a time. Its bytes count against
+    ``--media-dir-bytes`` from when it is made until its last view goes (a
+    ``weakref.finalize``, which may run in a worker thread: the count has a lock). A
+    spill that would leave no room for the file its frame becomes, or that cannot be
+    made (no room, no ``fallocate``), is the process's memory instead, as without a
+    directory: the submit is served either way.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import mmap
 import os
 import re
 import secrets
+import threading
+import weakref
 from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -52,6 +66,7 @@ import structlog
 import trio
 
 from gateway.errors import ConfigError
+from gateway.nnrp import SPILL_SLICE, SpillMap, spill_release
 from gateway.profile import MEDIA_EXTENSIONS, EndCause, ProfileError
 
 if TYPE_CHECKING:
@@ -104,6 +119,7 @@ async def encode_base64(data: bytes | memoryview) -> list[bytes]:
     for start in range(0, len(data), ENCODE_SLICE):
         pieces.append(base64.b64encode(view[start:start + ENCODE_SLICE]))
         if len(data) > ENCODE_SLICE:
+            spill_release(data)  # D5: a spill's pages read back leave again
             await trio.lowlevel.checkpoint()
     return pieces
 
@@ -142,6 +158,9 @@ class MediaDirectory:
         #: D4: this process's part of the names (None: the only process).
         self.owner = "" if worker is None else f"w{worker}-"
         self.worker = worker
+        #: D5: the bytes of the spills alive now (their finalizers may run in any thread).
+        self.spilled = 0
+        self._spill_lock = threading.Lock()
 
     def _mine(self, name: str) -> bool:
         if not name.startswith(FILE_PREFIX):
@@ -183,15 +202,52 @@ class MediaDirectory:
             log.info("media directory swept", path=str(self.path), files=swept)
         return swept
 
+    def spill(self, size: int) -> SpillMap | None:
+        """D5: memory for a big submit in a file of the directory, or None (the
+        process's own: the bound reached, or no file to be had)."""
+        with self._spill_lock:
+            if self.used + self.spilled + 2 * size > self.capacity:
+                return None  # room for it and for the file its frame becomes (D2)
+            self.spilled += size
+        try:
+            memory = self._spill_file(size)
+        except OSError as exc:
+            self._unspill(size)
+            log.warning("submit not spilled to the media directory: held in memory",
+                        path=str(self.path), bytes=size, error=exc.strerror or str(exc))
+            return None
+        weakref.finalize(memory, self._unspill, size)
+        return memory
+
+    def _spill_file(self, size: int) -> SpillMap:
+        flags = os.O_RDWR | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags | os.O_TMPFILE, 0o600)
+        except (AttributeError, OSError):  # no O_TMPFILE here: made, then unlinked
+            path = self.path / f"{FILE_PREFIX}{self.owner}spill-{secrets.token_hex(12)}"
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            path.unlink()
+        try:
+            os.posix_fallocate(fd, 0, size)  # _spill S1: a full disk is an error here
+            return SpillMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+
+    def _unspill(self, size: int) -> None:
+        with self._spill_lock:
+            self.spilled -= size
+
     def write(self, data: bytes | memoryview, media_type: str) -> Path:
-        """One file, created exclusively (in a worker thread: ``deliver``)."""
+        """One file, created exclusively (in a worker thread: ``deliver``); a spill's
+        bytes a slice at a time (D5)."""
         extension = MEDIA_EXTENSIONS.get(media_type, "bin")
         path = self.path / f"{FILE_PREFIX}{self.owner}{secrets.token_hex(12)}.{extension}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view[:SPILL_SLICE]):]
+                spill_release(data)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -243,10 +299,11 @@ class MediaDelivery:
         frames = {frame.index: frame for frame in plan.frames}
         size = sum(len(frames[index].data)
                    for index in {slot.frame for slot in plan.slots if not slot.inline})
-        if directory.used + size > directory.capacity:
+        held = directory.used + directory.spilled  # files and spills (D5)
+        if held + size > directory.capacity:
             raise ProfileError(EndCause.SCHEDULER_REJECTED,
-                               f"the media directory holds {directory.used} bytes of requests "
-                               f"in flight; {size} more would pass its {directory.capacity} "
+                               f"the media directory holds {held} bytes of requests in "
+                               f"flight; {size} more would pass its {directory.capacity} "
                                "(--media-dir-bytes): retry later",
                                retry_after_ms=FULL_RETRY_AFTER_MS)
         directory.used += size

@@ -48,7 +48,7 @@ import re
 import secrets
 from typing import Any
 
-from gateway.nnrp import ResubmissionRead, TypedBody
+from gateway.nnrp import ResubmissionRead, TypedBody, spill_sha256
 
 from ._literals import CUT_THRESHOLD, MIN_LITERAL, PLACEHOLDER_PREFIX, long_runs
 
@@ -83,8 +83,8 @@ class EnvelopeResubmission:
         rest = hashlib.sha256()
         for index, (descriptor, payload) in enumerate(frames):  # K1: all but offset, length
             rest.update(repr(tuple(descriptor)[:6]).encode())
-            if index:
-                rest.update(hashlib.sha256(payload).digest())
+            if index:  # a spill's in slices (gateway.nnrp._spill S3)
+                rest.update(spill_sha256(payload))
         if body is not None:
             references = b"".join(reference.pack() for reference in body.object_references)
             for region in (body.inline_object, references, body.extension_descriptor,

@@ -13,6 +13,7 @@ import pytest
 import trio
 from hypothesis import given, strategies as st
 
+from gateway import nnrp
 from gateway.errors import ConfigError
 from gateway.pipeline import MediaDelivery, MediaDirectory
 from gateway.pipeline._media import ENCODE_SLICE, FILE_PREFIX, encode_base64, encode_body
@@ -174,3 +175,82 @@ async def test_the_directory_holds_at_most_its_capacity_and_gives_it_back(tmp_pa
         assert info.value.retry_after_ms == 1000
         assert len(_files(tmp_path)) == 1
     assert directory.used == 0 and _files(tmp_path) == []
+
+
+# ------------------------------------------------------------------ D5: spills
+
+
+def test_a_spill_is_an_unlinked_file_of_the_directory_counted_while_it_lives(
+        tmp_path: Path) -> None:
+    """D5: nothing in the directory's listing (a crash leaves nothing), its bytes under
+    --media-dir-bytes from when it is made until its last view goes."""
+    import gc
+
+    directory = MediaDirectory(tmp_path, capacity=10 << 20)
+    spill = directory.spill(1 << 20)
+    assert isinstance(spill, nnrp.SpillMap) and len(spill) == 1 << 20
+    assert directory.spilled == 1 << 20 and list(tmp_path.iterdir()) == []
+    spill[:4] = b"\x89PNG"
+    view = memoryview(spill).toreadonly()[:4]
+    del spill
+    gc.collect()
+    assert directory.spilled == 1 << 20  # a view keeps it
+    assert view == b"\x89PNG"
+    view.release()
+    del view
+    gc.collect()
+    assert directory.spilled == 0
+
+
+def test_a_spill_leaves_room_for_the_file_its_frame_becomes(tmp_path: Path) -> None:
+    """D5: a spill is made only where the bound holds it and the frame's own file (D2)
+    after it; else the submit is read into memory (None), and served as ever."""
+    mib = 1 << 20
+    directory = MediaDirectory(tmp_path, capacity=4 * mib)
+    assert directory.spill(2 * mib + 1) is None  # it fits; its file after it would not
+    first = directory.spill(2 * mib)
+    assert first is not None
+    assert directory.spill(mib + 1) is None
+    directory.used = 1
+    assert directory.spill(mib) is None  # the files in flight count too (D2)
+    directory.used = 0
+    second = directory.spill(mib)
+    assert second is not None and directory.spilled == 3 * mib
+
+
+@pytest.mark.parametrize("failure", ["no_tmpfile", "no_room"])
+def test_a_spill_that_cannot_be_made_is_declined_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    """Without O_TMPFILE the file is made and unlinked at once; a disk with no room for
+    it (the blocks are allocated first: S1) declines the spill, and its bytes go back."""
+    if failure == "no_tmpfile":
+        monkeypatch.delattr(os, "O_TMPFILE")
+    else:
+        def full(fd: int, offset: int, length: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+    directory = MediaDirectory(tmp_path)
+    spill = directory.spill(1 << 20)
+    assert (spill is not None) == (failure == "no_tmpfile")
+    assert list(tmp_path.iterdir()) == []
+    assert directory.spilled == (1 << 20 if spill is not None else 0)
+
+
+def test_a_frame_written_from_a_spill_is_read_a_slice_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D2 from a spill (S3): the file holds the exact bytes, each slice's pages given
+    back before the next is written."""
+    monkeypatch.setattr("gateway.pipeline._media.SPILL_SLICE", 1 << 16)
+    directory = MediaDirectory(tmp_path)
+    data = os.urandom((1 << 18) + 5)
+    spill = directory.spill(len(data) + 100)
+    assert spill is not None
+    spill[100:] = data
+    released: list[int] = []
+    release = nnrp.SpillMap.release
+    monkeypatch.setattr(nnrp.SpillMap, "release",
+                        lambda self: (released.append(1), release(self))[1])
+    path = directory.write(memoryview(spill).toreadonly()[100:], "image/png")
+    assert path.read_bytes() == data
+    assert len(released) == 5
