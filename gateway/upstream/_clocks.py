@@ -61,6 +61,7 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
             await trio.sleep_until(wake)
 
     stream._clocked = True
+    leaf: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watchdog, nursery.cancel_scope)
@@ -72,13 +73,26 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
         # perhaps that Cancelled: the caller sees the consumer's exception unwrapped.
         # A Cancelled left out beside it is not lost: cancellation is level-triggered
         # and the next checkpoint in the cancelled scope delivers it again.
-        _, others = group.split(trio.Cancelled)
-        leaves = group.exceptions if others is None else others.exceptions
-        if len(leaves) != 1:
+        leaf = _the_one_error(group)
+        if leaf is None:
             raise
-        leaf = leaves[0]
-        raise leaf from leaf.__cause__  # its own cause kept, the group left out
+    if leaf is not None:
+        # Raised here, not in the except clause, and not kept by this frame: raised
+        # there, the leaf's context was the group holding it, and this frame (in its
+        # traceback) held both: a cycle that kept the operation and its request body
+        # (a 64 MiB image) until the cyclic collector ran.
+        try:
+            raise leaf  # its own cause and context kept, the group left out
+        finally:
+            del leaf
     if expired:
         if stream.first_byte_at is None:
             raise UpstreamTimeout("first_chunk", stream._first_chunk_timeout)
         raise UpstreamTimeout("idle", stream._idle_timeout)
+
+
+def _the_one_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The group's one error besides Cancelled (or its one Cancelled); None if more."""
+    _, others = group.split(trio.Cancelled)
+    leaves = group.exceptions if others is None else others.exceptions
+    return leaves[0] if len(leaves) == 1 else None

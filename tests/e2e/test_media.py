@@ -7,6 +7,7 @@ serving."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,55 @@ async def test_media_dir_files_are_gone_whatever_the_end(
     # connection_dropped: the client left with the request in flight (and vLLM held).
     with trio.fail_after(10):
         while path.exists():  # noqa: ASYNC110 - a file, not a trio event
+            await trio.sleep(0.01)
+    assert _listing(media_dir) == ["someone-elses.txt"]
+
+
+@pytest.mark.parametrize("end", ["completed", "cancel", "connection_dropped"])
+async def test_a_big_image_is_read_into_the_media_dir_and_given_back_whatever_the_end(
+        nursery: trio.Nursery, socket_dir: Path, media_dir: Path, end: str) -> None:
+    """_media D5: a 6 MiB image arrives over many reads into a spill of the directory
+    (counted under --media-dir-bytes, in no listing), reaches vLLM as its exact bytes,
+    and the spill is gone with its operation: no reference to the request outlives it,
+    not even in a cycle waiting for the collector (which is off here: a cancelled
+    stream's exceptions once held its operation, and so the image, in one)."""
+    gc.disable()
+    try:
+        await _a_big_image_given_back(nursery, socket_dir, media_dir, end)
+    finally:
+        gc.enable()
+
+
+async def _a_big_image_given_back(nursery: trio.Nursery, socket_dir: Path, media_dir: Path,
+                                  end: str) -> None:
+    stack = await _media_stack(nursery, socket_dir, media_dir)
+    directory = stack.gateway.media.directory
+    assert directory is not None
+    image = PNG + bytes(range(256)) * ((6 << 20) // 256)
+    hold = stack.replay.hold(lambda request: request.method == "POST",
+                             after=0 if end == "completed" else 1)
+    async with connect(stack.uri()) as client:
+        session = await client.open_session()
+        meta, body = media_submit(1, _media_envelope(STREAM, image_part("nnrp:frame/1")),
+                                  [(OPAQUE, image)])
+        operation = await session.submit_frame(meta, body)
+        with trio.fail_after(10):
+            await stack.replay.wait_for_requests(1)
+        path = _sent_file(stack)
+        assert path.read_bytes() == image
+        assert directory.spilled > len(image)  # the packet, held in the directory
+        assert _listing(media_dir) == sorted(["someone-elses.txt", path.name])
+        if end == "cancel":
+            await operation.cancel()
+        hold.release()
+        if end != "connection_dropped":
+            with trio.fail_after(10):
+                events = [event async for event in operation.events()]
+            expected = "response.completed" if end == "completed" else None
+            if expected is not None:
+                assert _final(events[-1])["type"] == expected
+    with trio.fail_after(10):
+        while directory.spilled or path.exists():  # noqa: ASYNC110 - not a trio event
             await trio.sleep(0.01)
     assert _listing(media_dir) == ["someone-elses.txt"]
 
