@@ -50,7 +50,7 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     run``'s report, which prints both once); ``notes`` are printed above the table,
     ``details`` (the raw samples) go into the document only."""
     from gateway.tools.bench import wake
-    from gateway.tools.bench.stats import printed, tally, verdict
+    from gateway.tools.bench.stats import tally, verdict
 
     document: dict[str, Any] = {"scenario": scenario, "machine": _machine(),
                                 "wake": wake.described(figures),
@@ -71,15 +71,14 @@ def _report(scenario: str, figures: list[Figure], as_json: bool, out: Path | Non
     for figure in figures:
         goal = "" if figure.goal is None else f"{figure.goal:g}"
         status = figure.status
-        wakes = figure.wakes
+        in_wakes = figure.in_wakes
         if status == "not measurable":  # no value to read as a result (stats rule 2)
             assert figure.noise is not None
-            value, wakes, beside = "", None, figure.noise.raw(figure.unit)
+            value, in_wakes, beside = "", "", figure.noise.raw(figure.unit)
         else:
             value = f"{figure.value:>9.2f} {figure.unit:<3}"
             beside = (f"{figure.baseline:.2f} ({figure.baseline_name}, ratio "
                       f"{figure.ratio:.2f})" if figure.baseline else "")
-        in_wakes = "" if wakes is None else printed(wakes)
         typer.echo(f"{figure.name:<80} {value:>13} {in_wakes:>9}  {goal:>10}  "
                    f"{SAID[status]:<19}  {beside}".rstrip())
         if figure.noise is not None and status != "not measurable":
@@ -147,7 +146,7 @@ def _write_out(out: Path, results: dict[str, list[Figure]], command: str) -> Non
             status = f.status
             said = {"not met": "**not met**"}.get(status or "", SAID[status])
             value = f"{f.value:.2f} {f.unit}"
-            wakes = "" if f.wakes is None else printed(f.wakes)
+            wakes = f.in_wakes
             if f.noise is not None:
                 value = (f.noise.raw(f.unit) if status == "not measurable" else
                          f"{value} (this run's noise {printed(f.noise.floor)} "

@@ -114,15 +114,19 @@ def test_a_higher_is_better_difference_is_met_only_by_more_than_the_noise() -> N
     assert saved(110, 20) == "not measurable"
 
 
-def test_a_time_figure_reads_in_the_runs_bare_trio_wake_ups() -> None:
+def test_a_time_or_a_rate_reads_in_the_runs_bare_trio_wake_ups() -> None:
+    """Rule 6: a time as so many wake-ups, a rate as so many in one wake-up's time."""
     figures = against_wake([
         Figure("per event", 120.0, "us"), Figure("cancel", 1.5, "ms"),
         Figure("start-up", 1.2, "s"), Figure("multiple", 1.9, "x"),
-        Figure("rate", 27_600, "events/s"), Figure("size", 32, "KiB")], 60.0)
-    assert [f.wakes for f in figures] == [2.0, 25.0, 20_000.0, None, None, None]
+        Figure("rate", 27_500, "events/s"), Figure("size", 32, "KiB")], 60.0)
+    assert [f.wakes for f in figures] == [2.0, 25.0, 20_000.0, None, 1.65, None]
+    assert [f.in_wakes for f in figures] == ["2", "25", "20,000", "", "1.65 per", ""]
     assert figures[0].as_dict()["wakes"] == 2.0 and figures[0].as_dict()["wake_us"] == 60
     assert figures[3].as_dict()["wakes"] is None and figures[3].as_dict()["wake_us"] is None
+    assert figures[4].as_dict()["wakes"] == 1.65
     assert Figure("per event", 120.0, "us").wakes is None  # no yardstick in the run
+    assert Figure("rate", 27_500, "events/s").in_wakes == ""
 
 
 def test_the_noise_floor_is_how_far_one_path_moved_between_its_own_rounds() -> None:

@@ -23,9 +23,10 @@ needs):
    met" against its goal as it stands; a figure without a goal has no verdict, unless
    rule 2 or 3 makes it not measurable.
 6. A time figure also reads as so many of the same run's bare trio wake-ups
-   (``against_wake``; ``wake.yardstick`` measures one, once a run): what a wake-up costs
-   depends on the machine more than on the gateway, so the ratio is what compares runs
-   on different machines and days.
+   (``against_wake``; ``wake.yardstick`` measures one, once a run), and a rate (a unit
+   per second) as so many in one wake-up's time: what a wake-up costs depends on the
+   machine more than on the gateway, so the ratio is what compares runs on different
+   machines and days.
 7. A bench's report ends with one line (``verdict``): the goals met, not met and not
    measurable here.
 """
@@ -162,12 +163,22 @@ class Figure:
 
     @property
     def wakes(self) -> float | None:
-        """Rule 6: the figure in bare trio wake-ups; None for a figure that is no time,
-        or a run without the yardstick."""
-        scale = MICROSECONDS.get(self.unit)
-        if scale is None or not self.wake:
+        """Rule 6: the figure in bare trio wake-ups (a time), or per wake-up's time (a
+        rate); None for a figure that is neither, or a run without the yardstick."""
+        if not self.wake:
             return None
-        return self.value * scale / self.wake
+        if self.unit.endswith("/s"):
+            return self.value * self.wake / 1e6
+        scale = MICROSECONDS.get(self.unit)
+        return None if scale is None else self.value * scale / self.wake
+
+    @property
+    def in_wakes(self) -> str:
+        """Rule 6 as a report prints it: ``12.3`` wake-ups, ``0.41 per`` wake-up."""
+        wakes = self.wakes
+        if wakes is None:
+            return ""
+        return f"{printed(wakes)} per" if self.unit.endswith("/s") else printed(wakes)
 
     def as_dict(self) -> dict[str, object]:
         wakes, wake = self.wakes, self.wake
