@@ -89,7 +89,7 @@ from gateway.upstream import (
 )
 
 from ._media import MediaDelivery, stepped
-from ._plain_delta import PlainDelta, plain_delta_mode
+from ._plain_delta import PlainDelta, plain_blocks_of, plain_delta_mode
 from ._request import (
     UpstreamRequest,
     build_request,
@@ -152,9 +152,10 @@ class ChatPipeline:
         self.tracer = tracer
         #: How a request's media frames reach vLLM (``_media``: data URIs by default).
         self.media = media or MediaDelivery()
-        #: The plain text delta read fused (``_plain_delta``; off: every read the
-        #: general way), from ``NNRP_GATEWAY_PLAIN_DELTA``.
-        self.fused_plain_delta = plain_delta_mode()
+        #: What reads the plain text delta fused (``_plain_delta`` rule 7: the C
+        #: function or the pure one; None: every read the general way), from
+        #: ``NNRP_GATEWAY_PLAIN_DELTA``.
+        self.plain_blocks = plain_blocks_of(plain_delta_mode())
 
     async def __call__(self, op: Operation) -> None:
         notes = notes_of(op)
@@ -367,7 +368,8 @@ class ChatPipeline:
                                           max_event=limits.max_event_bytes,
                                           holder=SlotHolding(op), content=content) as stream:
                 notes.upstream_status = 200
-                reads = (stream.fused(PlainDelta(translator)) if self.fused_plain_delta
+                blocks = self.plain_blocks
+                reads = (stream.fused(PlainDelta(translator, blocks)) if blocks is not None
                          else stream)
                 with op.aborts_upstream(stream.abort):
                     async for batch in reads:

@@ -35,20 +35,29 @@ objects between, under these rules:
    the session encodes the PARTIAL_RESULT. Nothing per event depends on a mode
    (tracing, resumable sessions, flow control, progress): the span, the journal and the
    windows are the session's and the operation's, reached the same way either way.
-6. The switch: ``NNRP_GATEWAY_PLAIN_DELTA`` is ``fused`` (the default) or ``general``
-   (every read the general way), read when the pipeline is made (``plain_delta_mode``);
-   ``serve`` refuses any other value before it binds (cli/_settings.py).
+6. The switch: ``NNRP_GATEWAY_PLAIN_DELTA`` is ``fused`` (the default: the C function
+   where it is built, else the pure one), ``python`` (the pure function, built or not)
+   or ``general`` (every read the general way), read when the pipeline is made
+   (``plain_delta_mode``, then ``plain_blocks_of``); ``serve`` refuses any other value
+   before it binds (cli/_settings.py).
+7. The byte work (rules 1, 3 and 4 on one read, the translator left out) is one
+   function of the read and the kept bytes, ``plain_blocks``; the compiled build
+   (``NNRP_GATEWAY_COMPILE=1``) also builds it in C, ``_plain_delta_native.c``, which
+   gives the same answer for every input (its rules). Where that extension is not
+   built, ``NATIVE_BLOCKS`` is None and ``fused`` is the pure function.
 
 ``tests/pipeline/test_plain_delta.py`` holds the proof: the packets a client receives
 are the same bytes with the switch on and off, over every recorded transcript of every
-vLLM family and hypothesis-generated streams; and docs/benchmarks.md the measurement.
+vLLM family and hypothesis-generated streams; ``test_plain_delta_native.py`` and the
+fuzz target ``plain_blocks`` compare the C function with the pure one; and
+docs/benchmarks.md the measurement.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.errors import ConfigError
@@ -60,7 +69,8 @@ if TYPE_CHECKING:
 
 #: Rule 6: the variable, and its values.
 PLAIN_DELTA_ENV = "NNRP_GATEWAY_PLAIN_DELTA"
-_MODES = ("fused", "general")
+FUSED, PYTHON, GENERAL = "fused", "python", "general"
+_MODES = (FUSED, PYTHON, GENERAL)
 
 #: What the text may not hold (rule 1): a quote or a backslash (not its own JSON
 #: string), a control byte (not JSON; CR and LF among them: not one SSE line).
@@ -69,28 +79,95 @@ _SSE_DATA = b"data: "
 _BLANK_LINE = b"\n\n"
 _EVENT_HEAD = b'{"delta":"'
 
-
-def plain_delta_mode(environ: Mapping[str, str] = os.environ) -> bool:
-    """Rule 6: whether the fused path is on (``NNRP_GATEWAY_PLAIN_DELTA``)."""
-    value = environ.get(PLAIN_DELTA_ENV, "fused").strip().lower() or "fused"
-    if value not in _MODES:
-        raise ConfigError(f"{PLAIN_DELTA_ENV} is {value!r}, not one of {', '.join(_MODES)}")
-    return value == "fused"
-
-
 #: What one read of plain text deltas became: per chunk, its event's body, or None for
 #: an empty text (no event, no token). A tuple, where the general path's is a list.
 PlainEvents = tuple[bytes | None, ...]
+#: Rule 7: a read's texts (for ``Translator.take_plain``) and its events.
+PlainRead = tuple[list[str], PlainEvents]
+#: Rule 7's function: (raw, prefix, suffix, longest, event_tail) -> the read, or None.
+PlainBlocks = Callable[[bytes, bytes, bytes, int, bytes], PlainRead | None]
+
+
+def plain_blocks(raw: bytes, prefix: bytes, suffix: bytes, longest: int, event_tail: bytes
+                 ) -> PlainRead | None:
+    """Rules 1, 3 and 4 on one read's bytes (rule 7): each block ``prefix`` + text +
+    ``suffix``, at most ``longest`` bytes before its suffix, its text bare and UTF-8;
+    its event ``_EVENT_HEAD`` + text + ``event_tail``. None where any block is not so."""
+    if not (raw.startswith(prefix) and raw.endswith(suffix)):
+        return None
+    start, end = len(prefix), len(raw) - len(suffix)
+    if end < start:
+        return None  # the head and the tail overlap: no chunk
+    if _NOT_BARE.search(raw, start, end) is not None:
+        # A quote between them: another event (or a text that is not bare).
+        return _several(raw, prefix, suffix, longest, event_tail)
+    if end > longest:
+        return None  # the general way refuses it (rule 1)
+    text = raw[start:end]
+    try:
+        texts = [text.decode("utf-8")]
+    except UnicodeDecodeError:
+        return None
+    return texts, ((_EVENT_HEAD + text + event_tail,) if text else (None,))  # rule 3
+
+
+def _several(raw: bytes, prefix: bytes, suffix: bytes, longest: int, event_tail: bytes
+             ) -> PlainRead | None:
+    """A read of several events, each of them the plain delta."""
+    blocks = raw.split(suffix)
+    blocks.pop()  # what follows the last suffix: b"" (the read ends with one)
+    start = len(prefix)
+    texts: list[str] = []
+    for block in blocks:
+        if (not block.startswith(prefix) or len(block) > longest
+                or _NOT_BARE.search(block, start) is not None):
+            return None
+        try:
+            texts.append(block[start:].decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return texts, tuple(_EVENT_HEAD + block[start:] + event_tail if text else None
+                        for block, text in zip(blocks, texts, strict=True))
+
+
+def _native_blocks() -> PlainBlocks | None:
+    """Rule 7: the C function, where this install has it (the compiled build)."""
+    try:
+        from ._plain_delta_native import plain_blocks as native
+    except ImportError:
+        return None
+    return native
+
+
+#: Rule 7: the C ``plain_blocks``, or None where it is not built.
+NATIVE_BLOCKS = _native_blocks()
+
+
+def plain_delta_mode(environ: Mapping[str, str] = os.environ) -> str:
+    """Rule 6: ``NNRP_GATEWAY_PLAIN_DELTA``'s value, one of ``_MODES``."""
+    value = environ.get(PLAIN_DELTA_ENV, FUSED).strip().lower() or FUSED
+    if value not in _MODES:
+        raise ConfigError(f"{PLAIN_DELTA_ENV} is {value!r}, not one of {', '.join(_MODES)}")
+    return value
+
+
+def plain_blocks_of(mode: str) -> PlainBlocks | None:
+    """Rule 6: what reads the plain deltas' bytes in ``mode`` (None: the general way)."""
+    if mode == GENERAL:
+        return None
+    return NATIVE_BLOCKS if mode == FUSED and NATIVE_BLOCKS is not None else plain_blocks
 
 
 class PlainDelta:
-    """One stream's fused reader (``ChunkStream.fused``), feeding ``translator``."""
+    """One stream's fused reader (``ChunkStream.fused``), feeding ``translator``, its
+    reads' bytes read by ``blocks`` (rule 7: the pure function or the C one)."""
 
-    __slots__ = ("_event_tail", "_index", "_kept", "_longest", "_prefix", "_suffix",
-                 "_translator")
+    __slots__ = ("_blocks", "_event_tail", "_index", "_kept", "_longest", "_prefix",
+                 "_suffix", "_translator")
 
-    def __init__(self, translator: Translator) -> None:
+    def __init__(self, translator: Translator, blocks: PlainBlocks = plain_blocks) -> None:
         self._translator = translator
+        self._blocks = blocks
         #: The parser's kept head, tail and index the bytes below were made from.
         self._kept: tuple[str, str, int] | None = None
         self._index = 0
@@ -106,46 +183,10 @@ class PlainDelta:
             return None
         if kept is not self._kept:
             self._keep(kept, decoder.max_line)
-        prefix, suffix = self._prefix, self._suffix
-        if not (raw.startswith(prefix) and raw.endswith(suffix)):
-            return None
-        start, end = len(prefix), len(raw) - len(suffix)
-        if end < start:
-            return None  # the head and the tail overlap: no chunk
-        if _NOT_BARE.search(raw, start, end) is not None:
-            # A quote between them: another event (or a text that is not bare).
-            return self._several(raw)
-        if end > self._longest:
-            return None  # the general way refuses it (rule 1)
-        text = raw[start:end]
-        try:
-            texts = [text.decode("utf-8")]
-        except UnicodeDecodeError:
-            return None
-        if not self._translator.take_plain(self._index, texts):  # rule 2, asked last (4)
-            return None
-        return (_EVENT_HEAD + text + self._event_tail,) if text else (None,)  # rule 3
-
-    def _several(self, raw: bytes) -> PlainEvents | None:
-        """A read of several events, each of them the plain delta."""
-        prefix = self._prefix
-        blocks = raw.split(self._suffix)
-        blocks.pop()  # the b"" after the last one
-        start, longest = len(prefix), self._longest
-        texts: list[str] = []
-        for block in blocks:
-            if (not block.startswith(prefix) or len(block) > longest
-                    or _NOT_BARE.search(block, start) is not None):
-                return None
-            try:
-                texts.append(block[start:].decode("utf-8"))
-            except UnicodeDecodeError:
-                return None
-        if not self._translator.take_plain(self._index, texts):
-            return None
-        event_tail = self._event_tail
-        return tuple(_EVENT_HEAD + block[start:] + event_tail if text else None
-                     for block, text in zip(blocks, texts, strict=True))
+        read = self._blocks(raw, self._prefix, self._suffix, self._longest, self._event_tail)
+        if read is None or not self._translator.take_plain(self._index, read[0]):
+            return None  # rule 2, asked last (rule 4)
+        return read[1]
 
     def _keep(self, kept: tuple[str, str, int], max_line: int) -> None:
         head, tail, index = kept

@@ -515,7 +515,7 @@ def test_a_bare_group_prints_its_help() -> None:
      {"OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=fine,Bearer s3cret-token"},
      "OTEL_EXPORTER_OTLP_HEADERS: entry 2 is not key=value"),
     (["serve", "--print-config"], {"NNRP_GATEWAY_PLAIN_DELTA": "off"},
-     "NNRP_GATEWAY_PLAIN_DELTA is 'off', not one of fused, general"),
+     "NNRP_GATEWAY_PLAIN_DELTA is 'off', not one of fused, python, general"),
 ])
 def test_an_error_names_the_variable_it_came_from(argv: list[str], env: dict[str, str],
                                                   says: str) -> None:

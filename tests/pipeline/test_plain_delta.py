@@ -2,7 +2,7 @@
 
 The referee is what a client receives: every byte after its session opened, through the
 operation's terminal and the session's close, from a gateway with the fused path on and
-one with it off (``ChatPipeline.fused_plain_delta``), both over real sockets in front of
+one with it off (``ChatPipeline.plain_blocks``), both over real sockets in front of
 the same replayed vLLM. Over every recorded stream of every vLLM family (the bundled
 transcripts and the raw 0.32 captures of /work/shared when present), as recorded and
 re-split at random points, and over hypothesis-generated streams (any text, escaped or
@@ -26,7 +26,14 @@ from gateway import nnrp
 from gateway.app import Gateway, GatewayConfig
 from gateway.errors import ConfigError
 from gateway.pipeline import PipelineLimits, Translator
-from gateway.pipeline._plain_delta import PlainDelta, plain_delta_mode
+from gateway.pipeline._plain_delta import (
+    NATIVE_BLOCKS,
+    PlainBlocks,
+    PlainDelta,
+    plain_blocks,
+    plain_blocks_of,
+    plain_delta_mode,
+)
 from gateway.tools.replay import (
     FAMILIES,
     ReplayServer,
@@ -69,12 +76,13 @@ def streams(family: str) -> dict[str, Transcript]:
 # --------------------------------------------------------------------------- the stack
 
 
-async def start_gateway(nursery: trio.Nursery, url: str, *, fused: bool) -> Gateway:
+async def start_gateway(nursery: trio.Nursery, url: str, *, blocks: PlainBlocks | None
+                        ) -> Gateway:
     gateway = Gateway(GatewayConfig(
         listen=("tcp://127.0.0.1:0",), vllm_url=url, probe_interval=0.05,
         health_interval=0.2, allow_untested_vllm=True,
         pipeline=PipelineLimits(first_chunk_timeout=3.0, idle_timeout=2.0)))
-    gateway.pipeline.fused_plain_delta = fused
+    gateway.pipeline.plain_blocks = blocks
     await nursery.start(gateway.run)
     with trio.fail_after(5):
         await gateway.probed.wait()
@@ -124,8 +132,9 @@ async def both_ways(replay: ReplayServer, requests: list[tuple[str, dict[str, An
     bytes must be the same. How many operations streamed at least one event."""
     async with trio.open_nursery() as nursery:
         url = await nursery.start(replay.serve)
-        fused = await start_gateway(nursery, url, fused=True)
-        general = await start_gateway(nursery, url, fused=False)
+        # The default's reader: the C function where this build has it (rule 6).
+        fused = await start_gateway(nursery, url, blocks=plain_blocks_of("fused"))
+        general = await start_gateway(nursery, url, blocks=None)
         streamed = 0
         for name, body in requests:
             payload = envelope(body, request_id=f"replay:{name}:same")
@@ -242,7 +251,8 @@ def test_generated_streams_reach_the_client_the_same_either_way(
 # --------------------------------------------------------------------------- the reader
 
 
-def reads_taken(transcript: Transcript) -> tuple[int, int]:
+def reads_taken(transcript: Transcript, blocks: PlainBlocks = plain_blocks
+                ) -> tuple[int, int]:
     """A transcript's recorded reads through one stream's decoder and parser, each
     offered to the fused reader first, as ``ChunkStream.fused`` does: how many it took,
     and how many it left that it should have taken, judged from the general path's
@@ -250,7 +260,7 @@ def reads_taken(transcript: Transcript) -> tuple[int, int]:
     kept before it and a text that needs no escape."""
     binding, _ = select_binding(transcript.vllm_version)
     translator = Translator(binding, usage_requested=False)
-    reader, decoder, parser = PlainDelta(translator), SSEDecoder(), ChunkParser()
+    reader, decoder, parser = PlainDelta(translator, blocks), SSEDecoder(), ChunkParser()
     taken = missed = 0
     for _, raw in transcript.chunks:
         kept, seen = parser.kept, set(translator.choices)
@@ -290,20 +300,31 @@ def is_plain(chunk: dict[str, Any], seen: set[int]) -> bool:
                                                         "token_ids")))
 
 
-def test_the_fused_reader_takes_every_read_it_may_in_the_recorded_streams() -> None:
+#: Rule 7's two functions; the C one where this build has it (test_plain_delta_native.py
+#: compares them read by read, and says why it is not here where it is not).
+BLOCKS = [pytest.param(plain_blocks, id="python"),
+          pytest.param(NATIVE_BLOCKS, id="c", marks=pytest.mark.skipif(
+              NATIVE_BLOCKS is None, reason="the C plain delta is the compiled build's"))]
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_the_fused_reader_takes_every_read_it_may_in_the_recorded_streams(
+        blocks: PlainBlocks) -> None:
     taken = missed = 0
     for family in FAMILIES:
         for transcript in streams(family).values():
             if transcript.status == 200:
-                counts = reads_taken(transcript)
+                counts = reads_taken(transcript, blocks)
                 taken, missed = taken + counts[0], missed + counts[1]
     assert missed == 0 and taken >= 100, (taken, missed)
 
 
-def test_the_fused_reader_declines_what_the_general_path_must_read() -> None:
+@pytest.mark.parametrize("blocks", BLOCKS)
+def test_the_fused_reader_declines_what_the_general_path_must_read(blocks: PlainBlocks
+                                                                   ) -> None:
     binding, _ = select_binding("0.26.0")
     translator = Translator(binding, usage_requested=False)
-    reader, decoder, parser = PlainDelta(translator), SSEDecoder(), ChunkParser()
+    reader, decoder, parser = PlainDelta(translator, blocks), SSEDecoder(), ChunkParser()
     first = generated_stream([("a", 0, 0, True)], []).split(b"\n\n")
     role, plain = first[0] + b"\n\n", first[1] + b"\n\n"
     assert reader(plain, decoder, parser) is None  # no head kept yet
@@ -328,8 +349,15 @@ def test_the_fused_reader_declines_what_the_general_path_must_read() -> None:
 
 
 def test_the_switch() -> None:
-    assert plain_delta_mode({}) is True
-    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "general"}) is False
-    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "Fused"}) is True
-    with pytest.raises(ConfigError, match="NNRP_GATEWAY_PLAIN_DELTA is 'off', not one of fused, general"):
+    """Rule 6: ``fused`` is the C function where it is built, the pure one elsewhere;
+    ``python`` the pure one; ``general`` none."""
+    assert plain_delta_mode({}) == "fused"
+    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "Fused"}) == "fused"
+    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": " python "}) == "python"
+    assert plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "general"}) == "general"
+    assert plain_blocks_of("fused") is (NATIVE_BLOCKS or plain_blocks)
+    assert plain_blocks_of("python") is plain_blocks
+    assert plain_blocks_of("general") is None
+    with pytest.raises(ConfigError, match="NNRP_GATEWAY_PLAIN_DELTA is 'off', not one of "
+                       "fused, python, general"):
         plain_delta_mode({"NNRP_GATEWAY_PLAIN_DELTA": "off"})
