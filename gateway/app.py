@@ -519,9 +519,9 @@ class Gateway:
             # Until the next check, or at once when a request finds vLLM's port refusing.
             with trio.move_on_after(self.config.health_interval):
                 await self.client.refused()
-            asked_at = trio.current_time()
+            reads_before = self.client.body_reads
             health = await self.client.health_check()
-            if health is None and self.client.last_stream_byte >= asked_at:
+            if health is None and self.client.body_reads > reads_before:
                 # No answer to /health in time, but vLLM streamed to us while we waited:
                 # busy, not dead (its API server answers probes behind the token stream).
                 health = True

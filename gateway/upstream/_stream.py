@@ -24,7 +24,7 @@ only comments keeps the deadline the read before it had, so a stalled or dead en
 behind a chatty frontend still meets the first-chunk and idle timeouts, and
 ``first_byte_at`` is the first event's arrival, not the first comment's. (The other
 choice, a comment as progress, would let a queued request wait forever.) The client's
-liveness pulse (``VllmClient.last_stream_byte``) still counts comments: the frontend is
+liveness pulse (``VllmClient.body_reads``) still counts comments: the frontend is
 answering, which is all the health loop asks of it.
 
 An in-stream error that is the stream's first event is marked ``before_output`` (vLLM's
