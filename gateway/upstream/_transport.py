@@ -298,9 +298,14 @@ class Http1Response:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)  # [] is b""
 
     async def _receive(self, max_bytes: int = READ_SIZE) -> bytes:
-        data: bytes = await _timed(
-            _sockio.receive_some(self._stream.socket, max_bytes, likely_empty=self._drained),
-            None, ReadError, ReadError)
+        # Awaited here, not through ``_timed``: a body read has no limit of its own
+        # (the stream's clocks time it), and a wrapper coroutine on every read of every
+        # stream costs a frame (docs/benchmarks.md, the live profile).
+        try:
+            data = await _sockio.receive_some(self._stream.socket, max_bytes,
+                                              likely_empty=self._drained)
+        except _READ_FAILURES as exc:
+            raise ReadError(f"{type(exc).__name__}: {exc}") from exc
         self._drained = len(data) < max_bytes
         return data
 
@@ -328,6 +333,10 @@ async def _send_each(stream: trio.SocketStream, pieces: tuple[bytes | memoryview
         await stream.send_all(piece)
 
 
+#: What a socket's failure is raised as, by trio or the OS (a ``TransportError`` each).
+_READ_FAILURES = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
 async def _timed(work: Any, limit_s: float | None, timed_out: type[TransportError],
                  failed: type[TransportError]) -> Any:
     """``await work`` within ``limit_s`` seconds (None: no limit), its failures as
@@ -339,5 +348,5 @@ async def _timed(work: Any, limit_s: float | None, timed_out: type[TransportErro
             return await work
     except trio.TooSlowError as exc:
         raise timed_out("timed out") from exc
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+    except _READ_FAILURES as exc:
         raise failed(f"{type(exc).__name__}: {exc}") from exc
