@@ -27,7 +27,10 @@ C1. CACHE_PUT keeps its body, the object (``object_bytes`` long: the codec refus
 C2. ttl. ``ttl_ms`` 0 takes ``default_ttl_ms``; more than ``max_ttl_ms`` is cut to it; the
     ack says what was accepted. An entry is gone once its ttl has passed (``clock``,
     monotonic): a lookup of it misses ``expired``, and every put first sweeps what has
-    expired. The put's flags (pinned, reusable) are noted only: every entry expires.
+    expired, as does a kept-byte bound about to refuse (``_objects`` O9: the session's
+    own entries for its bound, every session's for the process's pool), so an idle
+    session's expired entries hold no room another needs. The put's flags (pinned,
+    reusable) are noted only: every entry expires.
 C3. Bounds. At most ``max_entries`` entries per session. The bytes are the session's
     *kept bytes*, the same reservation as its runtime objects' bytes (``_objects`` O9:
     the session's ``max_kept_bytes`` and the process's ``ObjectBytes`` pool), so a
@@ -65,6 +68,7 @@ capability-route-cache answer to a client that negotiated nothing.
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
@@ -152,6 +156,9 @@ class CacheTable:
         self.clock = clock
         self._entries: dict[CacheKey, _Entry] = {}
         self._bytes = 0
+        #: C2: no entry expires before this (it may be earlier than the earliest: a
+        #: sweep then finds nothing, and sets it right).
+        self._next_expiry = math.inf
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -194,7 +201,9 @@ class CacheTable:
         elif size < freed:
             self.kept.give_kept(freed - size)
         self._bytes += size - freed
-        self._entries[key] = _Entry(request.object_kind, body, self.clock() + ttl_ms / 1000)
+        expires_at = self.clock() + ttl_ms / 1000
+        self._entries[key] = _Entry(request.object_kind, body, expires_at)
+        self._next_expiry = min(self._next_expiry, expires_at)
         if old is None:
             return PutOutcome(CacheAckStatus.ACCEPTED, ttl_ms)
         return PutOutcome(CacheAckStatus.REPLACED, ttl_ms, invalidated=tuple(
@@ -205,6 +214,14 @@ class CacheTable:
         now = self.clock()
         for key in [key for key, entry in self._entries.items() if entry.expires_at <= now]:
             self._drop(key)
+        self._next_expiry = min((entry.expires_at for entry in self._entries.values()),
+                                default=math.inf)
+
+    def sweep_due(self) -> None:
+        """C2 for a bound about to refuse: a sweep, when an entry may have expired (one
+        comparison otherwise: the pool asks every session's cache)."""
+        if self._next_expiry <= self.clock():
+            self.sweep()
 
     # ------------------------------------------------------------------ lookups (C4, C6, C7)
 

@@ -67,6 +67,10 @@ O9. Bytes (the gateway's media: ``gateway.profile._media``). An object's bytes a
     it ends (closed, its connection lost, its resume window over, the process stopping).
     The session's cache (``cache``, ``_cache`` C3) keeps its CACHE_PUT objects' bytes in
     the same reservation: one session, one bound, whichever frames brought the bytes.
+    Before either bound refuses, the bytes of cache entries whose ttl has passed are
+    given back (``_cache`` C2): the session's own when its bound is reached, every
+    session's when the pool is, so an idle session's expired entries never hold room
+    that another needs.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from __future__ import annotations
 import bisect
 import enum
 import time
+import weakref
 from collections.abc import Callable
 
 import attrs
@@ -168,10 +173,19 @@ class ObjectBytes:
     def __init__(self, capacity: int = 1 << 30) -> None:
         self.capacity = capacity
         self.used = 0
+        #: The sessions' tables, whose caches' expired entries are swept before the pool
+        #: refuses (O9); weak: a session gone is gone from here too.
+        self._tables: weakref.WeakSet[ObjectTable] = weakref.WeakSet()
+
+    def watch(self, table: ObjectTable) -> None:
+        self._tables.add(table)
 
     def take(self, size: int) -> bool:
         if self.used + size > self.capacity:
-            return False
+            for table in list(self._tables):  # O9: expired entries first
+                table.cache.sweep_due()
+            if self.used + size > self.capacity:
+                return False
         self.used += size
         return True
 
@@ -258,6 +272,7 @@ class ObjectTable:
         self._kept_bytes = 0
         #: The session's CACHE_PUT objects, their bytes kept within this table's bounds.
         self.cache = CacheTable(self, cache, clock=clock)
+        self.pool.watch(self)
 
     # ------------------------------------------------------------------ reading
 
@@ -285,7 +300,9 @@ class ObjectTable:
         """O9: reserve ``size`` bytes from the session's bound and the process's pool;
         None, or LIMIT_EXCEEDED (the session's bound) or SERVER_BUSY (the pool's)."""
         if self._kept_bytes + size > self.limits.max_kept_bytes:
-            return ErrorCode.LIMIT_EXCEEDED
+            self.cache.sweep_due()  # O9: expired entries first
+            if self._kept_bytes + size > self.limits.max_kept_bytes:
+                return ErrorCode.LIMIT_EXCEEDED
         if not self.pool.take(size):
             return ErrorCode.SERVER_BUSY
         self._kept_bytes += size

@@ -201,6 +201,51 @@ def test_bounds_entries_session_bytes_and_the_process_pool() -> None:
         nnrp.MsgType.PONG)
 
 
+def test_expired_entries_of_an_idle_session_never_hold_room_another_needs() -> None:
+    """C2 and O9: a bound about to refuse first takes back what has expired: the pool
+    every session's, a session's bound its own (an object's patch included); with
+    nothing expired, a refusal costs each cache one comparison, not a sweep."""
+    clock = Clock()
+    pool = nnrp.ObjectBytes(capacity=40)
+    idle = connected(clock, objects=nnrp.ObjectLimits(max_kept_bytes=30), object_bytes=pool)
+    ack_of(idle.receive_data(put(1, b"i" * 25, ttl_ms=1_000)))
+    busy = connected(clock, objects=nnrp.ObjectLimits(max_kept_bytes=30), object_bytes=pool)
+    refused = ack_of(busy.receive_data(put(1, b"b" * 20)))
+    assert (refused.status, refused.detail_code) == (nnrp.CacheAckStatus.REJECTED,
+                                                    nnrp.ErrorCode.SERVER_BUSY)
+    sweeps: list[int] = []
+    idle_cache = cache_of(idle)
+    sweep = idle_cache.sweep
+    idle_cache.sweep = lambda: (sweeps.append(1), sweep())[1]  # type: ignore[method-assign]
+    ack_of(busy.receive_data(put(1, b"b" * 20)))
+    assert sweeps == []  # nothing had expired: no sweep of the idle session
+    clock.now += 1.0  # the idle session's entry expires; it sends nothing
+    accepted = ack_of(busy.receive_data(put(1, b"b" * 20)))
+    assert accepted.status == nnrp.CacheAckStatus.ACCEPTED and sweeps == [1]
+    assert len(idle_cache) == 0 and pool.used == 20
+
+    # The session's own bound: an object's patch takes back its own expired entry.
+    tokens = ("object.delta", "object.lifecycle")
+    own = connected(clock, objects=nnrp.ObjectLimits(max_kept_bytes=32),
+                    runtime_tokens=frozenset(tokens))
+    body = nnrp.pack_tokens(tokens)
+    own.receive_data(pk(nnrp.CapabilityNegotiation(profile_id=2, capability_count=2,
+                                                   body_bytes=len(body)),
+                        session_id=SESSION, body=body))
+    ack_of(own.receive_data(put(1, b"c" * 20, ttl_ms=1_000)))
+    own.receive_data(pk(nnrp.ObjectDeclare(object_id=5, session_id=SESSION, byte_size=16),
+                        session_id=SESSION))
+    patch = pk(nnrp.ObjectPatch(object_id=5, delta_sequence=1, region_bytes=16,
+                                delta_bytes=16,
+                                flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
+               session_id=SESSION, body=b"o" * 16)
+    (refusal,) = replies(own.receive_data(patch))
+    assert refusal.message.error_code == nnrp.ErrorCode.LIMIT_EXCEEDED
+    clock.now += 1.0
+    assert own.receive_data(patch) == []  # applied: the expired entry gave its bytes back
+    assert len(cache_of(own)) == 0
+
+
 def test_cached_bytes_and_object_bytes_share_one_bound() -> None:
     """A client cannot double its memory by using both (C3, O9)."""
     tokens = ("object.delta", "object.lifecycle")
