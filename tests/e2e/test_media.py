@@ -186,6 +186,20 @@ def _sent_file(stack: Stack) -> Path:
     return Path(urlsplit(url).path)
 
 
+async def _held_request(stack: Stack, session: ClientSession, scenario: str, image: bytes
+                        ) -> tuple[Any, Path]:
+    """A request with ``image`` as frame 1, once vLLM has it: its operation, and the
+    file vLLM was given (which holds the image)."""
+    meta, body = media_submit(1, _media_envelope(scenario, image_part("nnrp:frame/1")),
+                              [(OPAQUE, image)])
+    operation = await session.submit_frame(meta, body)
+    with trio.fail_after(10):
+        await stack.replay.wait_for_requests(1)
+    path = _sent_file(stack)
+    assert path.read_bytes() == image
+    return operation, path
+
+
 async def test_media_dir_files_live_as_long_as_the_request(
         nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> None:
     stack = await _media_stack(nursery, socket_dir, media_dir)
@@ -223,13 +237,7 @@ async def test_media_dir_files_are_gone_whatever_the_end(
                              after=0 if end == "vllm_error" else 1)
     async with connect(stack.uri()) as client, trio.open_nursery() as background:
         session = await client.open_session()
-        meta, body = media_submit(1, _media_envelope(scenario, image_part("nnrp:frame/1")),
-                                  [(OPAQUE, PNG)])
-        operation = await session.submit_frame(meta, body)
-        with trio.fail_after(5):
-            await stack.replay.wait_for_requests(1)
-        path = _sent_file(stack)
-        assert path.read_bytes() == PNG
+        operation, path = await _held_request(stack, session, scenario, PNG)
         if end == "cancel":
             await operation.cancel()
         elif end == "vllm_error":
@@ -275,13 +283,7 @@ async def _a_big_image_given_back(nursery: trio.Nursery, socket_dir: Path, media
                              after=0 if end == "completed" else 1)
     async with connect(stack.uri()) as client:
         session = await client.open_session()
-        meta, body = media_submit(1, _media_envelope(STREAM, image_part("nnrp:frame/1")),
-                                  [(OPAQUE, image)])
-        operation = await session.submit_frame(meta, body)
-        with trio.fail_after(10):
-            await stack.replay.wait_for_requests(1)
-        path = _sent_file(stack)
-        assert path.read_bytes() == image
+        operation, path = await _held_request(stack, session, STREAM, image)
         assert directory.spilled > len(image)  # the packet, held in the directory
         assert _listing(media_dir) == sorted(["someone-elses.txt", path.name])
         if end == "cancel":

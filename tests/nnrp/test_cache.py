@@ -201,6 +201,27 @@ def test_bounds_entries_session_bytes_and_the_process_pool() -> None:
         nnrp.MsgType.PONG)
 
 
+def _with_object_and_entry(clock: Clock, *, max_kept_bytes: int, ttl_ms: int = 0
+                           ) -> tuple[nnrp.ServerConnection, bytes]:
+    """A session with objects negotiated, a 20-byte cache entry and a 16-byte object
+    declared: the connection, and the patch that would write the object's bytes."""
+    tokens = ("object.delta", "object.lifecycle")
+    conn = connected(clock, objects=nnrp.ObjectLimits(max_kept_bytes=max_kept_bytes),
+                     runtime_tokens=frozenset(tokens))
+    body = nnrp.pack_tokens(tokens)
+    conn.receive_data(pk(nnrp.CapabilityNegotiation(profile_id=2, capability_count=2,
+                                                    body_bytes=len(body)),
+                         session_id=SESSION, body=body))
+    ack_of(conn.receive_data(put(1, b"c" * 20, ttl_ms=ttl_ms)))
+    conn.receive_data(pk(nnrp.ObjectDeclare(object_id=5, session_id=SESSION, byte_size=16),
+                         session_id=SESSION))
+    patch = pk(nnrp.ObjectPatch(object_id=5, delta_sequence=1, region_bytes=16,
+                                delta_bytes=16,
+                                flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
+               session_id=SESSION, body=b"o" * 16)
+    return conn, patch
+
+
 def test_expired_entries_of_an_idle_session_never_hold_room_another_needs() -> None:
     """C2 and O9: a bound about to refuse first takes back what has expired: the pool
     every session's, a session's bound its own (an object's patch included); with
@@ -225,20 +246,7 @@ def test_expired_entries_of_an_idle_session_never_hold_room_another_needs() -> N
     assert len(idle_cache) == 0 and pool.used == 20
 
     # The session's own bound: an object's patch takes back its own expired entry.
-    tokens = ("object.delta", "object.lifecycle")
-    own = connected(clock, objects=nnrp.ObjectLimits(max_kept_bytes=32),
-                    runtime_tokens=frozenset(tokens))
-    body = nnrp.pack_tokens(tokens)
-    own.receive_data(pk(nnrp.CapabilityNegotiation(profile_id=2, capability_count=2,
-                                                   body_bytes=len(body)),
-                        session_id=SESSION, body=body))
-    ack_of(own.receive_data(put(1, b"c" * 20, ttl_ms=1_000)))
-    own.receive_data(pk(nnrp.ObjectDeclare(object_id=5, session_id=SESSION, byte_size=16),
-                        session_id=SESSION))
-    patch = pk(nnrp.ObjectPatch(object_id=5, delta_sequence=1, region_bytes=16,
-                                delta_bytes=16,
-                                flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
-               session_id=SESSION, body=b"o" * 16)
+    own, patch = _with_object_and_entry(clock, max_kept_bytes=32, ttl_ms=1_000)
     (refusal,) = replies(own.receive_data(patch))
     assert refusal.message.error_code == nnrp.ErrorCode.LIMIT_EXCEEDED
     clock.now += 1.0
@@ -248,20 +256,7 @@ def test_expired_entries_of_an_idle_session_never_hold_room_another_needs() -> N
 
 def test_cached_bytes_and_object_bytes_share_one_bound() -> None:
     """A client cannot double its memory by using both (C3, O9)."""
-    tokens = ("object.delta", "object.lifecycle")
-    conn = connected(objects=nnrp.ObjectLimits(max_kept_bytes=32),
-                     runtime_tokens=frozenset(tokens))
-    body = nnrp.pack_tokens(tokens)
-    conn.receive_data(pk(nnrp.CapabilityNegotiation(profile_id=2, capability_count=2,
-                                                    body_bytes=len(body)),
-                         session_id=SESSION, body=body))
-    ack_of(conn.receive_data(put(1, b"c" * 20)))
-    conn.receive_data(pk(nnrp.ObjectDeclare(object_id=5, session_id=SESSION, byte_size=16),
-                         session_id=SESSION))
-    patch = pk(nnrp.ObjectPatch(object_id=5, delta_sequence=1, region_bytes=16,
-                                delta_bytes=16,
-                                flags=int(nnrp.ObjectDeltaFlag.REPLACES_REGION)),
-               session_id=SESSION, body=b"o" * 16)
+    conn, patch = _with_object_and_entry(Clock(), max_kept_bytes=32)
     (refusal,) = replies(conn.receive_data(patch))
     assert refusal.message.error_code == nnrp.ErrorCode.LIMIT_EXCEEDED
     assert b"32 kept bytes" in refusal.body
