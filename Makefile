@@ -11,7 +11,7 @@ RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP := $(VENV)/.installed-test
 
 .DEFAULT_GOAL := help
-.PHONY: help demo otel test check lint typecheck unit conformance bench bench-smoke fuzz flake-check compiled compiled-check clean
+.PHONY: help demo otel test check lint typecheck unit conformance bench bench-smoke fuzz fuzz-native flake-check compiled compiled-check clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-12s %s\n", $$1, $$2}' \
@@ -169,6 +169,18 @@ fuzz: $(TEST_STAMP) ## atheris on the untrusted-input parsers, FUZZ_SECONDS each
 	  tail -12 out/fuzz/$$target.log; \
 	  if [ $$status -ne 0 ]; then echo "fuzz $$target found a crash: see out/fuzz/"; exit 1; fi; \
 	done
+
+# The C plain text delta against the pure one (the fuzz target plain_blocks), on the
+# compiled build, which has it: `make compiled` first. FUZZ_SECONDS, as above.
+fuzz-native: ## atheris: the C plain text delta against the pure one, on .venv-compiled
+	@test -x $(COMPILED_VENV)/bin/python || { echo "fuzz-native: make compiled first"; exit 1; }
+	$(BIN)/uv pip install --quiet --python $(COMPILED_VENV)/bin/python atheris
+	mkdir -p out/fuzz/plain_blocks
+	$(COMPILED_VENV)/bin/python tests/fuzz/fuzz_targets.py plain_blocks out/fuzz/plain_blocks \
+	  tests/fuzz/corpus/plain_blocks -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	  -artifact_prefix=out/fuzz/ > out/fuzz/plain_blocks.log 2>&1; status=$$?; \
+	  tail -12 out/fuzz/plain_blocks.log; \
+	  if [ $$status -ne 0 ]; then echo "fuzz plain_blocks found a difference: see out/fuzz/"; exit 1; fi
 
 # The compiled build (gateway/compiled.py; off by default): the wheel built with
 # NNRP_GATEWAY_COMPILE=1 (mypyc and gcc, hatch_build.py; out/compiled/), installed with the

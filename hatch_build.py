@@ -1,5 +1,7 @@
 """The opt-in compiled build: ``NNRP_GATEWAY_COMPILE=1 pip install .`` compiles the
-per-event modules (``gateway/compiled.py``'s table) with mypyc into the wheel.
+per-event modules (``gateway/compiled.py``'s table) with mypyc into the wheel, and the
+C-API extensions of its ``NATIVE_MODULES`` beside them (their ``.c`` sources never go
+into a wheel: ``exclude`` in pyproject.toml).
 
 Unset, or ``0`` (the default, and the published wheel), this hook does nothing and asks
 for nothing: the wheel is pure Python and carries no compiled file (tests/deploy checks
@@ -40,12 +42,13 @@ MYPY = "mypy==2.4.1"
 BUILD_TOOLS = ("setuptools>=70", "types-jsonschema")
 
 _SETUP = """\
-from setuptools import setup
+from setuptools import Extension, setup
 from mypyc.build import mypycify
 
 setup(name="nnrp-vllm-gateway-compiled",
-      ext_modules=mypycify({args!r}, opt_level="3", debug_level="0",
-                           group_name="nnrp_gateway"))
+      ext_modules=[*mypycify({args!r}, opt_level="3", debug_level="0",
+                             group_name="nnrp_gateway"),
+                   *(Extension(name, [source]) for name, source in {native!r})])
 """
 
 
@@ -73,14 +76,16 @@ class CompiledBuild(BuildHookInterface):  # type: ignore[type-arg]
             raise RuntimeError(f"{SWITCH}=1 builds a regular wheel (pip install ., not -e): "
                                "an editable install runs the sources in place")
         root = Path(self.root)
-        table = runpy.run_path(str(root / "gateway" / "compiled.py"))["COMPILED_MODULES"]
+        tables = runpy.run_path(str(root / "gateway" / "compiled.py"))
         sources = [str(root.joinpath(*module.split(".")).with_suffix(".py"))
-                   for module in table]
+                   for module in tables["COMPILED_MODULES"]]
+        native = [(module, str(root / source)) for module, source, _ in tables["NATIVE_MODULES"]]
         self._work = Path(tempfile.mkdtemp(prefix="nnrp-mypyc-"))  # rule 2
         (self._work / "setup.py").write_text(_SETUP.format(
-            args=[*sources, "--config-file", str(root / "pyproject.toml")]))
+            args=[*sources, "--config-file", str(root / "pyproject.toml")], native=native))
         built = self._work / "lib"
-        self.app.display_info(f"mypyc: compiling {len(sources)} modules")
+        self.app.display_info(f"mypyc: compiling {len(sources)} modules, and "
+                              f"{len(native)} C extension(s)")
         done = subprocess.run(
             [sys.executable, "setup.py", "build_ext", "--build-lib", str(built),
              "--build-temp", str(self._work / "tmp"), f"--parallel={os.cpu_count() or 1}"],

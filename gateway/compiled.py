@@ -32,6 +32,10 @@ What compiling asks of these modules, each rule free for pure Python:
 8. A test that replaces a function of these modules (a compiled caller calls it
    directly) or reads their frames (py-spy sees none) skips on a compiled build, and
    says so (``tests/support/build.py``).
+9. The same build also compiles the C-API extensions of ``NATIVE_MODULES`` (hand-written
+   C, each with a pure function beside it that is used where it is not built:
+   ``gateway/pipeline/_plain_delta.py`` rule 7). A compiled build has them all; one
+   without them is ``mixed``.
 
 Stdlib only, and nothing here imports the modules it names: ``--version`` reads the
 files beside them (an extension module is imported before a source of the same name).
@@ -67,6 +71,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "gateway.nnrp._errors",  # what the engine raises
 )
 
+#: Rule 9: the C-API extensions, each module's name and its C source's path from the
+#: project's root (hatch_build.py builds them), and what ``--version`` calls it.
+NATIVE_MODULES: tuple[tuple[str, str, str], ...] = (
+    ("gateway.pipeline._plain_delta_native", "gateway/pipeline/_plain_delta_native.c",
+     "the plain text delta in C"),
+)
+
 #: What each build is called in ``--version``, the capability document and the benches.
 PURE, COMPILED, MIXED = "pure", "compiled", "mixed"
 
@@ -83,11 +94,17 @@ def compiled_file(module: str) -> Path | None:
     return None
 
 
+def _extensions() -> list[str]:
+    """Every module of both tables, mypyc's and the C ones (rule 9)."""
+    return [*COMPILED_MODULES, *(module for module, _, _ in NATIVE_MODULES)]
+
+
 def build() -> str:
-    """``compiled`` when every module of the table is an extension here, ``pure`` when
+    """``compiled`` when every module of both tables is an extension here, ``pure`` when
     none is, ``mixed`` otherwise (an install that lost some: never built so)."""
-    found = sum(compiled_file(module) is not None for module in COMPILED_MODULES)
-    return PURE if found == 0 else COMPILED if found == len(COMPILED_MODULES) else MIXED
+    modules = _extensions()
+    found = sum(compiled_file(module) is not None for module in modules)
+    return PURE if found == 0 else COMPILED if found == len(modules) else MIXED
 
 
 def described() -> str:
@@ -96,4 +113,7 @@ def described() -> str:
     if kind == PURE:
         return "pure Python"
     found = sum(compiled_file(module) is not None for module in COMPILED_MODULES)
-    return f"{kind}: {found} of {len(COMPILED_MODULES)} per-event modules by mypyc"
+    native = [f"{what}{'' if compiled_file(module) is not None else ': not built'}"
+              for module, _, what in NATIVE_MODULES]
+    return ", ".join([f"{kind}: {found} of {len(COMPILED_MODULES)} per-event modules by mypyc",
+                      *native])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from gateway.compiled import (
     COMPILED,
     COMPILED_MODULES,
     MIXED,
+    NATIVE_MODULES,
     PURE,
     build,
     compiled_file,
@@ -54,6 +56,12 @@ def own_nodes(function: ast.AST) -> list[ast.AST]:
 def test_the_table_names_modules_that_exist() -> None:
     assert len(set(COMPILED_MODULES)) == len(COMPILED_MODULES)
     assert [m for m in COMPILED_MODULES if not source(m).is_file()] == []
+    # Rule 9: each C extension has its source, a stub for mypy, and no Python source of
+    # its name (which an install without the extension would import instead).
+    for module, c_source, _ in NATIVE_MODULES:
+        assert (ROOT / c_source).is_file() and c_source.endswith(".c")
+        assert source(module).with_suffix(".pyi").is_file()
+        assert not source(module).is_file()
 
 
 @pytest.mark.parametrize("module", COMPILED_MODULES)
@@ -283,6 +291,11 @@ def test_this_build_is_reported_as_what_it_is() -> None:
         extension = compiled_file(module)
         file = sys.modules[module].__file__
         assert file == (str(extension) if extension is not None else str(source(module)))
+    for module, _, _ in NATIVE_MODULES:  # rule 9: built, and imported from that file
+        extension = compiled_file(module)
+        assert (extension is not None) == (expected == COMPILED)
+        if extension is not None:
+            assert importlib.import_module(module).__file__ == str(extension)
 
 
 def test_version_and_the_capability_document_say_the_build() -> None:
@@ -295,6 +308,6 @@ def test_version_and_the_capability_document_say_the_build() -> None:
     assert printed[1] == f"build: {described()}"
     assert described() == ("pure Python" if build() == PURE else
                            f"compiled: {len(COMPILED_MODULES)} of {len(COMPILED_MODULES)} "
-                           "per-event modules by mypyc")
+                           "per-event modules by mypyc, the plain text delta in C")
     document = capability_document(adapter="a", models=(), tool_calls=False)
     assert document["build"] == build()

@@ -100,7 +100,7 @@ PUBLIC: dict[str, str] = {
     "gateway.pipeline": (
         "ChatPipeline MEDIA_DIR_CAPACITY MediaDelivery MediaDirectory PipelineLimits PlainDelta Translator "
         "UpstreamRequest "
-        "build_request plain_delta_mode profile_refusal "
+        "build_request plain_blocks_of plain_delta_mode profile_refusal "
         "token_count traceparent upstream_traceparent vllm_priority "
     ),
     "gateway.server": (

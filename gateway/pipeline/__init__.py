@@ -10,7 +10,11 @@ from ._media import (
     MediaDelivery as MediaDelivery,
     MediaDirectory as MediaDirectory,
 )
-from ._plain_delta import PlainDelta as PlainDelta, plain_delta_mode as plain_delta_mode
+from ._plain_delta import (
+    PlainDelta as PlainDelta,
+    plain_blocks_of as plain_blocks_of,
+    plain_delta_mode as plain_delta_mode,
+)
 from ._request import (
     UpstreamRequest as UpstreamRequest,
     build_request as build_request,

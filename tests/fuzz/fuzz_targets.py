@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+# The checkout last, for its tests/ package: an installed gateway (the compiled build's,
+# for ``plain_blocks``: make fuzz-native) is imported before the checkout's sources.
+sys.path.append(str(Path(__file__).resolve().parents[2]))
 
 import atheris
 
@@ -21,6 +26,7 @@ with atheris.instrument_imports():
     from gateway.profile import ProfileError, parse_envelope, read_typed_body
     from gateway.transport import quic as _quic
     from gateway.upstream import SSEDecoder, SSEError, UpstreamMalformed, parse_chunk
+    from gateway.pipeline._plain_delta import NATIVE_BLOCKS, plain_blocks as pure_blocks
     from gateway.upstream._http1 import ProtocolError
     from tests.support.http1 import read_in_parts
     from tests.support.resume import exercise as resume
@@ -273,15 +279,50 @@ def quic_datagram(data: bytes) -> None:
     assert sent <= 3 * received, (sent, received)
 
 
+def _blocks_answer(blocks: object, *args: object) -> object:
+    try:
+        return blocks(*args)  # type: ignore[operator]
+    except ValueError as error:  # an empty suffix where the read is split: both raise it
+        return ValueError, str(error)
+
+
+def plain_blocks(data: bytes) -> None:
+    """The plain text delta's C function against the pure one (``_plain_delta`` rule 7):
+    the same answer for any read. The input: the prefix's size (2 bytes), the suffix's
+    and the event tail's (1 each), the length cap plus 16 (2), a flag byte (bit 0: the
+    rest is texts split at 0xFE, each made a block), then the prefix, the suffix, the
+    tail and the rest (tests/fuzz/make_corpus.py: recorded reads)."""
+    if len(data) < 7:
+        return
+    prefix_end = 7 + int.from_bytes(data[0:2], "big")
+    suffix_end = prefix_end + data[2]
+    tail_end = suffix_end + data[3]
+    prefix, suffix, tail = data[7:prefix_end], data[prefix_end:suffix_end], data[suffix_end:tail_end]
+    longest = int.from_bytes(data[4:6], "big") - 16
+    raw = data[tail_end:]
+    if data[6] & 1:
+        raw = b"".join(prefix + text + suffix for text in raw.split(b"\xfe"))
+    expected = _blocks_answer(pure_blocks, raw, prefix, suffix, longest, tail)
+    got = _blocks_answer(NATIVE_BLOCKS, raw, prefix, suffix, longest, tail)
+    assert got == expected, (raw, prefix, suffix, longest, tail, got, expected)
+    if expected is not None and not isinstance(expected[0], type):
+        assert [type(text) for text in got[0]] == [str] * len(expected[0])
+
+
 TARGETS = {"nnrp_decoder": nnrp_decoder, "typed_body": typed_body, "envelope": envelope,
            "sse": sse, "controls": controls, "server_session": server_session,
            "quic_datagram": quic_datagram, "http1": http1,
            # Resume and migration: arbitrary tokens and bodies over connections that come
            # and go (tests/support/resume.py, ``exercise``).
-           "resume": resume}
+           "resume": resume,
+           # The C plain text delta against the pure one, on the compiled build only.
+           "plain_blocks": plain_blocks}
 
 if __name__ == "__main__":
     target = TARGETS[sys.argv[1]]
+    if target is plain_blocks and NATIVE_BLOCKS is None:
+        sys.exit("plain_blocks: the C plain text delta is built by the compiled build only "
+                 "(make compiled, then make fuzz-native)")
     atheris.Setup([sys.argv[0], *sys.argv[2:]], target)
     atheris.Fuzz()
     json.dumps({})  # keep the import used for harness authors adding JSON-shaped seeds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from gateway import nnrp
 from gateway.tools.replay import bundled_transcripts
@@ -14,7 +15,7 @@ HERE = Path(__file__).parent / "corpus"
 def main() -> None:
     folders = {name: HERE / name for name in ("nnrp_decoder", "typed_body", "envelope", "sse",
                                               "controls", "server_session", "quic_datagram",
-                                              "http1", "resume")}
+                                              "http1", "resume", "plain_blocks")}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     vectors = Path(__file__).parents[1] / "nnrp" / "vectors"
@@ -53,6 +54,7 @@ def main() -> None:
     (folders["server_session"] / "submit_then_sends.bin").write_bytes(
         opening + bytes([0xF0, 1, 1, 0, 0xF0, 1, 1, 1, 0xF0, 1, 1, 2]) + body[:8])
     quic_seeds(folders["quic_datagram"])
+    plain_blocks_seeds(folders["plain_blocks"])
     resume_seeds(folders["resume"])
     (folders["http1"] / "length.http").write_bytes(
         b"\x03HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\n\r\n{\"error\":1}")
@@ -84,6 +86,33 @@ def resume_seeds(folder: Path) -> None:
     migrate_live = bytes([2, 0, 0x09])  # old transport 2 (tcp), new 3 (ipc), live token
     (folder / "resume.bin").write_bytes(open_resumable + submit + cut + resume_live + submit)
     (folder / "migrate.bin").write_bytes(open_resumable + cut + migrate_live + submit)
+
+
+def plain_blocks_seeds(folder: Path) -> None:
+    """Reads of recorded streams with the kept bytes they were offered with (the fuzz
+    target ``plain_blocks``'s layout), the ones the fused path takes and the first few
+    it declines, and the same texts as blocks (flag 1)."""
+    from gateway.pipeline._plain_delta import plain_blocks
+    from tests.pipeline.test_plain_delta import reads_taken, streams
+
+    offered: list[tuple[bytes, bytes, bytes, int, bytes]] = []
+
+    def record(*args: Any) -> Any:
+        offered.append(args)
+        return plain_blocks(*args)
+
+    for transcript in streams("0.32").values():
+        if transcript.status == 200 and len(offered) < 400:
+            reads_taken(transcript, record)
+    taken = [args for args in offered if plain_blocks(*args) is not None][:24]
+    declined = [args for args in offered if plain_blocks(*args) is None][:8]
+    for number, (raw, prefix, suffix, longest, tail) in enumerate(taken + declined):
+        head = (len(prefix).to_bytes(2, "big") + bytes([len(suffix), len(tail)])
+                + min(longest + 16, 0xFFFF).to_bytes(2, "big"))
+        (folder / f"read-{number}.bin").write_bytes(head + b"\x00" + prefix + suffix + tail + raw)
+        texts = raw.removeprefix(prefix).removesuffix(suffix).split(suffix + prefix)
+        (folder / f"blocks-{number}.bin").write_bytes(
+            head + b"\x01" + prefix + suffix + tail + b"\xfe".join(texts))
 
 
 def quic_seeds(folder: Path) -> None:

@@ -64,6 +64,9 @@ def run_codec_bench(quick: bool = False) -> list[Figure]:
     }
     ours["pipeline_event"] = per_call_us(_pipeline_event(), min_time=min_time)
     ours["pipeline_fused"] = per_call_us(_pipeline_event_fused(), min_time=min_time)
+    if _native_built():  # the row above read by the C function: this one by the pure one
+        ours["pipeline_fused_python"] = per_call_us(_pipeline_event_fused("python"),
+                                                    min_time=min_time)
     theirs = _reference_codec(min_time)
     goals = {"partial_encode": 2.0, "partial_decode": 2.0, "submit_encode": 10.0,
              "submit_decode": 10.0, "pipeline_event": None, "pipeline_fused": None}
@@ -71,7 +74,9 @@ def run_codec_bench(quick: bool = False) -> list[Figure]:
              "submit_encode": "FRAME_SUBMIT encode (typed body)",
              "submit_decode": "FRAME_SUBMIT decode + validate",
              "pipeline_event": "pipeline per streamed event (SSE -> checks -> event -> frame)",
-             "pipeline_fused": "pipeline per streamed event, plain delta fused (read -> frame)"}
+             "pipeline_fused": "pipeline per streamed event, plain delta fused (read -> frame)",
+             "pipeline_fused_python": "pipeline per streamed event, plain delta fused, the "
+                                      "pure function (NNRP_GATEWAY_PLAIN_DELTA=python)"}
     return [Figure(names[key], value, "us", goal=goals.get(key),
                    baseline=theirs.get(key), baseline_name="nnrp-py nnrp.core", spread=spread)
             for key, (value, spread) in ours.items()]
@@ -111,11 +116,19 @@ def _pipeline_event() -> Callable[[], object]:
     return one
 
 
-def _pipeline_event_fused() -> Callable[[], object]:
+def _native_built() -> bool:
+    """The C plain text delta is built: ``fused`` reads with another function."""
+    from gateway.pipeline import plain_blocks_of
+
+    return plain_blocks_of("fused") is not plain_blocks_of("python")
+
+
+def _pipeline_event_fused(mode: str = "fused") -> Callable[[], object]:
     """``_pipeline_event``'s chunk as the handler reads it now: the plain text delta
     fused (``gateway.pipeline.PlainDelta``), the upstream read's bytes to the event's
-    body, then the frame."""
-    from gateway.pipeline import PlainDelta, Translator
+    body, then the frame; its bytes read as ``NNRP_GATEWAY_PLAIN_DELTA=mode`` reads
+    them (``fused``: in C where the build has it)."""
+    from gateway.pipeline import PlainDelta, Translator, plain_blocks_of
     from gateway.upstream import BINDINGS, ChunkParser, SSEDecoder
 
     decoder = SSEDecoder()
@@ -123,7 +136,9 @@ def _pipeline_event_fused() -> Callable[[], object]:
     translator = Translator(BINDINGS[-1], usage_requested=False)
     for chunk in (_SSE_ROLE_CHUNK, _SSE_CHUNK):  # the first plain delta keeps the head
         translator.feed(parse_chunk(chunk[6:-2].decode()))
-    reader = PlainDelta(translator)
+    blocks = plain_blocks_of(mode)
+    assert blocks is not None
+    reader = PlainDelta(translator, blocks)
     if reader(_SSE_CHUNK, decoder, parse_chunk) is None:
         raise RuntimeError("the fused plain delta did not take the bench's chunk")
 
