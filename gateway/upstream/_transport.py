@@ -148,8 +148,8 @@ class Http1Connection:
             try:
                 with trio.fail_after(self._connect_timeout):
                     self._stream = await trio.open_tcp_stream(self.host, self.port)
-            except trio.TooSlowError as exc:
-                raise ConnectTimeout(f"connect to {self.host}:{self.port} timed out") from exc
+            except trio.TooSlowError as slow:
+                raise ConnectTimeout(f"connect to {self.host}:{self.port} timed out") from slow
             except OSError as exc:
                 raise ConnectError(str(exc)) from exc
         return self._stream
@@ -346,7 +346,7 @@ async def _timed(work: Any, limit_s: float | None, timed_out: type[TransportErro
             return await work
         with trio.fail_after(limit_s):
             return await work
-    except trio.TooSlowError as exc:
-        raise timed_out("timed out") from exc
+    except trio.TooSlowError as slow:
+        raise timed_out("timed out") from slow
     except _READ_FAILURES as exc:
         raise failed(f"{type(exc).__name__}: {exc}") from exc
