@@ -105,6 +105,10 @@ class KeptBytes(Protocol):
 
     def give_kept(self, size: int) -> None: ...
 
+    def expires_at(self, at: float) -> None:
+        """An entry whose bytes a bound may take back from ``at`` (C2)."""
+        ...
+
 
 @attrs.frozen
 class CacheLimits:
@@ -195,7 +199,12 @@ class CacheTable:
         size = len(body)
         freed = len(old.data) if old is not None else 0
         if size > freed:
+            # Out of the table while the bounds are asked: a bound about to refuse sweeps
+            # (O9), and must not drop (and give back) the entry this put replaces.
+            self._entries.pop(key, None)
             refused = self.kept.take_kept(size - freed)
+            if old is not None:
+                self._entries[key] = old
             if refused is not None:
                 return PutOutcome(CacheAckStatus.REJECTED, detail_code=int(refused))
         elif size < freed:
@@ -204,6 +213,7 @@ class CacheTable:
         expires_at = self.clock() + ttl_ms / 1000
         self._entries[key] = _Entry(request.object_kind, body, expires_at)
         self._next_expiry = min(self._next_expiry, expires_at)
+        self.kept.expires_at(expires_at)
         if old is None:
             return PutOutcome(CacheAckStatus.ACCEPTED, ttl_ms)
         return PutOutcome(CacheAckStatus.REPLACED, ttl_ms, invalidated=tuple(
@@ -216,6 +226,11 @@ class CacheTable:
             self._drop(key)
         self._next_expiry = min((entry.expires_at for entry in self._entries.values()),
                                 default=math.inf)
+
+    @property
+    def next_expiry(self) -> float:
+        """No entry expires before this (C2)."""
+        return self._next_expiry
 
     def sweep_due(self) -> None:
         """C2 for a bound about to refuse: a sweep, when an entry may have expired (one

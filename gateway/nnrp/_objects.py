@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import math
 import time
 import weakref
 from collections.abc import Callable
@@ -176,14 +177,28 @@ class ObjectBytes:
         #: The sessions' tables, whose caches' expired entries are swept before the pool
         #: refuses (O9); weak: a session gone is gone from here too.
         self._tables: weakref.WeakSet[ObjectTable] = weakref.WeakSet()
+        #: No session's cache entry expires before this (it may be earlier than the
+        #: earliest: a sweep then sets it right), so a refusal with nothing expired is
+        #: one comparison, not a pass over every session (a flood of refused puts).
+        self._next_expiry = math.inf
 
     def watch(self, table: ObjectTable) -> None:
         self._tables.add(table)
 
-    def take(self, size: int) -> bool:
+    def expires_at(self, at: float) -> None:
+        """A cache entry's bytes may be taken back from ``at`` (O9)."""
+        self._next_expiry = min(self._next_expiry, at)
+
+    def take(self, size: int, now: float = -math.inf) -> bool:
+        """Reserve ``size`` bytes; ``now``, the asking table's clock: expired entries
+        are taken back first when some may be (O9)."""
         if self.used + size > self.capacity:
-            for table in list(self._tables):  # O9: expired entries first
-                table.cache.sweep_due()
+            if self._next_expiry <= now:
+                tables = list(self._tables)
+                for table in tables:
+                    table.cache.sweep_due()
+                self._next_expiry = min((table.cache.next_expiry for table in tables),
+                                        default=math.inf)
             if self.used + size > self.capacity:
                 return False
         self.used += size
@@ -303,7 +318,7 @@ class ObjectTable:
             self.cache.sweep_due()  # O9: expired entries first
             if self._kept_bytes + size > self.limits.max_kept_bytes:
                 return ErrorCode.LIMIT_EXCEEDED
-        if not self.pool.take(size):
+        if not self.pool.take(size, self.cache.clock()):
             return ErrorCode.SERVER_BUSY
         self._kept_bytes += size
         return None
@@ -311,6 +326,9 @@ class ObjectTable:
     def give_kept(self, size: int) -> None:
         self._kept_bytes -= size
         self.pool.give(size)
+
+    def expires_at(self, at: float) -> None:
+        self.pool.expires_at(at)
 
     def read(self, object_id: int, version: int, operation_id: int, *,
              operation_in_flight: bool = True) -> bytes | ObjectRefusal:

@@ -431,3 +431,36 @@ def test_cache_frames_need_no_negotiation_and_the_token_is_granted() -> None:
 
     assert "cache.reference" in runtime_tokens(priority_scheduling=False)
     assert "cache.reference" in nnrp.KNOWN_TOKENS  # nnrp-py's client knows it
+
+
+def test_a_replacement_whose_entry_expires_while_the_bounds_are_asked_is_counted_once(
+        ) -> None:
+    """The clock moves between the put's own sweep and the bound's (O9): the entry being
+    replaced must not be swept and given back there, then given back again by the put
+    (a 1,200-byte object in a 1,000-byte bound, and the count wrong for good)."""
+    now = [0.0]
+    pool = nnrp.ObjectBytes(1 << 20)
+    table = nnrp.ObjectTable(SESSION, nnrp.ObjectLimits(max_kept_bytes=1000), pool,
+                             clock=lambda: now[0])
+    cache = table.cache
+
+    def put_object(body: bytes) -> nnrp.PutOutcome:
+        return cache.put(nnrp.CachePut(cache_namespace=0, object_kind=CAMERA, cache_key_hi=0,
+                                       cache_key_lo=0, ttl_ms=10, object_bytes=len(body)),
+                         body)
+
+    assert put_object(b"a" * 600).status == nnrp.CacheAckStatus.ACCEPTED
+    sweep = cache.sweep
+
+    def sweep_then_tick() -> None:
+        sweep()
+        now[0] = 0.011  # past the entry's ttl, after the put's own sweep
+
+    cache.sweep = sweep_then_tick  # type: ignore[method-assign]
+    refused = put_object(b"b" * 1200)
+    assert (refused.status, refused.detail_code) == (nnrp.CacheAckStatus.REJECTED,
+                                                    nnrp.ErrorCode.LIMIT_EXCEEDED)
+    assert table.kept_bytes == cache.held_bytes == pool.used == 600
+    cache.sweep = sweep  # type: ignore[method-assign]
+    cache.sweep()  # it expired meanwhile: now it goes, once
+    assert table.kept_bytes == cache.held_bytes == pool.used == 0
