@@ -373,6 +373,19 @@ class Decoder:
             raise RemoteProtocolError(f"no memory for a packet of {total} bytes: {no_memory}",
                                       code=ErrorCode.SERVER_BUSY) from no_memory
 
+    def _unspilled(self, spill: mmap.mmap, filled: int) -> mmap.mmap:
+        """``_spill`` S1: a spill that cannot grow; what arrived, in the process's own
+        memory, to go on there (the spill goes with its last reference: none is out)."""
+        memory = self._memory(len(spill), PartialResult)  # any type but a submit's
+        memory[:filled] = spill[:filled]
+        return memory
+
+    def close(self) -> None:
+        """The stream is over: what an incomplete packet holds goes now (a spill's file
+        with it), not when the collector finds the connection that held this decoder."""
+        self._buffer = bytearray()
+        self._filling, self._filled, self._pending = None, 0, None
+
     @property
     def error(self) -> RemoteProtocolError | None:
         """The error that broke the stream, once one has (see ``feed``)."""
@@ -416,10 +429,14 @@ class Decoder:
                 if self._filling is not None:
                     filling, filled = self._filling, self._filled
                     taken = min(len(filling) - filled, available - offset)
+                    spill = filling if isinstance(filling, SpillMap) else None
+                    if spill is not None and not spill.reserve(filled + taken):  # _spill S1
+                        filling = self._filling = self._unspilled(spill, filled)
+                        spill = None
                     with memoryview(source) as arrived:
                         filling[filled:filled + taken] = arrived[offset:offset + taken]
-                    if isinstance(filling, SpillMap):
-                        filling.settle(filled, filled + taken)  # _spill S2
+                    if spill is not None:
+                        spill.settle(filled, filled + taken)  # _spill S2
                     offset += taken
                     if filled + taken < len(filling):
                         self._filled = filled + taken
@@ -456,10 +473,13 @@ class Decoder:
                     if values[7] >= VIEW_MIN_BODY:
                         # Its own memory, filled as it arrives (the module docstring).
                         filling = self._memory(total, cls)
+                        spill = filling if isinstance(filling, SpillMap) else None
+                        if spill is not None and not spill.reserve(available - offset):
+                            filling, spill = self._unspilled(spill, 0), None  # _spill S1
                         with memoryview(source) as arrived:
                             filling[:available - offset] = arrived[offset:available]
-                        if isinstance(filling, SpillMap):
-                            filling.settle(0, available - offset)  # _spill S2
+                        if spill is not None:
+                            spill.settle(0, available - offset)  # _spill S2
                         self._filling, self._filled = filling, available - offset
                         offset = available
                     break

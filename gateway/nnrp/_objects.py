@@ -185,6 +185,11 @@ class ObjectBytes:
     def watch(self, table: ObjectTable) -> None:
         self._tables.add(table)
 
+    def __reduce__(self) -> tuple[type[ObjectBytes], tuple[int]]:
+        """A pool travels to a worker process as its capacity: what it holds, and the
+        tables holding it, are this process's."""
+        return ObjectBytes, (self.capacity,)
+
     def expires_at(self, at: float) -> None:
         """A cache entry's bytes may be taken back from ``at`` (O9)."""
         self._next_expiry = min(self._next_expiry, at)

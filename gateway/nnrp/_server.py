@@ -209,6 +209,11 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
         its client (``_resumption`` R6); every other session ends. ``detach`` False: the
         gateway closed it itself, its sessions drained and delivered (a drain's end):
         every session ends."""
+        # What was held for packets not yet handled goes now: a connection may wait in
+        # a reference cycle for the collector, and a big submit's memory (or its spill's
+        # file, counted against the media directory's bound) with it.
+        self._decoder.close()
+        self._held = []  # (a key being computed comes back to nothing: request_keyed)
         detached: list[int] = []
         ended: list[int] = []
         for session_id in list(self._sessions):

@@ -8,12 +8,17 @@ from its first byte to its operation's end (peak RSS 1.04x the image through
 bytes is write them to a file for vLLM. A pod's memory limit is set for the streams,
 not for the largest image a client may send. The rules:
 
-S1. **A shared mapping of a file.** ``SpillMap`` is an ``mmap`` of a file whose blocks
-    were allocated when it was made (a write into a sparse file's mapping on a full
-    disk is a SIGBUS, not an error), unlinked from the start (nothing is left behind
-    by a crash; the space is the kernel's to free when the last view goes). To
-    everything that reads the packet it is what the anonymous map is: views of its
-    bytes, read-only, never copied.
+S1. **A shared mapping of a file, paid for as it fills.** ``SpillMap`` is an ``mmap``
+    of a file unlinked from the start (nothing is left behind by a crash; the space is
+    the kernel's to free when the last view goes). Its blocks are allocated ahead of
+    the bytes, a step at a time (``reserve``, the I/O layer's ``grow``): a write into
+    a sparse file's mapping on a full disk is a SIGBUS, not an error, and a header
+    announcing 64 MiB must cost the directory no more than the bytes that came (as it
+    costs the process nothing in an anonymous map). A step that cannot be had (no
+    room in the directory's bound, no space on its disk) has the decoder move what
+    arrived into the process's memory and go on there: the submit is served either
+    way. To everything that reads the packet a spill is what the anonymous map is:
+    views of its bytes, read-only, never copied.
 S2. **Written pages leave the process at once.** The decoder tells the map what it has
     written (``settle``), and every page wholly written is dropped from the process's
     resident set (``MADV_DONTNEED``: on a shared file mapping this unmaps the page and
@@ -21,15 +26,22 @@ S2. **Written pages leave the process at once.** The decoder tells the map what 
     page again, from the page cache.
 S3. **Readers of every byte drop what they read.** What walks a whole media frame
     (the write of its file for vLLM, a data URI's base64, the request key's digest)
-    does so in slices of ``SPILL_SLICE`` bytes and calls ``spill_release`` after each:
-    a frame of any size costs the process a slice of resident memory, not the frame.
+    does so in slices (``SPILL_SLICE`` bytes; base64's own, smaller) and calls
+    ``spill_release`` after each: a frame of any size costs the process a slice of
+    resident memory, not the frame. (A big base64 envelope, which is no media frame, is
+    read as ever: its pages stay mapped until its operation ends.)
     ``spill_release`` does nothing for bytes that are not a spill's.
 S4. **What it costs, and where.** The bytes are in the media directory's filesystem:
     on a disk-backed emptyDir, page cache the kernel writes back and can reclaim; on a
     memory-backed one (``medium: Memory``), the pod's memory all the same, under
-    ``--media-dir-bytes`` (which counts spills: D5). Freeing the map at the
-    operation's end unmaps a few pages, not the image (an anonymous 63 MiB map took
-    13 ms to unmap on the event loop).
+    ``--media-dir-bytes`` (which counts spills: D5). Either way the kernel charges
+    those pages to the memory cgroup of the process that wrote them: the gateway
+    container's limit counts the page cache of a disk-backed directory until it is
+    written back and reclaimed, and a tmpfs one's pages for as long as they live. What
+    a spill saves is the process's own resident memory (its RSS, what it can never
+    give back under pressure), not the container's accounting: prefer a disk-backed
+    emptyDir. Freeing the map at the operation's end unmaps a few pages, not the image
+    (an anonymous 63 MiB map took 13 ms to unmap on the event loop).
 
 Only the decoder and the readers above touch a ``SpillMap``; this module opens no file
 (the I/O layer hands the decoder a factory) and imports neither trio nor httpx.
@@ -48,7 +60,15 @@ _PAGE = mmap.PAGESIZE
 
 
 class SpillMap(mmap.mmap):
-    """S1: a big FRAME_SUBMIT's memory, a shared mapping of an unlinked file."""
+    """S1: a big FRAME_SUBMIT's memory, a shared mapping of an unlinked file. ``grow``
+    is the I/O layer's: it makes the file's blocks up to a length ready (True), or
+    cannot (False)."""
+
+    grow: Callable[[int], bool]
+
+    def reserve(self, end: int) -> bool:
+        """S1: whether bytes ``:end`` may be written (their blocks are there)."""
+        return self.grow(end)
 
     def settle(self, start: int, end: int) -> None:
         """S2: bytes ``start:end`` were written; drop every page now wholly written."""
@@ -69,17 +89,23 @@ class SpillMap(mmap.mmap):
 SpillMemory = Callable[[int], SpillMap | None]
 
 
+def spill_of(data: object) -> SpillMap | None:
+    """The spill ``data`` is a view of, if it is one."""
+    owner = data.obj if type(data) is memoryview else None
+    return owner if isinstance(owner, SpillMap) else None
+
+
 def spill_release(data: Any) -> None:
     """S3: if ``data`` is a view of a spill, drop its pages from the process."""
-    owner = data.obj if type(data) is memoryview else None
-    if isinstance(owner, SpillMap):
+    owner = spill_of(data)
+    if owner is not None:
         owner.release()
 
 
 def spill_digest_update(digest: Any, data: bytes | memoryview) -> None:
     """``digest.update(data)``, in slices (S3) when ``data`` is a spill's."""
-    owner = data.obj if type(data) is memoryview else None
-    if not isinstance(owner, SpillMap):
+    owner = spill_of(data)
+    if owner is None:
         digest.update(data)
         return
     for start in range(0, len(data), SPILL_SLICE):

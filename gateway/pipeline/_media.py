@@ -37,14 +37,16 @@ D4. **The directory at start** (``MediaDirectory.prepare``): it must exist and b
 D5. **A big submit is read into the directory** (``MediaDirectory.spill``,
     ``gateway.nnrp._spill`` S1-S4): the decoder holds a FRAME_SUBMIT of 64 KiB or more
     that does not arrive in one read in a file of this directory, unlinked as it is
-    made (``O_TMPFILE``; where the filesystem has none, made and unlinked at once), its
-    blocks allocated first; the pages it fills leave the process as they fill, and D2's
-    write and D1's base64 read it a slice at a time. Its bytes count against
-    ``--media-dir-bytes`` from when it is made until its last view goes (a
-    ``weakref.finalize``, which may run in a worker thread: the count has a lock). A
-    spill that would leave no room for the file its frame becomes, or that cannot be
-    made (no room, no ``fallocate``), is the process's memory instead, as without a
-    directory: the submit is served either way.
+    made (``O_TMPFILE``; where the filesystem has none, made and unlinked at once); the
+    pages it fills leave the process as they fill, and D2's write and D1's base64 read
+    it a slice at a time. Its blocks are allocated ``GROW_STEP`` ahead of its bytes, and
+    count against ``--media-dir-bytes`` as they are, until its last view goes (a
+    ``weakref.finalize``, which may run in a worker thread: the count has a lock): a
+    header announcing 64 MiB costs the directory nothing until the bytes come. A spill
+    is made only where the bound has room for it and the file its frame becomes; one
+    that cannot be made, or cannot grow (the bound, a full disk, no ``fallocate``), is
+    the process's memory instead, what arrived moved there: the submit is served
+    either way.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ FILE_PREFIX = "nnrp-media-"
 MEDIA_DIR_CAPACITY = 1 << 30
 #: D2: when a request refused for a full directory may try again.
 FULL_RETRY_AFTER_MS = 1000
+#: D5: a spill's blocks are allocated this far ahead of its bytes (a step of fallocate
+#: on tmpfs zeroes its pages: about a millisecond here for 4 MiB, on the event loop).
+GROW_STEP = 4 << 20
 #: D2: how long the cleanup may take once the operation is cancelled.
 CLEANUP_TIMEOUT = 5.0
 #: D2: readable by vLLM's container, which shares the directory, not by the world
@@ -204,36 +209,59 @@ class MediaDirectory:
 
     def spill(self, size: int) -> SpillMap | None:
         """D5: memory for a big submit in a file of the directory, or None (the
-        process's own: the bound reached, or no file to be had)."""
+        process's own: no room for it and the file its frame becomes, or no file to be
+        had). Its blocks, and its count in the bound, come as its bytes do (``grow``)."""
         with self._spill_lock:
             if self.used + self.spilled + 2 * size > self.capacity:
                 return None  # room for it and for the file its frame becomes (D2)
-            self.spilled += size
         try:
-            memory = self._spill_file(size)
+            fd = self._spill_fd()
         except OSError as exc:
-            self._unspill(size)
             log.warning("submit not spilled to the media directory: held in memory",
                         path=str(self.path), bytes=size, error=exc.strerror or str(exc))
             return None
-        weakref.finalize(memory, self._unspill, size)
+        try:
+            os.ftruncate(fd, size)  # its length, sparse: no block is allocated here
+            memory = SpillMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            os.close(fd)
+            log.warning("submit not spilled to the media directory: held in memory",
+                        path=str(self.path), bytes=size, error=exc.strerror or str(exc))
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        blocks = _SpillBlocks(self, fd, size)
+        memory.grow = blocks.grow
+        # The file's blocks and its count go with the map's last reference (its last
+        # view), in whichever thread drops it.
+        weakref.finalize(memory, blocks.close)
         return memory
 
-    def _spill_file(self, size: int) -> SpillMap:
+    def _spill_fd(self) -> int:
+        """An unlinked file of the directory, open (``_spill`` S1)."""
         flags = os.O_RDWR | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags | os.O_TMPFILE, 0o600)
+            return os.open(self.path, flags | os.O_TMPFILE, 0o600)
         except (AttributeError, OSError):  # no O_TMPFILE here: made, then unlinked
             path = self.path / f"{FILE_PREFIX}{self.owner}spill-{secrets.token_hex(12)}"
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
-            path.unlink()
-        try:
-            os.posix_fallocate(fd, 0, size)  # _spill S1: a full disk is an error here
-            return SpillMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping keeps the file
+            try:
+                path.unlink()
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
 
-    def _unspill(self, size: int) -> None:
+    def take_spill(self, size: int) -> bool:
+        """D5: count ``size`` more bytes of spills, if the bound has room for them."""
+        with self._spill_lock:
+            if self.used + self.spilled + size > self.capacity:
+                return False
+            self.spilled += size
+            return True
+
+    def give_spill(self, size: int) -> None:
         with self._spill_lock:
             self.spilled -= size
 
@@ -254,6 +282,44 @@ class MediaDirectory:
             raise
         os.close(fd)
         return path
+
+
+class _SpillBlocks:
+    """D5: one spill's file: its blocks allocated ahead of its bytes, ``GROW_STEP`` at
+    a time, each step counted against the directory's bound first (``_spill`` S1)."""
+
+    def __init__(self, directory: MediaDirectory, fd: int, size: int) -> None:
+        self._directory = directory
+        self._fd: int | None = fd
+        self._size = size
+        self.allocated = 0
+
+    def grow(self, end: int) -> bool:
+        if end <= self.allocated:
+            return True
+        fd = self._fd
+        if fd is None:
+            return False
+        target = min(self._size, max(end, self.allocated + GROW_STEP))
+        step = target - self.allocated
+        if not self._directory.take_spill(step):
+            return False
+        try:
+            os.posix_fallocate(fd, self.allocated, step)
+        except OSError as exc:  # no space, or no fallocate on this filesystem
+            self._directory.give_spill(step)
+            log.warning("submit's spill cannot grow: held in memory",
+                        path=str(self._directory.path), bytes=self._size,
+                        error=exc.strerror or str(exc))
+            return False
+        self.allocated = target
+        return True
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+            self._directory.give_spill(self.allocated)
 
 
 class MediaDelivery:

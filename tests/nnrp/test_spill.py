@@ -7,6 +7,7 @@ not a timing)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import hashlib
 import mmap
 import os
@@ -16,22 +17,22 @@ from pathlib import Path
 import pytest
 
 from gateway import nnrp
+from gateway.pipeline import MediaDirectory
+from gateway.pipeline._media import GROW_STEP
 from tests.nnrp.test_codec import PING, _submit
 
 MIB = 1 << 20
 
 
-def _spill_in(directory: Path, made: list[nnrp.SpillMap]) -> nnrp.SpillMemory:
-    """The I/O layer's part (gateway/pipeline/_media.py D5), as simply as it can be."""
+def _spill_in(directory: Path, made: list[nnrp.SpillMap], *, capacity: int = 1 << 30
+              ) -> nnrp.SpillMemory:
+    """The I/O layer's factory (gateway/pipeline/_media.py D5), noting each spill."""
+    media = MediaDirectory(directory, capacity=capacity)
 
-    def spill(size: int) -> nnrp.SpillMap:
-        fd = os.open(directory, os.O_RDWR | os.O_TMPFILE, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            memory = nnrp.SpillMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        made.append(memory)
+    def spill(size: int) -> nnrp.SpillMap | None:
+        memory = media.spill(size)
+        if memory is not None:
+            made.append(memory)
         return memory
 
     return spill
@@ -144,3 +145,72 @@ def test_a_spilled_digest_walks_in_slices(monkeypatch: pytest.MonkeyPatch,
     nnrp.spill_digest_update(digest, packet.body)
     assert digest.digest() == hashlib.sha256(body).digest()
     assert len(releases) == -(-len(body) // 100_000)
+
+
+def test_a_spill_that_cannot_grow_goes_on_in_memory_with_what_arrived(tmp_path: Path
+                                                                      ) -> None:
+    """_spill S1: the directory's bound (or its disk) refuses a step mid-packet: what
+    arrived moves into the process's memory and the packet completes there, whole; the
+    spill, never handed out, goes at once."""
+    body = os.urandom(3 * GROW_STEP)
+    made: list[nnrp.SpillMap] = []
+    # Room for the spill and its frame's file at the start, then files in flight take it.
+    media = MediaDirectory(tmp_path, capacity=2 * len(body) + 1000)
+
+    def spill(size: int) -> nnrp.SpillMap | None:
+        memory = media.spill(size)
+        assert memory is not None
+        made.append(memory)
+        return memory
+
+    decoder = nnrp.Decoder(spill=spill)
+    packet = _submit(7, body)
+    assert decoder.feed(packet[:GROW_STEP + 100]) == []
+    assert media.spilled == GROW_STEP + 100  # what arrived, or a step: the more
+    media.used = media.capacity - media.spilled  # no room for another step now
+    (done,) = _feed(decoder, packet[GROW_STEP + 100:] + PING, 1 << 20)[:1]
+    assert done.body == body and type(done.body.obj) is mmap.mmap  # type: ignore[union-attr]
+    del made[:]
+    gc.collect()
+    assert media.spilled == 0
+
+
+def test_a_header_announcing_a_big_submit_costs_the_directory_what_arrived(
+        tmp_path: Path) -> None:
+    """_spill S1: 64 MiB announced, a KiB sent: one step counted, no more; a decoder
+    closed (its connection over) lets go of it at once, without the collector."""
+    media = MediaDirectory(tmp_path)
+    decoder = nnrp.Decoder(spill=media.spill)
+    packet = _submit(7, bytes(nnrp.PROTOCOL_MAX_PACKET - 1000))
+    assert decoder.feed(packet[:1024]) == []
+    assert 0 < media.spilled <= GROW_STEP
+    gc.disable()
+    try:
+        decoder.close()
+        assert media.spilled == 0 and decoder.buffered == 0
+    finally:
+        gc.enable()
+
+
+def test_a_connection_lost_mid_submit_gives_its_spill_back_at_once(tmp_path: Path) -> None:
+    """A connection may wait in a reference cycle for the collector: what its decoder
+    held for an incomplete submit (a spill's blocks, counted against the directory's
+    bound) goes when the connection is lost, not then."""
+    from tests.support.wire import pk
+
+    media = MediaDirectory(tmp_path)
+    conn = nnrp.ServerConnection(nnrp.ServerConfig(spill=media.spill))
+    conn.receive_data(pk(nnrp.ClientHello(profile_bitmap=0b11))
+                      + pk(nnrp.SessionOpen(profile_id=2, schema_id=0x1001, schema_version=3,
+                                            max_in_flight=4)))
+    submit = nnrp.encode(nnrp.Packet(nnrp.FrameSubmit(operation_id=1, payload_kind_bitmap=0x10,
+                                                      payload_frame_count=1),
+                                     session_id=1, frame_id=1, body=bytes(8 << 20)))
+    conn.receive_data(submit[:1 << 20])
+    assert media.spilled > 0
+    gc.disable()
+    try:
+        conn.connection_lost()
+        assert media.spilled == 0
+    finally:
+        gc.enable()

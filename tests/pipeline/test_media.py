@@ -16,7 +16,13 @@ from hypothesis import given, strategies as st
 from gateway import nnrp
 from gateway.errors import ConfigError
 from gateway.pipeline import MediaDelivery, MediaDirectory
-from gateway.pipeline._media import ENCODE_SLICE, FILE_PREFIX, encode_base64, encode_body
+from gateway.pipeline._media import (
+    ENCODE_SLICE,
+    FILE_PREFIX,
+    GROW_STEP,
+    encode_base64,
+    encode_body,
+)
 from gateway.profile import MediaFrame, MediaPlan, MediaSlot, ProfileError
 
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(100)
@@ -180,21 +186,27 @@ async def test_the_directory_holds_at_most_its_capacity_and_gives_it_back(tmp_pa
 # ------------------------------------------------------------------ D5: spills
 
 
-def test_a_spill_is_an_unlinked_file_of_the_directory_counted_while_it_lives(
+def test_a_spill_is_an_unlinked_file_counted_as_its_blocks_come_while_it_lives(
         tmp_path: Path) -> None:
-    """D5: nothing in the directory's listing (a crash leaves nothing), its bytes under
-    --media-dir-bytes from when it is made until its last view goes."""
+    """D5: nothing in the directory's listing (a crash leaves nothing); its blocks, and
+    its count under --media-dir-bytes, come GROW_STEP ahead of its bytes (a header
+    alone costs nothing), and go with its last view."""
     import gc
 
-    directory = MediaDirectory(tmp_path, capacity=10 << 20)
-    spill = directory.spill(1 << 20)
-    assert isinstance(spill, nnrp.SpillMap) and len(spill) == 1 << 20
-    assert directory.spilled == 1 << 20 and list(tmp_path.iterdir()) == []
+    directory = MediaDirectory(tmp_path, capacity=64 << 20)
+    spill = directory.spill(10 << 20)
+    assert isinstance(spill, nnrp.SpillMap) and len(spill) == 10 << 20
+    assert directory.spilled == 0 and list(tmp_path.iterdir()) == []
+    assert spill.reserve(4)
+    assert directory.spilled == GROW_STEP  # a step ahead
+    assert spill.reserve(GROW_STEP) and directory.spilled == GROW_STEP
+    assert spill.reserve(GROW_STEP + 1) and directory.spilled == 2 * GROW_STEP
+    assert spill.reserve(10 << 20) and directory.spilled == 10 << 20  # never past it
     spill[:4] = b"\x89PNG"
     view = memoryview(spill).toreadonly()[:4]
     del spill
     gc.collect()
-    assert directory.spilled == 1 << 20  # a view keeps it
+    assert directory.spilled == 10 << 20  # a view keeps it
     assert view == b"\x89PNG"
     view.release()
     del view
@@ -202,27 +214,31 @@ def test_a_spill_is_an_unlinked_file_of_the_directory_counted_while_it_lives(
     assert directory.spilled == 0
 
 
-def test_a_spill_leaves_room_for_the_file_its_frame_becomes(tmp_path: Path) -> None:
-    """D5: a spill is made only where the bound holds it and the frame's own file (D2)
-    after it; else the submit is read into memory (None), and served as ever."""
+def test_a_spill_is_made_only_with_room_for_it_and_its_frames_file_and_grows_within_it(
+        tmp_path: Path) -> None:
+    """D5: a spill is made where the bound has room for it and the file its frame
+    becomes (D2), and grows only within the bound: a step past it is refused (the
+    decoder then moves the packet into memory), and counts nothing."""
     mib = 1 << 20
-    directory = MediaDirectory(tmp_path, capacity=4 * mib)
-    assert directory.spill(2 * mib + 1) is None  # it fits; its file after it would not
-    first = directory.spill(2 * mib)
-    assert first is not None
-    assert directory.spill(mib + 1) is None
-    directory.used = 1
-    assert directory.spill(mib) is None  # the files in flight count too (D2)
+    directory = MediaDirectory(tmp_path, capacity=16 * mib)
+    assert directory.spill(8 * mib + 1) is None  # it fits; its file after it would not
+    first = directory.spill(8 * mib)
+    assert first is not None and first.reserve(8 * mib)
+    second = directory.spill(4 * mib)  # a check, not a reservation: 8 + 8 <= 16
+    assert second is not None
+    directory.used = 5 * mib  # files in flight (D2) count too
+    assert not second.reserve(4 * mib)  # 8 + 5 + 4 > 16
+    assert directory.spilled == 8 * mib
     directory.used = 0
-    second = directory.spill(mib)
-    assert second is not None and directory.spilled == 3 * mib
+    assert second.reserve(4 * mib) and directory.spilled == 12 * mib
 
 
 @pytest.mark.parametrize("failure", ["no_tmpfile", "no_room"])
-def test_a_spill_that_cannot_be_made_is_declined_and_leaves_nothing(
+def test_a_spill_on_a_directory_that_cannot_hold_it_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
     """Without O_TMPFILE the file is made and unlinked at once; a disk with no room for
-    it (the blocks are allocated first: S1) declines the spill, and its bytes go back."""
+    a step (the blocks are allocated before the bytes: _spill S1) refuses the step,
+    and counts nothing."""
     if failure == "no_tmpfile":
         monkeypatch.delattr(os, "O_TMPFILE")
     else:
@@ -232,9 +248,9 @@ def test_a_spill_that_cannot_be_made_is_declined_and_leaves_nothing(
         monkeypatch.setattr(os, "posix_fallocate", full)
     directory = MediaDirectory(tmp_path)
     spill = directory.spill(1 << 20)
-    assert (spill is not None) == (failure == "no_tmpfile")
-    assert list(tmp_path.iterdir()) == []
-    assert directory.spilled == (1 << 20 if spill is not None else 0)
+    assert spill is not None and list(tmp_path.iterdir()) == []
+    assert spill.reserve(1 << 20) == (failure == "no_tmpfile")
+    assert directory.spilled == (1 << 20 if failure == "no_tmpfile" else 0)
 
 
 def test_a_frame_written_from_a_spill_is_read_a_slice_at_a_time(
@@ -245,7 +261,7 @@ def test_a_frame_written_from_a_spill_is_read_a_slice_at_a_time(
     directory = MediaDirectory(tmp_path)
     data = os.urandom((1 << 18) + 5)
     spill = directory.spill(len(data) + 100)
-    assert spill is not None
+    assert spill is not None and spill.reserve(len(spill))
     spill[100:] = data
     released: list[int] = []
     release = nnrp.SpillMap.release
