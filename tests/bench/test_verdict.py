@@ -125,6 +125,8 @@ def test_a_time_or_a_rate_reads_in_the_runs_bare_trio_wake_ups() -> None:
     assert figures[0].as_dict()["wakes"] == 2.0 and figures[0].as_dict()["wake_us"] == 60
     assert figures[3].as_dict()["wakes"] is None and figures[3].as_dict()["wake_us"] is None
     assert figures[4].as_dict()["wakes"] == 1.65
+    assert (figures[0].as_dict()["wakes_are"], figures[4].as_dict()["wakes_are"],
+            figures[3].as_dict()["wakes_are"]) == ("wake-ups", "per wake-up", None)
     assert Figure("per event", 120.0, "us").wakes is None  # no yardstick in the run
     assert Figure("rate", 27_500, "events/s").in_wakes == ""
 

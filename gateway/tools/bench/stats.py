@@ -190,6 +190,9 @@ class Figure:
                 "ratio": None if self.ratio is None else _finite(self.ratio),
                 "wake_us": None if wakes is None or wake is None else _finite(wake),
                 "wakes": None if wakes is None else _finite(wakes),
+                # Rule 6: a time's wake-ups, or a rate's count in one wake-up's time.
+                "wakes_are": None if wakes is None else (
+                    "per wake-up" if self.unit.endswith("/s") else "wake-ups"),
                 "spread": self.spread}
 
 
