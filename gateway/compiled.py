@@ -27,8 +27,8 @@ What compiling asks of these modules, each rule free for pure Python:
    native bases) is subclassed by a Python class: mypyc refuses an interpreted subclass
    at run time and an attrs one at build time. So ``_layout`` (``WireMessage``, the attrs
    messages' base) and ``_server_outputs`` (``ServerConnection``'s mixin) are not in the
-   table. ``_client`` is not either (its ``asynccontextmanager``, rule 1; its one step
-   per read, ``BodyChunks.__anext__``, is a line).
+   table. ``_client`` is not either (its ``asynccontextmanager``, rule 1); its step per
+   read is ``_reads``'.
 8. A test that replaces a function of these modules (a compiled caller calls it
    directly) or reads their frames (py-spy sees none) skips on a compiled build, and
    says so (``tests/support/build.py``).
@@ -50,6 +50,7 @@ from pathlib import Path
 COMPILED_MODULES: tuple[str, ...] = (
     "gateway._sockio",  # the socket reads and writes
     "gateway.upstream._transport",  # the response body, read by read
+    "gateway.upstream._reads",  # the stream's step per read
     "gateway.upstream._http1",  # the response body's framing
     "gateway.upstream._sse",  # SSE lines to events
     "gateway.upstream._chunks",  # an event's JSON to a checked chunk

@@ -23,7 +23,7 @@ Which HTTP carries what (rules; docs/architecture.md, "The upstream path"):
    respx under the slot's httpx client; the client's own behaviour on both
    (tests/upstream/test_client_faults.py). ``VllmClient``'s ``transport`` (a test's mock)
    reaches httpx's clients only: the https:// slots and the probe pool.
-5. Both request paths answer alike (``_Slot``, ``_Response``): the same failures under
+5. Both request paths answer alike (``_Slot``, ``ResponseBody``): the same failures under
    httpx's names (``_transport.TransportError``), the same body readers, so this module
    reads every response one way.
 
@@ -67,6 +67,7 @@ from ._errors import (
 )
 from ._http1 import RequestBody, body_length, request_bytes
 from ._https import HttpxRequests, HttpxResponse, HttpxSlot
+from ._reads import BodyChunks, BodyPulse, ResponseBody
 from ._slots import ConnectionSlots, SlotHolder
 from ._sse import DEFAULT_MAX_EVENT
 from ._stream import ChunkStream
@@ -83,9 +84,6 @@ from ._versions import Binding, select_binding
 #: Largest error body read from vLLM (its error JSON is small; a proxy page might not be).
 MAX_ERROR_BODY = 64 * 1024
 MAX_JSON_BODY = 64 * 1024 * 1024
-#: How long a finished stream waits for the rest of its body (vLLM sends the chunked
-#: terminator right after [DONE]); past it, the connection is closed, not pooled.
-TRAILER_WAIT = 0.25
 #: Idle connections are closed before vLLM's server would (uvicorn's keep-alive timeout,
 #: 5 s in vLLM), so a request is never sent on a connection the server is closing.
 KEEPALIVE_EXPIRY = 4.0
@@ -197,7 +195,7 @@ class VllmClient:
             new_slot = lambda: HttpxSlot(pool(timeout, 1), https)  # noqa: E731
         self._slots: ConnectionSlots[_Slot] = ConnectionSlots(
             config.pool_size, new_slot, detached_share=config.detached_share)
-        self._pulse = _Pulse()
+        self._pulse = BodyPulse()
         self._refused = trio.Event()
 
     async def aclose(self) -> None:
@@ -359,13 +357,13 @@ class VllmClient:
     async def _response(self, body: dict[str, Any], headers: dict[str, str], deadline: float,
                         first_chunk: float, path: str = CHAT_PATH, *,
                         holder: SlotHolder | None = None, content: RequestBody | None = None
-                        ) -> AsyncIterator[_Response]:
+                        ) -> AsyncIterator[ResponseBody]:
         """A slot, the request sent, and a 200 response whose body is not yet read, by
         ``deadline`` (the first-chunk clock, ``first_chunk`` seconds). ``content``: the
         body already encoded (a request with media: ``gateway.pipeline._media``)."""
         if content is None:
             content = json.dumps(body).encode()
-        response: _Response | None = None
+        response: ResponseBody | None = None
         async with self._slots.checkout(self.config.queue_timeout, holder) as slot:
             with trio.move_on_at(deadline):
                 try:
@@ -390,33 +388,11 @@ class VllmClient:
                     await response.aclose()
 
 
-class _Response(Protocol):
-    """A response whose head has been read (``_transport.Http1Response``,
-    ``_https.HttpxResponse``): its status, then its raw body (chunked framing removed),
-    read as it comes or whole. Failures are ``TransportError``s; ``aclose`` always."""
-
-    status: int
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
-
-    async def __anext__(self) -> bytes: ...
-
-    async def read_all(self, max_bytes: int) -> bytes:
-        """The whole body; ``BodyTooLarge`` past ``max_bytes``."""
-        ...
-
-    def abort(self) -> bool:
-        """Close the socket now, from any task; False when there is none (a mock)."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
 class _Slot(Protocol):
     """One request at a time on one connection (``_slots``)."""
 
     async def send(self, path: str, body: RequestBody, headers: dict[str, str]
-                   ) -> _Response:
+                   ) -> ResponseBody:
         """POST ``body`` to ``path``: the response, its body not yet read."""
         ...
 
@@ -469,75 +445,14 @@ class Http1Slot:
         self._connection = connection
 
     async def send(self, path: str, body: RequestBody, headers: dict[str, str]
-                   ) -> _Response:
+                   ) -> ResponseBody:
         return await self._connection.send("POST", self._requests.encode(path, body, headers))
 
     async def aclose(self) -> None:
         await self._connection.aclose()
 
 
-@attrs.define
-class _Pulse:
-    """Reads of response bodies that delivered bytes (shared by every stream of a
-    client)."""
-
-    reads: int = 0
-
-
-class BodyChunks:
-    """The response body's raw chunks; a reset mid-body becomes UpstreamMalformed.
-
-    A plain iterator, not an async generator: leaving it early must not leave a
-    suspended generator for trio to finalize (the pipeline leaves early on purpose).
-    """
-
-    def __init__(self, response: _Response, pulse: _Pulse) -> None:
-        self._response = response
-        self._pulse = pulse
-
-    def abort(self) -> bool:
-        """Close the response's socket now, synchronously, from any task: vLLM sees the
-        disconnect (and aborts the request) without waiting for the reading task to be
-        scheduled, which at 256 busy streams can take many milliseconds. The reading
-        task's pending read then fails, and closing the response later is harmless.
-        False when there is no socket to close (a mock transport)."""
-        return self._response.abort()
-
-    async def read_trailer(self, *, max_bytes: int = 4096) -> bool:
-        """After ``data: [DONE]``: read the little that is left (the chunked-encoding
-        terminator) so the connection goes back to the pool. Breaking off at [DONE]
-        instead left every response unfinished, so its socket was closed and each
-        request paid a new connect; 1,000 streams reconnecting together then met connect
-        timeouts (1,000-stream soak). More than ``max_bytes`` or a slower end and the
-        connection is closed as before. True when the body ended cleanly."""
-        received = 0
-        with trio.move_on_after(TRAILER_WAIT):
-            try:
-                async for chunk in self._response:
-                    received += len(chunk)
-                    if received > max_bytes:
-                        return False
-            except TransportError:
-                return False
-            return True
-        return False
-
-    def __aiter__(self) -> BodyChunks:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            chunk = await self._response.__anext__()
-            self._pulse.reads += 1
-            return chunk
-        except TransportError as exc:
-            # A reset mid-body: the stream is broken, not merely unavailable.
-            raise UpstreamMalformed(
-                f"vLLM connection broke mid-response: {exc.name}",
-                kind="connection_lost") from exc
-
-
-async def _read_whole(response: _Response, max_bytes: int) -> bytes:
+async def _read_whole(response: ResponseBody, max_bytes: int) -> bytes:
     """A 200 answer's whole body, at most ``max_bytes`` (``read_all``: in one piece from
     the project's own connection where it has arrived)."""
     try:
@@ -551,7 +466,7 @@ async def _read_whole(response: _Response, max_bytes: int) -> bytes:
             kind="connection_lost") from exc
 
 
-async def _read_bounded(response: _Response) -> bytes:
+async def _read_bounded(response: ResponseBody) -> bytes:
     data = bytearray()
     try:
         async for chunk in response:

@@ -73,7 +73,7 @@ def observe_reads(observer: Callable[[], None] | None) -> None:
 
 
 class ByteChunks(Protocol):
-    """The response body's raw reads (``_client.BodyChunks``)."""
+    """The response body's raw reads (``_reads.BodyChunks``)."""
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 

@@ -21,7 +21,7 @@ Each plain-HTTP request slot (``_slots``) is one ``Http1Connection``. What it gu
   closed and replaced) and it has not been idle past ``keepalive_expiry``; otherwise it
   is closed when the response is.
 * ``Http1Response.abort()`` closes the socket synchronously, from any task (a cancel's
-  abort, ``_client.BodyChunks.abort``); a read pending then fails as ``ReadError``.
+  abort, ``_reads.BodyChunks.abort``); a read pending then fails as ``ReadError``.
 * The body iterates as the bytes are read (chunked framing removed), one read of the
   socket per step, through ``gateway._sockio``: the streamed-event path has nothing else
   between the socket and the SSE decoder, and a read returns everything the socket holds
