@@ -326,6 +326,33 @@ def decode_packet(data: bytes | bytearray | memoryview,
     return _build(values, cls, data, 0)
 
 
+def _anonymous(size: int) -> mmap.mmap:
+    """A big packet's own memory from the process (the module docstring)."""
+    try:
+        return mmap.mmap(-1, size)
+    except OSError as no_memory:  # nor a mapping left here
+        raise RemoteProtocolError(f"no memory for a packet of {size} bytes: {no_memory}",
+                                  code=ErrorCode.SERVER_BUSY) from no_memory
+
+
+def _fill(memory: mmap.mmap, at: int, source: bytes | bytearray | memoryview,
+          offset: int, count: int) -> mmap.mmap:
+    """``count`` bytes of ``source`` from ``offset`` into ``memory`` at ``at``; the
+    memory they are in (``_spill`` S1: a spill that cannot grow hands what arrived
+    to the process's own, which goes on from there; the spill goes with its last
+    reference, and none is out)."""
+    spill = memory if isinstance(memory, SpillMap) else None
+    if spill is not None and not spill.reserve(at + count):
+        memory = _anonymous(len(spill))
+        memory[:at] = spill[:at]
+        spill = None
+    with memoryview(source) as arrived:
+        memory[at:at + count] = arrived[offset:offset + count]
+    if spill is not None:
+        spill.settle(at, at + count)  # _spill S2
+    return memory
+
+
 class Decoder:
     """Incremental packet decoder for byte streams (TCP, unix sockets).
 
@@ -367,18 +394,7 @@ class Decoder:
             spilled = self._spill(total)
             if spilled is not None:
                 return spilled
-        try:
-            return mmap.mmap(-1, total)
-        except OSError as no_memory:  # nor a mapping left here
-            raise RemoteProtocolError(f"no memory for a packet of {total} bytes: {no_memory}",
-                                      code=ErrorCode.SERVER_BUSY) from no_memory
-
-    def _unspilled(self, spill: mmap.mmap, filled: int) -> mmap.mmap:
-        """``_spill`` S1: a spill that cannot grow; what arrived, in the process's own
-        memory, to go on there (the spill goes with its last reference: none is out)."""
-        memory = self._memory(len(spill), PartialResult)  # any type but a submit's
-        memory[:filled] = spill[:filled]
-        return memory
+        return _anonymous(total)
 
     def close(self) -> None:
         """The stream is over: what an incomplete packet holds goes now (a spill's file
@@ -427,16 +443,10 @@ class Decoder:
                     if self._discarding:
                         break
                 if self._filling is not None:
-                    filling, filled = self._filling, self._filled
-                    taken = min(len(filling) - filled, available - offset)
-                    spill = filling if isinstance(filling, SpillMap) else None
-                    if spill is not None and not spill.reserve(filled + taken):  # _spill S1
-                        filling = self._filling = self._unspilled(spill, filled)
-                        spill = None
-                    with memoryview(source) as arrived:
-                        filling[filled:filled + taken] = arrived[offset:offset + taken]
-                    if spill is not None:
-                        spill.settle(filled, filled + taken)  # _spill S2
+                    filled = self._filled
+                    taken = min(len(self._filling) - filled, available - offset)
+                    filling = self._filling = _fill(self._filling, filled, source, offset,
+                                                    taken)
                     offset += taken
                     if filled + taken < len(filling):
                         self._filled = filled + taken
@@ -472,14 +482,8 @@ class Decoder:
                 if available - offset < total:
                     if values[7] >= VIEW_MIN_BODY:
                         # Its own memory, filled as it arrives (the module docstring).
-                        filling = self._memory(total, cls)
-                        spill = filling if isinstance(filling, SpillMap) else None
-                        if spill is not None and not spill.reserve(available - offset):
-                            filling, spill = self._unspilled(spill, 0), None  # _spill S1
-                        with memoryview(source) as arrived:
-                            filling[:available - offset] = arrived[offset:available]
-                        if spill is not None:
-                            spill.settle(0, available - offset)  # _spill S2
+                        filling = _fill(self._memory(total, cls), 0, source, offset,
+                                        available - offset)
                         self._filling, self._filled = filling, available - offset
                         offset = available
                     break

@@ -216,21 +216,17 @@ class MediaDirectory:
                 return None  # room for it and for the file its frame becomes (D2)
         try:
             fd = self._spill_fd()
+            try:
+                os.ftruncate(fd, size)  # its length, sparse: no block is allocated here
+                memory = SpillMap(fd, size, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError as exc:
             log.warning("submit not spilled to the media directory: held in memory",
                         path=str(self.path), bytes=size, error=exc.strerror or str(exc))
             return None
-        try:
-            os.ftruncate(fd, size)  # its length, sparse: no block is allocated here
-            memory = SpillMap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as exc:
-            os.close(fd)
-            log.warning("submit not spilled to the media directory: held in memory",
-                        path=str(self.path), bytes=size, error=exc.strerror or str(exc))
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
         blocks = _SpillBlocks(self, fd, size)
         memory.grow = blocks.grow
         # The file's blocks and its count go with the map's last reference (its last
@@ -290,22 +286,19 @@ class _SpillBlocks:
 
     def __init__(self, directory: MediaDirectory, fd: int, size: int) -> None:
         self._directory = directory
-        self._fd: int | None = fd
+        self._fd = fd
         self._size = size
         self.allocated = 0
 
     def grow(self, end: int) -> bool:
         if end <= self.allocated:
             return True
-        fd = self._fd
-        if fd is None:
-            return False
         target = min(self._size, max(end, self.allocated + GROW_STEP))
         step = target - self.allocated
         if not self._directory.take_spill(step):
             return False
         try:
-            os.posix_fallocate(fd, self.allocated, step)
+            os.posix_fallocate(self._fd, self.allocated, step)
         except OSError as exc:  # no space, or no fallocate on this filesystem
             self._directory.give_spill(step)
             log.warning("submit's spill cannot grow: held in memory",
@@ -316,10 +309,10 @@ class _SpillBlocks:
         return True
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-            self._directory.give_spill(self.allocated)
+        """The map's finalizer (it runs once, when the map is gone: nothing grows it
+        after)."""
+        os.close(self._fd)
+        self._directory.give_spill(self.allocated)
 
 
 class MediaDelivery:
