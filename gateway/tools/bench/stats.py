@@ -162,12 +162,17 @@ class Figure:
         return self.noise.margin(self.goal, self.higher_is_better)
 
     @property
+    def is_rate(self) -> bool:
+        """Rule 6: a figure in some unit per second."""
+        return self.unit.endswith("/s")
+
+    @property
     def wakes(self) -> float | None:
         """Rule 6: the figure in bare trio wake-ups (a time), or per wake-up's time (a
         rate); None for a figure that is neither, or a run without the yardstick."""
         if not self.wake:
             return None
-        if self.unit.endswith("/s"):
+        if self.is_rate:
             return self.value * self.wake / 1e6
         scale = MICROSECONDS.get(self.unit)
         return None if scale is None else self.value * scale / self.wake
@@ -178,7 +183,7 @@ class Figure:
         wakes = self.wakes
         if wakes is None:
             return ""
-        return f"{printed(wakes)} per" if self.unit.endswith("/s") else printed(wakes)
+        return f"{printed(wakes)} per" if self.is_rate else printed(wakes)
 
     def as_dict(self) -> dict[str, object]:
         wakes, wake = self.wakes, self.wake
@@ -192,7 +197,7 @@ class Figure:
                 "wakes": None if wakes is None else _finite(wakes),
                 # Rule 6: a time's wake-ups, or a rate's count in one wake-up's time.
                 "wakes_are": None if wakes is None else (
-                    "per wake-up" if self.unit.endswith("/s") else "wake-ups"),
+                    "per wake-up" if self.is_rate else "wake-ups"),
                 "spread": self.spread}
 
 
