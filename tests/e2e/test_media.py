@@ -301,6 +301,57 @@ async def _a_big_image_given_back(nursery: trio.Nursery, socket_dir: Path, media
     assert _listing(media_dir) == ["someone-elses.txt"]
 
 
+async def test_nnrp_pys_native_client_sends_a_big_image_through_the_spill_and_goes_on(
+        nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> None:
+    """nnrp-py's native client: a 6 MiB image frame is read into a spill of the media
+    directory and reaches vLLM as its exact bytes; its session then serves another
+    request, and the spill is given back."""
+    pytest.importorskip("nnrp.client.native")
+    from nnrp.core.enums import PayloadKind
+
+    stack = await _media_stack(nursery, socket_dir, media_dir)
+    directory = stack.gateway.media.directory
+    assert directory is not None
+    image = PNG + bytes(range(256)) * ((6 << 20) // 256)
+    big = _media_envelope(STREAM, image_part("nnrp:frame/1"), tag="native-big")
+    after = _media_envelope(STREAM, tag="native-after")
+    hold = stack.replay.hold(lambda request: request.method == "POST")
+    uri = stack.uri()
+
+    def scenario() -> list[list[dict[str, Any]]]:
+        answered: list[list[dict[str, Any]]] = []
+        with native_connection("tcp", uri) as connection:
+            session = open_session(connection)
+            for operation_id, payload, media in ((1, big, [(PayloadKind.OPAQUE_BYTES, image)]),
+                                                 (2, after, [])):
+                session.submit_operation(openai_submit(operation_id, operation_id, payload,
+                                                       media=media))
+                answered.append(poll_until(session, lambda events: any(
+                    e["kind"] == "RESULT_PUSH" for e in events), timeout=30))
+            session.close()
+        return answered
+
+    results: list[list[list[dict[str, Any]]]] = []
+
+    async def run() -> None:
+        results.append(await trio.to_thread.run_sync(scenario))
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as client:
+            client.start_soon(run)
+            await stack.replay.wait_for_requests(1)
+            path = _sent_file(stack)
+            assert path.read_bytes() == image
+            assert directory.spilled > len(image)  # read into the directory
+            hold.release()
+    for events in results[0]:
+        (result,) = [e for e in events if e["kind"] == "RESULT_PUSH"]
+        assert (result["status"], result["payload"]["type"]) == (200, "response.completed")
+    with trio.fail_after(10):
+        while directory.spilled or path.exists():  # noqa: ASYNC110 - not a trio event
+            await trio.sleep(0.01)
+
+
 async def test_the_capability_document_says_how_media_travel(
         nursery: trio.Nursery, socket_dir: Path, media_dir: Path) -> None:
     by_default = await start_stack(nursery, socket_dir)
