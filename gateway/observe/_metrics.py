@@ -20,10 +20,11 @@ a quic:// listener is bound. Labels there are fixed sets: ``direction`` (in, out
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 import gateway
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from gateway.upstream import LoadMonitor, VllmClient
 
     from ._record import ObservationRecord
+
+_Labelled = TypeVar("_Labelled", bound=MetricWrapperBase)
 
 PREFIX = "nnrp_gateway"
 #: Why a trace span was dropped (the ``reason`` label; gateway.observe._otel, rule 3).
@@ -309,6 +312,7 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.known_models: frozenset[str] = frozenset()
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests",
                                 "Operations by model, outcome and transport (tcp, ipc, "
@@ -407,29 +411,41 @@ class GatewayMetrics:
         return name if name in self.known_models else "other"
 
     def observe(self, record: ObservationRecord) -> None:
+        """One ended operation's record into the metrics (once a request)."""
         model = self._model(record.model)
-        self.requests.labels(model, record.outcome, record.transport).inc()
+        self._child(self.requests, model, record.outcome, record.transport).inc()
         if record.duration_ms is not None:
-            self.duration.labels(model, record.outcome).observe(record.duration_ms / 1000)
+            self._child(self.duration, model, record.outcome).observe(record.duration_ms / 1000)
         if record.first_event_ms is not None and record.events:
-            self.first_event.labels(model).observe(record.first_event_ms / 1000)
+            self._child(self.first_event, model).observe(record.first_event_ms / 1000)
         if record.events:
-            self.events.labels(model).inc(record.events)
+            self._child(self.events, model).inc(record.events)
         if record.upstream_error:  # END_TABLE says which end causes are vLLM's
-            self.upstream_errors.labels(model, record.error_code or "unknown").inc()
+            self._child(self.upstream_errors, model, record.error_code or "unknown").inc()
         if record.cancel_source is not None:
-            self.cancellations.labels(record.cancel_source).inc()
+            self._child(self.cancellations, record.cancel_source).inc()
         if record.upstream_abort_ms is not None:
             self.upstream_aborts.observe(record.upstream_abort_ms / 1000)
         if record.backend_queue_ms is not None:
-            self.backend_queue.labels(model).observe(record.backend_queue_ms / 1000)
+            self._child(self.backend_queue, model).observe(record.backend_queue_ms / 1000)
         if record.backend_ttft_ms is not None:
-            self.backend_ttft.labels(model).observe(record.backend_ttft_ms / 1000)
+            self._child(self.backend_ttft, model).observe(record.backend_ttft_ms / 1000)
         if record.refusal_source is not None:
-            self.overload_refusals.labels(record.refusal_source,
+            self._child(self.overload_refusals, record.refusal_source,
                                           record.refusal_reason or "unknown").inc()
         usage = record.usage or {}
         for kind in ("prompt_tokens", "completion_tokens"):
             value = usage.get(kind)
             if isinstance(value, int) and value > 0:
-                self.tokens.labels(model, kind.removesuffix("_tokens")).inc(value)
+                self._child(self.tokens, model, kind.removesuffix("_tokens")).inc(value)
+
+    def _child(self, metric: _Labelled, *values: str) -> _Labelled:
+        """``metric.labels(*values)``, kept: prometheus's ``labels`` checks and converts
+        its values and takes a lock on every call (a fifth of ``observe``'s time). The
+        label values are bounded (the models known or "other", outcomes, end causes,
+        transports, reasons), so the cache is too."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return cast(_Labelled, child)
