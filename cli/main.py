@@ -160,11 +160,12 @@ def _exit_for_user_error(error: BaseException) -> None:
 
 async def _serve(config: GatewayConfig, manifest_path: Path | None,
                  server_name: str | None) -> None:
-    from gateway.app import Gateway, serve_until_signalled
+    from gateway.app import Gateway, serve_until_signalled, settle_startup_heap
 
     gateway_app = Gateway(config)
 
     async def started(endpoints: list[BoundEndpoint]) -> None:
+        settle_startup_heap()
         await _announce(config, [e.uri for e in endpoints], manifest_path,
                         gateway_app.server.config.runtime_tokens, server_name)
 

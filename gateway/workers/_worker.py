@@ -21,7 +21,7 @@ import attrs
 import structlog
 import trio
 
-from gateway.app import Gateway, GatewayConfig, serve_until_signalled
+from gateway.app import Gateway, GatewayConfig, serve_until_signalled, settle_startup_heap
 from gateway.transport import Inherited
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ async def serve_worker(plan: WorkerPlan) -> None:
     gateway_app = Gateway(plan.config, plan.inherited)
 
     async def started(endpoints: list[BoundEndpoint]) -> None:
+        settle_startup_heap()
         log.info("worker serving", pid=os.getpid())
         os.write(plan.started_fd, b"\x01")
         os.close(plan.started_fd)
