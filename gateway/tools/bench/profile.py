@@ -22,6 +22,10 @@ Rules:
 4. py-spy needs ptrace rights over the gateway (root, CAP_SYS_PTRACE, or
    kernel.yama.ptrace_scope 0 for a child): when it cannot attach, its own words are
    the error (``ProfilerUnavailable``), not an empty graph.
+5. A compiled build (``gateway.compiled``; the gateway runs this interpreter, so this
+   build) is sampled with ``--native``: without it py-spy sees no frame of a mypyc or C
+   module, and their time lands on the interpreted function that called them. The
+   native frames are named as the extension names them (``CPyDef_<module>___<name>``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import IO, TYPE_CHECKING
 import attrs
 import trio
 
-from gateway import nnrp
+from gateway import compiled, nnrp
 
 from ._procs import process_cpu_seconds
 from ._stack import Progress, Stack, envelope, fan_out, open_sessions
@@ -229,7 +233,8 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
         with tempfile.TemporaryFile() as said:
             spy = subprocess.Popen(  # noqa: ASYNC220 - started here, awaited below
                 [py_spy(), "record", "--pid", str(stack.gateway_pid), "--rate", str(rate),
-                 "--format", "raw", "--nolineno", "--output", str(raw)],
+                 "--format", "raw", "--nolineno", "--output", str(raw),
+                 *(("--native",) if compiled.build() != compiled.PURE else ())],  # rule 5
                 stdout=said, stderr=subprocess.STDOUT)
             try:
                 await _attached(spy, said)
