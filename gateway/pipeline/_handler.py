@@ -375,7 +375,8 @@ class ChatPipeline:
                     async for batch in reads:
                         if notes.upstream_first_byte is None:
                             notes.upstream_first_byte = stream.first_byte_at
-                        # The events of one upstream read leave in one write.
+                        # The events of one upstream read (or of one piece of it:
+                        # upstream._stream's splitting rules) leave in one write.
                         try:
                             # An else, not a continue: no jump may leave a try with a
                             # finally in a compiled module (gateway/compiled.py rule 6).

@@ -1,4 +1,4 @@
-"""The plain text delta fused: one upstream read in, its events' PARTIAL_RESULT bodies out.
+"""The plain text delta fused: an upstream read in, its events' PARTIAL_RESULT bodies out.
 
 Most reads of a stream hold one event, vLLM's plain text delta: ``data: `` and the chunk
 (``upstream._chunks`` rule 1's shape) and a blank line. The general path decodes the
@@ -45,6 +45,14 @@ objects between, under these rules:
    (``NNRP_GATEWAY_COMPILE=1``) also builds it in C, ``_plain_delta_native.c``, which
    gives the same answer for every input (its rules). Where that extension is not
    built, ``NATIVE_BLOCKS`` is None and ``fused`` is the pure function.
+
+8. A read's run: the reader answers the read up to the end of its last block that ends
+   with the kept tail and a blank line, all or nothing as above (rule 4), and the
+   stream reads what follows it the general way (``upstream._stream``'s splitting
+   rules: with them, a whole answer read at once is its first chunks the general way,
+   its text deltas here, and its finish, usage and ``[DONE]`` the general way again).
+   A tail cannot be inside a text (it holds a quote), so the run ends where a block
+   does.
 
 ``tests/pipeline/test_plain_delta.py`` holds the proof: the packets a client receives
 are the same bytes with the switch on and off, over every recorded transcript of every
@@ -177,16 +185,21 @@ class PlainDelta:
         self._longest = 0  # the longest block (data: + head + text) the decoder takes
 
     def __call__(self, raw: bytes, decoder: SSEDecoder, parser: ChunkParser
-                 ) -> PlainEvents | None:
+                 ) -> tuple[PlainEvents, int] | None:
         kept = parser.kept
         if kept is None or not decoder.between_events:  # rule 1's where
             return None
         if kept is not self._kept:
             self._keep(kept, decoder.max_line)
-        read = self._blocks(raw, self._prefix, self._suffix, self._longest, self._event_tail)
+        # Rule 8: the read up to its last plain tail; what follows goes the general way.
+        end = raw.rfind(self._suffix) + len(self._suffix)
+        if end < len(self._suffix):
+            return None
+        run = raw if end == len(raw) else raw[:end]
+        read = self._blocks(run, self._prefix, self._suffix, self._longest, self._event_tail)
         if read is None or not self._translator.take_plain(self._index, read[0]):
             return None  # rule 2, asked last (rule 4)
-        return read[1]
+        return read[1], end
 
     def _keep(self, kept: tuple[str, str, int], max_line: int) -> None:
         head, tail, index = kept

@@ -34,6 +34,26 @@ End of stream: ``data: [DONE]`` ends the iteration. A body that ends before it, 
 reset mid-body, is ``UpstreamMalformed``; an SSE or chunk rule broken is too. Leaving the
 ``chunks`` context before ``[DONE]`` (a cancel, an error) closes the socket, which is
 how vLLM learns to abort the request (docs/reference/vllm-http.md section 3).
+
+A read with a fused reader (``fused``) is offered to the reader first. When several
+events arrive in one read (a stream that has fallen behind, an instant backend: a
+whole answer in one read), the reader can take only a run of them whose kind it knows,
+so the read is split, and each piece goes on as a read of its own, with the read's
+deadline, and without another read from the socket:
+
+1. What the reader takes is its leading part; the rest is the next piece.
+2. Where the reader cannot start (the parser keeps no head yet, or the decoder holds a
+   part of an event from the read before), the general path takes the piece's first
+   event alone, and the rest is the next piece: once a read while the decoder held a
+   part (that event completes it), and while the parser keeps no head, one event a
+   piece for the stream's first ``LEAD_CHUNKS`` chunks (vLLM's role chunk and first
+   delta, after which the reader can start). Otherwise the general path takes the
+   whole piece.
+3. The SSE decoder gives the same events however its bytes are cut (it is fed reads
+   of any size), so a split changes only how many batches the read becomes: the
+   chunks, their order, the end and a fault are the same. (tests/pipeline/
+   test_plain_delta.py: the same packets with the reader and without it, whole
+   answers in one read among the cuts.)
 """
 
 from __future__ import annotations
@@ -54,11 +74,16 @@ Chunk = dict[str, Any]
 
 #: What a fused reader makes of one read; its length is the chunks it stands for.
 Fused = TypeVar("Fused", bound=Sized)
-#: A fused reader (``ChunkStream.fused``): one read's bytes and this stream's SSE decoder
-#: and chunk parser in; what the read's chunks became, or None, with nothing changed,
-#: for the general path. It answers only a read that the general path would turn into
-#: chunks alone (no end, no fault) and leaves decoder and parser as that path would.
-FusedReader: TypeAlias = Callable[[bytes, SSEDecoder, ChunkParser], "Fused | None"]
+#: A fused reader (``ChunkStream.fused``): one read's bytes (or a piece of it: the
+#: splitting rules below) and this stream's SSE decoder and chunk parser in; what the
+#: chunks of the bytes' leading part became and how many bytes that part is, or None,
+#: with nothing changed, for the general path. The part it answers ends where an event
+#: ends, holds what the general path would turn into chunks alone (no end, no fault),
+#: and leaves decoder and parser as that path would; the rest is read on as a read.
+FusedReader: TypeAlias = Callable[[bytes, SSEDecoder, ChunkParser], "tuple[Fused, int] | None"]
+#: Splitting rule 2: a stream's first chunks, read one event a piece while its parser
+#: keeps no head (vLLM's role chunk, then its first text delta, which gives it one).
+LEAD_CHUNKS = 4
 
 #: The process's read observer, called by the reading task after each body read: None
 #: but under a benchmark (``serve --bench-residence`` installs the residence probe's for
@@ -112,6 +137,8 @@ class ChunkStream:
         self._carried_deadline: float | None = None
         #: Chunks delivered so far.
         self.chunks_delivered = 0
+        #: What is left of a split read, and that read's deadline (splitting rules).
+        self._rest: tuple[bytes, float] | None = None
 
     def clocks(self) -> AbstractAsyncContextManager[None]:
         """The first-chunk and idle clocks around the consumer's iteration: a read
@@ -143,15 +170,24 @@ class ChunkStream:
             error, self._pending = self._pending, None
             raise error
         while not self.done:
-            raw, deadline = await self._read()
+            fresh = self._rest is None
+            if self._rest is None:
+                raw, deadline = await self._read()
+            else:  # the rest of a read split below (rules 1 and 2)
+                raw, deadline = self._rest
+                self._rest = None
             if reader is not None:
-                fused = reader(raw, self._decoder, self._parse)
-                if fused is not None:  # chunks, as below, and nothing else
+                taken = reader(raw, self._decoder, self._parse)
+                if taken is not None:  # chunks, as below, and nothing else
+                    fused, used = taken
+                    if used < len(raw):
+                        self._rest = (raw[used:], deadline)  # rule 1
                     self._carried_deadline = None
                     if self.first_byte_at is None:
                         self.first_byte_at = trio.current_time()
                     self.chunks_delivered += len(fused)
                     return fused
+                raw = self._lead(raw, deadline, fresh)
             fault: UpstreamMalformed | None = None
             try:
                 events = self._decoder.feed(raw)
@@ -188,6 +224,19 @@ class ChunkStream:
                 self.chunks_delivered += len(batch)
                 return batch
         raise StopAsyncIteration
+
+    def _lead(self, raw: bytes, deadline: float, fresh: bool) -> bytes:
+        """Splitting rule 2: the piece's first event, where the reader could not start
+        and may after it (the rest kept for the next pass); else the whole piece."""
+        mid_event = not self._decoder.between_events
+        if not ((mid_event and fresh) or (self._parse.kept is None
+                                          and self.chunks_delivered < LEAD_CHUNKS)):
+            return raw
+        cut = raw.find(b"\n\n") + 2
+        if cut <= 1 or cut >= len(raw):
+            return raw  # one event or less: nothing after it to offer the reader
+        self._rest = (raw[cut:], deadline)
+        return raw[:cut]
 
     async def _read(self) -> tuple[bytes, float]:
         """One read and the deadline it had."""

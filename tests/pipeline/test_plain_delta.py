@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -43,11 +44,13 @@ from gateway.tools.replay import (
 )
 from gateway.upstream import (
     ChunkParser,
+    ChunkStream,
     SSEDecoder,
     SSEError,
     UpstreamMalformed,
     select_binding,
 )
+from gateway.upstream._stream import LEAD_CHUNKS
 from tests.support.stack import envelope
 from tests.support.tiers import examples
 from tests.support.waits import until
@@ -154,12 +157,21 @@ def request_of(transcript: Transcript) -> dict[str, Any]:
         {"role": "user", "content": "Hello"}]}
 
 
+def in_one_read(transcript: Transcript) -> Transcript:
+    """The whole answer as one HTTP chunk: what an instant backend, or a stream the
+    gateway fell behind on, gives one read (``_stream``'s splitting rules)."""
+    return attrs.evolve(transcript, chunks=((0.0, transcript.body),))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("rechunk_seed", [None, 7])
+@pytest.mark.parametrize("rechunk", [None, 7, "whole"])
 async def test_every_recorded_stream_reaches_the_client_the_same_either_way(
-        family: str, rechunk_seed: int | None) -> None:
-    replay = ReplayServer(family=family, speed=100, rechunk_seed=rechunk_seed)
+        family: str, rechunk: int | str | None) -> None:
+    replay = ReplayServer(family=family, speed=100,
+                          rechunk_seed=rechunk if isinstance(rechunk, int) else None)
     found = streams(family)
+    if rechunk == "whole":
+        found = {name: in_one_read(transcript) for name, transcript in found.items()}
     replay.transcripts.update(found)
     requests = [(name, request_of(transcript)) for name, transcript in found.items()]
     assert len(requests) >= 20
@@ -206,10 +218,13 @@ def generated_stream(events: list[tuple[str, int, int, bool]], cuts: list[int]) 
     return body + b"data: [DONE]\n\n"
 
 
-def split(body: bytes, cuts: list[int], whole_events: bool) -> tuple[tuple[float, bytes], ...]:
-    """The body as HTTP chunks: at the given points, or (``whole_events``) a few whole
-    events per chunk, so that several plain deltas arrive in one read."""
-    if whole_events:
+def split(body: bytes, cuts: list[int], how: str) -> tuple[tuple[float, bytes], ...]:
+    """The body as HTTP chunks: at the given points (``cuts``), a few whole events per
+    chunk (``events``), so that several plain deltas arrive in one read, or all of it
+    in one (``whole``)."""
+    if how == "whole":
+        return ((0.0, body),)
+    if how == "events":
         events = [event + b"\n\n" for event in body.split(b"\n\n")[:-1]]
         sizes = [1 + cut % 3 for cut in cuts] or [1]
         pieces, at = [], 0
@@ -228,19 +243,23 @@ def split(body: bytes, cuts: list[int], whole_events: bool) -> tuple[tuple[float
 @given(events=st.lists(st.tuples(texts, st.sampled_from([0, 0, 0, 1, 2]),
                                  st.sampled_from([0, 0, 0, 1]), st.booleans()),
                        min_size=1, max_size=12),
-       cuts=st.lists(st.integers(0, 1 << 16), max_size=8), whole_events=st.booleans())
+       cuts=st.lists(st.integers(0, 1 << 16), max_size=8),
+       how=st.sampled_from(["cuts", "events", "whole"]))
 @example(events=[("a", 0, 0, True), ("", 0, 0, True), ("é\u2028\x7f", 0, 0, True),
-                 ('q"b\\', 0, 0, True), ("x", 0, 0, False)], cuts=[1, 2], whole_events=True)
+                 ('q"b\\', 0, 0, True), ("x", 0, 0, False)], cuts=[1, 2], how="events")
 @example(events=[("hi", 0, 0, True), ("\ud800", 1, 0, True), ("z", 0, 0, True)], cuts=[],
-         whole_events=True)
+         how="events")
 @example(events=[("hi", 0, 0, True), ("a\tb", 2, 0, True), ("z", 0, 0, True)], cuts=[5],
-         whole_events=False)
+         how="cuts")
+@example(events=[("hi", 0, 0, True), ("a", 0, 0, True), ("q\"", 0, 0, True),
+                 ("z", 0, 0, True), ("", 0, 0, True)], cuts=[], how="whole")
+@example(events=[("hi", 0, 0, True), ("a", 0, 0, True), ("b", 0, 0, False),
+                 ("c", 0, 0, True)], cuts=[], how="whole")
 def test_generated_streams_reach_the_client_the_same_either_way(
-        events: list[tuple[str, int, int, bool]], cuts: list[int], whole_events: bool
-        ) -> None:
+        events: list[tuple[str, int, int, bool]], cuts: list[int], how: str) -> None:
     body = generated_stream(events, cuts)
     transcript = Transcript("generated", "0.26.0", 200, _SSE_HEADERS,
-                            split(body, cuts, whole_events),
+                            split(body, cuts, how),
                             {"model": _MODEL, "stream": True,
                              "messages": [{"role": "user", "content": "Hello"}]})
     replay = ReplayServer(family="0.26", speed=1.0)
@@ -264,9 +283,12 @@ def reads_taken(transcript: Transcript, blocks: PlainBlocks = plain_blocks
     taken = missed = 0
     for _, raw in transcript.chunks:
         kept, seen = parser.kept, set(translator.choices)
-        if reader(raw, decoder, parser) is not None:
+        part = reader(raw, decoder, parser)
+        if part is not None:
             taken += 1
-            continue
+            raw = raw[part[1]:]  # what follows the run goes the general way (rule 8)
+            if not raw:
+                continue
         try:
             events = decoder.feed(raw)
             for event in events:
@@ -330,22 +352,114 @@ def test_the_fused_reader_declines_what_the_general_path_must_read(blocks: Plain
     assert reader(plain, decoder, parser) is None  # no head kept yet
     for event in decoder.feed(role + plain):
         translator.feed_encoded(parser(event.data))
-    assert reader(delta("b", 0, index=0, token_ids=True), decoder, parser) == (
-        b'{"delta":"b","index":0,"type":"response.output_text.delta"}',)
-    assert reader(delta("", 0, index=0, token_ids=True), decoder, parser) == (None,)
+    b = delta("b", 0, index=0, token_ids=True)
+    assert reader(b, decoder, parser) == (
+        (b'{"delta":"b","index":0,"type":"response.output_text.delta"}',), len(b))
+    empty = delta("", 0, index=0, token_ids=True)
+    assert reader(empty, decoder, parser) == ((None,), len(empty))
+    # Rule 8: a run, then what the general way reads (the end, another tail).
+    c = delta("c", 0, index=0, token_ids=True)
+    for after in (b"data: [DONE]\n\n", delta("x", 0, index=0, token_ids=False),
+                  delta("x", 0, index=0, token_ids=True)[:-1]):
+        assert reader(c + after, decoder, parser) == (
+            (b'{"delta":"c","index":0,"type":"response.output_text.delta"}',), len(c))
     for declined in (delta("a\nb", 0, index=0, token_ids=True),  # an escape
                      delta("x", 0, index=0, token_ids=False),  # the other tail
                      delta("x", 0, index=1, token_ids=True),  # another head
                      delta("x", 0, index=0, token_ids=True)[:-1],  # no blank line
-                     delta("x", 0, index=0, token_ids=True) + b"data: [DONE]\n\n",
+                     delta("q\"", 0, index=0, token_ids=True) + c,  # all or nothing
                      delta("é", 0, index=0, token_ids=True).replace(b"\xa9", b"("),
                      delta("x", 0, index=0, token_ids=True).replace(b"\n\n", b"\r\n\r\n")):
         assert reader(declined, decoder, parser) is None, declined
     two = delta("p", 0, index=0, token_ids=True) + delta("q", 0, index=0, token_ids=True)
     assert reader(two, decoder, parser) is not None
-    assert translator.choices[0].content == ["a", "b", "p", "q"]
+    assert translator.choices[0].content == ["a", "b", "c", "c", "c", "p", "q"]
     decoder.feed(b"data: {")  # part of an event held: the decoder is not between events
     assert reader(delta("x", 0, index=0, token_ids=True), decoder, parser) is None
+
+
+class Reads:
+    """A response body's reads, as given (``_stream.ByteChunks``)."""
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    def __aiter__(self) -> Reads:
+        return self
+
+    async def __anext__(self) -> bytes:
+        await trio.lowlevel.checkpoint()
+        if not self._reads:
+            raise StopAsyncIteration
+        return self._reads.pop(0)
+
+    def abort(self) -> bool:
+        return False
+
+
+async def batches(reads: list[bytes], *, fused: bool) -> list[Any]:
+    """What a stream of ``reads`` hands its consumer, read by read, with the fused
+    reader (feeding a translator as the handler does) or without it."""
+    stream = ChunkStream(Reads(list(reads)), first_chunk_deadline=trio.current_time() + 5,
+                         first_chunk_timeout=5, idle_timeout=5, max_event=1 << 20)
+    translator = Translator(select_binding("0.26.0")[0], usage_requested=False)
+    got: list[Any] = []
+    async with stream.clocks():
+        async for batch in stream.fused(PlainDelta(translator)) if fused else stream:
+            if isinstance(batch, list):
+                for chunk in batch:
+                    translator.feed_encoded(chunk)
+            got.append(batch)
+    return got
+
+
+def texts_of(got: list[Any]) -> list[str]:
+    """The texts the batches carry, fused or not, in order."""
+    out: list[str] = []
+    for batch in got:
+        for item in batch:
+            if isinstance(item, dict):
+                out.extend(choice["delta"].get("content") or "" for choice in item["choices"])
+            else:
+                out.append("" if item is None else json.loads(item)["delta"])
+    return [text for text in out if text]
+
+
+async def test_a_whole_answer_in_one_read_is_split_for_the_reader() -> None:
+    """``_stream``'s splitting rules: the role chunk and the first delta the general
+    way (the parser has no head before them), the other deltas as one fused run, the
+    finish and [DONE] the general way; the same texts as without the reader."""
+    words = [f"w{n} " for n in range(50)]
+    body = generated_stream([(word, 0, 0, True) for word in words], [])
+    got = await batches([body], fused=True)
+    assert [len(batch) if isinstance(batch, list) else ("fused", len(batch))
+            for batch in got] == [1, 1, ("fused", 49), 1]
+    assert texts_of(got) == texts_of(await batches([body], fused=False)) == words
+
+
+async def test_a_read_that_completes_an_event_is_split_after_it() -> None:
+    """A read that begins inside an event (the read before ended in it): its first
+    event the general way, then the run; each later read the same."""
+    words = [f"t{n}" for n in range(30)]
+    body = generated_stream([(word, 0, 0, True) for word in words], [])
+    third = len(body) // 3
+    reads = [body[:third], body[third:2 * third], body[2 * third:]]
+    got = await batches(reads, fused=True)
+    assert sum(len(batch) for batch in got if isinstance(batch, tuple)) >= len(words) - 6
+    assert texts_of(got) == texts_of(await batches(reads, fused=False)) == words
+
+
+async def test_a_stream_the_reader_never_takes_is_split_a_bounded_number_of_times() -> None:
+    """Splitting rule 2 gives up after ``LEAD_CHUNKS``: a stream whose chunks never
+    give the parser a head (here each delta has a key the pattern does not know) is
+    not cut into a batch per event."""
+    words = [f"x{n}" for n in range(40)]
+    plain = generated_stream([(word, 0, 0, True) for word in words], [])
+    body = plain.replace(b'"finish_reason":null', b'"finish_reason":null,"x":1')
+    got = await batches([body], fused=True)
+    assert all(isinstance(batch, list) for batch in got)
+    assert len(got) <= LEAD_CHUNKS + 1
+    assert texts_of(got) == words
 
 
 def test_the_switch() -> None:

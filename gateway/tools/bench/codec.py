@@ -143,7 +143,8 @@ def _pipeline_event_fused(mode: str = "fused") -> Callable[[], object]:
         raise RuntimeError("the fused plain delta did not take the bench's chunk")
 
     def one() -> object:
-        for body in reader(_SSE_CHUNK, decoder, parse_chunk) or ():
+        taken = reader(_SSE_CHUNK, decoder, parse_chunk)
+        for body in taken[0] if taken is not None else ():
             if body is not None:
                 nnrp.encode_partial_result(1, 1, 1, 5, body)
         return None
