@@ -547,7 +547,8 @@ def settle_startup_heap() -> None:
     the cyclic collector's reach (``gc.freeze``). Its full collections then walk only
     what serving made: against the real vLLM at 32 streams one had stopped the event
     loop for 35 ms, and the collector's share of the gateway's CPU fell from about 5 %
-    to 1 % (docs/benchmarks.md, "The collector")."""
+    to 1 % (docs/benchmarks.md, "Split reads, the per-request record, the startup
+    heap")."""
     gc.collect()
     gc.freeze()
 
