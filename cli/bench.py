@@ -390,7 +390,12 @@ def profile_command(
     and the frames with the most self time."""
     import trio
 
-    from gateway.tools.bench.profile import LOADS_BY_NAME, ProfilerUnavailable, profile
+    from gateway.tools.bench.profile import (
+        LOADS_BY_NAME,
+        LoadIncomplete,
+        ProfilerUnavailable,
+        profile,
+    )
 
     unknown = sorted(set(load_names or ()) - set(LOADS_BY_NAME))
     if unknown:
@@ -410,6 +415,9 @@ def profile_command(
         _with_progress(work, as_json)
     except ProfilerUnavailable as exc:
         raise UserError(f"cannot profile the gateway: {exc}", "py-spy", code=1) from None
+    except LoadIncomplete as exc:
+        raise UserError(f"the profiled load did not complete: {exc}", "--rate",
+                        code=1) from None
     command = ("nnrp-gateway bench profile" + (" --quick" if quick else "")
                + f" --rate {rate}")
     if load_names:

@@ -194,3 +194,19 @@ def test_bench_profile_without_py_spy_is_a_clear_error(tmp_path: Path,
         "error: cannot profile the gateway: py-spy is not installed (pip install "
         "'nnrp-vllm-gateway[profile]')")
     assert list((tmp_path / "out").iterdir()) == []  # nothing started, nothing written
+
+
+def test_a_load_that_did_not_complete_is_an_error_not_a_profile() -> None:
+    """Rule 6: a profile of requests that timed out under the sampler read "0 events"
+    as if it were the load's."""
+    from gateway.tools.bench.profile import LOADS_BY_NAME, LoadIncomplete, check_complete
+
+    paced = LOADS_BY_NAME["paced-256"]
+    check_complete(paced, 256)
+    with pytest.raises(LoadIncomplete, match=r"paced-256: 255 of 256 requests ended with "
+                                               r"their answer.*--rate"):
+        check_complete(paced, 255)
+    short = LOADS_BY_NAME["requests-16"].quick()
+    check_complete(short, 16 * short.requests)
+    with pytest.raises(LoadIncomplete, match=r"requests-16: 0 of 320 requests"):
+        check_complete(short, 0)

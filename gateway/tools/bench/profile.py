@@ -26,6 +26,10 @@ Rules:
    build) is sampled with ``--native``: without it py-spy sees no frame of a mypyc or C
    module, and their time lands on the interpreted function that called them. The
    native frames are named as the extension names them (``CPyDef_<module>___<name>``).
+6. A load whose requests did not all end with their answer is an error, not a profile:
+   sampling stops the gateway (rule 1), and at a high rate with ``--native`` the
+   256-stream load fell so far behind that every request met its first-chunk timeout,
+   and the report read "0 events". (``check_complete``.)
 """
 
 from __future__ import annotations
@@ -74,6 +78,20 @@ WRITE_TIMEOUT_S = 30
 
 class ProfilerUnavailable(Exception):
     """py-spy is not installed or cannot attach to the gateway (rule 4)."""
+
+
+class LoadIncomplete(Exception):
+    """Rule 6: requests of the load did not end with their answer under the profiler."""
+
+
+def check_complete(load: Load, completed: int) -> None:
+    """Rule 6: every request of ``load`` ended with its answer, or ``LoadIncomplete``."""
+    asked = load.streams * load.requests
+    if completed < asked:
+        raise LoadIncomplete(
+            f"{load.name}: {completed} of {asked} requests ended with their answer; a "
+            f"profile of failing requests is not the load's (a slower sampling rate, "
+            f"--rate, stops the gateway less often)")
 
 
 @attrs.frozen
@@ -255,6 +273,7 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                     except subprocess.TimeoutExpired:
                         spy.kill()
                         await trio.to_thread.run_sync(spy.wait)
+    check_complete(load, len(done))  # rule 6
     stacks = await trio.to_thread.run_sync(_save, raw, load, out)
     return Profile(load, sum(stacks.values()), len(received), cpu, wall,
                    frame_shares(stacks), area_shares(stacks), per_read, len(done))
