@@ -52,7 +52,9 @@ objects between, under these rules:
    rules: with them, a whole answer read at once is its first chunks the general way,
    its text deltas here, and its finish, usage and ``[DONE]`` the general way again).
    A tail cannot be inside a text (it holds a quote), so the run ends where a block
-   does.
+   does. Where the run is refused and holds a backslash (a text with an escape: a
+   newline, a quote), the run before the block holding the first one is asked for once
+   more; the stream reads that block the general way and offers the reader the rest.
 
 ``tests/pipeline/test_plain_delta.py`` holds the proof: the packets a client receives
 are the same bytes with the switch on and off, over every recorded transcript of every
@@ -197,6 +199,14 @@ class PlainDelta:
             return None
         run = raw if end == len(raw) else raw[:end]
         read = self._blocks(run, self._prefix, self._suffix, self._longest, self._event_tail)
+        if read is None:
+            # Rule 8: a text with an escape (a newline, a quote) ends the run before it.
+            escape = raw.find(b"\\", len(self._prefix), end)
+            end = raw.rfind(self._suffix, 0, max(escape, 0)) + len(self._suffix)
+            if escape < 0 or end < len(self._suffix):
+                return None
+            read = self._blocks(raw[:end], self._prefix, self._suffix, self._longest,
+                                self._event_tail)
         if read is None or not self._translator.take_plain(self._index, read[0]):
             return None  # rule 2, asked last (rule 4)
         return read[1], end

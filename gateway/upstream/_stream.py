@@ -42,18 +42,27 @@ so the read is split, and each piece goes on as a read of its own, with the read
 deadline, and without another read from the socket:
 
 1. What the reader takes is its leading part; the rest is the next piece.
-2. Where the reader cannot start (the parser keeps no head yet, or the decoder holds a
-   part of an event from the read before), the general path takes the piece's first
-   event alone, and the rest is the next piece: once a read while the decoder held a
-   part (that event completes it), and while the parser keeps no head, one event a
-   piece for the stream's first ``LEAD_CHUNKS`` chunks (vLLM's role chunk and first
-   delta, after which the reader can start). Otherwise the general path takes the
-   whole piece.
+2. Where the reader cannot take a piece, the general path takes the piece's first event
+   alone and the rest is the next piece, in three places only: while the parser keeps
+   no head, for the stream's first ``LEAD_CHUNKS`` chunks (vLLM's role chunk and first
+   delta, after which the reader can start); a fresh read that begins inside an event
+   (the read before ended in it; that event completes it), until the reader has
+   refused what followed such a split ``WASTED_SPLITS`` times in the stream (a stream
+   it never takes: logprobs, several choices, a client that asked for vLLM's chunks);
+   and the rest of a run the reader took (a text with an escape ended the run).
+   Otherwise the general path takes the whole piece. At most ``LEAD_CHUNKS`` splits a
+   read, so a read of many tiny events (blank lines, comments) costs a bounded number
+   of copies, not one an event.
 3. The SSE decoder gives the same events however its bytes are cut (it is fed reads
    of any size), so a split changes only how many batches the read becomes: the
-   chunks, their order, the end and a fault are the same. (tests/pipeline/
-   test_plain_delta.py: the same packets with the reader and without it, whole
-   answers in one read among the cuts.)
+   chunks, their order and a fault before the end are the same. (Bytes after
+   ``[DONE]`` in the same read are not read, split or not; the general path may find
+   a malformed line there in a read it took whole.)
+4. The clocks see reads, not pieces: a piece that is only comments carries no deadline
+   to the next read unless the read's first piece was only comments too (a read that
+   brought events restarts the idle clock, however it was cut).
+(tests/pipeline/test_plain_delta.py: the same packets with the reader and without it,
+whole answers in one read among the cuts; the batches, the bound and the clocks.)
 """
 
 from __future__ import annotations
@@ -82,8 +91,15 @@ Fused = TypeVar("Fused", bound=Sized)
 #: and leaves decoder and parser as that path would; the rest is read on as a read.
 FusedReader: TypeAlias = Callable[[bytes, SSEDecoder, ChunkParser], "tuple[Fused, int] | None"]
 #: Splitting rule 2: a stream's first chunks, read one event a piece while its parser
-#: keeps no head (vLLM's role chunk, then its first text delta, which gives it one).
+#: keeps no head (vLLM's role chunk, then its first text delta, which gives it one);
+#: also the most splits of one read.
 LEAD_CHUNKS = 4
+#: Splitting rule 2: splits at a read's start the reader then refused, before the
+#: stream stops making them.
+WASTED_SPLITS = 4
+#: What made a piece the rest of a read: the reader's run (rule 1), a split after the
+#: event a fresh read completed, or after a piece's first event (rule 2).
+_AFTER_RUN, _AFTER_MID_EVENT, _AFTER_EVENT = 1, 2, 3
 
 #: The process's read observer, called by the reading task after each body read: None
 #: but under a benchmark (``serve --bench-residence`` installs the residence probe's for
@@ -139,6 +155,10 @@ class ChunkStream:
         self.chunks_delivered = 0
         #: What is left of a split read, and that read's deadline (splitting rules).
         self._rest: tuple[bytes, float] | None = None
+        self._rest_after = 0  # what made the rest: an _AFTER_ constant (0: nothing)
+        self._splits_left = LEAD_CHUNKS  # in the read being split (rule 2's bound)
+        self._wasted_splits = 0  # rule 2's mid-event splits the reader then refused
+        self._read_carries = False  # the read's first piece was comments only (rule 4)
 
     def clocks(self) -> AbstractAsyncContextManager[None]:
         """The first-chunk and idle clocks around the consumer's iteration: a read
@@ -170,24 +190,29 @@ class ChunkStream:
             error, self._pending = self._pending, None
             raise error
         while not self.done:
-            fresh = self._rest is None
+            after = 0
             if self._rest is None:
                 raw, deadline = await self._read()
-            else:  # the rest of a read split below (rules 1 and 2)
+                self._splits_left = LEAD_CHUNKS
+            else:  # the rest of a read split below (splitting rules 1 and 2)
                 raw, deadline = self._rest
-                self._rest = None
+                after, self._rest, self._rest_after = self._rest_after, None, 0
             if reader is not None:
                 taken = reader(raw, self._decoder, self._parse)
                 if taken is not None:  # chunks, as below, and nothing else
                     fused, used = taken
+                    if not 0 < used <= len(raw):  # the reader's contract (FusedReader)
+                        raise RuntimeError(f"a fused reader took {used} of {len(raw)} bytes")
                     if used < len(raw):
-                        self._rest = (raw[used:], deadline)  # rule 1
-                    self._carried_deadline = None
+                        self._rest, self._rest_after = (raw[used:], deadline), _AFTER_RUN
+                    self._carried_deadline, self._read_carries = None, False
                     if self.first_byte_at is None:
                         self.first_byte_at = trio.current_time()
                     self.chunks_delivered += len(fused)
                     return fused
-                raw = self._lead(raw, deadline, fresh)
+                if after == _AFTER_MID_EVENT:
+                    self._wasted_splits += 1
+                raw = self._lead(raw, deadline, after)
             fault: UpstreamMalformed | None = None
             try:
                 events = self._decoder.feed(raw)
@@ -195,8 +220,14 @@ class ChunkStream:
                 events, fault = exc.events, UpstreamMalformed(str(exc))
                 fault.__cause__ = exc
             if not events and fault is None and not self._decoder.pending:
-                self._carried_deadline = deadline  # comments only: no clock restarts
+                # Comments only: no clock restarts (rule 4: unless an earlier piece of
+                # the same read brought events).
+                if not after:
+                    self._read_carries = True
+                if self._read_carries:
+                    self._carried_deadline = deadline
                 continue
+            self._read_carries = False
             self._carried_deadline = None
             if self.first_byte_at is None:
                 self.first_byte_at = trio.current_time()
@@ -225,17 +256,29 @@ class ChunkStream:
                 return batch
         raise StopAsyncIteration
 
-    def _lead(self, raw: bytes, deadline: float, fresh: bool) -> bytes:
-        """Splitting rule 2: the piece's first event, where the reader could not start
-        and may after it (the rest kept for the next pass); else the whole piece."""
-        mid_event = not self._decoder.between_events
-        if not ((mid_event and fresh) or (self._parse.kept is None
-                                          and self.chunks_delivered < LEAD_CHUNKS)):
+    def _lead(self, raw: bytes, deadline: float, after: int) -> bytes:
+        """Splitting rule 2: the piece's first event, where the reader refused the piece
+        and may take what follows it (the rest kept for the next pass); else the whole
+        piece. ``after``: what made this piece (0: a fresh read)."""
+        if self._splits_left <= 0:
+            return raw
+        if self._parse.kept is None:
+            if self.chunks_delivered >= LEAD_CHUNKS:
+                return raw
+            made = _AFTER_EVENT
+        elif not self._decoder.between_events:
+            if after or self._wasted_splits >= WASTED_SPLITS:
+                return raw
+            made = _AFTER_MID_EVENT
+        elif after == _AFTER_RUN:
+            made = _AFTER_EVENT  # the event that ended the run (an escaped text)
+        else:
             return raw
         cut = raw.find(b"\n\n") + 2
         if cut <= 1 or cut >= len(raw):
             return raw  # one event or less: nothing after it to offer the reader
-        self._rest = (raw[cut:], deadline)
+        self._splits_left -= 1
+        self._rest, self._rest_after = (raw[cut:], deadline), made
         return raw[:cut]
 
     async def _read(self) -> tuple[bytes, float]:

@@ -258,10 +258,11 @@ def test_the_help_footer_gives_an_example_that_follows_the_naming_rule() -> None
         "over the environment.")
 
 
-def test_a_serving_process_puts_its_startup_heap_out_of_the_collectors_reach() -> None:
-    """``settle_startup_heap`` (called by ``serve`` and by each worker once serving, in
-    a process of their own: here a child, not this test process): what starting left
-    alive is frozen, so the collector's full collections no longer walk it."""
+def test_settle_startup_heap_puts_what_starting_left_out_of_the_collectors_reach() -> None:
+    """``settle_startup_heap`` (which ``serve`` and each worker call once serving, in a
+    process of their own; here a child, not this test process): what starting left
+    alive is frozen, so the collector's full collections no longer walk it. (That serve
+    calls it is read in cli/main.py and gateway/workers/_worker.py, not tested.)"""
     script = ("import gc, gateway.app; before = gc.get_freeze_count(); "
               "gateway.app.settle_startup_heap(); print(before, gc.get_freeze_count(), "
               "len(gc.get_objects()))")

@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from gateway import nnrp
@@ -50,7 +51,7 @@ from gateway.upstream import (
     UpstreamMalformed,
     select_binding,
 )
-from gateway.upstream._stream import LEAD_CHUNKS
+from gateway.upstream._stream import LEAD_CHUNKS, WASTED_SPLITS
 from tests.support.stack import envelope
 from tests.support.tiers import examples
 from tests.support.waits import until
@@ -379,9 +380,10 @@ def test_the_fused_reader_declines_what_the_general_path_must_read(blocks: Plain
 
 
 class Reads:
-    """A response body's reads, as given (``_stream.ByteChunks``)."""
+    """A response body's reads, as given (``_stream.ByteChunks``); a read given as
+    (seconds, bytes) comes that long after the call."""
 
-    def __init__(self, reads: list[bytes]) -> None:
+    def __init__(self, reads: list[bytes | tuple[float, bytes]]) -> None:
         self._reads = reads
 
     def __aiter__(self) -> Reads:
@@ -391,21 +393,28 @@ class Reads:
         await trio.lowlevel.checkpoint()
         if not self._reads:
             raise StopAsyncIteration
-        return self._reads.pop(0)
+        read = self._reads.pop(0)
+        if isinstance(read, tuple):
+            await trio.sleep(read[0])
+            return read[1]
+        return read
 
     def abort(self) -> bool:
         return False
 
 
-async def batches(reads: list[bytes], *, fused: bool) -> list[Any]:
+async def batches(reads: list[bytes | tuple[float, bytes]], *, fused: bool,
+                  reader: Any = None, idle: float = 5) -> list[Any]:
     """What a stream of ``reads`` hands its consumer, read by read, with the fused
-    reader (feeding a translator as the handler does) or without it."""
-    stream = ChunkStream(Reads(list(reads)), first_chunk_deadline=trio.current_time() + 5,
-                         first_chunk_timeout=5, idle_timeout=5, max_event=1 << 20)
+    reader (feeding a translator as the handler does; ``reader`` wraps it) or without
+    it."""
+    stream = ChunkStream(Reads(list(reads)), first_chunk_deadline=trio.current_time() + idle,
+                         first_chunk_timeout=idle, idle_timeout=idle, max_event=1 << 20)
     translator = Translator(select_binding("0.26.0")[0], usage_requested=False)
+    plain = PlainDelta(translator)
     got: list[Any] = []
     async with stream.clocks():
-        async for batch in stream.fused(PlainDelta(translator)) if fused else stream:
+        async for batch in stream.fused(reader(plain) if reader else plain) if fused else stream:
             if isinstance(batch, list):
                 for chunk in batch:
                     translator.feed_encoded(chunk)
@@ -460,6 +469,89 @@ async def test_a_stream_the_reader_never_takes_is_split_a_bounded_number_of_time
     assert all(isinstance(batch, list) for batch in got)
     assert len(got) <= LEAD_CHUNKS + 1
     assert texts_of(got) == words
+
+
+def shape(got: list[Any]) -> list[int | tuple[str, int]]:
+    return [len(batch) if isinstance(batch, list) else ("fused", len(batch)) for batch in got]
+
+
+async def test_an_escaped_text_ends_the_run_and_the_reader_takes_what_follows() -> None:
+    """Rule 8's second half, and splitting rule 2's third place: a newline in a text
+    (JSON-escaped) ends the run before it, the stream reads that event the general way
+    and offers the reader the rest."""
+    words = ["a", "b", "line\n", "c", "d", "say \"x\"", "e"]
+    body = generated_stream([(word, 0, 0, True) for word in words], [])
+    got = await batches([body], fused=True)
+    assert shape(got) == [1, 1, ("fused", 1), 1, ("fused", 2), 1, ("fused", 1), 1]
+    assert texts_of(got) == texts_of(await batches([body], fused=False)) == words
+
+
+async def test_a_read_is_split_a_bounded_number_of_times() -> None:
+    """Splitting rule 2's bound: before the parser keeps a head, a read of many blank
+    lines (or comments) is not cut once per line, each cut copying the rest."""
+    offered: list[int] = []
+
+    def counting(plain: PlainDelta) -> Any:
+        def read(raw: bytes, decoder: SSEDecoder, parser: ChunkParser) -> Any:
+            offered.append(len(raw))
+            return plain(raw, decoder, parser)
+        return read
+
+    body = generated_stream([("a", 0, 0, True), ("b", 0, 0, True)], [])
+    flood = b": keep-alive\n\n" * 5000
+    got = await batches([flood + body], fused=True, reader=counting)
+    assert len(offered) <= LEAD_CHUNKS + 1, len(offered)
+    assert texts_of(got) == ["a", "b"]
+
+
+async def test_splits_that_never_pay_stop_after_a_few() -> None:
+    """Splitting rule 2: a stream the reader never takes (here two choices, taking
+    turns: the kept head names one) whose reads each begin inside an event is split
+    ``WASTED_SPLITS`` times at most, not at every read."""
+    words = [f"x{n}" for n in range(60)]
+    body = generated_stream([(word, 0, n % 2, True) for n, word in enumerate(words)], [])
+    reads = [body[at:at + 601] for at in range(0, len(body), 601)]  # 2-3 events a read
+    general = await batches(reads, fused=False)
+    fused = await batches(reads, fused=True)
+    assert texts_of(fused) == texts_of(general) == words
+    assert len(fused) <= len(general) + WASTED_SPLITS + LEAD_CHUNKS, (len(fused), len(general))
+
+
+def test_a_split_read_restarts_the_idle_clock_as_the_whole_read_would() -> None:
+    """Splitting rule 4: a read that brought a delta and a keep-alive comment (the
+    reader takes the delta, the comment is a piece of its own) restarts the idle clock:
+    the next read, 50 s later under a 60 s idle limit, is on time, with the reader and
+    without it. Before, the comment's piece carried the read's deadline on."""
+    body = generated_stream([("a", 0, 0, True)], [])
+    events = [event + b"\n\n" for event in body.split(b"\n\n")[:-1]]
+    reads: list[bytes | tuple[float, bytes]] = [
+        b"".join(events[:2]),  # role and "a": the parser keeps a head
+        (50.0, delta("b", 0, index=0, token_ids=True) + b": keep-alive\n\n"),
+        (50.0, b"".join(events[2:]))]  # finish and [DONE]
+
+    async def both() -> None:
+        for fused in (False, True):
+            got = await batches(list(reads), fused=fused, idle=60)
+            assert texts_of(got) == ["a", "b"]
+
+    trio.run(both, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_reader_that_takes_nothing_is_a_bug_not_a_loop() -> None:
+    """The reader's contract (``FusedReader``): a part it answers has bytes; one that
+    took none would be offered the same piece again and again, without a checkpoint."""
+    calls: list[int] = []
+
+    def once_empty(plain: PlainDelta) -> Any:
+        def read(raw: bytes, decoder: SSEDecoder, parser: ChunkParser) -> Any:
+            calls.append(1)
+            answer = plain(raw, decoder, parser)
+            return answer if answer is None or len(calls) > 3 else ((), 0)
+        return read
+
+    body = generated_stream([("a", 0, 0, True), ("b", 0, 0, True), ("c", 0, 0, True)], [])
+    with pytest.raises(RuntimeError, match="a fused reader took 0 of"):
+        await batches([body], fused=True, reader=once_empty)
 
 
 def test_the_switch() -> None:
