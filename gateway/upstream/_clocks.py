@@ -62,20 +62,37 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
 
     stream._clocked = True
     leaf: BaseException | None = None
+    consumers: Exception | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watchdog, nursery.cancel_scope)
-            yield
+            try:
+                yield
+            except Exception as error:
+                # The consumer's error (an upstream error, a bug) stays out of the
+                # nursery: there it would cancel the watchdog, whose Cancelled (context:
+                # the error; traceback: trio's frames, holding the nursery's pending
+                # errors) made a cycle with it, which held the error's traceback (the
+                # handler's frames: the operation, its request body, a 64 MiB image)
+                # until the cyclic collector ran. Raised below, once the watchdog is
+                # done. A Cancelled goes through the nursery, as trio wants it.
+                consumers = error
             nursery.cancel_scope.cancel()  # done: the watchdog too
     except BaseExceptionGroup as group:
         # The watchdog raises nothing but an outer scope's Cancelled, so the group
-        # holds what the consumer raised (an upstream error, an outer cancel) and
-        # perhaps that Cancelled: the caller sees the consumer's exception unwrapped.
-        # A Cancelled left out beside it is not lost: cancellation is level-triggered
-        # and the next checkpoint in the cancelled scope delivers it again.
-        leaf = _the_one_error(group)
-        if leaf is None:
-            raise
+        # holds what the consumer raised (an outer cancel, a KeyboardInterrupt) and
+        # perhaps that Cancelled: the caller sees the consumer's exception unwrapped,
+        # or the consumer's error caught above. A Cancelled left out beside it is not
+        # lost: cancellation is level-triggered and the next checkpoint in the
+        # cancelled scope delivers it again.
+        if consumers is None:
+            leaf = _the_one_error(group)
+            if leaf is None:
+                raise
+        elif group.split(trio.Cancelled)[1] is not None:
+            raise  # not only the watchdog's Cancelled: never dropped
+    if consumers is not None:
+        leaf, consumers = consumers, None
     if leaf is not None:
         # Raised here, not in the except clause, and not kept by this frame: raised
         # there, the leaf's context was the group holding it, and this frame (in its

@@ -186,9 +186,13 @@ class ChunkStream:
         return batch
 
     async def _next(self, reader: FusedReader[Fused] | None) -> list[Chunk] | Fused:
-        if self._pending is not None:
-            error, self._pending = self._pending, None
-            raise error
+        error = self._pending
+        if error is not None:
+            self._pending = None
+            try:
+                raise error
+            finally:
+                error = None  # not kept by this frame (as below)
         while not self.done:
             after = 0
             if self._rest is None:
@@ -247,7 +251,13 @@ class ChunkStream:
                 # reads came apart, and the fault is raised by the next call.
                 if not batch:
                     fault.before_output = self.chunks_delivered == 0
-                    raise fault
+                    try:
+                        raise fault
+                    finally:
+                        # Not kept by this frame, which its traceback holds: a cycle
+                        # that kept the operation (and its request's body: a 64 MiB
+                        # image) until the cyclic collector ran.
+                        fault = None
                 self._pending = fault
                 self.chunks_delivered += len(batch)
                 return batch

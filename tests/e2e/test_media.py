@@ -258,14 +258,17 @@ async def test_media_dir_files_are_gone_whatever_the_end(
     assert _listing(media_dir) == ["someone-elses.txt"]
 
 
-@pytest.mark.parametrize("end", ["completed", "cancel", "connection_dropped"])
+@pytest.mark.parametrize("end", ["completed", "cancel", "connection_dropped", "vllm_error",
+                                 "engine_death"])
 async def test_a_big_image_is_read_into_the_media_dir_and_given_back_whatever_the_end(
         nursery: trio.Nursery, socket_dir: Path, media_dir: Path, end: str) -> None:
     """_media D5: a 6 MiB image arrives over many reads into a spill of the directory
     (counted under --media-dir-bytes, in no listing), reaches vLLM as its exact bytes,
     and the spill is gone with its operation: no reference to the request outlives it,
     not even in a cycle waiting for the collector (which is off here: a cancelled
-    stream's exceptions once held its operation, and so the image, in one)."""
+    stream's exceptions once held its operation, and so the image, in one; so did a
+    stream that vLLM ended with an error, through the watchdog's Cancelled and the
+    frame that raised the error)."""
     gc.disable()
     try:
         await _a_big_image_given_back(nursery, socket_dir, media_dir, end)
@@ -279,11 +282,13 @@ async def _a_big_image_given_back(nursery: trio.Nursery, socket_dir: Path, media
     directory = stack.gateway.media.directory
     assert directory is not None
     image = PNG + bytes(range(256)) * ((6 << 20) // 256)
+    scenario = {"vllm_error": "error_400_temperature",
+                "engine_death": "engine_death_mid_stream"}.get(end, STREAM)
     hold = stack.replay.hold(lambda request: request.method == "POST",
-                             after=0 if end == "completed" else 1)
+                             after=1 if end in ("cancel", "connection_dropped") else 0)
     async with connect(stack.uri()) as client:
         session = await client.open_session()
-        operation, path = await _held_request(stack, session, STREAM, image)
+        operation, path = await _held_request(stack, session, scenario, image)
         assert directory.spilled > len(image)  # the packet, held in the directory
         assert _listing(media_dir) == sorted(["someone-elses.txt", path.name])
         if end == "cancel":
