@@ -90,7 +90,14 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
             if leaf is None:
                 raise
         elif group.split(trio.Cancelled)[1] is not None:
-            raise  # not only the watchdog's Cancelled: never dropped
+            # Not only the watchdog's Cancelled (a bug of its own): never dropped, and
+            # raised beside the consumer's error, as the nursery would have.
+            mine, consumers = consumers, None
+            try:
+                raise BaseExceptionGroup("the stream's clocks failed beside its reader",
+                                         [mine, *group.exceptions])
+            finally:
+                del mine
     if consumers is not None:
         leaf, consumers = consumers, None
     if leaf is not None:

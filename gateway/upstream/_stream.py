@@ -258,7 +258,8 @@ class ChunkStream:
                         # that kept the operation (and its request's body: a 64 MiB
                         # image) until the cyclic collector ran.
                         fault = None
-                self._pending = fault
+                # Kept for the next call, not by this frame (which its traceback holds).
+                self._pending, fault = fault, None
                 self.chunks_delivered += len(batch)
                 return batch
             if batch:

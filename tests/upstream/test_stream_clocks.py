@@ -271,3 +271,35 @@ async def test_a_refusal_as_the_first_event_is_marked_before_output() -> None:
         await consume(stream(PacedBody((0, CHUNK), (0, refusal + DONE)), first_chunk=5,
                              idle=5))
     assert not later.value.before_output
+
+
+class BrokenClock:
+    """What ``stream_clocks`` reads of a stream, its idle limit unreadable: a bug in the
+    watchdog, which it never raises otherwise."""
+
+    _first_chunk_timeout = _first_chunk_deadline = _read_deadline = math.inf
+    _carried_deadline: float | None = None
+    _clocked = False
+    first_byte_at: float | None = 0.0
+
+    @property
+    def _idle_timeout(self) -> float:
+        raise LookupError("the watchdog's own bug")
+
+
+async def test_a_watchdog_bug_beside_the_readers_error_loses_neither() -> None:
+    """The reader's error is kept out of the watchdog's nursery (so no cycle holds it);
+    a watchdog that fails too is raised beside it, as the nursery would have."""
+    from gateway.upstream._clocks import stream_clocks
+
+    async def read() -> None:
+        async with stream_clocks(BrokenClock()):
+            try:
+                await trio.sleep(1)  # the watchdog fails; its nursery cancels the reader
+            finally:
+                raise ValueError("the reader's cleanup failed")
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        await read()
+    kinds = sorted(type(error).__name__ for error in raised.value.exceptions)
+    assert kinds == ["LookupError", "ValueError"], raised.value.exceptions
