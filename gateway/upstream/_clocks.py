@@ -62,7 +62,6 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
 
     stream._clocked = True
     leaf: BaseException | None = None
-    consumers: Exception | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watchdog, nursery.cancel_scope)
@@ -76,7 +75,7 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
                 # handler's frames: the operation, its request body, a 64 MiB image)
                 # until the cyclic collector ran. Raised below, once the watchdog is
                 # done. A Cancelled goes through the nursery, as trio wants it.
-                consumers = error
+                leaf = error
             nursery.cancel_scope.cancel()  # done: the watchdog too
     except BaseExceptionGroup as group:
         # The watchdog raises nothing but an outer scope's Cancelled, so the group
@@ -85,21 +84,19 @@ async def stream_clocks(stream: Clocked) -> AsyncIterator[None]:
         # or the consumer's error caught above. A Cancelled left out beside it is not
         # lost: cancellation is level-triggered and the next checkpoint in the
         # cancelled scope delivers it again.
-        if consumers is None:
+        if leaf is None:
             leaf = _the_one_error(group)
             if leaf is None:
                 raise
         elif group.split(trio.Cancelled)[1] is not None:
             # Not only the watchdog's Cancelled (a bug of its own): never dropped, and
             # raised beside the consumer's error, as the nursery would have.
-            mine, consumers = consumers, None
+            mine, leaf = leaf, None
             try:
                 raise BaseExceptionGroup("the stream's clocks failed beside its reader",
                                          [mine, *group.exceptions])
             finally:
                 del mine
-    if consumers is not None:
-        leaf, consumers = consumers, None
     if leaf is not None:
         # Raised here, not in the except clause, and not kept by this frame: raised
         # there, the leaf's context was the group holding it, and this frame (in its
