@@ -273,7 +273,11 @@ async def _record(stack: Stack, load: Load, out: Path, rate: int) -> Profile:
                     except subprocess.TimeoutExpired:
                         spy.kill()
                         await trio.to_thread.run_sync(spy.wait)
-    check_complete(load, len(done))  # rule 6
+    try:
+        check_complete(load, len(done))  # rule 6
+    except LoadIncomplete:
+        raw.unlink(missing_ok=True)  # py-spy's file of it: no profile, nothing left
+        raise
     stacks = await trio.to_thread.run_sync(_save, raw, load, out)
     return Profile(load, sum(stacks.values()), len(received), cpu, wall,
                    frame_shares(stacks), area_shares(stacks), per_read, len(done))
