@@ -3,10 +3,12 @@ tests/transport and tests/interop).
 
 The handler reads its script from the operation's JSON payload:
 ``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool,
-"batch": N, "hold_after": N}``; with ``batch`` the events are flushed N at a time, as the
+"batch": N, "hold_after": N, "await_operations": N}``; with ``batch`` the events are flushed N at a time, as the
 pipeline flushes the events of one upstream read (the outbox's direct path); with
 ``hold_after`` it sends N events and then nothing until it is cancelled (a stream still
-running when a client's cancel lands, with no event in flight behind it).
+running when a client's cancel lands, with no event in flight behind it); with
+``await_operations`` it emits nothing until the handler has seen N operations (a test of
+concurrent streams that proves they overlapped by order, not by a clock).
 It records what it saw (trace context, deadlines, cancellation) for assertions.
 """
 
@@ -29,16 +31,20 @@ class Seen:
     operations: list[Operation] = attrs.field(factory=list)
     cancelled: list[Operation] = attrs.field(factory=list)
     started: trio.Event = attrs.field(factory=trio.Event)
+    arrived: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
 
 
 async def scripted_handler(op: Operation, seen: Seen) -> None:
     seen.operations.append(op)
     seen.started.set()
+    seen.arrived.unpark_all()
     assert op.typed_body is not None
     script: dict[str, Any] = json.loads(op.typed_body.frames[0].payload)
     try:
         if script.get("hang"):
             await trio.sleep_forever()
+        while len(seen.operations) < script.get("await_operations", 0):
+            await seen.arrived.park()
         batch = script.get("batch")
         for index in range(script.get("events", 0)):
             body = json.dumps({"type": "response.output_text.delta", "index": 0,
