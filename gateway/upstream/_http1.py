@@ -193,9 +193,38 @@ class BodyDecoder:
         return self.done and self.extra == 0 and self.framing != "close"
 
     def _feed_chunked(self, data: bytes) -> bytes:
-        """R3. The common case, whole chunks in one read, copies each chunk's data once."""
-        buffer = bytes(self._buffer) + data if self._buffer else data
+        """R3. The common case, whole chunks in one read (vLLM writes one chunk per SSE
+        event), takes the lean loop here: each chunk's data copied once, nothing else
+        made. It reads only the canonical shape (a size line of hex digits alone, the
+        data, CRLF) from a read's first byte; at anything else (an extension, a chunk cut
+        by the read, the last chunk, an error) it hands the rest, at that byte, to the
+        general loop (``_feed_chunked_strictly``), which reads every shape R3 allows."""
+        if self._buffer or self._state != "size":
+            return self._feed_chunked_strictly(data, [])
         pieces: list[bytes] = []
+        position, end = 0, len(data)
+        while position < end:
+            # A size line of 16 hex digits at most: its CRLF within 18 bytes.
+            line_end = data.find(b"\r\n", position, position + 18)
+            if line_end <= position:
+                break
+            size_field = data[position:line_end]
+            if not _HEX.issuperset(size_field):
+                break
+            size = int(size_field, 16)
+            data_end = line_end + 2 + size
+            if not size or data_end + 2 > end or data[data_end:data_end + 2] != b"\r\n":
+                break
+            pieces.append(data[line_end + 2:data_end])
+            position = data_end + 2
+        if position == end:
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return self._feed_chunked_strictly(data[position:] if position else data, pieces)
+
+    def _feed_chunked_strictly(self, data: bytes, pieces: list[bytes]) -> bytes:
+        """R3, every shape: ``data`` after what this decoder holds; ``pieces``, the body's
+        bytes the caller took from the same read before it."""
+        buffer = bytes(self._buffer) + data if self._buffer else data
         position, end = 0, len(buffer)
         while position < end:
             state = self._state
@@ -241,5 +270,8 @@ class BodyDecoder:
                 self.done = True
                 self.extra = end - position
                 position = end
-        self._buffer = bytearray(buffer[position:]) if not self.done else bytearray()
+        if position < end and not self.done:
+            self._buffer = bytearray(buffer[position:])
+        elif self._buffer:
+            self._buffer = bytearray()
         return b"".join(pieces)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gateway.upstream._http1 import (
     BodyDecoder,
@@ -78,6 +78,80 @@ def test_bad_chunked_bodies_are_errors(bad: bytes) -> None:
     head, _length = parse_head(HEAD)  # type: ignore[misc]
     with pytest.raises(ProtocolError):
         BodyDecoder(head).feed(bad)
+
+
+@st.composite
+def chunk_streams(draw: st.DrawFn) -> bytes:
+    """A chunked body mostly as vLLM frames it (lowercase hex, nothing else on the line:
+    ``_feed_chunked``'s lean loop), some chunks in the shapes only the strict loop reads
+    (an extension, OWS, uppercase hex, leading zeros), then the last chunk, trailers,
+    sometimes bytes after the end; half the time one byte changed, often a line end's."""
+    framed = b""
+    for piece in draw(st.lists(st.binary(min_size=1, max_size=300), max_size=8)):
+        size = b"%x" % len(piece)
+        shape = draw(st.sampled_from(["canonical"] * 4 + ["ext", "ows", "upper", "zeros"]))
+        line = {"canonical": size, "ext": size + b";a=b", "ows": size + b" \t",
+                "upper": size.upper(), "zeros": b"00" + size}[shape]
+        framed += line + b"\r\n" + piece + b"\r\n"
+    framed += b"0\r\n" + draw(st.sampled_from([b"", b"x-t: 1\r\n"])) + b"\r\n"
+    framed += draw(st.sampled_from([b"", b"", b"HTTP/1.1"]))
+    if framed and draw(st.booleans()):
+        line_ends = [index for index, byte in enumerate(framed) if byte in b"\r\n"]
+        at = draw(st.sampled_from(line_ends) | st.integers(0, len(framed) - 1))
+        framed = framed[:at] + bytes([draw(st.integers(0, 255))]) + framed[at + 1:]
+    return framed
+
+
+def _outcome(reads: list[bytes]) -> tuple[object, ...]:
+    head, _ = parse_head(HEAD)  # type: ignore[misc]
+    decoder = BodyDecoder(head)
+    body = b""
+    try:
+        for data in reads:
+            body += decoder.feed(data)
+    except ProtocolError:
+        return ("error",)  # what a read that failed held is not delivered, however cut
+    return (body, decoder.done, decoder.extra)
+
+
+@settings(max_examples=300)
+@given(st.data(), chunk_streams())
+def test_the_lean_loop_reads_as_the_strict_one(data: st.DataObject, framed: bytes) -> None:
+    """Reads of whole chunks (the lean loop's) and reads cut anywhere, against the same
+    bytes a byte at a time (a byte never holds a size line: the strict loop alone): the
+    same body, end and trailing bytes, or an error both ways."""
+    bounds = [index + 2 for index in range(len(framed)) if framed[index:index + 2] == b"\r\n"]
+    cuts = data.draw(st.lists(st.sampled_from(bounds) if bounds else st.nothing(), max_size=6)
+                     | st.lists(st.integers(1, max(len(framed) - 1, 1)), max_size=6))
+    points = sorted({0, *(c for c in cuts if 0 < c < len(framed)), len(framed)})
+    reads = [framed[a:b] for a, b in itertools.pairwise(points) if b > a]
+    assert _outcome(reads) == _outcome([framed[i:i + 1] for i in range(len(framed))])
+
+
+def test_whole_chunks_skip_the_strict_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean loop is taken: a read of canonical whole chunks never reaches the strict
+    one, and a read with an extension reaches it once, at the extension, with the
+    chunks before it already taken."""
+    head, _ = parse_head(HEAD)  # type: ignore[misc]
+    strict = BodyDecoder._feed_chunked_strictly
+    handed: list[tuple[bytes, list[bytes]]] = []
+
+    def spy(self: BodyDecoder, data: bytes, pieces: list[bytes]) -> bytes:
+        handed.append((data, list(pieces)))
+        return strict(self, data, pieces)
+
+    monkeypatch.setattr(BodyDecoder, "_feed_chunked_strictly", spy)
+    decoder = BodyDecoder(head)
+    events = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in EVENTS)
+    assert decoder.feed(events) == b"".join(EVENTS)
+    assert decoder.feed(events[:4]) == b""  # a size line, its data yet to come: strict
+    assert handed == [(events[:4], [])]
+    handed.clear()
+    decoder = BodyDecoder(head)
+    assert decoder.feed(events + b"5;x=y\r\nhello\r\n" + CHUNKED) == (
+        b"".join(EVENTS) + b"hello" + b"".join(EVENTS))
+    assert handed == [(b"5;x=y\r\nhello\r\n" + CHUNKED, EVENTS)]
+    assert decoder.done and decoder.reusable
 
 
 def test_a_connection_closed_mid_body_is_an_error_unless_the_body_runs_to_it() -> None:
