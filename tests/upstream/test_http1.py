@@ -13,6 +13,7 @@ from gateway.upstream._http1 import (
     parse_head,
     request_bytes,
 )
+from tests.support.build import pure_only
 from tests.support.http1 import read_in_parts
 
 HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -128,6 +129,8 @@ def test_the_lean_loop_reads_as_the_strict_one(data: st.DataObject, framed: byte
     assert _outcome(reads) == _outcome([framed[i:i + 1] for i in range(len(framed))])
 
 
+@pure_only("it replaces BodyDecoder._feed_chunked_strictly, which the compiled class "
+           "calls directly")
 def test_whole_chunks_skip_the_strict_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lean loop is taken: a read of canonical whole chunks never reaches the strict
     one, and a read with an extension reaches it once, at the extension, with the
