@@ -3,8 +3,9 @@ tests/transport and tests/interop).
 
 The handler reads its script from the operation's JSON payload:
 ``{"events": N, "delay": seconds, "size": bytes, "hang": bool, "no_terminal": bool,
-"batch": N, "hold_after": N, "await_operations": N}``; with ``batch`` the events are flushed N at a time, as the
-pipeline flushes the events of one upstream read (the outbox's direct path); with
+"batch": N, "hold_after": N, "await_operations": N}``; with ``batch`` the events are
+flushed N at a time, as the pipeline flushes the events of one upstream read (the
+outbox's direct path); with
 ``hold_after`` it sends N events and then nothing until it is cancelled (a stream still
 running when a client's cancel lands, with no event in flight behind it); with
 ``await_operations`` it emits nothing until the handler has seen N operations (a test of
