@@ -194,7 +194,7 @@ async def test_timeouts_are_request_timeout_and_abort_upstream(
     assert outcome.final["error"]["code"] == "request_timeout"
     assert outcome.final["diagnostics"]["timeout"] == kind
     assert outcome.status == 504
-    with trio.fail_after(2):
+    with trio.fail_after(10):
         await until(lambda: bool(stack.replay.disconnects))
     assert stack.replay.disconnects[-1].scenario == scenario
 
@@ -239,24 +239,28 @@ async def test_cancel_closes_the_upstream_socket(stack: Stack, session: Any, how
     assert isinstance(seen[-1], nnrp.DropReceived)
     assert seen[-1].drop_reason == nnrp.DropReason.PEER_CANCELLED
     assert cancelled_at is not None
-    with trio.fail_after(2):
+    # long_stream never ends by itself: any disconnect the replay sees is the cancel's
+    # close, and none is a hang, not a slow pass. (A 0.25 s clock stood here: one stream
+    # on an idle gateway unwinds within a tick with or without the synchronous abort, so
+    # it passed with that abort removed and failed only on a busy host. The abort before
+    # the task has run is proven by order in tests/server/test_operation.py,
+    # test_a_cancel_aborts_the_upstream_at_once_and_only_while_it_streams.)
+    with trio.fail_after(10):
         await until(lambda: bool(stack.replay.disconnects))
     disconnect = stack.replay.disconnects[-1]
     assert disconnect.scenario == "long_stream"
-    # The backend saw the disconnect promptly (loopback, one scheduler tick or so).
-    assert disconnect.at - cancelled_at < 0.25
 
 
 async def test_cancel_non_streaming_request_aborts_upstream(stack: Stack, session: Any) -> None:
     operation = await session.submit(envelope(chat(stream=False),
                                               request_id=scenario_id("stall_first_chunk")))
-    with trio.fail_after(2):
+    with trio.fail_after(10):
         await until(lambda: any(r.scenario == "stall_first_chunk"
                                  for r in stack.replay.requests))
     await operation.cancel()
     (terminal,) = [event async for event in operation.events()]
     assert terminal.drop_reason == nnrp.DropReason.PEER_CANCELLED
-    with trio.fail_after(2):
+    with trio.fail_after(10):
         await until(lambda: bool(stack.replay.disconnects))
 
 
