@@ -86,6 +86,8 @@ log = structlog.get_logger("gateway.server")
 
 #: Refused connections (SERVER_BUSY) left open for their client to close, at most at once.
 REFUSALS_LINGERING = 64
+#: How long a refused connection (its ERROR sent) is left for its client to close.
+REFUSAL_LINGER = 1.0
 #: Connections to the fleet port still sending their forward header; past it one is
 #: closed at once (a slow-header flood holds no more than this, each for HEADER_TIMEOUT).
 MAX_PENDING_FORWARDS = 64
@@ -540,8 +542,8 @@ class GatewayServer:
         reply = ServerConnection().send_error(
             ErrorCode.SERVER_BUSY, message, fatal=True,
             scope=ErrorScope.CONNECTION)
-        with trio.move_on_after(1.0), contextlib.suppress(trio.BrokenResourceError,
-                                                          trio.ClosedResourceError):
+        with trio.move_on_after(REFUSAL_LINGER), contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError):
             await transport.send([reply])
             # Let the client read it and close first (NNRP has no GOAWAY: a client that
             # meets the end of stream before its poll may lose the frame): bounded in
