@@ -322,7 +322,9 @@ async def test_a_client_that_only_resumes_gets_its_session_once_the_probe_closes
             assert session.ticket is not None
             ticket = session.ticket
     assert registry.detached == 0  # the gateway has not seen the old connection die
-    with trio.fail_after(probe_timeout + 3.0):
+    # Bounds with room for a busy host: the dead holder's side would stay open for as
+    # long as the half-open proxy holds it (TCP's timeouts, about 60 s), far past both.
+    with trio.fail_after(30):
         async with connect(stack.uri()) as client:
             asked = trio.current_time()
             resumed, refusals = await resume_until_accepted(client, ticket)
@@ -331,7 +333,7 @@ async def test_a_client_that_only_resumes_gets_its_session_once_the_probe_closes
             rest = [event async for event in again.events()]
             await resumed.close()
     assert refusals >= 1
-    assert took < probe_timeout + 1.0
+    assert took < probe_timeout * 20  # the probe's timeout, not the connection's death
     assert (stats.probes_total, stats.probe_failures_total) == (1, 1)
     assert stats.resumed_total == 1 and stats.migrated_total == 0
     sequences = [e.sequence for e in rest if isinstance(e, nnrp.PartialReceived)]
