@@ -64,7 +64,9 @@ async def test_an_operation_follows_its_session_off_a_connection_that_no_longer_
             got_room.set()
 
         nursery.start_soon(produce)
-        await trio.sleep(0.1)
+        # The producer is parked on the old connection's full outbox before the session
+        # moves: the state itself, not a 0.1 s sleep taken to be long enough.
+        await trio.testing.wait_all_tasks_blocked()
         assert not got_room.is_set()
         session.detach()  # SESSION_MIGRATE: take_session, then the new connection's attach
         new = Link(Outbox())
