@@ -119,7 +119,7 @@ def test_a_tool_dialling_vllms_http_port_says_so_at_once(replay: ReplayThread,
     started = time.monotonic()
     result = runner.invoke(app, [*(arg.format(tmp=tmp_path) for arg in argv),
                                  "--endpoint", endpoint])
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 7  # at once: not after the 11 s reconnect window
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
         "error: that is an HTTP server (vLLM's own port?), not NNRP: it answered "

@@ -136,8 +136,9 @@ def test_a_resume_naming_both_workers_is_relayed_at_most_once(tmp_path: Path) ->
                 (False, nnrp.SessionOpenStatus.REJECTED, nnrp.SessionError.RESUME_REJECTED),
                 (False, nnrp.SessionOpenStatus.RETRY_LATER,
                  nnrp.SessionError.RESUME_REJECTED)]
-            # Within a second of the close, nothing of it is left in either worker.
-            wait_for(lambda: served.metrics()[active] == 0, timeout=1.0,
+            # Soon after the close, nothing of it is left in either worker (a leak never
+            # gets there; a 1 s bound was a busy host's to miss).
+            wait_for(lambda: served.metrics()[active] == 0, timeout=10.0,
                      what="no connection open")
             assert served.metrics()[relayed] == 1
 

@@ -72,7 +72,9 @@ async def test_a_failing_vllm_is_502_and_a_silent_one_504(nursery: trio.Nursery)
         silent = await http.get(f"{admin}/metrics/vllm")
         assert silent.status_code == 504
         assert "did not answer" in silent.json()["error"]
-        assert trio.current_time() - started < VLLM_METRICS_TIMEOUT + 2  # bounded
+        # Bounded by the gateway's timeout, with room for a busy host (unbounded, the
+        # admin listener's 10 s cap would end it without this answer).
+        assert trio.current_time() - started < VLLM_METRICS_TIMEOUT + 10
         # The admin listener goes on serving.
         assert (await http.get(f"{admin}/healthz")).status_code == 200
 

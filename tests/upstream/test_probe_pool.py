@@ -16,12 +16,14 @@ async def test_health_answers_while_the_request_pool_is_full(nursery: trio.Nurse
     url = await nursery.start(ReplayServer().serve)
     client = VllmClient(UpstreamConfig(url, pool_size=1))
     try:
-        # Five tokens a second apart: the single pooled connection stays busy for seconds.
-        headers = {"x-request-id": "replay:timestamped:5:1000000:pool"}
-        async with client.chunks(BODY, headers, first_chunk=5, idle=5) as chunks:
+        # Five tokens five seconds apart: the single pooled connection stays busy for
+        # twenty seconds after the first (the test leaves the stream as soon as the probes
+        # are answered, so the length costs nothing).
+        headers = {"x-request-id": "replay:timestamped:5:5000000:pool"}
+        async with client.chunks(BODY, headers, first_chunk=10, idle=10) as chunks:
             first = await chunks.__anext__()
             assert first
-            with trio.fail_after(2):  # well under the stream's remaining four seconds
+            with trio.fail_after(10):  # well under the stream's remaining twenty seconds
                 assert await client.health()
                 assert (await client.get_json("/version"))["version"]
     finally:
