@@ -169,7 +169,9 @@ async def test_not_ready_fails_fast(nursery: trio.Nursery) -> None:
     endpoints = await nursery.start(gateway.run)
     async with connect(endpoints[0].uri) as client:
         session = await client.open_session()
-        with trio.fail_after(1):
+        # A bound against a hang only (nothing here waits on a clock), with room for a busy
+        # host; the answer is what the test checks.
+        with trio.fail_after(10):
             outcome = await run_operation(session, envelope(chat()))
     assert outcome.final["error"]["code"] == "backend_unavailable"
 
