@@ -1,8 +1,9 @@
 """One 63 MiB image (a binary media frame, delivered as a data URI) submitted over
-tcp:// and over ws:// to a gateway process, one at a time, each way twice: the time from
-the submit to its result, and the gateway's longest trio task steps meanwhile (over 2
-ms), from a trio instrument the gateway process loads through ``sitecustomize``. A
-workplace measurement, not part of the product:
+tcp://, ws:// and quic:// to a gateway process, one at a time, each way twice: the time
+from the submit to its result, the gateway process's CPU meanwhile, and its longest trio
+task steps (over 2 ms), from a trio instrument the gateway process loads through
+``sitecustomize``. The client is the project's (aioquic for quic://). A workplace
+measurement, not part of the product:
 
     python docs/bench/media-ws/ws_submit.py > docs/bench/media-ws/ws_submit.txt
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -21,9 +23,11 @@ from pathlib import Path
 import trio
 
 from gateway.tools.bench import _media_load as load
-from gateway.tools.bench._procs import until_http_ready
+from gateway.tools.bench._procs import process_cpu_seconds, until_http_ready
 from gateway.tools.bench._stack import free_port
 from gateway.tools.client import connect
+from gateway.transport import QuicClientOptions
+from tests.support.quic import make_pki
 
 #: Loaded by the gateway process: its task steps over 2 ms, the longest written to
 #: STEPS_OUT (and forgotten) on each SIGUSR1.
@@ -69,26 +73,30 @@ async def steps_since_last(gateway: subprocess.Popen[bytes], out: Path) -> list[
 
 
 async def measure(sink: subprocess.Popen[bytes], sink_port: int,
-                  gateway: subprocess.Popen[bytes], ports: tuple[int, int, int],
-                  steps_out: Path) -> None:
-    tcp, ws, admin = ports
+                  gateway: subprocess.Popen[bytes], ports: tuple[int, int, int, int],
+                  steps_out: Path, trust: ssl.SSLContext, ca_file: Path) -> None:
+    tcp, ws, quic, admin = ports
     try:
         await until_http_ready(f"http://127.0.0.1:{sink_port}/health", sink, "sink")
         await until_http_ready(f"http://127.0.0.1:{admin}/readyz", gateway, "gateway")
         request = load.MediaRequest("ws-submit", load.image(63))
-        for uri in (f"tcp://127.0.0.1:{tcp}", f"ws://127.0.0.1:{ws}/nnrp") * 2:
-            async with connect(uri) as client:
+        for uri in (f"tcp://127.0.0.1:{tcp}", f"ws://127.0.0.1:{ws}/nnrp",
+                    f"quic://127.0.0.1:{quic}") * 2:
+            async with connect(uri, ssl_context=trust,
+                               quic=QuicClientOptions(ca_file=ca_file)) as client:
                 session = await client.open_session()
                 await steps_since_last(gateway, steps_out)
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), process_cpu_seconds(gateway.pid)
                 operation = await session.submit_frame(request.meta(1), request.typed_body,
                                                        frame_id=1)
                 async for _event in operation.events():
                     pass
                 took = time.perf_counter() - began
+                cpu = process_cpu_seconds(gateway.pid) - cpu
                 await trio.sleep(0.5)
                 steps = await steps_since_last(gateway, steps_out)
-                print(f"{uri.split(':')[0]:3} submit -> result {took * 1000:5.0f} ms; the "
+                print(f"{uri.split(':')[0]:4} submit -> result {took * 1000:5.0f} ms, gateway "
+                      f"CPU {cpu * 1000:5.0f} ms; the "
                       f"gateway's longest task steps (ms, task): {steps}", flush=True)
     finally:
         for process in (gateway, sink):
@@ -99,16 +107,21 @@ async def measure(sink: subprocess.Popen[bytes], sink_port: int,
 def main(folder: Path) -> None:
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     steps_out = folder / "steps.json"
-    sink_port, tcp, ws, admin = free_port(), free_port(), free_port(), free_port()
+    sink_port, tcp, ws, quic, admin = (free_port() for _ in range(5))
+    pki = make_pki(folder / "pki")
+    trust = ssl.create_default_context(cafile=str(pki.cert))
     sink = subprocess.Popen([sys.executable, "-m", load.__name__, "sink", str(sink_port)])
     exe = str(Path(sys.executable).parent / "nnrp-gateway")
     gateway = subprocess.Popen(
         [exe, "serve", "--listen", f"tcp://127.0.0.1:{tcp}",
-         "--listen", f"ws://127.0.0.1:{ws}/nnrp", "--vllm-url", f"http://127.0.0.1:{sink_port}",
+         "--listen", f"ws://127.0.0.1:{ws}/nnrp", "--listen", f"quic://127.0.0.1:{quic}",
+         "--tls-cert", str(pki.cert), "--tls-key", str(pki.key),
+         "--vllm-url", f"http://127.0.0.1:{sink_port}",
          "--admin-listen", f"127.0.0.1:{admin}", "--log-level", "warning",
          *(arg for limit in LIMITS for arg in (limit, str(64 << 20)))],
         env={**os.environ, "PYTHONPATH": str(folder), "STEPS_OUT": str(steps_out)})
-    trio.run(measure, sink, sink_port, gateway, (tcp, ws, admin), steps_out)
+    trio.run(measure, sink, sink_port, gateway, (tcp, ws, quic, admin), steps_out, trust,
+             pki.cert)
 
 
 if __name__ == "__main__":
