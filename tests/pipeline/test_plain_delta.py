@@ -54,7 +54,7 @@ from gateway.upstream import (
 from gateway.upstream._stream import LEAD_CHUNKS, WASTED_SPLITS
 from tests.support.stack import envelope
 from tests.support.tiers import examples
-from tests.support.waits import until
+from tests.support.waits import until, until_steady
 
 CAPTURES = Path(os.environ.get("NNRP_TESTS_CAPTURES", "/work/shared/vllm-captures/0.32.0"))
 
@@ -130,6 +130,30 @@ async def received(gateway: Gateway, payload: bytes) -> bytes:
         return bytes(seen)
 
 
+#: Longer than two of the gateways' health intervals (0.2 s, ``start_gateway``).
+HEALTH_SETTLED = 0.5
+
+
+async def revived(replay: ReplayServer, *gateways: Gateway) -> None:
+    """After a recorded engine death, vLLM restarted, and every gateway ready again for
+    ``HEALTH_SETTLED`` seconds in a row: a health check in flight when vLLM came back may
+    still land "unhealthy" after ``ready_info`` said ready, and fail the next request
+    fast (``backend_unavailable``): a race of the test's, not a difference of the ways."""
+    if not replay.engine_dead:
+        return
+    replay.revive()
+
+    def ready() -> list[bool]:
+        return [gateway.ready_info() is not None for gateway in gateways]
+
+    with trio.fail_after(10):
+        while True:
+            await until(lambda: all(ready()))
+            await until_steady(ready, HEALTH_SETTLED)
+            if all(ready()):
+                return
+
+
 async def both_ways(replay: ReplayServer, requests: list[tuple[str, dict[str, Any]]]
                     ) -> int:
     """Each request once through a fused gateway and once through a general one; the
@@ -143,9 +167,9 @@ async def both_ways(replay: ReplayServer, requests: list[tuple[str, dict[str, An
         for name, body in requests:
             payload = envelope(body, request_id=f"replay:{name}:same")
             expected = await received(general, payload)
-            replay.revive()  # after a recorded engine death, as a restarted vLLM
+            await revived(replay, fused, general)
             got = await received(fused, payload)
-            replay.revive()
+            await revived(replay, fused, general)
             assert got == expected, name
             streamed += b'"response.output_text.delta"' in expected
         nursery.cancel_scope.cancel()
