@@ -86,10 +86,12 @@ log = structlog.get_logger("gateway.server")
 
 #: Refused connections (SERVER_BUSY) left open for their client to close, at most at once.
 REFUSALS_LINGERING = 64
-#: A WebSocket connection's reads (trio-websocket reads 4 KiB at a time by default: a
-#: 63 MiB submit was 16,000 passes through wsproto). Under the allocator's mmap
-#: threshold (128 KiB), so a read's buffer is never a map of its own.
-WS_RECEIVE_BYTES = 64 * 1024
+#: A WebSocket connection's reads. trio-websocket reads 4 KiB at a time by default: a
+#: 63 MiB submit was 16,000 passes through wsproto. Not much more: trio-websocket takes
+#: a read's frames in one step of the loop, and a read of 1-byte fragments (a hostile
+#: client's) costs about 1.7 ms a KiB; 16 KiB holds the loop less long than the join of
+#: any big message does (docs/benchmarks.md, "Over WebSocket and QUIC").
+WS_RECEIVE_BYTES = 16 * 1024
 #: How long a refused connection (its ERROR sent) is left for its client to close.
 REFUSAL_LINGER = 1.0
 #: Connections to the fleet port still sending their forward header; past it one is

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import math
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -45,9 +46,12 @@ log = structlog.get_logger("gateway.transport")
 
 #: Datagrams read per wake-up of the listener's task before the connections they touched
 #: are serviced (``QuicListener._drain``): a batch's worth of a big submit costs one pass
-#: through each connection's events and transmissions. Bounded, so that the task
-#: yields to the rest of the process between batches.
+#: through each connection's events and transmissions. Bounded in datagrams and in time,
+#: so that the task yields to the rest of the process between batches: a datagram of a
+#: stream costs about 0.1 ms, a client's Initial (the TLS handshake's first flight) about
+#: 1 ms, so a flood of Initials ends its batch after a few, not after 64.
 RECEIVE_BATCH = 64
+RECEIVE_BATCH_SECONDS = 0.005
 
 #: recvfrom() failures that are about one datagram, not the socket: an ICMP error the
 #: kernel reports for an earlier send, and the passing shortages of ``ACCEPT_FAILURES``.
@@ -230,11 +234,15 @@ class QuicListener:
 
     def _drain(self, nursery: trio.Nursery, handler: ConnectionHandler,
                touched: dict[QuicPeer, _Session]) -> None:
-        """The datagrams already waiting, up to ``RECEIVE_BATCH``, read without waiting:
+        """The datagrams already waiting, up to ``RECEIVE_BATCH`` (or as many as
+        ``RECEIVE_BATCH_SECONDS`` takes), read without waiting:
         each connection they touched is then serviced once (its events, its ACKs and
         whatever else it sends, its waiters woken), not once per datagram. A big submit
         arrives as thousands of datagrams; servicing each alone was most of its cost."""
+        until = time.perf_counter() + RECEIVE_BATCH_SECONDS
         for _ in range(RECEIVE_BATCH - 1):
+            if time.perf_counter() > until:
+                return
             try:
                 data, addr = self._sock.recvfrom(MAX_DATAGRAM)
             except BlockingIOError:

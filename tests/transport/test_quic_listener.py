@@ -512,8 +512,9 @@ async def test_datagrams_waiting_together_are_serviced_together(
     listener wakes are read together, and the connection they touch is serviced (its
     events applied, its ACKs sent, its tasks woken) once, not once per datagram: a big
     submit over quic:// cost the gateway 10.6-10.9 s of CPU for 63 MiB that way, 3.2-3.5 s
-    batched (docs/benchmarks.md, "Over WebSocket and QUIC"). Forty copies of one of the
-    client's datagrams, all sent before the listener runs, are one batch."""
+    batched (docs/benchmarks.md, "Over WebSocket and QUIC"). A hundred copies of one of
+    the client's datagrams, all sent before the listener runs, are a few batches (at
+    most 64 datagrams each), not a hundred services."""
     from gateway.transport._quic_listener import QuicListener
 
     gateway = await start_quic_server(nursery, pki)
@@ -533,12 +534,14 @@ async def test_datagrams_waiting_together_are_serviced_together(
             (datagram, address), *_ = client.quic.datagrams_to_send(trio.current_time())
             monkeypatch.setattr(QuicListener, "service", counted)
             received = gateway.stats.datagrams_in
-            for _ in range(40):  # no checkpoint: all queued before the listener runs
+            for _ in range(100):  # no checkpoint: all queued before the listener runs
                 client.sock.sendto(datagram, address)
-            await until(lambda: gateway.stats.datagrams_in >= received + 40)
+            await until(lambda: gateway.stats.datagrams_in >= received + 100)
             await trio.testing.wait_all_tasks_blocked(cushion=0.05)
             monkeypatch.setattr(QuicListener, "service", service)
-            assert 1 <= len(serviced) <= 4  # the batch's, and its woken tasks' own
+            # Two batches at least (64 at most each); a batch per 5 ms on a slow host;
+            # and the woken tasks' own services: far from one per datagram.
+            assert 2 <= len(serviced) <= 30
             operation = await session.submit(envelope(events=3))  # and it still serves
             events = [event async for event in operation.events()]
             assert type(events[-1]).__name__ == "ResultReceived"
