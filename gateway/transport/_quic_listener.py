@@ -235,10 +235,10 @@ class QuicListener:
     def _drain(self, nursery: trio.Nursery, handler: ConnectionHandler,
                touched: dict[QuicPeer, _Session]) -> None:
         """The datagrams already waiting, up to ``RECEIVE_BATCH`` (or as many as
-        ``RECEIVE_BATCH_SECONDS`` takes), read without waiting:
-        each connection they touched is then serviced once (its events, its ACKs and
-        whatever else it sends, its waiters woken), not once per datagram. A big submit
-        arrives as thousands of datagrams; servicing each alone was most of its cost."""
+        ``RECEIVE_BATCH_SECONDS`` takes), read without waiting: each connection they
+        touched is then serviced once (its events, its ACKs and whatever else it sends,
+        its waiters woken), not once per datagram. A big submit arrives as thousands of
+        datagrams; servicing each alone was most of its cost."""
         until = time.perf_counter() + RECEIVE_BATCH_SECONDS
         for _ in range(RECEIVE_BATCH - 1):
             if time.perf_counter() > until:
