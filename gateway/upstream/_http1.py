@@ -219,13 +219,15 @@ class BodyDecoder:
             position = data_end + 2
         if position == end:
             return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return self._feed_chunked_strictly(data[position:] if position else data, pieces)
+        return self._feed_chunked_strictly(data, pieces, position)
 
-    def _feed_chunked_strictly(self, data: bytes, pieces: list[bytes]) -> bytes:
-        """R3, every shape: ``data`` after what this decoder holds; ``pieces``, the body's
-        bytes the caller took from the same read before it."""
+    def _feed_chunked_strictly(self, data: bytes, pieces: list[bytes],
+                               position: int = 0) -> bytes:
+        """R3, every shape: ``data`` after what this decoder holds, from ``position``
+        (where the lean loop stopped: it holds nothing then); ``pieces``, the body's
+        bytes the lean loop took from the same read before it."""
         buffer = bytes(self._buffer) + data if self._buffer else data
-        position, end = 0, len(buffer)
+        end = len(buffer)
         while position < end:
             state = self._state
             if state == "data":

@@ -139,9 +139,10 @@ def test_whole_chunks_skip_the_strict_loop(monkeypatch: pytest.MonkeyPatch) -> N
     strict = BodyDecoder._feed_chunked_strictly
     handed: list[tuple[bytes, list[bytes]]] = []
 
-    def spy(self: BodyDecoder, data: bytes, pieces: list[bytes]) -> bytes:
-        handed.append((data, list(pieces)))
-        return strict(self, data, pieces)
+    def spy(self: BodyDecoder, data: bytes, pieces: list[bytes], position: int = 0
+            ) -> bytes:
+        handed.append((data[position:], list(pieces)))  # what the strict loop reads
+        return strict(self, data, pieces, position)
 
     monkeypatch.setattr(BodyDecoder, "_feed_chunked_strictly", spy)
     decoder = BodyDecoder(head)
