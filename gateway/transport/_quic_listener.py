@@ -218,14 +218,8 @@ class QuicListener:
                     if not self.endpoint.accepting and not self._sessions:
                         return
                     while True:
-                        try:
-                            data, addr = await self._trio_sock.recvfrom(MAX_DATAGRAM)
-                        except OSError as exc:
-                            if exc.errno not in PASSING_RECEIVE_FAILURES:
-                                raise  # the socket failed for good
-                            continue
+                        await trio.lowlevel.wait_readable(self._sock)
                         touched: dict[QuicPeer, _Session] = {}
-                        self._datagram(data, addr, nursery, handler, touched)
                         self._drain(nursery, handler, touched)
                         for session in touched.values():
                             self.service(session)
@@ -234,17 +228,17 @@ class QuicListener:
 
     def _drain(self, nursery: trio.Nursery, handler: ConnectionHandler,
                touched: dict[QuicPeer, _Session]) -> None:
-        """The datagrams already waiting, up to ``RECEIVE_BATCH`` (or as many as
+        """The datagrams waiting, up to ``RECEIVE_BATCH`` (or as many as
         ``RECEIVE_BATCH_SECONDS`` takes), read without waiting: each connection they
         touched is then serviced once (its events, its ACKs and whatever else it sends,
         its waiters woken), not once per datagram. A big submit arrives as thousands of
         datagrams; servicing each alone was most of its cost."""
         until = time.perf_counter() + RECEIVE_BATCH_SECONDS
-        for _ in range(RECEIVE_BATCH - 1):
+        for _ in range(RECEIVE_BATCH):
             if time.perf_counter() > until:
                 return
             try:
-                data, addr = self._sock.recvfrom(MAX_DATAGRAM)
+                data, addr = self._receive()
             except BlockingIOError:
                 return
             except OSError as exc:
@@ -252,6 +246,10 @@ class QuicListener:
                     raise  # the socket failed for good
                 continue
             self._datagram(data, addr, nursery, handler, touched)
+
+    def _receive(self) -> tuple[bytes, NetworkAddress]:
+        """One datagram waiting on the socket (BlockingIOError: none)."""
+        return self._sock.recvfrom(MAX_DATAGRAM)
 
     def _datagram(self, data: bytes, addr: NetworkAddress, nursery: trio.Nursery,
                   handler: ConnectionHandler, touched: dict[QuicPeer, _Session]) -> None:

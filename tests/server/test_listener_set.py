@@ -147,7 +147,7 @@ async def test_a_websocket_listener_failure_closes_the_set_too(running: RunningS
 
 async def test_a_quic_socket_that_fails_closes_the_set(nursery: trio.Nursery,
                                                        tmp_path: Path) -> None:
-    """A QUIC listener's socket failing for good (its recvfrom raising what no datagram
+    """A QUIC listener's socket failing for good (its read raising what no datagram
     causes: EBADF; injected, as no real socket can be made to fail so while trio waits on
     it) ends its listener, and the server closes the whole set as for a stream listener.
     An ICMP error reported on the socket (ECONNREFUSED) does not."""
@@ -163,16 +163,16 @@ async def test_a_quic_socket_that_fails_closes_the_set(nursery: trio.Nursery,
     endpoints = await nursery.start(server.serve, ["tcp://127.0.0.1:0", "quic://127.0.0.1:0"])
     tcp, quic = (e.uri for e in endpoints)
     (listener,) = server.quic_listeners
-    receive = listener._trio_sock.recvfrom
+    receive = listener._receive
     failures = [OSError(errno.ECONNREFUSED, "Connection refused"),
                 OSError(errno.EBADF, "Bad file descriptor")]
 
-    async def failing(size: int) -> Any:
+    def failing() -> Any:
         if failures:
             raise failures.pop(0)
-        return await receive(size)
+        return receive()
 
-    listener._trio_sock.recvfrom = failing  # type: ignore[method-assign]
+    listener._receive = failing  # type: ignore[method-assign]
     with socket.socket(type=socket.SOCK_DGRAM) as peer:  # wakes the pending receive
         peer.sendto(b"x", ("127.0.0.1", int(quic.rsplit(":", 1)[1])))
     with trio.fail_after(10):
