@@ -348,9 +348,7 @@ class GatewayServer:
         # connection nursery, so stopping accepting never cuts a session short.
         # A message holds one packet, up to the protocol's largest (trio-websocket's
         # default, 1 MiB, closed a connection for any bigger submit); one over this
-        # gateway's --max-frame-bytes is refused alone (gateway.nnrp._codec). Reads of
-        # WS_RECEIVE_BYTES, not trio-websocket's 4 KiB: a big submit is that many fewer
-        # passes through wsproto.
+        # gateway's --max-frame-bytes is refused alone (gateway.nnrp._codec).
         server = trio_websocket.WebSocketServer(on_request, wrapped,
                                                 handler_nursery=self._connection_nursery,
                                                 max_message_size=PROTOCOL_MAX_PACKET,
