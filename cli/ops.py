@@ -203,6 +203,7 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
 
     from gateway.nnrp import HttpAnswerError
     from gateway.tools.client import ClientError
+    from gateway.transport import WebSocketRefused
     from gateway.transport.quic import QuicConnectError
 
     if isinstance(cause, ssl.SSLCertVerificationError):
@@ -224,10 +225,10 @@ def _said(cause: BaseException, *, ca_file: Path | None, auth: bytes) -> str | N
         return f"cannot resolve the host ({cause.strerror})"
     if isinstance(cause, trio.TooSlowError):
         return "no NNRP answer in time: is this an NNRP endpoint?"
-    if type(cause).__name__ == "ConnectionRejected":  # trio-websocket: an HTTP answer
-        body = (getattr(cause, "body", None) or b"").decode(errors="replace").strip()
+    if isinstance(cause, WebSocketRefused) and cause.status:  # an HTTP answer
+        body = cause.body.decode(errors="replace").strip()
         return (f"the server refused the WebSocket upgrade (HTTP "
-                f"{getattr(cause, 'status_code', '?')}{': ' + body if body else ''})")
+                f"{cause.status}{': ' + body if body else ''})")
     if isinstance(cause, ClientError) and "session refused" in str(cause):
         hint = "" if auth else "; does the gateway require --auth-token?"
         return f"{cause}{hint}"

@@ -39,10 +39,8 @@ from typing import TYPE_CHECKING
 import attrs
 import structlog
 import trio
-import trio_websocket
 
 from gateway.nnrp import (
-    PROTOCOL_MAX_PACKET,
     ErrorCode,
     ErrorScope,
     ForwardOutcome,
@@ -86,12 +84,6 @@ log = structlog.get_logger("gateway.server")
 
 #: Refused connections (SERVER_BUSY) left open for their client to close, at most at once.
 REFUSALS_LINGERING = 64
-#: A WebSocket connection's reads. trio-websocket reads 4 KiB at a time by default: a
-#: 63 MiB submit was 16,000 passes through wsproto. Not much more: trio-websocket takes
-#: a read's frames in one step of the loop, and a read of 1-byte fragments (a hostile
-#: client's) costs about 1.7 ms a KiB; 16 KiB holds the loop less long than the join of
-#: any big message does (docs/benchmarks.md, "Over WebSocket and QUIC").
-WS_RECEIVE_BYTES = 16 * 1024
 #: How long a refused connection (its ERROR sent) is left for its client to close.
 REFUSAL_LINGER = 1.0
 #: Connections to the fleet port still sending their forward header; past it one is
@@ -265,9 +257,6 @@ class GatewayServer:
             listeners = await self._stream_listeners(spec, inherited)
         except OSError as exc:
             raise ListenError.cannot_bind(uri, exc) from exc
-        if spec.scheme in ("ws", "wss"):
-            await self._serve_websocket(spec, listeners, task_status)
-            return
         sockname = listeners[0].socket.getsockname()
         endpoint = (BoundEndpoint(spec, bound_uri(spec, sockname)) if spec.scheme == "unix"
                     else BoundEndpoint(spec, bound_uri(spec, sockname), *sockname[:2]))
@@ -276,7 +265,8 @@ class GatewayServer:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
                 nursery.start_soon(self._accept_loop, endpoint.uri, listener,
-                                   spec.transport, spec.tls)
+                                   spec.transport, spec.tls,
+                                   spec.path if spec.transport == "websocket" else None)
 
     async def _stream_listeners(self, spec: Endpoint, inherited: Inherited | None
                                 ) -> list[trio.SocketListener]:
@@ -291,7 +281,7 @@ class GatewayServer:
         return await trio.open_tcp_listeners(spec.port, host=spec.host)
 
     async def _accept_loop(self, uri: str, listener: trio.SocketListener, transport: str,
-                           tls: bool = False) -> None:
+                           tls: bool = False, websocket_path: str | None = None) -> None:
         def take(stream: trio.SocketStream) -> None:
             assert self._connection_nursery is not None
             peer = describe_peer(stream)
@@ -300,8 +290,14 @@ class GatewayServer:
                 # The handshake runs on first read, inside the connection's handshake
                 # timeout; a failed one closes only this connection.
                 assert self.ssl_context is not None
-                wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True)
-            carrier = StreamTransport(wrapped, transport, peer)
+                # wss:// clients (browsers) may end without TLS's close_notify.
+                wrapped = trio.SSLStream(stream, self.ssl_context, server_side=True,
+                                         https_compatible=transport == "websocket")
+            carrier: PacketTransport
+            if transport == "websocket":  # its handshake runs on first use, timed as TLS's
+                carrier = WebSocketTransport(wrapped, peer, path=websocket_path)
+            else:
+                carrier = StreamTransport(wrapped, transport, peer)
             self._connection_nursery.start_soon(self._serve_connection, carrier)
 
         await self._accept_each(uri, listener, transport, take)
@@ -323,47 +319,6 @@ class GatewayServer:
                     continue
                 tune_tcp(stream)
                 take(stream)
-
-    async def _serve_websocket(self, spec: Endpoint, listeners: list[trio.SocketListener],
-                               task_status: trio.TaskStatus[BoundEndpoint]) -> None:
-        assert self._connection_nursery is not None
-
-        async def on_request(request: trio_websocket.WebSocketRequest) -> None:
-            if request.path.split("?")[0] != spec.path:
-                await request.reject(404, body=b"no NNRP endpoint at this path")
-                return
-            connection = await request.accept()
-            remote = request.remote
-            peer = (f"{remote.address}:{remote.port}"
-                    if isinstance(remote, trio_websocket.Endpoint) else "unknown")
-            await self._serve_connection(WebSocketTransport(connection, peer))
-
-        wrapped: list[trio.SocketListener | trio.SSLListener[trio.SocketStream]] = list(
-            listeners)
-        if spec.tls:
-            assert self.ssl_context is not None
-            wrapped = [trio.SSLListener(listener, self.ssl_context, https_compatible=True)
-                       for listener in listeners]
-        # The listener lives here, under the accept scope; connections live in the
-        # connection nursery, so stopping accepting never cuts a session short.
-        # A message holds one packet, up to the protocol's largest (trio-websocket's
-        # default, 1 MiB, closed a connection for any bigger submit); one over this
-        # gateway's --max-frame-bytes is refused alone (gateway.nnrp._codec).
-        server = trio_websocket.WebSocketServer(on_request, wrapped,
-                                                handler_nursery=self._connection_nursery,
-                                                max_message_size=PROTOCOL_MAX_PACKET,
-                                                receive_buffer_size=WS_RECEIVE_BYTES)
-        sockname = listeners[0].socket.getsockname()
-        endpoint = BoundEndpoint(spec, bound_uri(spec, sockname), spec.host, sockname[1])
-        log.info("listening", endpoint=endpoint.uri, transport=endpoint.transport)
-        task_status.started(endpoint)
-        try:
-            # trio.serve_listeners under it backs off on ACCEPT_FAILURES' errors itself
-            # and raises any other: terminal (module rule 2).
-            await server.run()
-        except* (OSError, trio.ClosedResourceError) as failures:
-            error = _first_leaf(failures)
-            raise ListenerFailed(endpoint.uri, spec.transport, error) from error
 
     async def _listen_quic(self, spec: Endpoint, inherited: Inherited | None,
                            task_status: trio.TaskStatus[BoundEndpoint]) -> None:

@@ -3,7 +3,8 @@
 Layout (the server's NNRP engine, ``gateway.server``, sits on top of it):
 
 * ``_endpoints``: endpoint URIs (``parse_endpoint``, ``bound_uri``) and client options;
-* ``_carriers``: ``PacketTransport`` and the stream and WebSocket carriers;
+* ``_carriers``: ``PacketTransport`` and the stream carrier;
+* ``_websocket``: the WebSocket carrier, server and client, on wsproto;
 * ``_client``: ``connect``, the client side of every transport;
 * ``_listeners``: binding listeners, once for every worker (``bind_shared``);
 * ``_tls``: server TLS contexts, reloadable;
@@ -18,7 +19,6 @@ from ._carriers import (
     PacketTransport as PacketTransport,
     StreamTransport as StreamTransport,
     TextMessageError as TextMessageError,
-    WebSocketTransport as WebSocketTransport,
     describe_peer as describe_peer,
     peer_address as peer_address,
     read_until_closed as read_until_closed,
@@ -54,4 +54,8 @@ from ._tls import (
     TlsFileError as TlsFileError,
     load_tls as load_tls,
     server_context as server_context,
+)
+from ._websocket import (
+    WebSocketRefused as WebSocketRefused,
+    WebSocketTransport as WebSocketTransport,
 )

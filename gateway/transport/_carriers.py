@@ -3,7 +3,7 @@
 * Stream transports (TCP, unix sockets) carry packets back to back: reads return any
   number of bytes, and a burst of packets leaves in one ``send_all``.
 * WebSocket carries one packet per binary message; a text message is a protocol
-  error (docs/reference/nnrp-wire.md section 1).
+  error (docs/reference/nnrp-wire.md section 1): ``_websocket.WebSocketTransport``.
 * QUIC carries packets back to back on the client's first bidirectional stream, a byte
   stream as TCP is: ``_quic_listener.QuicTransport`` (server) and
   ``_quic_client.QuicClientTransport`` (client) are stream transports too.
@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 import trio
-import trio_websocket
 
 from gateway import _sockio
 from gateway.nnrp import PeerCredentials, TransportId
@@ -140,52 +139,6 @@ class StreamTransport:
 
     def credentials(self) -> PeerCredentials:
         return stream_credentials(self.stream, self.peer)
-
-
-class WebSocketTransport:
-    """One packet per binary WebSocket message."""
-
-    message_based = True
-    kind = "websocket"
-    #: One message per packet, framed by trio-websocket: no direct writes.
-    send_now: Callable[[bytes], int] | None = None
-
-    def __init__(self, connection: trio_websocket.WebSocketConnection, peer: str, *,
-                 stream: trio.abc.Stream | None = None) -> None:
-        self.connection = connection
-        self.peer = peer
-        #: The stream under a client's connection, closed here whatever trio-websocket did.
-        self._stream = stream
-
-    async def receive(self, awaited: int = 0) -> bytes | None:
-        try:
-            message = await self.connection.get_message()
-        except trio_websocket.ConnectionClosed:
-            return None
-        if isinstance(message, str):
-            raise TextMessageError("WebSocket text message: NNRP packets are binary messages")
-        return message
-
-    async def send(self, packets: list[bytes]) -> None:
-        try:
-            for packet in packets:
-                await self.connection.send_message(packet)
-        except trio_websocket.ConnectionClosed as exc:
-            raise trio.BrokenResourceError("WebSocket closed") from exc
-
-    async def aclose(self) -> None:
-        with trio.move_on_after(1) as scope:
-            scope.shield = True
-            await self.connection.aclose()
-        if self._stream is not None:
-            await trio.aclose_forcefully(self._stream)
-
-    def credentials(self) -> PeerCredentials:
-        # trio-websocket keeps the stream under a server connection (a trio.SSLStream on
-        # wss://) without a public name for it; the TLS binding test covers this read.
-        stream = self._stream or getattr(self.connection, "_stream", None)
-        return stream_credentials(stream if isinstance(stream, trio.abc.Stream) else None,
-                                  self.peer)
 
 
 #: Unacknowledged data older than this ends a TCP connection (``tune_tcp``).

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ssl
 
 import trio
-import trio_websocket
 
-from ._carriers import PacketTransport, StreamTransport, WebSocketTransport, tune_tcp
+from ._carriers import PacketTransport, StreamTransport, tune_tcp
 from ._endpoints import QuicClientOptions, parse_endpoint
+from ._websocket import open_websocket_client
 
 
 async def connect(uri: str, nursery: trio.Nursery,
@@ -16,7 +16,7 @@ async def connect(uri: str, nursery: trio.Nursery,
                   quic: QuicClientOptions | None = None) -> PacketTransport:
     """Open a client transport to ``uri``.
 
-    ``nursery`` hosts a WebSocket's reader task or a QUIC connection's driver. ``tcps://``,
+    ``nursery`` hosts a QUIC connection's driver. ``tcps://``,
     ``wss://`` and ``quic://`` trust ``ssl_context`` (default: the system's trust store;
     for QUIC its CA certificates are read, see ``_quic_client.py``); ``quic``
     sets the QUIC-only options. A QUIC handshake that fails raises an ``OSError``
@@ -41,14 +41,10 @@ async def connect(uri: str, nursery: trio.Nursery,
             await stream.do_handshake()
         if endpoint.scheme in ("tcp", "tcps"):
             return StreamTransport(stream, "tcp", uri)
-        # The stream is ours, not trio-websocket's: it does not close a stream that broke
-        # under it (its abort path skips the close), so the transport closes it itself.
-        connection = await trio_websocket.wrap_client_stream(
-            nursery, stream, f"{endpoint.host}:{endpoint.port}", endpoint.path,
-            message_queue_size=4096)
+        return await open_websocket_client(stream, f"{endpoint.host}:{endpoint.port}",
+                                           endpoint.path, uri)
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise
-    return WebSocketTransport(connection, uri, stream=stream)
 
 

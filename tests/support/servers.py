@@ -40,7 +40,7 @@ async def scripted_handler(op: Operation, seen: Seen) -> None:
     seen.started.set()
     seen.arrived.unpark_all()
     assert op.typed_body is not None
-    script: dict[str, Any] = json.loads(op.typed_body.frames[0].payload)
+    script: dict[str, Any] = json.loads(bytes(op.typed_body.frames[0].payload))
     try:
         if script.get("hang"):
             await trio.sleep_forever()
