@@ -418,9 +418,11 @@ class ClientConnection:
             line = first[:_STATUS_LINE_MAX].split(b"\r\n", 1)[0].split(b"\n", 1)[0]
             raise HttpAnswerError(line.decode("latin-1"))
 
-    def receive_message(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
-        """One WebSocket binary message (exactly one packet)."""
-        return [self._handle(decode_packet(data, self.max_packet))]
+    def receive_message(self, data: bytes | bytearray | memoryview, *,
+                        given_away: bool = False) -> list[ClientEvent]:
+        """One WebSocket binary message (exactly one packet). ``given_away``: the caller
+        never changes a bytearray ``data`` again (``decode_packet``)."""
+        return [self._handle(decode_packet(data, self.max_packet, given_away=given_away))]
 
     def _handle(self, packet: Packet) -> ClientEvent:
         message: Message = packet.message

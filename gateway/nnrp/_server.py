@@ -274,13 +274,15 @@ class ServerConnection(SessionOutputs, SessionLifecycle):
             events.append(self._fail(error))
         return events
 
-    def receive_message(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        """One WebSocket binary message: exactly one packet."""
+    def receive_message(self, data: bytes | bytearray | memoryview, *,
+                        given_away: bool = False) -> list[Event]:
+        """One WebSocket binary message: exactly one packet. ``given_away``: the caller
+        never changes a bytearray ``data`` again (``decode_packet``)."""
         if self.state in (ConnState.CLOSED, ConnState.HANDED_OFF):
             return []
         self._received(len(data))
         try:
-            packet = decode_packet(data, self.config.max_packet)
+            packet = decode_packet(data, self.config.max_packet, given_away=given_away)
         except RemoteProtocolError as exc:
             return [self._fail(exc)]
         return self._handle_all([packet])

@@ -436,8 +436,9 @@ class Connection:
             self.stats.bytes_in += len(data)
             if self._preamble is not None:
                 self._preamble += data
-            events = (protocol.receive_message(data) if self.transport.message_based
-                      else protocol.receive_data(data))
+            # A message is the carrier's to give (gateway/transport/_websocket.py).
+            events = (protocol.receive_message(data, given_away=True)
+                      if self.transport.message_based else protocol.receive_data(data))
             while True:
                 wanted: RequestKeyWanted | None = None
                 for event in events:

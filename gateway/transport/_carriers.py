@@ -47,10 +47,12 @@ class PacketTransport(Protocol):
     #: or None: then every write goes through ``send`` (gateway/server/_outbox.py).
     send_now: Callable[[bytes], int] | None
 
-    async def receive(self, awaited: int = 0) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | bytearray | None:
         """Next bytes (or message); None at end of stream. ``awaited``: the bytes a big
         packet being read still needs (``nnrp.Decoder.awaited``): a stream transport
-        reads up to that much at once (at most ``BIG_READ``), not a read's usual size."""
+        reads up to that much at once (at most ``BIG_READ``), not a read's usual size. A
+        message may come as the carrier's own buffer (a bytearray), the caller's from then
+        on: a copy of a 63 MiB message was one 46 ms step of the loop."""
         ...
 
     async def send(self, packets: list[bytes]) -> None:

@@ -7,7 +7,7 @@ import ssl
 import trio
 
 from ._carriers import PacketTransport, StreamTransport, tune_tcp
-from ._endpoints import QuicClientOptions, parse_endpoint
+from ._endpoints import QuicClientOptions, format_host, parse_endpoint
 from ._websocket import open_websocket_client
 
 
@@ -41,8 +41,8 @@ async def connect(uri: str, nursery: trio.Nursery,
             await stream.do_handshake()
         if endpoint.scheme in ("tcp", "tcps"):
             return StreamTransport(stream, "tcp", uri)
-        return await open_websocket_client(stream, f"{endpoint.host}:{endpoint.port}",
-                                           endpoint.path, uri)
+        return await open_websocket_client(
+            stream, f"{format_host(endpoint.host)}:{endpoint.port}", endpoint.path, uri)
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise

@@ -16,20 +16,25 @@ them, in these rules (cited in code as "rule N"):
 3. Small frames never hold the loop: at most ``FRAMES_PER_STEP`` frames are taken between
    checkpoints, whatever one read holds (a read of 1-byte fragments was one 40-50 ms
    step of the loop under trio-websocket).
-4. A Ping is answered with a Pong, in order with everything else the peer sent. A Close
-   is answered with a Close and ends the stream (``receive`` returns None). A frame
-   wsproto cannot parse ends the connection with the close code wsproto names (1002
-   protocol error, 1007 invalid data).
+4. A Ping is answered with a Pong, in order with everything else the peer sent, until we
+   sent our Close (nothing follows a Close: RFC 6455 section 5.5.1). A Close is answered
+   with a Close and ends the stream (``receive`` returns None). A frame wsproto cannot
+   parse ends the connection with the close code wsproto names (1002 protocol error,
+   1007 invalid data). A cancelled ``receive`` loses no frame: rule 3's checkpoint comes
+   before the next event is taken.
 5. A text message is the peer's error (``TextMessageError``): NNRP packets are binary
    messages (docs/reference/nnrp-wire.md section 1).
 6. The server's handshake runs on the transport's first use, inside the connection's
    handshake timeout and under its connection limit, as a TLS handshake does (h11 under
    wsproto bounds the request's head at 16 KiB). A request for another path is answered
-   404; one that is not a WebSocket upgrade, 400 with wsproto's reason. No extension is
+   404; one that is not a WebSocket upgrade, 400 with wsproto's reason (426 for a
+   version it does not speak; a Host that is not a name is a 400 too). No extension is
    accepted (permessage-deflate would make rule 2 bound the compressed bytes, not the
    message) and no subprotocol.
 7. One writer at a time: the connection's packets and the reader's Pongs and Close share
-   the stream under one lock.
+   the stream under one lock. A write cut short (cancelled, or the stream broke) may end
+   inside a frame, so nothing is framed after it: later sends fail, and ``aclose`` closes
+   the socket without a Close. wsproto's state is settled before each write.
 8. Closing says so first: ``aclose`` sends a Close (1000) and waits, within
    ``CLOSE_TIMEOUT``, for the peer's Close or its end of stream before closing the
    socket (RFC 6455 section 7.1.1: the server closes TCP first, after the handshake), so
@@ -38,7 +43,9 @@ them, in these rules (cited in code as "rule N"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from http import HTTPStatus
 
 import trio
 from wsproto import ConnectionType, WSConnection
@@ -63,9 +70,9 @@ from ._carriers import TextMessageError, stream_credentials
 #: Bytes asked for per read. A big message arrives in reads this size (a 63 MiB submit
 #: is a thousand of them); rule 3 bounds what a read of tiny frames costs in one step.
 READ_BYTES = 64 * 1024
-#: Frames taken from one read between checkpoints (rule 3): about 3 ms of wsproto's work
-#: for 1-byte frames on this VM (docs/benchmarks.md, "A flood of 1-byte WebSocket
-#: fragments").
+#: Frames taken from one read between checkpoints (rule 3): a flood of 1-byte frames was
+#: steps of 5.6-6.3 ms on this VM, against 37-52 ms under trio-websocket
+#: (docs/benchmarks.md, "A flood of 1-byte WebSocket fragments").
 FRAMES_PER_STEP = 256
 #: How long ``aclose`` waits for the peer's Close (rule 8).
 CLOSE_TIMEOUT = 1.0
@@ -118,10 +125,13 @@ class WebSocketTransport:
         self._ended = False
         self._peer_closed = trio.Event()
         self._receiving = False
+        #: A write did not finish (cancelled, or the stream broke): what is on the wire
+        #: may end inside a frame, so nothing more is framed after it (rule 7).
+        self._broken = False
 
     # -- reading ---------------------------------------------------------------------
 
-    async def receive(self, awaited: int = 0) -> bytes | None:
+    async def receive(self, awaited: int = 0) -> bytes | bytearray | None:
         """The next binary message, or None once the stream ended (rules 1-5)."""
         if not self._opened:
             await self._server_handshake()
@@ -131,20 +141,27 @@ class WebSocketTransport:
         finally:
             self._receiving = False
 
-    async def _next_message(self) -> bytes | None:
+    async def _next_message(self) -> bytes | bytearray | None:
         frames = 0
         while not self._ended:
-            for event in self._events:
-                frames += 1
-                if frames >= FRAMES_PER_STEP:  # rule 3
+            while True:
+                if frames == FRAMES_PER_STEP:  # rule 3
+                    # Before the next event is taken: a cancel here loses none.
                     frames = 0
                     await trio.lowlevel.checkpoint()
+                event = next(self._events, None)
+                if event is None:
+                    break
+                frames += 1
                 if isinstance(event, BytesMessage):
                     message = await self._take(event)
                     if message is not None:
                         return message
                 elif isinstance(event, Ping):
-                    await self._write(self._ws.send(event.response()))  # rule 4
+                    # Rule 4; after our Close (aclose) a Ping is read, not answered:
+                    # RFC 6455 section 5.5.1, nothing is sent after a Close.
+                    if self._ws.state is ConnectionState.OPEN:
+                        await self._write(self._ws.send(event.response()))
                 elif isinstance(event, CloseConnection):
                     await self._closed_by_peer(event)
                     return None
@@ -157,8 +174,9 @@ class WebSocketTransport:
             await self._read()
         return None
 
-    async def _take(self, event: BytesMessage) -> bytes | None:
-        """Rule 1 and 2: the message once whole, else None."""
+    async def _take(self, event: BytesMessage) -> bytes | bytearray | None:
+        """Rule 1 and 2: the message once whole, else None. A message of several pieces
+        is handed over as its buffer, not copied (``PacketTransport.receive``)."""
         data = event.data
         if len(self._message) + len(data) > self._max_message:
             await self._close_now(CLOSE_MESSAGE_TOO_BIG,
@@ -170,8 +188,7 @@ class WebSocketTransport:
         if not self._message:  # the whole message in one frame, one read
             return bytes(data)
         self._message += data
-        message = bytes(self._message)
-        self._message = bytearray()
+        message, self._message = self._message, bytearray()
         return message
 
     async def _read(self) -> None:
@@ -188,7 +205,9 @@ class WebSocketTransport:
 
     async def _closed_by_peer(self, event: CloseConnection) -> None:
         if self._ws.state is ConnectionState.REMOTE_CLOSING:  # the peer's: answered
-            await self._write_quietly(self._ws.send(event.response()))
+            answer = self._ws.send(event.response())
+            self._end()
+            await self._write_quietly(answer)
         elif self._ws.state is ConnectionState.OPEN:
             # wsproto's word for a frame it could not parse (the state stays OPEN): the
             # peer is told why (rule 4).
@@ -197,9 +216,13 @@ class WebSocketTransport:
         self._end()
 
     async def _close_now(self, code: int, reason: str) -> None:
-        if self._ws.state is ConnectionState.OPEN:
-            await self._write_quietly(self._ws.send(CloseConnection(code, reason)))
+        """Our Close, once: the state is settled before the write, which a cancel may
+        cut short."""
+        close = (self._ws.send(CloseConnection(code, reason))
+                 if self._ws.state is ConnectionState.OPEN and not self._broken else b"")
         self._end()
+        if close:
+            await self._write_quietly(close)
 
     def _end(self) -> None:
         self._ended = True
@@ -223,18 +246,24 @@ class WebSocketTransport:
                     self._ws.receive_data(data)
                     request = next((event for event in self._ws.events()
                                     if isinstance(event, Request)), None)
-                except RemoteProtocolError as exc:
-                    await self._refuse(400, "Bad Request", f"not a WebSocket upgrade: {exc}")
+                except (RemoteProtocolError, UnicodeError) as exc:
+                    # wsproto decodes the Host header as IDNA: a bad one is a UnicodeError.
+                    hint = getattr(exc, "event_hint", None)
+                    await self._refuse(
+                        hint.status_code if isinstance(hint, RejectConnection) else 400,
+                        f"not a WebSocket upgrade: {exc}",
+                        hint.headers if isinstance(hint, RejectConnection) else [])
                     return
                 if request is None:
                     continue
                 if request.target.split("?")[0] != self._path:
-                    await self._refuse(404, "Not Found", "no NNRP endpoint at this path")
+                    await self._refuse(404, "no NNRP endpoint at this path")
                     return
-                await self._write_quietly(self._ws.send(AcceptConnection()))
-                self._opened = True
+                accept = self._ws.send(AcceptConnection())
+                self._opened = True  # settled before the write, which a cancel may cut
                 self._take_early_frames()
                 self._events = self._ws.events()
+                await self._write_quietly(accept)
 
     def _take_early_frames(self) -> None:
         """Bytes that came after the request, before our answer: wsproto's server leaves
@@ -245,27 +274,41 @@ class WebSocketTransport:
         if early:
             self._ws.receive_data(bytes(early))
 
-    async def _refuse(self, status: int, phrase: str, why: str) -> None:
+    async def _refuse(self, status: int, why: str,
+                      headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         """An HTTP answer of our own, not wsproto's: its handshake state after a request
-        it could not parse allows no response."""
-        body = why.encode() + b"\n"
+        it could not parse allows no response. ``headers``: wsproto's hint (426 with the
+        versions it speaks, say)."""
+        self._end()
+        body = why.encode(errors="replace") + b"\n"
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        extra = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
         await self._write_quietly(
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (status, phrase.encode(), len(body), body))
-        self._end()
+            b"connection: close\r\n%s\r\n%s" % (status, phrase.encode(), len(body), extra,
+                                                   body))
 
     # -- writing (rule 7) ------------------------------------------------------------
 
     async def send(self, packets: list[bytes]) -> None:
         if not self._opened:
             await self._server_handshake()
-        if self._ws.state is not ConnectionState.OPEN:
+        if self._ws.state is not ConnectionState.OPEN or self._broken:
             raise trio.BrokenResourceError("WebSocket closed")
         await self._write(b"".join(self._ws.send(BytesMessage(packet)) for packet in packets))
 
     async def _write(self, data: bytes) -> None:
         async with self._write_lock:
-            await self._stream.send_all(data)
+            if self._broken:
+                raise trio.BrokenResourceError("an earlier write did not finish")
+            try:
+                await self._stream.send_all(data)
+            except BaseException:
+                self._broken = True
+                raise
 
     async def _write_quietly(self, data: bytes) -> None:
         """A write the peer may no longer read (a Close, a refusal): its failure is the
@@ -278,23 +321,23 @@ class WebSocketTransport:
     # -- closing (rule 8) ------------------------------------------------------------
 
     async def aclose(self) -> None:
-        with trio.move_on_after(CLOSE_TIMEOUT) as scope:
-            scope.shield = True
-            if self._opened and self._ws.state is ConnectionState.OPEN:
-                await self._write_quietly(self._ws.send(CloseConnection(CLOSE_NORMAL)))
-                if self._receiving:  # the reader sees the peer's Close and ends
-                    await self._peer_closed.wait()
-                else:
-                    await self._discard_until_closed()
-        await trio.aclose_forcefully(self._stream)
+        try:
+            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                scope.shield = True
+                if (self._opened and not self._broken
+                        and self._ws.state is ConnectionState.OPEN):
+                    await self._write_quietly(self._ws.send(CloseConnection(CLOSE_NORMAL)))
+                    if self._receiving:  # the reader sees the peer's Close and ends
+                        await self._peer_closed.wait()
+                    else:
+                        await self._discard_until_closed()
+        finally:
+            await trio.aclose_forcefully(self._stream)
 
     async def _discard_until_closed(self) -> None:
-        with_messages = True
-        while with_messages and not self._ended:
-            try:
-                with_messages = await self._next_message() is not None
-            except TextMessageError:
-                continue
+        while not self._ended:
+            with contextlib.suppress(TextMessageError):
+                await self._next_message()
 
     def credentials(self) -> PeerCredentials:
         return stream_credentials(self._stream, self.peer)
@@ -325,7 +368,7 @@ async def open_websocket_client(stream: trio.abc.Stream, host: str, path: str, p
                     body += event.data[:REFUSAL_BODY_BYTES - len(body)]
                     if event.body_finished:
                         raise _refused(peer, status, body)
-        except RemoteProtocolError as exc:
+        except (RemoteProtocolError, UnicodeError) as exc:
             raise WebSocketRefused(f"{peer}: a bad WebSocket handshake answer: {exc}",
                                    status, bytes(body)) from exc
         if not data:

@@ -250,6 +250,21 @@ def test_a_big_body_of_a_message_passed_whole_is_a_view_only_of_immutable_bytes(
             assert packet.body == body
 
 
+def test_a_message_given_away_is_viewed_not_copied() -> None:
+    """A carrier's message buffer, given away (gateway/transport/_websocket.py): a big
+    body is a view of that very bytearray; a small one is bytes; a view passed is still
+    copied (its owner may change it)."""
+    body = b"g" * nnrp.VIEW_MIN_BODY
+    message = bytearray(_submit(7, body))
+    packet = nnrp.decode_packet(message, given_away=True)
+    assert isinstance(packet.body, memoryview) and packet.body.readonly
+    assert packet.body.obj is message and packet.body == body
+    small = nnrp.decode_packet(bytearray(_submit(7, b"s")), given_away=True)
+    assert small.body == b"s" and isinstance(small.body, bytes)
+    view = nnrp.decode_packet(memoryview(_submit(7, body)), given_away=True)
+    assert not isinstance(view.body, memoryview)
+
+
 def test_typed_frames_of_a_viewed_body_are_views_of_it() -> None:
     payloads = [b"{}", b"\x89PNG" + bytes(nnrp.VIEW_MIN_BODY)]
     descriptors = [nnrp.TypedDescriptor(payload_kind=kind, stream_semantics=1)

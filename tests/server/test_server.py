@@ -380,6 +380,31 @@ async def test_a_text_message_while_refused_closes_only_that_connection(
     assert running.server.stats.connections_refused == 1
 
 
+async def test_a_bad_websocket_handshake_while_refused_closes_only_that_connection(
+        nursery: trio.Nursery, socket_dir: Any) -> None:
+    """The refusal path sends before it reads, so its WebSocket handshake runs there: a
+    Host header wsproto cannot decode (it once raised UnicodeError through the refusal,
+    which ended the server) gets its 400, and the server and its session go on."""
+    running = await start_server(nursery, socket_dir, max_connections=1)
+    async with connect(running.uri()) as first:
+        session = await first.open_session()
+        endpoint = running.uri("websocket").removeprefix("ws://")
+        host, _, rest = endpoint.partition(":")
+        port, _, path = rest.partition("/")
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(
+            f"GET /{path} HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: c2l4dGVlbiBieXRlIGtleQ==\r\nSec-WebSocket-Version: 13\r\n"
+            .encode() + b"Host: \xff\r\n\r\n")
+        with trio.fail_after(10):  # a hang guard: the answer comes at once
+            answer = await read_all(stream)
+        await stream.aclose()
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        events = await collect(await session.submit(script(events=2)))
+        assert isinstance(events[-1], nnrp.ResultReceived)
+    assert running.server.stats.connections_refused == 1
+
+
 async def test_in_flight_limit_refusal_is_answered_on_its_frame(nursery: trio.Nursery,
                                                                 socket_dir: Any) -> None:
     running = await start_server(nursery, socket_dir, config=nnrp.ServerConfig(max_in_flight=1))

@@ -547,7 +547,7 @@ async def _receive(transport: PacketTransport, sans_io: ClientConnection
     data = await transport.receive()
     if data is None:
         raise ConnectionLost()
-    return (sans_io.receive_message(data) if transport.message_based
+    return (sans_io.receive_message(data, given_away=True) if transport.message_based
             else sans_io.receive_data(data))
 
 

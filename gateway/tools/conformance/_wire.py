@@ -179,8 +179,8 @@ class Exchange:
                     if data is None:
                         raise CaseFailed("the target closed the connection")
                     self._pending.extend(
-                        self.client.receive_message(data) if self.transport.message_based
-                        else self.client.receive_data(data))
+                        self.client.receive_message(data, given_away=True)
+                        if self.transport.message_based else self.client.receive_data(data))
         except trio.TooSlowError:
             raise CaseFailed(f"nothing arrived within {limit * 1000:.0f} ms") from None
         return self._pending.pop(0)
