@@ -1,10 +1,10 @@
 """Wire benchmarks: round trips, event throughput and idle-session memory, over TCP and,
-beside it in the same run, over QUIC.
+beside it in the same run, over WebSocket and QUIC.
 
 The gateway server runs in this process; every load generator runs in a separate
 process (multiprocessing, spawn), so client and server never share a GIL. The QUIC
 listener gets a throwaway self-signed certificate, which the clients trust (``Trust``).
-Each QUIC figure carries the TCP one as its baseline: on the same machine and run, the
+Each WebSocket and QUIC figure carries the TCP one as its baseline: on the same machine and run, the
 ratio is what can be compared across machines, not the figure.
 """
 
@@ -228,8 +228,9 @@ def _throwaway_certificate(folder: Path) -> TlsConfig:
     return TlsConfig(cert, key_file)
 
 
-#: The transports measured, in order; the first is every later one's baseline.
-TRANSPORTS = ("tcp", "quic")
+#: The transports measured (their schemes), in order; the first is every later one's
+#: baseline.
+TRANSPORTS = ("tcp", "ws", "quic")
 
 
 def _against(figure: Figure, baseline: Figure | None) -> Figure:
@@ -253,7 +254,7 @@ async def run_wire_bench(quick: bool = False) -> list[Figure]:
         async with trio.open_nursery() as nursery:
             endpoints = await nursery.start(server.serve,
                                             [f"{t}://127.0.0.1:0" for t in TRANSPORTS])
-            uris = {endpoint.transport: endpoint.uri for endpoint in endpoints}
+            uris = {endpoint.spec.scheme: endpoint.uri for endpoint in endpoints}
             runners: list[tuple[str, Any]] = [("project client", _our_round_trips)]
             try:
                 import nnrp.client.native  # noqa: F401
