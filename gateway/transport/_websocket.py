@@ -193,15 +193,19 @@ class WebSocketTransport:
 
     async def _read(self) -> None:
         """One read fed to wsproto; its events are taken lazily (rule 3)."""
+        if data := await self._receive_some():
+            self._ws.receive_data(data)
+            self._events = self._ws.events()
+
+    async def _receive_some(self) -> bytes:
+        """One read, or b"" once the stream ended or broke (which ends the transport)."""
         try:
             data = bytes(await self._stream.receive_some(READ_BYTES))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             data = b""
         if not data:
             self._end()
-            return
-        self._ws.receive_data(data)
-        self._events = self._ws.events()
+        return data
 
     async def _closed_by_peer(self, event: CloseConnection) -> None:
         if self._ws.state is ConnectionState.REMOTE_CLOSING:  # the peer's: answered
@@ -235,12 +239,7 @@ class WebSocketTransport:
     async def _server_handshake(self) -> None:
         async with self._handshake_lock:
             while not (self._opened or self._ended):
-                try:
-                    data = bytes(await self._stream.receive_some(READ_BYTES))
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    data = b""
-                if not data:
-                    self._end()
+                if not (data := await self._receive_some()):
                     return
                 try:
                     self._ws.receive_data(data)
