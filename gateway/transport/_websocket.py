@@ -160,8 +160,10 @@ class WebSocketTransport:
                 elif isinstance(event, Ping):
                     # Rule 4; after our Close (aclose) a Ping is read, not answered:
                     # RFC 6455 section 5.5.1, nothing is sent after a Close.
-                    if self._ws.state is ConnectionState.OPEN:
-                        await self._write(self._ws.send(event.response()))
+                    # A Pong that cannot be written ends the stream, as a broken read
+                    # does (receive returns None, below): it raises nothing.
+                    if self._ws.state is ConnectionState.OPEN and not self._broken:
+                        await self._write_quietly(self._ws.send(event.response()))
                 elif isinstance(event, CloseConnection):
                     await self._closed_by_peer(event)
                     return None
@@ -248,9 +250,10 @@ class WebSocketTransport:
                 except (RemoteProtocolError, UnicodeError) as exc:
                     # wsproto decodes the Host header as IDNA: a bad one is a UnicodeError.
                     hint = getattr(exc, "event_hint", None)
+                    status = hint.status_code if isinstance(hint, RejectConnection) else 400
                     await self._refuse(
-                        hint.status_code if isinstance(hint, RejectConnection) else 400,
-                        f"not a WebSocket upgrade: {exc}",
+                        status, "unsupported WebSocket version" if status == 426
+                        else f"not a WebSocket upgrade: {exc}",
                         hint.headers if isinstance(hint, RejectConnection) else [])
                     return
                 if request is None:
@@ -306,6 +309,8 @@ class WebSocketTransport:
             try:
                 await self._stream.send_all(data)
             except BaseException:
+                # Perhaps nothing went out (a cancel at send_all's first checkpoint), but
+                # from here nobody can tell: taken as cut.
                 self._broken = True
                 raise
 

@@ -216,7 +216,8 @@ class ScriptedStream(trio.abc.Stream):
         await trio.lowlevel.checkpoint()
 
 
-async def received_all(wire: bytes, cuts: list[int]) -> tuple[list[bytes], bytes]:
+async def received_all(wire: bytes, cuts: list[int]
+                       ) -> tuple[list[bytes | bytearray], bytes]:
     """Every message the server takes from ``wire`` read in pieces cut at ``cuts``, and
     what it sent."""
     reads, at = [], 0
@@ -521,7 +522,7 @@ async def test_our_client_and_our_server_carry_big_messages_both_ways() -> None:
     async with trio.open_nursery() as nursery:
         async def serve() -> None:
             while (message := await server.receive()) is not None:
-                await server.send([message[::-1]])
+                await server.send([bytes(message[::-1])])
 
         nursery.start_soon(serve)
         client = await open_websocket_client(b, "gateway", PATH, "server")
@@ -566,6 +567,7 @@ async def test_a_version_wsproto_does_not_speak_is_answered_426_with_the_one_it_
     answer = await peer.read_to_end_after(server)
     assert answer.startswith(b"HTTP/1.1 426 Upgrade Required")
     assert b"Sec-WebSocket-Version: 13" in answer
+    assert b"unsupported WebSocket version" in answer
 
 
 @hang_guarded
@@ -593,6 +595,67 @@ async def test_a_write_cut_short_frames_nothing_after_it() -> None:
         await server.send([big])
     with pytest.raises(trio.BrokenResourceError):
         await server.send([b"after"])
-    await server.aclose()
-    wire = await peer.read_to_end()
-    assert len(wire) < len(big)  # cut short, and nothing framed after the cut
+    async with trio.open_nursery() as nursery:  # read while it closes: room for a Close
+        nursery.start_soon(peer.read_to_end)
+        await server.aclose()
+    wire = bytes(peer.received)
+    # The binary frame's head (an 8-byte length), then part of its payload: nothing
+    # framed after the cut, not even a Close.
+    assert wire[:2] == b"\x82\x7f" and len(wire) < 10 + len(big)
+    assert big.startswith(wire[10:])
+
+
+class WritesFail(ScriptedStream):
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        raise trio.BrokenResourceError("the peer reset")
+
+
+@hang_guarded
+async def test_a_pong_that_cannot_be_written_ends_the_stream_quietly() -> None:
+    """As a broken read does: receive returns None, raising nothing (the connection
+    logged an unexpected BrokenResourceError as a crash)."""
+    server = WebSocketTransport(WritesFail([frame(PING, b"p") + frame(BINARY, b"never")]),
+                                "peer", client=_opened_client_side())
+    assert await server.receive() is None
+    with pytest.raises(trio.BrokenResourceError):
+        await server.send([b"after"])
+
+
+def _opened_client_side() -> Any:
+    """A wsproto connection past its handshake, the server's side of it."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="gateway", target=PATH)))
+    next(event for event in server.events() if isinstance(event, Request))
+    client.receive_data(server.send(AcceptConnection()))
+    return server
+
+
+@hang_guarded
+async def test_the_clients_host_header_brackets_an_ipv6_address() -> None:
+    """RFC 7230 section 5.4: ``[::1]:port``; strict proxies refuse ``::1:port``."""
+    from gateway.transport import connect
+
+    try:
+        listener = (await trio.open_tcp_listeners(0, host="::1"))[0]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = listener.socket.getsockname()[1]
+    heads: list[bytes] = []
+
+    async def answer_nothing(stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await stream.receive_some(4096)
+        heads.append(head)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, answer_nothing, [listener])
+        with pytest.raises(WebSocketRefused):
+            await connect(f"ws://[::1]:{port}/nnrp", nursery)
+        nursery.cancel_scope.cancel()
+    assert f"host: [::1]:{port}\r\n".encode() in heads[0].lower()
