@@ -16,7 +16,8 @@ PUBLIC: dict[str, str] = {
         "ACCEPT_BACKOFF AlpnPolicy Endpoint Inherited ListenError ListenerFailed NNRP_ALPN "
         "PacketTransport QuicClientOptions QuicSettings READ_SIZE SharedListener "
         "StreamTransport TRANSPORT_IDS TextMessageError TlsConfig TlsFileError "
-        "WebSocketTransport accept_failure_is_terminal bind_shared bound_uri connect "
+        "WebSocketRefused WebSocketTransport accept_failure_is_terminal bind_shared "
+        "bound_uri connect "
         "describe_peer fleet_uri format_host load_tls open_unix_listener parse_endpoint peer_address "
         "read_until_closed server_context stream_credentials tune_tcp "
     ),
