@@ -659,3 +659,43 @@ async def test_the_clients_host_header_brackets_an_ipv6_address() -> None:
             await connect(f"ws://[::1]:{port}/nnrp", nursery)
         nursery.cancel_scope.cancel()
     assert f"host: [::1]:{port}\r\n".encode() in heads[0].lower()
+
+
+class WritesHang(ScriptedStream):
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.sleep_forever()
+
+
+@hang_guarded
+async def test_a_handshake_whose_answer_is_cut_still_reads_the_frames_after_it() -> None:
+    """The accept's write cancelled: the handshake is over all the same (wsproto says
+    so), so the client's frames are read as frames, not as a second request that never
+    comes, and nothing is framed after the cut."""
+    server = WebSocketTransport(WritesHang([upgrade() + frame(BINARY, b"first")]), "peer",
+                                path=PATH)
+    with trio.move_on_after(0.1):
+        await server.receive()
+    assert await server.receive() == b"first"
+    with pytest.raises(trio.BrokenResourceError):
+        await server.send([b"after"])
+
+
+class WritesRaise(ScriptedStream):
+    closed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        raise RuntimeError("a stream's own bug")
+
+    async def aclose(self) -> None:
+        self.closed = True  # first: aclose_forcefully calls it already cancelled
+        await trio.lowlevel.checkpoint()
+
+
+@hang_guarded
+async def test_aclose_closes_the_socket_whatever_its_close_frame_raised() -> None:
+    stream = WritesRaise([])
+    server = WebSocketTransport(stream, "peer", client=_opened_client_side())
+    with pytest.raises(RuntimeError):
+        await server.aclose()
+    assert stream.closed
