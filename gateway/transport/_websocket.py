@@ -218,14 +218,14 @@ class WebSocketTransport:
             # wsproto's word for a frame it could not parse (the state stays OPEN): the
             # peer is told why (rule 4).
             await self._close_now(event.code, event.reason or "")
-        # Else it answers our Close (CLOSED now): nothing more to say.
-        self._end()
+        else:  # it answers our Close (CLOSED now): nothing more to say
+            self._end()
 
     async def _close_now(self, code: int, reason: str) -> None:
         """Our Close, once: the state is settled before the write, which a cancel may
-        cut short."""
+        cut short (after a cut write, ``_write`` sends nothing: rule 7)."""
         close = (self._ws.send(CloseConnection(code, reason))
-                 if self._ws.state is ConnectionState.OPEN and not self._broken else b"")
+                 if self._ws.state is ConnectionState.OPEN else b"")
         self._end()
         if close:
             await self._write_quietly(close)
@@ -298,11 +298,12 @@ class WebSocketTransport:
     async def send(self, packets: list[bytes]) -> None:
         if not self._opened:
             await self._server_handshake()
-        if self._ws.state is not ConnectionState.OPEN or self._broken:
+        if self._ws.state is not ConnectionState.OPEN:
             raise trio.BrokenResourceError("WebSocket closed")
         await self._write(b"".join(self._ws.send(BytesMessage(packet)) for packet in packets))
 
     async def _write(self, data: bytes) -> None:
+        """Every write of the transport: the one place rule 7's cut write is decided."""
         async with self._write_lock:
             if self._broken:
                 raise trio.BrokenResourceError("an earlier write did not finish")
@@ -328,8 +329,8 @@ class WebSocketTransport:
         try:
             with trio.move_on_after(CLOSE_TIMEOUT) as scope:
                 scope.shield = True
-                if (self._opened and not self._broken
-                        and self._ws.state is ConnectionState.OPEN):
+                if self._opened and self._ws.state is ConnectionState.OPEN:
+                    # After a cut write this sends nothing and ends the stream (_write).
                     await self._write_quietly(self._ws.send(CloseConnection(CLOSE_NORMAL)))
                     if self._receiving:  # the reader sees the peer's Close and ends
                         await self._peer_closed.wait()
